@@ -1,0 +1,25 @@
+# The static MLIR and LLVM archives that go inside libdualkv.so (DESIGN.md §3).
+file(GLOB _mlir_archives ${DUALKV_LLVM_ROOT}/lib/libMLIR*.a)
+set(DUALKV_MLIR_ARCHIVES)
+foreach(a ${_mlir_archives})
+  get_filename_component(n ${a} NAME_WE)
+  if(n MATCHES "Test|CAPI|TableGen|Tblgen|Lsp|PDLL|Reduce|Query|TranslateLib|ExecutionEngine|JitRunner")
+    continue()
+  endif()
+  list(APPEND DUALKV_MLIR_ARCHIVES ${a})
+endforeach()
+
+execute_process(COMMAND ${DUALKV_LLVM_ROOT}/bin/llvm-config --link-static --libs all
+                OUTPUT_VARIABLE _llvm_libs OUTPUT_STRIP_TRAILING_WHITESPACE)
+separate_arguments(_llvm_libs UNIX_COMMAND "${_llvm_libs}")
+set(DUALKV_LLVM_ARCHIVES)
+foreach(l ${_llvm_libs})
+  string(REGEX REPLACE "^-l" "" n ${l})
+  if(n MATCHES "Polly")
+    continue()
+  endif()
+  list(APPEND DUALKV_LLVM_ARCHIVES ${DUALKV_LLVM_ROOT}/lib/lib${n}.a)
+endforeach()
+
+find_library(DUALKV_LIBZ_STATIC libz.a REQUIRED)
+find_library(DUALKV_LIBZSTD_STATIC libzstd.a REQUIRED)

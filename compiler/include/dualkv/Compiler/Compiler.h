@@ -1,0 +1,99 @@
+//===- Compiler.h - KernelSpec in, PTX and cubin out --------------*- C++ -*-===//
+//
+// The compiler's public face: a typed description of one kernel, and the function
+// that turns it into PTX (and, where ptxas is available, a cubin). It never touches a
+// device.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUALKV_COMPILER_COMPILER_H
+#define DUALKV_COMPILER_COMPILER_H
+
+#include "dualkv/Export.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dualkv {
+
+enum class KernelKind { Fwd, BwdPre, Bwd, BwdPost };
+enum class DType { BF16, FP16 };
+
+DUALKV_API const char *toString(KernelKind kind);
+DUALKV_API const char *toString(DType dtype);
+
+/// Tile shape and schedule. Zero fields mean "the default for this spec".
+struct Tiling {
+  int blockM = 0;
+  int blockN = 0;
+  int warps = 0;
+  int stages = 0;
+  bool operator==(const Tiling &o) const {
+    return blockM == o.blockM && blockN == o.blockN && warps == o.warps &&
+           stages == o.stages;
+  }
+};
+
+/// Every input that changes generated code. P and N are a shape class: the kernels
+/// read exact lengths at run time, so P = 0 / N = 0 means "any".
+struct KernelSpec {
+  KernelKind kind = KernelKind::Fwd;
+  int64_t P = 0;
+  int64_t N = 0;
+  int headDim = 128;
+  int numQHeads = 32;
+  int numKVHeads = 8;
+  DType dtype = DType::BF16;
+  std::string arch = "sm_90a";
+  Tiling tiling;
+};
+
+/// The tiling the compiler uses when the spec leaves it open.
+DUALKV_API Tiling defaultTiling(const KernelSpec &spec);
+/// `spec` with its tiling completed by defaultTiling.
+DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
+
+/// What a launch needs to know about a compiled kernel.
+struct KernelInfo {
+  std::string name;          ///< entry point in the PTX/cubin
+  int threads = 0;           ///< threads per CTA
+  int sharedBytes = 0;       ///< dynamic shared memory per CTA
+  int blockM = 0;            ///< query rows per CTA
+};
+
+struct CompileOptions {
+  /// Run ptxas on the PTX to produce a cubin (needs the CUDA toolkit).
+  bool emitCubin = true;
+  /// Directory to write every stage's IR into, or empty.
+  std::string dumpDir;
+  /// Path of ptxas; empty means $DUALKV_PTXAS, $CUDA_HOME/bin/ptxas, /usr/local/cuda/bin/ptxas.
+  std::string ptxas;
+};
+
+struct CompileResult {
+  bool ok = false;
+  std::string error;         ///< diagnostics when !ok
+  KernelInfo info;
+  std::string ptx;
+  std::vector<char> cubin;   ///< empty if no cubin was asked for or ptxas is absent
+  std::string ptxasLog;      ///< ptxas -v output (registers, spills)
+  double compileMs = 0.0;    ///< template to PTX
+  double ptxasMs = 0.0;
+};
+
+/// Compiles one kernel: template -> dualkv IR -> passes -> LLVM -> PTX -> cubin.
+DUALKV_API CompileResult compile(const KernelSpec &spec, const CompileOptions &options = {});
+
+/// A fingerprint of everything in the compiler that changes code: project version,
+/// LLVM version, template hashes. Part of every cache key.
+DUALKV_API std::string compilerFingerprint();
+
+/// The template text a kernel kind is compiled from.
+DUALKV_API std::string kernelTemplate(KernelKind kind);
+
+/// The PTX ISA version ptxas accepts for `arch` (for the .version line).
+DUALKV_API std::string ptxasPath(const CompileOptions &options);
+
+} // namespace dualkv
+
+#endif

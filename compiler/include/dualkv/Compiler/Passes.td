@@ -1,0 +1,65 @@
+//===- Passes.td - the passes of the DualKV compiler ----------*- tablegen -*-===//
+
+#ifndef DUALKV_COMPILER_PASSES_TD
+#define DUALKV_COMPILER_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
+  let summary = "Bind a kernel template to one spec: problem, tiling and arch";
+  let description = [{
+    Sets the `problem`, `tiling` and `arch` of every unbound `dualkv.kernel` in the
+    module from the pass options. Tiling fields left at 0 take the defaults for the
+    spec's head_dim. A kernel already bound is an error: templates are bound once.
+
+    ```
+    dualkv-opt --dualkv-bind-spec="head-dim=128 num-q-heads=32 num-kv-heads=8 dtype=bf16 arch=sm_90a"
+    ```
+  }];
+  let options = [
+    Option<"P", "P", "int64_t", "0", "prompt length class (0: any)">,
+    Option<"N", "N", "int64_t", "0", "response count class (0: any)">,
+    Option<"numQHeads", "num-q-heads", "int64_t", "32", "query heads">,
+    Option<"numKVHeads", "num-kv-heads", "int64_t", "8", "key/value heads">,
+    Option<"headDim", "head-dim", "int64_t", "128", "head size: 64, 128 or 256">,
+    Option<"dtype", "dtype", "std::string", "\"bf16\"", "bf16 or f16">,
+    Option<"arch", "arch", "std::string", "\"sm_90a\"", "target, e.g. sm_80, sm_90a">,
+    Option<"blockM", "block-m", "int64_t", "0", "query rows per CTA (0: default)">,
+    Option<"blockN", "block-n", "int64_t", "0", "keys per KV tile (0: default)">,
+    Option<"warps", "warps", "int64_t", "0", "warps per CTA (0: default)">,
+    Option<"stages", "stages", "int64_t", "0", "shared-memory pipeline stages (0: default)">,
+  ];
+  let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
+}
+
+def DualKVTileRegions : Pass<"dualkv-tile-regions", "::mlir::ModuleOp"> {
+  let summary = "Split each region's KV loop into unmasked full tiles and masked edges";
+  let description = [{
+    A `kv_loop` over `part <all>` of the shared region becomes a `full` loop with no mask
+    and a `tail` loop whose scores carry `dualkv.mask <bound>` (keys past the prompt).
+    A loop over the response region becomes a `full` loop with no mask and a `diagonal`
+    loop whose scores carry `dualkv.mask <causal>`. Only edge tiles pay for masking.
+  }];
+  let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
+}
+
+def DualKVLowerToNVGPU : Pass<"dualkv-lower-to-nvgpu", "::mlir::ModuleOp"> {
+  let summary = "Lower bound, tiled dualkv kernels to gpu/nvgpu/vector/scf (sm_80 schedule)";
+  let description = [{
+    Each `dualkv.kernel` becomes a `gpu.func` kernel in a `gpu.module`. The sm_80
+    schedule: per-thread register fragments of `mma.sync.m16n8k16` (`nvgpu.mma.sync`),
+    K and V tiles staged in padded shared memory with `cp.async`
+    (`nvgpu.device_async_copy`, zero-fill past the region end) and read with
+    `ldmatrix` (transposed for V), an exp2 online softmax with row reductions over
+    `gpu.shuffle xor`, fp32 accumulation. Runs on sm_80 and newer, sm_90a included.
+  }];
+  let dependentDialects = [
+    "::mlir::gpu::GPUDialect", "::mlir::nvgpu::NVGPUDialect",
+    "::mlir::vector::VectorDialect", "::mlir::scf::SCFDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::arith::ArithDialect",
+    "::mlir::math::MathDialect", "::mlir::NVVM::NVVMDialect",
+    "::mlir::LLVM::LLVMDialect"
+  ];
+}
+
+#endif // DUALKV_COMPILER_PASSES_TD

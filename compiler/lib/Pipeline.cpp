@@ -1,0 +1,92 @@
+//===- Pipeline.cpp - pass registration and the kernel pipeline ------------===//
+#include "dualkv/Compiler/Passes.h"
+
+#include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
+#include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
+#include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVM.h"
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVM.h"
+#include "mlir/Conversion/IndexToLLVM/IndexToLLVM.h"
+#include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
+#include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
+#include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
+#include "mlir/Conversion/Passes.h"
+#include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
+#include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVM.h"
+#include "mlir/Dialect/UB/IR/UBOps.h"
+#include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Target/LLVMIR/Dialect/All.h"
+#include "mlir/Transforms/Passes.h"
+
+#include <fmt/format.h>
+#include <mutex>
+
+using namespace mlir;
+
+namespace mlir::dualkv {
+
+/// The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the LLVM dialect.
+static constexpr const char *kToLLVM =
+    "canonicalize,cse,convert-scf-to-cf,convert-nvgpu-to-nvvm,"
+    "gpu.module(convert-gpu-to-nvvm{index-bitwidth=64 use-bare-ptr-memref-call-conv=1}),"
+    "convert-nvvm-to-llvm,reconcile-unrealized-casts";
+
+void registerAllDialects(DialectRegistry &registry) {
+  registry.insert<DualKVDialect, arith::ArithDialect, cf::ControlFlowDialect,
+                  func::FuncDialect, gpu::GPUDialect, LLVM::LLVMDialect,
+                  math::MathDialect, memref::MemRefDialect, NVVM::NVVMDialect,
+                  nvgpu::NVGPUDialect, scf::SCFDialect, ub::UBDialect,
+                  vector::VectorDialect>();
+  // convert-gpu-to-nvvm lowers every dialect through these interfaces.
+  arith::registerConvertArithToLLVMInterface(registry);
+  cf::registerConvertControlFlowToLLVMInterface(registry);
+  registerConvertFuncToLLVMInterface(registry);
+  NVVM::registerConvertGpuToNVVMInterface(registry);
+  index::registerConvertIndexToLLVMInterface(registry);
+  registerConvertMathToLLVMInterface(registry);
+  registerConvertMemRefToLLVMInterface(registry);
+  registerConvertNVVMToLLVMInterface(registry);
+  ub::registerConvertUBToLLVMInterface(registry);
+  vector::registerConvertVectorToLLVMInterface(registry);
+  registerAllToLLVMIRTranslations(registry);
+}
+
+static void registerUpstreamPasses() {
+  registerCanonicalizerPass();
+  registerCSEPass();
+  registerSCFToControlFlowPass();
+  registerConvertNVGPUToNVVMPass();
+  registerConvertGpuOpsToNVVMOps();
+  registerConvertNVVMToLLVMPass();
+  registerReconcileUnrealizedCastsPass();
+}
+
+void buildKernelPipeline(OpPassManager &pm, const DualKVBindSpecOptions &bind) {
+  // The textual half below names upstream passes, which must be registered.
+  registerKernelPipeline();
+  pm.addPass(createDualKVBindSpec(bind));
+  pm.addPass(createDualKVTileRegions());
+  pm.addPass(createDualKVLowerToNVGPU());
+  // Parsing cannot fail: the text is a constant checked by the tests.
+  if (failed(parsePassPipeline(kToLLVM, pm)))
+    llvm::report_fatal_error("dualkv: malformed built-in pipeline");
+}
+
+void registerKernelPipeline() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    registerDualKVPasses();
+    registerUpstreamPasses();
+    PassPipelineRegistration<>(
+        "dualkv-to-llvm",
+        "The upstream half of the kernel pipeline: after dualkv-lower-to-nvgpu, "
+        "convert gpu/nvgpu/vector/scf to the NVVM and LLVM dialects",
+        [](OpPassManager &pm) {
+          if (failed(parsePassPipeline(kToLLVM, pm)))
+            llvm::report_fatal_error("dualkv: malformed built-in pipeline");
+        });
+  });
+}
+
+} // namespace mlir::dualkv

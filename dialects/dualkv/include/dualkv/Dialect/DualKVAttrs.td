@@ -1,0 +1,124 @@
+//===- DualKVAttrs.td - attributes of the dualkv dialect ------*- tablegen -*-===//
+
+#ifndef DUALKV_ATTRS_TD
+#define DUALKV_ATTRS_TD
+
+include "dualkv/Dialect/DualKVDialect.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+def DualKV_RegionShared : I32EnumAttrCase<"shared", 0>;
+def DualKV_RegionResponse : I32EnumAttrCase<"response", 1>;
+def DualKV_KVRegion : I32EnumAttr<"KVRegion", "the KV region a loop walks",
+    [DualKV_RegionShared, DualKV_RegionResponse]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_KVRegionAttr : EnumAttr<DualKV_Dialect, DualKV_KVRegion, "region"> {
+  let summary = "`shared` (the group's prompt) or `response` (the query's own segment)";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def DualKV_MaskNone : I32EnumAttrCase<"none", 0>;
+def DualKV_MaskBound : I32EnumAttrCase<"bound", 1>;
+def DualKV_MaskCausal : I32EnumAttrCase<"causal", 2>;
+def DualKV_MaskKind : I32EnumAttr<"MaskKind", "the masking a KV tile needs",
+    [DualKV_MaskNone, DualKV_MaskBound, DualKV_MaskCausal]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_MaskKindAttr : EnumAttr<DualKV_Dialect, DualKV_MaskKind, "mask"> {
+  let summary = "`none` (full tile), `bound` (keys past the region end), `causal` (diagonal)";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def DualKV_PartAll : I32EnumAttrCase<"all", 0>;
+def DualKV_PartFull : I32EnumAttrCase<"full", 1>;
+def DualKV_PartTail : I32EnumAttrCase<"tail", 2>;
+def DualKV_PartDiagonal : I32EnumAttrCase<"diagonal", 3>;
+def DualKV_LoopPart : I32EnumAttr<"LoopPart", "which tiles of a region a loop covers",
+    [DualKV_PartAll, DualKV_PartFull, DualKV_PartTail, DualKV_PartDiagonal]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_LoopPartAttr : EnumAttr<DualKV_Dialect, DualKV_LoopPart, "part"> {
+  let summary = "`all` before tiling; `full`, `tail` or `diagonal` after";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def DualKV_KindFwd : I32EnumAttrCase<"fwd", 0>;
+def DualKV_KindBwdPre : I32EnumAttrCase<"bwd_pre", 1>;
+def DualKV_KindBwd : I32EnumAttrCase<"bwd", 2>;
+def DualKV_KindBwdPost : I32EnumAttrCase<"bwd_post", 3>;
+def DualKV_KernelKind : I32EnumAttr<"KernelKind", "what a kernel computes",
+    [DualKV_KindFwd, DualKV_KindBwdPre, DualKV_KindBwd, DualKV_KindBwdPost]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_KernelKindAttr : EnumAttr<DualKV_Dialect, DualKV_KernelKind, "kind"> {
+  let summary = "forward, backward preprocess, backward main, backward conversion";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def DualKV_OperandK : I32EnumAttrCase<"key", 0>;
+def DualKV_OperandV : I32EnumAttrCase<"value", 1>;
+def DualKV_KVOperand : I32EnumAttr<"KVOperand", "keys or values",
+    [DualKV_OperandK, DualKV_OperandV]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_KVOperandAttr : EnumAttr<DualKV_Dialect, DualKV_KVOperand, "operand"> {
+  let summary = "`key` or `value`";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+//===----------------------------------------------------------------------===//
+// Structured attributes
+//===----------------------------------------------------------------------===//
+
+class DualKV_Attr<string name, string mnemonic_> : AttrDef<DualKV_Dialect, name> {
+  let mnemonic = mnemonic_;
+}
+
+def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
+  let summary = "The attention problem of one packed group";
+  let description = [{
+    `P` prompt tokens and `N` responses (a shape class when the kernel is generic in
+    them: `P = 0` means any prompt length), query and KV head counts, head size,
+    element type, softmax scale and whether attention is causal (always true for the
+    semantics of DualKV; kept explicit so the IR states it).
+
+    ```mlir
+    #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
+                    head_dim = 128, dtype = bf16, scale = 0.08838834764831845,
+                    causal = true>
+    ```
+  }];
+  let parameters = (ins "int64_t":$P, "int64_t":$N, "int64_t":$num_q_heads,
+                        "int64_t":$num_kv_heads, "int64_t":$head_dim,
+                        "::mlir::Type":$dtype, "::mlir::FloatAttr":$scale,
+                        "bool":$causal);
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+}
+
+def DualKV_TilingAttr : DualKV_Attr<"Tiling", "tiling"> {
+  let summary = "Tile shape and schedule parameters of a kernel";
+  let description = [{
+    `block_m` query rows and `block_n` keys per tile, `warps` per CTA, `stages` of the
+    shared-memory pipeline.
+
+    ```mlir
+    #dualkv.tiling<block_m = 128, block_n = 64, warps = 8, stages = 2>
+    ```
+  }];
+  let parameters = (ins "int64_t":$block_m, "int64_t":$block_n, "int64_t":$warps,
+                        "int64_t":$stages);
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+}
+
+#endif // DUALKV_ATTRS_TD

@@ -1,0 +1,351 @@
+//===- DualKVOps.cpp - verifiers and custom syntax of dualkv ops -----------===//
+#include "dualkv/Dialect/DualKVOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/FunctionImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+LogicalResult
+ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t P,
+                    int64_t N, int64_t numQHeads, int64_t numKVHeads,
+                    int64_t headDim, Type dtype, FloatAttr scale, bool causal) {
+  if (P < 0)
+    return emitError() << "P must be >= 0 (0 means any prompt length), got " << P;
+  if (N < 0)
+    return emitError() << "N must be >= 0, got " << N;
+  if (numQHeads <= 0 || numKVHeads <= 0)
+    return emitError() << "head counts must be positive, got num_q_heads = "
+                       << numQHeads << ", num_kv_heads = " << numKVHeads;
+  if (numQHeads % numKVHeads != 0)
+    return emitError() << "num_q_heads (" << numQHeads
+                       << ") must be a multiple of num_kv_heads (" << numKVHeads
+                       << ")";
+  if (headDim != 64 && headDim != 128 && headDim != 256)
+    return emitError() << "head_dim must be 64, 128 or 256, got " << headDim;
+  if (!dtype || !(dtype.isBF16() || dtype.isF16()))
+    return emitError() << "dtype must be bf16 or f16, got " << dtype;
+  if (!scale || !(scale.getValueAsDouble() > 0.0))
+    return emitError() << "scale must be a positive float";
+  if (!causal)
+    return emitError() << "DualKV attention is causal: causal must be true";
+  return success();
+}
+
+LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 int64_t blockM, int64_t blockN, int64_t warps,
+                                 int64_t stages) {
+  auto pow2 = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
+  if (!pow2(blockM) || blockM < 16 || blockM > 256)
+    return emitError() << "block_m must be a power of two in [16, 256], got "
+                       << blockM;
+  if (!pow2(blockN) || blockN < 16 || blockN > 256)
+    return emitError() << "block_n must be a power of two in [16, 256], got "
+                       << blockN;
+  if (blockM % blockN != 0)
+    return emitError() << "block_m (" << blockM
+                       << ") must be a multiple of block_n (" << blockN
+                       << ") so causal diagonals stay tile-aligned";
+  if (!pow2(warps) || warps > 16)
+    return emitError() << "warps must be a power of two <= 16, got " << warps;
+  if (blockM % (16 * warps) != 0)
+    return emitError() << "block_m (" << blockM << ") must be a multiple of 16 * warps ("
+                       << 16 * warps << "): each warp owns whole m16 row blocks";
+  if (stages < 1 || stages > 4)
+    return emitError() << "stages must be in [1, 4], got " << stages;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Problem-level ops
+//===----------------------------------------------------------------------===//
+
+/// Checks that `type` is a rank-3 THD tensor with `heads` heads of the problem's
+/// head size and element type.
+static LogicalResult verifyTHD(Operation *op, StringRef name, Type type,
+                               int64_t heads, ProblemAttr problem) {
+  auto t = cast<RankedTensorType>(type);
+  if (t.getRank() != 3)
+    return op->emitOpError() << name << " must be [T, heads, head_dim], got rank "
+                             << t.getRank();
+  if (!ShapedType::isDynamic(t.getDimSize(1)) && t.getDimSize(1) != heads)
+    return op->emitOpError() << name << " has " << t.getDimSize(1)
+                             << " heads, the problem says " << heads;
+  if (!ShapedType::isDynamic(t.getDimSize(2)) &&
+      t.getDimSize(2) != problem.getHeadDim())
+    return op->emitOpError() << name << " has head_dim " << t.getDimSize(2)
+                             << ", the problem says " << problem.getHeadDim();
+  if (t.getElementType() != problem.getDtype())
+    return op->emitOpError() << name << " has element type " << t.getElementType()
+                             << ", the problem says " << problem.getDtype();
+  return success();
+}
+
+/// Checks that q, k, v, o and lse agree with each other and with the problem.
+static LogicalResult verifyAttentionTensors(Operation *op, ProblemAttr problem,
+                                            Type q, Type k, Type v, Type o,
+                                            Type lse) {
+  int64_t hq = problem.getNumQHeads(), hkv = problem.getNumKvHeads();
+  if (failed(verifyTHD(op, "q", q, hq, problem)) ||
+      failed(verifyTHD(op, "k", k, hkv, problem)) ||
+      failed(verifyTHD(op, "v", v, hkv, problem)) ||
+      failed(verifyTHD(op, "o", o, hq, problem)))
+    return failure();
+  int64_t tokens = cast<RankedTensorType>(q).getDimSize(0);
+  for (auto [name, type] : {std::pair<StringRef, Type>{"k", k}, {"v", v}, {"o", o}}) {
+    int64_t t = cast<RankedTensorType>(type).getDimSize(0);
+    if (!ShapedType::isDynamic(tokens) && !ShapedType::isDynamic(t) && t != tokens)
+      return op->emitOpError() << name << " has " << t << " tokens, q has " << tokens;
+  }
+  auto lseType = cast<RankedTensorType>(lse);
+  if (lseType.getRank() != 2 || !lseType.getElementType().isF32())
+    return op->emitOpError() << "lse must be [num_q_heads, T] of f32, got " << lse;
+  if (!ShapedType::isDynamic(lseType.getDimSize(0)) && lseType.getDimSize(0) != hq)
+    return op->emitOpError() << "lse has " << lseType.getDimSize(0)
+                             << " heads, the problem says " << hq;
+  if (!ShapedType::isDynamic(tokens) &&
+      !ShapedType::isDynamic(lseType.getDimSize(1)) &&
+      lseType.getDimSize(1) != tokens)
+    return op->emitOpError() << "lse has " << lseType.getDimSize(1)
+                             << " tokens, q has " << tokens;
+  if (problem.getP() > 0 && !ShapedType::isDynamic(tokens) &&
+      tokens < problem.getP())
+    return op->emitOpError() << "T = " << tokens << " is shorter than the prompt, P = "
+                             << problem.getP();
+  return success();
+}
+
+LogicalResult AttentionFwdOp::verify() {
+  return verifyAttentionTensors(*this, getProblem(), getQ().getType(),
+                                getK().getType(), getV().getType(),
+                                getO().getType(), getLse().getType());
+}
+
+LogicalResult AttentionBwdOp::verify() {
+  if (failed(verifyAttentionTensors(*this, getProblem(), getQ().getType(),
+                                    getK().getType(), getV().getType(),
+                                    getO().getType(), getLse().getType())))
+    return failure();
+  if (getDout().getType() != getO().getType())
+    return emitOpError() << "dout type " << getDout().getType()
+                         << " must equal the output type " << getO().getType();
+  if (getDq().getType() != getQ().getType() || getDk().getType() != getK().getType() ||
+      getDv().getType() != getV().getType())
+    return emitOpError() << "gradients must have the types of q, k and v";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// KernelOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult KernelOp::verify() {
+  bool anyBound = getProblem() || getTiling() || getArch();
+  if (anyBound && !isBound())
+    return emitOpError() << "problem, tiling and arch are bound together: either all "
+                            "three or none";
+  if (auto arch = getArch()) {
+    if (!arch->starts_with("sm_"))
+      return emitOpError() << "arch must look like sm_80 or sm_90a, got '" << *arch
+                           << "'";
+  }
+  if (auto tiling = getTiling()) {
+    int64_t d = getProblem()->getHeadDim();
+    // Registers per thread for the fp32 output accumulator alone.
+    int64_t accRegs = tiling->getBlockM() * d / (tiling->getWarps() * 32);
+    if (accRegs > 128)
+      return emitOpError() << "tiling gives each thread " << accRegs
+                           << " accumulator registers (block_m * head_dim / threads); "
+                              "at most 128 fit beside the scores";
+  }
+  return success();
+}
+
+LogicalResult KernelOp::verifyRegions() {
+  // The regions a kernel walks must be disjoint: each (region, part) at most once,
+  // and `all` excludes every other part of the same region.
+  SmallVector<KVLoopOp> loops;
+  getBody().walk([&](KVLoopOp loop) { loops.push_back(loop); });
+  for (auto [i, a] : llvm::enumerate(loops)) {
+    for (KVLoopOp b : ArrayRef<KVLoopOp>(loops).drop_front(i + 1)) {
+      if (a.getRegion() != b.getRegion())
+        continue;
+      if (a.getPart() == b.getPart() || a.getPart() == LoopPart::all ||
+          b.getPart() == LoopPart::all)
+        return b.emitOpError()
+               << "overlaps an earlier loop over the " << stringifyKVRegion(a.getRegion())
+               << " region (parts " << stringifyLoopPart(a.getPart()) << " and "
+               << stringifyLoopPart(b.getPart())
+               << "): every KV tile must be visited once";
+    }
+  }
+  if (getKind() == KernelKind::fwd) {
+    if (getBody().getOps<LoadQOp>().empty())
+      return emitOpError() << "forward kernel loads no query tile (dualkv.load_q)";
+    if (getBody().getOps<StoreOutputOp>().empty())
+      return emitOpError() << "forward kernel stores no output (dualkv.store_output)";
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Tile-level ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult LoadQOp::verify() {
+  auto kernel = (*this)->getParentOfType<KernelOp>();
+  if (!kernel)
+    return emitOpError() << "must be inside a dualkv.kernel";
+  if (kernel.getKind() != KernelKind::fwd && kernel.getKind() != KernelKind::bwd)
+    return emitOpError() << "only forward and backward kernels load query tiles";
+  return success();
+}
+
+void KVLoopOp::build(OpBuilder &builder, OperationState &state, KVRegion region,
+                     LoopPart part, ValueRange inits) {
+  state.addAttribute(getRegionAttrName(state.name),
+                     KVRegionAttr::get(builder.getContext(), region));
+  state.addAttribute(getPartAttrName(state.name),
+                     LoopPartAttr::get(builder.getContext(), part));
+  state.addOperands(inits);
+  state.addTypes(inits.getTypes());
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  block->addArgument(builder.getIndexType(), state.location);
+  for (Value v : inits)
+    block->addArgument(v.getType(), state.location);
+}
+
+// Syntax: dualkv.kv_loop <region> part <part> [iter_args(%a = %x, ...) : types] body
+void KVLoopOp::print(OpAsmPrinter &p) {
+  p << " ";
+  p.printStrippedAttrOrType(getRegionAttr());
+  p << " part ";
+  p.printStrippedAttrOrType(getPartAttr());
+  if (!getInits().empty()) {
+    p << " iter_args(";
+    llvm::interleaveComma(llvm::zip(getRegionIterArgs(), getInits()), p,
+                          [&](auto pair) {
+                            p << std::get<0>(pair) << " = " << std::get<1>(pair);
+                          });
+    p << ") : " << getInits().getTypes();
+  }
+  p.printOptionalAttrDictWithKeyword((*this)->getAttrs(),
+                          {getRegionAttrName(), getPartAttrName()});
+  p << " ";
+  p.printRegion(getBody(), /*printEntryBlockArgs=*/true,
+                /*printBlockTerminators=*/!getInits().empty());
+}
+
+ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
+  MLIRContext *ctx = parser.getContext();
+  KVRegionAttr region;
+  LoopPartAttr part;
+  if (parser.parseCustomAttributeWithFallback(region) || parser.parseKeyword("part") ||
+      parser.parseCustomAttributeWithFallback(part))
+    return failure();
+  result.addAttribute("region", region);
+  result.addAttribute("part", part);
+
+  SmallVector<OpAsmParser::UnresolvedOperand> inits;
+  SmallVector<OpAsmParser::Argument> iterArgs;
+  SmallVector<Type> types;
+  if (succeeded(parser.parseOptionalKeyword("iter_args"))) {
+    if (parser.parseAssignmentList(iterArgs, inits) || parser.parseColon() ||
+        parser.parseTypeList(types))
+      return failure();
+    if (types.size() != inits.size())
+      return parser.emitError(parser.getCurrentLocation())
+             << "iter_args has " << inits.size() << " values but " << types.size()
+             << " types";
+    if (parser.resolveOperands(inits, types, parser.getCurrentLocation(),
+                               result.operands))
+      return failure();
+    result.addTypes(types);
+  }
+  if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
+    return failure();
+
+  // The body's arguments are written in its entry block: ^bb0(%j: index, ...).
+  Region *body = result.addRegion();
+  if (parser.parseRegion(*body, /*arguments=*/{}))
+    return failure();
+  if (body->empty()) {
+    return parser.emitError(parser.getCurrentLocation())
+           << "kv_loop needs a body";
+  }
+  if (types.empty())
+    KVLoopOp::ensureTerminator(*body, parser.getBuilder(), result.location);
+  (void)ctx;
+  (void)iterArgs; // names are taken from the entry block's signature
+  return success();
+}
+
+LogicalResult KVLoopOp::verify() {
+  KVRegion region = getRegion();
+  LoopPart part = getPart();
+  if (region == KVRegion::shared && part == LoopPart::diagonal)
+    return emitOpError() << "the shared region has no causal diagonal: every prompt key "
+                            "precedes every response query";
+  if (region == KVRegion::response && part == LoopPart::tail)
+    return emitOpError() << "the response region has no tail part: its last tiles are "
+                            "the diagonal ones";
+  return success();
+}
+
+LogicalResult KVLoopOp::verifyRegions() {
+  Block &block = getBody().front();
+  if (block.getNumArguments() != getInits().size() + 1)
+    return emitOpError() << "body must take the tile index and " << getInits().size()
+                         << " carried values, got " << block.getNumArguments()
+                         << " arguments";
+  if (!block.getArgument(0).getType().isIndex())
+    return emitOpError() << "first body argument must be the index of the KV tile";
+  for (auto [i, arg, init] : llvm::enumerate(getRegionIterArgs(), getInits()))
+    if (arg.getType() != init.getType())
+      return emitOpError() << "carried value #" << i << " has type " << init.getType()
+                           << " but the body takes " << arg.getType();
+  auto yield = cast<YieldOp>(block.getTerminator());
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError() << "yields " << yield.getValues().size()
+                         << " values whose types differ from the loop's results";
+  if (!getBody().getOps<KVLoopOp>().empty())
+    return emitOpError() << "KV loops do not nest";
+  return success();
+}
+
+LogicalResult MaskOp::verify() {
+  auto loop = (*this)->getParentOfType<KVLoopOp>();
+  if (!loop)
+    return emitOpError() << "must be inside a dualkv.kv_loop";
+  if (getTile() != loop.getTileIndex())
+    return emitOpError() << "must mask the tile of its own loop iteration";
+  switch (getKind()) {
+  case MaskKind::none:
+    return emitOpError() << "a mask of kind none is no mask: drop the op";
+  case MaskKind::causal:
+    if (loop.getRegion() != KVRegion::response)
+      return emitOpError() << "causal masks belong to the response region only";
+    if (loop.getPart() == LoopPart::full)
+      return emitOpError() << "a full tile needs no mask";
+    break;
+  case MaskKind::bound:
+    if (loop.getRegion() != KVRegion::shared)
+      return emitOpError() << "bound masks belong to the shared region only";
+    if (loop.getPart() == LoopPart::full)
+      return emitOpError() << "a full tile needs no mask";
+    break;
+  }
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "dualkv/Dialect/DualKVOps.cpp.inc"

@@ -1,0 +1,360 @@
+// fp64 reference of DualKV attention (DESIGN.md §1), packed and replicated.
+#include "dualkv/Reference.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace dualkv::reference {
+namespace {
+
+void validate(const Problem &p) {
+  auto fail = [](const std::string &msg) { throw std::invalid_argument(msg); };
+  if (p.groups.empty())
+    fail("groups is empty: a problem needs at least one group");
+  for (size_t g = 0; g < p.groups.size(); ++g) {
+    const Group &group = p.groups[g];
+    if (group.prompt_len < 0)
+      fail(fmt::format("groups[{}].prompt_len ({}) is negative", g,
+                       group.prompt_len));
+    for (size_t n = 0; n < group.response_lens.size(); ++n)
+      if (group.response_lens[n] < 0)
+        fail(fmt::format("groups[{}].response_lens[{}] ({}) is negative", g, n,
+                         group.response_lens[n]));
+  }
+  if (p.num_q_heads <= 0)
+    fail(fmt::format("num_q_heads ({}) must be positive", p.num_q_heads));
+  if (p.num_kv_heads <= 0)
+    fail(fmt::format("num_kv_heads ({}) must be positive", p.num_kv_heads));
+  if (p.num_q_heads % p.num_kv_heads != 0)
+    fail(fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads ({})",
+                     p.num_q_heads, p.num_kv_heads));
+  if (p.head_dim <= 0)
+    fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
+  if (!std::isfinite(p.scale))
+    fail(fmt::format("scale ({}) is not finite", p.scale));
+}
+
+/// Offsets into the dense row-major tensors of a sequence of `tokens` tokens.
+struct Layout {
+  int64_t tokens, hq, hkv, d;
+  Layout(const Problem &p, int64_t tokens)
+      : tokens(tokens), hq(p.num_q_heads), hkv(p.num_kv_heads), d(p.head_dim) {}
+  int64_t q(int64_t t, int64_t h) const { return (t * hq + h) * d; }
+  int64_t kv(int64_t t, int64_t h) const { return (t * hkv + h) * d; }
+  int64_t lse(int64_t h, int64_t t) const { return h * tokens + t; }
+  int64_t kvHead(int64_t h) const { return h / (hq / hkv); }
+};
+
+// Four partial sums let the compiler vectorise without -ffast-math; the GPU
+// tests that use this reference run it on thousands of tokens.
+double dot(const double *a, const double *b, int64_t n) {
+  double s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int u = 0; u < 4; ++u)
+      s[u] += a[i + u] * b[i + u];
+  for (; i < n; ++i)
+    s[0] += a[i] * b[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+void axpy(double alpha, const double *x, double *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] += alpha * x[i];
+}
+
+/// Half-open range of key tokens.
+struct KeyRange {
+  int64_t begin, end;
+};
+
+/// The keys query i may attend to, as at most two disjoint ranges: the causal
+/// part of its group's prompt and the causal part of its own response. Walking
+/// these instead of all T keys keeps the reference O(allowed pairs · D).
+std::vector<KeyRange> keyRanges(const TokenInfo &ti, int64_t i) {
+  std::vector<KeyRange> ranges;
+  ranges.push_back(
+      {ti.prompt_start, std::min(ti.prompt_start + ti.prompt_len, i + 1)});
+  if (ti.response >= 0)
+    ranges.push_back({ti.segment_start, i + 1});
+  return ranges;
+}
+
+/// Ordinary causal attention forward on one dense sequence of l.tokens tokens;
+/// written independently of the two-region code so the replicated definition
+/// checks it.
+void causalForward(const Layout &l, double scale, const double *q,
+                   const double *k, const double *v, double *o, double *lse) {
+  std::vector<double> s(l.tokens);
+  for (int64_t i = 0; i < l.tokens; ++i)
+    for (int64_t h = 0; h < l.hq; ++h) {
+      const int64_t kh = l.kvHead(h);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j <= i; ++j) {
+        s[j] = scale * dot(q + l.q(i, h), k + l.kv(j, kh), l.d);
+        m = std::max(m, s[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= i; ++j)
+        sum += s[j] = std::exp(s[j] - m);
+      double *oi = o + l.q(i, h);
+      std::fill(oi, oi + l.d, 0.0);
+      for (int64_t j = 0; j <= i; ++j)
+        axpy(s[j] / sum, v + l.kv(j, kh), oi, l.d);
+      lse[l.lse(h, i)] = m + std::log(sum);
+    }
+}
+
+/// Ordinary causal attention backward on one dense sequence; overwrites dq,
+/// dk, dv.
+void causalBackward(const Layout &l, double scale, const double *q,
+                    const double *k, const double *v, const double *o,
+                    const double *lse, const double *dout, double *dq,
+                    double *dk, double *dv) {
+  std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
+  std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
+  std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
+  for (int64_t i = 0; i < l.tokens; ++i)
+    for (int64_t h = 0; h < l.hq; ++h) {
+      const int64_t kh = l.kvHead(h);
+      const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
+      const double delta = dot(doi, o + l.q(i, h), l.d);
+      for (int64_t j = 0; j <= i; ++j) {
+        const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
+        const double p = std::exp(scale * dot(qi, kj, l.d) - lse[l.lse(h, i)]);
+        const double ds = p * (dot(doi, vj, l.d) - delta);
+        axpy(p, doi, dv + l.kv(j, kh), l.d);
+        axpy(scale * ds, kj, dq + l.q(i, h), l.d);
+        axpy(scale * ds, qi, dk + l.kv(j, kh), l.d);
+      }
+    }
+}
+
+/// One replicated causal sequence [prompt | response_n]: packed indices of its
+/// tokens, in order.
+struct Copy {
+  std::vector<int64_t> tokens;
+  int64_t prompt_len;
+  bool first; // the first copy of its group's prompt
+};
+
+/// The replicated sequences, derived from the Problem directly rather than
+/// from token_info() so that they are an independent check of it.
+std::vector<Copy> replicatedCopies(const Problem &p) {
+  std::vector<Copy> copies;
+  int64_t offset = 0;
+  for (const Group &g : p.groups) {
+    const int64_t prompt = offset;
+    offset += g.prompt_len;
+    const size_t n = std::max<size_t>(g.response_lens.size(), 1);
+    for (size_t r = 0; r < n; ++r) {
+      Copy c{{}, g.prompt_len, r == 0};
+      for (int64_t t = 0; t < g.prompt_len; ++t)
+        c.tokens.push_back(prompt + t);
+      if (r < g.response_lens.size()) {
+        for (int64_t t = 0; t < g.response_lens[r]; ++t)
+          c.tokens.push_back(offset + t);
+        offset += g.response_lens[r];
+      }
+      copies.push_back(std::move(c));
+    }
+  }
+  return copies;
+}
+
+/// Copies rows of `width` values of `src` at the given token indices.
+std::vector<double> gather(const double *src, const std::vector<int64_t> &rows,
+                           int64_t width) {
+  std::vector<double> out(rows.size() * width);
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy(src + rows[r] * width, src + (rows[r] + 1) * width,
+              out.begin() + r * width);
+  return out;
+}
+
+/// Gathers lse [Hq][T] columns into a [Hq][len] buffer.
+std::vector<double> gatherLse(const double *lse,
+                              const std::vector<int64_t> &rows,
+                              const Layout &packed) {
+  const int64_t len = rows.size();
+  std::vector<double> out(packed.hq * len);
+  for (int64_t h = 0; h < packed.hq; ++h)
+    for (int64_t r = 0; r < len; ++r)
+      out[h * len + r] = lse[packed.lse(h, rows[r])];
+  return out;
+}
+
+} // namespace
+
+int64_t Problem::num_tokens() const {
+  int64_t t = 0;
+  for (const Group &g : groups) {
+    t += g.prompt_len;
+    for (int64_t r : g.response_lens)
+      t += r;
+  }
+  return t;
+}
+
+std::vector<TokenInfo> token_info(const Problem &problem) {
+  validate(problem);
+  std::vector<TokenInfo> info;
+  info.reserve(problem.num_tokens());
+  int64_t offset = 0;
+  for (size_t g = 0; g < problem.groups.size(); ++g) {
+    const Group &group = problem.groups[g];
+    const int64_t prompt = offset;
+    for (int64_t t = 0; t < group.prompt_len; ++t)
+      info.push_back({int64_t(g), -1, prompt, group.prompt_len, prompt});
+    offset += group.prompt_len;
+    for (size_t n = 0; n < group.response_lens.size(); ++n) {
+      for (int64_t t = 0; t < group.response_lens[n]; ++t)
+        info.push_back(
+            {int64_t(g), int64_t(n), prompt, group.prompt_len, offset});
+      offset += group.response_lens[n];
+    }
+  }
+  return info;
+}
+
+bool allowed(const std::vector<TokenInfo> &info, int64_t i, int64_t j) {
+  const TokenInfo &qi = info.at(i), &kj = info.at(j);
+  return qi.group == kj.group && j <= i &&
+         (kj.response == -1 || kj.response == qi.response);
+}
+
+void forward(const Problem &problem, const double *q, const double *k,
+             const double *v, double *o, double *lse) {
+  const std::vector<TokenInfo> info = token_info(problem);
+  const Layout l(problem, info.size());
+  std::vector<double> s;
+  for (int64_t i = 0; i < l.tokens; ++i) {
+    const std::vector<KeyRange> ranges = keyRanges(info[i], i);
+    for (int64_t h = 0; h < l.hq; ++h) {
+      const int64_t kh = l.kvHead(h);
+      const double *qi = q + l.q(i, h);
+      // Max subtraction keeps exp() in range for any scale and input size.
+      s.clear();
+      double m = -std::numeric_limits<double>::infinity();
+      for (const KeyRange &r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          s.push_back(problem.scale * dot(qi, k + l.kv(j, kh), l.d));
+          m = std::max(m, s.back());
+        }
+      double sum = 0;
+      for (double &x : s)
+        sum += x = std::exp(x - m);
+      double *oi = o + l.q(i, h);
+      std::fill(oi, oi + l.d, 0.0);
+      size_t idx = 0;
+      for (const KeyRange &r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j)
+          axpy(s[idx++] / sum, v + l.kv(j, kh), oi, l.d);
+      lse[l.lse(h, i)] = m + std::log(sum);
+    }
+  }
+}
+
+void backward(const Problem &problem, const double *q, const double *k,
+              const double *v, const double *o, const double *lse,
+              const double *dout, double *dq, double *dk, double *dv) {
+  const std::vector<TokenInfo> info = token_info(problem);
+  const Layout l(problem, info.size());
+  std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
+  std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
+  std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
+  for (int64_t i = 0; i < l.tokens; ++i) {
+    const std::vector<KeyRange> ranges = keyRanges(info[i], i);
+    for (int64_t h = 0; h < l.hq; ++h) {
+      const int64_t kh = l.kvHead(h);
+      const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
+      const double lsei = lse[l.lse(h, i)];
+      const double delta = dot(doi, o + l.q(i, h), l.d);
+      double *dqi = dq + l.q(i, h);
+      for (const KeyRange &r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
+          const double p = std::exp(problem.scale * dot(qi, kj, l.d) - lsei);
+          const double ds = p * (dot(doi, vj, l.d) - delta);
+          axpy(p, doi, dv + l.kv(j, kh), l.d);
+          axpy(problem.scale * ds, kj, dqi, l.d);
+          axpy(problem.scale * ds, qi, dk + l.kv(j, kh), l.d);
+        }
+    }
+  }
+}
+
+void forward_replicated(const Problem &problem, const double *q,
+                        const double *k, const double *v, double *o,
+                        double *lse) {
+  validate(problem);
+  const Layout packed(problem, problem.num_tokens());
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  for (const Copy &c : replicatedCopies(problem)) {
+    const Layout l(problem, c.tokens.size());
+    const std::vector<double> cq = gather(q, c.tokens, qw),
+                              ck = gather(k, c.tokens, kvw),
+                              cv = gather(v, c.tokens, kvw);
+    std::vector<double> co(cq.size()), clse(l.hq * l.tokens);
+    causalForward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
+                  clse.data());
+    // Every copy computes the prompt rows from the same prompt keys, so they
+    // agree; the first copy supplies them.
+    for (int64_t r = c.first ? 0 : c.prompt_len; r < l.tokens; ++r) {
+      const int64_t t = c.tokens[r];
+      std::copy(co.begin() + r * qw, co.begin() + (r + 1) * qw, o + t * qw);
+      for (int64_t h = 0; h < l.hq; ++h)
+        lse[packed.lse(h, t)] = clse[l.lse(h, r)];
+    }
+  }
+}
+
+// The packed loss counts each prompt row's output once, so its upstream
+// gradient enters only the first copy (zero dout in the others); response rows
+// get their own dout in their own copy. A prompt query's dq depends only on its
+// row's dout, so it comes from the first copy alone; prompt keys/values are
+// read by the queries of every copy (each response's queries), so their dk/dv
+// are the sum over copies; response tokens live in exactly one copy. Summing
+// every copy's gradients into the packed ones therefore gives backward().
+void backward_replicated(const Problem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv) {
+  validate(problem);
+  const Layout packed(problem, problem.num_tokens());
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  std::fill(dq, dq + packed.tokens * qw, 0.0);
+  std::fill(dk, dk + packed.tokens * kvw, 0.0);
+  std::fill(dv, dv + packed.tokens * kvw, 0.0);
+  for (const Copy &c : replicatedCopies(problem)) {
+    const Layout l(problem, c.tokens.size());
+    const std::vector<double> cq = gather(q, c.tokens, qw),
+                              ck = gather(k, c.tokens, kvw),
+                              cv = gather(v, c.tokens, kvw),
+                              co = gather(o, c.tokens, qw),
+                              clse = gatherLse(lse, c.tokens, packed);
+    std::vector<double> cdout = gather(dout, c.tokens, qw);
+    if (!c.first)
+      std::fill(cdout.begin(), cdout.begin() + c.prompt_len * qw, 0.0);
+    std::vector<double> cdq(cq.size()), cdk(ck.size()), cdv(cv.size());
+    causalBackward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
+                   clse.data(), cdout.data(), cdq.data(), cdk.data(),
+                   cdv.data());
+    for (int64_t r = 0; r < l.tokens; ++r) {
+      const int64_t t = c.tokens[r];
+      for (int64_t x = 0; x < qw; ++x)
+        dq[t * qw + x] += cdq[r * qw + x];
+      for (int64_t x = 0; x < kvw; ++x) {
+        dk[t * kvw + x] += cdk[r * kvw + x];
+        dv[t * kvw + x] += cdv[r * kvw + x];
+      }
+    }
+  }
+}
+
+} // namespace dualkv::reference

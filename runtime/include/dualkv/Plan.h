@@ -1,0 +1,93 @@
+// The packed layout of one micro-batch: its groups, segments and device table.
+#ifndef DUALKV_PLAN_H
+#define DUALKV_PLAN_H
+
+#include "dualkv/Export.h"
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+namespace dualkv {
+
+/// One group of a micro-batch: a shared prompt followed by its responses.
+struct PlanGroup {
+  int64_t prompt_len = 0;             ///< at least 1
+  std::vector<int64_t> response_lens; ///< each at least 0; 0 adds no tokens
+};
+
+/// A contiguous run of query tokens that sees one causal region of its own
+/// and, for a response, its group's prompt in full.
+struct Segment {
+  int32_t start = 0;        ///< first packed token
+  int32_t length = 0;       ///< tokens (> 0)
+  int32_t shared_start = 0; ///< first prompt token (responses); 0 for prompts
+  int32_t shared_len = 0;   ///< prompt length (responses); 0 for prompts
+  bool operator==(const Segment &o) const {
+    return start == o.start && length == o.length &&
+           shared_start == o.shared_start && shared_len == o.shared_len;
+  }
+};
+
+/// The packed layout of a batch, built once per micro-batch on the host: the
+/// groups back to back, `[prompt | response_1 | ... | response_N]`, cut into
+/// segments (each prompt, each non-empty response). The segment table, int32
+/// [numSegments][4] = {start, length, shared_start, shared_len}, is copied to
+/// the device once (upload()) and read by every kernel.
+class DUALKV_API Plan {
+public:
+  /// Validates and lays out `groups`. Throws Error (InvalidArgument) naming
+  /// the group at fault: no groups, a prompt shorter than 1 token, a
+  /// negative response length, or more than INT32_MAX tokens in all.
+  explicit Plan(const std::vector<PlanGroup> &groups);
+  /// The same, spelled inline: `Plan plan({{512, {100, 0, 37}}});`.
+  explicit Plan(std::initializer_list<PlanGroup> groups)
+      : Plan(std::vector<PlanGroup>(groups)) {}
+
+  /// The same from flat arrays (the C API's shape): group g has
+  /// prompt_lens[g] prompt tokens and num_responses[g] responses whose
+  /// lengths follow each other in response_lens.
+  static Plan fromArrays(const int32_t *prompt_lens,
+                         const int32_t *num_responses,
+                         const int32_t *response_lens, int32_t num_groups);
+
+  Plan(Plan &&) noexcept;
+  Plan &operator=(Plan &&) noexcept;
+  Plan(const Plan &) = delete;
+  Plan &operator=(const Plan &) = delete;
+  /// Frees the device table, if one was uploaded.
+  ~Plan();
+
+  int64_t numTokens() const { return numTokens_; }
+  int numGroups() const { return numGroups_; }
+  int numSegments() const { return static_cast<int>(segments_.size()); }
+  int maxSegmentLen() const { return maxSegmentLen_; }
+  const std::vector<Segment> &segments() const { return segments_; }
+  /// The segment table as uploaded: 4 int32 per segment.
+  std::vector<int32_t> segmentTable() const;
+
+  /// Copies the segment table to the device of the current CUDA context
+  /// (retaining device 0's primary context if none is current). Idempotent;
+  /// forward() calls it on first use. It allocates and copies synchronously,
+  /// so call it before capturing a CUDA graph.
+  void upload() const;
+  /// True once upload() has run.
+  bool uploaded() const;
+  /// Device address of the segment table (0 before upload()).
+  uint64_t deviceTable() const;
+  /// The CUDA context (CUcontext) the table lives in, or null.
+  void *deviceContext() const;
+
+private:
+  struct Device;
+  int64_t numTokens_ = 0;
+  int numGroups_ = 0;
+  int maxSegmentLen_ = 0;
+  std::vector<Segment> segments_;
+  std::unique_ptr<Device> device_;
+};
+
+} // namespace dualkv
+
+#endif

@@ -1,0 +1,83 @@
+// fp64 reference of DualKV attention (DESIGN.md §1), packed and replicated.
+#pragma once
+
+#include "dualkv/Export.h"
+
+#include <cstdint>
+#include <vector>
+
+/// Slow, exact (fp64) implementations that every kernel and test is checked
+/// against. Tensors are dense row-major: q, o, dq are [T][Hq][D]; k, v, dk, dv
+/// are [T][Hkv][D]; lse is [Hq][T] (natural log). Every function validates its
+/// Problem and throws std::invalid_argument naming the offending field.
+namespace dualkv::reference {
+
+/// One group: a prompt of P tokens followed by responses of the given lengths
+/// (any may be 0).
+struct Group {
+  int64_t prompt_len;
+  std::vector<int64_t> response_lens;
+};
+
+/// A packed batch: groups back to back, heads and head size.
+struct Problem {
+  std::vector<Group> groups;
+  int64_t num_q_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  /// Softmax scale; callers usually pass 1/sqrt(head_dim).
+  double scale;
+  /// Sum over groups of P + sum R.
+  DUALKV_API int64_t num_tokens() const;
+};
+
+/// Per-token segment description derived from a Problem.
+struct TokenInfo {
+  /// Index of the token's group.
+  int64_t group;
+  /// Index of the token's response within its group; -1 for a prompt token.
+  int64_t response;
+  /// Packed index of the first prompt token of the token's group.
+  int64_t prompt_start;
+  /// Prompt length of the token's group.
+  int64_t prompt_len;
+  /// Packed index of the first token of the token's own segment (its response,
+  /// or the prompt for a prompt token).
+  int64_t segment_start;
+};
+
+/// Describes every packed token of \p problem; throws std::invalid_argument if
+/// the problem is malformed.
+DUALKV_API std::vector<TokenInfo> token_info(const Problem &problem);
+
+/// allowed(i, j) of DESIGN.md §1: may query token \p i attend to key token
+/// \p j?
+DUALKV_API bool allowed(const std::vector<TokenInfo> &info, int64_t i, int64_t j);
+
+/// Packed DualKV forward: writes o [T][Hq][D] and lse [Hq][T].
+DUALKV_API void forward(const Problem &problem, const double *q, const double *k,
+             const double *v, double *o, double *lse);
+
+/// Packed DualKV backward of forward(): given its o and lse and the upstream
+/// gradient dout [T][Hq][D], writes dq [T][Hq][D], dk and dv [T][Hkv][D].
+DUALKV_API void backward(const Problem &problem, const double *q, const double *k,
+              const double *v, const double *o, const double *lse,
+              const double *dout, double *dq, double *dk, double *dv);
+
+/// Replicated definition of forward(): for each group, each response n runs
+/// ordinary causal attention on [prompt | response_n] separately (a group with
+/// N = 0 runs the prompt alone once). Prompt tokens take their value from the
+/// first copy (all copies agree).
+DUALKV_API void forward_replicated(const Problem &problem, const double *q,
+                        const double *k, const double *v, double *o,
+                        double *lse);
+
+/// Replicated definition of backward(): per-copy causal backward where prompt
+/// rows receive dout only in the first copy; prompt dk/dv are summed over the
+/// copies. Equals backward() up to rounding.
+DUALKV_API void backward_replicated(const Problem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv);
+
+} // namespace dualkv::reference

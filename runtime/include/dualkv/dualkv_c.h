@@ -1,0 +1,102 @@
+/* DualKV's C API, for ctypes and other foreign-function callers. */
+#ifndef DUALKV_DUALKV_C_H
+#define DUALKV_DUALKV_C_H
+
+#include "dualkv/Export.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Return codes of every function that returns int. */
+enum dualkv_status {
+  DUALKV_OK = 0,
+  DUALKV_ERROR_INVALID_ARGUMENT = 1, /**< bad input; see dualkv_last_error */
+  DUALKV_ERROR_CUDA = 2,             /**< a CUDA driver call failed */
+  DUALKV_ERROR_COMPILE = 3,          /**< a kernel failed to compile */
+  DUALKV_ERROR_NO_GPU = 4,           /**< no CUDA driver or no device */
+  DUALKV_ERROR_INTERNAL = 5          /**< a DualKV bug or out of memory */
+};
+
+/** Data types of q, k, v and o. */
+enum dualkv_dtype { DUALKV_BF16 = 0, DUALKV_FP16 = 1 };
+
+/** An opaque packed batch layout (dualkv::Plan). */
+typedef struct dualkv_plan dualkv_plan;
+
+/** The message of the latest failure on this thread ("" if none). */
+DUALKV_API const char *dualkv_last_error(void);
+
+/** The library version, "major.minor.patch". */
+DUALKV_API const char *dualkv_version(void);
+
+/** 1 when a CUDA driver and at least one device are present, else 0. */
+DUALKV_API int dualkv_gpu_available(void);
+
+/**
+ * Builds the plan of num_groups groups: group g has prompt_lens[g] (>= 1)
+ * prompt tokens and num_responses[g] responses whose lengths (>= 0) are the
+ * next num_responses[g] entries of response_lens. On success *out owns the
+ * plan (free it with dualkv_plan_destroy). The segment table is copied to
+ * the GPU on first use or by dualkv_plan_upload.
+ */
+DUALKV_API int dualkv_plan_create(const int32_t *prompt_lens,
+                                  const int32_t *num_responses,
+                                  const int32_t *response_lens,
+                                  int32_t num_groups, dualkv_plan **out);
+/** Frees a plan and its device table; null is ignored. */
+DUALKV_API void dualkv_plan_destroy(dualkv_plan *plan);
+/**
+ * Copies the plan's segment table to the device of the current CUDA
+ * context. Call it before capturing a CUDA graph; otherwise the first
+ * dualkv_forward does it.
+ */
+DUALKV_API int dualkv_plan_upload(const dualkv_plan *plan);
+/** Total packed tokens T, or -1 for a null plan. */
+DUALKV_API int64_t dualkv_plan_num_tokens(const dualkv_plan *plan);
+/** Number of segments (prompts and non-empty responses), or -1. */
+DUALKV_API int32_t dualkv_plan_num_segments(const dualkv_plan *plan);
+/**
+ * Copies the segment table (4 int32 per segment: start, length,
+ * shared_start, shared_len) into out, which holds capacity int32.
+ */
+DUALKV_API int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
+                                         int64_t capacity);
+
+/**
+ * The forward pass (dualkv::forward). Strides count elements. dtype is a
+ * dualkv_dtype; scale 0 means 1/sqrt(head_dim); stream is a CUstream (null:
+ * the default stream); tiling is null or 4 int32 {block_m, block_n, warps,
+ * stages} (0 = default).
+ */
+DUALKV_API int dualkv_forward(void *q, int64_t q_stride_t, int64_t q_stride_h,
+                              void *k, int64_t k_stride_t, int64_t k_stride_h,
+                              void *v, int64_t v_stride_t, int64_t v_stride_h,
+                              void *o, int64_t o_stride_t, int64_t o_stride_h,
+                              float *lse, int64_t lse_stride_h,
+                              int64_t num_tokens, int32_t num_q_heads,
+                              int32_t num_kv_heads, int32_t head_dim,
+                              int32_t dtype, float scale,
+                              const dualkv_plan *plan, void *stream,
+                              const int32_t *tiling);
+
+/** Kernel cache counters (dualkv::CacheStats). */
+typedef struct dualkv_cache_stats_t {
+  int64_t memory_hits;
+  int64_t disk_hits;
+  int64_t disk_misses;
+  int64_t compiles;
+  double last_compile_ms;
+  double total_compile_ms;
+} dualkv_cache_stats_t;
+
+/** Fills *out with the kernel cache counters of this process. */
+DUALKV_API int dualkv_cache_stats(dualkv_cache_stats_t *out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif

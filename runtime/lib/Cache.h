@@ -1,0 +1,140 @@
+// Kernel cache: typed keys, the on-disk store, and loaded modules per context.
+#ifndef DUALKV_RUNTIME_CACHE_H
+#define DUALKV_RUNTIME_CACHE_H
+
+#include "CudaDriver.h"
+
+#include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Export.h"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dualkv {
+
+/// Every input that changes a kernel's code (DESIGN.md §4). Bump
+/// kSchemaVersion whenever a field is added, removed or spelled differently:
+/// it names the disk cache's top folder, so old entries are never misread.
+struct DUALKV_API CacheKey {
+  static constexpr int kSchemaVersion = 1;
+
+  KernelKind kind = KernelKind::Fwd;
+  int64_t P = 0; ///< shape class, 0 = any
+  int64_t N = 0; ///< shape class, 0 = any
+  int headDim = 0;
+  int numQHeads = 0;
+  int numKVHeads = 0;
+  DType dtype = DType::BF16;
+  std::string arch;
+  Tiling tiling; ///< resolved: the tiling the compiler actually uses
+  std::string compilerFingerprint;
+
+  /// The key of `spec`, whose tiling should already be resolved
+  /// (resolveSpec) so that "default" and its explicit spelling share a key.
+  static CacheKey fromSpec(const KernelSpec &spec,
+                           const std::string &compilerFingerprint);
+  /// The spec this key describes.
+  KernelSpec spec() const;
+
+  /// Canonical JSON: every field plus the schema version. nlohmann's objects
+  /// keep keys sorted, so equal keys serialise to equal bytes.
+  nlohmann::json toJson() const;
+  /// Lower-case hex SHA-256 of toJson().dump().
+  std::string hash() const;
+  /// A short human-readable form for messages.
+  std::string describe() const;
+
+  bool operator==(const CacheKey &o) const { return toJson() == o.toJson(); }
+};
+
+/// What the compiler produced for one key.
+struct CacheEntry {
+  KernelInfo info;
+  std::string ptx;
+  std::vector<char> cubin; ///< empty when ptxas was not available
+};
+
+/// The on-disk cache: `<root>/v1/<arch>/<hash>/{kernel.ptx, kernel.cubin,
+/// meta.json}`. meta.json holds the key, the KernelInfo and SHA-256 sums of
+/// the PTX and cubin. Every file is written to a uniquely named temp file in
+/// the entry's folder and renamed into place, meta.json last, so readers see
+/// a complete entry or none even while several processes store the same key.
+class DUALKV_API DiskCache {
+public:
+  explicit DiskCache(std::string root);
+
+  /// $DUALKV_CACHE_DIR, else $XDG_CACHE_HOME/dualkv, else ~/.cache/dualkv;
+  /// empty when none of them can be formed (the disk cache is then off).
+  static std::string defaultRoot();
+
+  const std::string &root() const { return root_; }
+  /// The folder of `key`'s entry.
+  std::string entryDir(const CacheKey &key) const;
+
+  /// The entry of `key`, or nullopt on a miss. A damaged entry (bad JSON,
+  /// another schema or key, a checksum mismatch, a missing file) is a miss
+  /// too, reported on stderr once per process.
+  std::optional<CacheEntry> load(const CacheKey &key) const;
+
+  /// Writes `entry` for `key`, replacing what was there. Returns false and
+  /// sets `*why` when the files cannot be written.
+  bool store(const CacheKey &key, const CacheEntry &entry,
+             std::string *why = nullptr) const;
+
+private:
+  std::string root_;
+};
+
+/// A loaded CUmodule, unloaded (through the driver that loaded it) when the
+/// handle dies.
+class DUALKV_API ModuleHandle {
+public:
+  ModuleHandle() = default;
+  ModuleHandle(cuda::Driver *driver, cuda::CUmodule module)
+      : driver_(driver), module_(module) {}
+  ModuleHandle(ModuleHandle &&o) noexcept { *this = std::move(o); }
+  ModuleHandle &operator=(ModuleHandle &&o) noexcept;
+  ModuleHandle(const ModuleHandle &) = delete;
+  ModuleHandle &operator=(const ModuleHandle &) = delete;
+  ~ModuleHandle() { reset(); }
+
+  cuda::CUmodule get() const { return module_; }
+  void reset();
+
+private:
+  cuda::Driver *driver_ = nullptr;
+  cuda::CUmodule module_ = nullptr;
+};
+
+/// A kernel ready to launch in one CUDA context.
+struct LoadedKernel {
+  cuda::CUcontext context = nullptr;
+  ModuleHandle module;
+  cuda::CUfunction function = nullptr;
+  KernelInfo info;
+  std::string hash;     ///< CacheKey::hash()
+  bool fromPtx = false; ///< loaded by the driver's JIT, not from the cubin
+};
+
+/// The kernel for `spec` in the current CUDA context (spec.arch is replaced
+/// by the context's device arch). Looks in memory, then on disk (unless
+/// DUALKV_ALWAYS_COMPILE=1), then compiles (IR dumped to $DUALKV_DUMP_IR if
+/// set) and stores the result on disk. The reference stays valid until
+/// clearKernelCache().
+DUALKV_API const LoadedKernel &getKernel(const KernelSpec &spec);
+
+/// Unloads every cached module (tests; a context about to be destroyed).
+DUALKV_API void clearKernelCache();
+
+/// Loads `entry` as a module: the cubin when there is one and it fits the
+/// device, else the PTX through the driver's JIT. Sets *fromPtx accordingly.
+DUALKV_API ModuleHandle loadModule(cuda::Driver &driver,
+                                   const CacheEntry &entry,
+                                   bool *fromPtx = nullptr);
+
+} // namespace dualkv
+
+#endif

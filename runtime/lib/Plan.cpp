@@ -1,0 +1,180 @@
+// The packed layout of one micro-batch: its groups, segments and device table.
+#include "dualkv/Plan.h"
+
+#include "CudaDriver.h"
+
+#include "dualkv/dualkv.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <mutex>
+
+namespace dualkv {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string &message) {
+  throw Error(ErrorCode::InvalidArgument, message);
+}
+
+} // namespace
+
+/// The device copy of the segment table and the context it lives in.
+struct Plan::Device {
+  std::mutex mutex;
+  cuda::Driver *driver = nullptr;
+  cuda::CUcontext context = nullptr;
+  cuda::CUdeviceptr table = 0;
+
+  ~Device() {
+    if (!table || !driver)
+      return;
+    // Free in the table's own context, then give the thread its context
+    // back. Errors are ignored: at process exit the driver may be gone.
+    cuda::CUcontext previous = nullptr;
+    if (driver->ctxGetCurrent(&previous) != cuda::CUDA_SUCCESS)
+      return;
+    if (previous != context)
+      driver->ctxSetCurrent(context);
+    driver->memFree(table);
+    if (previous != context)
+      driver->ctxSetCurrent(previous);
+  }
+};
+
+Plan::Plan(const std::vector<PlanGroup> &groups)
+    : device_(std::make_unique<Device>()) {
+  if (groups.empty())
+    invalid("the plan has no groups: a batch needs at least one group");
+  if (groups.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    invalid(fmt::format("the plan has {} groups, more than INT32_MAX",
+                        groups.size()));
+  constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+  int64_t next = 0; // first token of the next segment
+  // Adds tokens [next, next + length) as one segment; kernels index tokens
+  // with int32, so the running total is checked before every narrowing.
+  auto addSegment = [&](size_t g, int64_t length, int64_t sharedStart,
+                        int64_t sharedLen) {
+    if (next + length > kMaxTokens)
+      invalid(fmt::format("group {} brings the batch to {} tokens, more than "
+                          "the kernels' int32 limit ({})",
+                          g, next + length, kMaxTokens));
+    segments_.push_back(Segment{
+        static_cast<int32_t>(next), static_cast<int32_t>(length),
+        static_cast<int32_t>(sharedStart), static_cast<int32_t>(sharedLen)});
+    maxSegmentLen_ = std::max(maxSegmentLen_, static_cast<int>(length));
+    next += length;
+  };
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const PlanGroup &group = groups[g];
+    if (group.prompt_len < 1)
+      invalid(fmt::format("group {}: prompt_len = {}; every group needs a "
+                          "prompt of at least 1 token",
+                          g, group.prompt_len));
+    for (size_t r = 0; r < group.response_lens.size(); ++r)
+      if (group.response_lens[r] < 0)
+        invalid(fmt::format("group {}: response_lens[{}] = {} is negative", g,
+                            r, group.response_lens[r]));
+    if (group.prompt_len > kMaxTokens)
+      invalid(fmt::format("group {}: prompt_len = {} exceeds the int32 limit",
+                          g, group.prompt_len));
+    // The prompt is causal over itself and sees no other region.
+    int64_t promptStart = next;
+    addSegment(g, group.prompt_len, 0, 0);
+    for (int64_t length : group.response_lens) {
+      if (length > kMaxTokens)
+        invalid(fmt::format("group {}: a response of {} tokens exceeds the "
+                            "int32 limit",
+                            g, length));
+      // A zero-length response has no queries, hence no segment.
+      if (length > 0)
+        addSegment(g, length, promptStart, group.prompt_len);
+    }
+  }
+  numTokens_ = next;
+  numGroups_ = static_cast<int>(groups.size());
+}
+
+Plan Plan::fromArrays(const int32_t *prompt_lens, const int32_t *num_responses,
+                      const int32_t *response_lens, int32_t num_groups) {
+  if (num_groups < 1)
+    invalid(fmt::format("num_groups = {}; a plan needs at least one group",
+                        num_groups));
+  if (!prompt_lens)
+    invalid("prompt_lens is null");
+  if (!num_responses)
+    invalid("num_responses is null");
+  std::vector<PlanGroup> groups(num_groups);
+  int64_t flat = 0; // index into response_lens
+  for (int32_t g = 0; g < num_groups; ++g) {
+    if (num_responses[g] < 0)
+      invalid(fmt::format("num_responses[{}] = {} is negative", g,
+                          num_responses[g]));
+    if (num_responses[g] > 0 && !response_lens)
+      invalid(fmt::format("response_lens is null but num_responses[{}] = {}", g,
+                          num_responses[g]));
+    groups[g].prompt_len = prompt_lens[g];
+    for (int32_t r = 0; r < num_responses[g]; ++r)
+      groups[g].response_lens.push_back(response_lens[flat++]);
+  }
+  return Plan(groups);
+}
+
+Plan::Plan(Plan &&) noexcept = default;
+Plan &Plan::operator=(Plan &&) noexcept = default;
+Plan::~Plan() = default;
+
+std::vector<int32_t> Plan::segmentTable() const {
+  std::vector<int32_t> table;
+  table.reserve(segments_.size() * 4);
+  for (const Segment &s : segments_)
+    table.insert(table.end(),
+                 {s.start, s.length, s.shared_start, s.shared_len});
+  return table;
+}
+
+void Plan::upload() const {
+  if (!device_)
+    invalid("the plan was moved from");
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  if (device_->table)
+    return;
+  cuda::CUcontext ctx = cuda::currentContext();
+  cuda::Driver &driver = cuda::driver();
+  std::vector<int32_t> table = segmentTable();
+  size_t bytes = table.size() * sizeof(int32_t);
+  cuda::CUdeviceptr ptr = 0;
+  cuda::check(driver.memAlloc(&ptr, bytes), "cuMemAlloc (plan segment table)");
+  if (cuda::CUresult r = driver.memcpyHtoD(ptr, table.data(), bytes)) {
+    driver.memFree(ptr);
+    cuda::check(r, "cuMemcpyHtoD (plan segment table)");
+  }
+  device_->driver = &driver;
+  device_->context = ctx;
+  device_->table = ptr;
+}
+
+bool Plan::uploaded() const {
+  if (!device_)
+    return false;
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  return device_->table != 0;
+}
+
+uint64_t Plan::deviceTable() const {
+  if (!device_)
+    return 0;
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  return device_->table;
+}
+
+void *Plan::deviceContext() const {
+  if (!device_)
+    return nullptr;
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  return device_->context;
+}
+
+} // namespace dualkv

@@ -1,0 +1,1030 @@
+// Runtime tests without a GPU: cache keys, disk cache, plans, validation.
+#include "../../runtime/lib/Cache.h"
+#include "../../runtime/lib/CudaDriver.h"
+
+#include "dualkv/Reference.h"
+#include "dualkv/dualkv.h"
+#include "dualkv/dualkv_c.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <llvm/ADT/SmallString.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/Path.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using namespace dualkv;
+using Catch::Matchers::Contains;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Helpers
+//===----------------------------------------------------------------------===//
+
+/// A fresh directory, removed with everything in it at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    llvm::SmallString<128> p;
+    REQUIRE(!llvm::sys::fs::createUniqueDirectory("dualkv-runtime-test", p));
+    path = p.str().str();
+  }
+  ~TempDir() { llvm::sys::fs::remove_directories(path); }
+};
+
+/// Sets (or, with nullopt, unsets) an environment variable for one scope.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> saved;
+  ScopedEnv(const char *n, std::optional<std::string> value) : name(n) {
+    if (const char *old = std::getenv(n))
+      saved = old;
+    if (value)
+      setenv(n, value->c_str(), 1);
+    else
+      unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (saved)
+      setenv(name.c_str(), saved->c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
+std::string readFile(const std::string &path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, false, false);
+  REQUIRE(buffer);
+  return (*buffer)->getBuffer().str();
+}
+
+void writeFile(const std::string &path, const std::string &bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  REQUIRE(out.good());
+}
+
+std::vector<std::string> listDir(const std::string &dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
+       it.increment(ec))
+    names.push_back(llvm::sys::path::filename(it->path()).str());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+/// The Error `body` throws, or nullopt if it returns.
+template <typename F> std::optional<Error> errorOf(F &&body) {
+  try {
+    body();
+  } catch (const Error &e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+/// A CUDA driver that needs no GPU: it records what the runtime asks of it
+/// and answers with configurable results.
+struct FakeDriver : cuda::Driver {
+  using CUresult = cuda::CUresult;
+
+  // Configuration.
+  CUresult initResult = cuda::CUDA_SUCCESS;
+  int deviceCount = 1;
+  int ccMajor = 9, ccMinor = 0;
+  CUresult cubinLoadResult = cuda::CUDA_SUCCESS;
+  CUresult ptxLoadResult = cuda::CUDA_SUCCESS;
+  cuda::CUcontext current = nullptr; ///< null: no context is current
+  cuda::CUcontext primary = reinterpret_cast<cuda::CUcontext>(0xC0);
+
+  // Observations.
+  int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
+      allocs = 0, frees = 0, launches = 0;
+  std::vector<std::pair<int, int>> funcAttributes;
+  std::vector<int32_t> uploaded; ///< bytes of the last cuMemcpyHtoD
+  struct Launch {
+    unsigned grid[3], block[3], shared;
+    cuda::CUstream stream;
+    uint64_t ptrs[6];
+    int64_t strides[9];
+    float scaleLog2;
+  } last{};
+
+  CUresult init(unsigned) override {
+    ++inits;
+    return initResult;
+  }
+  CUresult deviceGetCount(int *count) override {
+    *count = deviceCount;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult deviceGet(cuda::CUdevice *device, int ordinal) override {
+    if (ordinal >= deviceCount)
+      return cuda::CUDA_ERROR_NO_DEVICE;
+    *device = ordinal;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult deviceGetAttribute(int *value, int attribute,
+                              cuda::CUdevice) override {
+    if (attribute == cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+      *value = ccMajor;
+    else if (attribute == cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+      *value = ccMinor;
+    else
+      return cuda::CUDA_ERROR_INVALID_VALUE;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult ctxGetCurrent(cuda::CUcontext *ctx) override {
+    *ctx = current;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult ctxSetCurrent(cuda::CUcontext ctx) override {
+    current = ctx;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult ctxGetDevice(cuda::CUdevice *device) override {
+    *device = 0;
+    return current ? cuda::CUDA_SUCCESS : 201; // CUDA_ERROR_INVALID_CONTEXT
+  }
+  CUresult ctxSynchronize() override { return cuda::CUDA_SUCCESS; }
+  CUresult devicePrimaryCtxRetain(cuda::CUcontext *ctx,
+                                  cuda::CUdevice) override {
+    ++primaryRetains;
+    *ctx = primary;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult moduleLoadData(cuda::CUmodule *module, const void *) override {
+    ++cubinLoads;
+    *module = reinterpret_cast<cuda::CUmodule>(0x3000 + cubinLoads);
+    return cubinLoadResult;
+  }
+  CUresult moduleLoadDataEx(cuda::CUmodule *module, const void *image, unsigned,
+                            cuda::CUjit_option *, void **) override {
+    ++ptxLoads;
+    lastPtx = static_cast<const char *>(image);
+    *module = reinterpret_cast<cuda::CUmodule>(0x4000 + ptxLoads);
+    return ptxLoadResult;
+  }
+  CUresult moduleUnload(cuda::CUmodule) override {
+    ++unloads;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult moduleGetFunction(cuda::CUfunction *f, cuda::CUmodule,
+                             const char *name) override {
+    lastFunctionName = name;
+    *f = reinterpret_cast<cuda::CUfunction>(0x5000);
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult funcSetAttribute(cuda::CUfunction, int attribute,
+                            int value) override {
+    funcAttributes.emplace_back(attribute, value);
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult launchKernel(cuda::CUfunction, unsigned gx, unsigned gy, unsigned gz,
+                        unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                        cuda::CUstream stream, void **params,
+                        void **) override {
+    ++launches;
+    last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0};
+    for (int i = 0; i < 6; ++i)
+      std::memcpy(&last.ptrs[i], params[i], sizeof(uint64_t));
+    for (int i = 0; i < 9; ++i)
+      std::memcpy(&last.strides[i], params[6 + i], sizeof(int64_t));
+    std::memcpy(&last.scaleLog2, params[15], sizeof(float));
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memAlloc(cuda::CUdeviceptr *ptr, size_t) override {
+    ++allocs;
+    *ptr = 0x7000000 + 0x1000 * allocs;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memFree(cuda::CUdeviceptr) override {
+    ++frees;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memcpyHtoD(cuda::CUdeviceptr, const void *src,
+                      size_t bytes) override {
+    uploaded.resize(bytes / sizeof(int32_t));
+    std::memcpy(uploaded.data(), src, bytes);
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memcpyDtoH(void *, cuda::CUdeviceptr, size_t) override {
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memsetD32(cuda::CUdeviceptr, unsigned, size_t) override {
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult streamSynchronize(cuda::CUstream) override {
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult getErrorString(CUresult e, const char **str) override {
+    *str = "fake description";
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult getErrorName(CUresult e, const char **str) override {
+    switch (e) {
+    case 2:
+      *str = "CUDA_ERROR_OUT_OF_MEMORY";
+      return cuda::CUDA_SUCCESS;
+    case cuda::CUDA_ERROR_NO_BINARY_FOR_GPU:
+      *str = "CUDA_ERROR_NO_BINARY_FOR_GPU";
+      return cuda::CUDA_SUCCESS;
+    case 218:
+      *str = "CUDA_ERROR_INVALID_PTX";
+      return cuda::CUDA_SUCCESS;
+    }
+    return cuda::CUDA_ERROR_INVALID_VALUE;
+  }
+
+  std::string lastPtx, lastFunctionName;
+};
+
+/// Installs a fake driver for one scope; the kernel cache is emptied on
+/// both sides so no module outlives the driver that loaded it.
+struct ScopedFakeDriver {
+  FakeDriver fake;
+  ScopedFakeDriver() {
+    clearKernelCache();
+    cuda::setDriverForTesting(&fake);
+  }
+  ~ScopedFakeDriver() {
+    clearKernelCache();
+    cuda::setDriverForTesting(nullptr);
+  }
+};
+
+CacheKey sampleKey() {
+  CacheKey key;
+  key.kind = KernelKind::Fwd;
+  key.P = 0;
+  key.N = 0;
+  key.headDim = 128;
+  key.numQHeads = 32;
+  key.numKVHeads = 8;
+  key.dtype = DType::BF16;
+  key.arch = "sm_90a";
+  key.tiling = Tiling{128, 64, 8, 2};
+  key.compilerFingerprint = "test-fingerprint";
+  return key;
+}
+
+CacheEntry sampleEntry() {
+  CacheEntry entry;
+  entry.info = KernelInfo{"dualkv_fwd_test", 256, 96 * 1024, 128};
+  entry.ptx = "//\n// fake PTX\n.version 8.0\n.target sm_90a\n";
+  for (int i = 0; i < 1000; ++i)
+    entry.cubin.push_back(static_cast<char>(i * 7));
+  return entry;
+}
+
+void requireSameEntry(const CacheEntry &a, const CacheEntry &b) {
+  CHECK(a.info.name == b.info.name);
+  CHECK(a.info.threads == b.info.threads);
+  CHECK(a.info.sharedBytes == b.info.sharedBytes);
+  CHECK(a.info.blockM == b.info.blockM);
+  CHECK(a.ptx == b.ptx);
+  CHECK(a.cubin == b.cubin);
+}
+
+/// Leaf fields of a JSON object (nested objects counted by their leaves).
+int countLeaves(const nlohmann::json &j) {
+  if (!j.is_object())
+    return 1;
+  int n = 0;
+  for (const auto &item : j.items())
+    n += countLeaves(item.value());
+  return n;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Cache keys
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("cache key: canonical JSON and its SHA-256", "[runtime]") {
+  CacheKey key = sampleKey();
+  // Written out by hand: sorted keys, no spaces. The hash was computed
+  // independently (Python hashlib over this exact string).
+  CHECK(key.toJson().dump() ==
+        R"({"N":0,"P":0,"arch":"sm_90a","compiler":"test-fingerprint",)"
+        R"("dtype":"bf16","head_dim":128,"kind":"fwd","num_kv_heads":8,)"
+        R"("num_q_heads":32,"schema":1,"tiling":{"block_m":128,)"
+        R"("block_n":64,"stages":2,"warps":8}})");
+  CHECK(key.hash() ==
+        "20334660d17bce2d042cc5412b7f236169055d9a6309c74c3e9e2642242b178e");
+  CHECK(sampleKey().hash() == key.hash());
+  CHECK(CacheKey::fromSpec(key.spec(), key.compilerFingerprint) == key);
+}
+
+TEST_CASE("cache key: every field changes the hash", "[runtime]") {
+  using Mutator = std::function<void(CacheKey &)>;
+  std::vector<std::pair<const char *, Mutator>> mutators = {
+      {"kind", [](CacheKey &k) { k.kind = KernelKind::Bwd; }},
+      {"P", [](CacheKey &k) { k.P = 512; }},
+      {"N", [](CacheKey &k) { k.N = 8; }},
+      {"headDim", [](CacheKey &k) { k.headDim = 64; }},
+      {"numQHeads", [](CacheKey &k) { k.numQHeads = 16; }},
+      {"numKVHeads", [](CacheKey &k) { k.numKVHeads = 4; }},
+      {"dtype", [](CacheKey &k) { k.dtype = DType::FP16; }},
+      {"arch", [](CacheKey &k) { k.arch = "sm_80"; }},
+      {"tiling.blockM", [](CacheKey &k) { k.tiling.blockM = 64; }},
+      {"tiling.blockN", [](CacheKey &k) { k.tiling.blockN = 128; }},
+      {"tiling.warps", [](CacheKey &k) { k.tiling.warps = 4; }},
+      {"tiling.stages", [](CacheKey &k) { k.tiling.stages = 3; }},
+      {"compilerFingerprint",
+       [](CacheKey &k) { k.compilerFingerprint = "other"; }},
+  };
+  // One mutator per serialised field besides the schema version: a field
+  // added to the key without a case here fails this check.
+  CHECK(static_cast<int>(mutators.size()) ==
+        countLeaves(sampleKey().toJson()) - 1);
+
+  std::set<std::string> hashes = {sampleKey().hash()};
+  for (const auto &[field, mutate] : mutators) {
+    CAPTURE(field);
+    CacheKey key = sampleKey();
+    mutate(key);
+    CHECK_FALSE(key == sampleKey());
+    CHECK(hashes.insert(key.hash()).second);
+  }
+}
+
+TEST_CASE("cache key: every kernel kind and dtype has its own spelling",
+          "[runtime]") {
+  std::set<std::string> hashes;
+  for (KernelKind kind : {KernelKind::Fwd, KernelKind::BwdPre, KernelKind::Bwd,
+                          KernelKind::BwdPost})
+    for (DType dtype : {DType::BF16, DType::FP16}) {
+      CacheKey key = sampleKey();
+      key.kind = kind;
+      key.dtype = dtype;
+      CHECK(key.toJson()["kind"] != "unknown");
+      CHECK(hashes.insert(key.hash()).second);
+    }
+}
+
+//===----------------------------------------------------------------------===//
+// Disk cache
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("disk cache: root from the environment", "[runtime]") {
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", "/tmp/explicit");
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    CHECK(DiskCache::defaultRoot() == "/tmp/explicit");
+  }
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    CHECK(DiskCache::defaultRoot() == "/tmp/xdg/dualkv");
+  }
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", std::nullopt);
+    ScopedEnv home("HOME", "/tmp/home");
+    CHECK(DiskCache::defaultRoot() == "/tmp/home/.cache/dualkv");
+  }
+}
+
+TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheKey key = sampleKey();
+  CHECK_FALSE(disk.load(key));
+
+  std::string why;
+  REQUIRE(disk.store(key, sampleEntry(), &why));
+  CHECK(why.empty());
+  const std::string dir = disk.entryDir(key);
+  CHECK(dir == tmp.path + "/v1/sm_90a/" + key.hash());
+  // No temp file is left behind.
+  CHECK(listDir(dir) ==
+        std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
+
+  std::optional<CacheEntry> loaded = disk.load(key);
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, sampleEntry());
+
+  // Another key misses, even with the same arch.
+  CacheKey other = key;
+  other.headDim = 64;
+  CHECK_FALSE(disk.load(other));
+}
+
+TEST_CASE("disk cache: an entry without a cubin", "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheEntry entry = sampleEntry();
+  entry.cubin.clear();
+  REQUIRE(disk.store(sampleKey(), entry));
+  CHECK(listDir(disk.entryDir(sampleKey())) ==
+        std::vector<std::string>{"kernel.ptx", "meta.json"});
+  std::optional<CacheEntry> loaded = disk.load(sampleKey());
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, entry);
+}
+
+TEST_CASE("disk cache: damaged entries are misses", "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheKey key = sampleKey();
+  REQUIRE(disk.store(key, sampleEntry()));
+  const std::string dir = disk.entryDir(key);
+  const std::string metaPath = dir + "/meta.json";
+  REQUIRE(disk.load(key));
+
+  SECTION("PTX changed") {
+    std::string ptx = readFile(dir + "/kernel.ptx");
+    ptx[3] ^= 1;
+    writeFile(dir + "/kernel.ptx", ptx);
+  }
+  SECTION("cubin changed") {
+    std::string cubin = readFile(dir + "/kernel.cubin");
+    cubin[500] ^= 0x40;
+    writeFile(dir + "/kernel.cubin", cubin);
+  }
+  SECTION("cubin missing") { llvm::sys::fs::remove(dir + "/kernel.cubin"); }
+  SECTION("PTX missing") { llvm::sys::fs::remove(dir + "/kernel.ptx"); }
+  SECTION("meta.json truncated") {
+    std::string meta = readFile(metaPath);
+    writeFile(metaPath, meta.substr(0, meta.size() / 2));
+  }
+  SECTION("meta.json empty") { writeFile(metaPath, ""); }
+  SECTION("meta.json of a foreign schema version") {
+    auto meta = nlohmann::json::parse(readFile(metaPath));
+    meta["schema"] = CacheKey::kSchemaVersion + 1;
+    writeFile(metaPath, meta.dump());
+  }
+  SECTION("meta.json with a field of the wrong type") {
+    auto meta = nlohmann::json::parse(readFile(metaPath));
+    meta["kernel"]["threads"] = "many";
+    writeFile(metaPath, meta.dump());
+  }
+  SECTION("meta.json of another key") {
+    CacheKey other = key;
+    other.numQHeads = 64;
+    auto meta = nlohmann::json::parse(readFile(metaPath));
+    meta["key"] = other.toJson();
+    writeFile(metaPath, meta.dump());
+  }
+  CHECK_FALSE(disk.load(key));
+
+  // Storing again repairs the entry.
+  REQUIRE(disk.store(key, sampleEntry()));
+  std::optional<CacheEntry> loaded = disk.load(key);
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, sampleEntry());
+}
+
+TEST_CASE("disk cache: 8 concurrent writers of one key leave a valid entry",
+          "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheKey key = sampleKey();
+  const CacheEntry entry = sampleEntry();
+  constexpr int kWriters = 8;
+  std::vector<int> stored(kWriters, 0);
+  std::vector<int> badReads(kWriters, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWriters; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        stored[t] += disk.store(key, entry) ? 1 : 0;
+        // A reader racing the writers sees the whole entry or nothing.
+        if (std::optional<CacheEntry> seen = disk.load(key))
+          badReads[t] += seen->ptx != entry.ptx || seen->cubin != entry.cubin;
+      }
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (int t = 0; t < kWriters; ++t) {
+    CHECK(stored[t] == 20);
+    CHECK(badReads[t] == 0);
+  }
+  std::optional<CacheEntry> loaded = disk.load(key);
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, entry);
+  CHECK(listDir(disk.entryDir(key)) ==
+        std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
+}
+
+//===----------------------------------------------------------------------===//
+// Plans
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("plan: segment table of a hand-computed batch", "[runtime]") {
+  // Group 0: prompt [0,3), responses of 2, 0 and 4 tokens: [3,5), -, [5,9).
+  // Group 1: prompt [9,10), no responses.
+  // Group 2: prompt [10,12), responses of 0 and 1 tokens: -, [12,13).
+  std::vector<PlanGroup> groups = {{3, {2, 0, 4}}, {1, {}}, {2, {0, 1}}};
+  Plan plan(groups);
+  CHECK(plan.numTokens() == 13);
+  CHECK(plan.numGroups() == 3);
+  CHECK(plan.numSegments() == 6);
+  CHECK(plan.maxSegmentLen() == 4);
+  CHECK(plan.segmentTable() == std::vector<int32_t>{
+                                   0,  3, 0,  0, //
+                                   3,  2, 0,  3, //
+                                   5,  4, 0,  3, //
+                                   9,  1, 0,  0, //
+                                   10, 2, 0,  0, //
+                                   12, 1, 10, 2, //
+                               });
+  CHECK_FALSE(plan.uploaded());
+
+  // The same from flat C arrays.
+  int32_t prompts[] = {3, 1, 2};
+  int32_t counts[] = {3, 0, 2};
+  int32_t responses[] = {2, 0, 4, 0, 1};
+  Plan flat = Plan::fromArrays(prompts, counts, responses, 3);
+  CHECK(flat.segments() == plan.segments());
+  CHECK(flat.numTokens() == plan.numTokens());
+}
+
+TEST_CASE("plan: segments agree with the reference's token map", "[runtime]") {
+  std::vector<std::vector<PlanGroup>> batches = {
+      {{1, {}}},
+      {{5, {0, 0, 0}}},
+      {{17, {1, 16, 17, 0, 33}}, {64, {64, 65}}, {2, {0}}, {1, {1, 1, 1}}},
+  };
+  for (const auto &groups : batches) {
+    reference::Problem problem;
+    for (const PlanGroup &g : groups)
+      problem.groups.push_back({g.prompt_len, g.response_lens});
+    problem.num_q_heads = problem.num_kv_heads = 1;
+    problem.head_dim = 64;
+    problem.scale = 1;
+    std::vector<reference::TokenInfo> info = reference::token_info(problem);
+
+    Plan plan(groups);
+    REQUIRE(plan.numTokens() == static_cast<int64_t>(info.size()));
+    int64_t covered = 0;
+    for (const Segment &s : plan.segments()) {
+      CAPTURE(s.start, s.length, s.shared_start, s.shared_len);
+      REQUIRE(s.start == covered); // segments tile [0, T) in order
+      REQUIRE(s.length > 0);
+      for (int64_t i = s.start; i < s.start + s.length; ++i) {
+        CHECK(info[i].segment_start == s.start);
+        if (info[i].response < 0) {
+          CHECK(s.shared_len == 0);
+        } else {
+          CHECK(s.shared_start == info[i].prompt_start);
+          CHECK(s.shared_len == info[i].prompt_len);
+        }
+      }
+      covered += s.length;
+    }
+    CHECK(covered == plan.numTokens());
+  }
+}
+
+TEST_CASE("plan: invalid batches are rejected by name", "[runtime]") {
+  auto message = [](const std::vector<PlanGroup> &groups) {
+    std::optional<Error> e = errorOf([&] { Plan plan(groups); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    return std::string(e->what());
+  };
+  CHECK_THAT(message({}), Contains("no groups"));
+  CHECK_THAT(message({{4, {1}}, {0, {3}}}),
+             Contains("group 1: prompt_len = 0"));
+  CHECK_THAT(message({{-2, {}}}), Contains("prompt_len = -2"));
+  CHECK_THAT(message({{4, {1, 0}}, {2, {5, -3}}}),
+             Contains("group 1: response_lens[1] = -3 is negative"));
+  CHECK_THAT(message({{int64_t(1) << 30, {int64_t(1) << 30}}}),
+             Contains("int32"));
+
+  auto flatMessage = [](const int32_t *p, const int32_t *n, const int32_t *r,
+                        int32_t g) {
+    std::optional<Error> e = errorOf([&] { Plan::fromArrays(p, n, r, g); });
+    REQUIRE(e);
+    return std::string(e->what());
+  };
+  int32_t prompts[] = {4, 4};
+  int32_t counts[] = {1, -1};
+  int32_t responses[] = {1, 1};
+  CHECK_THAT(flatMessage(prompts, counts, responses, 0),
+             Contains("num_groups = 0"));
+  CHECK_THAT(flatMessage(nullptr, counts, responses, 2),
+             Contains("prompt_lens is null"));
+  CHECK_THAT(flatMessage(prompts, nullptr, responses, 2),
+             Contains("num_responses is null"));
+  CHECK_THAT(flatMessage(prompts, counts, responses, 2),
+             Contains("num_responses[1] = -1 is negative"));
+  CHECK_THAT(flatMessage(prompts, counts, nullptr, 1),
+             Contains("response_lens is null"));
+}
+
+TEST_CASE("plan: upload copies the table once and frees it", "[runtime]") {
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  {
+    Plan plan({{3, {2, 0, 4}}, {2, {1}}});
+    plan.upload();
+    plan.upload();
+    CHECK(fake.allocs == 1);
+    CHECK(plan.uploaded());
+    CHECK(plan.deviceTable() != 0);
+    CHECK(fake.uploaded == plan.segmentTable());
+    // No context was current: device 0's primary context was made current.
+    CHECK(fake.primaryRetains == 1);
+    CHECK(plan.deviceContext() == fake.primary);
+    CHECK(fake.current == fake.primary);
+  }
+  CHECK(fake.frees == 1);
+}
+
+//===----------------------------------------------------------------------===//
+// Driver
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("driver: gpuAvailable follows cuInit and the device count",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  SECTION("cuInit fails") {
+    scoped.fake.initResult = cuda::CUDA_ERROR_NO_DEVICE;
+    CHECK_FALSE(gpuAvailable());
+    CHECK(dualkv_gpu_available() == 0);
+  }
+  SECTION("no device") {
+    scoped.fake.deviceCount = 0;
+    CHECK_FALSE(gpuAvailable());
+  }
+  SECTION("one device") { CHECK(gpuAvailable()); }
+}
+
+TEST_CASE("driver: arch string from the compute capability", "[runtime]") {
+  CHECK(cuda::archForComputeCapability(9, 0) == "sm_90a");
+  CHECK(cuda::archForComputeCapability(8, 0) == "sm_80");
+  CHECK(cuda::archForComputeCapability(8, 6) == "sm_86");
+  CHECK(cuda::archForComputeCapability(8, 9) == "sm_89");
+  CHECK(cuda::archForComputeCapability(10, 0) == "sm_100");
+
+  ScopedFakeDriver scoped;
+  scoped.fake.ccMajor = 8;
+  scoped.fake.ccMinor = 6;
+  cuda::currentContext();
+  CHECK(cuda::currentDeviceArch() == "sm_86");
+}
+
+TEST_CASE("driver: CUDA errors name the call and the error", "[runtime]") {
+  ScopedFakeDriver scoped;
+  CHECK_NOTHROW(cuda::check(cuda::CUDA_SUCCESS, "cuNothing"));
+  std::optional<Error> e = errorOf([] { cuda::check(2, "cuMemAlloc"); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::Cuda);
+  CHECK_THAT(e->what(), Contains("cuMemAlloc failed") &&
+                            Contains("CUDA_ERROR_OUT_OF_MEMORY") &&
+                            Contains("fake description"));
+  // cuInit failing at the first use is reported, not hidden.
+  scoped.fake.initResult = cuda::CUDA_ERROR_NO_DEVICE;
+  std::optional<Error> init = errorOf([] { cuda::currentContext(); });
+  REQUIRE(init);
+  CHECK(init->code() == ErrorCode::NoGpu);
+  CHECK_THAT(init->what(), Contains("cuInit"));
+}
+
+TEST_CASE("modules: cubin first, PTX when the cubin does not fit",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  bool fromPtx = true;
+  {
+    ModuleHandle m = loadModule(fake, sampleEntry(), &fromPtx);
+    CHECK(m.get() != nullptr);
+    CHECK_FALSE(fromPtx);
+    CHECK(fake.cubinLoads == 1);
+    CHECK(fake.ptxLoads == 0);
+  }
+  CHECK(fake.unloads == 1); // RAII
+
+  fake.cubinLoadResult = cuda::CUDA_ERROR_NO_BINARY_FOR_GPU;
+  ModuleHandle jit = loadModule(fake, sampleEntry(), &fromPtx);
+  CHECK(fromPtx);
+  CHECK(fake.ptxLoads == 1);
+  CHECK(fake.lastPtx == sampleEntry().ptx);
+
+  fake.cubinLoadResult = cuda::CUDA_ERROR_INVALID_IMAGE;
+  loadModule(fake, sampleEntry(), &fromPtx);
+  CHECK(fake.ptxLoads == 2);
+
+  CacheEntry noCubin = sampleEntry();
+  noCubin.cubin.clear();
+  fake.cubinLoadResult = cuda::CUDA_SUCCESS;
+  int cubinLoads = fake.cubinLoads;
+  loadModule(fake, noCubin, &fromPtx);
+  CHECK(fromPtx);
+  CHECK(fake.cubinLoads == cubinLoads);
+
+  // Other failures are errors, not silent fallbacks.
+  fake.cubinLoadResult = 2;
+  std::optional<Error> e =
+      errorOf([&] { loadModule(fake, sampleEntry(), nullptr); });
+  REQUIRE(e);
+  CHECK_THAT(e->what(), Contains("CUDA_ERROR_OUT_OF_MEMORY"));
+  fake.cubinLoadResult = cuda::CUDA_SUCCESS;
+  fake.ptxLoadResult = 218;
+  e = errorOf([&] { loadModule(fake, noCubin, nullptr); });
+  REQUIRE(e);
+  CHECK_THAT(e->what(), Contains("CUDA_ERROR_INVALID_PTX"));
+}
+
+//===----------------------------------------------------------------------===//
+// forward()
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void *fakePointer(uintptr_t address) {
+  return reinterpret_cast<void *>(address);
+}
+
+/// Valid arguments for `plan`: Hq = 8, Hkv = 2, D = 128, dense THD tensors
+/// at distinct fake addresses (never dereferenced: the driver is fake).
+ForwardArgs validArgs(const Plan &plan) {
+  ForwardArgs a;
+  const int64_t T = plan.numTokens(), D = 128, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * D, D};
+  a.o = {fakePointer(0x400000), Hq * D, D};
+  a.lse = static_cast<float *>(fakePointer(0x500000));
+  a.lse_stride_h = T;
+  a.num_tokens = T;
+  a.num_q_heads = Hq;
+  a.num_kv_heads = Hkv;
+  a.head_dim = D;
+  a.dtype = DType::BF16;
+  a.plan = &plan;
+  return a;
+}
+
+/// The spec forward() asks for with `a` on an sm_90a device.
+KernelSpec specFor(const ForwardArgs &a) {
+  KernelSpec spec;
+  spec.kind = KernelKind::Fwd;
+  spec.P = spec.N = 0;
+  spec.headDim = a.head_dim;
+  spec.numQHeads = a.num_q_heads;
+  spec.numKVHeads = a.num_kv_heads;
+  spec.dtype = a.dtype;
+  spec.arch = "sm_90a";
+  spec.tiling = a.tiling;
+  return resolveSpec(spec);
+}
+
+/// Puts `entry` in the disk cache at `root` as the kernel forward(a) needs,
+/// so that no compile runs.
+void seedKernel(const std::string &root, const ForwardArgs &a,
+                const CacheEntry &entry) {
+  CacheKey key = CacheKey::fromSpec(specFor(a), compilerFingerprint());
+  REQUIRE(DiskCache(root).store(key, entry));
+}
+
+} // namespace
+
+TEST_CASE("forward: bad arguments are named and nothing launches",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  resetCacheStats();
+
+  using Mutator = std::function<void(ForwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      {[](ForwardArgs &a) { a.plan = nullptr; }, "plan is null"},
+      {[](ForwardArgs &a) {
+         a.num_q_heads = 6;
+         a.num_kv_heads = 4;
+       },
+       "num_q_heads (6) is not a multiple of num_kv_heads (4)"},
+      {[](ForwardArgs &a) { a.num_q_heads = 0; }, "num_q_heads (0)"},
+      {[](ForwardArgs &a) { a.num_kv_heads = -1; }, "num_kv_heads (-1)"},
+      {[](ForwardArgs &a) {
+         a.num_q_heads = 70000;
+         a.num_kv_heads = 1;
+       },
+       "num_q_heads (70000) exceeds the grid limit"},
+      {[](ForwardArgs &a) { a.head_dim = 96; },
+       "head_dim 96 is not supported (64, 128, 256)"},
+      {[](ForwardArgs &a) { a.dtype = static_cast<DType>(7); }, "dtype (7)"},
+      {[](ForwardArgs &a) { a.num_tokens = 100; },
+       "num_tokens (100) differs from the plan's token count (112)"},
+      {[](ForwardArgs &a) { a.q.data = nullptr; }, "q.data is null"},
+      {[](ForwardArgs &a) { a.k.data = nullptr; }, "k.data is null"},
+      {[](ForwardArgs &a) { a.v.data = nullptr; }, "v.data is null"},
+      {[](ForwardArgs &a) { a.o.data = nullptr; }, "o.data is null"},
+      {[](ForwardArgs &a) { a.q.data = fakePointer(0x100008); },
+       "q.data (0x100008) is not 16-byte aligned"},
+      {[](ForwardArgs &a) { a.v.data = fakePointer(0x300002); },
+       "v.data (0x300002) is not 16-byte aligned"},
+      {[](ForwardArgs &a) { a.q.stride_h = 100; },
+       "q.stride_h (100) must be >= head_dim (128)"},
+      {[](ForwardArgs &a) { a.k.stride_t = 64; },
+       "k.stride_t (64) must be >= head_dim (128)"},
+      {[](ForwardArgs &a) { a.o.stride_h = 132; },
+       "o.stride_h (132) must be a multiple of 8 elements"},
+      {[](ForwardArgs &a) { a.v.stride_t = 260; },
+       "v.stride_t (260) must be a multiple of 8 elements"},
+      {[](ForwardArgs &a) { a.q.stride_t = -1024; },
+       "q.stride_t (-1024) is negative"},
+      {[](ForwardArgs &a) { a.k.stride_h = -128; },
+       "k.stride_h (-128) is negative"},
+      {[](ForwardArgs &a) { a.o.stride_t = 128; }, "o rows overlap"},
+      {[](ForwardArgs &a) { a.lse = nullptr; }, "lse is null"},
+      {[](ForwardArgs &a) { a.lse = static_cast<float *>(fakePointer(0x2)); },
+       "lse (0x2) is not 4-byte aligned"},
+      {[](ForwardArgs &a) { a.lse_stride_h = 90; },
+       "lse_stride_h (90) must be >= num_tokens (112)"},
+      {[](ForwardArgs &a) { a.lse_stride_h = -5; },
+       "lse_stride_h (-5) is negative"},
+      {[](ForwardArgs &a) { a.scale = std::nanf(""); }, "scale (nan)"},
+      {[](ForwardArgs &a) { a.tiling.blockM = -64; },
+       "tiling.blockM (-64) is negative"},
+  };
+  for (const auto &[mutate, expected] : cases) {
+    CAPTURE(expected);
+    ForwardArgs args = validArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { forward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(expected));
+  }
+  CHECK(fake.launches == 0);
+  CHECK(fake.cubinLoads + fake.ptxLoads == 0);
+  CHECK(fake.allocs == 0);
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("forward: size-1 dimensions may carry any non-negative stride",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedFakeDriver scoped;
+  // One token and one head: the strides are never used, so any value that
+  // is not negative passes (PyTorch gives size-1 dimensions odd strides).
+  Plan plan({{1, {}}});
+  ForwardArgs a = validArgs(plan);
+  a.num_q_heads = a.num_kv_heads = 1;
+  a.q.stride_t = a.q.stride_h = 3;
+  a.k.stride_t = 0;
+  a.o.stride_h = 1;
+  a.lse_stride_h = 0;
+  seedKernel(tmp.path, a, sampleEntry());
+  CHECK_NOTHROW(forward(a));
+  CHECK(scoped.fake.launches == 1);
+}
+
+TEST_CASE("forward: launches the cached kernel with the documented ABI",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  resetCacheStats();
+
+  // Groups of 40 | 24, -, 32 and 8 | 8 tokens: 112 tokens, 5 segments, the
+  // longest 40 tokens.
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  args.stream = fakePointer(0xABC);
+
+  // Put the kernel the launch will ask for on disk, so no compile runs.
+  CacheEntry entry = sampleEntry(); // 256 threads, 96 KiB shared
+  entry.info.blockM = 16;
+  seedKernel(tmp.path, args, entry);
+
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  CHECK(fake.lastFunctionName == entry.info.name);
+  const FakeDriver::Launch &l = fake.last;
+  CHECK(l.grid[0] == 3); // ceil(40 / 16)
+  CHECK(l.grid[1] == 5); // segments
+  CHECK(l.grid[2] == 8); // query heads
+  CHECK(l.block[0] == 256);
+  CHECK(l.block[1] == 1);
+  CHECK(l.block[2] == 1);
+  CHECK(l.shared == 96 * 1024);
+  CHECK(l.stream == fakePointer(0xABC));
+  CHECK(l.ptrs[0] == 0x100000);
+  CHECK(l.ptrs[1] == 0x200000);
+  CHECK(l.ptrs[2] == 0x300000);
+  CHECK(l.ptrs[3] == 0x400000);
+  CHECK(l.ptrs[4] == 0x500000);
+  CHECK(l.ptrs[5] == plan.deviceTable());
+  CHECK(std::vector<int64_t>(l.strides, l.strides + 9) ==
+        std::vector<int64_t>{1024, 128, 256, 128, 256, 128, 1024, 128, 112});
+  CHECK(l.scaleLog2 ==
+        Approx(1.4426950408889634 / std::sqrt(128.0)).epsilon(1e-6));
+  CHECK(fake.uploaded == plan.segmentTable());
+  // More than 48 KiB of dynamic shared memory needs the opt-in attribute.
+  CHECK(
+      fake.funcAttributes ==
+      std::vector<std::pair<int, int>>{
+          {cuda::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 96 * 1024}});
+  CHECK(cacheStats().diskHits == 1);
+  CHECK(cacheStats().compiles == 0);
+
+  // The second launch loads nothing, uploads nothing, allocates nothing.
+  args.scale = 0.5f;
+  forward(args);
+  CHECK(fake.launches == 2);
+  CHECK(fake.cubinLoads == 1);
+  CHECK(fake.allocs == 1);
+  CHECK(cacheStats().memoryHits == 1);
+  CHECK(fake.last.scaleLog2 == Approx(0.5 * 1.4426950408889634));
+
+  // An explicit tiling equal to the default shares the loaded module.
+  args.tiling = specFor(args).tiling;
+  forward(args);
+  CHECK(fake.cubinLoads == 1);
+  CHECK(fake.launches == 3);
+
+  // A plan uploaded in another context is refused before launching.
+  Plan other({{4, {4}}});
+  other.upload();
+  fake.current = reinterpret_cast<cuda::CUcontext>(0xD0);
+  std::optional<Error> e = errorOf([&] { forward(validArgs(other)); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("another CUDA context"));
+  CHECK(fake.launches == 3);
+  CHECK(fake.cubinLoads == 1);
+}
+
+//===----------------------------------------------------------------------===//
+// C API
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("C API: plans, errors and status codes", "[runtime]") {
+  CHECK(std::strlen(dualkv_version()) > 0);
+
+  int32_t prompts[] = {3, 1, 2};
+  int32_t counts[] = {3, 0, 2};
+  int32_t responses[] = {2, 0, 4, 0, 1};
+  dualkv_plan *plan = nullptr;
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 3, &plan) ==
+          DUALKV_OK);
+  REQUIRE(plan);
+  CHECK(std::string(dualkv_last_error()).empty());
+  CHECK(dualkv_plan_num_tokens(plan) == 13);
+  CHECK(dualkv_plan_num_segments(plan) == 6);
+  std::vector<int32_t> table(24);
+  CHECK(dualkv_plan_segment_table(plan, table.data(), 24) == DUALKV_OK);
+  CHECK(table == Plan({{3, {2, 0, 4}}, {1, {}}, {2, {0, 1}}}).segmentTable());
+  CHECK(dualkv_plan_segment_table(plan, table.data(), 23) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+
+  int32_t badPrompts[] = {3, 0};
+  dualkv_plan *bad = reinterpret_cast<dualkv_plan *>(0x1);
+  CHECK(dualkv_plan_create(badPrompts, counts, responses, 2, &bad) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK(bad == nullptr);
+  CHECK_THAT(dualkv_last_error(), Contains("group 1: prompt_len = 0"));
+  CHECK(dualkv_plan_num_tokens(nullptr) == -1);
+
+  {
+    ScopedFakeDriver scoped;
+    int rc = dualkv_forward(nullptr, 0, 0, nullptr, 0, 0, nullptr, 0, 0,
+                            nullptr, 0, 0, nullptr, 0, 13, 8, 2, 128, 0, 0.f,
+                            nullptr, nullptr, nullptr);
+    CHECK(rc == DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(dualkv_last_error(), Contains("plan is null"));
+    rc = dualkv_forward(nullptr, 0, 0, nullptr, 0, 0, nullptr, 0, 0, nullptr, 0,
+                        0, nullptr, 0, 13, 8, 2, 128, 5, 0.f, plan, nullptr,
+                        nullptr);
+    CHECK(rc == DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(dualkv_last_error(), Contains("dtype (5)"));
+    rc = dualkv_forward(fakePointer(0x1000), 1024, 128, nullptr, 0, 0, nullptr,
+                        0, 0, nullptr, 0, 0, nullptr, 0, 13, 8, 2, 128, 1, 0.f,
+                        plan, nullptr, nullptr);
+    CHECK(rc == DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(dualkv_last_error(), Contains("k.data is null"));
+    CHECK(scoped.fake.launches == 0);
+
+    scoped.fake.initResult = cuda::CUDA_ERROR_NO_DEVICE;
+    CHECK(dualkv_plan_upload(plan) == DUALKV_ERROR_NO_GPU);
+  }
+
+  dualkv_cache_stats_t stats;
+  CHECK(dualkv_cache_stats(&stats) == DUALKV_OK);
+  CHECK(dualkv_cache_stats(nullptr) == DUALKV_ERROR_INVALID_ARGUMENT);
+  dualkv_plan_destroy(plan);
+  dualkv_plan_destroy(nullptr);
+}
