@@ -172,7 +172,7 @@ void forward(const ForwardArgs &args) {
 
   const KernelInfo &info = kernel.info;
   unsigned gridX = static_cast<unsigned>(
-      (plan.maxSegmentLen() + info.blockM - 1) / info.blockM);
+      (int64_t(plan.maxSegmentLen()) + info.blockM - 1) / info.blockM);
   unsigned gridY = static_cast<unsigned>(plan.numSegments());
   unsigned gridZ = static_cast<unsigned>(args.num_q_heads);
   cuda::CUresult r = cuda::driver().launchKernel(

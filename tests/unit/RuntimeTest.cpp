@@ -8,24 +8,24 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
-#include <llvm/ADT/SmallString.h>
-#include <llvm/Support/FileSystem.h>
-#include <llvm/Support/MemoryBuffer.h>
-#include <llvm/Support/Path.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
 
 using namespace dualkv;
 using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -33,15 +33,22 @@ namespace {
 // Helpers
 //===----------------------------------------------------------------------===//
 
-/// A fresh directory, removed with everything in it at scope exit.
+/// A fresh directory, removed with everything in it at scope exit. (The
+/// tests link libdualkv.so, whose LLVM is hidden, so they use std only.)
 struct TempDir {
   std::string path;
   TempDir() {
-    llvm::SmallString<128> p;
-    REQUIRE(!llvm::sys::fs::createUniqueDirectory("dualkv-runtime-test", p));
-    path = p.str().str();
+    std::random_device random;
+    fs::path p =
+        fs::temp_directory_path() /
+        fmt::format("dualkv-runtime-test-{:08x}{:08x}", random(), random());
+    REQUIRE(fs::create_directory(p));
+    path = p.string();
   }
-  ~TempDir() { llvm::sys::fs::remove_directories(path); }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
 };
 
 /// Sets (or, with nullopt, unsets) an environment variable for one scope.
@@ -65,9 +72,11 @@ struct ScopedEnv {
 };
 
 std::string readFile(const std::string &path) {
-  auto buffer = llvm::MemoryBuffer::getFile(path, false, false);
-  REQUIRE(buffer);
-  return (*buffer)->getBuffer().str();
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
 }
 
 void writeFile(const std::string &path, const std::string &bytes) {
@@ -78,10 +87,8 @@ void writeFile(const std::string &path, const std::string &bytes) {
 
 std::vector<std::string> listDir(const std::string &dir) {
   std::vector<std::string> names;
-  std::error_code ec;
-  for (llvm::sys::fs::directory_iterator it(dir, ec), end; it != end && !ec;
-       it.increment(ec))
-    names.push_back(llvm::sys::path::filename(it->path()).str());
+  for (const fs::directory_entry &entry : fs::directory_iterator(dir))
+    names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -457,8 +464,8 @@ TEST_CASE("disk cache: damaged entries are misses", "[runtime]") {
     cubin[500] ^= 0x40;
     writeFile(dir + "/kernel.cubin", cubin);
   }
-  SECTION("cubin missing") { llvm::sys::fs::remove(dir + "/kernel.cubin"); }
-  SECTION("PTX missing") { llvm::sys::fs::remove(dir + "/kernel.ptx"); }
+  SECTION("cubin missing") { fs::remove(dir + "/kernel.cubin"); }
+  SECTION("PTX missing") { fs::remove(dir + "/kernel.ptx"); }
   SECTION("meta.json truncated") {
     std::string meta = readFile(metaPath);
     writeFile(metaPath, meta.substr(0, meta.size() / 2));

@@ -71,10 +71,10 @@ DUALKV_API bool gpuAvailable();
 
 /// Counters of the kernel cache, for benchmarks.
 struct CacheStats {
-  int64_t memoryHits = 0; ///< launches served by an already loaded module
-  int64_t diskHits = 0;   ///< kernels read from the disk cache
-  int64_t diskMisses = 0; ///< disk lookups that found nothing usable
-  int64_t compiles = 0;   ///< kernels compiled in this process
+  int64_t memoryHits = 0;    ///< launches served by an already loaded module
+  int64_t diskHits = 0;      ///< kernels read from the disk cache
+  int64_t diskMisses = 0;    ///< disk lookups that found nothing usable
+  int64_t compiles = 0;      ///< kernels compiled in this process
   double lastCompileMs = 0;  ///< wall time of the latest compile
   double totalCompileMs = 0; ///< wall time of all compiles
 };

@@ -71,16 +71,13 @@ DUALKV_API int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
  * the default stream); tiling is null or 4 int32 {block_m, block_n, warps,
  * stages} (0 = default).
  */
-DUALKV_API int dualkv_forward(void *q, int64_t q_stride_t, int64_t q_stride_h,
-                              void *k, int64_t k_stride_t, int64_t k_stride_h,
-                              void *v, int64_t v_stride_t, int64_t v_stride_h,
-                              void *o, int64_t o_stride_t, int64_t o_stride_h,
-                              float *lse, int64_t lse_stride_h,
-                              int64_t num_tokens, int32_t num_q_heads,
-                              int32_t num_kv_heads, int32_t head_dim,
-                              int32_t dtype, float scale,
-                              const dualkv_plan *plan, void *stream,
-                              const int32_t *tiling);
+DUALKV_API int dualkv_forward(
+    void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
+    int64_t k_stride_t, int64_t k_stride_h, void *v, int64_t v_stride_t,
+    int64_t v_stride_h, void *o, int64_t o_stride_t, int64_t o_stride_h,
+    float *lse, int64_t lse_stride_h, int64_t num_tokens, int32_t num_q_heads,
+    int32_t num_kv_heads, int32_t head_dim, int32_t dtype, float scale,
+    const dualkv_plan *plan, void *stream, const int32_t *tiling);
 
 /** Kernel cache counters (dualkv::CacheStats). */
 typedef struct dualkv_cache_stats_t {

@@ -1,0 +1,226 @@
+// Shared helpers of the GPU tests: device buffers, 16-bit float conversions, random
+// packed problems, and the comparison against the fp64 reference.
+#ifndef DUALKV_TESTS_GPU_HARNESS_H
+#define DUALKV_TESTS_GPU_HARNESS_H
+
+#include "dualkv/Reference.h"
+#include "dualkv/dualkv.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dualkv::testing {
+
+/// ctest treats this exit status as "skipped" (SKIP_RETURN_CODE).
+constexpr int kSkip = 77;
+
+inline void check(cudaError_t e, const char *what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+/// True when a CUDA device is usable; the GPU tests skip otherwise.
+inline bool haveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && dualkv::gpuAvailable();
+}
+
+inline uint16_t toBF16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f))
+    return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1); // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float fromBF16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t toF16(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+inline float fromF16(uint16_t u) {
+  _Float16 h;
+  std::memcpy(&h, &u, 2);
+  return static_cast<float>(h);
+}
+inline uint16_t to16(float f, DType t) { return t == DType::BF16 ? toBF16(f) : toF16(f); }
+inline float from16(uint16_t u, DType t) { return t == DType::BF16 ? fromBF16(u) : fromF16(u); }
+
+/// A device allocation freed on scope exit.
+struct DeviceBuffer {
+  void *ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) { check(cudaMalloc(&ptr, n ? n : 1), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer &) = delete;
+  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+  template <typename T> void upload(const std::vector<T> &h) {
+    check(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  template <typename T> std::vector<T> download(size_t n) const {
+    std::vector<T> h(n);
+    check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+  /// Every byte 0xff: NaN in bf16, fp16 and fp32, so unwritten outputs show.
+  void poison() { check(cudaMemset(ptr, 0xff, bytes), "poison"); }
+};
+
+/// One packed problem with its inputs rounded to the kernel's element type.
+struct Case {
+  std::vector<PlanGroup> groups;
+  int hq = 1, hkv = 1, d = 64;
+  DType dtype = DType::BF16;
+  std::vector<uint16_t> q, k, v; // packed THD, dense
+  int64_t tokens() const {
+    int64_t t = 0;
+    for (auto &g : groups) {
+      t += g.prompt_len;
+      for (auto r : g.response_lens)
+        t += r;
+    }
+    return t;
+  }
+  /// Allowed (query, key) pairs times heads times head_dim: the reference's work.
+  double work() const {
+    double pairs = 0;
+    for (auto &g : groups) {
+      double p = double(g.prompt_len);
+      pairs += p * (p + 1) / 2;
+      for (auto r : g.response_lens)
+        pairs += double(r) * p + double(r) * (r + 1) / 2;
+    }
+    return pairs * hq * d;
+  }
+  std::string describe() const {
+    std::string s = fmt::format("Hq={} Hkv={} D={} {} groups:", hq, hkv, d,
+                                dtype == DType::BF16 ? "bf16" : "fp16");
+    for (auto &g : groups) {
+      s += fmt::format(" [P={} R=", g.prompt_len);
+      for (size_t i = 0; i < g.response_lens.size(); ++i)
+        s += fmt::format("{}{}", i ? "," : "", g.response_lens[i]);
+      s += "]";
+    }
+    return s;
+  }
+  void fill(std::mt19937_64 &rng) {
+    std::normal_distribution<float> n(0.f, 1.f);
+    auto gen = [&](size_t count) {
+      std::vector<uint16_t> x(count);
+      for (auto &e : x)
+        e = to16(n(rng), dtype);
+      return x;
+    };
+    int64_t t = tokens();
+    q = gen(size_t(t) * hq * d);
+    k = gen(size_t(t) * hkv * d);
+    v = gen(size_t(t) * hkv * d);
+  }
+  reference::Problem problem() const {
+    reference::Problem p;
+    for (auto &g : groups)
+      p.groups.push_back({g.prompt_len, g.response_lens});
+    p.num_q_heads = hq;
+    p.num_kv_heads = hkv;
+    p.head_dim = d;
+    p.scale = 1.0 / std::sqrt(double(d));
+    return p;
+  }
+  std::vector<double> widen(const std::vector<uint16_t> &x) const {
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      out[i] = from16(x[i], dtype);
+    return out;
+  }
+};
+
+/// O and LSE of one forward launch, copied back to the host.
+struct ForwardResult {
+  std::vector<float> o;   // [T][Hq][D]
+  std::vector<float> lse; // [Hq][T]
+};
+
+/// Runs dualkv::forward on `c` with outputs poisoned first.
+inline ForwardResult runForward(const Case &c, const Tiling &tiling = {}) {
+  int64_t t = c.tokens();
+  Plan plan(c.groups);
+  DeviceBuffer q(c.q.size() * 2), k(c.k.size() * 2), v(c.v.size() * 2),
+      o(c.q.size() * 2), lse(size_t(t) * c.hq * 4);
+  q.upload(c.q);
+  k.upload(c.k);
+  v.upload(c.v);
+  o.poison();
+  lse.poison();
+  ForwardArgs a;
+  a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
+  a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
+  a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
+  a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
+  a.lse = static_cast<float *>(lse.ptr);
+  a.lse_stride_h = t;
+  a.num_tokens = t;
+  a.num_q_heads = c.hq;
+  a.num_kv_heads = c.hkv;
+  a.head_dim = c.d;
+  a.dtype = c.dtype;
+  a.plan = &plan;
+  a.tiling = tiling;
+  dualkv::forward(a);
+  check(cudaDeviceSynchronize(), "forward");
+  ForwardResult r;
+  auto oh = o.download<uint16_t>(c.q.size());
+  r.o.resize(oh.size());
+  for (size_t i = 0; i < oh.size(); ++i)
+    r.o[i] = from16(oh[i], c.dtype);
+  r.lse = lse.download<float>(size_t(t) * c.hq);
+  return r;
+}
+
+/// Error statistics of a result against the reference.
+struct Errors {
+  double maxAbsO = 0, relL2O = 0, maxAbsLse = 0;
+  bool finite = true;
+};
+
+inline Errors compare(const ForwardResult &r, const std::vector<double> &oRef,
+                      const std::vector<double> &lseRef) {
+  Errors e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < oRef.size(); ++i) {
+    if (!std::isfinite(r.o[i]))
+      e.finite = false;
+    double d = std::abs(double(r.o[i]) - oRef[i]);
+    e.maxAbsO = std::max(e.maxAbsO, d);
+    num += d * d;
+    den += oRef[i] * oRef[i];
+  }
+  e.relL2O = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  for (size_t i = 0; i < lseRef.size(); ++i) {
+    if (!std::isfinite(r.lse[i]))
+      e.finite = false;
+    e.maxAbsLse = std::max(e.maxAbsLse, std::abs(double(r.lse[i]) - lseRef[i]));
+  }
+  if (!e.finite)
+    e.maxAbsO = e.relL2O = e.maxAbsLse = INFINITY;
+  return e;
+}
+
+} // namespace dualkv::testing
+
+#endif

@@ -1,0 +1,668 @@
+// Every verifier message of the dualkv dialect (DualKVOps.cpp), one case each, plus
+// the parser errors of kv_loop's custom syntax and the structural traits.
+// RUN: dualkv-opt %s -split-input-file -verify-diagnostics
+
+// === #dualkv.problem ===
+
+// expected-error @+1 {{P must be >= 0 (0 means any prompt length), got -1}}
+func.func @problem_negative_P() attributes {x = #dualkv.problem<P = -1, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{N must be >= 0, got -3}}
+func.func @problem_negative_N() attributes {x = #dualkv.problem<P = 0, N = -3, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{head counts must be positive, got num_q_heads = 0, num_kv_heads = 8}}
+func.func @problem_zero_q_heads() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 0, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// Zero kv heads is rejected before the divisibility check divides by it.
+// expected-error @+1 {{head counts must be positive, got num_q_heads = 8, num_kv_heads = 0}}
+func.func @problem_zero_kv_heads() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 0, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{head counts must be positive, got num_q_heads = -4, num_kv_heads = -2}}
+func.func @problem_negative_heads() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = -4, num_kv_heads = -2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{num_q_heads (12) must be a multiple of num_kv_heads (8)}}
+func.func @problem_gqa_not_multiple() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 12, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{head_dim must be 64, 128 or 256, got 96}}
+func.func @problem_head_dim_96() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 96, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{head_dim must be 64, 128 or 256, got 512}}
+func.func @problem_head_dim_512() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 512, dtype = bf16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{dtype must be bf16 or f16, got 'f32'}}
+func.func @problem_dtype_f32() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = f32, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{dtype must be bf16 or f16, got 'i16'}}
+func.func @problem_dtype_i16() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = i16, scale = 1.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{scale must be a positive float}}
+func.func @problem_scale_zero() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.0, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{scale must be a positive float}}
+func.func @problem_scale_negative() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = -0.125, causal = true>} { return }
+
+// -----
+
+// NaN is not positive either.
+// expected-error @+1 {{scale must be a positive float}}
+func.func @problem_scale_nan() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0x7FF8000000000000 : f64, causal = true>} { return }
+
+// -----
+
+// expected-error @+1 {{DualKV attention is causal: causal must be true}}
+func.func @problem_not_causal() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = false>} { return }
+
+// -----
+
+// An integer scale is not a float attribute.
+// expected-error @+2 {{invalid kind of attribute specified}}
+// expected-error @+1 {{failed to parse DualKV_ProblemAttr parameter 'scale'}}
+func.func @problem_scale_integer() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1, causal = true>} { return }
+
+// -----
+
+// === #dualkv.tiling ===
+
+// expected-error @+1 {{block_m must be a power of two in [16, 256], got 48}}
+func.func @tiling_block_m_not_pow2() attributes {x = #dualkv.tiling<block_m = 48, block_n = 16, warps = 1, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{block_m must be a power of two in [16, 256], got 512}}
+func.func @tiling_block_m_too_large() attributes {x = #dualkv.tiling<block_m = 512, block_n = 64, warps = 4, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{block_n must be a power of two in [16, 256], got 8}}
+func.func @tiling_block_n_too_small() attributes {x = #dualkv.tiling<block_m = 64, block_n = 8, warps = 4, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{block_m (32) must be a multiple of block_n (64) so causal diagonals stay tile-aligned}}
+func.func @tiling_block_m_not_multiple_of_block_n() attributes {x = #dualkv.tiling<block_m = 32, block_n = 64, warps = 2, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{warps must be a power of two <= 16, got 3}}
+func.func @tiling_warps_not_pow2() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 3, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{warps must be a power of two <= 16, got 32}}
+func.func @tiling_warps_too_many() attributes {x = #dualkv.tiling<block_m = 256, block_n = 64, warps = 32, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{warps must be a power of two <= 16, got 0}}
+func.func @tiling_warps_zero() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 0, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks}}
+func.func @tiling_warps_do_not_cover_block_m() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 8, stages = 1>} { return }
+
+// -----
+
+// expected-error @+1 {{stages must be in [1, 4], got 0}}
+func.func @tiling_stages_zero() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 4, stages = 0>} { return }
+
+// -----
+
+// expected-error @+1 {{stages must be in [1, 4], got 5}}
+func.func @tiling_stages_five() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 4, stages = 5>} { return }
+
+// -----
+
+// === enums ===
+
+// expected-error @+2 {{expected ::mlir::dualkv::KVRegion to be one of: shared, response}}
+// expected-error @+1 {{failed to parse DualKV_KVRegionAttr parameter 'value'}}
+func.func @enum_bad_region() attributes {x = #dualkv.region<middle>} { return }
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::dualkv::LoopPart to be one of: all, full, tail, diagonal}}
+// expected-error @+1 {{failed to parse DualKV_LoopPartAttr parameter 'value'}}
+func.func @enum_bad_part() attributes {x = #dualkv.part<edge>} { return }
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::dualkv::KernelKind to be one of: fwd, bwd_pre, bwd, bwd_post}}
+// expected-error @+1 {{failed to parse DualKV_KernelKindAttr parameter 'value'}}
+dualkv.kernel @enum_bad_kind kind <backward> {
+}
+
+// -----
+
+// === dualkv.attention_fwd / attention_bwd ===
+
+func.func @fwd_q_rank(%q: tensor<10x8xbf16>, %k: tensor<10x8x64xbf16>) {
+  // expected-error @+1 {{'dualkv.attention_fwd' op q must be [T, heads, head_dim], got rank 2}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8xbf16>, tensor<10x8x64xbf16>, tensor<10x8x64xbf16> -> tensor<10x8x64xbf16>, tensor<8x10xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_q_heads(%q: tensor<10x4x64xbf16>, %k: tensor<10x2x64xbf16>) {
+  // expected-error @+1 {{q has 4 heads, the problem says 8}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x4x64xbf16>, tensor<10x2x64xbf16>, tensor<10x2x64xbf16> -> tensor<10x8x64xbf16>, tensor<8x10xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_k_heads(%q: tensor<10x8x64xbf16>, %k: tensor<10x4x64xbf16>, %v: tensor<10x2x64xbf16>) {
+  // expected-error @+1 {{k has 4 heads, the problem says 2}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %v {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x64xbf16>, tensor<10x4x64xbf16>, tensor<10x2x64xbf16> -> tensor<10x8x64xbf16>, tensor<8x10xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_v_head_dim(%q: tensor<10x8x128xbf16>, %k: tensor<10x2x128xbf16>, %v: tensor<10x2x64xbf16>) {
+  // expected-error @+1 {{v has head_dim 64, the problem says 128}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %v {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 128, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x128xbf16>, tensor<10x2x128xbf16>, tensor<10x2x64xbf16> -> tensor<10x8x128xbf16>, tensor<8x10xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_o_dtype(%q: tensor<?x8x64xbf16>, %k: tensor<?x2x64xbf16>) {
+  // expected-error @+1 {{o has element type 'f16', the problem says 'bf16'}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16> -> tensor<?x8x64xf16>, tensor<8x?xf32>
+  return
+}
+
+// -----
+
+// The tensors' element type must be the problem's even when all agree with each other.
+func.func @fwd_all_f16_problem_bf16(%q: tensor<?x8x64xf16>, %k: tensor<?x2x64xf16>) {
+  // expected-error @+1 {{q has element type 'f16', the problem says 'bf16'}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<?x8x64xf16>, tensor<?x2x64xf16>, tensor<?x2x64xf16> -> tensor<?x8x64xf16>, tensor<8x?xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_token_mismatch(%q: tensor<100x8x64xbf16>, %k: tensor<50x2x64xbf16>) {
+  // expected-error @+1 {{k has 50 tokens, q has 100}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<100x8x64xbf16>, tensor<50x2x64xbf16>, tensor<50x2x64xbf16> -> tensor<100x8x64xbf16>, tensor<8x100xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_lse_dtype(%q: tensor<10x8x64xbf16>, %k: tensor<10x8x64xbf16>) {
+  // expected-error @+1 {{lse must be [num_q_heads, T] of f32, got 'tensor<8x10xf16>'}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x64xbf16>, tensor<10x8x64xbf16>, tensor<10x8x64xbf16> -> tensor<10x8x64xbf16>, tensor<8x10xf16>
+  return
+}
+
+// -----
+
+func.func @fwd_lse_rank(%q: tensor<10x8x64xbf16>, %k: tensor<10x8x64xbf16>) {
+  // expected-error @+1 {{lse must be [num_q_heads, T] of f32, got 'tensor<10x8x1xf32>'}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x64xbf16>, tensor<10x8x64xbf16>, tensor<10x8x64xbf16> -> tensor<10x8x64xbf16>, tensor<10x8x1xf32>
+  return
+}
+
+// -----
+
+// lse is [heads, T], not [T, heads].
+func.func @fwd_lse_transposed(%q: tensor<10x8x64xbf16>, %k: tensor<10x8x64xbf16>) {
+  // expected-error @+1 {{lse has 10 heads, the problem says 8}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x64xbf16>, tensor<10x8x64xbf16>, tensor<10x8x64xbf16> -> tensor<10x8x64xbf16>, tensor<10x8xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_lse_tokens(%q: tensor<10x8x64xbf16>, %k: tensor<10x8x64xbf16>) {
+  // expected-error @+1 {{lse has 9 tokens, q has 10}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x64xbf16>, tensor<10x8x64xbf16>, tensor<10x8x64xbf16> -> tensor<10x8x64xbf16>, tensor<8x9xf32>
+  return
+}
+
+// -----
+
+func.func @fwd_shorter_than_prompt(%q: tensor<10x8x64xbf16>, %k: tensor<10x8x64xbf16>) {
+  // expected-error @+1 {{T = 10 is shorter than the prompt, P = 64}}
+  %o, %lse = dualkv.attention_fwd %q, %k, %k {problem = #dualkv.problem<P = 64, N = 1, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<10x8x64xbf16>, tensor<10x8x64xbf16>, tensor<10x8x64xbf16> -> tensor<10x8x64xbf16>, tensor<8x10xf32>
+  return
+}
+
+// -----
+
+func.func @bwd_dout_type(%q: tensor<?x8x64xbf16>, %k: tensor<?x2x64xbf16>, %lse: tensor<8x?xf32>, %do: tensor<?x8x64xf16>) {
+  // expected-error @+1 {{'dualkv.attention_bwd' op dout type 'tensor<?x8x64xf16>' must equal the output type 'tensor<?x8x64xbf16>'}}
+  %dq, %dk, %dv = dualkv.attention_bwd %q, %k, %k, %q, %lse, %do {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16>, tensor<?x8x64xbf16>, tensor<8x?xf32>, tensor<?x8x64xf16> -> tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16>
+  return
+}
+
+// -----
+
+func.func @bwd_gradient_types(%q: tensor<?x8x64xbf16>, %k: tensor<?x2x64xbf16>, %lse: tensor<8x?xf32>) {
+  // expected-error @+1 {{gradients must have the types of q, k and v}}
+  %dq, %dk, %dv = dualkv.attention_bwd %q, %k, %k, %q, %lse, %q {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16>, tensor<?x8x64xbf16>, tensor<8x?xf32>, tensor<?x8x64xbf16> -> tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xf32>
+  return
+}
+
+// -----
+
+// The backward shares the forward's tensor checks.
+func.func @bwd_o_heads(%q: tensor<?x8x64xbf16>, %k: tensor<?x2x64xbf16>, %o: tensor<?x2x64xbf16>, %lse: tensor<8x?xf32>) {
+  // expected-error @+1 {{'dualkv.attention_bwd' op o has 2 heads, the problem says 8}}
+  %dq, %dk, %dv = dualkv.attention_bwd %q, %k, %k, %o, %lse, %o {problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} : tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16>, tensor<8x?xf32>, tensor<?x2x64xbf16> -> tensor<?x8x64xbf16>, tensor<?x2x64xbf16>, tensor<?x2x64xbf16>
+  return
+}
+
+// -----
+
+// === dualkv.kernel ===
+
+// expected-error @+1 {{'dualkv.kernel' op problem, tiling and arch are bound together: either all three or none}}
+dualkv.kernel @partly_bound kind <bwd_post> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> {
+}
+
+// -----
+
+// expected-error @+1 {{problem, tiling and arch are bound together: either all three or none}}
+dualkv.kernel @arch_only kind <bwd_post> arch "sm_80" {
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op arch must look like sm_80 or sm_90a, got 'gfx90a'}}
+dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "gfx90a" {
+}
+
+// -----
+
+// 128 rows * 256 dims over 128 threads = 256 fp32 accumulator registers a thread.
+// expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (block_m * head_dim / threads); at most 128 fit beside the scores}}
+dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+}
+
+// -----
+
+dualkv.kernel @same_region_same_part kind <bwd_post> {
+  dualkv.kv_loop <shared> part <full> {
+  ^bb0(%j: index):
+  }
+  // expected-error @+1 {{'dualkv.kv_loop' op overlaps an earlier loop over the shared region (parts full and full): every KV tile must be visited once}}
+  dualkv.kv_loop <shared> part <full> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @all_then_part kind <bwd_post> {
+  dualkv.kv_loop <response> part <all> {
+  ^bb0(%j: index):
+  }
+  // expected-error @+1 {{overlaps an earlier loop over the response region (parts all and diagonal): every KV tile must be visited once}}
+  dualkv.kv_loop <response> part <diagonal> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @part_then_all kind <bwd_post> {
+  dualkv.kv_loop <shared> part <tail> {
+  ^bb0(%j: index):
+  }
+  // expected-error @+1 {{overlaps an earlier loop over the shared region (parts tail and all)}}
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op forward kernel loads no query tile (dualkv.load_q)}}
+dualkv.kernel @fwd_without_load_q kind <fwd> {
+  %acc = dualkv.init_acc : !dualkv.acc
+  %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+  dualkv.store_output %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op forward kernel stores no output (dualkv.store_output)}}
+dualkv.kernel @fwd_without_store kind <fwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+module {
+  // expected-note @+1 {{see existing symbol definition here}}
+  dualkv.kernel @twice kind <bwd_post> {
+  }
+  // expected-error @+1 {{redefinition of symbol named 'twice'}}
+  dualkv.kernel @twice kind <bwd_post> {
+  }
+}
+
+// -----
+
+// === tile ops outside their place ===
+
+func.func @load_q_outside_kernel() {
+  // expected-error @+1 {{'dualkv.load_q' op must be inside a dualkv.kernel}}
+  %q = dualkv.load_q : !dualkv.q_tile
+  return
+}
+
+// -----
+
+dualkv.kernel @load_q_in_bwd_pre kind <bwd_pre> {
+  // expected-error @+1 {{'dualkv.load_q' op only forward and backward kernels load query tiles}}
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+dualkv.kernel @load_q_in_bwd_post kind <bwd_post> {
+  // expected-error @+1 {{only forward and backward kernels load query tiles}}
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+func.func @kv_loop_outside_kernel() {
+  // expected-error @+1 {{'dualkv.kv_loop' op expects parent op 'dualkv.kernel'}}
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+  }
+  return
+}
+
+// -----
+
+dualkv.kernel @load_kv_outside_loop kind <bwd_post> {
+  %c0 = arith.constant 0 : index
+  // expected-error @+1 {{'dualkv.load_kv' op expects parent op 'dualkv.kv_loop'}}
+  %k = dualkv.load_kv <key> %c0 : !dualkv.kv_tile
+}
+
+// -----
+
+func.func @store_output_outside_kernel(%a: !dualkv.acc, %m: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.store_output' op expects parent op 'dualkv.kernel'}}
+  dualkv.store_output %a, %m, %m : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
+  return
+}
+
+// -----
+
+dualkv.kernel @yield_outside_loop kind <bwd_post> {
+  // expected-error @+1 {{'dualkv.yield' op expects parent op 'dualkv.kv_loop'}}
+  dualkv.yield
+}
+
+// -----
+
+// === dualkv.kv_loop ===
+
+dualkv.kernel @shared_diagonal kind <bwd_post> {
+  // expected-error @+1 {{'dualkv.kv_loop' op the shared region has no causal diagonal: every prompt key precedes every response query}}
+  dualkv.kv_loop <shared> part <diagonal> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @response_tail kind <bwd_post> {
+  // expected-error @+1 {{'dualkv.kv_loop' op the response region has no tail part: its last tiles are the diagonal ones}}
+  dualkv.kv_loop <response> part <tail> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @missing_carried_argument kind <bwd_post> {
+  %a = dualkv.init_acc : !dualkv.acc
+  // expected-error @+1 {{'dualkv.kv_loop' op body must take the tile index and 1 carried values, got 1 arguments}}
+  %r = dualkv.kv_loop <shared> part <all> iter_args(%x = %a) : !dualkv.acc {
+  ^bb0(%j: index):
+    dualkv.yield %a : !dualkv.acc
+  }
+}
+
+// -----
+
+dualkv.kernel @extra_body_argument kind <bwd_post> {
+  // expected-error @+1 {{body must take the tile index and 0 carried values, got 2 arguments}}
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index, %i: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @tile_index_not_index kind <bwd_post> {
+  // expected-error @+1 {{'dualkv.kv_loop' op first body argument must be the index of the KV tile}}
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: i32):
+  }
+}
+
+// -----
+
+dualkv.kernel @carried_type_mismatch kind <bwd_post> {
+  %a = dualkv.init_acc : !dualkv.acc
+  %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+  // expected-error @+1 {{'dualkv.kv_loop' op carried value #1 has type '!dualkv.row_stats' but the body takes '!dualkv.acc'}}
+  %r:2 = dualkv.kv_loop <shared> part <all> iter_args(%x = %a, %y = %m) : !dualkv.acc, !dualkv.row_stats {
+  ^bb0(%j: index, %x: !dualkv.acc, %y: !dualkv.acc):
+    dualkv.yield %a, %m : !dualkv.acc, !dualkv.row_stats
+  }
+}
+
+// -----
+
+dualkv.kernel @yield_type_mismatch kind <bwd_post> {
+  %a = dualkv.init_acc : !dualkv.acc
+  // expected-error @+1 {{'dualkv.kv_loop' op yields 1 values whose types differ from the loop's results}}
+  %r = dualkv.kv_loop <shared> part <all> iter_args(%x = %a) : !dualkv.acc {
+  ^bb0(%j: index, %x: !dualkv.acc):
+    %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+    dualkv.yield %m : !dualkv.row_stats
+  }
+}
+
+// -----
+
+dualkv.kernel @yield_too_few kind <bwd_post> {
+  %a = dualkv.init_acc : !dualkv.acc
+  // expected-error @+1 {{yields 0 values whose types differ from the loop's results}}
+  %r = dualkv.kv_loop <shared> part <all> iter_args(%x = %a) : !dualkv.acc {
+  ^bb0(%j: index, %x: !dualkv.acc):
+    dualkv.yield
+  }
+}
+
+// -----
+
+// A loop that carries values must spell its yield: the terminator is implicit only
+// without iter_args.
+dualkv.kernel @carried_without_yield kind <bwd_post> {
+  %a = dualkv.init_acc : !dualkv.acc
+  %r = dualkv.kv_loop <shared> part <all> iter_args(%x = %a) : !dualkv.acc {
+  ^bb0(%j: index, %x: !dualkv.acc):
+    // expected-error @+1 {{block with no terminator}}
+    %b = dualkv.init_acc : !dualkv.acc
+  }
+}
+
+// -----
+
+// KV loops do not nest. The inner loop fails its HasParent<KernelOp> trait first, so
+// KVLoopOp::verifyRegions' own "KV loops do not nest" message is never reached.
+dualkv.kernel @nested_kv_loop kind <bwd_post> {
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+    // expected-error @+1 {{'dualkv.kv_loop' op expects parent op 'dualkv.kernel'}}
+    dualkv.kv_loop <response> part <all> {
+    ^bb0(%i: index):
+    }
+  }
+}
+
+// -----
+
+dualkv.kernel @iter_args_count_mismatch kind <bwd_post> {
+  %a = dualkv.init_acc : !dualkv.acc
+  // expected-error @+1 {{custom op 'dualkv.kv_loop' iter_args has 2 values but 1 types}}
+  %r = dualkv.kv_loop <shared> part <all> iter_args(%x = %a, %y = %a) : !dualkv.acc {
+  ^bb0(%j: index, %x: !dualkv.acc, %y: !dualkv.acc):
+    dualkv.yield %a : !dualkv.acc
+  }
+}
+
+// -----
+
+dualkv.kernel @missing_part_keyword kind <bwd_post> {
+  // expected-error @+1 {{expected 'part'}}
+  dualkv.kv_loop <shared> <all> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @empty_body kind <bwd_post> {
+  dualkv.kv_loop <shared> part <all> {}
+// expected-error @+1 {{custom op 'dualkv.kv_loop' kv_loop needs a body}}
+}
+
+// -----
+
+// === dualkv.mask ===
+
+func.func @mask_outside_loop(%s: !dualkv.scores, %j: index) {
+  // expected-error @+1 {{'dualkv.mask' op must be inside a dualkv.kv_loop}}
+  %m = dualkv.mask <bound> %s, %j : !dualkv.scores
+  return
+}
+
+// -----
+
+dualkv.kernel @mask_kind_none kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <shared> part <tail> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op a mask of kind none is no mask: drop the op}}
+    %m = dualkv.mask <none> %s, %j : !dualkv.scores
+  }
+}
+
+// -----
+
+dualkv.kernel @causal_mask_in_shared kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <shared> part <tail> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op causal masks belong to the response region only}}
+    %m = dualkv.mask <causal> %s, %j : !dualkv.scores
+  }
+}
+
+// -----
+
+dualkv.kernel @bound_mask_in_response kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <response> part <diagonal> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op bound masks belong to the shared region only}}
+    %m = dualkv.mask <bound> %s, %j : !dualkv.scores
+  }
+}
+
+// -----
+
+dualkv.kernel @causal_mask_in_full_loop kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <response> part <full> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op a full tile needs no mask}}
+    %m = dualkv.mask <causal> %s, %j : !dualkv.scores
+  }
+}
+
+// -----
+
+dualkv.kernel @bound_mask_in_full_loop kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <shared> part <full> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op a full tile needs no mask}}
+    %m = dualkv.mask <bound> %s, %j : !dualkv.scores
+  }
+}
+
+// -----
+
+dualkv.kernel @mask_other_index kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  %c0 = arith.constant 0 : index
+  dualkv.kv_loop <response> part <diagonal> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op must mask the tile of its own loop iteration}}
+    %m = dualkv.mask <causal> %s, %c0 : !dualkv.scores
+  }
+}
+
+// -----
+
+// === types of operands ===
+
+dualkv.kernel @qk_wrong_operand_type kind <bwd> {
+  // expected-note @+1 {{prior use here}}
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+    // expected-error @+1 {{use of value '%q' expects different type than prior uses: '!dualkv.kv_tile' vs '!dualkv.q_tile'}}
+    %s = dualkv.qk %q, %q : !dualkv.scores
+  }
+}

@@ -1,0 +1,93 @@
+// dualkv-bind-spec: fixes problem, tiling and arch of every unbound kernel; tiling
+// fields left at 0 take the head_dim defaults (block_m 64, warps 4, stages 1;
+// block_n 64 for head_dim 64 and 128, 32 for 256). scale = 1/sqrt(head_dim).
+
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=D128
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=D64
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=D256
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="P=512 N=8 num-q-heads=16 num-kv-heads=16 head-dim=64 dtype=f16 arch=sm_80 block-m=128 block-n=32 warps=8 stages=3" | FileCheck %s --check-prefix=EXPLICIT
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="dtype=fp16 block-n=32" | FileCheck %s --check-prefix=PARTIAL
+// RUN: dualkv-opt %s -split-input-file --dualkv-bind-spec="num-q-heads=8 num-kv-heads=1 arch=sm_90a" | FileCheck %s
+
+// D128-LABEL: dualkv.kernel @attention_fwd kind <fwd>
+// D128-SAME: problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.08838834764831{{[0-9]*}} : f64, causal = true>
+// D128-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+// D128-SAME: arch "sm_90a" {
+// The body is untouched: the loops still cover all tiles.
+// D128: dualkv.kv_loop <shared> part <all>
+// D128: dualkv.kv_loop <response> part <all>
+
+// D64-LABEL: dualkv.kernel @attention_fwd kind <fwd>
+// D64-SAME: head_dim = 64, dtype = bf16, scale = 1.250000e-01 : f64
+// D64-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+
+// D256-LABEL: dualkv.kernel @attention_fwd kind <fwd>
+// D256-SAME: head_dim = 256, dtype = bf16, scale = 6.250000e-02 : f64
+// D256-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+
+// EXPLICIT-LABEL: dualkv.kernel @attention_fwd kind <fwd>
+// EXPLICIT-SAME: problem <P = 512, N = 8, num_q_heads = 16, num_kv_heads = 16, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>
+// EXPLICIT-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 3>
+// EXPLICIT-SAME: arch "sm_80" {
+
+// Explicit fields win, the rest keep their defaults; "fp16" spells f16.
+// PARTIAL-LABEL: dualkv.kernel @attention_fwd kind <fwd>
+// PARTIAL-SAME: head_dim = 128, dtype = f16,
+// PARTIAL-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+
+// Every unbound kernel of the module is bound, whatever its kind.
+// CHECK-LABEL: dualkv.kernel @bwd_post_kernel kind <bwd_post>
+// CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1, head_dim = 128, dtype = bf16,
+// CHECK-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_90a"
+// CHECK-LABEL: dualkv.kernel @bwd_kernel kind <bwd>
+// CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1,
+// CHECK-SAME: arch "sm_90a"
+dualkv.kernel @bwd_post_kernel kind <bwd_post> {
+}
+dualkv.kernel @bwd_kernel kind <bwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+// A module without kernels is left alone.
+// CHECK-LABEL: func.func @no_kernel
+// CHECK-NOT: dualkv.kernel
+func.func @no_kernel() {
+  return
+}
+
+// Bad options are reported, naming the option and the value.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=dtype=f32 2>&1 | FileCheck %s --check-prefix=ERR-DTYPE
+// ERR-DTYPE: error: dualkv-bind-spec: dtype must be bf16 or f16, got 'f32'
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=gfx90a 2>&1 | FileCheck %s --check-prefix=ERR-ARCH
+// ERR-ARCH: error: dualkv-bind-spec: arch must look like sm_80 or sm_90a, got 'gfx90a'
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=96 2>&1 | FileCheck %s --check-prefix=ERR-HEAD-DIM
+// ERR-HEAD-DIM: error: head_dim must be 64, 128 or 256, got 96
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=12 num-kv-heads=8" 2>&1 | FileCheck %s --check-prefix=ERR-HEADS
+// ERR-HEADS: error: num_q_heads (12) must be a multiple of num_kv_heads (8)
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=num-kv-heads=0 2>&1 | FileCheck %s --check-prefix=ERR-KV-HEADS
+// ERR-KV-HEADS: error: head counts must be positive, got num_q_heads = 32, num_kv_heads = 0
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=P=-1 2>&1 | FileCheck %s --check-prefix=ERR-P
+// ERR-P: error: P must be >= 0 (0 means any prompt length), got -1
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=warps=3 2>&1 | FileCheck %s --check-prefix=ERR-WARPS
+// ERR-WARPS: error: warps must be a power of two <= 16, got 3
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=block-m=32 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
+// ERR-BLOCK: error: block_m (32) must be a multiple of block_n (64) so causal diagonals stay tile-aligned
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=stages=5 2>&1 | FileCheck %s --check-prefix=ERR-STAGES
+// ERR-STAGES: error: stages must be in [1, 4], got 5
+// The options are valid alone but the kernel verifier rejects the combination.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128" 2>&1 | FileCheck %s --check-prefix=ERR-REGS
+// ERR-REGS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
+// Options are checked even when the module holds no kernel.
+// RUN: not dualkv-opt %s -split-input-file --dualkv-bind-spec=dtype=f8 2>&1 | FileCheck %s --check-prefix=ERR-EMPTY
+// ERR-EMPTY: error: dualkv-bind-spec: dtype must be bf16 or f16, got 'f8'
+// ERR-EMPTY: error: dualkv-bind-spec: dtype must be bf16 or f16, got 'f8'
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=bogus=1 2>&1 | FileCheck %s --check-prefix=ERR-OPTION
+// ERR-OPTION: no such option bogus
+
+// Templates are bound once: binding a bound kernel again is an error, whether the
+// pass runs twice in one pipeline or on already bound text.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-bind-spec 2>&1 | FileCheck %s --check-prefix=ERR-REBIND
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | not dualkv-opt --dualkv-bind-spec=head-dim=64 2>&1 | FileCheck %s --check-prefix=ERR-REBIND
+// ERR-REBIND: error: 'dualkv.kernel' op is already bound: templates are bound once
