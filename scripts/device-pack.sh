@@ -10,6 +10,7 @@ strip --strip-unneeded -o "$out/stage/build/libdualkv.so" "$build/libdualkv.so"
 cp "$build/tools/dualkv-aot" "$build/tools/dualkv-opt" "$out/stage/build/tools/"
 cp "$build/tests/gpu/dualkv-gpu-tests" "$build/tests/gpu/CTestTestfile.cmake" \
   "$out/stage/build/tests/gpu/"
+mkdir -p "$out/stage/build/examples"
 for f in "$build"/tests/gpu/*-bench "$build"/examples/*; do
   [[ -f $f && -x $f ]] && cp "$f" "$out/stage/build/${f#"$build"/}" 2>/dev/null || true
 done

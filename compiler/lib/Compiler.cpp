@@ -13,6 +13,7 @@
 #include "llvm/IR/Module.h"
 #include "llvm/MC/TargetRegistry.h"
 #include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Program.h"
@@ -123,6 +124,9 @@ std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
     LLVMInitializeNVPTXTarget();
     LLVMInitializeNVPTXTargetMC();
     LLVMInitializeNVPTXAsmPrinter();
+    // 32-bit shared-memory pointers, as Triton does: fewer registers for addresses.
+    const char *args[] = {"dualkv", "-nvptx-short-ptr"};
+    llvm::cl::ParseCommandLineOptions(2, args, "", &llvm::errs());
   });
   llvm::LLVMContext llvmCtx;
   std::unique_ptr<llvm::Module> module = mlir::translateModuleToLLVMIR(gpuModule, llvmCtx);

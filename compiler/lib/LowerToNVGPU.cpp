@@ -55,6 +55,10 @@ public:
     nTiles = blockN / 8;
     dTiles = headDim / 8;
     rowStride = headDim + kRowPad;
+    stages = t.getStages();
+    // With several m16 blocks per warp the Q fragments no longer fit in registers
+    // beside the accumulator: Q stays in shared memory and is re-read per k-step.
+    qInShared = mTiles > 1;
   }
 
   /// Emits the gpu.func into `gpuModule`; returns failure with a diagnostic.
@@ -62,6 +66,8 @@ public:
 
   int64_t sharedBytes() const {
     int64_t elem = 2;
+    if (qInShared)
+      return (blockM + 2 * blockN) * rowStride * elem;
     return std::max(blockM, 2 * blockN) * rowStride * elem;
   }
 
@@ -165,7 +171,8 @@ private:
   /// token start + first + r and is zero-filled when first + r >= limit (with
   /// `predicated`). Returns the copy group.
   Value copyTile(Value buf, Value base, int64_t rows, Value start, Value first,
-                 Value limit, Value strideT, Value headOffset, bool predicated);
+                 Value limit, Value strideT, Value headOffset, bool predicated,
+                 Value tileValid = {});
   int64_t threads() const { return warps * 32; }
 
   LogicalResult emitOp(Operation *op);
@@ -182,12 +189,21 @@ private:
   LogicalResult emitStoreOutput(StoreOutputOp op);
   /// Waits until the copy group that filled `tile` has landed, then syncs the CTA.
   void waitFor(Value tile);
+  /// stages >= 2: after the scores of tile j, start copying key tile j + 1.
+  void prefetchNextKey(QKOp op);
+  /// Copies key tile `tile` of `loop`'s region; rows past the region, or all rows when
+  /// !tileValid, are zero-filled from a valid address.
+  Value issueKeyCopy(KVLoopOp loop, Value tile, Value tileValid);
+  Value loopUpper;
 
   KernelOp kernel;
   OpBuilder &b;
   Location loc;
   int64_t blockM, blockN, warps, headDim, groupSize, mTiles, kTiles, nTiles, dTiles,
-      rowStride;
+      rowStride, stages;
+  bool qInShared;
+  // The prefetched key copy group of the current loop (stages >= 2), if any.
+  Value prefetchedKey;
   Type elemType;
 
   // Kernel arguments.
@@ -204,37 +220,41 @@ private:
 };
 
 Value KernelEmitter::copyTile(Value buf, Value base, int64_t rows, Value start, Value first,
-                              Value limit, Value strideT, Value headOffset,
-                              bool predicated) {
+                              Value limit, Value strideT, Value headOffset, bool predicated,
+                              Value tileValid) {
   int64_t chunksPerRow = headDim / 8; // 16-byte chunks
-  int64_t total = rows * chunksPerRow;
+  // threads is a multiple of chunksPerRow (>= 128 threads, <= 32 chunks a row): every
+  // thread copies the same column of rows row0, row0 + rowsPerPass, ... so the global
+  // addresses differ by a constant stride and stay cheap in registers.
+  int64_t rowsPerPass = threads() / chunksPerRow;
+  Value row0 = divu(tid, chunksPerRow);
+  Value col = mul(remu(tid, chunksPerRow), idx(8));
+  Value colOffset = add(headOffset, col);
   SmallVector<Value> tokens;
-  for (int64_t i = 0; i < (total + threads() - 1) / threads(); ++i) {
-    Value c = add(tid, idx(i * threads()));
-    Value r = divu(c, chunksPerRow);
-    Value col = mul(remu(c, chunksPerRow), idx(8));
+  for (int64_t i = 0; i * rowsPerPass < rows; ++i) {
+    Value r = add(row0, idx(i * rowsPerPass));
     Value rel = add(first, r);
-    Value srcElems = idx(8);
+    Value srcElems;
     Value row = rel;
     if (predicated) {
       Value valid = cmp(arith::CmpIPredicate::ult, rel, limit);
+      if (tileValid)
+        valid = arith::AndIOp::create(b, loc, valid, tileValid);
       // Out-of-range rows read nothing (src-size 0 zero-fills) from a valid address.
       row = select(valid, rel, idx(0));
       srcElems = select(valid, idx(8), idx(0));
     }
-    Value token = add(start, row);
-    Value src = add(add(mul(token, strideT), headOffset), col);
-    Value tok = nvgpu::DeviceAsyncCopyOp::create(
-        b, loc, buf, ValueRange{r, col}, base, ValueRange{src}, b.getIndexAttr(8),
-        predicated ? srcElems : Value(), b.getUnitAttr());
+    Value src = add(mul(add(start, row), strideT), colOffset);
+    Value tok = nvgpu::DeviceAsyncCopyOp::create(b, loc, buf, ValueRange{r, col}, base,
+                                                 ValueRange{src}, b.getIndexAttr(8),
+                                                 srcElems, b.getUnitAttr());
     tokens.push_back(tok);
-    (void)total;
   }
   return nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens);
 }
 
 void KernelEmitter::waitFor(Value tile) {
-  auto it = llvm::find_if(pending, [&](auto &p) { return p.first == tile; });
+  auto it = llvm::find_if(pending, [&](auto &p) { return p.first && p.first == tile; });
   assert(it != pending.end() && "tile was not loaded in this iteration");
   int32_t younger = static_cast<int32_t>(pending.end() - it - 1);
   nvgpu::DeviceAsyncWaitOp::create(b, loc, it->second, b.getI32IntegerAttr(younger));
@@ -246,6 +266,10 @@ LogicalResult KernelEmitter::emitLoadQ(LoadQOp op) {
                          mul(head, qStrideH), /*predicated=*/true);
   nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
   gpu::BarrierOp::create(b, loc);
+  if (qInShared) {
+    map.map(op.getResult(), qBuf);
+    return success();
+  }
   // A fragment (mt, kt): matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
   // (rows 0-7, cols 8-15), (rows 8-15, cols 8-15); lane l addresses row l % 8 of
   // matrix l / 8.
@@ -307,6 +331,10 @@ LogicalResult KernelEmitter::emitKVLoop(KVLoopOp op) {
   SmallVector<Value> inits;
   for (Value v : op.getInits())
     inits.push_back(map.lookup(v));
+  loopUpper = ub;
+  prefetchedKey = Value();
+  if (stages >= 2)
+    prefetchedKey = issueKeyCopy(op, lb, cmp(arith::CmpIPredicate::ult, lb, ub));
   auto loop = scf::ForOp::create(b, loc, lb, ub, idx(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -328,6 +356,12 @@ LogicalResult KernelEmitter::emitKVLoop(KVLoopOp op) {
   }
   for (auto [from, to] : llvm::zip(op.getResults(), loop.getResults()))
     map.map(from, to);
+  if (prefetchedKey) {
+    // The last iteration's prefetch (zero-filled) must land before the next loop's
+    // prologue writes the same buffer.
+    nvgpu::DeviceAsyncWaitOp::create(b, loc, prefetchedKey, b.getI32IntegerAttr(0));
+    prefetchedKey = Value();
+  }
   return success();
 }
 
@@ -336,6 +370,12 @@ LogicalResult KernelEmitter::emitLoadKV(LoadKVOp op) {
   bool shared = loop.getRegion() == KVRegion::shared;
   bool isKey = op.getOperand() == KVOperand::key;
   Value buf = isKey ? kBuf : vBuf;
+  if (isKey && prefetchedKey) {
+    // Issued by the loop prologue or the previous iteration; it is the oldest group.
+    pending.insert(pending.begin(), {op.getResult(), prefetchedKey});
+    map.map(op.getResult(), buf);
+    return success();
+  }
   Value first = mul(map.lookup(op.getTile()), idx(blockN));
   Value group = copyTile(buf, isKey ? kPtr : vPtr, blockN, shared ? sharedStart : segStart,
                          first, shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
@@ -348,20 +388,37 @@ LogicalResult KernelEmitter::emitLoadKV(LoadKVOp op) {
 
 LogicalResult KernelEmitter::emitQK(QKOp op) {
   waitFor(op.getK());
-  SmallVector<Value> q = unpack(map.lookup(op.getQ()));
+  Value qValue = map.lookup(op.getQ());
+  SmallVector<Value> q;
+  if (!qInShared)
+    q = unpack(qValue);
   Value kTile = map.lookup(op.getK());
+  // A fragments of Q from shared memory: the same addressing as emitLoadQ.
+  Value qQuad = divu(lane, 8);
+  Value qRowInBlock = add(remu(lane, 8), mul(remu(qQuad, 2), idx(8)));
+  Value qColInBlock = mul(divu(qQuad, 2), idx(8));
   SmallVector<Value> s(mTiles * nTiles * 4, f32c(0.0f));
   // B fragments of K (keys x d, "col-major" = K rows): matrices (keys 0-7, d 0-7),
   // (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15).
   Value quad = divu(lane, 8);
   Value rowInBlock = add(remu(lane, 8), mul(divu(quad, 2), idx(8)));
   Value colInBlock = mul(remu(quad, 2), idx(8));
-  for (int64_t kt = 0; kt < kTiles; ++kt)
+  for (int64_t kt = 0; kt < kTiles; ++kt) {
+    SmallVector<SmallVector<Value, 4>> aFrags;
+    for (int64_t mt = 0; mt < mTiles; ++mt) {
+      if (!qInShared) {
+        aFrags.emplace_back(q.begin() + (mt * kTiles + kt) * 4,
+                            q.begin() + (mt * kTiles + kt + 1) * 4);
+        continue;
+      }
+      Value row = add(add(mul(warp, idx(16 * mTiles)), idx(mt * 16)), qRowInBlock);
+      aFrags.push_back(ldmatrix4(qValue, row, add(idx(kt * 16), qColInBlock), false));
+    }
     for (int64_t np = 0; np < nTiles / 2; ++np) {
       auto r = ldmatrix4(kTile, add(idx(np * 16), rowInBlock),
                          add(idx(kt * 16), colInBlock), /*transpose=*/false);
       for (int64_t mt = 0; mt < mTiles; ++mt) {
-        ArrayRef<Value> a(&q[(mt * kTiles + kt) * 4], 4);
+        ArrayRef<Value> a = aFrags[mt];
         for (int64_t half = 0; half < 2; ++half) {
           int64_t nt = 2 * np + half;
           MutableArrayRef<Value> c(&s[(mt * nTiles + nt) * 4], 4);
@@ -370,8 +427,27 @@ LogicalResult KernelEmitter::emitQK(QKOp op) {
         }
       }
     }
+  }
   map.map(op.getResult(), pack(s));
+  if (stages >= 2)
+    prefetchNextKey(op);
   return success();
+}
+
+void KernelEmitter::prefetchNextKey(QKOp op) {
+  // Every warp is done with this key tile: load the next one while softmax and P·V run.
+  auto loop = op->getParentOfType<KVLoopOp>();
+  gpu::BarrierOp::create(b, loc);
+  Value next = add(map.lookup(loop.getTileIndex()), idx(1));
+  Value group = issueKeyCopy(loop, next, cmp(arith::CmpIPredicate::ult, next, loopUpper));
+  pending.push_back({Value(), group});
+}
+
+Value KernelEmitter::issueKeyCopy(KVLoopOp loop, Value tile, Value tileValid) {
+  bool shared = loop.getRegion() == KVRegion::shared;
+  return copyTile(kBuf, kPtr, blockN, shared ? sharedStart : segStart, mul(tile, idx(blockN)),
+                  shared ? sharedLen : segLen, kStrideT, mul(kvHead, kStrideH),
+                  /*predicated=*/true, tileValid);
 }
 
 LogicalResult KernelEmitter::emitMask(MaskOp op) {
@@ -615,10 +691,13 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
     return MemRefType::get({rows, rowStride}, elemType, MemRefLayoutAttrInterface(),
                            workgroup);
   };
+  // K and V follow Q when Q stays in shared memory; otherwise Q's staging buffer is
+  // reused for them once Q sits in registers.
+  int64_t kvOffset = qInShared ? blockM * rowStride * 2 : 0;
   qBuf = memref::ViewOp::create(b, loc, tileType(blockM), smem, idx(0), ValueRange{});
-  kBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem, idx(0), ValueRange{});
+  kBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem, idx(kvOffset), ValueRange{});
   vBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem,
-                                idx(blockN * rowStride * 2), ValueRange{});
+                                idx(kvOffset + blockN * rowStride * 2), ValueRange{});
 
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))

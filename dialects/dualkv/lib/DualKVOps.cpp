@@ -160,6 +160,13 @@ LogicalResult KernelOp::verify() {
     int64_t d = getProblem()->getHeadDim();
     // Registers per thread for the fp32 output accumulator alone.
     int64_t accRegs = tiling->getBlockM() * d / (tiling->getWarps() * 32);
+    // Tile copies give every thread whole 16-byte columns of rows.
+    int64_t threads = tiling->getWarps() * 32;
+    for (int64_t rows : {tiling->getBlockM(), tiling->getBlockN()})
+      if (rows * d / 8 % threads != 0 || threads % (d / 8) != 0)
+        return emitOpError() << "tiling copies " << rows << " rows of " << d / 8
+                             << " 16-byte chunks with " << threads
+                             << " threads: the chunks must split evenly";
     if (accRegs > 128)
       return emitOpError() << "tiling gives each thread " << accRegs
                            << " accumulator registers (block_m * head_dim / threads); "

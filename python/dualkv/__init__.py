@@ -1,0 +1,263 @@
+"""DualKV for PyTorch: exact shared-prompt attention on packed RL micro-batches.
+
+A micro-batch is G groups back to back; group g is a prompt of ``P_g`` tokens
+followed by ``N_g`` responses, packed as ``[prompt | resp_1 | ... | resp_N]``
+("THD" layout). Query i attends key j iff both are in the same group, j <= i,
+and j is a prompt token or lies in i's own response (DESIGN.md §1), so every
+token gets exactly what N separate causal sequences ``[prompt | resp_n]``
+would give, while the prompt is stored and processed once.
+
+    import dualkv
+    plan = dualkv.Plan([(4096, [1024] * 16)])      # one group
+    o, lse = dualkv.forward(q, k, v, plan)         # q [T,Hq,D], k/v [T,Hkv,D]
+
+The library (libdualkv.so) is found through ``$DUALKV_LIB``, then a copy in
+``dualkv/lib/``, then ``<repo>/build/`` (see ``dualkv._lib``). Only the
+forward pass exists so far (no autograd).
+"""
+
+import ctypes
+
+from . import _lib
+
+__all__ = [
+    "DualKVError", "Plan", "forward", "version", "cache_stats",
+    "gpu_available", "library_path",
+]
+
+
+class DualKVError(RuntimeError):
+    """A failure of the library other than a bad argument (CUDA, compile,
+    no GPU, internal). ``code`` is the C API's dualkv_status."""
+
+    def __init__(self, code, message):
+        name = _lib.STATUS_NAMES.get(code, f"status {code}")
+        super().__init__(f"dualkv: {name}: {message}")
+        self.code = code
+
+
+def _check(status):
+    """Turns a C status into an exception carrying dualkv_last_error()."""
+    if status == _lib.OK:
+        return
+    message = _lib.last_error()
+    if status == _lib.ERROR_INVALID_ARGUMENT:
+        raise ValueError(f"dualkv: {message}")
+    raise DualKVError(status, message)
+
+
+def version():
+    """The library's version, "major.minor.patch"."""
+    return _lib.lib().dualkv_version().decode()
+
+
+def gpu_available():
+    """True when the library finds a CUDA driver and at least one device."""
+    return bool(_lib.lib().dualkv_gpu_available())
+
+
+def library_path():
+    """Path of the loaded libdualkv.so (loads it if needed)."""
+    _lib.lib()
+    return str(_lib.path())
+
+
+def cache_stats():
+    """The kernel cache counters of this process, as a dict: memory_hits,
+    disk_hits, disk_misses, compiles, last_compile_ms, total_compile_ms."""
+    stats = _lib.CacheStats()
+    _check(_lib.lib().dualkv_cache_stats(ctypes.byref(stats)))
+    return {name: getattr(stats, name) for name, _ in stats._fields_}
+
+
+class Plan:
+    """The packed layout of one micro-batch (wraps the C ``dualkv_plan``).
+
+    ``groups`` is a sequence of ``(prompt_len, [response_len, ...])``: prompt
+    lengths >= 1, response lengths >= 0 (0 adds no tokens). Build one plan per
+    micro-batch and reuse it for every layer; it lives on the device of the
+    first forward call that uses it (one plan per device).
+    """
+
+    def __init__(self, groups):
+        groups = [(int(p), [int(r) for r in rs]) for p, rs in groups]
+        prompts = [p for p, _ in groups]
+        counts = [len(rs) for _, rs in groups]
+        resps = [r for _, rs in groups for r in rs]
+
+        def array(values):
+            for x in values:
+                if not -2**31 <= x < 2**31:
+                    raise ValueError(f"dualkv: length {x} does not fit int32")
+            return (ctypes.c_int32 * max(len(values), 1))(*values)
+
+        handle = ctypes.c_void_p()
+        self._handle = None
+        _check(_lib.lib().dualkv_plan_create(
+            array(prompts), array(counts), array(resps), len(groups),
+            ctypes.byref(handle)))
+        self._handle = handle
+        self._destroy = _lib.lib().dualkv_plan_destroy
+        self.groups = groups
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle:
+            try:
+                self._destroy(handle)
+            except Exception:  # interpreter shutdown
+                pass
+            self._handle = None
+
+    @property
+    def num_tokens(self):
+        """T, the total number of packed tokens."""
+        return int(_lib.lib().dualkv_plan_num_tokens(self._handle))
+
+    @property
+    def num_segments(self):
+        """Number of segments: each prompt and each non-empty response."""
+        return int(_lib.lib().dualkv_plan_num_segments(self._handle))
+
+    def segment_table(self):
+        """The segment table as a list of ``(start, length, shared_start,
+        shared_len)``: shared_* is the group's prompt for a response segment
+        and (0, 0) for a prompt segment."""
+        n = self.num_segments
+        buf = (ctypes.c_int32 * (4 * n))()
+        _check(_lib.lib().dualkv_plan_segment_table(self._handle, buf, 4 * n))
+        return [tuple(buf[4 * i:4 * i + 4]) for i in range(n)]
+
+    def upload(self):
+        """Copies the segment table to the current CUDA context's device now
+        (otherwise the first forward does it). Call before graph capture."""
+        _check(_lib.lib().dualkv_plan_upload(self._handle))
+
+    def __repr__(self):
+        return (f"dualkv.Plan({len(self.groups)} groups, "
+                f"{self.num_tokens} tokens, {self.num_segments} segments)")
+
+
+def _dtype_code(torch, dtype):
+    if dtype == torch.bfloat16:
+        return _lib.BF16
+    if dtype == torch.float16:
+        return _lib.FP16
+    return None
+
+
+def _check_thd(torch, name, t, device):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"dualkv: {name} must be a torch.Tensor, "
+                         f"not {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"dualkv: {name} is on {t.device}; "
+                         "it must be a CUDA tensor")
+    if device is not None and t.device != device:
+        raise ValueError(f"dualkv: {name} is on {t.device} but q is on "
+                         f"{device}")
+    if t.dim() != 3:
+        raise ValueError(f"dualkv: {name} must be 3-D [T, H, D], "
+                         f"got shape {tuple(t.shape)}")
+    if t.stride(2) != 1 and t.shape[2] > 1:
+        raise ValueError(f"dualkv: {name}'s last dimension must be contiguous "
+                         f"(stride {t.stride(2)})")
+
+
+def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
+    """DualKV attention forward on the current CUDA stream.
+
+    Args:
+        q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other
+            strides free, multiples of 8 elements, 16-byte aligned).
+        k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        plan: a ``Plan`` with ``plan.num_tokens == T``.
+        scale: softmax scale; None means 1/sqrt(D).
+        out: optional output [T, Hq, D] like q; allocated if None.
+        lse: optional float32 [Hq, T] (token stride 1) for the natural-log
+            log-sum-exp; allocated if None.
+        tiling: optional (block_m, block_n, warps, stages), 0 = default.
+
+    Returns:
+        (o, lse). D must be 64, 128 or 256.
+
+    Raises:
+        ValueError naming the argument at fault (checked here first, then by
+        the library); DualKVError for CUDA, compile or internal failures.
+    """
+    import torch
+
+    if not isinstance(plan, Plan):
+        raise ValueError(f"dualkv: plan must be a dualkv.Plan, "
+                         f"not {type(plan).__name__}")
+    _check_thd(torch, "q", q, None)
+    device = q.device
+    _check_thd(torch, "k", k, device)
+    _check_thd(torch, "v", v, device)
+    code = _dtype_code(torch, q.dtype)
+    if code is None:
+        raise ValueError(f"dualkv: q has dtype {q.dtype}; "
+                         "use torch.bfloat16 or torch.float16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"dualkv: {name} has dtype {t.dtype} but q has "
+                             f"{q.dtype}")
+    T, Hq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"dualkv: k has shape {tuple(k.shape)} but v has "
+                         f"{tuple(v.shape)}")
+    if k.shape[0] != T or k.shape[2] != D:
+        raise ValueError(f"dualkv: k has shape {tuple(k.shape)}; with q "
+                         f"{tuple(q.shape)} it must be [{T}, Hkv, {D}]")
+    Hkv = k.shape[1]
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"dualkv: q's heads ({Hq}) are not a multiple of "
+                         f"k's heads ({Hkv})")
+    if T != plan.num_tokens:
+        raise ValueError(f"dualkv: q has {T} tokens but the plan has "
+                         f"{plan.num_tokens} (plan.num_tokens)")
+
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        _check_thd(torch, "out", out, device)
+        if out.dtype != q.dtype or out.shape != q.shape:
+            raise ValueError(f"dualkv: out is {out.dtype} {tuple(out.shape)}; "
+                             f"it must be {q.dtype} {tuple(q.shape)} like q")
+    if lse is None:
+        lse = torch.empty((Hq, T), dtype=torch.float32, device=device)
+    else:
+        if not isinstance(lse, torch.Tensor) or not lse.is_cuda:
+            raise ValueError("dualkv: lse must be a CUDA tensor")
+        if lse.device != device:
+            raise ValueError(f"dualkv: lse is on {lse.device} but q is on "
+                             f"{device}")
+        if lse.dtype != torch.float32 or tuple(lse.shape) != (Hq, T):
+            raise ValueError(f"dualkv: lse is {lse.dtype} "
+                             f"{tuple(lse.shape)}; it must be torch.float32 "
+                             f"[{Hq}, {T}]")
+        if lse.stride(1) != 1 and T > 1:
+            raise ValueError(f"dualkv: lse's token dimension must be "
+                             f"contiguous (stride {lse.stride(1)})")
+
+    tiling_arr = None
+    if tiling is not None:
+        tiling = [int(x) for x in tiling]
+        if len(tiling) != 4:
+            raise ValueError("dualkv: tiling must be 4 ints (block_m, "
+                             "block_n, warps, stages)")
+        tiling_arr = (ctypes.c_int32 * 4)(*tiling)
+
+    scale_value = 0.0 if scale is None else float(scale)
+    with torch.cuda.device(device):
+        # current_stream() of the tensors' device; the library launches on it.
+        stream = torch.cuda.current_stream(device).cuda_stream
+        _check(_lib.lib().dualkv_forward(
+            q.data_ptr(), q.stride(0), q.stride(1),
+            k.data_ptr(), k.stride(0), k.stride(1),
+            v.data_ptr(), v.stride(0), v.stride(1),
+            out.data_ptr(), out.stride(0), out.stride(1),
+            ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+            lse.stride(0), T, Hq, Hkv, D, code, scale_value,
+            plan._handle, stream, tiling_arr))
+    return out, lse
