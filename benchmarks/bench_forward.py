@@ -419,7 +419,7 @@ def main():
 
     # Details: spot checks and Flex's per-shape costs.
     detail_header = ["config", "T", "useful pairs", "replicated pairs",
-                     "DualKV−Flex max|Δ|", "DualKV−FA2 max|Δ|",
+                     "DualKV−Flex max abs Δ", "DualKV−FA2 max abs Δ",
                      "Flex mask build ms (first / steady)",
                      "Flex first call ms", "DualKV first call ms"]
     detail_rows = []
@@ -437,6 +437,13 @@ def main():
             fmt(dk.get("first_call_ms"), ".0f")])
     print()
     print(text_table(detail_header, detail_rows))
+
+    # Clocks again, now that the GPU has been busy (the first read is often
+    # taken at idle clocks).
+    after = common.environment(torch, dualkv)
+    for key in ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu"):
+        if key in after:
+            env[key + " (end of run)"] = after[key]
 
     data = {"environment": env, "heads": {"Hq": HQ, "Hkv": HKV, "D": D},
             "dtype": "bf16", "reps": reps, "warmup": warmup,

@@ -84,6 +84,7 @@ def env_markdown(env):
     keys = ["gpu", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem",
             "clocks.max.mem", "power.draw", "temperature.gpu", "torch",
             "cuda_runtime", "cudnn", "dualkv", "dualkv_lib", "python"]
+    keys += sorted(k for k in env if k.endswith("(end of run)"))
     return "\n".join(f"- {k}: {env[k]}" for k in keys if k in env)
 
 
