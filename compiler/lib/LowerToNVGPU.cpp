@@ -4,14 +4,14 @@
 // register fragments of mma.sync.m16n8k16 held as flat vectors: each op unpacks the
 // fragments it reads into scalars and packs what it writes, so LLVM keeps everything
 // in registers. The data layout (lane = 4 * g + t within a warp):
-//   q_tile     vector<MT*KT*4 x i32>  A fragments of Q, two elements per i32
+//   q_tile     memref<BM x (D+8) x E> in shared memory (A fragments via ldmatrix)
 //   probs      vector<MT*BN/16*4 x i32> A fragments of P (C layout of S, repacked)
 //   scores     vector<MT*NT*4 x f32>  C fragments: rows g and g+8, cols 2t, 2t+1
 //   acc        vector<MT*DT*4 x f32>  C fragments of O
 //   row_stats  vector<MT*2 x f32>     rows g and g+8 of each m16 block
 //   kv_tile    memref<BN x (D+8) x E> in shared memory (rows padded against bank
 //              conflicts of ldmatrix)
-// where MT = block_m / (16 * warps), KT = D / 16, NT = block_n / 8, DT = D / 8.
+// where MT = block_m / (16 * warps), NT = block_n / 8, DT = D / 8.
 //
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Passes.h"
@@ -56,19 +56,13 @@ public:
     dTiles = headDim / 8;
     rowStride = headDim + kRowPad;
     stages = t.getStages();
-    // With several m16 blocks per warp the Q fragments no longer fit in registers
-    // beside the accumulator: Q stays in shared memory and is re-read per k-step.
-    qInShared = mTiles > 1;
   }
 
   /// Emits the gpu.func into `gpuModule`; returns failure with a diagnostic.
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
   int64_t sharedBytes() const {
-    int64_t elem = 2;
-    if (qInShared)
-      return (blockM + 2 * blockN) * rowStride * elem;
-    return std::max(blockM, 2 * blockN) * rowStride * elem;
+    return (blockM + 2 * blockN) * rowStride * 2;
   }
 
 private:
@@ -201,7 +195,6 @@ private:
   Location loc;
   int64_t blockM, blockN, warps, headDim, groupSize, mTiles, kTiles, nTiles, dTiles,
       rowStride, stages;
-  bool qInShared;
   // The prefetched key copy group of the current loop (stages >= 2), if any.
   Value prefetchedKey;
   Type elemType;
@@ -266,27 +259,9 @@ LogicalResult KernelEmitter::emitLoadQ(LoadQOp op) {
                          mul(head, qStrideH), /*predicated=*/true);
   nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
   gpu::BarrierOp::create(b, loc);
-  if (qInShared) {
-    map.map(op.getResult(), qBuf);
-    return success();
-  }
-  // A fragment (mt, kt): matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7),
-  // (rows 0-7, cols 8-15), (rows 8-15, cols 8-15); lane l addresses row l % 8 of
-  // matrix l / 8.
-  Value quad = divu(lane, 8);
-  Value rowInBlock = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
-  Value colInBlock = mul(divu(quad, 2), idx(8));
-  SmallVector<Value> regs;
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t kt = 0; kt < kTiles; ++kt) {
-      Value row = add(add(mul(warp, idx(16 * mTiles)), idx(mt * 16)), rowInBlock);
-      Value col = add(idx(kt * 16), colInBlock);
-      for (Value r : ldmatrix4(qBuf, row, col, /*transpose=*/false))
-        regs.push_back(r);
-    }
-  // The Q buffer is reused for K and V.
-  gpu::BarrierOp::create(b, loc);
-  map.map(op.getResult(), pack(regs));
+  // Q stays in shared memory for the whole kernel: its A fragments are re-read per
+  // k-step, which keeps ~32-64 registers a thread free for the accumulator.
+  map.map(op.getResult(), qBuf);
   return success();
 }
 
@@ -389,9 +364,6 @@ LogicalResult KernelEmitter::emitLoadKV(LoadKVOp op) {
 LogicalResult KernelEmitter::emitQK(QKOp op) {
   waitFor(op.getK());
   Value qValue = map.lookup(op.getQ());
-  SmallVector<Value> q;
-  if (!qInShared)
-    q = unpack(qValue);
   Value kTile = map.lookup(op.getK());
   // A fragments of Q from shared memory: the same addressing as emitLoadQ.
   Value qQuad = divu(lane, 8);
@@ -406,11 +378,6 @@ LogicalResult KernelEmitter::emitQK(QKOp op) {
   for (int64_t kt = 0; kt < kTiles; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
     for (int64_t mt = 0; mt < mTiles; ++mt) {
-      if (!qInShared) {
-        aFrags.emplace_back(q.begin() + (mt * kTiles + kt) * 4,
-                            q.begin() + (mt * kTiles + kt + 1) * 4);
-        continue;
-      }
       Value row = add(add(mul(warp, idx(16 * mTiles)), idx(mt * 16)), qRowInBlock);
       aFrags.push_back(ldmatrix4(qValue, row, add(idx(kt * 16), qColInBlock), false));
     }
@@ -445,9 +412,12 @@ void KernelEmitter::prefetchNextKey(QKOp op) {
 
 Value KernelEmitter::issueKeyCopy(KVLoopOp loop, Value tile, Value tileValid) {
   bool shared = loop.getRegion() == KVRegion::shared;
+  // Every row of a full tile is inside its region: only the tile index needs a check.
+  Value limit = shared ? sharedLen : segLen;
+  if (loop.getPart() == LoopPart::full)
+    limit = idx(std::numeric_limits<int32_t>::max());
   return copyTile(kBuf, kPtr, blockN, shared ? sharedStart : segStart, mul(tile, idx(blockN)),
-                  shared ? sharedLen : segLen, kStrideT, mul(kvHead, kStrideH),
-                  /*predicated=*/true, tileValid);
+                  limit, kStrideT, mul(kvHead, kStrideH), /*predicated=*/true, tileValid);
 }
 
 LogicalResult KernelEmitter::emitMask(MaskOp op) {
@@ -691,9 +661,8 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
     return MemRefType::get({rows, rowStride}, elemType, MemRefLayoutAttrInterface(),
                            workgroup);
   };
-  // K and V follow Q when Q stays in shared memory; otherwise Q's staging buffer is
-  // reused for them once Q sits in registers.
-  int64_t kvOffset = qInShared ? blockM * rowStride * 2 : 0;
+  // [Q: block_m rows][K: block_n rows][V: block_n rows], each row padded.
+  int64_t kvOffset = blockM * rowStride * 2;
   qBuf = memref::ViewOp::create(b, loc, tileType(blockM), smem, idx(0), ValueRange{});
   kBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem, idx(kvOffset), ValueRange{});
   vBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem,

@@ -1,6 +1,7 @@
-// dualkv-forward-bench: times the forward kernel on Qwen3-8B-shaped groups for one or
-// more tilings (useful TFLOP/s, CUDA events, median after warm-up). For kernel work;
-// the side-by-side comparison with the peers is benchmarks/bench_forward.py.
+// dualkv-forward-bench: times the forward kernel on Qwen3-8B-shaped groups for
+// one or more tilings (useful TFLOP/s, CUDA events, median after warm-up). For
+// kernel work; the side-by-side comparison with the peers is
+// benchmarks/bench_forward.py.
 #include "GpuHarness.h"
 
 #include <algorithm>
@@ -13,76 +14,92 @@ int main(int argc, char **argv) {
     fmt::print("no GPU: nothing to time\n");
     return kSkip;
   }
-  // Arguments: tilings as M,N,W,S (default: the compiler's choice).
-  std::vector<Tiling> tilings;
+  // Arguments: D:M,N,W,S (a head_dim and a tiling; 0,0,0,0 is the compiler's
+  // choice).
+  std::vector<std::pair<int, Tiling>> runs;
   for (int i = 1; i < argc; ++i) {
     Tiling t;
-    if (std::sscanf(argv[i], "%d,%d,%d,%d", &t.blockM, &t.blockN, &t.warps, &t.stages) != 4) {
-      fmt::print(stderr, "usage: dualkv-forward-bench [M,N,W,S ...]\n");
+    int d = 0;
+    if (std::sscanf(argv[i], "%d:%d,%d,%d,%d", &d, &t.blockM, &t.blockN,
+                    &t.warps, &t.stages) != 5) {
+      fmt::print(stderr, "usage: dualkv-forward-bench [D:M,N,W,S ...]\n");
       return 2;
     }
-    tilings.push_back(t);
+    runs.push_back({d, t});
   }
-  if (tilings.empty())
-    tilings.push_back({});
-  const int hq = 32, hkv = 8, d = 128;
-  struct Config { int64_t p, n, r; };
-  for (Config cfg : {Config{4096, 16, 1024}, Config{16384, 16, 1024}, Config{32768, 16, 1024}}) {
-    Case c;
-    c.hq = hq;
-    c.hkv = hkv;
-    c.d = d;
-    c.groups = {PlanGroup{cfg.p, std::vector<int64_t>(cfg.n, cfg.r)}};
-    std::mt19937_64 rng(3);
-    c.fill(rng);
-    int64_t t = c.tokens();
-    Plan plan(c.groups);
-    DeviceBuffer q(c.q.size() * 2), k(c.k.size() * 2), v(c.v.size() * 2), o(c.q.size() * 2),
-        lse(size_t(t) * hq * 4);
-    q.upload(c.q);
-    k.upload(c.k);
-    v.upload(c.v);
-    for (const Tiling &tiling : tilings) {
-      ForwardArgs a;
-      a.q = {q.ptr, hq * d, d};
-      a.k = {k.ptr, hkv * d, d};
-      a.v = {v.ptr, hkv * d, d};
-      a.o = {o.ptr, hq * d, d};
-      a.lse = static_cast<float *>(lse.ptr);
-      a.lse_stride_h = t;
-      a.num_tokens = t;
-      a.num_q_heads = hq;
-      a.num_kv_heads = hkv;
-      a.head_dim = d;
-      a.plan = &plan;
-      a.tiling = tiling;
-      try {
-        forward(a);
-        check(cudaDeviceSynchronize(), "warm-up");
-      } catch (const std::exception &e) {
-        fmt::print("P={} tiling {},{},{},{}: {}\n", cfg.p, tiling.blockM, tiling.blockN,
-                   tiling.warps, tiling.stages, e.what());
+  if (runs.empty())
+    runs = {{64, {}}, {128, {}}, {256, {}}};
+  const int hq = 32, hkv = 8;
+  struct Config {
+    int64_t p, n, r;
+  };
+  for (Config cfg : {Config{4096, 16, 1024}, Config{16384, 16, 1024},
+                     Config{32768, 16, 1024}})
+    for (int d : {64, 128, 256}) {
+      if (std::none_of(runs.begin(), runs.end(),
+                       [&](auto &r) { return r.first == d; }))
         continue;
+      Case c;
+      c.hq = hq;
+      c.hkv = hkv;
+      c.d = d;
+      c.groups = {PlanGroup{cfg.p, std::vector<int64_t>(cfg.n, cfg.r)}};
+      std::mt19937_64 rng(3);
+      c.fill(rng);
+      int64_t t = c.tokens();
+      Plan plan(c.groups);
+      DeviceBuffer q(c.q.size() * 2), k(c.k.size() * 2), v(c.v.size() * 2),
+          o(c.q.size() * 2), lse(size_t(t) * hq * 4);
+      q.upload(c.q);
+      k.upload(c.k);
+      v.upload(c.v);
+      for (auto [runD, tiling] : runs) {
+        if (runD != d)
+          continue;
+        ForwardArgs a;
+        a.q = {q.ptr, hq * d, d};
+        a.k = {k.ptr, hkv * d, d};
+        a.v = {v.ptr, hkv * d, d};
+        a.o = {o.ptr, hq * d, d};
+        a.lse = static_cast<float *>(lse.ptr);
+        a.lse_stride_h = t;
+        a.num_tokens = t;
+        a.num_q_heads = hq;
+        a.num_kv_heads = hkv;
+        a.head_dim = d;
+        a.plan = &plan;
+        a.tiling = tiling;
+        try {
+          forward(a);
+          check(cudaDeviceSynchronize(), "warm-up");
+        } catch (const std::exception &e) {
+          fmt::print("P={} D={} tiling {},{},{},{}: {}\n", cfg.p, d,
+                     tiling.blockM, tiling.blockN, tiling.warps, tiling.stages,
+                     e.what());
+          continue;
+        }
+        cudaEvent_t s, e;
+        cudaEventCreate(&s);
+        cudaEventCreate(&e);
+        std::vector<float> ms;
+        for (int i = 0; i < 12; ++i) {
+          cudaEventRecord(s);
+          forward(a);
+          cudaEventRecord(e);
+          cudaEventSynchronize(e);
+          float m;
+          cudaEventElapsedTime(&m, s, e);
+          ms.push_back(m);
+        }
+        std::sort(ms.begin(), ms.end());
+        double med = ms[ms.size() / 2];
+        fmt::print("P={:6} N={} R={} D={:3} tiling {:>3},{:>3},{},{}: {:8.3f} "
+                   "ms  {:6.1f} useful "
+                   "TFLOP/s\n",
+                   cfg.p, cfg.n, cfg.r, d, tiling.blockM, tiling.blockN,
+                   tiling.warps, tiling.stages, med,
+                   c.work() * 4 / (med * 1e-3) / 1e12);
       }
-      cudaEvent_t s, e;
-      cudaEventCreate(&s);
-      cudaEventCreate(&e);
-      std::vector<float> ms;
-      for (int i = 0; i < 12; ++i) {
-        cudaEventRecord(s);
-        forward(a);
-        cudaEventRecord(e);
-        cudaEventSynchronize(e);
-        float m;
-        cudaEventElapsedTime(&m, s, e);
-        ms.push_back(m);
-      }
-      std::sort(ms.begin(), ms.end());
-      double med = ms[ms.size() / 2];
-      fmt::print("P={:6} N={} R={} tiling {:>3},{:>3},{},{}: {:8.3f} ms  {:6.1f} useful TFLOP/s\n",
-                 cfg.p, cfg.n, cfg.r, tiling.blockM, tiling.blockN, tiling.warps,
-                 tiling.stages, med, c.work() * 4 / (med * 1e-3) / 1e12);
     }
-  }
   return 0;
 }
