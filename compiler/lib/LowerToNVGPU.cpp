@@ -33,7 +33,7 @@ namespace {
 
 /// Global tensors are passed as bare pointers; a static 1-D shape this large lets the
 /// bare-pointer calling convention apply while indexing stays unchecked.
-constexpr int64_t kUnboundedElements = int64_t(1) << 40;
+constexpr int64_t kUnboundedElements = std::numeric_limits<int32_t>::max();
 /// Shared-memory rows are padded by 8 elements (16 bytes): row r starts 4r banks
 /// later, so the 8 row addresses of one ldmatrix phase hit distinct banks.
 constexpr int64_t kRowPad = 8;
@@ -230,8 +230,9 @@ Value KernelEmitter::copyTile(Value buf, Value base, int64_t rows, Value start, 
     Value srcElems;
     Value row = rel;
     if (predicated) {
-      Value valid = cmp(arith::CmpIPredicate::ult, rel, limit);
-      if (tileValid)
+      // A null limit means every row of the tile is inside its region.
+      Value valid = limit ? cmp(arith::CmpIPredicate::ult, rel, limit) : tileValid;
+      if (limit && tileValid)
         valid = arith::AndIOp::create(b, loc, valid, tileValid);
       // Out-of-range rows read nothing (src-size 0 zero-fills) from a valid address.
       row = select(valid, rel, idx(0));
@@ -415,7 +416,7 @@ Value KernelEmitter::issueKeyCopy(KVLoopOp loop, Value tile, Value tileValid) {
   // Every row of a full tile is inside its region: only the tile index needs a check.
   Value limit = shared ? sharedLen : segLen;
   if (loop.getPart() == LoopPart::full)
-    limit = idx(std::numeric_limits<int32_t>::max());
+    limit = Value();
   return copyTile(kBuf, kPtr, blockN, shared ? sharedStart : segStart, mul(tile, idx(blockN)),
                   limit, kStrideT, mul(kvHead, kStrideH), /*predicated=*/true, tileValid);
 }
@@ -614,8 +615,11 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   b.setInsertionPointToEnd(gpuModule.getBody());
   auto func = gpu::GPUFuncOp::create(b, loc, kernel.getSymName(), b.getFunctionType(args, {}));
   func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  // Becomes .maxntid: ptxas may then use up to 255 registers a thread.
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
-  func->setAttr("nvvm.maxntid", b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
+  // Without .maxnreg ptxas may trade registers for occupancy and spill; one CTA of
+  // these tiles a scheduler is the design point, so allow the full register file.
+  func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(255));
   Block &entry = func.getBody().front();
   b.setInsertionPointToStart(&entry);
   auto arg = [&](unsigned i) { return entry.getArgument(i); };

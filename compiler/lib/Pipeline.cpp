@@ -27,9 +27,12 @@ using namespace mlir;
 namespace mlir::dualkv {
 
 /// The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the LLVM dialect.
+/// The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the LLVM dialect.
+/// Indices are 32-bit inside kernels (the runtime checks every offset fits).
 static constexpr const char *kToLLVM =
-    "canonicalize,cse,convert-scf-to-cf,convert-nvgpu-to-nvvm,"
-    "gpu.module(convert-gpu-to-nvvm{index-bitwidth=64 use-bare-ptr-memref-call-conv=1}),"
+    "canonicalize,cse,convert-scf-to-cf,"
+    "gpu.module(dualkv-nvgpu-to-nvvm{index-bitwidth=32},"
+    "convert-gpu-to-nvvm{index-bitwidth=32 use-bare-ptr-memref-call-conv=1}),"
     "convert-nvvm-to-llvm,reconcile-unrealized-casts";
 
 void registerAllDialects(DialectRegistry &registry) {
@@ -56,7 +59,6 @@ static void registerUpstreamPasses() {
   registerCanonicalizerPass();
   registerCSEPass();
   registerSCFToControlFlowPass();
-  registerConvertNVGPUToNVVMPass();
   registerConvertGpuOpsToNVVMOps();
   registerConvertNVVMToLLVMPass();
   registerReconcileUnrealizedCastsPass();

@@ -21,6 +21,8 @@ namespace {
 // CUDA's limit on gridDim.y and gridDim.z, where segments and heads go.
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr double kLog2e = 1.4426950408889634;
+// Kernels compute element offsets in 32-bit arithmetic.
+constexpr int64_t kMaxElementOffset = (int64_t(1) << 31) - 1;
 
 /// Checks one THD tensor of `numHeads` heads: what the kernels' 16-byte
 /// cp.async row loads and pointer arithmetic assume.
@@ -54,6 +56,14 @@ void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
                           "that every row starts 16-byte aligned",
                           name, d.field, d.stride));
   }
+  // Kernels index in 32 bits: the last element must have an offset below 2^31.
+  int64_t last =
+      (numTokens - 1) * t.stride_t + (numHeads - 1) * t.stride_h + headDim - 1;
+  if (numTokens > 0 && last > kMaxElementOffset)
+    invalid(fmt::format(
+        "{} spans {} elements from {}.data; kernels address at most "
+        "2^31 (split the micro-batch)",
+        name, last + 1, name));
   // Overlapping output rows would be written by several CTAs at once.
   if (isOutput && numTokens > 1 && numHeads > 1) {
     const Dim &inner = dims[0].stride <= dims[1].stride ? dims[0] : dims[1];
@@ -110,6 +120,14 @@ void validate(const ForwardArgs &a) {
   if (a.num_q_heads > 1 && a.lse_stride_h < a.num_tokens)
     invalid(fmt::format("lse_stride_h ({}) must be >= num_tokens ({})",
                         a.lse_stride_h, a.num_tokens));
+
+  if (a.num_tokens > 0 &&
+      (a.num_q_heads - 1) * a.lse_stride_h + a.num_tokens - 1 >
+          kMaxElementOffset)
+    invalid(fmt::format(
+        "lse spans more than 2^31 elements (lse_stride_h {} x {} heads); "
+        "split the micro-batch",
+        a.lse_stride_h, a.num_q_heads));
 
   if (!std::isfinite(a.scale))
     invalid(fmt::format("scale ({}) must be finite", a.scale));

@@ -62,4 +62,18 @@ def DualKVLowerToNVGPU : Pass<"dualkv-lower-to-nvgpu", "::mlir::ModuleOp"> {
   ];
 }
 
+def DualKVNVGPUToNVVM : Pass<"dualkv-nvgpu-to-nvvm", "::mlir::gpu::GPUModuleOp"> {
+  let summary = "convert-nvgpu-to-nvvm with a chosen index width";
+  let description = [{
+    Upstream's convert-nvgpu-to-nvvm always lowers `index` to i64. DualKV kernels
+    index in 32 bits (every tensor offset is checked to fit by the runtime), which
+    halves the registers held by addresses; this pass runs the same patterns with the
+    index width that convert-gpu-to-nvvm uses, so the two conversions agree.
+  }];
+  let options = [
+    Option<"indexBitwidth", "index-bitwidth", "unsigned", "32", "bits of an index">,
+  ];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"];
+}
+
 #endif // DUALKV_COMPILER_PASSES_TD
