@@ -5,6 +5,7 @@
 #include "mlir/IR/Verifier.h"
 
 #include <cmath>
+#include <limits>
 
 namespace mlir::dualkv {
 #define GEN_PASS_DEF_DUALKVBINDSPEC
@@ -31,6 +32,17 @@ struct BindSpecPass : public mlir::dualkv::impl::DualKVBindSpecBase<BindSpecPass
       return signalPassFailure();
     }
 
+    for (auto [name, value] : {std::pair<const char *, int64_t>{"head-dim", headDim},
+                               {"block-m", blockM},
+                               {"block-n", blockN},
+                               {"warps", warps},
+                               {"stages", stages}}) {
+      if (value < 0 || value > std::numeric_limits<int32_t>::max()) {
+        getOperation().emitError()
+            << "dualkv-bind-spec: " << name << " = " << value << " is out of range";
+        return signalPassFailure();
+      }
+    }
     // Defaults come from the same function the runtime uses, so IR and launch agree.
     ::dualkv::KernelSpec spec;
     spec.headDim = static_cast<int>(headDim);

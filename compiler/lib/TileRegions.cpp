@@ -23,6 +23,11 @@ static KVLoopOp cloneLoop(OpBuilder &b, KVLoopOp loop, LoopPart part, ValueRange
     map.map(a, c);
   OpBuilder inner = OpBuilder::atBlockEnd(&to);
   for (Operation &op : from) {
+    // Masks already in the body are replaced by the ones this pass decides on.
+    if (auto existing = dyn_cast<MaskOp>(op)) {
+      map.map(existing.getResult(), map.lookupOrDefault(existing.getScores()));
+      continue;
+    }
     Operation *cloned = inner.clone(op, map);
     auto qk = dyn_cast<QKOp>(cloned);
     if (!mask || !qk)

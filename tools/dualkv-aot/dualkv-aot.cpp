@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -64,6 +65,8 @@ int64_t parseInt(const std::string &flag, const std::string &value) {
     long long v = std::stoll(value, &used);
     if (used != value.size())
       throw std::invalid_argument(value);
+    if (v < 0 || v > std::numeric_limits<int32_t>::max())
+      usageError(fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)", flag, value));
     return v;
   } catch (const std::exception &) {
     usageError(fmt::format("{} expects an integer, got '{}'", flag, value));
@@ -141,8 +144,6 @@ Args parseArgs(int argc, char **argv) {
     usageError("--out DIR is required");
   if (a.archs.empty())
     a.archs.push_back("sm_90a");
-  if (a.spec.P < 0 || a.spec.N < 0)
-    usageError(fmt::format("--P and --N must be >= 0, got {} and {}", a.spec.P, a.spec.N));
   return a;
 }
 

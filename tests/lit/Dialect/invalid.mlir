@@ -308,6 +308,13 @@ dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num
 
 // -----
 
+// 256 threads copy a 16-row key tile of 8 chunks a row: 128 chunks do not split.
+// expected-error @+1 {{'dualkv.kernel' op tiling copies 16 rows of 8 16-byte chunks with 256 threads: the chunks must split evenly}}
+dualkv.kernel @copies_do_not_split kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 16, warps = 8, stages = 1> arch "sm_80" {
+}
+
+// -----
+
 dualkv.kernel @same_region_same_part kind <bwd_post> {
   dualkv.kv_loop <shared> part <full> {
   ^bb0(%j: index):

@@ -1,17 +1,18 @@
 // dualkv-bind-spec: fixes problem, tiling and arch of every unbound kernel; tiling
-// fields left at 0 take the head_dim defaults (block_m 64, warps 4, stages 1;
-// block_n 64 for head_dim 64 and 128, 32 for 256). scale = 1/sqrt(head_dim).
+// fields left at 0 take the head_dim defaults of dualkv::defaultTiling (the runtime's
+// too): block_m 128, block_n 32 and stages 2 always; warps 8 for head_dim 256,
+// else 4. scale = 1/sqrt(head_dim). Change these checks with defaultTiling.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=D128
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=D64
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=D256
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="P=512 N=8 num-q-heads=16 num-kv-heads=16 head-dim=64 dtype=f16 arch=sm_80 block-m=128 block-n=32 warps=8 stages=3" | FileCheck %s --check-prefix=EXPLICIT
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="dtype=fp16 block-n=32" | FileCheck %s --check-prefix=PARTIAL
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="dtype=fp16 block-n=64" | FileCheck %s --check-prefix=PARTIAL
 // RUN: dualkv-opt %s -split-input-file --dualkv-bind-spec="num-q-heads=8 num-kv-heads=1 arch=sm_90a" | FileCheck %s
 
 // D128-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D128-SAME: problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.08838834764831{{[0-9]*}} : f64, causal = true>
-// D128-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+// D128-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
 // D128-SAME: arch "sm_90a" {
 // The body is untouched: the loops still cover all tiles.
 // D128: dualkv.kv_loop <shared> part <all>
@@ -19,11 +20,11 @@
 
 // D64-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D64-SAME: head_dim = 64, dtype = bf16, scale = 1.250000e-01 : f64
-// D64-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+// D64-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
 
 // D256-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D256-SAME: head_dim = 256, dtype = bf16, scale = 6.250000e-02 : f64
-// D256-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+// D256-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
 
 // EXPLICIT-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // EXPLICIT-SAME: problem <P = 512, N = 8, num_q_heads = 16, num_kv_heads = 16, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>
@@ -33,12 +34,12 @@
 // Explicit fields win, the rest keep their defaults; "fp16" spells f16.
 // PARTIAL-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // PARTIAL-SAME: head_dim = 128, dtype = f16,
-// PARTIAL-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+// PARTIAL-SAME: tiling <block_m = 128, block_n = 64, warps = 4, stages = 2>
 
 // Every unbound kernel of the module is bound, whatever its kind.
 // CHECK-LABEL: dualkv.kernel @bwd_post_kernel kind <bwd_post>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1, head_dim = 128, dtype = bf16,
-// CHECK-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_90a"
+// CHECK-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_90a"
 // CHECK-LABEL: dualkv.kernel @bwd_kernel kind <bwd>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1,
 // CHECK-SAME: arch "sm_90a"
@@ -72,13 +73,15 @@ func.func @no_kernel() {
 // ERR-P: error: P must be >= 0 (0 means any prompt length), got -1
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=warps=3 2>&1 | FileCheck %s --check-prefix=ERR-WARPS
 // ERR-WARPS: error: warps must be a power of two <= 16, got 3
-// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=block-m=32 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
-// ERR-BLOCK: error: block_m (32) must be a multiple of block_n (64) so causal diagonals stay tile-aligned
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=block-m=16 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
+// ERR-BLOCK: error: block_m (16) must be a multiple of block_n (32) so causal diagonals stay tile-aligned
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=stages=5 2>&1 | FileCheck %s --check-prefix=ERR-STAGES
 // ERR-STAGES: error: stages must be in [1, 4], got 5
 // The options are valid alone but the kernel verifier rejects the combination.
-// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128" 2>&1 | FileCheck %s --check-prefix=ERR-REGS
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128 warps=4" 2>&1 | FileCheck %s --check-prefix=ERR-REGS
 // ERR-REGS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 warps=8 block-n=16" 2>&1 | FileCheck %s --check-prefix=ERR-COPY
+// ERR-COPY: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op tiling copies 16 rows of 8 16-byte chunks with 256 threads: the chunks must split evenly
 // Options are checked even when the module holds no kernel.
 // RUN: not dualkv-opt %s -split-input-file --dualkv-bind-spec=dtype=f8 2>&1 | FileCheck %s --check-prefix=ERR-NOKERNEL
 // ERR-NOKERNEL: error: dualkv-bind-spec: dtype must be bf16 or f16, got 'f8'

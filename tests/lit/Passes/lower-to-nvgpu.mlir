@@ -1,32 +1,36 @@
 // dualkv-lower-to-nvgpu: a bound, tiled kernel becomes one gpu.func (sm_80 schedule:
 // cp.async -> ldmatrix -> mma.sync m16n8k16, exp2 online softmax with quad
-// shuffles). Shared memory holds max(block_m, 2 * block_n) rows of head_dim + 8
-// elements of 2 bytes:
-//   head_dim 128, block_m 64, block_n 64: max(64, 128) * 136 * 2 = 34816
-//   head_dim  64, block_m 64, block_n 64: max(64, 128) *  72 * 2 = 18432
-//   head_dim 256, block_m 64, block_n 32: max(64,  64) * 264 * 2 = 33792
-//   head_dim  64, block_m 256, block_n 64, 16 warps: max(256, 128) * 72 * 2 = 36864
+// shuffles). Q stays in shared memory; shared memory holds Q, one K and one V tile,
+// rows padded to head_dim + 8 elements of 2 bytes (LowerToNVGPU.cpp, sharedBytes):
+//   (block_m + 2 * block_n) * (head_dim + 8) * 2
+//   head_dim 128, block_m 128, block_n 32: (128 + 64) * 136 * 2 = 52224
+//   head_dim  64, block_m 128, block_n 32: (128 + 64) *  72 * 2 = 27648
+//   head_dim 256, block_m  64, block_n 32: ( 64 + 64) * 264 * 2 = 67584
+//   head_dim  64, block_m 256, block_n 64: (256 + 128) * 72 * 2 = 55296
+//   head_dim  64, block_m  64, block_n 64: ( 64 + 128) * 72 * 2 = 27648
 
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=sm_80 --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,BF16
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 dtype=f16" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,F16
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=D64
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=256 --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=D256
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=256 warps=16" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=WIDE
+// stages = 1: every copy is issued where its dualkv.load_kv stands.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=1" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,BF16
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=1 dtype=f16" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,F16
+// stages = 2: the next key tile is prefetched.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=PREFETCH
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=128 block-n=32 warps=4 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=D64
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=64 block-n=32 warps=4 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=D256
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=256 block-n=64 warps=16 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=WIDE
 
 // CHECK: module attributes {gpu.container_module}
 // CHECK-NOT: dualkv.kernel
 // CHECK-LABEL: gpu.module @dualkv_kernels
-// BF16: gpu.func @attention_fwd(%{{.*}}: memref<1099511627776xbf16, #gpu.address_space<global>>, %{{.*}}: memref<1099511627776xbf16, #gpu.address_space<global>>, %{{.*}}: memref<1099511627776xbf16, #gpu.address_space<global>>, %{{.*}}: memref<1099511627776xbf16, #gpu.address_space<global>>, %{{.*}}: memref<1099511627776xf32, #gpu.address_space<global>>, %{{.*}}: memref<1099511627776xi32, #gpu.address_space<global>>,
-// F16: gpu.func @attention_fwd(%{{.*}}: memref<1099511627776xf16, #gpu.address_space<global>>,
-// CHECK-SAME: %{{.*}}: f32) kernel attributes {dualkv.block_m = 64 : i64, dualkv.shared_bytes = 34816 : i64, known_block_size = array<i32: 128, 1, 1>, nvvm.maxntid = array<i32: 128, 1, 1>}
+// Bare global pointers q, k, v, o (element type), lse (f32), segments (i32); strides; scale.
+// BF16: gpu.func @attention_fwd(%{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf32, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>,
+// F16: gpu.func @attention_fwd(%{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf32, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>,
+// CHECK-SAME: %{{.*}}: f32) kernel attributes {dualkv.block_m = 128 : i64, dualkv.shared_bytes = 52224 : i64, known_block_size = array<i32: 256, 1, 1>
 // CHECK: gpu.dynamic_shared_memory
 //
-// load_q: predicated (zero-filling) cp.async of Q, wait, barrier, ldmatrix.
+// load_q: predicated (zero-filling) cp.async of Q, wait for it, barrier.
 // CHECK: nvgpu.device_async_copy %arg0[%{{.*}}], %{{.*}}[%{{.*}}, %{{.*}}], 8, %{{.*}} {bypassL1}
-// CHECK: nvgpu.device_async_wait
+// CHECK: nvgpu.device_async_wait %{{.*}} {numGroups = 0 : i32}
 // CHECK-NEXT: gpu.barrier
-// BF16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false} : memref<64x136xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
-// F16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false} : memref<64x136xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
 //
 // Loop 1, shared region, full tiles: K and V copies are unpredicated and no integer
 // comparison (no mask, no bounds check) appears in the body.
@@ -36,7 +40,12 @@
 // CHECK-NOT: arith.cmpi
 // CHECK: nvgpu.device_async_copy %arg2[%{{.*}}], %{{.*}}[%{{.*}}, %{{.*}}], 8 {bypassL1}
 // CHECK-NOT: arith.cmpi
-// CHECK: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false}
+// Q's A fragments come from the shared Q tile, K's B fragments from the K tile.
+// BF16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false} : memref<128x136xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
+// F16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false} : memref<128x136xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
+// CHECK-NOT: arith.cmpi
+// BF16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false} : memref<32x136xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
+// F16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = false} : memref<32x136xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
 // CHECK-NOT: arith.cmpi
 // BF16: nvvm.mma.sync A[{{.*}}] B[{{.*}}] C[{{.*}}] {layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, multiplicandAPtxType = #nvvm.mma_type<bf16>, multiplicandBPtxType = #nvvm.mma_type<bf16>, shape = #nvvm.shape<m = 16, n = 8, k = 16>} : (i32, i32, f32) -> !llvm.struct<(f32, f32, f32, f32)>
 // (f16 operands are vector<2xf16>; the PTX type is implied and not printed.)
@@ -49,8 +58,8 @@
 // CHECK: llvm.call_intrinsic "llvm.nvvm.ex2.approx.ftz.f"(%{{.*}}) : (f32) -> f32
 // CHECK-NOT: arith.cmpi
 // V is read transposed.
-// BF16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = true} : memref<64x136xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
-// F16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = true} : memref<64x136xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
+// BF16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = true} : memref<32x136xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
+// F16: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = true} : memref<32x136xf16, #gpu.address_space<workgroup>> -> vector<4x2xf16>
 // CHECK-NOT: arith.cmpi
 // CHECK: gpu.barrier
 // CHECK-NEXT: scf.yield
@@ -102,38 +111,74 @@
 // CHECK: gpu.shuffle  xor
 // CHECK: arith.divf
 // CHECK: scf.if
-// BF16: vector.store %{{.*}}, %arg3[%{{.*}}] : memref<1099511627776xbf16, #gpu.address_space<global>>, vector<2xbf16>
-// F16: vector.store %{{.*}}, %arg3[%{{.*}}] : memref<1099511627776xf16, #gpu.address_space<global>>, vector<2xf16>
+// BF16: vector.store %{{.*}}, %arg3[%{{.*}}] : memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, vector<2xbf16>
+// F16: vector.store %{{.*}}, %arg3[%{{.*}}] : memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, vector<2xf16>
 // CHECK: llvm.call_intrinsic "llvm.nvvm.lg2.approx.ftz.f"
-// CHECK: memref.store %{{.*}}, %arg4[%{{.*}}] : memref<1099511627776xf32, #gpu.address_space<global>>
+// CHECK: memref.store %{{.*}}, %arg4[%{{.*}}] : memref<{{[0-9]+}}xf32, #gpu.address_space<global>>
 // CHECK: gpu.return
 // CHECK-NOT: scf.for
 // CHECK-NOT: dualkv.
 
+// stages = 2: the first key tile is copied before the loop (guarded by lb < ub), the
+// next one right after the scores (guarded by j + 1 < ub), and the loop's last
+// prefetch is waited for before the next loop reuses the buffer. Full loops still
+// carry no mask: only tile-level guards, no key-level comparison.
+// PREFETCH: gpu.func @attention_fwd
+// PREFETCH-SAME: dualkv.block_m = 128 : i64, dualkv.shared_bytes = 52224 : i64, known_block_size = array<i32: 256, 1, 1>
+// PREFETCH: nvgpu.device_async_wait %{{.*}} {numGroups = 0 : i32}
+// PREFETCH: %[[FIRST:[0-9]+]] = arith.cmpi ult, %c0{{.*}}, %[[UB:[0-9]+]] : index
+// PREFETCH: nvgpu.device_async_copy %arg1[%{{.*}}], %{{.*}}[%{{.*}}, %{{.*}}], 8, %{{.*}} {bypassL1}
+// PREFETCH: nvgpu.device_async_create_group
+// PREFETCH: scf.for %[[J:[a-z0-9]+]] = %c0{{.*}} to %[[UB]] step
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// Only V is copied in the body; K arrived with the prefetch.
+// PREFETCH: nvgpu.device_async_copy %arg2[%{{.*}}], %{{.*}}[%{{.*}}, %{{.*}}], 8 {bypassL1}
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// PREFETCH: nvgpu.device_async_wait %{{.*}} {numGroups = 1 : i32}
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// PREFETCH: nvvm.mma.sync
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// PREFETCH: gpu.barrier
+// PREFETCH: %[[NEXT:[0-9]+]] = arith.addi %[[J]], %c1{{.*}} : index
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// PREFETCH: arith.cmpi ult, %[[NEXT]], %[[UB]] : index
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// PREFETCH: nvgpu.device_async_copy %arg1[%{{.*}}], %{{.*}}[%{{.*}}, %{{.*}}], 8, %{{.*}} {bypassL1}
+// PREFETCH-NOT: arith.cmpi u{{ge|gt}}
+// PREFETCH: scf.yield
+// PREFETCH-NEXT: }
+// PREFETCH-NEXT: nvgpu.device_async_wait %{{.*}} {numGroups = 0 : i32}
+
 // D64: gpu.func @attention_fwd
-// D64-SAME: kernel attributes {dualkv.block_m = 64 : i64, dualkv.shared_bytes = 18432 : i64, known_block_size = array<i32: 128, 1, 1>, nvvm.maxntid = array<i32: 128, 1, 1>}
-// D64: nvgpu.ldmatrix {{.*}} : memref<64x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
+// D64-SAME: kernel attributes {dualkv.block_m = 128 : i64, dualkv.shared_bytes = 27648 : i64, known_block_size = array<i32: 128, 1, 1>
+// D64: nvgpu.ldmatrix {{.*}} : memref<128x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
+// D64: nvgpu.ldmatrix {{.*}} : memref<32x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 // D256: gpu.func @attention_fwd
-// D256-SAME: kernel attributes {dualkv.block_m = 64 : i64, dualkv.shared_bytes = 33792 : i64, known_block_size = array<i32: 128, 1, 1>, nvvm.maxntid = array<i32: 128, 1, 1>}
+// D256-SAME: kernel attributes {dualkv.block_m = 64 : i64, dualkv.shared_bytes = 67584 : i64, known_block_size = array<i32: 128, 1, 1>
 // D256: nvgpu.ldmatrix {{.*}} : memref<64x264xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 // D256: nvgpu.ldmatrix {{.*}} : memref<32x264xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 // WIDE: gpu.func @attention_fwd
-// WIDE-SAME: kernel attributes {dualkv.block_m = 256 : i64, dualkv.shared_bytes = 36864 : i64, known_block_size = array<i32: 512, 1, 1>, nvvm.maxntid = array<i32: 512, 1, 1>}
+// WIDE-SAME: kernel attributes {dualkv.block_m = 256 : i64, dualkv.shared_bytes = 55296 : i64, known_block_size = array<i32: 512, 1, 1>
 // WIDE: nvgpu.ldmatrix {{.*}} : memref<256x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 
 // An f16 kernel has no bf16 left anywhere.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=dtype=f16 --dualkv-tile-regions --dualkv-lower-to-nvgpu | not grep bf16
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="dtype=f16 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | not grep bf16
 
+// Tilings are spelled out: these checks follow the tile shape, not the defaults
+// (Passes/bind-spec.mlir guards those).
 // Exactly four loops (one per region part) and the number of m16n8k16 MMAs the tile
-// shape implies: per loop, QK^T = mTiles * (head_dim/16) * (block_n/8) and
-// PV = mTiles * (block_n/16) * (head_dim/8); head_dim 128: 4 * (64 + 64) = 512.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "scf.for" | FileCheck %s --check-prefix=LOOPS
+// shape implies, with mTiles = block_m / (16 * warps): per loop,
+// QK^T = mTiles * (head_dim/16) * (block_n/8) and PV = mTiles * (block_n/16) * (head_dim/8).
+// head_dim 128 (128 rows, 8 warps, 32 keys): 4 * (1*8*4 + 1*2*16) = 256.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "scf.for" | FileCheck %s --check-prefix=LOOPS
 // LOOPS: {{^}}4{{$}}
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA128
-// MMA128: {{^}}512{{$}}
-// head_dim 64: 4 * (32 + 32) = 256.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA64
-// MMA64: {{^}}256{{$}}
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA256
+// head_dim 64, block_m 64, block_n 64, 4 warps: 4 * (1*4*8 + 1*4*8) = 256.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=64 block-n=64 warps=4" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA256
+// MMA256: {{^}}256{{$}}
+// head_dim 256, block_m 64, block_n 32, 4 warps: 4 * (1*16*4 + 1*2*32) = 512.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=64 block-n=32 warps=4" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA512
+// MMA512: {{^}}512{{$}}
 
 // Errors: the kernel must be bound and tiled; ops without a lowering are reported.
 // RUN: dualkv-opt %s -split-input-file -verify-diagnostics --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=SPLIT
@@ -180,7 +225,7 @@ dualkv.kernel @foreign_op kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8
 // SPLIT-NEXT: func.func @host_side
 // SPLIT-LABEL: gpu.module @dualkv_kernels
 // SPLIT: gpu.func @minimal
-// SPLIT-SAME: dualkv.block_m = 64 : i64, dualkv.shared_bytes = 18432 : i64
+// SPLIT-SAME: dualkv.block_m = 64 : i64, dualkv.shared_bytes = 27648 : i64
 // SPLIT-NOT: scf.for
 // SPLIT: gpu.return
 dualkv.kernel @minimal kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {

@@ -2,8 +2,8 @@
 // ends in the LLVM and NVVM dialects only: no casts left unreconciled, no gpu,
 // nvgpu, vector, scf, arith, memref, math or cf op inside the gpu.module.
 
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=sm_80 --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | FileCheck %s --check-prefixes=CHECK,D128 --implicit-check-not=unrealized_conversion_cast
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=256 warps=16 dtype=f16" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | FileCheck %s --check-prefixes=CHECK,WIDE --implicit-check-not=unrealized_conversion_cast
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | FileCheck %s --check-prefixes=CHECK,D128 --implicit-check-not=unrealized_conversion_cast
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=256 block-n=64 warps=16 stages=1 dtype=f16" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | FileCheck %s --check-prefixes=CHECK,WIDE --implicit-check-not=unrealized_conversion_cast
 
 // CHECK: module attributes {gpu.container_module} {
 // CHECK-NEXT: gpu.module @dualkv_kernels {
@@ -11,10 +11,10 @@
 // CHECK-NEXT: llvm.mlir.global internal @__dynamic_shmem__0() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
 // Bare pointers for q, k, v, o, lse, segments; then strides and the scale.
 // CHECK-NEXT: llvm.func @attention_fwd(%arg0: !llvm.ptr<1>, %arg1: !llvm.ptr<1>, %arg2: !llvm.ptr<1>, %arg3: !llvm.ptr<1>, %arg4: !llvm.ptr<1>, %arg5: !llvm.ptr<1>, %arg6: i64, %arg7: i64, %arg8: i64, %arg9: i64, %arg10: i64, %arg11: i64, %arg12: i64, %arg13: i64, %arg14: i64, %arg15: f32) attributes {
-// D128-SAME: dualkv.block_m = 64 : i64, dualkv.shared_bytes = 34816 : i64,
-// WIDE-SAME: dualkv.block_m = 256 : i64, dualkv.shared_bytes = 36864 : i64,
+// D128-SAME: dualkv.block_m = 128 : i64, dualkv.shared_bytes = 52224 : i64,
+// WIDE-SAME: dualkv.block_m = 256 : i64, dualkv.shared_bytes = 55296 : i64,
 // CHECK-SAME: nvvm.kernel,
-// D128-SAME: nvvm.maxntid = array<i32: 128, 1, 1>
+// D128-SAME: nvvm.maxntid = array<i32: 256, 1, 1>
 // WIDE-SAME: nvvm.maxntid = array<i32: 512, 1, 1>
 // CHECK-NOT: {{^ *(gpu|nvgpu|vector|scf|arith|memref|math|cf|dualkv)\.}}
 // CHECK-NOT: {{= (gpu|nvgpu|vector|scf|arith|memref|math|cf|dualkv)\.}}
@@ -61,8 +61,9 @@
 // CHECK-NEXT: }
 
 // Nothing the lowering produced was dropped on the way: as many MMAs as before.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA
-// MMA: {{^}}512{{$}}
+// 128 rows, 8 warps, 32 keys, head_dim 128: 4 loops * (32 + 32) = 256.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA
+// MMA: {{^}}256{{$}}
 
 // The pipeline needs the dualkv lowering first: a template still in dualkv ops is
 // not touched by the upstream half (the dualkv ops survive, unlowered).

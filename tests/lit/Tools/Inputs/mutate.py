@@ -54,8 +54,28 @@ JUNK = [b"{", b"}", b"(", b")", b"<", b">", b"[", b"]", b":", b",", b"=", b"\"",
         b"%", b"#", b"!", b"^", b"@", b"\\", b"\x00", b"\xff", b"\xc3\x28",
         "\u00e9".encode(), b"\t", b"\n", b"// -----\n", b"#dualkv.", b"!dualkv.",
         b"loc(", b"{-#", b"#-}", b"dense<", b"0x", b"..."]
+# Same-category replacements keep the text parseable more often, so the mutants reach
+# the verifiers and the passes instead of stopping in the lexer.
+CATEGORIES = [
+    [b"shared", b"response"],
+    [b"none", b"bound", b"causal"],
+    [b"all", b"full", b"tail", b"diagonal"],
+    [b"fwd", b"bwd_pre", b"bwd", b"bwd_post"],
+    [b"key", b"value"],
+    [b"bf16", b"f16", b"f32", b"i32", b"index"],
+    [b"true", b"false"],
+    [b"!dualkv.q_tile", b"!dualkv.kv_tile", b"!dualkv.scores", b"!dualkv.probs",
+     b"!dualkv.acc", b"!dualkv.row_stats"],
+    [b"dualkv.load_q", b"dualkv.init_acc", b"dualkv.load_kv", b"dualkv.qk",
+     b"dualkv.mask", b"dualkv.online_softmax", b"dualkv.rescale", b"dualkv.pv",
+     b"dualkv.store_output", b"dualkv.yield", b"dualkv.init_stats",
+     b"dualkv.kv_loop", b"dualkv.kernel", b"dualkv.attention_fwd",
+     b"dualkv.attention_bwd"],
+    [b"\"sm_80\"", b"\"sm_90a\"", b"\"sm_100\"", b"\"gfx90a\"", b"\"\"", b"\"sm_\""],
+]
 MUTATORS = ["delete", "duplicate", "swap", "number", "word", "truncate", "junk",
-            "delete_line", "duplicate_line", "swap_lines", "delete_span"]
+            "delete_line", "duplicate_line", "swap_lines", "delete_span",
+            "enum", "enum", "enum", "ssa", "ssa", "move_line", "move_line", "number"]
 
 
 def cases(path):
@@ -68,6 +88,12 @@ def cases(path):
         if body.strip():
             out.append(body + b"\n")
     return out
+
+
+# UPSTREAM: MLIR's parser sizes its forward-reference table by an SSA use's result
+# number, so `%0#2147483647` aborts with "LLVM ERROR: out of memory" in mlir-opt 22
+# as well. Not a DualKV bug; mutants that spell such a use are not run.
+UPSTREAM_OOM = re.compile(rb"#\s*\d{6,}")
 
 
 def mutate(rng, text):
@@ -86,7 +112,9 @@ def mutate(rng, text):
             j = rng.choice(solid)
             tokens[i], tokens[j] = tokens[j], tokens[i]
         elif kind == "number":
-            nums = [k for k in solid if re.fullmatch(rb"-?\d[\w.+-]*", tokens[k])]
+            # Not the result number of an SSA use (%x#N): see UPSTREAM below.
+            nums = [k for k in solid if re.fullmatch(rb"-?\d[\w.+-]*", tokens[k])
+                    and not (k and tokens[k - 1] == b"#")]
             tokens[rng.choice(nums) if nums else i] = rng.choice(NUMBERS)
         elif kind == "word":
             words = [k for k in solid if tokens[k].strip(b"<>%!\"") and
@@ -96,6 +124,17 @@ def mutate(rng, text):
             cut = rng.randrange(len(tokens) + 1)
             tokens = tokens[:cut]
             solid = [k for k in solid if k < cut]
+        elif kind == "enum":
+            spots = [(k, c) for k in solid for c in CATEGORIES if tokens[k] in c]
+            if spots:
+                k, c = rng.choice(spots)
+                tokens[k] = rng.choice(c)
+        elif kind == "ssa":
+            # Use another value (often of another type, scope or later definition).
+            names = sorted({t for t in tokens if re.fullmatch(rb"%[\w#]+", t)})
+            uses = [k for k in solid if tokens[k] in names]
+            if uses:
+                tokens[rng.choice(uses)] = rng.choice(names)
         elif kind == "junk":
             tokens[i] = rng.choice([tokens[i] + rng.choice(JUNK), rng.choice(JUNK)])
         else:
@@ -105,6 +144,8 @@ def mutate(rng, text):
                 del lines[a]
             elif kind == "duplicate_line":
                 lines.insert(a, lines[a])
+            elif kind == "move_line":
+                lines.insert(rng.randrange(len(lines) + 1), lines.pop(a))
             elif kind == "swap_lines":
                 b = rng.randrange(len(lines))
                 lines[a], lines[b] = lines[b], lines[a]
@@ -163,22 +204,32 @@ def main():
     template = cases(args.template)
     if not pool or not template:
         sys.exit("mutate.py: no input cases")
+    # The template after binding and tiling: mutants of it go through the lowering.
+    tiled = subprocess.run([args.opt, args.template, "--dualkv-bind-spec=arch=sm_80 head-dim=64",
+                            "--dualkv-tile-regions"], check=True, stdout=subprocess.PIPE).stdout
+    template.append(tiled)
 
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
     jobs = []
     for n in range(args.count):
-        # A third of the mutants come from the template: the pipeline's real input.
+        # A third of the mutants come from the template (as written or bound and
+        # tiled): the pipeline's real input.
         from_template = n % 3 == 0
         seed_text = rng.choice(template if from_template else pool)
         path = os.path.join(args.out, "mutant-%04d.mlir" % n)
+        text = mutate(rng, seed_text)
+        while UPSTREAM_OOM.search(text):
+            text = mutate(rng, seed_text)
         with open(path, "wb") as f:
-            f.write(mutate(rng, seed_text))
+            f.write(text)
         jobs.append((path, []))
         jobs.append((path, ["--dualkv-bind-spec", "--dualkv-tile-regions"]))
         if from_template:
             jobs.append((path, ["--dualkv-bind-spec=arch=sm_80 head-dim=64",
                                 "--dualkv-tile-regions", "--dualkv-lower-to-nvgpu"]))
+            jobs.append((path, ["--dualkv-tile-regions", "--dualkv-lower-to-nvgpu",
+                                "--dualkv-to-llvm"]))
 
     failures = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:

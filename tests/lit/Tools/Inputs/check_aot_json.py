@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Checks dualkv-aot's JSON reports against the spec they name, independently of
+the compiler: launch geometry, shared memory, and a spill-free ptxas log.
+
+usage: check_aot_json.py DIR   (prints one line per kernel, then a summary)
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+
+def main():
+    bad = 0
+    files = sorted(glob.glob(os.path.join(sys.argv[1], "*.json")))
+    for path in files:
+        with open(path) as f:
+            j = json.load(f)
+        t, d = j["tiling"], j["head_dim"]
+        problems = []
+        name = "dualkv_fwd_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}".format(
+            d, j["num_q_heads"], j["num_kv_heads"], j["dtype"], j["arch"], t["block_m"],
+            t["block_n"], t["warps"], t["stages"])
+        if os.path.basename(path) != name + ".json":
+            problems.append("file name does not spell the spec (%s)" % name)
+        if j["threads"] != 32 * t["warps"]:
+            problems.append("threads %d != 32 * warps" % j["threads"])
+        # Q tile plus one K and one V tile, rows padded by 8 elements of 2 bytes.
+        smem = (t["block_m"] + 2 * t["block_n"]) * (d + 8) * 2
+        if j["shared_bytes"] != smem:
+            problems.append("shared_bytes %d != %d" % (j["shared_bytes"], smem))
+        if j["entry"] != "attention_fwd" or j["kind"] != "fwd":
+            problems.append("entry/kind")
+        log = j["ptxas_log"]
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        if not spills:
+            problems.append("no ptxas report")
+        elif any(s != ("0", "0") for s in spills):
+            problems.append("spills: %s" % spills)
+        if "for '%s'" % j["arch"] not in log:
+            problems.append("ptxas did not compile for %s" % j["arch"])
+        if not os.path.getsize(path[:-5] + ".cubin"):
+            problems.append("empty cubin")
+        print("%s: %s" % (name, "; ".join(problems) if problems else "ok"))
+        bad += bool(problems)
+    print("checked %d kernels, %d bad" % (len(files), bad))
+    return 1 if bad or not files else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
