@@ -56,19 +56,8 @@ int main(int argc, char **argv) {
       for (auto [runD, tiling] : runs) {
         if (runD != d)
           continue;
-        ForwardArgs a;
-        a.q = {q.ptr, hq * d, d};
-        a.k = {k.ptr, hkv * d, d};
-        a.v = {v.ptr, hkv * d, d};
-        a.o = {o.ptr, hq * d, d};
-        a.lse = static_cast<float *>(lse.ptr);
-        a.lse_stride_h = t;
-        a.num_tokens = t;
-        a.num_q_heads = hq;
-        a.num_kv_heads = hkv;
-        a.head_dim = d;
-        a.plan = &plan;
-        a.tiling = tiling;
+        ForwardArgs a = denseArgs(c, q, k, v, o, lse, plan);
+      a.tiling = tiling;
         try {
           forward(a);
           check(cudaDeviceSynchronize(), "warm-up");

@@ -97,6 +97,25 @@ struct ForwardResult {
   std::vector<float> lse; // [Hq][T]
 };
 
+/// Forward arguments for dense THD buffers of `c` (every stride the tightest).
+inline ForwardArgs denseArgs(const Case &c, DeviceBuffer &q, DeviceBuffer &k, DeviceBuffer &v,
+                             DeviceBuffer &o, DeviceBuffer &lse, const Plan &plan) {
+  ForwardArgs a;
+  a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
+  a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
+  a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
+  a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
+  a.lse = static_cast<float *>(lse.ptr);
+  a.lse_stride_h = c.tokens();
+  a.num_tokens = c.tokens();
+  a.num_q_heads = c.hq;
+  a.num_kv_heads = c.hkv;
+  a.head_dim = c.d;
+  a.dtype = c.dtype;
+  a.plan = &plan;
+  return a;
+}
+
 /// Runs dualkv::forward on `c` with outputs poisoned first.
 inline ForwardResult runForward(const Case &c, const Tiling &tiling = {}) {
   int64_t t = c.tokens();
@@ -108,19 +127,7 @@ inline ForwardResult runForward(const Case &c, const Tiling &tiling = {}) {
   v.upload(c.v);
   o.poison();
   lse.poison();
-  ForwardArgs a;
-  a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
-  a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
-  a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
-  a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
-  a.lse = static_cast<float *>(lse.ptr);
-  a.lse_stride_h = t;
-  a.num_tokens = t;
-  a.num_q_heads = c.hq;
-  a.num_kv_heads = c.hkv;
-  a.head_dim = c.d;
-  a.dtype = c.dtype;
-  a.plan = &plan;
+  ForwardArgs a = denseArgs(c, q, k, v, o, lse, plan);
   a.tiling = tiling;
   dualkv::forward(a);
   check(cudaDeviceSynchronize(), "forward");
