@@ -1,7 +1,8 @@
-// Example 1: the DualKV forward on one Qwen3-8B-shaped GRPO group, JIT-compiled, timed
-// and checked. A prompt of 4096 tokens and 16 responses of 1024 tokens are packed once,
-// [prompt | r1 | ... | r16]; 32 query heads share 8 KV heads; head_dim 128; bf16.
-// Without a GPU it says so and exits 0 (the kernels were still compiled by dualkv-aot).
+// Example 1: the DualKV forward on one Qwen3-8B-shaped GRPO group,
+// JIT-compiled, timed and checked. A prompt of 4096 tokens and 16 responses of
+// 1024 tokens are packed once, [prompt | r1 | ... | r16]; 32 query heads share
+// 8 KV heads; head_dim 128; bf16. Without a GPU it says so and exits 0 (the
+// kernels were still compiled by dualkv-aot).
 #include "common/CudaHelpers.h"
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
@@ -14,8 +15,9 @@ using namespace dualkv::examples;
 
 int main() {
   if (!haveGpu()) {
-    fmt::print("01_forward_qwen3: no GPU here, nothing to run (kernels were compiled "
-               "ahead of time above)\n");
+    fmt::print(
+        "01_forward_qwen3: no GPU here, nothing to run (kernels were compiled "
+        "ahead of time above)\n");
     return 0;
   }
   const int64_t P = 4096, N = 16, R = 1024;
@@ -33,8 +35,8 @@ int main() {
   };
   std::vector<uint16_t> q = random16(t * hq * d), k = random16(t * hkv * d),
                         v = random16(t * hkv * d);
-  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(q.size() * 2),
-      dlse(t * hq * 4);
+  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2),
+      dout(q.size() * 2), dlse(t * hq * 4);
   dq.upload(q);
   dk.upload(k);
   dv.upload(v);
@@ -75,10 +77,12 @@ int main() {
   double pairs = P * (P + 1) / 2.0 + N * (R * double(P) + R * (R + 1) / 2.0);
   double tflops = 4.0 * d * hq * pairs / (ms[ms.size() / 2] * 1e-3) / 1e12;
 
-  // Check 256 random (token, head) rows against fp64 over the allowed keys of §1.
+  // Check 256 random (token, head) rows against fp64 over the allowed keys of
+  // §1.
   auto o = dout.download<uint16_t>(q.size());
   auto lse = dlse.download<float>(t * hq);
-  reference::Problem problem{{{P, std::vector<int64_t>(N, R)}}, hq, hkv, d, 1.0 / std::sqrt(d)};
+  reference::Problem problem{
+      {{P, std::vector<int64_t>(N, R)}}, hq, hkv, d, 1.0 / std::sqrt(d)};
   auto info = reference::token_info(problem);
   std::uniform_int_distribution<int64_t> tok(0, t - 1);
   std::uniform_int_distribution<int> head(0, hq - 1);
@@ -93,28 +97,34 @@ int main() {
         continue;
       double dot = 0;
       for (int e = 0; e < d; ++e)
-        dot += double(fromBF16(q[(i * hq + h) * d + e])) * fromBF16(k[(j * hkv + kh) * d + e]);
+        dot += double(fromBF16(q[(i * hq + h) * d + e])) *
+               fromBF16(k[(j * hkv + kh) * d + e]);
       scores.push_back(dot * problem.scale);
       keys.push_back(j);
     }
     double mx = *std::max_element(scores.begin(), scores.end()), sum = 0;
     for (double &x : scores)
       sum += (x = std::exp(x - mx));
-    maxLseErr = std::max(maxLseErr, std::abs(lse[h * t + i] - (mx + std::log(sum))));
+    maxLseErr =
+        std::max(maxLseErr, std::abs(lse[h * t + i] - (mx + std::log(sum))));
     for (int e = 0; e < d; ++e) {
       double ref = 0;
       for (size_t n = 0; n < keys.size(); ++n)
         ref += scores[n] / sum * fromBF16(v[(keys[n] * hkv + kh) * d + e]);
-      maxErr = std::max(maxErr, std::abs(fromBF16(o[(i * hq + h) * d + e]) - ref));
+      maxErr =
+          std::max(maxErr, std::abs(fromBF16(o[(i * hq + h) * d + e]) - ref));
     }
   }
   bool ok = maxErr <= 2e-2 && maxLseErr <= 1e-4;
-  fmt::print("01_forward_qwen3: P={} N={} R={} Hq={} Hkv={} D={} bf16, T={} tokens, {} segments\n"
-             "  compile {:.0f} ms (compiles {}, disk hits {}); forward {:.3f} ms median of 10 "
+  fmt::print("01_forward_qwen3: P={} N={} R={} Hq={} Hkv={} D={} bf16, T={} "
+             "tokens, {} segments\n"
+             "  compile {:.0f} ms (compiles {}, disk hits {}); forward {:.3f} "
+             "ms median of 10 "
              "= {:.1f} useful TFLOP/s\n"
-             "  check of 256 rows against fp64: max|dO| {:.2e} max|dLSE| {:.2e} -> {}\n",
-             P, N, R, hq, hkv, d, t, plan.numSegments(), stats.lastCompileMs, stats.compiles,
-             stats.diskHits, ms[ms.size() / 2], tflops, maxErr, maxLseErr,
-             ok ? "PASS" : "FAIL");
+             "  check of 256 rows against fp64: max|dO| {:.2e} max|dLSE| "
+             "{:.2e} -> {}\n",
+             P, N, R, hq, hkv, d, t, plan.numSegments(), stats.lastCompileMs,
+             stats.compiles, stats.diskHits, ms[ms.size() / 2], tflops, maxErr,
+             maxLseErr, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

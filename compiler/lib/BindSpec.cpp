@@ -1,4 +1,5 @@
-//===- BindSpec.cpp - dualkv-bind-spec: fix problem, tiling and arch -------===//
+//===- BindSpec.cpp - dualkv-bind-spec: fix problem, tiling and arch
+//-------===//
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
 
@@ -16,7 +17,8 @@ using namespace mlir;
 using namespace mlir::dualkv;
 
 namespace {
-struct BindSpecPass : public mlir::dualkv::impl::DualKVBindSpecBase<BindSpecPass> {
+struct BindSpecPass
+    : public mlir::dualkv::impl::DualKVBindSpecBase<BindSpecPass> {
   using DualKVBindSpecBase::DualKVBindSpecBase;
 
   void runOnOperation() override {
@@ -27,23 +29,26 @@ struct BindSpecPass : public mlir::dualkv::impl::DualKVBindSpecBase<BindSpecPass
     else if (dtype == "f16" || dtype == "fp16")
       dtypeTy = Float16Type::get(ctx);
     else {
-      getOperation().emitError() << "dualkv-bind-spec: dtype must be bf16 or f16, got '"
-                                 << dtype << "'";
+      getOperation().emitError()
+          << "dualkv-bind-spec: dtype must be bf16 or f16, got '" << dtype
+          << "'";
       return signalPassFailure();
     }
 
-    for (auto [name, value] : {std::pair<const char *, int64_t>{"head-dim", headDim},
-                               {"block-m", blockM},
-                               {"block-n", blockN},
-                               {"warps", warps},
-                               {"stages", stages}}) {
+    for (auto [name, value] :
+         {std::pair<const char *, int64_t>{"head-dim", headDim},
+          {"block-m", blockM},
+          {"block-n", blockN},
+          {"warps", warps},
+          {"stages", stages}}) {
       if (value < 0 || value > std::numeric_limits<int32_t>::max()) {
-        getOperation().emitError()
-            << "dualkv-bind-spec: " << name << " = " << value << " is out of range";
+        getOperation().emitError() << "dualkv-bind-spec: " << name << " = "
+                                   << value << " is out of range";
         return signalPassFailure();
       }
     }
-    // Defaults come from the same function the runtime uses, so IR and launch agree.
+    // Defaults come from the same function the runtime uses, so IR and launch
+    // agree.
     ::dualkv::KernelSpec spec;
     spec.headDim = static_cast<int>(headDim);
     spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
@@ -52,20 +57,23 @@ struct BindSpecPass : public mlir::dualkv::impl::DualKVBindSpecBase<BindSpecPass
 
     auto emitErr = [&] { return getOperation().emitError(); };
     double scale = 1.0 / std::sqrt(static_cast<double>(headDim));
-    if (failed(ProblemAttr::verify(emitErr, P, N, numQHeads, numKVHeads, headDim,
-                                   dtypeTy, FloatAttr::get(Float64Type::get(ctx), scale),
-                                   true)) ||
-        failed(TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps, t.stages)))
+    if (failed(ProblemAttr::verify(
+            emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
+            FloatAttr::get(Float64Type::get(ctx), scale), true)) ||
+        failed(
+            TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps, t.stages)))
       return signalPassFailure();
     if (!StringRef(arch).starts_with("sm_")) {
-      getOperation().emitError() << "dualkv-bind-spec: arch must look like sm_80 or "
-                                    "sm_90a, got '"
-                                 << arch << "'";
+      getOperation().emitError()
+          << "dualkv-bind-spec: arch must look like sm_80 or "
+             "sm_90a, got '"
+          << arch << "'";
       return signalPassFailure();
     }
 
-    auto problem = ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-                                    FloatAttr::get(Float64Type::get(ctx), scale), true);
+    auto problem =
+        ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
+                         FloatAttr::get(Float64Type::get(ctx), scale), true);
     auto tiling = TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages);
     WalkResult result = getOperation().walk([&](KernelOp kernel) {
       if (kernel.isBound()) {

@@ -1,4 +1,5 @@
-//===- Compiler.cpp - KernelSpec to PTX and cubin, in process --------------===//
+//===- Compiler.cpp - KernelSpec to PTX and cubin, in process
+//--------------===//
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
 
@@ -60,12 +61,13 @@ const char *templateName(KernelKind kind) {
 }
 
 double msSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                   start)
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
       .count();
 }
 
-void writeFile(const std::string &dir, const std::string &name, llvm::StringRef text) {
+void writeFile(const std::string &dir, const std::string &name,
+               llvm::StringRef text) {
   if (dir.empty())
     return;
   llvm::sys::fs::create_directories(dir);
@@ -75,7 +77,8 @@ void writeFile(const std::string &dir, const std::string &name, llvm::StringRef 
     os << text;
 }
 
-/// Runs ptxas on `ptx`; fills cubin and the -v log, or returns an error message.
+/// Runs ptxas on `ptx`; fills cubin and the -v log, or returns an error
+/// message.
 std::string runPtxas(const std::string &ptxas, const std::string &arch,
                      const std::string &ptx, CompileResult &result) {
   llvm::SmallString<128> in, out, log;
@@ -90,10 +93,10 @@ std::string runPtxas(const std::string &ptxas, const std::string &arch,
   llvm::sys::fs::createTemporaryFile("dualkv", "log", log);
   std::string archFlag = "-arch=" + arch;
   std::string outPath = std::string(out);
-  llvm::SmallVector<llvm::StringRef> args = {ptxas, archFlag, "-O3", "-v",
-                                             "--warn-on-spills", in, "-o", outPath};
-  std::optional<llvm::StringRef> redirects[] = {std::nullopt, llvm::StringRef(log),
-                                                llvm::StringRef(log)};
+  llvm::SmallVector<llvm::StringRef> args = {
+      ptxas, archFlag, "-O3", "-v", "--warn-on-spills", in, "-o", outPath};
+  std::optional<llvm::StringRef> redirects[] = {
+      std::nullopt, llvm::StringRef(log), llvm::StringRef(log)};
   std::string execError;
   int rc = llvm::sys::ExecuteAndWait(ptxas, args, std::nullopt, redirects, 0, 0,
                                      &execError);
@@ -101,8 +104,9 @@ std::string runPtxas(const std::string &ptxas, const std::string &arch,
     result.ptxasLog = (*buf)->getBuffer().str();
   std::string error;
   if (rc != 0) {
-    error = fmt::format("ptxas failed (exit {}{}):\n{}", rc,
-                        execError.empty() ? "" : ", " + execError, result.ptxasLog);
+    error =
+        fmt::format("ptxas failed (exit {}{}):\n{}", rc,
+                    execError.empty() ? "" : ", " + execError, result.ptxasLog);
   } else if (auto buf = llvm::MemoryBuffer::getFile(out)) {
     llvm::StringRef bytes = (*buf)->getBuffer();
     result.cubin.assign(bytes.begin(), bytes.end());
@@ -124,19 +128,22 @@ std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
     LLVMInitializeNVPTXTarget();
     LLVMInitializeNVPTXTargetMC();
     LLVMInitializeNVPTXAsmPrinter();
-    // 32-bit shared-memory pointers, as Triton does: fewer registers for addresses.
+    // 32-bit shared-memory pointers, as Triton does: fewer registers for
+    // addresses.
     const char *args[] = {"dualkv", "-nvptx-short-ptr"};
     llvm::cl::ParseCommandLineOptions(2, args, "", &llvm::errs());
   });
   llvm::LLVMContext llvmCtx;
-  std::unique_ptr<llvm::Module> module = mlir::translateModuleToLLVMIR(gpuModule, llvmCtx);
+  std::unique_ptr<llvm::Module> module =
+      mlir::translateModuleToLLVMIR(gpuModule, llvmCtx);
   if (!module) {
     error = "translation of the LLVM dialect to LLVM IR failed";
     return {};
   }
   llvm::Triple triple("nvptx64-nvidia-cuda");
   std::string lookupError;
-  const llvm::Target *target = llvm::TargetRegistry::lookupTarget(triple, lookupError);
+  const llvm::Target *target =
+      llvm::TargetRegistry::lookupTarget(triple, lookupError);
   if (!target) {
     error = "NVPTX target unavailable: " + lookupError;
     return {};
@@ -157,7 +164,8 @@ std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3).run(*module, mam);
+  pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3)
+      .run(*module, mam);
   if (!dumpDir.empty()) {
     std::string ll;
     llvm::raw_string_ostream os(ll);
@@ -168,7 +176,8 @@ std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
   llvm::SmallString<0> ptx;
   llvm::raw_svector_ostream os(ptx);
   llvm::legacy::PassManager codegen;
-  if (tm->addPassesToEmitFile(codegen, os, nullptr, llvm::CodeGenFileType::AssemblyFile)) {
+  if (tm->addPassesToEmitFile(codegen, os, nullptr,
+                              llvm::CodeGenFileType::AssemblyFile)) {
     error = "NVPTX cannot emit assembly";
     return {};
   }
@@ -192,13 +201,16 @@ const char *toString(KernelKind kind) {
   return "?";
 }
 
-const char *toString(DType dtype) { return dtype == DType::BF16 ? "bf16" : "f16"; }
+const char *toString(DType dtype) {
+  return dtype == DType::BF16 ? "bf16" : "f16";
+}
 
 Tiling defaultTiling(const KernelSpec &spec) {
-  // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share every K/V
-  // tile, 32-key tiles keep the fp32 scores small, K is prefetched one tile ahead.
-  // head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment feeds two MMAs);
-  // head_dim 256: 8 warps of 16 rows, as 32 rows of a 256-wide accumulator do not fit.
+  // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
+  // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
+  // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment
+  // feeds two MMAs); head_dim 256: 8 warps of 16 rows, as 32 rows of a 256-wide
+  // accumulator do not fit.
   Tiling t;
   t.blockM = 128;
   t.blockN = 32;
@@ -269,7 +281,8 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   auto start = std::chrono::steady_clock::now();
   std::string text = kernelTemplate(spec.kind);
   if (text.empty()) {
-    result.error = fmt::format("no kernel template for kind '{}'", toString(spec.kind));
+    result.error =
+        fmt::format("no kernel template for kind '{}'", toString(spec.kind));
     return result;
   }
 
@@ -286,7 +299,8 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
 
   writeFile(options.dumpDir, "template.mlir", text);
   mlir::OwningOpRef<mlir::ModuleOp> module =
-      mlir::parseSourceString<mlir::ModuleOp>(text, &ctx, templateName(spec.kind));
+      mlir::parseSourceString<mlir::ModuleOp>(text, &ctx,
+                                              templateName(spec.kind));
   if (!module) {
     result.error = "template does not parse:\n" + diagnostics;
     return result;
@@ -311,7 +325,8 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   if (!options.dumpDir.empty())
     pm.enableIRPrinting([](mlir::Pass *, mlir::Operation *) { return false; },
                         [](mlir::Pass *, mlir::Operation *) { return true; },
-                        /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/true,
+                        /*printModuleScope=*/true,
+                        /*printAfterOnlyOnChange=*/true,
                         /*printAfterOnlyOnFailure=*/false, passLogStream);
   mlir::dualkv::buildKernelPipeline(pm, bind);
   mlir::LogicalResult ran = pm.run(*module);
@@ -334,10 +349,10 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     return result;
   }
   result.info.name = func.getSymName().str();
-  result.info.sharedBytes =
-      static_cast<int>(func->getAttrOfType<mlir::IntegerAttr>("dualkv.shared_bytes").getInt());
-  result.info.blockM =
-      static_cast<int>(func->getAttrOfType<mlir::IntegerAttr>("dualkv.block_m").getInt());
+  result.info.sharedBytes = static_cast<int>(
+      func->getAttrOfType<mlir::IntegerAttr>("dualkv.shared_bytes").getInt());
+  result.info.blockM = static_cast<int>(
+      func->getAttrOfType<mlir::IntegerAttr>("dualkv.block_m").getInt());
   result.info.threads = spec.tiling.warps * 32;
 
   result.ptx = emitPTX(gpuModule, spec.arch, options.dumpDir, result.error);

@@ -1,4 +1,5 @@
-//===- NVGPUToNVVM.cpp - dualkv-nvgpu-to-nvvm: nvgpu ops at a chosen index width ===//
+//===- NVGPUToNVVM.cpp - dualkv-nvgpu-to-nvvm: nvgpu ops at a chosen index width
+//===//
 #include "dualkv/Compiler/Passes.h"
 
 #include "mlir/Conversion/GPUCommon/GPUCommonPass.h"
@@ -15,7 +16,8 @@ namespace mlir::dualkv {
 using namespace mlir;
 
 namespace {
-struct NVGPUToNVVMPass : public mlir::dualkv::impl::DualKVNVGPUToNVVMBase<NVGPUToNVVMPass> {
+struct NVGPUToNVVMPass
+    : public mlir::dualkv::impl::DualKVNVGPUToNVVMBase<NVGPUToNVVMPass> {
   using DualKVNVGPUToNVVMBase::DualKVNVGPUToNVVMBase;
 
   void runOnOperation() override {
@@ -23,17 +25,18 @@ struct NVGPUToNVVMPass : public mlir::dualkv::impl::DualKVNVGPUToNVVMBase<NVGPUT
     LowerToLLVMOptions options(ctx);
     options.overrideIndexBitwidth(indexBitwidth);
     LLVMTypeConverter converter(ctx, options);
-    populateGpuMemorySpaceAttributeConversions(converter, [](gpu::AddressSpace space) {
-      switch (space) {
-      case gpu::AddressSpace::Global:
-        return static_cast<unsigned>(NVVM::NVVMMemorySpace::Global);
-      case gpu::AddressSpace::Workgroup:
-        return static_cast<unsigned>(NVVM::NVVMMemorySpace::Shared);
-      case gpu::AddressSpace::Private:
-        return 0u;
-      }
-      return 0u;
-    });
+    populateGpuMemorySpaceAttributeConversions(
+        converter, [](gpu::AddressSpace space) {
+          switch (space) {
+          case gpu::AddressSpace::Global:
+            return static_cast<unsigned>(NVVM::NVVMMemorySpace::Global);
+          case gpu::AddressSpace::Workgroup:
+            return static_cast<unsigned>(NVVM::NVVMMemorySpace::Shared);
+          case gpu::AddressSpace::Private:
+            return 0u;
+          }
+          return 0u;
+        });
     // Async tokens only order copies; they become a dummy i32 and disappear.
     converter.addConversion([&](nvgpu::DeviceAsyncTokenType type) -> Type {
       return converter.convertType(IntegerType::get(type.getContext(), 32));
@@ -44,7 +47,8 @@ struct NVGPUToNVVMPass : public mlir::dualkv::impl::DualKVNVGPUToNVVMBase<NVGPUT
     target.addLegalDialect<NVVM::NVVMDialect>();
     target.addIllegalDialect<nvgpu::NVGPUDialect>();
     target.markUnknownOpDynamicallyLegal([](Operation *) { return true; });
-    if (failed(applyPartialConversion(getOperation(), target, std::move(patterns))))
+    if (failed(applyPartialConversion(getOperation(), target,
+                                      std::move(patterns))))
       signalPassFailure();
   }
 };

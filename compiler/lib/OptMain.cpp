@@ -1,4 +1,5 @@
-//===- OptMain.cpp - the entry point of dualkv-opt, exported by the library ===//
+//===- OptMain.cpp - the entry point of dualkv-opt, exported by the library
+//===//
 //
 // MLIR lives hidden inside libdualkv.so, so dualkv-opt cannot call MlirOptMain
 // itself: the library exports this one function and the tool is a thin main().

@@ -1,4 +1,5 @@
-//===- Pipeline.cpp - pass registration and the kernel pipeline ------------===//
+//===- Pipeline.cpp - pass registration and the kernel pipeline
+//------------===//
 #include "dualkv/Compiler/Passes.h"
 
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
@@ -12,9 +13,9 @@
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
 #include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVM.h"
-#include "mlir/Dialect/UB/IR/UBOps.h"
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/UB/IR/UBOps.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Target/LLVMIR/Dialect/All.h"
 #include "mlir/Transforms/Passes.h"
@@ -26,9 +27,10 @@ using namespace mlir;
 
 namespace mlir::dualkv {
 
-/// The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the LLVM dialect.
-/// The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the LLVM dialect.
-/// Indices are 32-bit inside kernels (the runtime checks every offset fits).
+/// The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the LLVM
+/// dialect. The upstream half of the pipeline: from gpu/nvgpu/vector/scf to the
+/// LLVM dialect. Indices are 32-bit inside kernels (the runtime checks every
+/// offset fits).
 static constexpr const char *kToLLVM =
     "canonicalize,cse,convert-scf-to-cf,"
     "gpu.module(dualkv-nvgpu-to-nvvm{index-bitwidth=32},"
@@ -82,7 +84,8 @@ void registerKernelPipeline() {
     registerUpstreamPasses();
     PassPipelineRegistration<>(
         "dualkv-to-llvm",
-        "The upstream half of the kernel pipeline: after dualkv-lower-to-nvgpu, "
+        "The upstream half of the kernel pipeline: after "
+        "dualkv-lower-to-nvgpu, "
         "convert gpu/nvgpu/vector/scf to the NVVM and LLVM dialects",
         [](OpPassManager &pm) {
           if (failed(parsePassPipeline(kToLLVM, pm)))

@@ -1,4 +1,5 @@
-//===- TileRegions.cpp - dualkv-tile-regions: full tiles vs masked edges ---===//
+//===- TileRegions.cpp - dualkv-tile-regions: full tiles vs masked edges
+//---===//
 #include "dualkv/Compiler/Passes.h"
 
 #include "mlir/IR/IRMapping.h"
@@ -11,10 +12,10 @@ namespace mlir::dualkv {
 using namespace mlir;
 using namespace mlir::dualkv;
 
-/// A copy of `loop` over `part` starting from `inits`; with `mask`, every score tile
-/// the body computes passes through a dualkv.mask of that kind.
-static KVLoopOp cloneLoop(OpBuilder &b, KVLoopOp loop, LoopPart part, ValueRange inits,
-                          std::optional<MaskKind> mask) {
+/// A copy of `loop` over `part` starting from `inits`; with `mask`, every score
+/// tile the body computes passes through a dualkv.mask of that kind.
+static KVLoopOp cloneLoop(OpBuilder &b, KVLoopOp loop, LoopPart part,
+                          ValueRange inits, std::optional<MaskKind> mask) {
   auto copy = KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), part, inits);
   Block &from = loop.getBody().front();
   Block &to = copy.getBody().front();
@@ -42,7 +43,8 @@ static KVLoopOp cloneLoop(OpBuilder &b, KVLoopOp loop, LoopPart part, ValueRange
 }
 
 namespace {
-struct TileRegionsPass : public mlir::dualkv::impl::DualKVTileRegionsBase<TileRegionsPass> {
+struct TileRegionsPass
+    : public mlir::dualkv::impl::DualKVTileRegionsBase<TileRegionsPass> {
   void runOnOperation() override {
     SmallVector<KVLoopOp> loops;
     getOperation().walk([&](KVLoopOp loop) {
@@ -56,10 +58,11 @@ struct TileRegionsPass : public mlir::dualkv::impl::DualKVTileRegionsBase<TileRe
       }
       bool shared = loop.getRegion() == KVRegion::shared;
       OpBuilder b(loop);
-      KVLoopOp full = cloneLoop(b, loop, LoopPart::full, loop.getInits(), std::nullopt);
-      KVLoopOp edge =
-          cloneLoop(b, loop, shared ? LoopPart::tail : LoopPart::diagonal,
-                    full.getResults(), shared ? MaskKind::bound : MaskKind::causal);
+      KVLoopOp full =
+          cloneLoop(b, loop, LoopPart::full, loop.getInits(), std::nullopt);
+      KVLoopOp edge = cloneLoop(
+          b, loop, shared ? LoopPart::tail : LoopPart::diagonal,
+          full.getResults(), shared ? MaskKind::bound : MaskKind::causal);
       loop.replaceAllUsesWith(edge.getResults());
       loop.erase();
     }

@@ -21,13 +21,15 @@ constexpr int kSkip = 77;
 
 inline void check(cudaError_t e, const char *what) {
   if (e != cudaSuccess)
-    throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+    throw std::runtime_error(
+        fmt::format("{}: {}", what, cudaGetErrorString(e)));
 }
 
 /// True when a CUDA device is usable; the GPU tests skip otherwise.
 inline bool haveGpu() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && dualkv::gpuAvailable();
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 &&
+         dualkv::gpuAvailable();
 }
 
 inline uint16_t toBF16(float f) {
@@ -55,23 +57,32 @@ inline float fromF16(uint16_t u) {
   std::memcpy(&h, &u, 2);
   return static_cast<float>(h);
 }
-inline uint16_t to16(float f, DType t) { return t == DType::BF16 ? toBF16(f) : toF16(f); }
-inline float from16(uint16_t u, DType t) { return t == DType::BF16 ? fromBF16(u) : fromF16(u); }
+inline uint16_t to16(float f, DType t) {
+  return t == DType::BF16 ? toBF16(f) : toF16(f);
+}
+inline float from16(uint16_t u, DType t) {
+  return t == DType::BF16 ? fromBF16(u) : fromF16(u);
+}
 
 /// A device allocation freed on scope exit.
 struct DeviceBuffer {
   void *ptr = nullptr;
   size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) { check(cudaMalloc(&ptr, n ? n : 1), "cudaMalloc"); }
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    check(cudaMalloc(&ptr, n ? n : 1), "cudaMalloc");
+  }
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer &) = delete;
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
   template <typename T> void upload(const std::vector<T> &h) {
-    check(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    check(
+        cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
+        "upload");
   }
   template <typename T> std::vector<T> download(size_t n) const {
     std::vector<T> h(n);
-    check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    check(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost),
+          "download");
     return h;
   }
   /// Every byte 0xff: NaN in bf16, fp16 and fp32, so unwritten outputs show.

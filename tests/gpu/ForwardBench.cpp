@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
         if (runD != d)
           continue;
         ForwardArgs a = denseArgs(c, q, k, v, o, lse, plan);
-      a.tiling = tiling;
+        a.tiling = tiling;
         try {
           forward(a);
           check(cudaDeviceSynchronize(), "warm-up");

@@ -1,5 +1,6 @@
-// GPU tests of the forward kernel: random packed problems against the fp64 reference,
-// edge lengths, and bitwise equivalence with N separate causal sequences.
+// GPU tests of the forward kernel: random packed problems against the fp64
+// reference, edge lengths, and bitwise equivalence with N separate causal
+// sequences.
 #include "GpuHarness.h"
 
 #include <nlohmann/json.hpp>
@@ -16,34 +17,40 @@ using namespace dualkv::testing;
 
 namespace {
 
-/// Tolerances against the fp64 reference on inputs already rounded to the element
-/// type: the kernel rounds P to the element type before P·V and O at the end.
+/// Tolerances against the fp64 reference on inputs already rounded to the
+/// element type: the kernel rounds P to the element type before P·V and O at
+/// the end.
 struct Tolerance {
   double maxAbsO, relL2O, maxAbsLse;
 };
 Tolerance toleranceFor(DType t) {
-  return t == DType::BF16 ? Tolerance{2e-2, 1e-2, 1e-4} : Tolerance{4e-3, 2e-3, 1e-4};
+  return t == DType::BF16 ? Tolerance{2e-2, 1e-2, 1e-4}
+                          : Tolerance{4e-3, 2e-3, 1e-4};
 }
 
-/// The reference's work budget per case (allowed pairs x heads x head_dim): large
-/// cases are scaled down so 200 of them check in about a minute on 16 cores.
+/// The reference's work budget per case (allowed pairs x heads x head_dim):
+/// large cases are scaled down so 200 of them check in about a minute on 16
+/// cores.
 constexpr double kWorkBudget = 1e9;
 
 int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
-  std::uniform_real_distribution<double> u(std::log(double(lo)), std::log(double(hi) + 1));
+  std::uniform_real_distribution<double> u(std::log(double(lo)),
+                                           std::log(double(hi) + 1));
   return std::clamp<int64_t>(int64_t(std::exp(u(rng))), lo, hi);
 }
 
 Case randomCase(std::mt19937_64 &rng) {
   Case c;
-  std::uniform_int_distribution<int> groups(1, 3), responses(0, 16), coin(0, 99);
+  std::uniform_int_distribution<int> groups(1, 3), responses(0, 16),
+      coin(0, 99);
   int g = groups(rng);
   for (int i = 0; i < g; ++i) {
     PlanGroup grp;
     grp.prompt_len = logUniform(rng, 1, 5000);
     int n = responses(rng);
     for (int r = 0; r < n; ++r)
-      grp.response_lens.push_back(coin(rng) < 15 ? 0 : logUniform(rng, 1, 2000));
+      grp.response_lens.push_back(coin(rng) < 15 ? 0
+                                                 : logUniform(rng, 1, 2000));
     c.groups.push_back(grp);
   }
   const int ratios[] = {1, 4, 8}, dims[] = {64, 128, 256};
@@ -68,7 +75,8 @@ struct Checked {
   bool pass = false;
 };
 
-/// Runs every case on the GPU, checks each against the reference on worker threads.
+/// Runs every case on the GPU, checks each against the reference on worker
+/// threads.
 std::vector<Checked> checkCases(std::vector<Case> cases) {
   std::vector<Checked> out(cases.size());
   std::vector<ForwardResult> results(cases.size());
@@ -86,8 +94,8 @@ std::vector<Checked> checkCases(std::vector<Case> cases) {
       Errors e = compare(results[i], o, lse);
       Tolerance tol = toleranceFor(c.dtype);
       out[i] = {c, e,
-                e.finite && e.maxAbsO <= tol.maxAbsO && e.relL2O <= tol.relL2O &&
-                    e.maxAbsLse <= tol.maxAbsLse};
+                e.finite && e.maxAbsO <= tol.maxAbsO &&
+                    e.relL2O <= tol.relL2O && e.maxAbsLse <= tol.maxAbsLse};
       results[i] = {};
     }
   };
@@ -116,19 +124,22 @@ int report(const std::string &name, const std::vector<Checked> &checked) {
                      {"pass", ch.pass}});
     if (!ch.pass) {
       ++failures;
-      fmt::print("FAIL {}: max|dO| {:.3g} relL2 {:.3g} max|dLSE| {:.3g}\n", ch.c.describe(),
-                 ch.e.maxAbsO, ch.e.relL2O, ch.e.maxAbsLse);
+      fmt::print("FAIL {}: max|dO| {:.3g} relL2 {:.3g} max|dLSE| {:.3g}\n",
+                 ch.c.describe(), ch.e.maxAbsO, ch.e.relL2O, ch.e.maxAbsLse);
     }
   }
   for (auto &[dt, w] : worst) {
     Tolerance tol = toleranceFor(dt == "bf16" ? DType::BF16 : DType::FP16);
-    fmt::print("{} {}: worst max|dO| {:.3g} (tol {:.0e}), worst rel-L2(O) {:.3g} (tol {:.0e}), "
+    fmt::print("{} {}: worst max|dO| {:.3g} (tol {:.0e}), worst rel-L2(O) "
+               "{:.3g} (tol {:.0e}), "
                "worst max|dLSE| {:.3g} (tol {:.0e})\n",
-               name, dt, w.maxAbsO, tol.maxAbsO, w.relL2O, tol.relL2O, w.maxAbsLse, tol.maxAbsLse);
+               name, dt, w.maxAbsO, tol.maxAbsO, w.relL2O, tol.relL2O,
+               w.maxAbsLse, tol.maxAbsLse);
   }
   fmt::print("{}: {} cases, {} failed\n", name, checked.size(), failures);
   if (const char *dir = std::getenv("DUALKV_TEST_REPORT_DIR")) {
-    std::ofstream(std::string(dir) + "/" + name + ".json") << cases.dump(1) << "\n";
+    std::ofstream(std::string(dir) + "/" + name + ".json")
+        << cases.dump(1) << "\n";
   }
   return failures ? 1 : 0;
 }
@@ -174,9 +185,10 @@ int testEdges(uint64_t seed) {
   return report("forward_edges", checkCases(std::move(cases)));
 }
 
-/// The packed group run against its replicated layout: N groups [prompt | response_n]
-/// of one response each (a group without responses runs its prompt alone). Every
-/// packed token must equal its copies bit for bit: prompt rows in every copy.
+/// The packed group run against its replicated layout: N groups [prompt |
+/// response_n] of one response each (a group without responses runs its prompt
+/// alone). Every packed token must equal its copies bit for bit: prompt rows in
+/// every copy.
 int testEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checkedCases = 0;
@@ -196,11 +208,14 @@ int testEquivalence(uint64_t seed) {
       rep.q.clear();
       rep.k.clear();
       rep.v.clear();
-      std::vector<std::pair<int64_t, int64_t>> pairs; // (packed token, replicated token)
+      std::vector<std::pair<int64_t, int64_t>>
+          pairs; // (packed token, replicated token)
       int64_t base = 0, repTok = 0;
       auto copyTok = [&](int64_t tok) {
-        auto app = [&](std::vector<uint16_t> &dst, const std::vector<uint16_t> &src, int h) {
-          dst.insert(dst.end(), src.begin() + tok * h * d, src.begin() + (tok + 1) * h * d);
+        auto app = [&](std::vector<uint16_t> &dst,
+                       const std::vector<uint16_t> &src, int h) {
+          dst.insert(dst.end(), src.begin() + tok * h * d,
+                     src.begin() + (tok + 1) * h * d);
         };
         app(rep.q, packed.q, packed.hq);
         app(rep.k, packed.k, packed.hkv);
@@ -239,7 +254,8 @@ int testEquivalence(uint64_t seed) {
       for (auto [pt, rt] : pairs)
         for (int h = 0; h < packed.hq; ++h) {
           for (int e = 0; e < d; ++e) {
-            float x = a.o[(pt * packed.hq + h) * d + e], y = b.o[(rt * packed.hq + h) * d + e];
+            float x = a.o[(pt * packed.hq + h) * d + e],
+                  y = b.o[(rt * packed.hq + h) * d + e];
             if (std::memcmp(&x, &y, 4) != 0)
               ++mismatches;
           }
@@ -250,13 +266,15 @@ int testEquivalence(uint64_t seed) {
       ++checkedCases;
       if (mismatches) {
         ++failures;
-        fmt::print("FAIL equivalence {}: {} values differ from the replicated run\n",
-                   packed.describe(), mismatches);
+        fmt::print(
+            "FAIL equivalence {}: {} values differ from the replicated run\n",
+            packed.describe(), mismatches);
       }
     }
-  fmt::print("forward_equivalence: {} cases, {} failed (bitwise O and LSE, packed vs "
-             "N separate causal sequences)\n",
-             checkedCases, failures);
+  fmt::print(
+      "forward_equivalence: {} cases, {} failed (bitwise O and LSE, packed vs "
+      "N separate causal sequences)\n",
+      checkedCases, failures);
   return failures ? 1 : 0;
 }
 
@@ -276,7 +294,9 @@ int main(int argc, char **argv) {
       return testEdges(7);
     if (which == "equivalence")
       return testEquivalence(11);
-    fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | equivalence\n");
+    fmt::print(
+        stderr,
+        "usage: dualkv-gpu-tests random [count] | edges | equivalence\n");
     return 2;
   } catch (const std::exception &e) {
     fmt::print("error: {}\n", e.what());

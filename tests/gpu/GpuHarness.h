@@ -1,5 +1,5 @@
-// Shared helpers of the GPU tests: device buffers, 16-bit float conversions, random
-// packed problems, and the comparison against the fp64 reference.
+// Shared helpers of the GPU tests: device buffers, 16-bit float conversions,
+// random packed problems, and the comparison against the fp64 reference.
 #ifndef DUALKV_TESTS_GPU_HARNESS_H
 #define DUALKV_TESTS_GPU_HARNESS_H
 
@@ -38,7 +38,8 @@ struct Case {
     }
     return t;
   }
-  /// Allowed (query, key) pairs times heads times head_dim: the reference's work.
+  /// Allowed (query, key) pairs times heads times head_dim: the reference's
+  /// work.
   double work() const {
     double pairs = 0;
     for (auto &g : groups) {
@@ -98,8 +99,9 @@ struct ForwardResult {
 };
 
 /// Forward arguments for dense THD buffers of `c` (every stride the tightest).
-inline ForwardArgs denseArgs(const Case &c, DeviceBuffer &q, DeviceBuffer &k, DeviceBuffer &v,
-                             DeviceBuffer &o, DeviceBuffer &lse, const Plan &plan) {
+inline ForwardArgs denseArgs(const Case &c, DeviceBuffer &q, DeviceBuffer &k,
+                             DeviceBuffer &v, DeviceBuffer &o,
+                             DeviceBuffer &lse, const Plan &plan) {
   ForwardArgs a;
   a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
   a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};

@@ -1,6 +1,8 @@
-//===- dualkv-aot.cpp - compile DualKV kernels ahead of time ---------------===//
+//===- dualkv-aot.cpp - compile DualKV kernels ahead of time
+//---------------===//
 //
-// Writes PTX and cubins for kernel specs given on the command line; needs no GPU.
+// Writes PTX and cubins for kernel specs given on the command line; needs no
+// GPU.
 //
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Compiler.h"
@@ -55,7 +57,8 @@ struct Args {
 };
 
 [[noreturn]] void usageError(const std::string &msg) {
-  fmt::print(stderr, "dualkv-aot: {}\nrun 'dualkv-aot --help' for usage\n", msg);
+  fmt::print(stderr, "dualkv-aot: {}\nrun 'dualkv-aot --help' for usage\n",
+             msg);
   std::exit(2);
 }
 
@@ -66,7 +69,8 @@ int64_t parseInt(const std::string &flag, const std::string &value) {
     if (used != value.size())
       throw std::invalid_argument(value);
     if (v < 0 || v > std::numeric_limits<int32_t>::max())
-      usageError(fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)", flag, value));
+      usageError(fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)",
+                             flag, value));
     return v;
   } catch (const std::exception &) {
     usageError(fmt::format("{} expects an integer, got '{}'", flag, value));
@@ -115,10 +119,11 @@ Args parseArgs(int argc, char **argv) {
       size_t pos = 0;
       while (pos <= v.size()) {
         size_t comma = v.find(',', pos);
-        std::string one = v.substr(pos, comma == std::string::npos ? std::string::npos
-                                                                   : comma - pos);
+        std::string one = v.substr(
+            pos, comma == std::string::npos ? std::string::npos : comma - pos);
         if (one.rfind("sm_", 0) != 0)
-          usageError(fmt::format("--arch must look like sm_80 or sm_90a, got '{}'", one));
+          usageError(fmt::format(
+              "--arch must look like sm_80 or sm_90a, got '{}'", one));
         a.archs.push_back(one);
         if (comma == std::string::npos)
           break;
@@ -149,10 +154,10 @@ Args parseArgs(int argc, char **argv) {
 
 /// "dualkv_fwd_d128_h32x8_bf16_sm_90a_m64n64w4s1"
 std::string kernelFileName(const dualkv::KernelSpec &s) {
-  return fmt::format("dualkv_{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}", dualkv::toString(s.kind),
-                     s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
-                     s.arch, s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-                     s.tiling.stages);
+  return fmt::format(
+      "dualkv_{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}", dualkv::toString(s.kind),
+      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype), s.arch,
+      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages);
 }
 
 } // namespace
@@ -162,7 +167,8 @@ int main(int argc, char **argv) {
   std::error_code ec;
   std::filesystem::create_directories(args.out, ec);
   if (ec) {
-    fmt::print(stderr, "dualkv-aot: cannot create --out '{}': {}\n", args.out, ec.message());
+    fmt::print(stderr, "dualkv-aot: cannot create --out '{}': {}\n", args.out,
+               ec.message());
     return 2;
   }
   int failures = 0;
@@ -211,8 +217,8 @@ int main(int argc, char **argv) {
     std::ofstream(base + ".json") << meta.dump(2) << "\n";
     fmt::print("{}\n  entry {}  threads {}  shared {} B  PTX {} B  cubin {} B  "
                "compile {:.0f} ms + ptxas {:.0f} ms\n",
-               base, r.info.name, r.info.threads, r.info.sharedBytes, r.ptx.size(),
-               r.cubin.size(), r.compileMs, r.ptxasMs);
+               base, r.info.name, r.info.threads, r.info.sharedBytes,
+               r.ptx.size(), r.cubin.size(), r.compileMs, r.ptxasMs);
     if (!r.ptxasLog.empty())
       fmt::print("{}", r.ptxasLog);
   }

@@ -1,4 +1,5 @@
-//===- dualkv-opt.cpp - MLIR optimizer driver for the dualkv dialect -------===//
+//===- dualkv-opt.cpp - MLIR optimizer driver for the dualkv dialect
+//-------===//
 //
 // The dialect, its passes and the lit suite's driver. The work happens inside
 // libdualkv.so (see compiler/lib/OptMain.cpp), where MLIR is linked privately.

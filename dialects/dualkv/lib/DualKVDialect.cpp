@@ -1,4 +1,5 @@
-//===- DualKVDialect.cpp - registration of the dualkv dialect --------------===//
+//===- DualKVDialect.cpp - registration of the dualkv dialect
+//--------------===//
 #include "dualkv/Dialect/DualKVDialect.h"
 #include "dualkv/Dialect/DualKVOps.h"
 

@@ -1,4 +1,5 @@
-//===- DualKVOps.cpp - verifiers and custom syntax of dualkv ops -----------===//
+//===- DualKVOps.cpp - verifiers and custom syntax of dualkv ops
+//-----------===//
 #include "dualkv/Dialect/DualKVOps.h"
 
 #include "mlir/IR/Builders.h"
@@ -13,12 +14,13 @@ using namespace mlir::dualkv;
 // Attributes
 //===----------------------------------------------------------------------===//
 
-LogicalResult
-ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t P,
-                    int64_t N, int64_t numQHeads, int64_t numKVHeads,
-                    int64_t headDim, Type dtype, FloatAttr scale, bool causal) {
+LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                  int64_t P, int64_t N, int64_t numQHeads,
+                                  int64_t numKVHeads, int64_t headDim,
+                                  Type dtype, FloatAttr scale, bool causal) {
   if (P < 0)
-    return emitError() << "P must be >= 0 (0 means any prompt length), got " << P;
+    return emitError() << "P must be >= 0 (0 means any prompt length), got "
+                       << P;
   if (N < 0)
     return emitError() << "N must be >= 0, got " << N;
   if (numQHeads <= 0 || numKVHeads <= 0)
@@ -56,8 +58,9 @@ LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!pow2(warps) || warps > 16)
     return emitError() << "warps must be a power of two <= 16, got " << warps;
   if (blockM % (16 * warps) != 0)
-    return emitError() << "block_m (" << blockM << ") must be a multiple of 16 * warps ("
-                       << 16 * warps << "): each warp owns whole m16 row blocks";
+    return emitError() << "block_m (" << blockM
+                       << ") must be a multiple of 16 * warps (" << 16 * warps
+                       << "): each warp owns whole m16 row blocks";
   if (stages < 1 || stages > 4)
     return emitError() << "stages must be in [1, 4], got " << stages;
   return success();
@@ -67,14 +70,14 @@ LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 // Problem-level ops
 //===----------------------------------------------------------------------===//
 
-/// Checks that `type` is a rank-3 THD tensor with `heads` heads of the problem's
-/// head size and element type.
+/// Checks that `type` is a rank-3 THD tensor with `heads` heads of the
+/// problem's head size and element type.
 static LogicalResult verifyTHD(Operation *op, StringRef name, Type type,
                                int64_t heads, ProblemAttr problem) {
   auto t = cast<RankedTensorType>(type);
   if (t.getRank() != 3)
-    return op->emitOpError() << name << " must be [T, heads, head_dim], got rank "
-                             << t.getRank();
+    return op->emitOpError()
+           << name << " must be [T, heads, head_dim], got rank " << t.getRank();
   if (!ShapedType::isDynamic(t.getDimSize(1)) && t.getDimSize(1) != heads)
     return op->emitOpError() << name << " has " << t.getDimSize(1)
                              << " heads, the problem says " << heads;
@@ -83,8 +86,9 @@ static LogicalResult verifyTHD(Operation *op, StringRef name, Type type,
     return op->emitOpError() << name << " has head_dim " << t.getDimSize(2)
                              << ", the problem says " << problem.getHeadDim();
   if (t.getElementType() != problem.getDtype())
-    return op->emitOpError() << name << " has element type " << t.getElementType()
-                             << ", the problem says " << problem.getDtype();
+    return op->emitOpError()
+           << name << " has element type " << t.getElementType()
+           << ", the problem says " << problem.getDtype();
   return success();
 }
 
@@ -99,15 +103,20 @@ static LogicalResult verifyAttentionTensors(Operation *op, ProblemAttr problem,
       failed(verifyTHD(op, "o", o, hq, problem)))
     return failure();
   int64_t tokens = cast<RankedTensorType>(q).getDimSize(0);
-  for (auto [name, type] : {std::pair<StringRef, Type>{"k", k}, {"v", v}, {"o", o}}) {
+  for (auto [name, type] :
+       {std::pair<StringRef, Type>{"k", k}, {"v", v}, {"o", o}}) {
     int64_t t = cast<RankedTensorType>(type).getDimSize(0);
-    if (!ShapedType::isDynamic(tokens) && !ShapedType::isDynamic(t) && t != tokens)
-      return op->emitOpError() << name << " has " << t << " tokens, q has " << tokens;
+    if (!ShapedType::isDynamic(tokens) && !ShapedType::isDynamic(t) &&
+        t != tokens)
+      return op->emitOpError()
+             << name << " has " << t << " tokens, q has " << tokens;
   }
   auto lseType = cast<RankedTensorType>(lse);
   if (lseType.getRank() != 2 || !lseType.getElementType().isF32())
-    return op->emitOpError() << "lse must be [num_q_heads, T] of f32, got " << lse;
-  if (!ShapedType::isDynamic(lseType.getDimSize(0)) && lseType.getDimSize(0) != hq)
+    return op->emitOpError()
+           << "lse must be [num_q_heads, T] of f32, got " << lse;
+  if (!ShapedType::isDynamic(lseType.getDimSize(0)) &&
+      lseType.getDimSize(0) != hq)
     return op->emitOpError() << "lse has " << lseType.getDimSize(0)
                              << " heads, the problem says " << hq;
   if (!ShapedType::isDynamic(tokens) &&
@@ -117,8 +126,9 @@ static LogicalResult verifyAttentionTensors(Operation *op, ProblemAttr problem,
                              << " tokens, q has " << tokens;
   if (problem.getP() > 0 && !ShapedType::isDynamic(tokens) &&
       tokens < problem.getP())
-    return op->emitOpError() << "T = " << tokens << " is shorter than the prompt, P = "
-                             << problem.getP();
+    return op->emitOpError()
+           << "T = " << tokens
+           << " is shorter than the prompt, P = " << problem.getP();
   return success();
 }
 
@@ -136,7 +146,8 @@ LogicalResult AttentionBwdOp::verify() {
   if (getDout().getType() != getO().getType())
     return emitOpError() << "dout type " << getDout().getType()
                          << " must equal the output type " << getO().getType();
-  if (getDq().getType() != getQ().getType() || getDk().getType() != getK().getType() ||
+  if (getDq().getType() != getQ().getType() ||
+      getDk().getType() != getK().getType() ||
       getDv().getType() != getV().getType())
     return emitOpError() << "gradients must have the types of q, k and v";
   return success();
@@ -149,12 +160,13 @@ LogicalResult AttentionBwdOp::verify() {
 LogicalResult KernelOp::verify() {
   bool anyBound = getProblem() || getTiling() || getArch();
   if (anyBound && !isBound())
-    return emitOpError() << "problem, tiling and arch are bound together: either all "
-                            "three or none";
+    return emitOpError()
+           << "problem, tiling and arch are bound together: either all "
+              "three or none";
   if (auto arch = getArch()) {
     if (!arch->starts_with("sm_"))
-      return emitOpError() << "arch must look like sm_80 or sm_90a, got '" << *arch
-                           << "'";
+      return emitOpError() << "arch must look like sm_80 or sm_90a, got '"
+                           << *arch << "'";
   }
   if (auto tiling = getTiling()) {
     int64_t d = getProblem()->getHeadDim();
@@ -168,16 +180,17 @@ LogicalResult KernelOp::verify() {
                              << " 16-byte chunks with " << threads
                              << " threads: the chunks must split evenly";
     if (accRegs > 128)
-      return emitOpError() << "tiling gives each thread " << accRegs
-                           << " accumulator registers (block_m * head_dim / threads); "
-                              "at most 128 fit beside the scores";
+      return emitOpError()
+             << "tiling gives each thread " << accRegs
+             << " accumulator registers (block_m * head_dim / threads); "
+                "at most 128 fit beside the scores";
   }
   return success();
 }
 
 LogicalResult KernelOp::verifyRegions() {
-  // The regions a kernel walks must be disjoint: each (region, part) at most once,
-  // and `all` excludes every other part of the same region.
+  // The regions a kernel walks must be disjoint: each (region, part) at most
+  // once, and `all` excludes every other part of the same region.
   SmallVector<KVLoopOp> loops;
   getBody().walk([&](KVLoopOp loop) { loops.push_back(loop); });
   for (auto [i, a] : llvm::enumerate(loops)) {
@@ -187,17 +200,20 @@ LogicalResult KernelOp::verifyRegions() {
       if (a.getPart() == b.getPart() || a.getPart() == LoopPart::all ||
           b.getPart() == LoopPart::all)
         return b.emitOpError()
-               << "overlaps an earlier loop over the " << stringifyKVRegion(a.getRegion())
-               << " region (parts " << stringifyLoopPart(a.getPart()) << " and "
+               << "overlaps an earlier loop over the "
+               << stringifyKVRegion(a.getRegion()) << " region (parts "
+               << stringifyLoopPart(a.getPart()) << " and "
                << stringifyLoopPart(b.getPart())
                << "): every KV tile must be visited once";
     }
   }
   if (getKind() == KernelKind::fwd) {
     if (getBody().getOps<LoadQOp>().empty())
-      return emitOpError() << "forward kernel loads no query tile (dualkv.load_q)";
+      return emitOpError()
+             << "forward kernel loads no query tile (dualkv.load_q)";
     if (getBody().getOps<StoreOutputOp>().empty())
-      return emitOpError() << "forward kernel stores no output (dualkv.store_output)";
+      return emitOpError()
+             << "forward kernel stores no output (dualkv.store_output)";
   }
   return success();
 }
@@ -210,8 +226,10 @@ LogicalResult LoadQOp::verify() {
   auto kernel = (*this)->getParentOfType<KernelOp>();
   if (!kernel)
     return emitOpError() << "must be inside a dualkv.kernel";
-  if (kernel.getKind() != KernelKind::fwd && kernel.getKind() != KernelKind::bwd)
-    return emitOpError() << "only forward and backward kernels load query tiles";
+  if (kernel.getKind() != KernelKind::fwd &&
+      kernel.getKind() != KernelKind::bwd)
+    return emitOpError()
+           << "only forward and backward kernels load query tiles";
   return success();
 }
 
@@ -231,7 +249,8 @@ void KVLoopOp::build(OpBuilder &builder, OperationState &state, KVRegion region,
     block->addArgument(v.getType(), state.location);
 }
 
-// Syntax: dualkv.kv_loop <region> part <part> [iter_args(%a = %x, ...) : types] body
+// Syntax: dualkv.kv_loop <region> part <part> [iter_args(%a = %x, ...) : types]
+// body
 void KVLoopOp::print(OpAsmPrinter &p) {
   p << " ";
   p.printStrippedAttrOrType(getRegionAttr());
@@ -239,14 +258,14 @@ void KVLoopOp::print(OpAsmPrinter &p) {
   p.printStrippedAttrOrType(getPartAttr());
   if (!getInits().empty()) {
     p << " iter_args(";
-    llvm::interleaveComma(llvm::zip(getRegionIterArgs(), getInits()), p,
-                          [&](auto pair) {
-                            p << std::get<0>(pair) << " = " << std::get<1>(pair);
-                          });
+    llvm::interleaveComma(
+        llvm::zip(getRegionIterArgs(), getInits()), p, [&](auto pair) {
+          p << std::get<0>(pair) << " = " << std::get<1>(pair);
+        });
     p << ") : " << getInits().getTypes();
   }
   p.printOptionalAttrDictWithKeyword((*this)->getAttrs(),
-                          {getRegionAttrName(), getPartAttrName()});
+                                     {getRegionAttrName(), getPartAttrName()});
   p << " ";
   p.printRegion(getBody(), /*printEntryBlockArgs=*/true,
                 /*printBlockTerminators=*/!getInits().empty());
@@ -256,7 +275,8 @@ ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
   MLIRContext *ctx = parser.getContext();
   KVRegionAttr region;
   LoopPartAttr part;
-  if (parser.parseCustomAttributeWithFallback(region) || parser.parseKeyword("part") ||
+  if (parser.parseCustomAttributeWithFallback(region) ||
+      parser.parseKeyword("part") ||
       parser.parseCustomAttributeWithFallback(part))
     return failure();
   result.addAttribute("region", region);
@@ -271,8 +291,8 @@ ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
       return failure();
     if (types.size() != inits.size())
       return parser.emitError(parser.getCurrentLocation())
-             << "iter_args has " << inits.size() << " values but " << types.size()
-             << " types";
+             << "iter_args has " << inits.size() << " values but "
+             << types.size() << " types";
     if (parser.resolveOperands(inits, types, parser.getCurrentLocation(),
                                result.operands))
       return failure();
@@ -300,30 +320,35 @@ LogicalResult KVLoopOp::verify() {
   KVRegion region = getRegion();
   LoopPart part = getPart();
   if (region == KVRegion::shared && part == LoopPart::diagonal)
-    return emitOpError() << "the shared region has no causal diagonal: every prompt key "
-                            "precedes every response query";
+    return emitOpError()
+           << "the shared region has no causal diagonal: every prompt key "
+              "precedes every response query";
   if (region == KVRegion::response && part == LoopPart::tail)
-    return emitOpError() << "the response region has no tail part: its last tiles are "
-                            "the diagonal ones";
+    return emitOpError()
+           << "the response region has no tail part: its last tiles are "
+              "the diagonal ones";
   return success();
 }
 
 LogicalResult KVLoopOp::verifyRegions() {
   Block &block = getBody().front();
   if (block.getNumArguments() != getInits().size() + 1)
-    return emitOpError() << "body must take the tile index and " << getInits().size()
-                         << " carried values, got " << block.getNumArguments()
-                         << " arguments";
+    return emitOpError() << "body must take the tile index and "
+                         << getInits().size() << " carried values, got "
+                         << block.getNumArguments() << " arguments";
   if (!block.getArgument(0).getType().isIndex())
-    return emitOpError() << "first body argument must be the index of the KV tile";
+    return emitOpError()
+           << "first body argument must be the index of the KV tile";
   for (auto [i, arg, init] : llvm::enumerate(getRegionIterArgs(), getInits()))
     if (arg.getType() != init.getType())
-      return emitOpError() << "carried value #" << i << " has type " << init.getType()
-                           << " but the body takes " << arg.getType();
+      return emitOpError() << "carried value #" << i << " has type "
+                           << init.getType() << " but the body takes "
+                           << arg.getType();
   auto yield = cast<YieldOp>(block.getTerminator());
   if (yield.getValues().getTypes() != getResultTypes())
-    return emitOpError() << "yields " << yield.getValues().size()
-                         << " values whose types differ from the loop's results";
+    return emitOpError()
+           << "yields " << yield.getValues().size()
+           << " values whose types differ from the loop's results";
   if (!getBody().getOps<KVLoopOp>().empty())
     return emitOpError() << "KV loops do not nest";
   return success();
@@ -333,9 +358,10 @@ LogicalResult MaskOp::verify() {
   auto loop = (*this)->getParentOfType<KVLoopOp>();
   if (!loop)
     return emitOpError() << "must be inside a dualkv.kv_loop";
-  // Child verifiers run before the loop's region verifier: the body may lack its
-  // tile-index argument here.
-  if (loop.getBody().front().getNumArguments() == 0 || getTile() != loop.getTileIndex())
+  // Child verifiers run before the loop's region verifier: the body may lack
+  // its tile-index argument here.
+  if (loop.getBody().front().getNumArguments() == 0 ||
+      getTile() != loop.getTileIndex())
     return emitOpError() << "must mask the tile of its own loop iteration";
   switch (getKind()) {
   case MaskKind::none:

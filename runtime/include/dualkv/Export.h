@@ -1,4 +1,5 @@
-//===- Export.h - symbol visibility of the public API -------------*- C++ -*-===//
+//===- Export.h - symbol visibility of the public API -------------*- C++
+//-*-===//
 #ifndef DUALKV_EXPORT_H
 #define DUALKV_EXPORT_H
 

@@ -52,32 +52,36 @@ DUALKV_API std::vector<TokenInfo> token_info(const Problem &problem);
 
 /// allowed(i, j) of DESIGN.md §1: may query token \p i attend to key token
 /// \p j?
-DUALKV_API bool allowed(const std::vector<TokenInfo> &info, int64_t i, int64_t j);
+DUALKV_API bool allowed(const std::vector<TokenInfo> &info, int64_t i,
+                        int64_t j);
 
 /// Packed DualKV forward: writes o [T][Hq][D] and lse [Hq][T].
-DUALKV_API void forward(const Problem &problem, const double *q, const double *k,
-             const double *v, double *o, double *lse);
+DUALKV_API void forward(const Problem &problem, const double *q,
+                        const double *k, const double *v, double *o,
+                        double *lse);
 
 /// Packed DualKV backward of forward(): given its o and lse and the upstream
 /// gradient dout [T][Hq][D], writes dq [T][Hq][D], dk and dv [T][Hkv][D].
-DUALKV_API void backward(const Problem &problem, const double *q, const double *k,
-              const double *v, const double *o, const double *lse,
-              const double *dout, double *dq, double *dk, double *dv);
+DUALKV_API void backward(const Problem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv);
 
 /// Replicated definition of forward(): for each group, each response n runs
 /// ordinary causal attention on [prompt | response_n] separately (a group with
 /// N = 0 runs the prompt alone once). Prompt tokens take their value from the
 /// first copy (all copies agree).
 DUALKV_API void forward_replicated(const Problem &problem, const double *q,
-                        const double *k, const double *v, double *o,
-                        double *lse);
+                                   const double *k, const double *v, double *o,
+                                   double *lse);
 
 /// Replicated definition of backward(): per-copy causal backward where prompt
 /// rows receive dout only in the first copy; prompt dk/dv are summed over the
 /// copies. Equals backward() up to rounding.
 DUALKV_API void backward_replicated(const Problem &problem, const double *q,
-                         const double *k, const double *v, const double *o,
-                         const double *lse, const double *dout, double *dq,
-                         double *dk, double *dv);
+                                    const double *k, const double *v,
+                                    const double *o, const double *lse,
+                                    const double *dout, double *dq, double *dk,
+                                    double *dv);
 
 } // namespace dualkv::reference

@@ -1,8 +1,9 @@
-//===- Compiler.h - KernelSpec in, PTX and cubin out --------------*- C++ -*-===//
+//===- Compiler.h - KernelSpec in, PTX and cubin out --------------*- C++
+//-*-===//
 //
-// The compiler's public face: a typed description of one kernel, and the function
-// that turns it into PTX (and, where ptxas is available, a cubin). It never touches a
-// device.
+// The compiler's public face: a typed description of one kernel, and the
+// function that turns it into PTX (and, where ptxas is available, a cubin). It
+// never touches a device.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_COMPILER_H
@@ -34,8 +35,8 @@ struct Tiling {
   }
 };
 
-/// Every input that changes generated code. P and N are a shape class: the kernels
-/// read exact lengths at run time, so P = 0 / N = 0 means "any".
+/// Every input that changes generated code. P and N are a shape class: the
+/// kernels read exact lengths at run time, so P = 0 / N = 0 means "any".
 struct KernelSpec {
   KernelKind kind = KernelKind::Fwd;
   int64_t P = 0;
@@ -55,10 +56,10 @@ DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
 
 /// What a launch needs to know about a compiled kernel.
 struct KernelInfo {
-  std::string name;          ///< entry point in the PTX/cubin
-  int threads = 0;           ///< threads per CTA
-  int sharedBytes = 0;       ///< dynamic shared memory per CTA
-  int blockM = 0;            ///< query rows per CTA
+  std::string name;    ///< entry point in the PTX/cubin
+  int threads = 0;     ///< threads per CTA
+  int sharedBytes = 0; ///< dynamic shared memory per CTA
+  int blockM = 0;      ///< query rows per CTA
 };
 
 struct CompileOptions {
@@ -66,26 +67,30 @@ struct CompileOptions {
   bool emitCubin = true;
   /// Directory to write every stage's IR into, or empty.
   std::string dumpDir;
-  /// Path of ptxas; empty means $DUALKV_PTXAS, $CUDA_HOME/bin/ptxas, /usr/local/cuda/bin/ptxas.
+  /// Path of ptxas; empty means $DUALKV_PTXAS, $CUDA_HOME/bin/ptxas,
+  /// /usr/local/cuda/bin/ptxas.
   std::string ptxas;
 };
 
 struct CompileResult {
   bool ok = false;
-  std::string error;         ///< diagnostics when !ok
+  std::string error; ///< diagnostics when !ok
   KernelInfo info;
   std::string ptx;
-  std::vector<char> cubin;   ///< empty if no cubin was asked for or ptxas is absent
-  std::string ptxasLog;      ///< ptxas -v output (registers, spills)
-  double compileMs = 0.0;    ///< template to PTX
+  std::vector<char>
+      cubin;            ///< empty if no cubin was asked for or ptxas is absent
+  std::string ptxasLog; ///< ptxas -v output (registers, spills)
+  double compileMs = 0.0; ///< template to PTX
   double ptxasMs = 0.0;
 };
 
-/// Compiles one kernel: template -> dualkv IR -> passes -> LLVM -> PTX -> cubin.
-DUALKV_API CompileResult compile(const KernelSpec &spec, const CompileOptions &options = {});
+/// Compiles one kernel: template -> dualkv IR -> passes -> LLVM -> PTX ->
+/// cubin.
+DUALKV_API CompileResult compile(const KernelSpec &spec,
+                                 const CompileOptions &options = {});
 
-/// A fingerprint of everything in the compiler that changes code: project version,
-/// LLVM version, template hashes. Part of every cache key.
+/// A fingerprint of everything in the compiler that changes code: project
+/// version, LLVM version, template hashes. Part of every cache key.
 DUALKV_API std::string compilerFingerprint();
 
 /// The template text a kernel kind is compiled from.

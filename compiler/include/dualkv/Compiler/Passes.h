@@ -1,4 +1,5 @@
-//===- Passes.h - the passes of the DualKV compiler ---------------*- C++ -*-===//
+//===- Passes.h - the passes of the DualKV compiler ---------------*- C++
+//-*-===//
 #ifndef DUALKV_COMPILER_PASSES_H
 #define DUALKV_COMPILER_PASSES_H
 
@@ -23,12 +24,12 @@ namespace mlir::dualkv {
 #define GEN_PASS_REGISTRATION
 #include "dualkv/Compiler/Passes.h.inc"
 
-
-/// dualkv-bind-spec, dualkv-tile-regions, dualkv-lower-to-nvgpu, then the upstream
-/// conversions to the NVVM/LLVM dialects.
+/// dualkv-bind-spec, dualkv-tile-regions, dualkv-lower-to-nvgpu, then the
+/// upstream conversions to the NVVM/LLVM dialects.
 void buildKernelPipeline(OpPassManager &pm, const DualKVBindSpecOptions &bind);
 
-/// Registers the passes and `dualkv-to-llvm`, the upstream half of the pipeline.
+/// Registers the passes and `dualkv-to-llvm`, the upstream half of the
+/// pipeline.
 void registerKernelPipeline();
 
 /// Registers every dialect a DualKV module may contain at any stage.

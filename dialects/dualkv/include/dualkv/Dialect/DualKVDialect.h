@@ -1,4 +1,5 @@
-//===- DualKVDialect.h - the dualkv dialect -----------------------*- C++ -*-===//
+//===- DualKVDialect.h - the dualkv dialect -----------------------*- C++
+//-*-===//
 #ifndef DUALKV_DIALECT_DUALKVDIALECT_H
 #define DUALKV_DIALECT_DUALKVDIALECT_H
 

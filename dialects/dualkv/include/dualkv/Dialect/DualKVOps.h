@@ -1,4 +1,5 @@
-//===- DualKVOps.h - attributes, types and ops of dualkv ----------*- C++ -*-===//
+//===- DualKVOps.h - attributes, types and ops of dualkv ----------*- C++
+//-*-===//
 #ifndef DUALKV_DIALECT_DUALKVOPS_H
 #define DUALKV_DIALECT_DUALKVOPS_H
 
