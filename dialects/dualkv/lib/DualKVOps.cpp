@@ -61,8 +61,8 @@ LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "block_m (" << blockM
                        << ") must be a multiple of 16 * warps (" << 16 * warps
                        << "): each warp owns whole m16 row blocks";
-  if (stages < 1 || stages > 4)
-    return emitError() << "stages must be in [1, 4], got " << stages;
+  if (stages < 1 || stages > 2)
+    return emitError() << "stages must be 1 or 2, got " << stages;
   return success();
 }
 

@@ -76,7 +76,7 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=block-m=16 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
 // ERR-BLOCK: error: block_m (16) must be a multiple of block_n (32) so causal diagonals stay tile-aligned
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=stages=5 2>&1 | FileCheck %s --check-prefix=ERR-STAGES
-// ERR-STAGES: error: stages must be in [1, 4], got 5
+// ERR-STAGES: error: stages must be 1 or 2, got 5
 // The options are valid alone but the kernel verifier rejects the combination.
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128 warps=4" 2>&1 | FileCheck %s --check-prefix=ERR-REGS
 // ERR-REGS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers

@@ -47,10 +47,11 @@ def DualKVLowerToNVGPU : Pass<"dualkv-lower-to-nvgpu", "::mlir::ModuleOp"> {
   let summary = "Lower bound, tiled dualkv kernels to gpu/nvgpu/vector/scf (sm_80 schedule)";
   let description = [{
     Each `dualkv.kernel` becomes a `gpu.func` kernel in a `gpu.module`. The sm_80
-    schedule: per-thread register fragments of `mma.sync.m16n8k16` (`nvgpu.mma.sync`),
-    K and V tiles staged in padded shared memory with `cp.async`
+    schedule: per-thread register fragments of `mma.sync.m16n8k16` (`nvvm.mma.sync`),
+    Q, K and V tiles staged in padded shared memory with `cp.async`
     (`nvgpu.device_async_copy`, zero-fill past the region end) and read with
-    `ldmatrix` (transposed for V), an exp2 online softmax with row reductions over
+    `ldmatrix` (transposed for V); with `stages = 2` the next key tile is prefetched
+    while softmax and P·V run. An exp2 online softmax with row reductions over
     `gpu.shuffle xor`, fp32 accumulation. Runs on sm_80 and newer, sm_90a included.
   }];
   let dependentDialects = [

@@ -108,8 +108,9 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
 def DualKV_TilingAttr : DualKV_Attr<"Tiling", "tiling"> {
   let summary = "Tile shape and schedule parameters of a kernel";
   let description = [{
-    `block_m` query rows and `block_n` keys per tile, `warps` per CTA, `stages` of the
-    shared-memory pipeline.
+    `block_m` query rows and `block_n` keys per tile, `warps` per CTA, and `stages`
+    of the key pipeline: 1 loads each key tile when it is needed, 2 prefetches the
+    next key tile while softmax and P·V run (values always load while Q·Kᵀ runs).
 
     ```mlir
     #dualkv.tiling<block_m = 128, block_n = 64, warps = 8, stages = 2>
