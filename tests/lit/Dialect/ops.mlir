@@ -110,12 +110,12 @@ func.func @every_enum_value() attributes {
 
 // The structured attributes at the edges of their valid ranges.
 // CHECK-LABEL: func.func @structured_attributes
-// CHECK-SAME: t_max = #dualkv.tiling<block_m = 256, block_n = 256, warps = 16, stages = 4>
+// CHECK-SAME: t_max = #dualkv.tiling<block_m = 256, block_n = 256, warps = 16, stages = 2>
 // CHECK-SAME: t_min = #dualkv.tiling<block_m = 16, block_n = 16, warps = 1, stages = 1>
 // CHECK-SAME: x_problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 1, num_kv_heads = 1, head_dim = 64, dtype = bf16, scale = 1.000000e+00 : f64, causal = true>
 func.func @structured_attributes() attributes {
     t_min = #dualkv.tiling<block_m = 16, block_n = 16, warps = 1, stages = 1>,
-    t_max = #dualkv.tiling<block_m = 256, block_n = 256, warps = 16, stages = 4>,
+    t_max = #dualkv.tiling<block_m = 256, block_n = 256, warps = 16, stages = 2>,
     x_problem = #dualkv.problem<P = 0, N = 0, num_q_heads = 1, num_kv_heads = 1,
                                 head_dim = 64, dtype = bf16, scale = 1.0, causal = true>} {
   return

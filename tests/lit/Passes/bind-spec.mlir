@@ -6,7 +6,7 @@
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=D128
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=D64
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=D256
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="P=512 N=8 num-q-heads=16 num-kv-heads=16 head-dim=64 dtype=f16 arch=sm_80 block-m=128 block-n=32 warps=8 stages=3" | FileCheck %s --check-prefix=EXPLICIT
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="P=512 N=8 num-q-heads=16 num-kv-heads=16 head-dim=64 dtype=f16 arch=sm_80 block-m=128 block-n=32 warps=8 stages=1" | FileCheck %s --check-prefix=EXPLICIT
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="dtype=fp16 block-n=64" | FileCheck %s --check-prefix=PARTIAL
 // RUN: dualkv-opt %s -split-input-file --dualkv-bind-spec="num-q-heads=8 num-kv-heads=1 arch=sm_90a" | FileCheck %s
 
@@ -28,7 +28,7 @@
 
 // EXPLICIT-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // EXPLICIT-SAME: problem <P = 512, N = 8, num_q_heads = 16, num_kv_heads = 16, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>
-// EXPLICIT-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 3>
+// EXPLICIT-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 1>
 // EXPLICIT-SAME: arch "sm_80" {
 
 // Explicit fields win, the rest keep their defaults; "fp16" spells f16.

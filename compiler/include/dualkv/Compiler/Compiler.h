@@ -96,8 +96,9 @@ DUALKV_API std::string compilerFingerprint();
 /// The template text a kernel kind is compiled from.
 DUALKV_API std::string kernelTemplate(KernelKind kind);
 
-/// The ptxas compile() runs: options.ptxas, $DUALKV_PTXAS, $CUDA_HOME/bin/ptxas,
-/// the configured CUDA root, then PATH; empty if none exists.
+/// The ptxas compile() runs: options.ptxas, $DUALKV_PTXAS,
+/// $CUDA_HOME/bin/ptxas, the configured CUDA root, then PATH; empty if none
+/// exists.
 DUALKV_API std::string ptxasPath(const CompileOptions &options);
 
 } // namespace dualkv
