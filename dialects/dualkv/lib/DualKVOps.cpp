@@ -272,7 +272,6 @@ void KVLoopOp::print(OpAsmPrinter &p) {
 }
 
 ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
-  MLIRContext *ctx = parser.getContext();
   KVRegionAttr region;
   LoopPartAttr part;
   if (parser.parseCustomAttributeWithFallback(region) ||
@@ -283,6 +282,7 @@ ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
   result.addAttribute("part", part);
 
   SmallVector<OpAsmParser::UnresolvedOperand> inits;
+  // The names before '=' repeat the entry block's arguments, which name them.
   SmallVector<OpAsmParser::Argument> iterArgs;
   SmallVector<Type> types;
   if (succeeded(parser.parseOptionalKeyword("iter_args"))) {
@@ -311,8 +311,6 @@ ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
   }
   if (types.empty())
     KVLoopOp::ensureTerminator(*body, parser.getBuilder(), result.location);
-  (void)ctx;
-  (void)iterArgs; // names are taken from the entry block's signature
   return success();
 }
 
