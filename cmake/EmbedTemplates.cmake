@@ -1,5 +1,6 @@
 # Writes the kernel templates into a C++ include as raw string literals with their names.
 set(out "// Generated from templates/*.mlir by cmake/EmbedTemplates.cmake.\n")
+string(REPLACE "|" ";" INPUTS "${INPUTS}")
 foreach(f ${INPUTS})
   get_filename_component(name ${f} NAME_WE)
   file(READ ${f} text)

@@ -257,11 +257,36 @@ std::string ptxasPath(const CompileOptions &options) {
   return {};
 }
 
+/// "ptxas: ... V13.0.88" or "ptxas: none": cubins depend on the assembler's
+/// version.
+static std::string ptxasVersion() {
+  std::string ptxas = ptxasPath({});
+  if (ptxas.empty())
+    return "ptxas: none";
+  llvm::SmallString<128> out;
+  llvm::sys::fs::createTemporaryFile("dualkv", "version", out);
+  std::optional<llvm::StringRef> redirects[] = {
+      std::nullopt, llvm::StringRef(out), llvm::StringRef(out)};
+  llvm::sys::ExecuteAndWait(ptxas, {ptxas, "--version"}, std::nullopt,
+                            redirects);
+  std::string version = "ptxas: unknown";
+  if (auto buf = llvm::MemoryBuffer::getFile(out)) {
+    llvm::StringRef text = (*buf)->getBuffer();
+    size_t at = text.rfind("V");
+    if (at != llvm::StringRef::npos)
+      version = ("ptxas: " + text.substr(at).trim()).str();
+  }
+  llvm::sys::fs::remove(out);
+  return version;
+}
+
 std::string compilerFingerprint() {
   static const std::string fingerprint = [] {
     llvm::SHA256 h;
-    h.update(fmt::format("dualkv {} llvm {} ptx +ptx80\n", DUALKV_VERSION,
-                         DUALKV_LLVM_VERSION));
+    h.update(fmt::format("dualkv {} llvm {} ptx +ptx80 sources {} {}\n",
+                         DUALKV_VERSION, DUALKV_LLVM_VERSION,
+#include "dualkv/Compiler/SourceHash.inc"
+                         , ptxasVersion()));
     for (const auto &[name, text] : templates()) {
       h.update(name);
       h.update(text);
