@@ -1,6 +1,8 @@
 // Kernel cache: typed keys, the on-disk store, and loaded modules per context.
 #include "Cache.h"
 
+#include "dualkv/Aot.h"
+
 #include "dualkv/dualkv.h"
 
 #include <fmt/format.h>
@@ -411,6 +413,49 @@ const std::string &fingerprint() {
 
 } // namespace
 
+namespace {
+/// Kernels registered ahead of time, by the hash of their key (fingerprint
+/// "aot": an AOT image is trusted for its spec whatever compiler this process
+/// has).
+struct AotRegistry {
+  std::mutex mutex;
+  std::map<std::string, AotKernel> kernels;
+};
+AotRegistry &aotRegistry() {
+  static AotRegistry registry;
+  return registry;
+}
+std::string aotHash(const KernelSpec &spec) {
+  return CacheKey::fromSpec(resolveSpec(spec), "aot").hash();
+}
+std::optional<CacheEntry> findAot(const KernelSpec &spec) {
+  AotRegistry &r = aotRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.kernels.find(aotHash(spec));
+  if (it == r.kernels.end())
+    return std::nullopt;
+  const AotKernel &k = it->second;
+  const char *bytes = static_cast<const char *>(k.image);
+  return CacheEntry{k.info, k.ptx ? std::string(k.ptx) : std::string(),
+                    std::vector<char>(bytes, bytes + k.imageSize)};
+}
+} // namespace
+
+void registerAotKernel(const AotKernel &kernel) {
+  if (!kernel.image || kernel.imageSize == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("AOT kernel {} has no image", kernel.info.name));
+  AotRegistry &r = aotRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.kernels[aotHash(kernel.spec)] = kernel;
+}
+
+size_t aotKernelCount() {
+  AotRegistry &r = aotRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.kernels.size();
+}
+
 const LoadedKernel &getKernel(const KernelSpec &requested) {
   cuda::CUcontext ctx = cuda::currentContext();
   KernelCache &cache = kernelCache();
@@ -439,8 +484,10 @@ const LoadedKernel &getKernel(const KernelSpec &requested) {
   }
 
   DiskCache disk(DiskCache::defaultRoot());
-  std::optional<CacheEntry> entry;
-  if (!disk.root().empty() && !envFlag("DUALKV_ALWAYS_COMPILE")) {
+  std::optional<CacheEntry> entry = findAot(spec);
+  if (entry)
+    ++cache.stats.aotHits;
+  if (!entry && !disk.root().empty() && !envFlag("DUALKV_ALWAYS_COMPILE")) {
     entry = disk.load(key);
     ++(entry ? cache.stats.diskHits : cache.stats.diskMisses);
   }

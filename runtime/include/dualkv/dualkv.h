@@ -77,6 +77,7 @@ struct CacheStats {
   int64_t compiles = 0;      ///< kernels compiled in this process
   double lastCompileMs = 0;  ///< wall time of the latest compile
   double totalCompileMs = 0; ///< wall time of all compiles
+  int64_t aotHits = 0; ///< kernels taken from the AOT registry (dualkv/Aot.h)
 };
 
 /// A snapshot of the kernel cache counters of this process.

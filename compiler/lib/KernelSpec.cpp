@@ -1,0 +1,57 @@
+//===- KernelSpec.cpp - spellings and default tilings of kernel specs
+//-------===//
+//
+// Needs no MLIR: the runtime-only library links this file too.
+//
+//===----------------------------------------------------------------------===//
+#include "dualkv/Compiler/Compiler.h"
+
+namespace dualkv {
+
+const char *toString(KernelKind kind) {
+  switch (kind) {
+  case KernelKind::Fwd:
+    return "fwd";
+  case KernelKind::BwdPre:
+    return "bwd_pre";
+  case KernelKind::Bwd:
+    return "bwd";
+  case KernelKind::BwdPost:
+    return "bwd_post";
+  }
+  return "?";
+}
+
+const char *toString(DType dtype) {
+  return dtype == DType::BF16 ? "bf16" : "f16";
+}
+
+Tiling defaultTiling(const KernelSpec &spec) {
+  // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
+  // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
+  // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment
+  // feeds two MMAs); head_dim 256: 8 warps of 16 rows, as 32 rows of a 256-wide
+  // accumulator do not fit.
+  Tiling t;
+  t.blockM = 128;
+  t.blockN = 32;
+  t.warps = spec.headDim >= 256 ? 8 : 4;
+  t.stages = 2;
+  return t;
+}
+
+KernelSpec resolveSpec(KernelSpec spec) {
+  Tiling d = defaultTiling(spec);
+  Tiling &t = spec.tiling;
+  if (!t.blockM)
+    t.blockM = d.blockM;
+  if (!t.blockN)
+    t.blockN = d.blockN;
+  if (!t.warps)
+    t.warps = d.warps;
+  if (!t.stages)
+    t.stages = d.stages;
+  return spec;
+}
+
+} // namespace dualkv
