@@ -3,6 +3,7 @@
 // 1024 tokens are packed once, [prompt | r1 | ... | r16]; 32 query heads share
 // 8 KV heads; head_dim 128; bf16. Without a GPU it says so and exits 0 (the
 // kernels were still compiled by dualkv-aot).
+#include "common/CheckRows.h"
 #include "common/CudaHelpers.h"
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
@@ -83,38 +84,8 @@ int main() {
   auto lse = dlse.download<float>(t * hq);
   reference::Problem problem{
       {{P, std::vector<int64_t>(N, R)}}, hq, hkv, d, 1.0 / std::sqrt(d)};
-  auto info = reference::token_info(problem);
-  std::uniform_int_distribution<int64_t> tok(0, t - 1);
-  std::uniform_int_distribution<int> head(0, hq - 1);
-  double maxErr = 0, maxLseErr = 0;
-  for (int s = 0; s < 256; ++s) {
-    int64_t i = tok(rng);
-    int h = head(rng), kh = h / (hq / hkv);
-    std::vector<double> scores;
-    std::vector<int64_t> keys;
-    for (int64_t j = 0; j < t; ++j) {
-      if (!reference::allowed(info, i, j))
-        continue;
-      double dot = 0;
-      for (int e = 0; e < d; ++e)
-        dot += double(fromBF16(q[(i * hq + h) * d + e])) *
-               fromBF16(k[(j * hkv + kh) * d + e]);
-      scores.push_back(dot * problem.scale);
-      keys.push_back(j);
-    }
-    double mx = *std::max_element(scores.begin(), scores.end()), sum = 0;
-    for (double &x : scores)
-      sum += (x = std::exp(x - mx));
-    maxLseErr =
-        std::max(maxLseErr, std::abs(lse[h * t + i] - (mx + std::log(sum))));
-    for (int e = 0; e < d; ++e) {
-      double ref = 0;
-      for (size_t n = 0; n < keys.size(); ++n)
-        ref += scores[n] / sum * fromBF16(v[(keys[n] * hkv + kh) * d + e]);
-      maxErr =
-          std::max(maxErr, std::abs(fromBF16(o[(i * hq + h) * d + e]) - ref));
-    }
-  }
+  auto [maxErr, maxLseErr] =
+      checkSampledRows(problem, q, k, v, o, lse, 256, rng);
   bool ok = maxErr <= 2e-2 && maxLseErr <= 1e-4;
   fmt::print("01_forward_qwen3: P={} N={} R={} Hq={} Hkv={} D={} bf16, T={} "
              "tokens, {} segments\n"

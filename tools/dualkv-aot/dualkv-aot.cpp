@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -25,7 +27,9 @@ constexpr const char *kUsage = R"(usage: dualkv-aot [options] --out DIR
 
 Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
 <name>.ptx, <name>.cubin (when ptxas is available) and <name>.json (the spec,
-launch geometry and ptxas register/spill report). No GPU is needed.
+launch geometry and ptxas register/spill report); a spec asked for several
+archs also gets <name>.fatbin holding every arch's cubin and the PTX. No GPU is
+needed.
 
 options:
   --kind K         fwd (default: fwd)
@@ -40,6 +44,15 @@ options:
   --block-n N      keys per KV tile (default: the compiler's choice)
   --warps W        warps per CTA (default: the compiler's choice)
   --stages S       shared-memory pipeline stages (default: the compiler's choice)
+  --spec-file F    compile every spec of the JSON file F (an array of objects
+                   {"kind", "P", "N", "head_dim", "heads": "HQ:HKV", "dtype",
+                   "arch": "sm_90a" or ["sm_80", "sm_90a"], "tiling": "default"
+                   or {"block_m", "block_n", "warps", "stages"}}); flags then
+                   give the defaults of missing fields
+  --emit-registration NAME
+                   also write DIR/NAME.h and DIR/NAME.cpp: the kernels embedded
+                   and a function NAME_register() that registers them with the
+                   runtime (dualkv/Aot.h), for libdualkv_runtime.so programs
   --no-cubin       write PTX only, do not run ptxas
   --dump-ir DIR    also write every stage's IR into DIR/<name>/
   --out DIR        output directory (created if missing); required
@@ -48,12 +61,21 @@ options:
 exit status: 0 success, 1 compile error, 2 bad arguments.
 )";
 
+/// One spec to compile for one or more archs.
+struct Job {
+  dualkv::KernelSpec spec;
+  std::vector<std::string> archs;
+};
+
 struct Args {
   dualkv::KernelSpec spec;
   std::vector<std::string> archs;
+  std::string specFile;
+  std::string registration;
   std::string out;
   std::string dumpIR;
   bool cubin = true;
+  std::vector<Job> jobs;
 };
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -137,6 +159,18 @@ Args parseArgs(int argc, char **argv) {
       a.spec.tiling.warps = static_cast<int>(parseInt(flag, v));
     } else if (flag == "--stages") {
       a.spec.tiling.stages = static_cast<int>(parseInt(flag, v));
+    } else if (flag == "--spec-file") {
+      a.specFile = v;
+    } else if (flag == "--emit-registration") {
+      bool ident =
+          !v.empty() && !std::isdigit(static_cast<unsigned char>(v[0]));
+      for (char ch : v)
+        ident = ident &&
+                (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_');
+      if (!ident)
+        usageError(fmt::format(
+            "--emit-registration needs a C identifier, got '{}'", v));
+      a.registration = v;
     } else if (flag == "--out") {
       a.out = v;
     } else if (flag == "--dump-ir") {
@@ -152,18 +186,246 @@ Args parseArgs(int argc, char **argv) {
   return a;
 }
 
-/// "dualkv_fwd_d128_h32x8_bf16_sm_90a_m64n64w4s1"
-std::string kernelFileName(const dualkv::KernelSpec &s) {
-  return fmt::format(
-      "dualkv_{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}", dualkv::toString(s.kind),
-      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype), s.arch,
-      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages);
+[[noreturn]] void specError(const std::string &msg) {
+  fmt::print(stderr, "dualkv-aot: {}\n", msg);
+  std::exit(2);
+}
+
+/// Reads --spec-file: every field is checked and a bad one named with its
+/// value.
+std::vector<Job> readSpecFile(const Args &a) {
+  std::ifstream in(a.specFile);
+  if (!in)
+    specError(fmt::format("cannot read --spec-file '{}'", a.specFile));
+  nlohmann::json doc =
+      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    specError(fmt::format("--spec-file '{}' is not valid JSON", a.specFile));
+  if (!doc.is_array())
+    specError(fmt::format("--spec-file '{}' must hold a JSON array of specs",
+                          a.specFile));
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < doc.size(); ++i) {
+    const nlohmann::json &o = doc[i];
+    auto where = [&](const char *field) {
+      return fmt::format("spec[{}].{}", i, field);
+    };
+    if (!o.is_object())
+      specError(fmt::format("spec[{}] must be an object, got {}", i, o.dump()));
+    Job job{a.spec, a.archs};
+    auto integer = [&](const char *field, int64_t lo, int64_t hi,
+                       int64_t dflt) {
+      if (!o.contains(field))
+        return dflt;
+      const auto &v = o[field];
+      if (!v.is_number_integer() || v.get<int64_t>() < lo ||
+          v.get<int64_t>() > hi)
+        specError(fmt::format("{} must be an integer in [{}, {}], got {}",
+                              where(field), lo, hi, v.dump()));
+      return v.get<int64_t>();
+    };
+    auto text = [&](const char *field) -> std::optional<std::string> {
+      if (!o.contains(field))
+        return std::nullopt;
+      if (!o[field].is_string())
+        specError(fmt::format("{} must be a string, got {}", where(field),
+                              o[field].dump()));
+      return o[field].get<std::string>();
+    };
+    for (auto &[key, value] : o.items())
+      if (key != "kind" && key != "P" && key != "N" && key != "head_dim" &&
+          key != "heads" && key != "dtype" && key != "arch" && key != "tiling")
+        specError(fmt::format("spec[{}] has an unknown field '{}'", i, key));
+    if (auto kind = text("kind"); kind && *kind != "fwd")
+      specError(
+          fmt::format("{} '{}' is not available (fwd)", where("kind"), *kind));
+    const int64_t maxInt = std::numeric_limits<int32_t>::max();
+    job.spec.P = integer("P", 0, maxInt, job.spec.P);
+    job.spec.N = integer("N", 0, maxInt, job.spec.N);
+    job.spec.headDim =
+        static_cast<int>(integer("head_dim", 1, maxInt, job.spec.headDim));
+    if (auto heads = text("heads")) {
+      int hq = 0, hkv = 0;
+      char extra = 0;
+      if (std::sscanf(heads->c_str(), "%d:%d%c", &hq, &hkv, &extra) != 2 ||
+          hq <= 0 || hkv <= 0)
+        specError(fmt::format("{} must be \"HQ:HKV\", got '{}'", where("heads"),
+                              *heads));
+      job.spec.numQHeads = hq;
+      job.spec.numKVHeads = hkv;
+    }
+    if (auto dtype = text("dtype")) {
+      if (*dtype == "bf16")
+        job.spec.dtype = dualkv::DType::BF16;
+      else if (*dtype == "fp16" || *dtype == "f16")
+        job.spec.dtype = dualkv::DType::FP16;
+      else
+        specError(fmt::format("{} must be bf16 or fp16, got '{}'",
+                              where("dtype"), *dtype));
+    }
+    if (o.contains("arch")) {
+      nlohmann::json archs = o["arch"].is_string()
+                                 ? nlohmann::json::array({o["arch"]})
+                                 : o["arch"];
+      if (!archs.is_array() || archs.empty())
+        specError(fmt::format("{} must be an arch or a list of archs, got {}",
+                              where("arch"), o["arch"].dump()));
+      job.archs.clear();
+      for (const auto &arch : archs) {
+        if (!arch.is_string() || arch.get<std::string>().rfind("sm_", 0) != 0)
+          specError(
+              fmt::format("{} entries must look like sm_80 or sm_90a, got {}",
+                          where("arch"), arch.dump()));
+        job.archs.push_back(arch.get<std::string>());
+      }
+    }
+    if (o.contains("tiling")) {
+      const auto &t = o["tiling"];
+      if (t.is_string() && t.get<std::string>() == "tuned")
+        specError(fmt::format(
+            "{} \"tuned\" needs a tuning database (dualkv-tune), which "
+            "this build does not have",
+            where("tiling")));
+      if (t.is_string() && t.get<std::string>() == "default") {
+        job.spec.tiling = {};
+      } else if (t.is_object()) {
+        for (auto &[key, value] : t.items()) {
+          int *field = key == "block_m"   ? &job.spec.tiling.blockM
+                       : key == "block_n" ? &job.spec.tiling.blockN
+                       : key == "warps"   ? &job.spec.tiling.warps
+                       : key == "stages"  ? &job.spec.tiling.stages
+                                          : nullptr;
+          if (!field)
+            specError(fmt::format("{} has an unknown field '{}'",
+                                  where("tiling"), key));
+          if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+              value.get<int64_t>() > 4096)
+            specError(
+                fmt::format("{}.{} must be an integer in [0, 4096], got {}",
+                            where("tiling"), key, value.dump()));
+          *field = static_cast<int>(value.get<int64_t>());
+        }
+      } else {
+        specError(fmt::format(
+            "{} must be \"default\", \"tuned\" or an object, got {}",
+            where("tiling"), t.dump()));
+      }
+    }
+    jobs.push_back(job);
+  }
+  return jobs;
+}
+
+/// "dualkv_fwd_d128_h32x8_bf16_sm_90a_m128n32w4s2"; without an arch for
+/// fatbins.
+std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
+  return fmt::format("dualkv_{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}",
+                     dualkv::toString(s.kind), s.headDim, s.numQHeads,
+                     s.numKVHeads, dualkv::toString(s.dtype),
+                     withArch ? "_" + s.arch : std::string(), s.tiling.blockM,
+                     s.tiling.blockN, s.tiling.warps, s.tiling.stages);
+}
+
+/// One compiled kernel, for the fatbin and the registration source.
+struct Built {
+  dualkv::KernelSpec spec;
+  dualkv::KernelInfo info;
+  std::string ptx;
+  std::vector<char> cubin;
+  std::string base; ///< DIR/<name>
+};
+
+/// Runs `fatbinary` (beside ptxas) over every arch's cubin plus the lowest
+/// arch's PTX.
+bool writeFatbin(const std::vector<Built> &builds, const std::string &path) {
+  std::string ptxas = dualkv::ptxasPath({});
+  if (ptxas.empty())
+    return false;
+  std::filesystem::path tool =
+      std::filesystem::path(ptxas).parent_path() / "fatbinary";
+  std::string cmd = fmt::format("'{}' -64 --create='{}'", tool.string(), path);
+  for (const Built &b : builds) {
+    std::string sm = b.spec.arch.substr(3);
+    if (!b.cubin.empty())
+      cmd +=
+          fmt::format(" --image3=kind=elf,sm={},file='{}.cubin'", sm, b.base);
+  }
+  cmd += fmt::format(" --image3=kind=ptx,sm={},file='{}.ptx'",
+                     builds.front().spec.arch.substr(3), builds.front().base);
+  return std::system(cmd.c_str()) == 0;
+}
+
+void writeBytes(std::ofstream &os, const std::string &name, const char *data,
+                size_t size, bool terminate) {
+  os << "alignas(64) const unsigned char " << name << "[] = {";
+  for (size_t i = 0; i < size; ++i)
+    os << (i % 20 ? "" : "\n    ")
+       << static_cast<unsigned>(static_cast<unsigned char>(data[i])) << ",";
+  if (terminate)
+    os << "0";
+  os << "};\n";
+}
+
+/// DIR/NAME.h and DIR/NAME.cpp: every kernel embedded (cubin, PTX) and
+/// registered.
+void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
+                       const std::string &name) {
+  std::ofstream h(dir + "/" + name + ".h");
+  h << "// Generated by dualkv-aot; do not edit.\n#pragma once\n\n"
+    << "/// Registers this file's " << builds.size()
+    << " DualKV kernels with the runtime (dualkv/Aot.h).\nvoid " << name
+    << "_register();\n";
+  std::ofstream c(dir + "/" + name + ".cpp");
+  c << "// Generated by dualkv-aot; do not edit.\n#include \"" << name
+    << ".h\"\n\n#include \"dualkv/Aot.h\"\n\nnamespace {\n";
+  for (size_t i = 0; i < builds.size(); ++i) {
+    const Built &b = builds[i];
+    const std::vector<char> &image = b.cubin;
+    if (!image.empty())
+      writeBytes(c, fmt::format("kImage{}", i), image.data(), image.size(),
+                 false);
+    writeBytes(c, fmt::format("kPtx{}", i), b.ptx.data(), b.ptx.size(), true);
+  }
+  c << "} // namespace\n\nvoid " << name << "_register() {\n";
+  for (size_t i = 0; i < builds.size(); ++i) {
+    const Built &b = builds[i];
+    const dualkv::KernelSpec &s = b.spec;
+    c << "  {\n    dualkv::AotKernel k;\n"
+      << fmt::format(
+             "    k.spec.kind = dualkv::KernelKind::Fwd;\n    k.spec.P = {};\n "
+             "   "
+             "k.spec.N = {};\n    k.spec.headDim = {};\n    k.spec.numQHeads = "
+             "{};\n    "
+             "k.spec.numKVHeads = {};\n    k.spec.dtype = dualkv::DType::{};\n "
+             "   "
+             "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n",
+             s.P, s.N, s.headDim, s.numQHeads, s.numKVHeads,
+             s.dtype == dualkv::DType::BF16 ? "BF16" : "FP16", s.arch,
+             s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages)
+      << fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
+                     "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
+                     b.info.name, b.info.threads, b.info.sharedBytes,
+                     b.info.blockM);
+    if (!b.cubin.empty())
+      c << fmt::format(
+          "    k.image = kImage{};\n    k.imageSize = sizeof(kImage{});\n", i,
+          i);
+    else
+      c << fmt::format(
+          "    k.image = kPtx{};\n    k.imageSize = sizeof(kPtx{});\n", i, i);
+    c << fmt::format("    k.ptx = reinterpret_cast<const char *>(kPtx{});\n", i)
+      << "    dualkv::registerAotKernel(k);\n  }\n";
+  }
+  c << "}\n";
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
   Args args = parseArgs(argc, argv);
+  std::vector<Job> jobs = args.specFile.empty()
+                              ? std::vector<Job>{{args.spec, args.archs}}
+                              : readSpecFile(args);
   std::error_code ec;
   std::filesystem::create_directories(args.out, ec);
   if (ec) {
@@ -172,55 +434,80 @@ int main(int argc, char **argv) {
     return 2;
   }
   int failures = 0;
-  for (const std::string &arch : args.archs) {
-    dualkv::KernelSpec spec = args.spec;
-    spec.arch = arch;
-    spec = dualkv::resolveSpec(spec);
-    std::string name = kernelFileName(spec);
-    dualkv::CompileOptions options;
-    options.emitCubin = args.cubin;
-    if (!args.dumpIR.empty())
-      options.dumpDir = args.dumpIR + "/" + name;
-    dualkv::CompileResult r = dualkv::compile(spec, options);
-    if (!r.ok) {
-      fmt::print(stderr, "dualkv-aot: {}: {}\n", name, r.error);
-      ++failures;
-      continue;
+  std::vector<Built> all;
+  for (const Job &job : jobs) {
+    std::vector<Built> builds;
+    for (const std::string &arch : job.archs) {
+      dualkv::KernelSpec spec = job.spec;
+      spec.arch = arch;
+      spec = dualkv::resolveSpec(spec);
+      std::string name = kernelFileName(spec);
+      dualkv::CompileOptions options;
+      options.emitCubin = args.cubin;
+      if (!args.dumpIR.empty())
+        options.dumpDir = args.dumpIR + "/" + name;
+      dualkv::CompileResult r = dualkv::compile(spec, options);
+      if (!r.ok) {
+        fmt::print(stderr, "dualkv-aot: {}: {}\n", name, r.error);
+        ++failures;
+        continue;
+      }
+      std::string base = args.out + "/" + name;
+      std::ofstream(base + ".ptx") << r.ptx;
+      if (!r.cubin.empty())
+        std::ofstream(base + ".cubin", std::ios::binary)
+            .write(r.cubin.data(),
+                   static_cast<std::streamsize>(r.cubin.size()));
+      nlohmann::json meta = {
+          {"kind", dualkv::toString(spec.kind)},
+          {"P", spec.P},
+          {"N", spec.N},
+          {"head_dim", spec.headDim},
+          {"num_q_heads", spec.numQHeads},
+          {"num_kv_heads", spec.numKVHeads},
+          {"dtype", dualkv::toString(spec.dtype)},
+          {"arch", spec.arch},
+          {"tiling",
+           {{"block_m", spec.tiling.blockM},
+            {"block_n", spec.tiling.blockN},
+            {"warps", spec.tiling.warps},
+            {"stages", spec.tiling.stages}}},
+          {"entry", r.info.name},
+          {"threads", r.info.threads},
+          {"shared_bytes", r.info.sharedBytes},
+          {"compiler", dualkv::compilerFingerprint()},
+          {"compile_ms", r.compileMs},
+          {"ptxas_ms", r.ptxasMs},
+          {"ptxas_log", r.ptxasLog},
+      };
+      std::ofstream(base + ".json") << meta.dump(2) << "\n";
+      fmt::print(
+          "{}\n  entry {}  threads {}  shared {} B  PTX {} B  cubin {} B  "
+          "compile {:.0f} ms + ptxas {:.0f} ms\n",
+          base, r.info.name, r.info.threads, r.info.sharedBytes, r.ptx.size(),
+          r.cubin.size(), r.compileMs, r.ptxasMs);
+      if (!r.ptxasLog.empty())
+        fmt::print("{}", r.ptxasLog);
+      builds.push_back(
+          {spec, r.info, std::move(r.ptx), std::move(r.cubin), base});
     }
-    std::string base = args.out + "/" + name;
-    std::ofstream(base + ".ptx") << r.ptx;
-    if (!r.cubin.empty())
-      std::ofstream(base + ".cubin", std::ios::binary)
-          .write(r.cubin.data(), static_cast<std::streamsize>(r.cubin.size()));
-    nlohmann::json meta = {
-        {"kind", dualkv::toString(spec.kind)},
-        {"P", spec.P},
-        {"N", spec.N},
-        {"head_dim", spec.headDim},
-        {"num_q_heads", spec.numQHeads},
-        {"num_kv_heads", spec.numKVHeads},
-        {"dtype", dualkv::toString(spec.dtype)},
-        {"arch", spec.arch},
-        {"tiling",
-         {{"block_m", spec.tiling.blockM},
-          {"block_n", spec.tiling.blockN},
-          {"warps", spec.tiling.warps},
-          {"stages", spec.tiling.stages}}},
-        {"entry", r.info.name},
-        {"threads", r.info.threads},
-        {"shared_bytes", r.info.sharedBytes},
-        {"compiler", dualkv::compilerFingerprint()},
-        {"compile_ms", r.compileMs},
-        {"ptxas_ms", r.ptxasMs},
-        {"ptxas_log", r.ptxasLog},
-    };
-    std::ofstream(base + ".json") << meta.dump(2) << "\n";
-    fmt::print("{}\n  entry {}  threads {}  shared {} B  PTX {} B  cubin {} B  "
-               "compile {:.0f} ms + ptxas {:.0f} ms\n",
-               base, r.info.name, r.info.threads, r.info.sharedBytes,
-               r.ptx.size(), r.cubin.size(), r.compileMs, r.ptxasMs);
-    if (!r.ptxasLog.empty())
-      fmt::print("{}", r.ptxasLog);
+    if (builds.size() > 1 && args.cubin) {
+      std::string fatbin = args.out + "/" +
+                           kernelFileName(builds.front().spec, false) +
+                           ".fatbin";
+      if (writeFatbin(builds, fatbin)) {
+        fmt::print("{}\n  fatbin of {} archs + PTX\n", fatbin, builds.size());
+      } else {
+        fmt::print(stderr, "dualkv-aot: fatbinary failed for {}\n", fatbin);
+        ++failures;
+      }
+    }
+    all.insert(all.end(), builds.begin(), builds.end());
+  }
+  if (!args.registration.empty() && !failures) {
+    writeRegistration(all, args.out, args.registration);
+    fmt::print("{}/{}.h, .cpp\n  registration of {} kernels: {}_register()\n",
+               args.out, args.registration, all.size(), args.registration);
   }
   return failures ? 1 : 0;
 }
