@@ -2,6 +2,7 @@
 #include "Cache.h"
 
 #include "dualkv/Aot.h"
+#include "dualkv/Tuning.h"
 
 #include "dualkv/dualkv.h"
 
@@ -456,22 +457,24 @@ size_t aotKernelCount() {
   return r.kernels.size();
 }
 
-const LoadedKernel &getKernel(const KernelSpec &requested) {
-  cuda::CUcontext ctx = cuda::currentContext();
-  KernelCache &cache = kernelCache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
+namespace {
+/// The tuning database of this process, read once (problems are reported,
+/// once).
+const TuningDb &tuningDb() {
+  static const TuningDb db = [] {
+    std::string error;
+    TuningDb loaded = TuningDb::load(TuningDb::defaultPath(), &error);
+    if (!error.empty())
+      warnOnce(error);
+    return loaded;
+  }();
+  return db;
+}
 
-  FastKey fast = fastKey(ctx, requested);
-  if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
-    ++cache.stats.memoryHits;
-    return *it->second;
-  }
-
-  auto archIt = cache.archs.find(ctx);
-  if (archIt == cache.archs.end())
-    archIt = cache.archs.emplace(ctx, cuda::currentDeviceArch()).first;
-  KernelSpec spec = requested;
-  spec.arch = archIt->second;
+/// Finds, loads or compiles the kernel of `spec` (arch set, tiling maybe open)
+/// in the current context; the cache mutex is held.
+const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
+                               const FastKey &fast, KernelSpec spec) {
   spec = resolveSpec(spec);
   CacheKey key = CacheKey::fromSpec(spec, fingerprint());
   std::string hash = key.hash();
@@ -544,6 +547,45 @@ const LoadedKernel &getKernel(const KernelSpec &requested) {
   cache.kernels.emplace(std::make_pair(ctx, hash), std::move(kernel));
   cache.byRequest.emplace(fast, result);
   return *result;
+}
+} // namespace
+
+const LoadedKernel &getKernel(const KernelSpec &requested) {
+  cuda::CUcontext ctx = cuda::currentContext();
+  KernelCache &cache = kernelCache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+
+  FastKey fast = fastKey(ctx, requested);
+  if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
+    ++cache.stats.memoryHits;
+    return *it->second;
+  }
+
+  auto archIt = cache.archs.find(ctx);
+  if (archIt == cache.archs.end())
+    archIt = cache.archs.emplace(ctx, cuda::currentDeviceArch()).first;
+  KernelSpec spec = requested;
+  spec.arch = archIt->second;
+  // An open tiling takes the tuned one when dualkv-tune measured this spec; a
+  // tuned tiling that no longer builds falls back to the default with a
+  // warning.
+  if (spec.tiling == Tiling{})
+    if (std::optional<Tiling> tuned = tuningDb().find(spec)) {
+      KernelSpec tunedSpec = spec;
+      tunedSpec.tiling = *tuned;
+      try {
+        return loadKernel(cache, ctx, fast, tunedSpec);
+      } catch (const Error &e) {
+        if (e.code() != ErrorCode::Compile)
+          throw;
+        warnOnce(fmt::format(
+            "the tuned tiling {},{},{},{} does not build; using the "
+            "default: {}",
+            tuned->blockM, tuned->blockN, tuned->warps, tuned->stages,
+            e.what()));
+      }
+    }
+  return loadKernel(cache, ctx, fast, spec);
 }
 
 void clearKernelCache() {

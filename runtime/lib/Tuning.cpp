@@ -1,0 +1,197 @@
+// The tuning database: JSON in, JSON out, every field checked.
+#include "dualkv/Tuning.h"
+
+#include "Cache.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace dualkv {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char *kSchema = "dualkv-tuning";
+
+/// Everything that selects an entry: the spec without its tiling.
+bool sameKey(const KernelSpec &a, const KernelSpec &b) {
+  return a.kind == b.kind && a.P == b.P && a.N == b.N &&
+         a.headDim == b.headDim && a.numQHeads == b.numQHeads &&
+         a.numKVHeads == b.numKVHeads && a.dtype == b.dtype && a.arch == b.arch;
+}
+
+json toJsonEntry(const TunedEntry &e) {
+  const KernelSpec &s = e.spec;
+  return {{"kind", toString(s.kind)},
+          {"P", s.P},
+          {"N", s.N},
+          {"head_dim", s.headDim},
+          {"num_q_heads", s.numQHeads},
+          {"num_kv_heads", s.numKVHeads},
+          {"dtype", toString(s.dtype)},
+          {"arch", s.arch},
+          {"tiling",
+           {{"block_m", s.tiling.blockM},
+            {"block_n", s.tiling.blockN},
+            {"warps", s.tiling.warps},
+            {"stages", s.tiling.stages}}},
+          {"ms", e.ms},
+          {"tflops", e.tflops},
+          {"shape", e.shape}};
+}
+
+/// Throws std::runtime_error naming the field when `j` is not a well-formed
+/// entry.
+TunedEntry fromJsonEntry(const json &j, size_t index) {
+  auto where = [&](const char *field) {
+    return fmt::format("entries[{}].{}", index, field);
+  };
+  auto need = [&](const json &o, const char *field) -> const json & {
+    if (!o.is_object() || !o.contains(field))
+      throw std::runtime_error(fmt::format("{} is missing", where(field)));
+    return o.at(field);
+  };
+  auto integer = [&](const json &o, const char *field) {
+    const json &v = need(o, field);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > (1 << 30))
+      throw std::runtime_error(
+          fmt::format("{} is not a valid integer: {}", where(field), v.dump()));
+    return v.get<int64_t>();
+  };
+  auto text = [&](const char *field) {
+    const json &v = need(j, field);
+    if (!v.is_string())
+      throw std::runtime_error(
+          fmt::format("{} is not a string: {}", where(field), v.dump()));
+    return v.get<std::string>();
+  };
+  TunedEntry e;
+  KernelSpec &s = e.spec;
+  std::string kind = text("kind");
+  if (kind != "fwd")
+    throw std::runtime_error(
+        fmt::format("{} '{}' is not a known kernel kind", where("kind"), kind));
+  s.kind = KernelKind::Fwd;
+  s.P = integer(j, "P");
+  s.N = integer(j, "N");
+  s.headDim = static_cast<int>(integer(j, "head_dim"));
+  s.numQHeads = static_cast<int>(integer(j, "num_q_heads"));
+  s.numKVHeads = static_cast<int>(integer(j, "num_kv_heads"));
+  std::string dtype = text("dtype");
+  if (dtype != "bf16" && dtype != "f16")
+    throw std::runtime_error(
+        fmt::format("{} '{}' is not bf16 or f16", where("dtype"), dtype));
+  s.dtype = dtype == "bf16" ? DType::BF16 : DType::FP16;
+  s.arch = text("arch");
+  const json &t = need(j, "tiling");
+  s.tiling = {static_cast<int>(integer(t, "block_m")),
+              static_cast<int>(integer(t, "block_n")),
+              static_cast<int>(integer(t, "warps")),
+              static_cast<int>(integer(t, "stages"))};
+  if (!s.tiling.blockM || !s.tiling.blockN || !s.tiling.warps ||
+      !s.tiling.stages)
+    throw std::runtime_error(
+        fmt::format("{} has a zero field", where("tiling")));
+  if (j.contains("ms") && j["ms"].is_number())
+    e.ms = j["ms"].get<double>();
+  if (j.contains("tflops") && j["tflops"].is_number())
+    e.tflops = j["tflops"].get<double>();
+  if (j.contains("shape") && j["shape"].is_string())
+    e.shape = j["shape"].get<std::string>();
+  return e;
+}
+
+} // namespace
+
+TuningDb TuningDb::load(const std::string &path, std::string *error) {
+  error->clear();
+  TuningDb db;
+  std::ifstream in(path);
+  if (!in)
+    return db; // no database is not an error
+  std::stringstream text;
+  text << in.rdbuf();
+  json doc = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  try {
+    if (doc.is_discarded())
+      throw std::runtime_error("not valid JSON (truncated?)");
+    if (!doc.is_object() || doc.value("schema", "") != kSchema)
+      throw std::runtime_error(
+          fmt::format("not a DualKV tuning database (schema '{}')",
+                      doc.is_object() ? doc.value("schema", "") : ""));
+    if (doc.value("version", -1) != kSchemaVersion)
+      throw std::runtime_error(fmt::format("schema version {} is not {}",
+                                           doc.value("version", -1),
+                                           kSchemaVersion));
+    if (!doc.contains("entries") || !doc["entries"].is_array())
+      throw std::runtime_error("'entries' is missing or not an array");
+    for (size_t i = 0; i < doc["entries"].size(); ++i)
+      db.entries_.push_back(fromJsonEntry(doc["entries"][i], i));
+  } catch (const std::exception &e) {
+    *error = fmt::format("tuning database {} ignored: {}", path, e.what());
+    return TuningDb();
+  }
+  return db;
+}
+
+std::string TuningDb::defaultPath() {
+  if (const char *p = std::getenv("DUALKV_TUNING_DB"))
+    return p;
+  std::string root = DiskCache::defaultRoot();
+  return root.empty() ? std::string() : root + "/tuning.json";
+}
+
+std::optional<Tiling> TuningDb::find(const KernelSpec &spec) const {
+  for (const TunedEntry &e : entries_)
+    if (sameKey(e.spec, spec))
+      return e.spec.tiling;
+  return std::nullopt;
+}
+
+void TuningDb::put(const TunedEntry &entry) {
+  for (TunedEntry &e : entries_)
+    if (sameKey(e.spec, entry.spec)) {
+      e = entry;
+      return;
+    }
+  entries_.push_back(entry);
+}
+
+std::string TuningDb::toJson() const {
+  json doc = {{"schema", kSchema},
+              {"version", kSchemaVersion},
+              {"entries", json::array()}};
+  for (const TunedEntry &e : entries_)
+    doc["entries"].push_back(toJsonEntry(e));
+  return doc.dump(2) + "\n";
+}
+
+bool TuningDb::save(const std::string &path, std::string *error) const {
+  std::mt19937_64 rng(std::random_device{}());
+  std::string tmp = fmt::format("{}.tmp.{}.{:x}", path, ::getpid(), rng());
+  {
+    std::ofstream out(tmp);
+    out << toJson();
+    if (!out) {
+      *error = fmt::format("cannot write {}", tmp);
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    *error = fmt::format("cannot rename {} to {}", tmp, path);
+    return false;
+  }
+  return true;
+}
+
+} // namespace dualkv
