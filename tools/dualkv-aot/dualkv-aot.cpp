@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Tuning.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,10 @@ options:
                    also write DIR/NAME.h and DIR/NAME.cpp: the kernels embedded
                    and a function NAME_register() that registers them with the
                    runtime (dualkv/Aot.h), for libdualkv_runtime.so programs
+  --tuned          take the tiling from the tuning database (dualkv-tune) for
+                   each arch; a spec file says "tiling": "tuned"
+  --tuning-db F    the tuning database (default: $DUALKV_TUNING_DB, else
+                   <kernel cache>/tuning.json)
   --no-cubin       write PTX only, do not run ptxas
   --dump-ir DIR    also write every stage's IR into DIR/<name>/
   --out DIR        output directory (created if missing); required
@@ -65,12 +70,15 @@ exit status: 0 success, 1 compile error, 2 bad arguments.
 struct Job {
   dualkv::KernelSpec spec;
   std::vector<std::string> archs;
+  bool tuned = false; ///< take each arch's tiling from the tuning database
 };
 
 struct Args {
   dualkv::KernelSpec spec;
   std::vector<std::string> archs;
   std::string specFile;
+  std::string tuningDb;
+  bool tuned = false;
   std::string registration;
   std::string out;
   std::string dumpIR;
@@ -109,6 +117,10 @@ Args parseArgs(int argc, char **argv) {
     }
     if (flag == "--no-cubin") {
       a.cubin = false;
+      continue;
+    }
+    if (flag == "--tuned") {
+      a.tuned = true;
       continue;
     }
     if (i + 1 >= argc)
@@ -159,6 +171,8 @@ Args parseArgs(int argc, char **argv) {
       a.spec.tiling.warps = static_cast<int>(parseInt(flag, v));
     } else if (flag == "--stages") {
       a.spec.tiling.stages = static_cast<int>(parseInt(flag, v));
+    } else if (flag == "--tuning-db") {
+      a.tuningDb = v;
     } else if (flag == "--spec-file") {
       a.specFile = v;
     } else if (flag == "--emit-registration") {
@@ -212,7 +226,7 @@ std::vector<Job> readSpecFile(const Args &a) {
     };
     if (!o.is_object())
       specError(fmt::format("spec[{}] must be an object, got {}", i, o.dump()));
-    Job job{a.spec, a.archs};
+    Job job{a.spec, a.archs, a.tuned};
     auto integer = [&](const char *field, int64_t lo, int64_t hi,
                        int64_t dflt) {
       if (!o.contains(field))
@@ -423,9 +437,13 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
 
 int main(int argc, char **argv) {
   Args args = parseArgs(argc, argv);
-  std::vector<Job> jobs = args.specFile.empty()
-                              ? std::vector<Job>{{args.spec, args.archs}}
-                              : readSpecFile(args);
+  std::vector<Job> jobs =
+      args.specFile.empty()
+          ? std::vector<Job>{{args.spec, args.archs, args.tuned}}
+          : readSpecFile(args);
+  std::string dbPath =
+      args.tuningDb.empty() ? dualkv::TuningDb::defaultPath() : args.tuningDb;
+  std::optional<dualkv::TuningDb> db;
   std::error_code ec;
   std::filesystem::create_directories(args.out, ec);
   if (ec) {
@@ -440,6 +458,27 @@ int main(int argc, char **argv) {
     for (const std::string &arch : job.archs) {
       dualkv::KernelSpec spec = job.spec;
       spec.arch = arch;
+      if (job.tuned) {
+        if (!db) {
+          std::string error;
+          db = dualkv::TuningDb::load(dbPath, &error);
+          if (!error.empty())
+            fmt::print(stderr, "dualkv-aot: {}\n", error);
+        }
+        std::optional<dualkv::Tiling> tuned = db->find(spec);
+        if (!tuned) {
+          fmt::print(stderr,
+                     "dualkv-aot: no tuned tiling for {} head_dim {} heads "
+                     "{}:{} {} {} in "
+                     "'{}': run dualkv-tune there first\n",
+                     dualkv::toString(spec.kind), spec.headDim, spec.numQHeads,
+                     spec.numKVHeads, dualkv::toString(spec.dtype), spec.arch,
+                     dbPath);
+          ++failures;
+          continue;
+        }
+        spec.tiling = *tuned;
+      }
       spec = dualkv::resolveSpec(spec);
       std::string name = kernelFileName(spec);
       dualkv::CompileOptions options;
