@@ -8,7 +8,7 @@ out=$root/.device
 rm -rf "$out" && mkdir -p "$out/stage/build/tools" "$out/stage/build/tests/gpu"
 strip --strip-unneeded -o "$out/stage/build/libdualkv.so" "$build/libdualkv.so"
 cp "$build/libdualkv_runtime.so" "$out/stage/build/"
-cp "$build/tools/dualkv-aot" "$build/tools/dualkv-opt" "$out/stage/build/tools/"
+cp "$build/tools/dualkv-aot" "$build/tools/dualkv-opt" "$build/tools/dualkv-tune" "$out/stage/build/tools/"
 cp "$build/tests/gpu/dualkv-gpu-tests" "$build/tests/gpu/CTestTestfile.cmake" \
   "$out/stage/build/tests/gpu/"
 mkdir -p "$out/stage/build/examples"
