@@ -5,6 +5,7 @@
 // kernels were still compiled by dualkv-aot).
 #include "common/CheckRows.h"
 #include "common/CudaHelpers.h"
+#include "common/PackedBatch.h"
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
 
@@ -27,36 +28,8 @@ int main() {
   const int64_t t = plan.numTokens();
 
   std::mt19937_64 rng(1);
-  std::normal_distribution<float> normal;
-  auto random16 = [&](size_t n) {
-    std::vector<uint16_t> x(n);
-    for (auto &e : x)
-      e = toBF16(normal(rng));
-    return x;
-  };
-  std::vector<uint16_t> q = random16(t * hq * d), k = random16(t * hkv * d),
-                        v = random16(t * hkv * d);
-  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2),
-      dout(q.size() * 2), dlse(t * hq * 4);
-  dq.upload(q);
-  dk.upload(k);
-  dv.upload(v);
-  dout.poison();
-  dlse.poison();
-
-  ForwardArgs a;
-  a.q = {dq.ptr, hq * d, d};
-  a.k = {dk.ptr, hkv * d, d};
-  a.v = {dv.ptr, hkv * d, d};
-  a.o = {dout.ptr, hq * d, d};
-  a.lse = static_cast<float *>(dlse.ptr);
-  a.lse_stride_h = t;
-  a.num_tokens = t;
-  a.num_q_heads = hq;
-  a.num_kv_heads = hkv;
-  a.head_dim = d;
-  a.dtype = DType::BF16;
-  a.plan = &plan;
+  PackedBatch batch(t, hq, hkv, d, DType::BF16, rng);
+  ForwardArgs a = batch.forwardArgs(plan);
   forward(a); // first call compiles (or loads from the disk cache)
   check(cudaDeviceSynchronize(), "forward");
   CacheStats stats = cacheStats();
@@ -80,12 +53,12 @@ int main() {
 
   // Check 256 random (token, head) rows against fp64 over the allowed keys of
   // §1.
-  auto o = dout.download<uint16_t>(q.size());
-  auto lse = dlse.download<float>(t * hq);
+  auto o = batch.o.download<uint16_t>(batch.q.size());
+  auto lse = batch.lse.download<float>(t * hq);
   reference::Problem problem{
       {{P, std::vector<int64_t>(N, R)}}, hq, hkv, d, 1.0 / std::sqrt(d)};
   auto [maxErr, maxLseErr] =
-      checkSampledRows(problem, q, k, v, o, lse, 256, rng);
+      checkSampledRows(problem, batch.q, batch.k, batch.v, o, lse, 256, rng);
   bool ok = maxErr <= 2e-2 && maxLseErr <= 1e-4;
   fmt::print("01_forward_qwen3: P={} N={} R={} Hq={} Hkv={} D={} bf16, T={} "
              "tokens, {} segments\n"

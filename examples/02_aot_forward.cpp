@@ -6,6 +6,7 @@
 // registers the kernels and stops.
 #include "common/CheckRows.h"
 #include "common/CudaHelpers.h"
+#include "common/PackedBatch.h"
 #include "dualkv/Aot.h"
 #include "dualkv/dualkv.h"
 #include "dualkv_example_kernels.h"
@@ -26,47 +27,21 @@ int main() {
   Plan plan({PlanGroup{P, std::vector<int64_t>(N, R)}, PlanGroup{77, {0, 5}}});
   const int64_t t = plan.numTokens();
   std::mt19937_64 rng(2);
-  std::normal_distribution<float> normal;
-  auto random16 = [&](size_t n) {
-    std::vector<uint16_t> x(n);
-    for (auto &e : x)
-      e = toBF16(normal(rng));
-    return x;
-  };
-  std::vector<uint16_t> q = random16(t * hq * d), k = random16(t * hkv * d),
-                        v = random16(t * hkv * d);
-  DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2),
-      dout(q.size() * 2), dlse(t * hq * 4);
-  dq.upload(q);
-  dk.upload(k);
-  dv.upload(v);
-  dout.poison();
-  dlse.poison();
-  ForwardArgs a;
-  a.q = {dq.ptr, hq * d, d};
-  a.k = {dk.ptr, hkv * d, d};
-  a.v = {dv.ptr, hkv * d, d};
-  a.o = {dout.ptr, hq * d, d};
-  a.lse = static_cast<float *>(dlse.ptr);
-  a.lse_stride_h = t;
-  a.num_tokens = t;
-  a.num_q_heads = hq;
-  a.num_kv_heads = hkv;
-  a.head_dim = d;
-  a.plan = &plan;
+  PackedBatch batch(t, hq, hkv, d, DType::BF16, rng);
+  ForwardArgs a = batch.forwardArgs(plan);
   forward(a);
   check(cudaDeviceSynchronize(), "forward");
   CacheStats stats = cacheStats();
 
-  auto o = dout.download<uint16_t>(q.size());
-  auto lse = dlse.download<float>(t * hq);
+  auto o = batch.o.download<uint16_t>(batch.q.size());
+  auto lse = batch.lse.download<float>(t * hq);
   reference::Problem problem{{{P, std::vector<int64_t>(N, R)}, {77, {0, 5}}},
                              hq,
                              hkv,
                              d,
                              1.0 / std::sqrt(d)};
   auto [maxErr, maxLseErr] =
-      checkSampledRows(problem, q, k, v, o, lse, 256, rng);
+      checkSampledRows(problem, batch.q, batch.k, batch.v, o, lse, 256, rng);
   bool ok = stats.aotHits == 1 && stats.compiles == 0 && maxErr <= 2e-2 &&
             maxLseErr <= 1e-4;
   fmt::print("02_aot_forward: T={} tokens; kernel from the AOT registry: {} "

@@ -5,6 +5,7 @@
 // GPU.
 //
 //===----------------------------------------------------------------------===//
+#include "common/CommandLine.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Tuning.h"
 
@@ -93,18 +94,13 @@ struct Args {
 }
 
 int64_t parseInt(const std::string &flag, const std::string &value) {
-  try {
-    size_t used = 0;
-    long long v = std::stoll(value, &used);
-    if (used != value.size())
-      throw std::invalid_argument(value);
-    if (v < 0 || v > std::numeric_limits<int32_t>::max())
-      usageError(fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)",
-                             flag, value));
-    return v;
-  } catch (const std::exception &) {
+  std::optional<int64_t> v = dualkv::tools::parseInteger(value);
+  if (!v)
     usageError(fmt::format("{} expects an integer, got '{}'", flag, value));
-  }
+  if (*v < 0 || *v > std::numeric_limits<int32_t>::max())
+    usageError(fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)",
+                           flag, value));
+  return *v;
 }
 
 Args parseArgs(int argc, char **argv) {

@@ -7,7 +7,9 @@
 // dualkv-aot read.
 //
 //===----------------------------------------------------------------------===//
+#include "common/CommandLine.h"
 #include "common/CudaHelpers.h"
+#include "common/PackedBatch.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"
@@ -64,15 +66,11 @@ arguments.
 
 int64_t parseInt(const std::string &flag, const std::string &value, int64_t lo,
                  int64_t hi) {
-  try {
-    size_t used = 0;
-    long long v = std::stoll(value, &used);
-    if (used == value.size() && v >= lo && v <= hi)
-      return v;
-  } catch (const std::exception &) {
-  }
-  usageError(fmt::format("{} expects an integer in [{}, {}], got '{}'", flag,
-                         lo, hi, value));
+  std::optional<int64_t> v = dualkv::tools::parseInteger(value);
+  if (!v || *v < lo || *v > hi)
+    usageError(fmt::format("{} expects an integer in [{}, {}], got '{}'", flag,
+                           lo, hi, value));
+  return *v;
 }
 
 struct Args {
@@ -192,49 +190,6 @@ std::string arch() {
              : fmt::format("sm_{}{}", p.major, p.minor);
 }
 
-/// Random packed inputs of `groups` on the device.
-struct Inputs {
-  std::vector<uint16_t> q, k, v;
-  DeviceBuffer dq, dk, dv;
-  Inputs(int64_t t, const KernelSpec &s, std::mt19937_64 &rng)
-      : q(make(t * s.numQHeads * s.headDim, s.dtype, rng)),
-        k(make(t * s.numKVHeads * s.headDim, s.dtype, rng)),
-        v(make(t * s.numKVHeads * s.headDim, s.dtype, rng)), dq(q.size() * 2),
-        dk(k.size() * 2), dv(v.size() * 2) {
-    dq.upload(q);
-    dk.upload(k);
-    dv.upload(v);
-  }
-  static std::vector<uint16_t> make(size_t n, DType t, std::mt19937_64 &rng) {
-    std::normal_distribution<float> normal;
-    std::vector<uint16_t> x(n);
-    for (auto &e : x)
-      e = to16(normal(rng), t);
-    return x;
-  }
-};
-
-ForwardArgs argsFor(const KernelSpec &s, const Inputs &in, DeviceBuffer &o,
-                    DeviceBuffer &lse, const Plan &plan, Tiling tiling) {
-  int64_t hq = s.numQHeads, hkv = s.numKVHeads, d = s.headDim,
-          t = plan.numTokens();
-  ForwardArgs a;
-  a.q = {in.dq.ptr, hq * d, d};
-  a.k = {in.dk.ptr, hkv * d, d};
-  a.v = {in.dv.ptr, hkv * d, d};
-  a.o = {o.ptr, hq * d, d};
-  a.lse = static_cast<float *>(lse.ptr);
-  a.lse_stride_h = t;
-  a.num_tokens = t;
-  a.num_q_heads = s.numQHeads;
-  a.num_kv_heads = s.numKVHeads;
-  a.head_dim = s.headDim;
-  a.dtype = s.dtype;
-  a.plan = &plan;
-  a.tiling = tiling;
-  return a;
-}
-
 /// Runs `tiling` on a small problem with every edge (partial tiles, empty
 /// responses) and compares O and LSE with the fp64 reference, at the GPU tests'
 /// tolerances.
@@ -243,11 +198,8 @@ std::optional<std::string> checkCorrect(const KernelSpec &s, Tiling tiling) {
   Plan plan(groups);
   int64_t t = plan.numTokens();
   std::mt19937_64 rng(5);
-  Inputs in(t, s, rng);
-  DeviceBuffer o(in.q.size() * 2), lse(size_t(t) * s.numQHeads * 4);
-  o.poison();
-  lse.poison();
-  forward(argsFor(s, in, o, lse, plan, tiling));
+  PackedBatch in(t, s.numQHeads, s.numKVHeads, s.headDim, s.dtype, rng);
+  forward(in.forwardArgs(plan, tiling));
   check(cudaDeviceSynchronize(), "check run");
   reference::Problem p;
   for (auto &g : groups)
@@ -266,8 +218,8 @@ std::optional<std::string> checkCorrect(const KernelSpec &s, Tiling tiling) {
   std::vector<double> oRef(q.size()), lseRef(size_t(t) * s.numQHeads);
   reference::forward(p, q.data(), k.data(), v.data(), oRef.data(),
                      lseRef.data());
-  auto oh = o.download<uint16_t>(in.q.size());
-  auto lh = lse.download<float>(lseRef.size());
+  auto oh = in.o.download<uint16_t>(in.q.size());
+  auto lh = in.lse.download<float>(lseRef.size());
   double maxO = 0, maxLse = 0;
   for (size_t i = 0; i < oh.size(); ++i) {
     double e = std::abs(from16(oh[i], s.dtype) - oRef[i]);
@@ -318,11 +270,10 @@ int main(int argc, char **argv) {
     Plan plan({PlanGroup{args.P, std::vector<int64_t>(args.N, args.R)}});
     int64_t t = plan.numTokens();
     std::mt19937_64 rng(7);
-    std::vector<std::unique_ptr<Inputs>> inputs;
+    std::vector<std::unique_ptr<PackedBatch>> inputs;
     for (int i = 0; i < 3; ++i)
-      inputs.push_back(std::make_unique<Inputs>(t, base, rng));
-    DeviceBuffer o(inputs[0]->q.size() * 2),
-        lse(size_t(t) * base.numQHeads * 4);
+      inputs.push_back(std::make_unique<PackedBatch>(
+          t, base.numQHeads, base.numKVHeads, base.headDim, base.dtype, rng));
     double pairs =
         args.P * (args.P + 1) / 2.0 +
         args.N * (args.R * double(args.P) + args.R * (args.R + 1) / 2.0);
@@ -344,7 +295,7 @@ int main(int argc, char **argv) {
       } else {
         std::vector<float> ms;
         for (int i = 0; i < args.reps + 2; ++i) {
-          ForwardArgs a = argsFor(base, *inputs[i % 3], o, lse, plan, c.tiling);
+          ForwardArgs a = inputs[i % 3]->forwardArgs(plan, c.tiling);
           cudaEventRecord(e0);
           forward(a);
           cudaEventRecord(e1);
