@@ -19,10 +19,11 @@ forward pass exists so far (no autograd).
 import ctypes
 
 from . import _lib
+from .packing import PackedGroups, pack
 
 __all__ = [
     "DualKVError", "Plan", "forward", "version", "cache_stats",
-    "gpu_available", "library_path",
+    "gpu_available", "library_path", "pack", "PackedGroups",
 ]
 
 

@@ -1,0 +1,133 @@
+"""Packing RL micro-batches for DualKV: G groups of (prompt, N responses) laid out as
+``[prompt | response_1 | ... | response_N]`` back to back, with the position ids,
+per-token segment information and kernel plan that go with them, and the way back
+from per-token outputs to per-response values.
+
+Works on plain Python lists; torch is only needed for ``to_torch``.
+
+    packed = pack([(prompt_ids, [resp_a, resp_b]), (prompt2, [resp_c])])
+    packed.input_ids, packed.position_ids     # what the model consumes
+    plan = packed.plan()                      # what dualkv.forward takes
+    idx = packed.logit_positions(0, 1)        # logits that predict response b's tokens
+"""
+
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import List, Sequence, Tuple
+
+__all__ = ["PackedGroups", "pack"]
+
+
+@dataclass
+class PackedGroups:
+    """The packed layout of a micro-batch. Per packed token: its id, its rotary
+    position (prompt 0..P-1; every response P..P+R-1, as in its own sequence
+    ``[prompt | response]``), its group, and its response index (-1 for prompt)."""
+
+    groups: List[Tuple[int, List[int]]]
+    input_ids: List[int] = field(default_factory=list)
+    position_ids: List[int] = field(default_factory=list)
+    group_ids: List[int] = field(default_factory=list)
+    response_ids: List[int] = field(default_factory=list)
+    group_starts: List[int] = field(default_factory=list)
+    response_starts: List[List[int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self):
+        return len(self.input_ids)
+
+    def token_range(self, group, response=None):
+        """[start, stop) of a group's prompt (response=None) or of one response."""
+        self._check_index(group, response)
+        if response is None:
+            start = self.group_starts[group]
+            return start, start + self.groups[group][0]
+        start = self.response_starts[group][response]
+        return start, start + self.groups[group][1][response]
+
+    def logit_positions(self, group, response):
+        """Packed positions whose next-token logits predict the response's tokens, in
+        order: the first response token is predicted by the prompt's last position
+        (not by the previous response's last token), every later one by its
+        predecessor."""
+        _, prompt_stop = self.token_range(group)
+        start, stop = self.token_range(group, response)
+        return [prompt_stop - 1] + list(range(start, stop - 1)) if stop > start else []
+
+    def unpack(self, values, group, response):
+        """The rows of a per-token ``values`` (list or tensor indexed by packed token)
+        that belong to one response."""
+        start, stop = self.token_range(group, response)
+        return values[start:stop]
+
+    def allowed(self, i, j):
+        """DESIGN.md §1: query i sees key j (same group, j <= i, prompt or same
+        response)."""
+        return (self.group_ids[i] == self.group_ids[j] and j <= i and
+                (self.response_ids[j] == -1 or self.response_ids[j] == self.response_ids[i]))
+
+    def plan(self):
+        """The dualkv.Plan of this layout (loads libdualkv)."""
+        from . import Plan
+        return Plan(self.groups)
+
+    def to_torch(self, device=None):
+        """input_ids and position_ids as int64 tensors of shape [T]."""
+        import torch
+        return {
+            "input_ids": torch.tensor(self.input_ids, dtype=torch.int64, device=device),
+            "position_ids": torch.tensor(self.position_ids, dtype=torch.int64, device=device),
+        }
+
+    def _check_index(self, group, response):
+        if not 0 <= group < len(self.groups):
+            raise ValueError(f"group {group} is out of range (0..{len(self.groups) - 1})")
+        if response is not None and not 0 <= response < len(self.groups[group][1]):
+            raise ValueError(f"response {response} of group {group} is out of range "
+                             f"(0..{len(self.groups[group][1]) - 1})")
+
+
+def _token_list(ids, what):
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise ValueError(f"{what} must be a sequence of token ids, got {type(ids).__name__}")
+    for k, t in enumerate(ids):
+        if not isinstance(t, Integral) or isinstance(t, bool):
+            raise ValueError(f"{what}[{k}] = {t!r} is not an integer token id")
+    return [int(t) for t in ids]
+
+
+def pack(groups: Sequence[Tuple[Sequence[int], Sequence[Sequence[int]]]]) -> PackedGroups:
+    """Packs ``groups``, each ``(prompt_ids, [response_ids, ...])``; responses may be
+    empty (they then add no tokens). Raises ValueError naming the argument at fault."""
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
+        raise ValueError("groups must be a non-empty sequence of (prompt_ids, responses)")
+    out = PackedGroups(groups=[])
+    for g, item in enumerate(groups):
+        if not isinstance(item, Sequence) or len(item) != 2:
+            raise ValueError(f"groups[{g}] must be a pair (prompt_ids, responses)")
+        prompt = _token_list(item[0], f"groups[{g}] prompt")
+        if not prompt:
+            raise ValueError(f"groups[{g}] prompt is empty: every group needs a prompt")
+        responses_in = item[1]
+        if isinstance(responses_in, (str, bytes)) or not isinstance(responses_in, Sequence):
+            raise ValueError(f"groups[{g}] responses must be a sequence of token-id lists")
+        responses = [_token_list(r, f"groups[{g}] response {n}")
+                     for n, r in enumerate(responses_in)]
+        p = len(prompt)
+        out.groups.append((p, [len(r) for r in responses]))
+        out.group_starts.append(len(out.input_ids))
+        out.input_ids += prompt
+        out.position_ids += list(range(p))
+        out.group_ids += [g] * p
+        out.response_ids += [-1] * p
+        starts = []
+        for n, r in enumerate(responses):
+            starts.append(len(out.input_ids))
+            out.input_ids += r
+            out.position_ids += list(range(p, p + len(r)))
+            out.group_ids += [g] * len(r)
+            out.response_ids += [n] * len(r)
+        out.response_starts.append(starts)
+    if out.num_tokens >= 2 ** 31:
+        raise ValueError(f"the batch has {out.num_tokens} tokens; at most 2^31 - 1 fit")
+    return out
