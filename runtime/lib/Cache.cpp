@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 namespace dualkv {
@@ -75,12 +76,13 @@ bool envFlag(const char *name) {
 
 /// A damaged entry is worth one line on stderr, not one per launch or per
 /// rank; the entry is rewritten after the recompile anyway.
+/// Prints each distinct warning once per process.
 void warnOnce(const std::string &message) {
-  static std::atomic<bool> warned{false};
-  if (!warned.exchange(true))
-    llvm::errs() << "dualkv: warning: " << message
-                 << " (treated as a cache miss; further cache warnings are "
-                    "suppressed)\n";
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(message).second)
+    llvm::errs() << "dualkv: warning: " << message << "\n";
 }
 
 std::optional<std::string> readFile(const std::string &path) {
@@ -232,7 +234,8 @@ std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
     return std::nullopt; // an ordinary miss: say nothing
 
   auto damaged = [&](const std::string &why) -> std::optional<CacheEntry> {
-    warnOnce(fmt::format("cache entry {} is unusable: {}", dir, why));
+    warnOnce(fmt::format("cache entry {} is unusable ({}): treated as a miss",
+                         dir, why));
     return std::nullopt;
   };
 

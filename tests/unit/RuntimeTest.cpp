@@ -3,6 +3,7 @@
 #include "../../runtime/lib/CudaDriver.h"
 
 #include "dualkv/Reference.h"
+#include "dualkv/Tuning.h"
 #include "dualkv/dualkv.h"
 #include "dualkv/dualkv_c.h"
 
@@ -1034,4 +1035,49 @@ TEST_CASE("C API: plans, errors and status codes", "[runtime]") {
   CHECK(dualkv_cache_stats(nullptr) == DUALKV_ERROR_INVALID_ARGUMENT);
   dualkv_plan_destroy(plan);
   dualkv_plan_destroy(nullptr);
+}
+
+TEST_CASE("forward: an open tiling takes the tuned one; an unbuildable tuned "
+          "tiling falls back to the default",
+          "[runtime]") {
+  if (ptxasPath({}).empty())
+    return; // both kernels are compiled for real here
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  // The database is read once per process, at the first launch: this test runs
+  // in a process of its own (one ctest entry per test case).
+  std::string dbPath = tmp.path + "/tuning.json";
+  ScopedEnv db("DUALKV_TUNING_DB", dbPath);
+  TuningDb tuned;
+  TunedEntry good; // head_dim 128, 8:2, bf16, sm_90a: 8 warps instead of 4
+  good.spec.headDim = 128;
+  good.spec.numQHeads = 8;
+  good.spec.numKVHeads = 2;
+  good.spec.tiling = {128, 64, 8, 2};
+  tuned.put(good);
+  TunedEntry bad =
+      good; // head_dim 64: block_m 64 cannot hold 8 warps of 16 rows
+  bad.spec.headDim = 64;
+  bad.spec.tiling = {64, 16, 8, 2};
+  tuned.put(bad);
+  std::string error;
+  REQUIRE(tuned.save(dbPath, &error));
+
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  CHECK(fake.last.block[0] == 256); // the tuned 8 warps
+  CHECK(fake.last.shared == (128 + 2 * 64) * (128 + 8) * 2);
+
+  args.head_dim = 64;
+  forward(args);
+  REQUIRE(fake.launches == 2);
+  Tiling fallback = defaultTiling(specFor(args));
+  CHECK(fake.last.block[0] == unsigned(fallback.warps * 32));
+  CHECK(fake.last.shared ==
+        unsigned((fallback.blockM + 2 * fallback.blockN) * (64 + 8) * 2));
 }
