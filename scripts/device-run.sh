@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU side of every device run: unpack the build carried in .device/, run the GPU
-# tests (ctest -L gpu) and the benchmark, and leave logs under $OUT.
+# tests (ctest -L gpu), the examples and the Python tests ("tests"), the benchmarks
+# ("bench"), or both ("all", the default), and leave logs under $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/device-out}
@@ -18,9 +19,22 @@ if [[ $what == all || $what == tests ]]; then
   (cd build/tests/gpu && ctest --output-on-failure -L gpu 2>&1) | tee "$out/ctest-gpu.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
+if [[ $what == all || $what == tests ]]; then
+  # The examples check themselves against fp64; 02 runs AOT kernels without a compiler.
+  for ex in build/examples/01_forward_qwen3 build/examples/02_aot_forward; do
+    "$ex" 2>&1 | tee -a "$out/examples.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+  if python3 -c "import torch, pytest" 2>/dev/null; then
+    DUALKV_LIB=$root/build/libdualkv.so python3 -m pytest -q python/tests 2>&1 | tee "$out/pytest.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  fi
+fi
 if [[ $what == all || $what == bench ]]; then
   if [[ -f benchmarks/bench_forward.py ]]; then
     python3 benchmarks/bench_forward.py --lib build/libdualkv.so --out "$out" 2>&1 | tee "$out/bench.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    python3 benchmarks/compile_cost.py --lib build/libdualkv.so --out "$out" 2>&1 | tee "$out/compile_cost.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   fi
 fi
