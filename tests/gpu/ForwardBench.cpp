@@ -46,18 +46,11 @@ int main(int argc, char **argv) {
       c.groups = {PlanGroup{cfg.p, std::vector<int64_t>(cfg.n, cfg.r)}};
       std::mt19937_64 rng(3);
       c.fill(rng);
-      int64_t t = c.tokens();
-      Plan plan(c.groups);
-      DeviceBuffer q(c.q.size() * 2), k(c.k.size() * 2), v(c.v.size() * 2),
-          o(c.q.size() * 2), lse(size_t(t) * hq * 4);
-      q.upload(c.q);
-      k.upload(c.k);
-      v.upload(c.v);
+      DeviceCase dc(c);
       for (auto [runD, tiling] : runs) {
         if (runD != d)
           continue;
-        ForwardArgs a = denseArgs(c, q, k, v, o, lse, plan);
-        a.tiling = tiling;
+        ForwardArgs a = dc.args(tiling);
         try {
           forward(a);
           check(cudaDeviceSynchronize(), "warm-up");

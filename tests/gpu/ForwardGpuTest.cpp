@@ -291,21 +291,15 @@ int testGraph(uint64_t seed) {
   c.fill(rng);
   ForwardResult direct = runForward(c);
 
-  int64_t t = c.tokens();
-  Plan plan(c.groups);
-  DeviceBuffer q(c.q.size() * 2), k(c.k.size() * 2), v(c.v.size() * 2),
-      o(c.q.size() * 2), lse(size_t(t) * c.hq * 4);
-  q.upload(c.q);
-  k.upload(c.k);
-  v.upload(c.v);
+  DeviceCase dc(c);
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  ForwardArgs a = denseArgs(c, q, k, v, o, lse, plan);
+  ForwardArgs a = dc.args();
   a.stream = stream;
   dualkv::forward(a); // compiles or loads the kernel and uploads the plan
   check(cudaStreamSynchronize(stream), "warm-up");
-  o.poison();
-  lse.poison();
+  dc.o.poison();
+  dc.lse.poison();
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -316,15 +310,12 @@ int testGraph(uint64_t seed) {
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   check(cudaGraphLaunch(exec, stream), "graph launch");
   check(cudaStreamSynchronize(stream), "graph replay");
-  auto oh = o.download<uint16_t>(c.q.size());
-  auto lh = lse.download<float>(size_t(t) * c.hq);
+  ForwardResult replay = dc.download();
   int64_t mismatches = 0;
-  for (size_t i = 0; i < oh.size(); ++i) {
-    float x = from16(oh[i], c.dtype);
-    mismatches += std::memcmp(&x, &direct.o[i], 4) != 0;
-  }
-  for (size_t i = 0; i < lh.size(); ++i)
-    mismatches += std::memcmp(&lh[i], &direct.lse[i], 4) != 0;
+  for (size_t i = 0; i < replay.o.size(); ++i)
+    mismatches += std::memcmp(&replay.o[i], &direct.o[i], 4) != 0;
+  for (size_t i = 0; i < replay.lse.size(); ++i)
+    mismatches += std::memcmp(&replay.lse[i], &direct.lse[i], 4) != 0;
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

@@ -98,48 +98,57 @@ struct ForwardResult {
   std::vector<float> lse; // [Hq][T]
 };
 
-/// Forward arguments for dense THD buffers of `c` (every stride the tightest).
-inline ForwardArgs denseArgs(const Case &c, DeviceBuffer &q, DeviceBuffer &k,
-                             DeviceBuffer &v, DeviceBuffer &o,
-                             DeviceBuffer &lse, const Plan &plan) {
-  ForwardArgs a;
-  a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
-  a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
-  a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
-  a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
-  a.lse = static_cast<float *>(lse.ptr);
-  a.lse_stride_h = c.tokens();
-  a.num_tokens = c.tokens();
-  a.num_q_heads = c.hq;
-  a.num_kv_heads = c.hkv;
-  a.head_dim = c.d;
-  a.dtype = c.dtype;
-  a.plan = &plan;
-  return a;
-}
+/// A case on the device: its plan, q/k/v uploaded, o and lse poisoned with NaN.
+struct DeviceCase {
+  const Case &c;
+  Plan plan;
+  DeviceBuffer q, k, v, o, lse;
+  explicit DeviceCase(const Case &c)
+      : c(c), plan(c.groups), q(c.q.size() * 2), k(c.k.size() * 2),
+        v(c.v.size() * 2), o(c.q.size() * 2),
+        lse(size_t(c.tokens()) * c.hq * 4) {
+    q.upload(c.q);
+    k.upload(c.k);
+    v.upload(c.v);
+    o.poison();
+    lse.poison();
+  }
+  /// Forward arguments over these buffers (every stride the tightest).
+  ForwardArgs args(const Tiling &tiling = {}) {
+    ForwardArgs a;
+    a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
+    a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
+    a.lse = static_cast<float *>(lse.ptr);
+    a.lse_stride_h = c.tokens();
+    a.num_tokens = c.tokens();
+    a.num_q_heads = c.hq;
+    a.num_kv_heads = c.hkv;
+    a.head_dim = c.d;
+    a.dtype = c.dtype;
+    a.plan = &plan;
+    a.tiling = tiling;
+    return a;
+  }
+  /// O (widened to float) and LSE as they are on the device now.
+  ForwardResult download() const {
+    ForwardResult r;
+    auto oh = o.download<uint16_t>(c.q.size());
+    r.o.resize(oh.size());
+    for (size_t i = 0; i < oh.size(); ++i)
+      r.o[i] = from16(oh[i], c.dtype);
+    r.lse = lse.download<float>(size_t(c.tokens()) * c.hq);
+    return r;
+  }
+};
 
 /// Runs dualkv::forward on `c` with outputs poisoned first.
 inline ForwardResult runForward(const Case &c, const Tiling &tiling = {}) {
-  int64_t t = c.tokens();
-  Plan plan(c.groups);
-  DeviceBuffer q(c.q.size() * 2), k(c.k.size() * 2), v(c.v.size() * 2),
-      o(c.q.size() * 2), lse(size_t(t) * c.hq * 4);
-  q.upload(c.q);
-  k.upload(c.k);
-  v.upload(c.v);
-  o.poison();
-  lse.poison();
-  ForwardArgs a = denseArgs(c, q, k, v, o, lse, plan);
-  a.tiling = tiling;
-  dualkv::forward(a);
+  DeviceCase dc(c);
+  dualkv::forward(dc.args(tiling));
   check(cudaDeviceSynchronize(), "forward");
-  ForwardResult r;
-  auto oh = o.download<uint16_t>(c.q.size());
-  r.o.resize(oh.size());
-  for (size_t i = 0; i < oh.size(); ++i)
-    r.o[i] = from16(oh[i], c.dtype);
-  r.lse = lse.download<float>(size_t(t) * c.hq);
-  return r;
+  return dc.download();
 }
 
 /// Error statistics of a result against the reference.
