@@ -56,6 +56,10 @@ const char *templateName(KernelKind kind) {
     return "attention_bwd";
   case KernelKind::BwdPost:
     return "attention_bwd_post";
+  case KernelKind::BwdKV:
+    return "attention_bwd_kv";
+  case KernelKind::BwdDQ:
+    return "attention_bwd_dq";
   }
   return "";
 }

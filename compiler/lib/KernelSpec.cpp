@@ -18,6 +18,10 @@ const char *toString(KernelKind kind) {
     return "bwd";
   case KernelKind::BwdPost:
     return "bwd_post";
+  case KernelKind::BwdKV:
+    return "bwd_kv";
+  case KernelKind::BwdDQ:
+    return "bwd_dq";
   }
   return "?";
 }

@@ -43,6 +43,10 @@ const char *kindName(KernelKind kind) {
     return "bwd";
   case KernelKind::BwdPost:
     return "bwd_post";
+  case KernelKind::BwdKV:
+    return "bwd_kv";
+  case KernelKind::BwdDQ:
+    return "bwd_dq";
   }
   return "unknown";
 }

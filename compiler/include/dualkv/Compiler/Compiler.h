@@ -17,7 +17,15 @@
 
 namespace dualkv {
 
-enum class KernelKind { Fwd, BwdPre, Bwd, BwdPost };
+/// Fwd: the forward. Backward (docs/backward-abi.md): BwdPre (Delta), Bwd
+/// (fused dK/dV/dQ, dQ by fp32 atomics), BwdPost (fp32 accumulators to the
+/// element type); deterministic mode: BwdKV (dK/dV only) and BwdDQ (dQ,
+/// query-major).
+enum class KernelKind { Fwd, BwdPre, Bwd, BwdPost, BwdKV, BwdDQ };
+
+/// int32 fields per backward work item: {kRow0, kvEnd, qBegin, qEnd, accRow,
+/// 0} (docs/backward-abi.md).
+constexpr int kBwdItemFields = 6;
 enum class DType { BF16, FP16 };
 
 DUALKV_API const char *toString(KernelKind kind);
@@ -59,7 +67,8 @@ struct KernelInfo {
   std::string name;    ///< entry point in the PTX/cubin
   int threads = 0;     ///< threads per CTA
   int sharedBytes = 0; ///< dynamic shared memory per CTA
-  int blockM = 0;      ///< query rows per CTA
+  int blockM = 0;      ///< query rows per CTA (bwd, bwd_kv: key rows; bwd_pre,
+                       ///< bwd_post: rows per CTA)
 };
 
 struct CompileOptions {
