@@ -11,20 +11,41 @@ would give, while the prompt is stored and processed once.
     plan = dualkv.Plan([(4096, [1024] * 16)])      # one group
     o, lse = dualkv.forward(q, k, v, plan)         # q [T,Hq,D], k/v [T,Hkv,D]
 
-The library (libdualkv.so) is found through ``$DUALKV_LIB``, then a copy in
-``dualkv/lib/``, then ``<repo>/build/`` (see ``dualkv._lib``). Only the
-forward pass exists so far (no autograd).
+With autograd and torch.compile (``dualkv.ops`` registers the custom ops
+``dualkv::forward`` and ``dualkv::backward``; torch is imported only then):
+
+    o = dualkv.attention(q, k, v, plan)            # differentiable
+    o.float().pow(2).sum().backward()              # q.grad, k.grad, v.grad
+
+``dualkv.forward`` and ``dualkv.backward`` are the plain (non-autograd) calls
+of the C API. The library (libdualkv.so) is found through ``$DUALKV_LIB``,
+then a copy in ``dualkv/lib/``, then ``<repo>/build/`` (see ``dualkv._lib``).
 """
 
 import ctypes
+import math
+import sys
 
 from . import _lib
 from .packing import PackedGroups, pack
+from .plans import plan_key
 
 __all__ = [
-    "DualKVError", "Plan", "forward", "version", "cache_stats",
-    "gpu_available", "library_path", "pack", "PackedGroups",
+    "DualKVError", "Plan", "forward", "backward", "attention", "version",
+    "cache_stats", "gpu_available", "library_path", "pack", "PackedGroups",
 ]
+
+
+def __getattr__(name):
+    # dualkv.attention and dualkv.ops import torch, so they load on first use:
+    # `import dualkv` alone needs neither torch nor transformers.
+    if name == "attention":
+        from .ops import attention
+        return attention
+    if name == "ops":
+        from . import ops
+        return ops
+    raise AttributeError(f"module 'dualkv' has no attribute {name!r}")
 
 
 class DualKVError(RuntimeError):
@@ -78,6 +99,11 @@ class Plan:
     lengths >= 1, response lengths >= 0 (0 adds no tokens). Build one plan per
     micro-batch and reuse it for every layer; it lives on the device of the
     first forward call that uses it (one plan per device).
+
+    ``key`` is the plan's lengths as a flat tuple (``dualkv.plans.plan_key``)
+    and ``descriptor`` the same as an int32 CPU tensor (None until torch is
+    imported): that tensor is how ``dualkv.attention`` hands the plan to the
+    custom ops, which cannot take a C handle.
     """
 
     def __init__(self, groups):
@@ -100,6 +126,16 @@ class Plan:
         self._handle = handle
         self._destroy = _lib.lib().dualkv_plan_destroy
         self.groups = groups
+        self.key = plan_key(groups)
+        # Devices (torch indices) whose copy of the segment table exists: set
+        # by upload() and by every successful forward/backward call.
+        self._devices = set()
+        # Built now when torch is loaded, so that torch.compile finds a tensor
+        # attribute and does not trace its creation (which would bake the
+        # lengths into the graph); otherwise built by dualkv.ops on first use.
+        torch = sys.modules.get("torch")
+        self.descriptor = (None if torch is None else
+                           torch.tensor(self.key, dtype=torch.int32))
 
     def __del__(self):
         handle = getattr(self, "_handle", None)
@@ -129,10 +165,29 @@ class Plan:
         _check(_lib.lib().dualkv_plan_segment_table(self._handle, buf, 4 * n))
         return [tuple(buf[4 * i:4 * i + 4]) for i in range(n)]
 
-    def upload(self):
-        """Copies the segment table to the current CUDA context's device now
-        (otherwise the first forward does it). Call before graph capture."""
-        _check(_lib.lib().dualkv_plan_upload(self._handle))
+    def upload(self, device=None):
+        """Copies the segment table to a device now (otherwise the first
+        forward does it). Call it before a CUDA graph capture. ``device``: a
+        torch device or index, default the current CUDA device; without torch
+        loaded, the current CUDA context's device."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            _check(_lib.lib().dualkv_plan_upload(self._handle))
+            return
+        if isinstance(device, int):
+            index = device
+        elif device is not None and torch.device(device).index is not None:
+            index = torch.device(device).index
+        else:
+            index = torch.cuda.current_device()
+        with torch.cuda.device(index):
+            _check(_lib.lib().dualkv_plan_upload(self._handle))
+        self._devices.add(index)
+
+    def is_uploaded(self, device_index):
+        """True when this plan's segment table is known to be on that device
+        (after upload() or a forward/backward there)."""
+        return device_index in self._devices
 
     def __repr__(self):
         return (f"dualkv.Plan({len(self.groups)} groups, "
@@ -165,29 +220,43 @@ def _check_thd(torch, name, t, device):
                          f"(stride {t.stride(2)})")
 
 
-def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
-    """DualKV attention forward on the current CUDA stream.
+def _tiling_array(tiling):
+    """None, or the 4 int32 {block_m, block_n, warps, stages} of the C API."""
+    if tiling is None:
+        return None
+    tiling = [int(x) for x in tiling]
+    if len(tiling) != 4:
+        raise ValueError("dualkv: tiling must be 4 ints (block_m, block_n, "
+                         "warps, stages)")
+    return (ctypes.c_int32 * 4)(*tiling)
 
-    Args:
-        q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other
-            strides free, multiples of 8 elements, 16-byte aligned).
-        k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
-        plan: a ``Plan`` with ``plan.num_tokens == T``.
-        scale: softmax scale; None means 1/sqrt(D).
-        out: optional output [T, Hq, D] like q; allocated if None.
-        lse: optional float32 [Hq, T] (token stride 1) for the natural-log
-            log-sum-exp; allocated if None.
-        tiling: optional (block_m, block_n, warps, stages), 0 = default.
 
-    Returns:
-        (o, lse). D must be 64, 128 or 256.
+def _check_lse(torch, name, lse, device, Hq, T):
+    """lse must be float32 [Hq, T] on q's device, token dimension contiguous."""
+    if not isinstance(lse, torch.Tensor) or not lse.is_cuda:
+        raise ValueError(f"dualkv: {name} must be a CUDA tensor")
+    if lse.device != device:
+        raise ValueError(f"dualkv: {name} is on {lse.device} but q is on "
+                         f"{device}")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (Hq, T):
+        raise ValueError(f"dualkv: {name} is {lse.dtype} {tuple(lse.shape)}; "
+                         f"it must be torch.float32 [{Hq}, {T}]")
+    if lse.stride(1) != 1 and T > 1:
+        raise ValueError(f"dualkv: {name}'s token dimension must be "
+                         f"contiguous (stride {lse.stride(1)})")
 
-    Raises:
-        ValueError naming the argument at fault (checked here first, then by
-        the library); DualKVError for CUDA, compile or internal failures.
-    """
-    import torch
 
+def _check_like(torch, name, t, ref_name, ref, device):
+    """``t`` must be a THD CUDA tensor of ``ref``'s dtype and shape."""
+    _check_thd(torch, name, t, device)
+    if t.dtype != ref.dtype or t.shape != ref.shape:
+        raise ValueError(f"dualkv: {name} is {t.dtype} {tuple(t.shape)}; it "
+                         f"must be {ref.dtype} {tuple(ref.shape)} like "
+                         f"{ref_name}")
+
+
+def _check_qkv(torch, q, k, v, plan):
+    """Checks q, k, v (and plan against them); returns (T, Hq, Hkv, D, code)."""
     if not isinstance(plan, Plan):
         raise ValueError(f"dualkv: plan must be a dualkv.Plan, "
                          f"not {type(plan).__name__}")
@@ -217,38 +286,44 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
     if T != plan.num_tokens:
         raise ValueError(f"dualkv: q has {T} tokens but the plan has "
                          f"{plan.num_tokens} (plan.num_tokens)")
+    return T, Hq, Hkv, D, code
 
+
+def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
+    """DualKV attention forward on the current CUDA stream.
+
+    Args:
+        q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other
+            strides free, multiples of 8 elements, 16-byte aligned).
+        k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        plan: a ``Plan`` with ``plan.num_tokens == T``.
+        scale: softmax scale; None means 1/sqrt(D).
+        out: optional output [T, Hq, D] like q; allocated if None.
+        lse: optional float32 [Hq, T] (token stride 1) for the natural-log
+            log-sum-exp; allocated if None.
+        tiling: optional (block_m, block_n, warps, stages), 0 = default.
+
+    Returns:
+        (o, lse). D must be 64, 128 or 256.
+
+    Raises:
+        ValueError naming the argument at fault (checked here first, then by
+        the library); DualKVError for CUDA, compile or internal failures.
+    """
+    import torch
+
+    T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
+    device = q.device
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
-        _check_thd(torch, "out", out, device)
-        if out.dtype != q.dtype or out.shape != q.shape:
-            raise ValueError(f"dualkv: out is {out.dtype} {tuple(out.shape)}; "
-                             f"it must be {q.dtype} {tuple(q.shape)} like q")
+        _check_like(torch, "out", out, "q", q, device)
     if lse is None:
         lse = torch.empty((Hq, T), dtype=torch.float32, device=device)
     else:
-        if not isinstance(lse, torch.Tensor) or not lse.is_cuda:
-            raise ValueError("dualkv: lse must be a CUDA tensor")
-        if lse.device != device:
-            raise ValueError(f"dualkv: lse is on {lse.device} but q is on "
-                             f"{device}")
-        if lse.dtype != torch.float32 or tuple(lse.shape) != (Hq, T):
-            raise ValueError(f"dualkv: lse is {lse.dtype} "
-                             f"{tuple(lse.shape)}; it must be torch.float32 "
-                             f"[{Hq}, {T}]")
-        if lse.stride(1) != 1 and T > 1:
-            raise ValueError(f"dualkv: lse's token dimension must be "
-                             f"contiguous (stride {lse.stride(1)})")
+        _check_lse(torch, "lse", lse, device, Hq, T)
 
-    tiling_arr = None
-    if tiling is not None:
-        tiling = [int(x) for x in tiling]
-        if len(tiling) != 4:
-            raise ValueError("dualkv: tiling must be 4 ints (block_m, "
-                             "block_n, warps, stages)")
-        tiling_arr = (ctypes.c_int32 * 4)(*tiling)
-
+    tiling_arr = _tiling_array(tiling)
     scale_value = 0.0 if scale is None else float(scale)
     with torch.cuda.device(device):
         # current_stream() of the tensors' device; the library launches on it.
@@ -261,4 +336,83 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
             ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
             lse.stride(0), T, Hq, Hkv, D, code, scale_value,
             plan._handle, stream, tiling_arr))
+    plan._devices.add(device.index)
     return out, lse
+
+
+def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
+             dq=None, dk=None, dv=None, tiling=None):
+    """DualKV attention backward on the current CUDA stream (no autograd:
+    ``dualkv.attention`` is the differentiable call).
+
+    Args:
+        q, k, v: the forward's inputs ([T, Hq, D], [T, Hkv, D], [T, Hkv, D]).
+        o, lse: the forward's outputs for these inputs and this scale.
+        dout: dL/dO, like o (same dtype and shape; last dim contiguous, other
+            strides free).
+        plan: the forward's ``Plan``.
+        scale: the forward's softmax scale; None means 1/sqrt(D).
+        deterministic: True gives bitwise-reproducible dk/dv (a fixed-order
+            reduction of the prompt gradients instead of fp32 atomics).
+        dq: optional output like q; dk, dv: optional outputs like k
+            (allocated, contiguous, if None; always written fully).
+        tiling: optional (block_m, block_n, warps, stages), 0 = default.
+
+    Returns:
+        (dq, dk, dv). D must be 64 or 128 (the library refuses 256).
+
+    The library's workspace is allocated here with torch (caching allocator,
+    CUDA-graph pools). Raises ValueError naming the argument at fault,
+    DualKVError for CUDA/compile/internal failures, OSError when the loaded
+    library predates the backward.
+    """
+    import torch
+
+    T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
+    device = q.device
+    _check_like(torch, "o", o, "q", q, device)
+    _check_like(torch, "dout", dout, "o", o, device)
+    _check_lse(torch, "lse", lse, device, Hq, T)
+    if dq is None:
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        _check_like(torch, "dq", dq, "q", q, device)
+    if dk is None:
+        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    else:
+        _check_like(torch, "dk", dk, "k", k, device)
+    if dv is None:
+        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    else:
+        _check_like(torch, "dv", dv, "v", v, device)
+
+    tiling_arr = _tiling_array(tiling)
+    scale_value = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    det = 1 if deterministic else 0
+    workspace_size = _lib.symbol("dualkv_backward_workspace_size")
+    run_backward = _lib.symbol("dualkv_backward")
+    ws_bytes = ctypes.c_int64(0)
+    _check(workspace_size(plan._handle, T, Hq, Hkv, D, det, tiling_arr,
+                          ctypes.byref(ws_bytes)))
+    with torch.cuda.device(device):
+        # Allocated on the current stream, which the library launches on, so
+        # the caching allocator's stream-ordered reuse is safe.
+        workspace = torch.empty(ws_bytes.value, dtype=torch.uint8,
+                                device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        _check(run_backward(
+            q.data_ptr(), q.stride(0), q.stride(1),
+            k.data_ptr(), k.stride(0), k.stride(1),
+            v.data_ptr(), v.stride(0), v.stride(1),
+            o.data_ptr(), o.stride(0), o.stride(1),
+            dout.data_ptr(), dout.stride(0), dout.stride(1),
+            ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+            lse.stride(0),
+            dq.data_ptr(), dq.stride(0), dq.stride(1),
+            dk.data_ptr(), dk.stride(0), dk.stride(1),
+            dv.data_ptr(), dv.stride(0), dv.stride(1),
+            T, Hq, Hkv, D, code, scale_value, det,
+            workspace.data_ptr() if ws_bytes.value else None, ws_bytes.value,
+            plan._handle, stream, tiling_arr))
+    plan._devices.add(device.index)
+    return dq, dk, dv

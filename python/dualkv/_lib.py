@@ -99,6 +99,60 @@ def _declare(lib):
         fn.restype = res
 
 
+def _optional_signatures():
+    """Symbols declared on first use, so that a library built before they
+    existed still loads (and its forward works): the backward."""
+    i32, i64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    f32p = ctypes.POINTER(ctypes.c_float)
+    return {
+        "dualkv_backward": (
+            [vp, i64, i64,  # q
+             vp, i64, i64,  # k
+             vp, i64, i64,  # v
+             vp, i64, i64,  # o
+             vp, i64, i64,  # dout
+             f32p, i64,  # lse, lse_stride_h
+             vp, i64, i64,  # dq
+             vp, i64, i64,  # dk
+             vp, i64, i64,  # dv
+             i64, i32, i32, i32, i32,  # num_tokens, Hq, Hkv, head_dim, dtype
+             ctypes.c_float, i32,  # scale, deterministic
+             vp, i64,  # workspace, workspace_bytes
+             vp, vp, i32p],  # plan, stream, tiling
+            ctypes.c_int),
+        "dualkv_backward_workspace_size": (
+            [vp, i64, i32, i32, i32, i32, i32p, i64p],
+            ctypes.c_int),
+    }
+
+
+_optional = {}
+
+
+def symbol(name):
+    """A function of the C API that older builds of the library may lack
+    (see _optional_signatures), declared on first use. Raises OSError naming
+    the library and the symbol when the loaded library does not export it."""
+    fn = _optional.get(name)
+    if fn is not None:
+        return fn
+    handle = lib()
+    args, res = _optional_signatures()[name]
+    try:
+        fn = getattr(handle, name)
+    except AttributeError:
+        raise OSError(
+            f"dualkv: {_path} has no {name}: the library predates it; "
+            "rebuild it (cmake --build build) or point DUALKV_LIB at a newer "
+            "build") from None
+    fn.argtypes = args
+    fn.restype = res
+    _optional[name] = fn
+    return fn
+
+
 def lib():
     """The loaded library (a ctypes.CDLL), loading it on the first call."""
     global _handle, _path

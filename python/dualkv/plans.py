@@ -1,0 +1,118 @@
+"""Plan keys and the plan cache behind the custom ops (torch not needed).
+
+A ``dualkv.Plan`` wraps a C handle, which no tracer can carry. The custom ops
+(``dualkv.ops``) therefore take the plan's *lengths* instead, as a small int32
+CPU tensor, the plan's ``descriptor``; the op's implementation turns it back
+into a Plan through this cache. The key of a plan is the flat tuple
+
+    (G, P_0, N_0, R_0_1 .. R_0_N0, P_1, N_1, R_1_1 .. , ...)
+
+(G groups; group g: prompt length P_g, N_g responses of lengths R_g_n), and the
+cache maps (device index, key) to a Plan, least recently used first out. A
+plan the user built and passed to ``dualkv.attention`` eagerly is the one
+stored, so ``plan.upload()`` before a CUDA graph capture is honoured.
+"""
+
+import threading
+from collections import OrderedDict
+
+__all__ = ["plan_key", "groups_from_key", "PlanCache"]
+
+
+def plan_key(groups):
+    """The flat key of ``groups`` (a sequence of ``(prompt_len, [response
+    lens])``), as a tuple of ints."""
+    key = [len(groups)]
+    for prompt_len, responses in groups:
+        key.append(int(prompt_len))
+        key.append(len(responses))
+        key.extend(int(r) for r in responses)
+    return tuple(key)
+
+
+def groups_from_key(key):
+    """Inverse of ``plan_key``. Raises ValueError if ``key`` is malformed."""
+    key = [int(x) for x in key]
+    if not key or key[0] < 0:
+        raise ValueError("dualkv: plan descriptor is empty or has a negative "
+                         "group count")
+    groups, at = [], 1
+    for g in range(key[0]):
+        if at + 2 > len(key):
+            raise ValueError(f"dualkv: plan descriptor ends inside group {g}")
+        prompt_len, count = key[at], key[at + 1]
+        at += 2
+        if count < 0 or at + count > len(key):
+            raise ValueError(f"dualkv: plan descriptor has a bad response "
+                             f"count {count} in group {g}")
+        groups.append((prompt_len, key[at:at + count]))
+        at += count
+    if at != len(key):
+        raise ValueError(f"dualkv: plan descriptor has {len(key) - at} "
+                         "values past its last group")
+    return groups
+
+
+class PlanCache:
+    """A thread-safe LRU map (device index, key) -> Plan.
+
+    ``capacity`` bounds the number of plans kept alive (each holds a segment
+    table on the host and, once used, on its device).
+    """
+
+    def __init__(self, capacity=64):
+        if capacity < 1:
+            raise ValueError("dualkv: PlanCache capacity must be >= 1")
+        self.capacity = capacity
+        self._plans = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, device, key):
+        """The cached plan or None; a hit becomes the most recent entry."""
+        with self._lock:
+            plan = self._plans.get((device, key))
+            if plan is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._plans.move_to_end((device, key))
+            return plan
+
+    def put(self, device, key, plan):
+        """Stores ``plan`` (replacing any entry of the same key) and evicts the
+        least recently used entries beyond the capacity."""
+        with self._lock:
+            self._plans[(device, key)] = plan
+            self._plans.move_to_end((device, key))
+            while len(self._plans) > self.capacity:
+                self._plans.popitem(last=False)
+
+    def get_or_create(self, device, key, create):
+        """The cached plan, or ``create(key)`` stored and returned."""
+        plan = self.get(device, key)
+        if plan is None:
+            plan = create(key)
+            with self._lock:
+                # Another thread may have stored one meanwhile: keep the first.
+                plan = self._plans.setdefault((device, key), plan)
+                self._plans.move_to_end((device, key))
+                while len(self._plans) > self.capacity:
+                    self._plans.popitem(last=False)
+        return plan
+
+    def clear(self):
+        """Drops every entry (plans still referenced elsewhere stay alive)."""
+        with self._lock:
+            self._plans.clear()
+            self.hits = 0
+            self.misses = 0
+
+    def __len__(self):
+        with self._lock:
+            return len(self._plans)
+
+    def __contains__(self, device_and_key):
+        with self._lock:
+            return device_and_key in self._plans
