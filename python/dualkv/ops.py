@@ -1,0 +1,248 @@
+"""torch.library custom ops ``dualkv::forward`` / ``dualkv::backward`` and the
+differentiable ``dualkv.attention`` built on them.
+
+    import dualkv
+    plan = dualkv.Plan([(4096, [1024] * 16)])
+    o = dualkv.attention(q, k, v, plan)            # q [T,Hq,D], k/v [T,Hkv,D]
+    loss = o.float().square().mean(); loss.backward()
+
+How the plan crosses the op boundary. A ``dualkv.Plan`` wraps a C handle,
+which neither the dispatcher nor a tracer can carry. The ops take the plan's
+lengths instead, as ``plan.descriptor``: a small int32 *CPU* tensor
+``(G, P_0, N_0, R_0_1.., P_1, ...)`` (``dualkv.plans.plan_key``). The op's
+implementation reads it on the host (no device sync) and looks the Plan up in
+``PLAN_CACHE``, keyed by (device, lengths), building one on a miss;
+``attention`` called eagerly stores the caller's own Plan there first, so a
+``plan.upload()`` before CUDA graph capture is honoured.
+
+Why a tensor and not an int id or a list of ints: torch.compile specialises
+on Python ints and lists, so an id or the lengths as ints would recompile the
+graph for every new micro-batch (and fall back to eager after the recompile
+limit). A tensor's *values* are not guarded on: a new plan reuses the
+compiled graph; only the descriptor's length (groups + responses) is a shape,
+which automatic dynamic shapes make symbolic after one recompile, like T.
+The price: inductor's own CUDA graphs (mode="reduce-overhead") skip graphs
+with CPU tensor inputs, which is also what keeps a replay from silently using
+a stale plan. Capture by hand with torch.cuda.graph when the plan is fixed.
+
+CUDA graphs and streams: both ops launch on torch.cuda.current_stream() of
+the tensors' device, allocate outputs and the backward workspace with torch
+(graph-pool aware) and never synchronise. A plan must be on the device before
+capture: call ``plan.upload(device)`` or run one eager step; capturing with a
+plan that never ran there raises ValueError instead of failing inside CUDA.
+
+The log-sum-exp output is not differentiable (marked so): the backward has no
+dLSE input. Importing this module registers the ops; ``dualkv.attention``
+does it on first use.
+"""
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from . import Plan, backward, forward
+from .plans import PlanCache, groups_from_key
+
+__all__ = ["attention", "PLAN_CACHE", "plan_descriptor", "plan_for"]
+
+#: (device index, plan key) -> Plan, for the ops' implementations.
+PLAN_CACHE = PlanCache(capacity=64)
+
+
+def plan_descriptor(plan):
+    """``plan.descriptor``, built (int32 CPU tensor of ``plan.key``) if the
+    plan was made before torch was imported."""
+    if plan.descriptor is None:
+        plan.descriptor = torch.tensor(plan.key, dtype=torch.int32)
+    return plan.descriptor
+
+
+def plan_for(descriptor, device):
+    """The Plan of a descriptor tensor on a CUDA device (from PLAN_CACHE,
+    built on a miss). Raises ValueError for a malformed descriptor, or when a
+    CUDA graph is being captured and the plan has never been on ``device``."""
+    if (not isinstance(descriptor, Tensor) or descriptor.device.type != "cpu"
+            or descriptor.dtype != torch.int32 or descriptor.dim() != 1):
+        raise ValueError("dualkv: plan must be a plan's descriptor, a 1-D "
+                         "int32 CPU tensor (dualkv.Plan(...).descriptor)")
+    key = tuple(descriptor.tolist())
+    index = device.index
+    plan = PLAN_CACHE.get_or_create(index, key,
+                                    lambda k: Plan(groups_from_key(k)))
+    if not plan.is_uploaded(index) and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            f"dualkv: the plan {plan!r} has never been used on cuda:{index} "
+            "and a CUDA graph is being captured; call plan.upload(device) or "
+            "run one step eagerly before the capture")
+    return plan
+
+
+def _scale_or_none(scale):
+    # 0.0 stands for "default" (1/sqrt(D)) in the ops' schemas.
+    return None if scale == 0.0 else scale
+
+
+@torch.library.custom_op("dualkv::forward", mutates_args=())
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
+                deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """(o, lse) of DualKV attention. ``plan``: a plan's descriptor; ``scale``
+    0.0 means 1/sqrt(D); ``deterministic`` is only carried to the backward."""
+    _require_cuda(q, "q")
+    p = plan_for(plan, q.device)
+    return forward(q, k, v, p, scale=_scale_or_none(scale))
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, plan, scale, deterministic):
+    _check_dims(q, k, v)
+    T, Hq, _ = q.shape
+    # Same layouts as dualkv.forward allocates: contiguous o, lse [Hq, T].
+    return q.new_empty(q.shape), q.new_empty((Hq, T), dtype=torch.float32)
+
+
+@torch.library.custom_op("dualkv::backward", mutates_args=())
+def _backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
+                 lse: Tensor, plan: Tensor, scale: float,
+                 deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of DualKV attention, given the forward's o and lse."""
+    _require_cuda(q, "q")
+    p = plan_for(plan, q.device)
+    return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
+                    deterministic=deterministic)
+
+
+@_backward_op.register_fake
+def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic):
+    _check_dims(q, k, v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, plan, scale, deterministic = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse, plan)
+    ctx.scale = scale
+    ctx.deterministic = deterministic
+
+
+def _backward_formula(ctx, dout, dlse):
+    # dlse is zero (lse is non-differentiable) and ignored.
+    q, k, v, o, lse, plan = ctx.saved_tensors
+    if dout is None:
+        return None, None, None, None, None, None
+    # Gradients may arrive with any layout (an expanded tensor from .sum(), a
+    # transpose): the kernel wants the last dimension contiguous and aligned
+    # row strides, and a no-op .contiguous() costs nothing otherwise.
+    dq, dk, dv = torch.ops.dualkv.backward(
+        q, k, v, o, dout.contiguous(), lse, plan, ctx.scale,
+        ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+_forward_op.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+def _require_cuda(t, name):
+    if t.device.type != "cuda":
+        raise ValueError(f"dualkv: {name} is on {t.device}; it must be a "
+                         "CUDA tensor")
+
+
+def _check_dims(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"dualkv: {name} must be 3-D [T, H, D], got "
+                             f"shape {tuple(t.shape)}")
+
+
+def _check_inputs(q, k, v, plan):
+    """Argument checks that hold under torch.compile as well (no call into
+    the library): types, devices, dtypes, shapes, last-dim contiguity. The
+    token count against the plan is checked by the op's implementation."""
+    if not isinstance(plan, Plan):
+        raise ValueError(f"dualkv: plan must be a dualkv.Plan, not "
+                         f"{type(plan).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"dualkv: {name} must be a torch.Tensor, not "
+                             f"{type(t).__name__}")
+        # meta tensors carry shapes only (shape inference, tests).
+        if t.device.type not in ("cuda", "meta"):
+            raise ValueError(f"dualkv: {name} is on {t.device}; it must be a "
+                             "CUDA tensor")
+        if t.device != q.device:
+            raise ValueError(f"dualkv: {name} is on {t.device} but q is on "
+                             f"{q.device}")
+        if t.dim() != 3:
+            raise ValueError(f"dualkv: {name} must be 3-D [T, H, D], got "
+                             f"shape {tuple(t.shape)}")
+        if t.stride(2) != 1 and t.shape[2] > 1:
+            raise ValueError(f"dualkv: {name}'s last dimension must be "
+                             f"contiguous (stride {t.stride(2)})")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dualkv: q has dtype {q.dtype}; use torch.bfloat16 "
+                         "or torch.float16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"dualkv: {name} has dtype {t.dtype} but q has "
+                             f"{q.dtype}")
+    T, Hq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"dualkv: k has shape {tuple(k.shape)} but v has "
+                         f"{tuple(v.shape)}")
+    if k.shape[0] != T or k.shape[2] != D:
+        raise ValueError(f"dualkv: k has shape {tuple(k.shape)}; with q "
+                         f"{tuple(q.shape)} it must be [{T}, Hkv, {D}]")
+    Hkv = k.shape[1]
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"dualkv: q's heads ({Hq}) are not a multiple of "
+                         f"k's heads ({Hkv})")
+
+
+def attention(q, k, v, plan, scale=None, deterministic=False,
+              return_lse=False):
+    """Differentiable DualKV attention (DESIGN.md §1) on packed THD tensors.
+
+    Args:
+        q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other
+            strides free: slices of a fused qkv projection work).
+        k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        plan: the ``dualkv.Plan`` of the packed micro-batch (T tokens).
+        scale: softmax scale; None means 1/sqrt(D). Must not be 0.
+        deterministic: True makes dk/dv bitwise reproducible (fixed-order
+            reduction of the prompt gradients in the backward).
+        return_lse: also return the natural-log LSE, fp32 [Hq, T] (not
+            differentiable).
+
+    Returns:
+        o [T, Hq, D] (contiguous), or (o, lse) with return_lse.
+
+    Backward through ``o`` gives dq, dk, dv (D 64 or 128). Runs on the
+    current CUDA stream; works under torch.compile(fullgraph=True) and in
+    CUDA graphs (see the module docstring for the plan and for capture).
+    Raises ValueError naming the argument at fault.
+    """
+    _check_inputs(q, k, v, plan)
+    if scale is None:
+        scale_value = 0.0
+    else:
+        scale_value = float(scale)
+        if scale_value == 0.0:
+            raise ValueError("dualkv: scale must be nonzero (None means "
+                             "1/sqrt(head_dim))")
+    if not torch.compiler.is_compiling() and q.device.type == "cuda":
+        # Eager: the token count is checked here with a clear message, and
+        # the caller's plan object (maybe uploaded) is the one the op finds.
+        if q.shape[0] != plan.num_tokens:
+            raise ValueError(f"dualkv: q has {q.shape[0]} tokens but the plan "
+                             f"has {plan.num_tokens} (plan.num_tokens)")
+        index = q.device.index
+        cached = PLAN_CACHE.get(index, plan.key)
+        if cached is not plan and (cached is None or plan.is_uploaded(index)
+                                   or not cached.is_uploaded(index)):
+            PLAN_CACHE.put(index, plan.key, plan)
+    o, lse = torch.ops.dualkv.forward(q, k, v, plan_descriptor(plan),
+                                      scale_value, bool(deterministic))
+    return (o, lse) if return_lse else o

@@ -1,0 +1,89 @@
+"""A Hugging Face transformers attention backend named "dualkv".
+
+    import dualkv, dualkv.transformers_backend
+    dualkv.transformers_backend.register()          # once per process
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="dualkv",
+                                                 torch_dtype=torch.bfloat16).cuda()
+    packed = dualkv.pack(groups)                     # [prompt | r1 | ... | rN] ...
+    t = packed.to_torch("cuda")
+    out = model(input_ids=t["input_ids"][None], position_ids=t["position_ids"][None],
+                dualkv_plan=packed.plan())
+
+The packed micro-batch is one sequence (batch size 1) of T tokens; the plan
+travels as the ``dualkv_plan`` keyword, which transformers' model forwards
+pass down to every attention call (``**kwargs``). ``position_ids`` must be the
+packed ones (each response continues its prompt's positions) for the rotary
+embedding to be right. The plan alone defines who attends to whom:
+transformers builds no mask for an attention implementation it does not know,
+and any ``attention_mask`` that still arrives (older versions build a plain
+causal one) is ignored. Not supported, and refused with ValueError: dropout,
+sliding windows shorter than the sequence, logit soft-capping, attention
+sinks, batch size > 1 (pack instead).
+
+Importing this module does not import transformers; ``register()`` does.
+"""
+
+from .ops import attention
+
+__all__ = ["NAME", "dualkv_attention_forward", "register"]
+
+#: The attn_implementation name registered by register().
+NAME = "dualkv"
+
+
+def dualkv_attention_forward(module, query, key, value, attention_mask,
+                             scaling=None, dropout=0.0, **kwargs):
+    """transformers' AttentionInterface signature.
+
+    query [1, Hq, T, D], key/value [1, Hkv, T, D] (not repeated for GQA:
+    DualKV reads kv head h // (Hq / Hkv) itself). Returns (attn_output
+    [1, T, Hq, D], None); attention weights are never materialised.
+    Needs ``dualkv_plan=`` (a dualkv.Plan of T tokens) among the keywords.
+    """
+    plan = kwargs.get("dualkv_plan")
+    if plan is None:
+        raise ValueError("dualkv: the dualkv attention backend needs the "
+                         "packed micro-batch's plan: call the model with "
+                         "dualkv_plan=plan (a dualkv.Plan)")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(f"dualkv: query/key/value must be 4-D [B, H, T, D], "
+                         f"got {tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}")
+    if query.shape[0] != 1:
+        raise ValueError(f"dualkv: query has batch size {query.shape[0]}; the "
+                         "dualkv backend takes one packed sequence (batch "
+                         "size 1): pack the groups with dualkv.pack")
+    if dropout:
+        raise ValueError(f"dualkv: dropout={dropout} is not supported by the "
+                         "dualkv backend (set the model's attention_dropout "
+                         "to 0)")
+    T = query.shape[2]
+    window = kwargs.get("sliding_window")
+    if window is not None and window < T:
+        raise ValueError(f"dualkv: sliding_window={window} is not supported "
+                         "by the dualkv backend")
+    for name in ("softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"dualkv: {name} is not supported by the dualkv "
+                             "backend")
+    # [1, H, T, D] -> [T, H, D]: a view (strides (D, T*D, 1) for the usual
+    # [B, T, H, D].transpose(1, 2) layout); the kernels take free row strides.
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    o = attention(q, k, v, plan, scale=scaling,
+                  deterministic=bool(kwargs.get("dualkv_deterministic",
+                                                False)))
+    return o.unsqueeze(0), None
+
+
+def register(name=NAME):
+    """Registers the backend with transformers.AttentionInterface under
+    ``name`` (then use attn_implementation=name). Returns the name."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError as e:
+        raise ImportError("dualkv: the transformers backend needs "
+                          "transformers >= 4.48 (AttentionInterface)") from e
+    AttentionInterface.register(name, dualkv_attention_forward)
+    return name
