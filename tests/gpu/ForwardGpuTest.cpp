@@ -2,15 +2,11 @@
 // reference, edge lengths, and bitwise equivalence with N separate causal
 // sequences.
 #include "GpuHarness.h"
-
-#include <nlohmann/json.hpp>
+#include "GpuTests.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <future>
 #include <map>
-#include <thread>
 
 using namespace dualkv;
 using namespace dualkv::testing;
@@ -33,42 +29,6 @@ Tolerance toleranceFor(DType t) {
 /// cores.
 constexpr double kWorkBudget = 1e9;
 
-int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
-  std::uniform_real_distribution<double> u(std::log(double(lo)),
-                                           std::log(double(hi) + 1));
-  return std::clamp<int64_t>(int64_t(std::exp(u(rng))), lo, hi);
-}
-
-Case randomCase(std::mt19937_64 &rng) {
-  Case c;
-  std::uniform_int_distribution<int> groups(1, 3), responses(0, 16),
-      coin(0, 99);
-  int g = groups(rng);
-  for (int i = 0; i < g; ++i) {
-    PlanGroup grp;
-    grp.prompt_len = logUniform(rng, 1, 5000);
-    int n = responses(rng);
-    for (int r = 0; r < n; ++r)
-      grp.response_lens.push_back(coin(rng) < 15 ? 0
-                                                 : logUniform(rng, 1, 2000));
-    c.groups.push_back(grp);
-  }
-  const int ratios[] = {1, 4, 8}, dims[] = {64, 128, 256};
-  c.hkv = 1 + coin(rng) % 2;
-  c.hq = ratios[coin(rng) % 3] * c.hkv;
-  c.d = dims[coin(rng) % 3];
-  c.dtype = coin(rng) % 2 ? DType::BF16 : DType::FP16;
-  while (c.work() > kWorkBudget) {
-    double f = std::sqrt(kWorkBudget / c.work()) * 0.95;
-    for (auto &grp : c.groups) {
-      grp.prompt_len = std::max<int64_t>(1, int64_t(grp.prompt_len * f));
-      for (auto &r : grp.response_lens)
-        r = int64_t(r * f);
-    }
-  }
-  return c;
-}
-
 struct Checked {
   Case c;
   Errors e;
@@ -82,28 +42,19 @@ std::vector<Checked> checkCases(std::vector<Case> cases) {
   std::vector<ForwardResult> results(cases.size());
   for (size_t i = 0; i < cases.size(); ++i)
     results[i] = runForward(cases[i]);
-  unsigned workers = std::max(1u, std::thread::hardware_concurrency());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < cases.size(); i = next++) {
-      const Case &c = cases[i];
-      auto p = c.problem();
-      auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v);
-      std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
-      reference::forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());
-      Errors e = compare(results[i], o, lse);
-      Tolerance tol = toleranceFor(c.dtype);
-      out[i] = {c, e,
-                e.finite && e.maxAbsO <= tol.maxAbsO &&
-                    e.relL2O <= tol.relL2O && e.maxAbsLse <= tol.maxAbsLse};
-      results[i] = {};
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < workers; ++w)
-    pool.emplace_back(work);
-  for (auto &t : pool)
-    t.join();
+  parallelFor(cases.size(), [&](size_t i) {
+    const Case &c = cases[i];
+    auto p = c.problem();
+    auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v);
+    std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
+    reference::forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());
+    Errors e = compare(results[i], o, lse);
+    Tolerance tol = toleranceFor(c.dtype);
+    out[i] = {c, e,
+              e.finite && e.maxAbsO <= tol.maxAbsO && e.relL2O <= tol.relL2O &&
+                  e.maxAbsLse <= tol.maxAbsLse};
+    results[i] = {};
+  });
   return out;
 }
 
@@ -112,7 +63,7 @@ int report(const std::string &name, const std::vector<Checked> &checked) {
   std::map<std::string, Errors> worst;
   nlohmann::json cases = nlohmann::json::array();
   for (auto &ch : checked) {
-    std::string dt = ch.c.dtype == DType::BF16 ? "bf16" : "fp16";
+    std::string dt = dtypeName(ch.c.dtype);
     Errors &w = worst[dt];
     w.maxAbsO = std::max(w.maxAbsO, ch.e.maxAbsO);
     w.relL2O = std::max(w.relL2O, ch.e.relL2O);
@@ -137,10 +88,7 @@ int report(const std::string &name, const std::vector<Checked> &checked) {
                w.maxAbsLse, tol.maxAbsLse);
   }
   fmt::print("{}: {} cases, {} failed\n", name, checked.size(), failures);
-  if (const char *dir = std::getenv("DUALKV_TEST_REPORT_DIR")) {
-    std::ofstream(std::string(dir) + "/" + name + ".json")
-        << cases.dump(1) << "\n";
-  }
+  writeReport(name, cases);
   return failures ? 1 : 0;
 }
 
@@ -148,7 +96,7 @@ int testRandom(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
   for (int i = 0; i < count; ++i) {
-    cases.push_back(randomCase(rng));
+    cases.push_back(randomCase(rng, {64, 128, 256}, kWorkBudget));
     cases.back().fill(rng);
   }
   std::vector<Checked> all;
@@ -202,52 +150,14 @@ int testEquivalence(uint64_t seed) {
       packed.groups = {PlanGroup{333, {100, 0, 257, 1, 64}}, PlanGroup{64, {}},
                        PlanGroup{129, {31, 500}}};
       packed.fill(rng);
-      // Build the replicated layout and the token map packed -> copies.
-      Case rep = packed;
-      rep.groups.clear();
-      rep.q.clear();
-      rep.k.clear();
-      rep.v.clear();
+      // The replicated layout and the token map packed -> copies.
+      std::vector<ReplicaCopy> copies = replicatedCopies(packed);
+      Case rep = gatherCopies(packed, copies);
       std::vector<std::pair<int64_t, int64_t>>
           pairs; // (packed token, replicated token)
-      int64_t base = 0, repTok = 0;
-      auto copyTok = [&](int64_t tok) {
-        auto app = [&](std::vector<uint16_t> &dst,
-                       const std::vector<uint16_t> &src, int h) {
-          dst.insert(dst.end(), src.begin() + tok * h * d,
-                     src.begin() + (tok + 1) * h * d);
-        };
-        app(rep.q, packed.q, packed.hq);
-        app(rep.k, packed.k, packed.hkv);
-        app(rep.v, packed.v, packed.hkv);
-        pairs.push_back({tok, repTok++});
-      };
-      for (auto &g : packed.groups) {
-        std::vector<int64_t> nonEmpty;
-        int64_t off = base + g.prompt_len;
-        std::vector<int64_t> starts;
-        for (auto r : g.response_lens) {
-          starts.push_back(off);
-          off += r;
-        }
-        bool any = false;
-        for (size_t n = 0; n < g.response_lens.size(); ++n) {
-          if (!g.response_lens[n])
-            continue;
-          any = true;
-          rep.groups.push_back(PlanGroup{g.prompt_len, {g.response_lens[n]}});
-          for (int64_t i = 0; i < g.prompt_len; ++i)
-            copyTok(base + i);
-          for (int64_t i = 0; i < g.response_lens[n]; ++i)
-            copyTok(starts[n] + i);
-        }
-        if (!any) {
-          rep.groups.push_back(PlanGroup{g.prompt_len, {}});
-          for (int64_t i = 0; i < g.prompt_len; ++i)
-            copyTok(base + i);
-        }
-        base = off;
-      }
+      for (auto &copy : copies)
+        for (int64_t tok : copy.tokens)
+          pairs.push_back({tok, int64_t(pairs.size())});
       ForwardResult a = runForward(packed), b = runForward(rep);
       int64_t tp = packed.tokens(), tr = rep.tokens();
       int64_t mismatches = 0;
@@ -328,27 +238,14 @@ int testGraph(uint64_t seed) {
 
 } // namespace
 
-int main(int argc, char **argv) {
-  std::string which = argc > 1 ? argv[1] : "random";
-  int count = argc > 2 ? std::atoi(argv[2]) : 200;
-  if (!haveGpu()) {
-    fmt::print("no GPU: skipping {}\n", which);
-    return kSkip;
-  }
-  try {
-    if (which == "random")
-      return testRandom(count, 20261129);
-    if (which == "edges")
-      return testEdges(7);
-    if (which == "equivalence")
-      return testEquivalence(11);
-    if (which == "graph")
-      return testGraph(13);
-    fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | "
-                       "equivalence | graph\n");
-    return 2;
-  } catch (const std::exception &e) {
-    fmt::print("error: {}\n", e.what());
-    return 1;
-  }
+int dualkv::testing::forwardTest(const std::string &which, int count) {
+  if (which == "random")
+    return testRandom(count, 20261129);
+  if (which == "edges")
+    return testEdges(7);
+  if (which == "equivalence")
+    return testEquivalence(11);
+  if (which == "graph")
+    return testGraph(13);
+  return kUnknownTest;
 }

@@ -1,5 +1,6 @@
-// Shared helpers of the GPU tests: device buffers, 16-bit float conversions,
-// random packed problems, and the comparison against the fp64 reference.
+// Shared helpers of the GPU tests and benches: random packed problems, their
+// replicated layouts, device cases for the forward and the backward, worker
+// threads for the fp64 reference, and error statistics.
 #ifndef DUALKV_TESTS_GPU_HARNESS_H
 #define DUALKV_TESTS_GPU_HARNESS_H
 
@@ -9,14 +10,21 @@
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace dualkv::testing {
@@ -29,6 +37,7 @@ struct Case {
   int hq = 1, hkv = 1, d = 64;
   DType dtype = DType::BF16;
   std::vector<uint16_t> q, k, v; // packed THD, dense
+  std::vector<uint16_t> dout;    // upstream gradient like q (backward only)
   int64_t tokens() const {
     int64_t t = 0;
     for (auto &g : groups) {
@@ -74,6 +83,14 @@ struct Case {
     k = gen(size_t(t) * hkv * d);
     v = gen(size_t(t) * hkv * d);
   }
+  /// A random upstream gradient dO (kept apart from fill() so that the
+  /// forward tests' random streams do not change).
+  void fillGrad(std::mt19937_64 &rng) {
+    std::normal_distribution<float> n(0.f, 1.f);
+    dout.resize(q.size());
+    for (auto &e : dout)
+      e = to16(n(rng), dtype);
+  }
   reference::Problem problem() const {
     reference::Problem p;
     for (auto &g : groups)
@@ -91,6 +108,130 @@ struct Case {
     return out;
   }
 };
+
+inline const char *dtypeName(DType t) {
+  return t == DType::BF16 ? "bf16" : "fp16";
+}
+
+/// An integer in [lo, hi], uniform in log(x).
+inline int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
+  std::uniform_real_distribution<double> u(std::log(double(lo)),
+                                           std::log(double(hi) + 1));
+  return std::clamp<int64_t>(int64_t(std::exp(u(rng))), lo, hi);
+}
+
+/// A random packed problem (DESIGN.md §6): 1-3 groups, P 1-5000 and R 1-2000
+/// log-uniform, N 0-16, 15% of the responses empty, 1-2 KV heads with GQA
+/// ratio 1, 4 or 8, head_dim from `dims`, bf16 or fp16. Lengths are scaled
+/// down until the reference's work (Case::work) is at most `budget`, which
+/// bounds the test's run time. Inputs are not filled.
+inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
+                       double budget) {
+  Case c;
+  std::uniform_int_distribution<int> groups(1, 3), responses(0, 16),
+      coin(0, 99);
+  int g = groups(rng);
+  for (int i = 0; i < g; ++i) {
+    PlanGroup grp;
+    grp.prompt_len = logUniform(rng, 1, 5000);
+    int n = responses(rng);
+    for (int r = 0; r < n; ++r)
+      grp.response_lens.push_back(coin(rng) < 15 ? 0
+                                                 : logUniform(rng, 1, 2000));
+    c.groups.push_back(grp);
+  }
+  const int ratios[] = {1, 4, 8};
+  c.hkv = 1 + coin(rng) % 2;
+  c.hq = ratios[coin(rng) % 3] * c.hkv;
+  c.d = dims[size_t(coin(rng)) % dims.size()];
+  c.dtype = coin(rng) % 2 ? DType::BF16 : DType::FP16;
+  while (c.work() > budget) {
+    double f = std::sqrt(budget / c.work()) * 0.95;
+    for (auto &grp : c.groups) {
+      grp.prompt_len = std::max<int64_t>(1, int64_t(grp.prompt_len * f));
+      for (auto &r : grp.response_lens)
+        r = int64_t(r * f);
+    }
+  }
+  return c;
+}
+
+/// One sequence of a packed case's replicated layout (DESIGN.md §1): a
+/// group's prompt followed by one of its non-empty responses, or the prompt
+/// alone for a group with no non-empty response.
+struct ReplicaCopy {
+  PlanGroup group;             ///< {P, {R_n}} or {P, {}}
+  std::vector<int64_t> tokens; ///< the packed index of each token, in order
+  bool first = false;          ///< the first copy of its group's prompt
+};
+
+/// Every copy of the replicated layout of `packed`, group by group.
+inline std::vector<ReplicaCopy> replicatedCopies(const Case &packed) {
+  std::vector<ReplicaCopy> copies;
+  int64_t base = 0;
+  for (auto &g : packed.groups) {
+    size_t before = copies.size();
+    int64_t start = base + g.prompt_len;
+    for (int64_t r : g.response_lens) {
+      if (r) {
+        ReplicaCopy c{
+            PlanGroup{g.prompt_len, {r}}, {}, copies.size() == before};
+        for (int64_t i = 0; i < g.prompt_len; ++i)
+          c.tokens.push_back(base + i);
+        for (int64_t i = 0; i < r; ++i)
+          c.tokens.push_back(start + i);
+        copies.push_back(std::move(c));
+      }
+      start += r;
+    }
+    if (copies.size() == before) {
+      ReplicaCopy c{PlanGroup{g.prompt_len, {}}, {}, true};
+      for (int64_t i = 0; i < g.prompt_len; ++i)
+        c.tokens.push_back(base + i);
+      copies.push_back(std::move(c));
+    }
+    base = start;
+  }
+  return copies;
+}
+
+/// A case holding `copies` back to back, one group each, with the rows of q,
+/// k, v (and dout, where `packed` has one) gathered from `packed`.
+inline Case gatherCopies(const Case &packed,
+                         const std::vector<ReplicaCopy> &copies) {
+  Case rep = packed;
+  rep.groups.clear();
+  rep.q.clear();
+  rep.k.clear();
+  rep.v.clear();
+  rep.dout.clear();
+  auto rows = [&](std::vector<uint16_t> &dst, const std::vector<uint16_t> &src,
+                  int64_t tok, int h) {
+    dst.insert(dst.end(), src.begin() + tok * h * packed.d,
+               src.begin() + (tok + 1) * h * packed.d);
+  };
+  for (auto &c : copies) {
+    rep.groups.push_back(c.group);
+    for (int64_t tok : c.tokens) {
+      rows(rep.q, packed.q, tok, packed.hq);
+      rows(rep.k, packed.k, tok, packed.hkv);
+      rows(rep.v, packed.v, tok, packed.hkv);
+      if (!packed.dout.empty())
+        rows(rep.dout, packed.dout, tok, packed.hq);
+    }
+  }
+  return rep;
+}
+
+/// Downloads `n` 16-bit values of type `t` and widens them to float.
+inline std::vector<float> downloadWidened(const DeviceBuffer &b, size_t n,
+                                          DType t) {
+  auto h = b.download<uint16_t>(n);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = from16(h[i], t);
+  return out;
+}
 
 /// O and LSE of one forward launch, copied back to the host.
 struct ForwardResult {
@@ -134,14 +275,162 @@ struct DeviceCase {
   /// O (widened to float) and LSE as they are on the device now.
   ForwardResult download() const {
     ForwardResult r;
-    auto oh = o.download<uint16_t>(c.q.size());
-    r.o.resize(oh.size());
-    for (size_t i = 0; i < oh.size(); ++i)
-      r.o[i] = from16(oh[i], c.dtype);
+    r.o = downloadWidened(o, c.q.size(), c.dtype);
     r.lse = lse.download<float>(size_t(c.tokens()) * c.hq);
     return r;
   }
 };
+
+/// dQ, dK and dV of one backward launch, widened to float.
+struct BackwardResult {
+  std::vector<float> dq;     // [T][Hq][D]
+  std::vector<float> dk, dv; // [T][Hkv][D]
+};
+
+/// How the tests call the backward.
+struct BackwardOptions {
+  bool deterministic = false;
+  /// Pass a caller-owned workspace of backwardWorkspaceBytes() bytes,
+  /// poisoned with NaN before every launch, instead of the runtime's own: the
+  /// runtime must initialise whatever it reads.
+  bool callerWorkspace = false;
+  Tiling tiling = {};
+};
+
+/// A case on the device for the backward: the forward's buffers plus dO
+/// (uploaded) and dQ, dK, dV (poisoned with NaN).
+struct BackwardDeviceCase : DeviceCase {
+  DeviceBuffer dout, dq, dk, dv;
+  std::unique_ptr<DeviceBuffer> workspace;
+  explicit BackwardDeviceCase(const Case &c)
+      : DeviceCase(c), dout(c.q.size() * 2), dq(c.q.size() * 2),
+        dk(c.k.size() * 2), dv(c.v.size() * 2) {
+    if (c.dout.size() != c.q.size())
+      throw std::invalid_argument("BackwardDeviceCase: call fillGrad() first");
+    dout.upload(c.dout);
+    poisonGrads();
+  }
+  void poisonGrads() {
+    dq.poison();
+    dk.poison();
+    dv.poison();
+  }
+  /// Backward arguments over these buffers (every stride the tightest); with
+  /// options.callerWorkspace, a workspace of the size the runtime asks for,
+  /// allocated on first use.
+  BackwardArgs backwardArgs(const BackwardOptions &options = {}) {
+    BackwardArgs a;
+    a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
+    a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
+    a.dout = {dout.ptr, int64_t(c.hq) * c.d, c.d};
+    a.dq = {dq.ptr, int64_t(c.hq) * c.d, c.d};
+    a.dk = {dk.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.dv = {dv.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.lse = static_cast<const float *>(lse.ptr);
+    a.lse_stride_h = c.tokens();
+    a.num_tokens = c.tokens();
+    a.num_q_heads = c.hq;
+    a.num_kv_heads = c.hkv;
+    a.head_dim = c.d;
+    a.dtype = c.dtype;
+    a.deterministic = options.deterministic;
+    a.plan = &plan;
+    a.tiling = options.tiling;
+    if (options.callerWorkspace) {
+      int64_t bytes = backwardWorkspaceBytes(a);
+      if (!workspace || workspace->bytes < size_t(bytes))
+        workspace = std::make_unique<DeviceBuffer>(size_t(bytes));
+      a.workspace = workspace->ptr;
+      a.workspace_bytes = bytes;
+    }
+    return a;
+  }
+  /// dQ, dK, dV as they are on the device now.
+  BackwardResult downloadGrads() const {
+    return {downloadWidened(dq, c.q.size(), c.dtype),
+            downloadWidened(dk, c.k.size(), c.dtype),
+            downloadWidened(dv, c.v.size(), c.dtype)};
+  }
+  /// Poisons dQ, dK, dV (and a caller workspace), runs the backward on the
+  /// forward's O and LSE already in this case's buffers, and downloads.
+  BackwardResult runBackward(const BackwardOptions &options = {}) {
+    BackwardArgs a = backwardArgs(options);
+    poisonGrads();
+    if (workspace)
+      workspace->poison();
+    dualkv::backward(a);
+    check(cudaDeviceSynchronize(), "backward");
+    return downloadGrads();
+  }
+};
+
+/// Runs `fn(i)` for i in [0, n) on one thread per core.
+template <typename F> void parallelFor(size_t n, F &&fn) {
+  unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < std::min<size_t>(workers, n); ++w)
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < n; i = next++)
+        fn(i);
+    });
+  for (auto &t : pool)
+    t.join();
+}
+
+/// Writes `report` to $DUALKV_TEST_REPORT_DIR/<name>.json when that is set.
+inline void writeReport(const std::string &name, const nlohmann::json &report) {
+  if (const char *dir = std::getenv("DUALKV_TEST_REPORT_DIR"))
+    std::ofstream(std::string(dir) + "/" + name + ".json")
+        << report.dump(1) << "\n";
+}
+
+/// Values whose bits differ between two results of the same shape.
+inline int64_t bitwiseMismatches(const std::vector<float> &a,
+                                 const std::vector<float> &b) {
+  if (a.size() != b.size())
+    return int64_t(std::max(a.size(), b.size()));
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    n += std::memcmp(&a[i], &b[i], 4) != 0;
+  return n;
+}
+
+/// Error statistics of one tensor against its reference.
+struct TensorErrors {
+  double maxAbs = 0; ///< max |x - ref|
+  double maxRef = 0; ///< max |ref|
+  double relL2 = 0;  ///< ||x - ref||_2 / ||ref||_2
+  bool finite = true;
+  /// max |x - ref| / max |ref|: the error on the tensor's own scale.
+  double maxAbsRel() const { return maxRef > 0 ? maxAbs / maxRef : maxAbs; }
+};
+
+/// Compares n values; a non-finite value on either side makes every
+/// statistic infinite (std::max would otherwise drop NaNs silently).
+template <typename T>
+TensorErrors compareTensor(const float *x, const T *ref, size_t n) {
+  TensorErrors e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double r = double(ref[i]);
+    if (!std::isfinite(x[i]) || !std::isfinite(r)) {
+      e.finite = false;
+      break;
+    }
+    double d = std::abs(double(x[i]) - r);
+    e.maxAbs = std::max(e.maxAbs, d);
+    e.maxRef = std::max(e.maxRef, std::abs(r));
+    num += d * d;
+    den += r * r;
+  }
+  e.relL2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (!e.finite)
+    e.maxAbs = e.relL2 = INFINITY;
+  return e;
+}
 
 /// Runs dualkv::forward on `c` with outputs poisoned first.
 inline ForwardResult runForward(const Case &c, const Tiling &tiling = {}) {
@@ -160,16 +449,10 @@ struct Errors {
 inline Errors compare(const ForwardResult &r, const std::vector<double> &oRef,
                       const std::vector<double> &lseRef) {
   Errors e;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < oRef.size(); ++i) {
-    if (!std::isfinite(r.o[i]))
-      e.finite = false;
-    double d = std::abs(double(r.o[i]) - oRef[i]);
-    e.maxAbsO = std::max(e.maxAbsO, d);
-    num += d * d;
-    den += oRef[i] * oRef[i];
-  }
-  e.relL2O = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  TensorErrors o = compareTensor(r.o.data(), oRef.data(), oRef.size());
+  e.maxAbsO = o.maxAbs;
+  e.relL2O = o.relL2;
+  e.finite = o.finite;
   for (size_t i = 0; i < lseRef.size(); ++i) {
     if (!std::isfinite(r.lse[i]))
       e.finite = false;
