@@ -232,12 +232,15 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
         if scale_value == 0.0:
             raise ValueError("dualkv: scale must be nonzero (None means "
                              "1/sqrt(head_dim))")
-    if not torch.compiler.is_compiling() and q.device.type == "cuda":
-        # Eager: the token count is checked here with a clear message, and
-        # the caller's plan object (maybe uploaded) is the one the op finds.
+    if not torch.compiler.is_compiling():
+        # Eager: the token count is checked here with a clear message (under
+        # torch.compile the op's implementation checks it at run time) ...
         if q.shape[0] != plan.num_tokens:
             raise ValueError(f"dualkv: q has {q.shape[0]} tokens but the plan "
                              f"has {plan.num_tokens} (plan.num_tokens)")
+    if not torch.compiler.is_compiling() and q.device.type == "cuda":
+        # ... and the caller's plan object (maybe uploaded) is the one the op
+        # finds, unless an equal plan already there is uploaded and it is not.
         index = q.device.index
         cached = PLAN_CACHE.get(index, plan.key)
         if cached is not plan and (cached is None or plan.is_uploaded(index)

@@ -1,0 +1,313 @@
+"""CPU tests of the PyTorch binding: the plan cache and keys, lazy imports and
+lazy backward symbols, argument checks, and the custom ops' fake/meta
+implementations and autograd wiring on meta tensors (shapes only, no GPU),
+torch.compile(fullgraph=True) on meta tensors. torch.library.opcheck needs the
+real kernels (its schema and autograd checks run the op and read values), so
+it is in test_backward.py, on the GPU.
+
+Runs as a script (unittest, a ctest) or under pytest. Parts that need torch
+(>= 2.4, for torch.library.custom_op) or transformers skip without them; the
+rest needs libdualkv.so (found as dualkv._lib describes, e.g. DUALKV_LIB).
+"""
+
+import os
+import subprocess
+import sys
+import unittest
+
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, PYTHON_DIR)
+import dualkv  # noqa: E402
+from dualkv import _lib  # noqa: E402
+from dualkv.plans import PlanCache, groups_from_key, plan_key  # noqa: E402
+
+try:
+    import torch
+    HAVE_TORCH = hasattr(torch, "library") and hasattr(torch.library,
+                                                       "custom_op")
+except ImportError:
+    torch = None
+    HAVE_TORCH = False
+
+try:
+    import transformers  # noqa: F401
+    HAVE_TRANSFORMERS = True
+except ImportError:
+    HAVE_TRANSFORMERS = False
+
+needs_torch = unittest.skipUnless(HAVE_TORCH, "needs torch >= 2.4")
+
+GROUPS = [(5, [3, 0, 2]), (4, [1])]  # T = 15
+
+
+class PlanKeyTest(unittest.TestCase):
+    def test_round_trip(self):
+        key = plan_key(GROUPS)
+        self.assertEqual(key, (2, 5, 3, 3, 0, 2, 4, 1, 1))
+        self.assertEqual(groups_from_key(key), [(5, [3, 0, 2]), (4, [1])])
+        self.assertEqual(groups_from_key(plan_key([(7, [])])), [(7, [])])
+
+    def test_malformed_keys_raise(self):
+        for bad, what in [((), "empty"), ((-1,), "negative"),
+                          ((1, 5), "ends inside group 0"),
+                          ((1, 5, 2, 1), "response count"),
+                          ((1, 5, 0, 9), "past its last group")]:
+            with self.assertRaisesRegex(ValueError, what):
+                groups_from_key(bad)
+
+    def test_plan_key_attribute_rebuilds_the_same_plan(self):
+        plan = dualkv.Plan(GROUPS)
+        self.assertEqual(plan.key, plan_key(GROUPS))
+        again = dualkv.Plan(groups_from_key(plan.key))
+        self.assertEqual(again.segment_table(), plan.segment_table())
+        self.assertEqual(again.num_tokens, 15)
+
+
+class PlanCacheTest(unittest.TestCase):
+    def test_lru_eviction_and_devices(self):
+        cache = PlanCache(capacity=2)
+        a, b, c = object(), object(), object()
+        cache.put(0, (1, 4, 0), a)
+        cache.put(0, (1, 5, 0), b)
+        self.assertIs(cache.get(0, (1, 4, 0)), a)  # a is now most recent
+        cache.put(0, (1, 6, 0), c)                 # evicts b
+        self.assertIsNone(cache.get(0, (1, 5, 0)))
+        self.assertIs(cache.get(0, (1, 4, 0)), a)
+        self.assertIs(cache.get(0, (1, 6, 0)), c)
+        self.assertIsNone(cache.get(1, (1, 4, 0)))  # other device, other entry
+        self.assertEqual(len(cache), 2)
+        self.assertEqual((cache.hits, cache.misses), (3, 2))
+        cache.clear()
+        self.assertEqual(len(cache), 0)
+
+    def test_get_or_create_builds_once(self):
+        cache = PlanCache(capacity=4)
+        made = []
+
+        def create(key):
+            made.append(key)
+            return dualkv.Plan(groups_from_key(key))
+
+        key = plan_key(GROUPS)
+        p1 = cache.get_or_create(0, key, create)
+        p2 = cache.get_or_create(0, key, create)
+        self.assertIs(p1, p2)
+        self.assertEqual(made, [key])
+        self.assertEqual(p1.num_tokens, 15)
+        self.assertIn((0, key), cache)
+
+    def test_capacity_must_be_positive(self):
+        with self.assertRaisesRegex(ValueError, "capacity"):
+            PlanCache(capacity=0)
+
+
+class LibraryTest(unittest.TestCase):
+    def test_backward_symbols_are_declared_lazily(self):
+        handle = _lib.lib()
+        for name in ("dualkv_backward", "dualkv_backward_workspace_size"):
+            if hasattr(handle, name):
+                self.assertTrue(callable(_lib.symbol(name)))
+            else:  # a library built before the backward: a clear OSError
+                with self.assertRaisesRegex(OSError, name + ".*rebuild"):
+                    _lib.symbol(name)
+
+    def test_import_needs_neither_torch_nor_transformers(self):
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import dualkv; "
+                "dualkv.Plan([(3, [1])]); "
+                "bad = [m for m in ('torch', 'transformers') "
+                "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+        run = subprocess.run([sys.executable, "-c", code, PYTHON_DIR],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
+
+def meta(*shape, dtype=None, requires_grad=False):
+    return torch.randn(*shape, dtype=dtype or torch.bfloat16, device="meta",
+                       requires_grad=requires_grad)
+
+
+@needs_torch
+class ValidationTest(unittest.TestCase):
+    """attention() checks on CPU/meta tensors: ValueError naming the
+    argument, before anything reaches the library."""
+
+    def setUp(self):
+        self.plan = dualkv.Plan(GROUPS)
+        T = self.plan.num_tokens
+        self.q, self.k, self.v = meta(T, 4, 64), meta(T, 2, 64), meta(T, 2, 64)
+
+    def check(self, pattern, *args, **kwargs):
+        with self.assertRaisesRegex(ValueError, pattern):
+            dualkv.attention(*args, **kwargs)
+
+    def test_bad_arguments_name_the_argument(self):
+        q, k, v, plan = self.q, self.k, self.v, self.plan
+        cpu = torch.zeros(q.shape, dtype=q.dtype)
+        self.check("q is on cpu", cpu, k, v, plan)
+        self.check("k is on cpu", q, torch.zeros(k.shape, dtype=k.dtype), v,
+                   plan)
+        self.check("q has dtype torch.float32", q.float(), k.float(),
+                   v.float(), plan)
+        self.check("k has dtype", q, k.half(), v, plan)
+        self.check("v has dtype", q, k, v.half(), plan)
+        self.check("but v has", q, k, v[:, :1], plan)
+        self.check("k has shape", q, k[:, :, :32], v[:, :, :32], plan)
+        self.check("not a multiple of k's heads", meta(15, 3, 64), k, v, plan)
+        self.check("q must be 3-D", q[0], k, v, plan)
+        self.check("q's last dimension must be contiguous",
+                   meta(15, 64, 4).transpose(1, 2), k, v, plan)
+        self.check("plan must be a dualkv.Plan", q, k, v, [(5, [3])])
+        self.check("q must be a torch.Tensor", None, k, v, plan)
+        self.check("scale must be nonzero", q, k, v, plan, scale=0.0)
+        self.check("plan has 15", q[:-1], k[:-1], v[:-1], plan)
+
+    def test_ops_refuse_cpu_tensors(self):
+        T = self.plan.num_tokens
+        q = torch.zeros(T, 4, 64, dtype=torch.bfloat16)
+        k = torch.zeros(T, 2, 64, dtype=torch.bfloat16)
+        desc = dualkv.ops.plan_descriptor(self.plan)
+        with self.assertRaisesRegex(ValueError, "q is on cpu"):
+            torch.ops.dualkv.forward(q, k, k, desc, 0.0, False)
+        with self.assertRaisesRegex(ValueError, "q is on cpu"):
+            dualkv.backward(q, k, k, q, q, torch.zeros(4, T), self.plan)
+
+    def test_descriptor_must_be_an_int32_cpu_vector(self):
+        bad = torch.tensor(self.plan.key, dtype=torch.int64)
+        with self.assertRaisesRegex(ValueError, "int32 CPU tensor"):
+            dualkv.ops.plan_for(bad, torch.device("cuda", 0))
+
+
+@needs_torch
+class FakeTest(unittest.TestCase):
+    """The fake (meta) implementations give the real ops' shapes, dtypes and
+    layouts, and autograd connects forward and backward."""
+
+    def setUp(self):
+        self.plan = dualkv.Plan(GROUPS)
+        self.T = self.plan.num_tokens
+
+    def test_descriptor(self):
+        desc = dualkv.ops.plan_descriptor(self.plan)
+        self.assertEqual(desc.dtype, torch.int32)
+        self.assertEqual(desc.device.type, "cpu")
+        self.assertEqual(tuple(desc.tolist()), self.plan.key)
+        # Plans made once torch is loaded carry it from the start.
+        self.assertIsNotNone(dualkv.Plan([(2, [2])]).descriptor)
+
+    def test_meta_forward_shapes(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            q, k, v = (meta(self.T, 8, 128, dtype=dtype),
+                       meta(self.T, 2, 128, dtype=dtype),
+                       meta(self.T, 2, 128, dtype=dtype))
+            o, lse = dualkv.attention(q, k, v, self.plan, return_lse=True)
+            self.assertEqual((o.shape, o.dtype, o.device.type),
+                             (q.shape, dtype, "meta"))
+            self.assertTrue(o.is_contiguous())
+            self.assertEqual((tuple(lse.shape), lse.dtype), ((8, self.T),
+                                                              torch.float32))
+            self.assertTrue(lse.is_contiguous())
+
+    def test_meta_backward_shapes_gqa(self):
+        q = meta(self.T, 8, 64, requires_grad=True)
+        k = meta(self.T, 2, 64, requires_grad=True)
+        v = meta(self.T, 2, 64, requires_grad=True)
+        o, lse = dualkv.attention(q, k, v, self.plan, return_lse=True)
+        self.assertTrue(o.requires_grad)
+        self.assertFalse(lse.requires_grad)  # marked non-differentiable
+        # A non-contiguous dO (the transpose's gradient) is accepted.
+        o.transpose(0, 1).float().sum().backward()
+        for x in (q, k, v):
+            self.assertEqual((x.grad.shape, x.grad.dtype), (x.shape, x.dtype))
+
+    def test_backward_op_fake_shapes(self):
+        q, k = meta(self.T, 4, 64), meta(self.T, 1, 64)
+        lse = torch.empty(4, self.T, device="meta")
+        desc = dualkv.ops.plan_descriptor(self.plan)
+        dq, dk, dv = torch.ops.dualkv.backward(q, k, k, q, q, lse, desc, 0.0,
+                                               True)
+        self.assertEqual([t.shape for t in (dq, dk, dv)],
+                         [q.shape, k.shape, k.shape])
+        self.assertEqual({t.dtype for t in (dq, dk, dv)}, {torch.bfloat16})
+
+    def test_fake_tensor_mode(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode() as mode:
+            q = mode.from_tensor(meta(self.T, 4, 128, dtype=torch.float16))
+            k = mode.from_tensor(meta(self.T, 4, 128, dtype=torch.float16))
+            desc = mode.from_tensor(dualkv.ops.plan_descriptor(self.plan))
+            o, lse = torch.ops.dualkv.forward(q, k, k, desc, 0.0, False)
+            dq, dk, dv = torch.ops.dualkv.backward(q, k, k, o, o, lse, desc,
+                                                   0.0, False)
+        self.assertEqual((o.shape, o.dtype), (q.shape, torch.float16))
+        self.assertEqual((lse.shape, lse.dtype), ((4, self.T), torch.float32))
+        self.assertEqual((dk.shape, dv.dtype), (k.shape, torch.float16))
+
+    def test_compile_fullgraph_and_no_recompile_for_a_new_plan(self):
+        from torch._dynamo.testing import CompileCounterWithBackend
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+
+        def step(q, k, v, plan):
+            return dualkv.attention(q, k, v, plan).float().square().sum()
+
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        for groups in ([(5, [3, 2])], [(4, [3, 3])], [(8, [1, 1])]):
+            plan = dualkv.Plan(groups)  # same T (10) and descriptor length
+            q = meta(10, 4, 64, requires_grad=True)
+            k = meta(10, 2, 64, requires_grad=True)
+            v = meta(10, 2, 64, requires_grad=True)
+            compiled(q, k, v, plan).backward()
+            self.assertEqual(q.grad.shape, q.shape)
+            self.assertEqual(k.grad.shape, k.shape)
+        # One graph for all three plans: their lengths are tensor data.
+        self.assertEqual(counter.frame_count, 1)
+
+
+@needs_torch
+class TransformersBackendTest(unittest.TestCase):
+    def setUp(self):
+        from dualkv import transformers_backend
+        self.backend = transformers_backend
+        self.plan = dualkv.Plan(GROUPS)
+        self.T = self.plan.num_tokens
+
+    def test_layout(self):
+        q = meta(1, 8, self.T, 64)
+        k = meta(1, 2, self.T, 64)
+        out, weights = self.backend.dualkv_attention_forward(
+            None, q, k, k, None, scaling=0.125, dualkv_plan=self.plan)
+        self.assertEqual(tuple(out.shape), (1, self.T, 8, 64))
+        self.assertIsNone(weights)
+
+    def test_refusals(self):
+        fn = self.backend.dualkv_attention_forward
+        q, k = meta(1, 4, self.T, 64), meta(1, 2, self.T, 64)
+        with self.assertRaisesRegex(ValueError, "dualkv_plan"):
+            fn(None, q, k, k, None)
+        with self.assertRaisesRegex(ValueError, "batch size 2"):
+            fn(None, meta(2, 4, self.T, 64), meta(2, 2, self.T, 64),
+               meta(2, 2, self.T, 64), None, dualkv_plan=self.plan)
+        with self.assertRaisesRegex(ValueError, "dropout"):
+            fn(None, q, k, k, None, dropout=0.1, dualkv_plan=self.plan)
+        with self.assertRaisesRegex(ValueError, "sliding_window"):
+            fn(None, q, k, k, None, sliding_window=4, dualkv_plan=self.plan)
+
+    def test_import_does_not_import_transformers(self):
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "import dualkv.transformers_backend; "
+                "sys.exit(1 if 'transformers' in sys.modules else 0)")
+        run = subprocess.run([sys.executable, "-c", code, PYTHON_DIR],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
+    @unittest.skipUnless(HAVE_TRANSFORMERS, "needs transformers")
+    def test_register(self):
+        from transformers import AttentionInterface
+        name = self.backend.register()
+        self.assertEqual(name, "dualkv")
+        self.assertIs(AttentionInterface()["dualkv"],
+                      self.backend.dualkv_attention_forward)
+
+
+if __name__ == "__main__":
+    unittest.main()
