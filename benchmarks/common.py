@@ -9,6 +9,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+#: Useful forward+backward FLOPs per useful forward FLOP (backward = 2.5x the
+#: forward, the usual FlashAttention accounting; BENCHMARKS.md).
+FWD_BWD_FACTOR = 3.5
+
 
 def setup_dualkv(lib):
     """Points the binding at `lib` (before the library is loaded) and puts
@@ -67,6 +71,12 @@ def environment(torch, dualkv):
         "python": sys.version.split()[0],
     }
     try:
+        env["git_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:  # no git, or not a checkout (device copies)
+        env["git_commit"] = None
+    try:
         fields = ("driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
                   "clocks.max.mem,power.draw,temperature.gpu")
         line = subprocess.run(
@@ -83,7 +93,7 @@ def environment(torch, dualkv):
 def env_markdown(env):
     keys = ["gpu", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem",
             "clocks.max.mem", "power.draw", "temperature.gpu", "torch",
-            "cuda_runtime", "cudnn", "dualkv", "dualkv_lib", "python"]
+            "cuda_runtime", "cudnn", "dualkv", "git_commit", "dualkv_lib", "python"]
     keys += sorted(k for k in env if k.endswith("(end of run)"))
     return "\n".join(f"- {k}: {env[k]}" for k in keys if k in env)
 
