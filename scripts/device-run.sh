@@ -1,41 +1,69 @@
 #!/usr/bin/env bash
 # The GPU side of every device run: unpack the build carried in .device/, run the GPU
-# tests (ctest -L gpu), the examples and the Python tests ("tests"), the benchmarks
-# ("bench"), or both ("all", the default), and leave logs under $OUT.
+# tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
+# ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
+# dualkv-backward-bench, compile_cost.py), or both ("all", the default). Single steps:
+# ctest, examples, pytest, attention, kernels, compile-cost (several: "ctest,pytest").
+#
+# At most 8 files come back from $OUT, so: one log of everything ($OUT/device.log), every
+# report, table and plot in $OUT/reports.tar.gz, and the headline tables and plots
+# (attention.md, attention_speedup.png, backward_bench.txt) beside them.
+# CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/device-out}
-mkdir -p "$out"
-cd "$root"
+reports=$(mktemp -d "${TMPDIR:-/tmp}/dualkv-reports.XXXXXX")
+mkdir -p "$out" "$reports"
+log=$out/device.log
+cd "$root" || exit 1
 tar -xJf .device/build.tar.xz
 old=$(cat build/BUILD_DIR)
 sed -i "s|$old|$root/build|g" build/tests/gpu/CTestTestfile.cmake
-export DUALKV_CACHE_DIR=$root/.dualkv-cache DUALKV_TEST_REPORT_DIR=$out
+export DUALKV_CACHE_DIR=$root/.dualkv-cache DUALKV_TEST_REPORT_DIR=$reports
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"
 status=0
 what=${1:-all}
-if [[ $what == all || $what == tests ]]; then
-  (cd build/tests/gpu && ctest --output-on-failure -L gpu 2>&1) | tee "$out/ctest-gpu.log"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+wants() { # wants STEP GROUP: is STEP (or its GROUP, or "all") in $what?
+  [[ ,$what, == *,$1,* || ,$what, == *,$2,* || $what == all ]]
+}
+step() { # step NAME CMD...: runs CMD with its output in the log; failures set status
+  echo "=== $1 ($(date +%T))" | tee -a "$log"
+  shift
+  "$@" 2>&1 | tee -a "$log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || { status=1; echo "=== FAILED" | tee -a "$log"; }
+}
+if wants ctest tests; then
+  # shellcheck disable=SC2086
+  step "ctest -L gpu (forward and backward GPU tests)" \
+    bash -c "cd build/tests/gpu && ctest --output-on-failure -L gpu ${CTEST_ARGS:-}"
 fi
-if [[ $what == all || $what == tests ]]; then
+if wants examples tests; then
   # The examples check themselves against fp64; 02 runs AOT kernels without a compiler.
   for ex in build/examples/01_forward_qwen3 build/examples/02_aot_forward; do
-    "$ex" 2>&1 | tee -a "$out/examples.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    step "$ex" "$ex"
   done
-  if python3 -c "import torch, pytest" 2>/dev/null; then
-    DUALKV_LIB=$root/build/libdualkv.so python3 -m pytest -q python/tests 2>&1 | tee "$out/pytest.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  fi
 fi
-if [[ $what == all || $what == bench ]]; then
-  if [[ -f benchmarks/bench_forward.py ]]; then
-    python3 benchmarks/bench_forward.py --lib build/libdualkv.so --out "$out" 2>&1 | tee "$out/bench.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    python3 benchmarks/compile_cost.py --lib build/libdualkv.so --out "$out" 2>&1 | tee "$out/compile_cost.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  fi
+if wants pytest tests && python3 -c "import torch, pytest" 2>/dev/null; then
+  step "pytest python/tests" env DUALKV_LIB="$root/build/libdualkv.so" \
+    python3 -m pytest -q python/tests
 fi
+if wants attention bench; then
+  # Forward and forward+backward against the peers (< 8 minutes on an H200).
+  step "bench_attention.py" python3 benchmarks/bench_attention.py \
+    --lib build/libdualkv.so --out "$reports/bench"
+  cp "$reports"/bench/attention.md "$reports"/bench/attention_speedup.png "$out"/ 2>/dev/null
+fi
+if wants kernels bench && [[ -x build/tests/gpu/dualkv-backward-bench ]]; then
+  step "dualkv-backward-bench" bash -c \
+    "set -o pipefail; build/tests/gpu/dualkv-backward-bench | tee '$reports/backward_bench.txt'"
+  cp "$reports/backward_bench.txt" "$out"/ 2>/dev/null
+fi
+if wants compile-cost bench; then
+  step "compile_cost.py" python3 benchmarks/compile_cost.py --lib build/libdualkv.so \
+    --out "$reports/bench"
+fi
+tar -czf "$out/reports.tar.gz" -C "$reports" . 2>&1 | tee -a "$log"
+echo "=== done: status $status; reports: $(cd "$reports" && find . -type f | sort | tr '\n' ' ')" \
+  | tee -a "$log"
 exit $status
