@@ -1,7 +1,7 @@
 // dualkv-forward-bench: times the forward kernel on Qwen3-8B-shaped groups for
 // one or more tilings (useful TFLOP/s, CUDA events, median after warm-up). For
 // kernel work; the side-by-side comparison with the peers is
-// benchmarks/bench_forward.py.
+// benchmarks/bench_attention.py (dualkv-backward-bench times the backward).
 #include "GpuHarness.h"
 
 #include <algorithm>
