@@ -150,6 +150,9 @@ class DualKV:
         torch = self.torch
         info["finite"] = bool(torch.isfinite(out).all().item()) and all(
             bool(torch.isfinite(g).all().item()) for g in grads or ())
+        if not info["finite"]:
+            print(f"  {self.name}: NaN/Inf in the output or the gradients",
+                  flush=True)
         if not self.deterministic:
             case.o_ref = out.detach()
             case.grads_ref = tuple(g.detach() for g in grads) if grads else None
