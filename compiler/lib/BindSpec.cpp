@@ -47,21 +47,11 @@ struct BindSpecPass
         return signalPassFailure();
       }
     }
-    // Defaults come from the same function the runtime uses, so IR and launch
-    // agree.
-    ::dualkv::KernelSpec spec;
-    spec.headDim = static_cast<int>(headDim);
-    spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
-                   static_cast<int>(warps), static_cast<int>(stages)};
-    ::dualkv::Tiling t = ::dualkv::resolveSpec(spec).tiling;
-
     auto emitErr = [&] { return getOperation().emitError(); };
     double scale = 1.0 / std::sqrt(static_cast<double>(headDim));
     if (failed(ProblemAttr::verify(
             emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-            FloatAttr::get(Float64Type::get(ctx), scale), true)) ||
-        failed(
-            TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps, t.stages)))
+            FloatAttr::get(Float64Type::get(ctx), scale), true)))
       return signalPassFailure();
     if (!StringRef(arch).starts_with("sm_")) {
       getOperation().emitError()
@@ -74,12 +64,28 @@ struct BindSpecPass
     auto problem =
         ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
                          FloatAttr::get(Float64Type::get(ctx), scale), true);
-    auto tiling = TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages);
+    // Defaults come from the same function the runtime uses, so IR and launch
+    // agree; they depend on the kernel's kind.
+    auto tilingFor = [&](KernelOp kernel) -> TilingAttr {
+      ::dualkv::KernelSpec spec;
+      spec.kind = static_cast<::dualkv::KernelKind>(kernel.getKind());
+      spec.headDim = static_cast<int>(headDim);
+      spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
+                     static_cast<int>(warps), static_cast<int>(stages)};
+      ::dualkv::Tiling t = ::dualkv::resolveSpec(spec).tiling;
+      if (failed(TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps,
+                                    t.stages)))
+        return {};
+      return TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages);
+    };
     WalkResult result = getOperation().walk([&](KernelOp kernel) {
       if (kernel.isBound()) {
         kernel.emitOpError() << "is already bound: templates are bound once";
         return WalkResult::interrupt();
       }
+      TilingAttr tiling = tilingFor(kernel);
+      if (!tiling)
+        return WalkResult::interrupt();
       kernel.setProblemAttr(problem);
       kernel.setTilingAttr(tiling);
       kernel.setArchAttr(StringAttr::get(ctx, arch));

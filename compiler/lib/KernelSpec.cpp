@@ -30,7 +30,27 @@ const char *toString(DType dtype) {
   return dtype == DType::BF16 ? "bf16" : "f16";
 }
 
+// The dialect's KernelKind (dualkv-bind-spec casts between them) lists the
+// kinds in this order.
+static_assert(static_cast<int>(KernelKind::BwdDQ) == 5);
+
 Tiling defaultTiling(const KernelSpec &spec) {
+  switch (spec.kind) {
+  case KernelKind::BwdPre:
+  case KernelKind::BwdPost:
+    // Elementwise: 4 warps, each a row at a time, 64 rows a CTA.
+    return {64, 16, 4, 1};
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    // 64 keys and values a CTA (4 warps of 16 rows: dK and dV take 2 x 64
+    // fp32 registers a thread at head_dim 128), 64-query tiles streaming.
+    return {64, 64, 4, 1};
+  case KernelKind::BwdDQ:
+    // The forward's loops with P, dP and dS live at once: 64 query rows.
+    return {64, 32, 4, 1};
+  case KernelKind::Fwd:
+    break;
+  }
   // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
   // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
   // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment

@@ -1,22 +1,21 @@
-//===- LowerToNVGPU.cpp - dualkv-lower-to-nvgpu: the sm_80 schedule
-//--------===//
+//===- LowerToNVGPU.cpp - dualkv-lower-to-nvgpu: the sm_80 schedule -------===//
 //
-// Turns a bound, tiled dualkv.kernel into a gpu.func. Tile values become
-// per-thread register fragments of mma.sync.m16n8k16 held as flat vectors: each
-// op unpacks the fragments it reads into scalars and packs what it writes, so
-// LLVM keeps everything in registers. The data layout (lane = 4 * g + t within
-// a warp):
+// Turns a bound, tiled dualkv.kernel into a gpu.func. Query-major kernels
+// (forward, deterministic dQ) are emitted here; the KV-major backward and the
+// elementwise pre/post kernels in LowerBackward.cpp. Tile values are register
+// fragments (Fragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
+// DT = D / 8 their layouts are:
 //   q_tile     memref<BM x (D+8) x E> in shared memory (A fragments via
-//   ldmatrix) probs      vector<MT*BN/16*4 x i32> A fragments of P (C layout of
-//   S, repacked) scores     vector<MT*NT*4 x f32>  C fragments: rows g and g+8,
-//   cols 2t, 2t+1 acc        vector<MT*DT*4 x f32>  C fragments of O row_stats
-//   vector<MT*2 x f32>     rows g and g+8 of each m16 block kv_tile memref<BN x
-//   (D+8) x E> in shared memory (rows padded against bank
-//              conflicts of ldmatrix)
-// where MT = block_m / (16 * warps), NT = block_n / 8, DT = D / 8.
+//              ldmatrix); the deterministic dQ kernel holds dO the same way
+//   kv_tile    memref<BN x (D+8) x E> in shared memory
+//   scores     vector<MT*NT*4 x f32>  C fragments: rows g and g+8, cols 2t,
+//   2t+1 probs      vector<MT*BN/16*4 x i32> A fragments of P (or dS), repacked
+//   acc        vector<MT*DT*4 x f32>  C fragments of O (or dQ)
+//   row_stats  vector<MT*2 x f32>     rows g and g+8 of each m16 block
 //
 //===----------------------------------------------------------------------===//
-#include "dualkv/Compiler/Passes.h"
+#include "Fragments.h"
+#include "LowerBackward.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -33,161 +32,40 @@ using namespace mlir::dualkv;
 
 namespace {
 
-/// Global tensors are passed as bare pointers; a static 1-D shape this large
-/// lets the bare-pointer calling convention apply while indexing stays
-/// unchecked.
-constexpr int64_t kUnboundedElements = std::numeric_limits<int32_t>::max();
-/// Shared-memory rows are padded by 8 elements (16 bytes): row r starts 4r
-/// banks later, so the 8 row addresses of one ldmatrix phase hit distinct
-/// banks.
-constexpr int64_t kRowPad = 8;
+constexpr float kLog2e = 1.4426950408889634f;
 
-/// Emits the gpu.func of one kernel. One method per dualkv op.
-class KernelEmitter {
+/// Emits the gpu.func of one query-major kernel (fwd or bwd_dq). One method per
+/// dualkv op.
+class KernelEmitter : public FragmentBuilder {
 public:
   KernelEmitter(KernelOp kernel, OpBuilder &b)
-      : kernel(kernel), b(b), loc(kernel.getLoc()) {
+      : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
+                        kernel.getProblem()->getHeadDim(),
+                        kernel.getTiling()->getWarps()),
+        kernel(kernel) {
     ProblemAttr p = *kernel.getProblem();
     TilingAttr t = *kernel.getTiling();
     blockM = t.getBlockM();
     blockN = t.getBlockN();
-    warps = t.getWarps();
-    headDim = p.getHeadDim();
     groupSize = p.getNumQHeads() / p.getNumKvHeads();
-    elemType = p.getDtype();
     mTiles = blockM / (16 * warps);
     kTiles = headDim / 16;
     nTiles = blockN / 8;
     dTiles = headDim / 8;
     rowStride = headDim + kRowPad;
     stages = t.getStages();
+    isDq = kernel.getKind() == KernelKind::bwd_dq;
   }
 
   /// Emits the gpu.func into `gpuModule`; returns failure with a diagnostic.
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
-  int64_t sharedBytes() const { return (blockM + 2 * blockN) * rowStride * 2; }
+  /// [Q][dO (bwd_dq)][K][V], rows padded.
+  int64_t sharedBytes() const {
+    return ((isDq ? 2 : 1) * blockM + 2 * blockN) * rowStride * 2;
+  }
 
 private:
-  // ---- small builders ------------------------------------------------------
-  Value idx(int64_t v) { return arith::ConstantIndexOp::create(b, loc, v); }
-  Value i32c(int32_t v) { return arith::ConstantIntOp::create(b, loc, v, 32); }
-  Value f32c(float v) {
-    return arith::ConstantFloatOp::create(b, loc, b.getF32Type(), APFloat(v));
-  }
-  Value add(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
-  Value mul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
-  Value divu(Value x, int64_t y) {
-    return arith::DivUIOp::create(b, loc, x, idx(y));
-  }
-  Value remu(Value x, int64_t y) {
-    return arith::RemUIOp::create(b, loc, x, idx(y));
-  }
-  Value ceilDiv(Value x, int64_t y) { return divu(add(x, idx(y - 1)), y); }
-  Value cmp(arith::CmpIPredicate pred, Value x, Value y) {
-    return arith::CmpIOp::create(b, loc, pred, x, y);
-  }
-  Value select(Value c, Value x, Value y) {
-    return arith::SelectOp::create(b, loc, c, x, y);
-  }
-  Value toIndex(Value i32) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32);
-  }
-  Value intrinsic(StringRef name, Value x) {
-    return LLVM::CallIntrinsicOp::create(b, loc, b.getF32Type(),
-                                         b.getStringAttr(name), ValueRange{x})
-        .getResult(0);
-  }
-  Value exp2(Value x) { return intrinsic("llvm.nvvm.ex2.approx.ftz.f", x); }
-  Value log2(Value x) { return intrinsic("llvm.nvvm.lg2.approx.ftz.f", x); }
-  Value shuffleXor(Value v, int32_t offset) {
-    return gpu::ShuffleOp::create(b, loc, v, i32c(offset), i32c(32),
-                                  gpu::ShuffleMode::XOR)
-        .getShuffleResult();
-  }
-
-  SmallVector<Value> unpack(Value vec) {
-    auto type = cast<VectorType>(vec.getType());
-    SmallVector<Value> out;
-    for (int64_t i = 0; i < type.getNumElements(); ++i)
-      out.push_back(
-          vector::ExtractOp::create(b, loc, vec, ArrayRef<int64_t>{i}));
-    return out;
-  }
-  Value pack(ArrayRef<Value> elems) {
-    auto type =
-        VectorType::get({int64_t(elems.size())}, elems.front().getType());
-    return vector::FromElementsOp::create(b, loc, type, elems);
-  }
-  /// Two fp32 values rounded to the element type and packed into one i32
-  /// register.
-  Value packPair(Value lo, Value hi) {
-    Value pair = pack({lo, hi});
-    Value narrow =
-        arith::TruncFOp::create(b, loc, VectorType::get({2}, elemType), pair);
-    Value asInt = vector::BitCastOp::create(
-        b, loc, VectorType::get({1}, b.getI32Type()), narrow);
-    return vector::ExtractOp::create(b, loc, asInt, ArrayRef<int64_t>{0});
-  }
-  /// ldmatrix.x4 at (row, col) of `buf`: four i32 registers, one per 8x8
-  /// matrix.
-  SmallVector<Value, 4> ldmatrix4(Value buf, Value row, Value col,
-                                  bool transpose) {
-    auto vecType = VectorType::get({4, 2}, elemType);
-    Value m = nvgpu::LdMatrixOp::create(b, loc, vecType, buf,
-                                        ValueRange{row, col}, transpose, 4);
-    SmallVector<Value, 4> regs;
-    for (int64_t i = 0; i < 4; ++i) {
-      Value pair = vector::ExtractOp::create(b, loc, m, ArrayRef<int64_t>{i});
-      Value asInt = vector::BitCastOp::create(
-          b, loc, VectorType::get({1}, b.getI32Type()), pair);
-      regs.push_back(
-          vector::ExtractOp::create(b, loc, asInt, ArrayRef<int64_t>{0}));
-    }
-    return regs;
-  }
-  /// d = a * b + c for one m16n8k16 tile; a: 4 i32, b: 2 i32, c: 4 f32.
-  SmallVector<Value, 4> mma(ArrayRef<Value> a, ArrayRef<Value> bfrag,
-                            ArrayRef<Value> c) {
-    bool bf16 = elemType.isBF16();
-    auto operand = [&](Value r) -> Value {
-      if (bf16)
-        return r;
-      Value v = vector::FromElementsOp::create(
-          b, loc, VectorType::get({1}, b.getI32Type()), ValueRange{r});
-      return vector::BitCastOp::create(b, loc,
-                                       VectorType::get({2}, b.getF16Type()), v);
-    };
-    SmallVector<Value> av, bv;
-    for (Value r : a)
-      av.push_back(operand(r));
-    for (Value r : bfrag)
-      bv.push_back(operand(r));
-    Type f32 = b.getF32Type();
-    auto resType =
-        LLVM::LLVMStructType::getLiteral(b.getContext(), {f32, f32, f32, f32});
-    NVVM::MMATypes ptx = bf16 ? NVVM::MMATypes::bf16 : NVVM::MMATypes::f16;
-    Value d = NVVM::MmaOp::create(
-        b, loc, resType, av, bv, c, {16, 8, 16}, std::nullopt, std::nullopt,
-        std::array<NVVM::MMATypes, 2>{ptx, ptx},
-        std::array<NVVM::MMALayout, 2>{NVVM::MMALayout::row,
-                                       NVVM::MMALayout::col});
-    SmallVector<Value, 4> out;
-    for (int64_t i = 0; i < 4; ++i)
-      out.push_back(
-          LLVM::ExtractValueOp::create(b, loc, d, ArrayRef<int64_t>{i}));
-    return out;
-  }
-
-  // ---- tiles ---------------------------------------------------------------
-  /// Issues cp.async copies of `rows` rows of one head into `buf`: row r comes
-  /// from token start + first + r and is zero-filled when first + r >= limit
-  /// (with `predicated`). Returns the copy group.
-  Value copyTile(Value buf, Value base, int64_t rows, Value start, Value first,
-                 Value limit, Value strideT, Value headOffset, bool predicated,
-                 Value tileValid = {});
-  int64_t threads() const { return warps * 32; }
-
   LogicalResult emitOp(Operation *op);
   LogicalResult emitLoadQ(LoadQOp op);
   LogicalResult emitInitAcc(InitAccOp op);
@@ -200,9 +78,21 @@ private:
   LogicalResult emitRescale(RescaleOp op);
   LogicalResult emitPV(PVOp op);
   LogicalResult emitStoreOutput(StoreOutputOp op);
-  /// Waits until the copy group that filled `tile` has landed, then syncs the
-  /// CTA.
-  void waitFor(Value tile);
+  // The deterministic dQ kernel.
+  LogicalResult emitLoadDout(LoadDoutOp op);
+  LogicalResult emitLoadRowStats(LoadRowStatsOp op);
+  LogicalResult emitRecomputeProbs(RecomputeProbsOp op);
+  LogicalResult emitSoftmaxGrad(SoftmaxGradOp op);
+  LogicalResult emitStoreDq(StoreDqOp op);
+  /// The packed-token row of C-fragment row (mt, h) of this thread, relative
+  /// to the segment start.
+  Value fragmentRow(int64_t mt, int64_t h) {
+    return add(add(qRow0, mul(warp, idx(16 * mTiles))),
+               add(idx(mt * 16 + h * 8), g));
+  }
+  /// P (fp32, C layout) repacked as A fragments of the element type: keys
+  /// 16kk..16kk+15 are the C fragments of n-tiles 2kk, 2kk+1.
+  Value packAFragments(ArrayRef<Value> p);
   /// stages >= 2: after the scores of tile j, start copying key tile j + 1.
   void prefetchNextKey(QKOp op);
   /// Copies key tile `tile` of `loop`'s region; rows past the region, or all
@@ -211,75 +101,23 @@ private:
   Value loopUpper;
 
   KernelOp kernel;
-  OpBuilder &b;
-  Location loc;
-  int64_t blockM, blockN, warps, headDim, groupSize, mTiles, kTiles, nTiles,
-      dTiles, rowStride, stages;
+  int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
+      stages;
+  bool isDq = false;
   // The prefetched key copy group of the current loop (stages >= 2), if any.
   Value prefetchedKey;
-  Type elemType;
 
-  // Kernel arguments.
-  Value qPtr, kPtr, vPtr, oPtr, lsePtr, segPtr;
+  // Kernel arguments (fwd: o, lse; bwd_dq: dout, dq, lse, delta).
+  Value qPtr, kPtr, vPtr, oPtr, lsePtr, segPtr, doPtr, dqPtr, deltaPtr;
   Value qStrideT, qStrideH, kStrideT, kStrideH, vStrideT, vStrideH, oStrideT,
-      oStrideH, lseStrideH, scaleLog2;
-  // Per-CTA and per-thread values.
-  Value tid, lane, warp, g, t, head, kvHead;
+      oStrideH, lseStrideH, scaleLog2, doStrideT, doStrideH, deltaStrideH,
+      scale;
+  // Per-CTA values.
+  Value head, kvHead;
   Value segStart, segLen, sharedStart, sharedLen, qRow0;
-  Value kBuf, vBuf, qBuf;
-  // Copy groups issued in the current loop iteration, oldest first.
-  SmallVector<std::pair<Value, Value>> pending; // (smem tile, group token)
+  Value kBuf, vBuf, qBuf, doBuf;
   IRMapping map;
 };
-
-Value KernelEmitter::copyTile(Value buf, Value base, int64_t rows, Value start,
-                              Value first, Value limit, Value strideT,
-                              Value headOffset, bool predicated,
-                              Value tileValid) {
-  int64_t chunksPerRow = headDim / 8; // 16-byte chunks
-  // threads is a multiple of chunksPerRow (>= 128 threads, <= 32 chunks a row):
-  // every thread copies the same column of rows row0, row0 + rowsPerPass, ...
-  // so the global addresses differ by a constant stride and stay cheap in
-  // registers.
-  int64_t rowsPerPass = threads() / chunksPerRow;
-  Value row0 = divu(tid, chunksPerRow);
-  Value col = mul(remu(tid, chunksPerRow), idx(8));
-  Value colOffset = add(headOffset, col);
-  SmallVector<Value> tokens;
-  for (int64_t i = 0; i * rowsPerPass < rows; ++i) {
-    Value r = add(row0, idx(i * rowsPerPass));
-    Value rel = add(first, r);
-    Value srcElems;
-    Value row = rel;
-    if (predicated) {
-      // A null limit means every row of the tile is inside its region.
-      Value valid =
-          limit ? cmp(arith::CmpIPredicate::ult, rel, limit) : tileValid;
-      if (limit && tileValid)
-        valid = arith::AndIOp::create(b, loc, valid, tileValid);
-      // Out-of-range rows read nothing (src-size 0 zero-fills) from a valid
-      // address.
-      row = select(valid, rel, idx(0));
-      srcElems = select(valid, idx(8), idx(0));
-    }
-    Value src = add(mul(add(start, row), strideT), colOffset);
-    Value tok = nvgpu::DeviceAsyncCopyOp::create(
-        b, loc, buf, ValueRange{r, col}, base, ValueRange{src},
-        b.getIndexAttr(8), srcElems, b.getUnitAttr());
-    tokens.push_back(tok);
-  }
-  return nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens);
-}
-
-void KernelEmitter::waitFor(Value tile) {
-  auto it = llvm::find_if(pending,
-                          [&](auto &p) { return p.first && p.first == tile; });
-  assert(it != pending.end() && "tile was not loaded in this iteration");
-  int32_t younger = static_cast<int32_t>(pending.end() - it - 1);
-  nvgpu::DeviceAsyncWaitOp::create(b, loc, it->second,
-                                   b.getI32IntegerAttr(younger));
-  gpu::BarrierOp::create(b, loc);
-}
 
 LogicalResult KernelEmitter::emitLoadQ(LoadQOp op) {
   Value group = copyTile(qBuf, qPtr, blockM, segStart, qRow0, segLen, qStrideT,
@@ -433,7 +271,8 @@ LogicalResult KernelEmitter::emitQK(QKOp op) {
     }
   }
   map.map(op.getResult(), pack(s));
-  if (stages >= 2)
+  // The dQ kernel reads K again (dS K) after its scores: no key prefetch there.
+  if (stages >= 2 && !isDq)
     prefetchNextKey(op);
   return success();
 }
@@ -526,8 +365,14 @@ LogicalResult KernelEmitter::emitOnlineSoftmax(OnlineSoftmaxOp op) {
       // quad.
       lNew[r] = LLVM::FMAOp::create(b, loc, lOld[r], alpha[r], rowSum);
     }
-  // P as A fragments: keys 16kk..16kk+15 are the C fragments of n-tiles 2kk,
-  // 2kk+1.
+  map.map(op.getProbs(), packAFragments(p));
+  map.map(op.getNewMax(), pack(mNew));
+  map.map(op.getNewSum(), pack(lNew));
+  map.map(op.getAlpha(), pack(alpha));
+  return success();
+}
+
+Value KernelEmitter::packAFragments(ArrayRef<Value> p) {
   SmallVector<Value> pa;
   for (int64_t mt = 0; mt < mTiles; ++mt)
     for (int64_t kk = 0; kk < nTiles / 2; ++kk) {
@@ -539,10 +384,93 @@ LogicalResult KernelEmitter::emitOnlineSoftmax(OnlineSoftmaxOp op) {
       pa.push_back(packPair(c(2 * kk + 1, 0), c(2 * kk + 1, 1)));
       pa.push_back(packPair(c(2 * kk + 1, 2), c(2 * kk + 1, 3)));
     }
-  map.map(op.getProbs(), pack(pa));
-  map.map(op.getNewMax(), pack(mNew));
-  map.map(op.getNewSum(), pack(lNew));
-  map.map(op.getAlpha(), pack(alpha));
+  return pack(pa);
+}
+
+LogicalResult KernelEmitter::emitLoadDout(LoadDoutOp op) {
+  Value group = copyTile(doBuf, doPtr, blockM, segStart, qRow0, segLen,
+                         doStrideT, mul(head, doStrideH), /*predicated=*/true);
+  nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
+  gpu::BarrierOp::create(b, loc);
+  map.map(op.getResult(), doBuf);
+  return success();
+}
+
+LogicalResult KernelEmitter::emitLoadRowStats(LoadRowStatsOp op) {
+  bool isLse = op.getStat() == StatKind::lse;
+  Value ptr = isLse ? lsePtr : deltaPtr;
+  Value headBase = mul(head, isLse ? lseStrideH : deltaStrideH);
+  // Rows past the segment: LSE +inf (so P = 0), Delta 0.
+  Value fill = f32c(isLse ? std::numeric_limits<float>::infinity() : 0.0f);
+  SmallVector<Value> out;
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row = fragmentRow(mt, h);
+      Value valid = cmp(arith::CmpIPredicate::ult, row, segLen);
+      Value at = add(headBase, add(segStart, select(valid, row, idx(0))));
+      Value v = memref::LoadOp::create(b, loc, ptr, ValueRange{at});
+      // LSE moves to the log2 domain of the kernels' exp2.
+      if (isLse)
+        v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));
+      out.push_back(select(valid, v, fill));
+    }
+  map.map(op.getResult(), pack(out));
+  return success();
+}
+
+LogicalResult KernelEmitter::emitRecomputeProbs(RecomputeProbsOp op) {
+  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
+  SmallVector<Value> lse = unpack(map.lookup(op.getLse()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value &v = s[(mt * nTiles + nt) * 4 + c];
+        Value negLse = arith::NegFOp::create(b, loc, lse[mt * 2 + c / 2]);
+        v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse));
+      }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult KernelEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
+  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
+  SmallVector<Value> dp = unpack(map.lookup(op.getDprobs()));
+  SmallVector<Value> delta = unpack(map.lookup(op.getDelta()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        int64_t i = (mt * nTiles + nt) * 4 + c;
+        Value diff =
+            arith::SubFOp::create(b, loc, dp[i], delta[mt * 2 + c / 2]);
+        Value ps = arith::MulFOp::create(b, loc, p[i], scale);
+        p[i] = arith::MulFOp::create(b, loc, ps, diff);
+      }
+  map.map(op.getResult(), packAFragments(p));
+  return success();
+}
+
+LogicalResult KernelEmitter::emitStoreDq(StoreDqOp op) {
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row = fragmentRow(mt, h);
+      auto inRange =
+          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
+                            /*withElseRegion=*/false);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(inRange.thenBlock());
+      Value rowBase =
+          add(mul(add(segStart, row), oStrideT), mul(head, oStrideH));
+      for (int64_t dt = 0; dt < dTiles; ++dt) {
+        Value narrow = arith::TruncFOp::create(
+            b, loc, VectorType::get({2}, elemType),
+            pack({acc[(mt * dTiles + dt) * 4 + h * 2],
+                  acc[(mt * dTiles + dt) * 4 + h * 2 + 1]}));
+        Value col = add(idx(dt * 8), mul(t, idx(2)));
+        vector::StoreOp::create(b, loc, narrow, dqPtr,
+                                ValueRange{add(rowBase, col)});
+      }
+    }
   return success();
 }
 
@@ -646,6 +574,11 @@ LogicalResult KernelEmitter::emitOp(Operation *op) {
       .Case([&](RescaleOp o) { return emitRescale(o); })
       .Case([&](PVOp o) { return emitPV(o); })
       .Case([&](StoreOutputOp o) { return emitStoreOutput(o); })
+      .Case([&](LoadDoutOp o) { return emitLoadDout(o); })
+      .Case([&](LoadRowStatsOp o) { return emitLoadRowStats(o); })
+      .Case([&](RecomputeProbsOp o) { return emitRecomputeProbs(o); })
+      .Case([&](SoftmaxGradOp o) { return emitSoftmaxGrad(o); })
+      .Case([&](StoreDqOp o) { return emitStoreDq(o); })
       .Default([&](Operation *o) {
         return o->emitOpError() << "has no sm_80 lowering";
       });
@@ -661,11 +594,18 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
                            global);
   };
   Type i64 = b.getI64Type(), f32 = b.getF32Type();
-  SmallVector<Type> args = {gmem(elemType), gmem(elemType),
-                            gmem(elemType), gmem(elemType),
-                            gmem(f32),      gmem(b.getI32Type())};
-  args.append(9, i64);
-  args.push_back(f32);
+  Type elem = gmem(elemType), f32p = gmem(f32), i32p = gmem(b.getI32Type());
+  // The order is the ABI the runtime launches (docs/backward-abi.md).
+  SmallVector<Type> args;
+  if (isDq) {
+    args = {elem, elem, elem, elem, elem, f32p, f32p, i32p};
+    args.append(12, i64);
+    args.append({f32, f32});
+  } else {
+    args = {elem, elem, elem, elem, f32p, i32p};
+    args.append(9, i64);
+    args.push_back(f32);
+  }
 
   b.setInsertionPointToEnd(gpuModule.getBody());
   auto func = gpu::GPUFuncOp::create(b, loc, kernel.getSymName(),
@@ -681,22 +621,32 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   Block &entry = func.getBody().front();
   b.setInsertionPointToStart(&entry);
   auto arg = [&](unsigned i) { return entry.getArgument(i); };
-  qPtr = arg(0), kPtr = arg(1), vPtr = arg(2), oPtr = arg(3), lsePtr = arg(4),
-  segPtr = arg(5);
   auto idxArg = [&](unsigned i) {
     return arith::IndexCastOp::create(b, loc, b.getIndexType(), arg(i))
         .getResult();
   };
-  qStrideT = idxArg(6), qStrideH = idxArg(7), kStrideT = idxArg(8),
-  kStrideH = idxArg(9), vStrideT = idxArg(10), vStrideH = idxArg(11),
-  oStrideT = idxArg(12), oStrideH = idxArg(13), lseStrideH = idxArg(14);
-  scaleLog2 = arg(15);
+  if (isDq) {
+    // q, k, v, dout, dq, lse, delta, segs, 12 strides, scale, scale_log2. dq
+    // takes the output's place (oPtr, oStride*).
+    qPtr = arg(0), kPtr = arg(1), vPtr = arg(2), doPtr = arg(3), oPtr = arg(4),
+    lsePtr = arg(5), deltaPtr = arg(6), segPtr = arg(7);
+    qStrideT = idxArg(8), qStrideH = idxArg(9), kStrideT = idxArg(10),
+    kStrideH = idxArg(11), vStrideT = idxArg(12), vStrideH = idxArg(13),
+    doStrideT = idxArg(14), doStrideH = idxArg(15), oStrideT = idxArg(16),
+    oStrideH = idxArg(17), lseStrideH = idxArg(18), deltaStrideH = idxArg(19);
+    scale = arg(20);
+    scaleLog2 = arg(21);
+    dqPtr = oPtr;
+  } else {
+    qPtr = arg(0), kPtr = arg(1), vPtr = arg(2), oPtr = arg(3), lsePtr = arg(4),
+    segPtr = arg(5);
+    qStrideT = idxArg(6), qStrideH = idxArg(7), kStrideT = idxArg(8),
+    kStrideH = idxArg(9), vStrideT = idxArg(10), vStrideH = idxArg(11),
+    oStrideT = idxArg(12), oStrideH = idxArg(13), lseStrideH = idxArg(14);
+    scaleLog2 = arg(15);
+  }
 
-  tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
-  lane = remu(tid, 32);
-  warp = divu(tid, 32);
-  g = divu(lane, 4);
-  t = remu(lane, 4);
+  emitThreadIds();
   Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
@@ -722,19 +672,15 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                                MemRefLayoutAttrInterface(), workgroup);
   Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
-  auto tileType = [&](int64_t rows) {
-    return MemRefType::get({rows, rowStride}, elemType,
-                           MemRefLayoutAttrInterface(), workgroup);
-  };
-  // [Q: block_m rows][K: block_n rows][V: block_n rows], each row padded.
-  int64_t kvOffset = blockM * rowStride * 2;
-  qBuf = memref::ViewOp::create(b, loc, tileType(blockM), smem, idx(0),
-                                ValueRange{});
-  kBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem, idx(kvOffset),
-                                ValueRange{});
-  vBuf = memref::ViewOp::create(b, loc, tileType(blockN), smem,
-                                idx(kvOffset + blockN * rowStride * 2),
-                                ValueRange{});
+  // [Q: block_m rows][dO: block_m rows, bwd_dq][K: block_n rows][V: block_n
+  // rows], each row padded.
+  int64_t qBytes = blockM * rowStride * 2;
+  int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
+  qBuf = sharedTile(smem, 0, blockM);
+  if (isDq)
+    doBuf = sharedTile(smem, qBytes, blockM);
+  kBuf = sharedTile(smem, kvOffset, blockN);
+  vBuf = sharedTile(smem, kvOffset + blockN * rowStride * 2, blockN);
 
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))
@@ -764,13 +710,20 @@ struct LowerToNVGPUPass
             << "is not bound to a spec: run dualkv-bind-spec first";
         return signalPassFailure();
       }
-      KernelEmitter emitter(kernel, b);
-      if (failed(emitter.emit(gpuModule)))
+      int64_t sharedBytes = 0;
+      KernelKind kind = kernel.getKind();
+      if (kind == KernelKind::fwd || kind == KernelKind::bwd_dq) {
+        KernelEmitter emitter(kernel, b);
+        if (failed(emitter.emit(gpuModule)))
+          return signalPassFailure();
+        sharedBytes = emitter.sharedBytes();
+      } else if (failed(
+                     emitBackwardKernel(kernel, b, gpuModule, &sharedBytes))) {
         return signalPassFailure();
+      }
       // The launch reads these off the IR (and the runtime off KernelInfo).
       auto func = gpuModule.lookupSymbol<gpu::GPUFuncOp>(kernel.getSymName());
-      func->setAttr("dualkv.shared_bytes",
-                    b.getI64IntegerAttr(emitter.sharedBytes()));
+      func->setAttr("dualkv.shared_bytes", b.getI64IntegerAttr(sharedBytes));
       func->setAttr("dualkv.block_m",
                     b.getI64IntegerAttr(kernel.getTiling()->getBlockM()));
       kernel.erase();

@@ -12,11 +12,26 @@ namespace mlir::dualkv {
 using namespace mlir;
 using namespace mlir::dualkv;
 
+/// True when `scores` become probabilities: they reach an online_softmax or a
+/// recompute_probs, directly or through a mask. Only such scores are masked; a
+/// dP tile of the backward never is (its masked entries meet P = 0).
+static bool feedsSoftmax(Value scores) {
+  for (Operation *user : scores.getUsers()) {
+    if (isa<OnlineSoftmaxOp, RecomputeProbsOp>(user))
+      return true;
+    if (auto mask = dyn_cast<MaskOp>(user))
+      if (feedsSoftmax(mask.getResult()))
+        return true;
+  }
+  return false;
+}
+
 /// A copy of `loop` over `part` starting from `inits`; with `mask`, every score
-/// tile the body computes passes through a dualkv.mask of that kind.
-static KVLoopOp cloneLoop(OpBuilder &b, KVLoopOp loop, LoopPart part,
-                          ValueRange inits, std::optional<MaskKind> mask) {
-  auto copy = KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), part, inits);
+/// tile of the body that becomes probabilities passes through a dualkv.mask of
+/// that kind.
+template <typename LoopOp, typename ScoresOp>
+static LoopOp cloneLoop(OpBuilder &b, LoopOp loop, LoopOp copy,
+                        std::optional<MaskKind> mask) {
   Block &from = loop.getBody().front();
   Block &to = copy.getBody().front();
   IRMapping map;
@@ -30,12 +45,12 @@ static KVLoopOp cloneLoop(OpBuilder &b, KVLoopOp loop, LoopPart part,
       continue;
     }
     Operation *cloned = inner.clone(op, map);
-    auto qk = dyn_cast<QKOp>(cloned);
-    if (!mask || !qk)
+    auto scores = dyn_cast<ScoresOp>(cloned);
+    if (!mask || !scores || !feedsSoftmax(op.getResult(0)))
       continue;
-    auto masked = MaskOp::create(inner, qk.getLoc(), qk.getType(),
+    auto masked = MaskOp::create(inner, scores.getLoc(), scores.getType(),
                                  MaskKindAttr::get(b.getContext(), *mask),
-                                 qk.getScores(), copy.getTileIndex());
+                                 scores.getScores(), copy.getTileIndex());
     // Everything cloned after this reads the masked scores.
     map.map(op.getResult(0), masked.getResult());
   }
@@ -47,9 +62,14 @@ struct TileRegionsPass
     : public mlir::dualkv::impl::DualKVTileRegionsBase<TileRegionsPass> {
   void runOnOperation() override {
     SmallVector<KVLoopOp> loops;
-    getOperation().walk([&](KVLoopOp loop) {
-      if (loop.getPart() == LoopPart::all)
+    SmallVector<QLoopOp> qloops;
+    getOperation().walk([&](Operation *op) {
+      if (auto loop = dyn_cast<KVLoopOp>(op);
+          loop && loop.getPart() == LoopPart::all)
         loops.push_back(loop);
+      if (auto loop = dyn_cast<QLoopOp>(op);
+          loop && loop.getPart() == LoopPart::all)
+        qloops.push_back(loop);
     });
     for (KVLoopOp loop : loops) {
       if (loop.getBody().getOps<QKOp>().empty()) {
@@ -58,12 +78,40 @@ struct TileRegionsPass
       }
       bool shared = loop.getRegion() == KVRegion::shared;
       OpBuilder b(loop);
-      KVLoopOp full =
-          cloneLoop(b, loop, LoopPart::full, loop.getInits(), std::nullopt);
-      KVLoopOp edge = cloneLoop(
-          b, loop, shared ? LoopPart::tail : LoopPart::diagonal,
-          full.getResults(), shared ? MaskKind::bound : MaskKind::causal);
+      auto full = cloneLoop<KVLoopOp, QKOp>(
+          b, loop,
+          KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), LoopPart::full,
+                           loop.getInits()),
+          std::nullopt);
+      auto edge = cloneLoop<KVLoopOp, QKOp>(
+          b, loop,
+          KVLoopOp::create(b, loop.getLoc(), loop.getRegion(),
+                           shared ? LoopPart::tail : LoopPart::diagonal,
+                           full.getResults()),
+          shared ? MaskKind::bound : MaskKind::causal);
       loop.replaceAllUsesWith(edge.getResults());
+      loop.erase();
+    }
+    // A backward query loop: the first query tiles meet the CTA's keys and
+    // need the causal mask; every later one sees all of them.
+    for (QLoopOp loop : qloops) {
+      if (loop.getBody().getOps<QKTOp>().empty()) {
+        loop.emitOpError()
+            << "computes no scores (dualkv.qk_t): nothing to tile";
+        return signalPassFailure();
+      }
+      OpBuilder b(loop);
+      auto diagonal = cloneLoop<QLoopOp, QKTOp>(
+          b, loop,
+          QLoopOp::create(b, loop.getLoc(), LoopPart::diagonal,
+                          loop.getInits()),
+          MaskKind::causal);
+      auto full = cloneLoop<QLoopOp, QKTOp>(
+          b, loop,
+          QLoopOp::create(b, loop.getLoc(), LoopPart::full,
+                          diagonal.getResults()),
+          std::nullopt);
+      loop.replaceAllUsesWith(full.getResults());
       loop.erase();
     }
   }

@@ -34,7 +34,11 @@ archs also gets <name>.fatbin holding every arch's cubin and the PTX. No GPU is
 needed.
 
 options:
-  --kind K         fwd (default: fwd)
+  --kind K         fwd, or bwd for the whole backward set (bwd_pre, bwd,
+                   bwd_post and the deterministic bwd_kv, bwd_dq), or one of
+                   those (default: fwd). Tiling flags apply to the main
+                   kernels (fwd, bwd, bwd_kv, bwd_dq); bwd_pre and bwd_post
+                   always take their defaults
   --P N            prompt-length class the kernel is tuned for; 0 = any (default 0)
   --N N            response-count class; 0 = any (default 0)
   --head-dim D     64, 128 or 256 (default 128)
@@ -74,6 +78,56 @@ struct Job {
   bool tuned = false; ///< take each arch's tiling from the tuning database
 };
 
+/// The kernels a --kind value names: one kind, or "bwd" for every kernel of
+/// the backward (docs/backward-abi.md).
+std::optional<std::vector<dualkv::KernelKind>>
+kindsNamed(const std::string &v) {
+  using K = dualkv::KernelKind;
+  if (v == "bwd")
+    return std::vector<K>{K::BwdPre, K::Bwd, K::BwdPost, K::BwdKV, K::BwdDQ};
+  for (K k : {K::Fwd, K::BwdPre, K::BwdPost, K::BwdKV, K::BwdDQ})
+    if (v == dualkv::toString(k))
+      return std::vector<K>{k};
+  return std::nullopt;
+}
+constexpr const char *kKindChoices =
+    "fwd, bwd, bwd_pre, bwd_post, bwd_kv, bwd_dq";
+
+/// The C++ spelling of `kind`, for generated registration code.
+const char *kindEnumerator(dualkv::KernelKind kind) {
+  switch (kind) {
+  case dualkv::KernelKind::Fwd:
+    return "Fwd";
+  case dualkv::KernelKind::BwdPre:
+    return "BwdPre";
+  case dualkv::KernelKind::Bwd:
+    return "Bwd";
+  case dualkv::KernelKind::BwdPost:
+    return "BwdPost";
+  case dualkv::KernelKind::BwdKV:
+    return "BwdKV";
+  case dualkv::KernelKind::BwdDQ:
+    return "BwdDQ";
+  }
+  return "Fwd";
+}
+
+/// One job per kernel of `kinds`; the elementwise backward kernels drop any
+/// tiling (theirs is fixed).
+void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
+                 std::vector<Job> &out) {
+  for (dualkv::KernelKind kind : kinds) {
+    Job j = job;
+    j.spec.kind = kind;
+    if (kind == dualkv::KernelKind::BwdPre ||
+        kind == dualkv::KernelKind::BwdPost) {
+      j.spec.tiling = {};
+      j.tuned = false;
+    }
+    out.push_back(j);
+  }
+}
+
 struct Args {
   dualkv::KernelSpec spec;
   std::vector<std::string> archs;
@@ -85,6 +139,7 @@ struct Args {
   std::string dumpIR;
   bool cubin = true;
   std::vector<Job> jobs;
+  std::vector<dualkv::KernelKind> kinds = {dualkv::KernelKind::Fwd};
 };
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -123,9 +178,11 @@ Args parseArgs(int argc, char **argv) {
       usageError(fmt::format("{} needs a value", flag));
     std::string v = argv[++i];
     if (flag == "--kind") {
-      if (v != "fwd")
-        usageError(fmt::format("--kind '{}' is not available (fwd)", v));
-      a.spec.kind = dualkv::KernelKind::Fwd;
+      auto kinds = kindsNamed(v);
+      if (!kinds)
+        usageError(
+            fmt::format("--kind '{}' is not one of {}", v, kKindChoices));
+      a.kinds = *kinds;
     } else if (flag == "--P") {
       a.spec.P = parseInt(flag, v);
     } else if (flag == "--N") {
@@ -246,9 +303,14 @@ std::vector<Job> readSpecFile(const Args &a) {
       if (key != "kind" && key != "P" && key != "N" && key != "head_dim" &&
           key != "heads" && key != "dtype" && key != "arch" && key != "tiling")
         specError(fmt::format("spec[{}] has an unknown field '{}'", i, key));
-    if (auto kind = text("kind"); kind && *kind != "fwd")
-      specError(
-          fmt::format("{} '{}' is not available (fwd)", where("kind"), *kind));
+    std::vector<dualkv::KernelKind> kinds = a.kinds;
+    if (auto kind = text("kind")) {
+      auto named = kindsNamed(*kind);
+      if (!named)
+        specError(fmt::format("{} '{}' is not one of {}", where("kind"), *kind,
+                              kKindChoices));
+      kinds = *named;
+    }
     const int64_t maxInt = std::numeric_limits<int32_t>::max();
     job.spec.P = integer("P", 0, maxInt, job.spec.P);
     job.spec.N = integer("N", 0, maxInt, job.spec.N);
@@ -321,7 +383,7 @@ std::vector<Job> readSpecFile(const Args &a) {
             where("tiling"), t.dump()));
       }
     }
-    jobs.push_back(job);
+    expandKinds(job, kinds, jobs);
   }
   return jobs;
 }
@@ -402,16 +464,17 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
     const dualkv::KernelSpec &s = b.spec;
     c << "  {\n    dualkv::AotKernel k;\n"
       << fmt::format(
-             "    k.spec.kind = dualkv::KernelKind::Fwd;\n    k.spec.P = {};\n "
+             "    k.spec.kind = dualkv::KernelKind::{};\n    k.spec.P = {};\n "
              "   "
              "k.spec.N = {};\n    k.spec.headDim = {};\n    k.spec.numQHeads = "
              "{};\n    "
              "k.spec.numKVHeads = {};\n    k.spec.dtype = dualkv::DType::{};\n "
              "   "
              "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n",
-             s.P, s.N, s.headDim, s.numQHeads, s.numKVHeads,
-             s.dtype == dualkv::DType::BF16 ? "BF16" : "FP16", s.arch,
-             s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages)
+             kindEnumerator(s.kind), s.P, s.N, s.headDim, s.numQHeads,
+             s.numKVHeads, s.dtype == dualkv::DType::BF16 ? "BF16" : "FP16",
+             s.arch, s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
+             s.tiling.stages)
       << fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -433,10 +496,11 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
 
 int main(int argc, char **argv) {
   Args args = parseArgs(argc, argv);
-  std::vector<Job> jobs =
-      args.specFile.empty()
-          ? std::vector<Job>{{args.spec, args.archs, args.tuned}}
-          : readSpecFile(args);
+  std::vector<Job> jobs;
+  if (args.specFile.empty())
+    expandKinds({args.spec, args.archs, args.tuned}, args.kinds, jobs);
+  else
+    jobs = readSpecFile(args);
   std::string dbPath =
       args.tuningDb.empty() ? dualkv::TuningDb::defaultPath() : args.tuningDb;
   std::optional<dualkv::TuningDb> db;

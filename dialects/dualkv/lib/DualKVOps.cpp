@@ -170,8 +170,12 @@ LogicalResult KernelOp::verify() {
   }
   if (auto tiling = getTiling()) {
     int64_t d = getProblem()->getHeadDim();
-    // Registers per thread for the fp32 output accumulator alone.
-    int64_t accRegs = tiling->getBlockM() * d / (tiling->getWarps() * 32);
+    // Registers per thread for the fp32 accumulators alone: O (forward, dQ),
+    // or dK and dV (KV-major backward).
+    int64_t accCount =
+        getKind() == KernelKind::bwd || getKind() == KernelKind::bwd_kv ? 2 : 1;
+    int64_t accRegs =
+        accCount * tiling->getBlockM() * d / (tiling->getWarps() * 32);
     // Tile copies give every thread whole 16-byte columns of rows.
     int64_t threads = tiling->getWarps() * 32;
     for (int64_t rows : {tiling->getBlockM(), tiling->getBlockN()})
@@ -182,7 +186,8 @@ LogicalResult KernelOp::verify() {
     if (accRegs > 128)
       return emitOpError()
              << "tiling gives each thread " << accRegs
-             << " accumulator registers (block_m * head_dim / threads); "
+             << " accumulator registers (accumulators * block_m * head_dim / "
+                "threads); "
                 "at most 128 fit beside the scores";
   }
   return success();
@@ -207,6 +212,38 @@ LogicalResult KernelOp::verifyRegions() {
                << "): every KV tile must be visited once";
     }
   }
+  auto needs = [&](bool present, StringRef what,
+                   StringRef op) -> LogicalResult {
+    if (present)
+      return success();
+    return emitOpError() << stringifyKernelKind(getKind()) << " kernel " << what
+                         << " (dualkv." << op << ")";
+  };
+  auto has = [&](auto tag) {
+    return !getBody().getOps<decltype(tag)>().empty();
+  };
+  switch (getKind()) {
+  case KernelKind::bwd:
+  case KernelKind::bwd_kv:
+    if (failed(needs(has(LoadKVBlockOp()), "loads no key/value block",
+                     "load_kv_block")) ||
+        failed(needs(has(QLoopOp()), "walks no query tiles", "q_loop")) ||
+        failed(
+            needs(has(StoreKVGradsOp()), "stores no dK/dV", "store_kv_grads")))
+      return failure();
+    break;
+  case KernelKind::bwd_pre:
+    return needs(has(ComputeDeltaOp()), "computes no Delta", "compute_delta");
+  case KernelKind::bwd_post:
+    return needs(has(ConvertGradsOp()), "converts nothing", "convert_grads");
+  case KernelKind::bwd_dq:
+    if (failed(needs(has(LoadQOp()), "loads no query tile", "load_q")) ||
+        failed(needs(has(StoreDqOp()), "stores no dQ", "store_dq")))
+      return failure();
+    break;
+  case KernelKind::fwd:
+    break;
+  }
   if (getKind() == KernelKind::fwd) {
     if (getBody().getOps<LoadQOp>().empty())
       return emitOpError()
@@ -227,60 +264,34 @@ LogicalResult LoadQOp::verify() {
   if (!kernel)
     return emitOpError() << "must be inside a dualkv.kernel";
   if (kernel.getKind() != KernelKind::fwd &&
-      kernel.getKind() != KernelKind::bwd)
+      kernel.getKind() != KernelKind::bwd_dq)
     return emitOpError()
-           << "only forward and backward kernels load query tiles";
+           << "only query-major kernels (fwd, bwd_dq) load query tiles";
   return success();
 }
 
-void KVLoopOp::build(OpBuilder &builder, OperationState &state, KVRegion region,
-                     LoopPart part, ValueRange inits) {
-  state.addAttribute(getRegionAttrName(state.name),
-                     KVRegionAttr::get(builder.getContext(), region));
-  state.addAttribute(getPartAttrName(state.name),
-                     LoopPartAttr::get(builder.getContext(), part));
-  state.addOperands(inits);
-  state.addTypes(inits.getTypes());
-  Region *body = state.addRegion();
-  Block *block = new Block();
-  body->push_back(block);
-  block->addArgument(builder.getIndexType(), state.location);
-  for (Value v : inits)
-    block->addArgument(v.getType(), state.location);
-}
-
-// Syntax: dualkv.kv_loop <region> part <part> [iter_args(%a = %x, ...) : types]
-// body
-void KVLoopOp::print(OpAsmPrinter &p) {
-  p << " ";
-  p.printStrippedAttrOrType(getRegionAttr());
-  p << " part ";
-  p.printStrippedAttrOrType(getPartAttr());
-  if (!getInits().empty()) {
+/// Prints `[iter_args(%a = %x, ...) : types] [attr-dict] body`, shared by
+/// kv_loop and q_loop.
+template <typename LoopOp>
+static void printLoopTail(OpAsmPrinter &p, LoopOp op,
+                          ArrayRef<StringRef> elided) {
+  if (!op.getInits().empty()) {
     p << " iter_args(";
     llvm::interleaveComma(
-        llvm::zip(getRegionIterArgs(), getInits()), p, [&](auto pair) {
+        llvm::zip(op.getRegionIterArgs(), op.getInits()), p, [&](auto pair) {
           p << std::get<0>(pair) << " = " << std::get<1>(pair);
         });
-    p << ") : " << getInits().getTypes();
+    p << ") : " << op.getInits().getTypes();
   }
-  p.printOptionalAttrDictWithKeyword((*this)->getAttrs(),
-                                     {getRegionAttrName(), getPartAttrName()});
+  p.printOptionalAttrDictWithKeyword(op->getAttrs(), elided);
   p << " ";
-  p.printRegion(getBody(), /*printEntryBlockArgs=*/true,
-                /*printBlockTerminators=*/!getInits().empty());
+  p.printRegion(op.getBody(), /*printEntryBlockArgs=*/true,
+                /*printBlockTerminators=*/!op.getInits().empty());
 }
 
-ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
-  KVRegionAttr region;
-  LoopPartAttr part;
-  if (parser.parseCustomAttributeWithFallback(region) ||
-      parser.parseKeyword("part") ||
-      parser.parseCustomAttributeWithFallback(part))
-    return failure();
-  result.addAttribute("region", region);
-  result.addAttribute("part", part);
-
+/// Parses what printLoopTail prints.
+template <typename LoopOp>
+static ParseResult parseLoopTail(OpAsmParser &parser, OperationState &result) {
   SmallVector<OpAsmParser::UnresolvedOperand> inits;
   // The names before '=' repeat the entry block's arguments, which name them.
   SmallVector<OpAsmParser::Argument> iterArgs;
@@ -300,18 +311,86 @@ ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
   }
   if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
     return failure();
-
   // The body's arguments are written in its entry block: ^bb0(%j: index, ...).
   Region *body = result.addRegion();
   if (parser.parseRegion(*body, /*arguments=*/{}))
     return failure();
   if (body->empty()) {
     return parser.emitError(parser.getCurrentLocation())
-           << "kv_loop needs a body";
+           << result.name.getStringRef() << " needs a body";
   }
   if (types.empty())
-    KVLoopOp::ensureTerminator(*body, parser.getBuilder(), result.location);
+    LoopOp::ensureTerminator(*body, parser.getBuilder(), result.location);
   return success();
+}
+
+/// Adds the body block (tile index, then one argument per carried value).
+static void buildLoopBody(OpBuilder &builder, OperationState &state,
+                          ValueRange inits) {
+  state.addOperands(inits);
+  state.addTypes(inits.getTypes());
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  block->addArgument(builder.getIndexType(), state.location);
+  for (Value v : inits)
+    block->addArgument(v.getType(), state.location);
+}
+
+/// The region checks kv_loop and q_loop share.
+template <typename LoopOp>
+static LogicalResult verifyLoopRegion(LoopOp op, StringRef what) {
+  Block &block = op.getBody().front();
+  if (block.getNumArguments() != op.getInits().size() + 1)
+    return op.emitOpError() << "body must take the tile index and "
+                            << op.getInits().size() << " carried values, got "
+                            << block.getNumArguments() << " arguments";
+  if (!block.getArgument(0).getType().isIndex())
+    return op.emitOpError()
+           << "first body argument must be the index of the " << what;
+  for (auto [i, arg, init] :
+       llvm::enumerate(op.getRegionIterArgs(), op.getInits()))
+    if (arg.getType() != init.getType())
+      return op.emitOpError()
+             << "carried value #" << i << " has type " << init.getType()
+             << " but the body takes " << arg.getType();
+  auto yield = cast<YieldOp>(block.getTerminator());
+  if (yield.getValues().getTypes() != op.getResultTypes())
+    return op.emitOpError()
+           << "yields " << yield.getValues().size()
+           << " values whose types differ from the loop's results";
+  return success();
+}
+
+void KVLoopOp::build(OpBuilder &builder, OperationState &state, KVRegion region,
+                     LoopPart part, ValueRange inits) {
+  state.addAttribute(getRegionAttrName(state.name),
+                     KVRegionAttr::get(builder.getContext(), region));
+  state.addAttribute(getPartAttrName(state.name),
+                     LoopPartAttr::get(builder.getContext(), part));
+  buildLoopBody(builder, state, inits);
+}
+
+// Syntax: dualkv.kv_loop <region> part <part> [iter_args(%a = %x, ...) :
+// types] body
+void KVLoopOp::print(OpAsmPrinter &p) {
+  p << " ";
+  p.printStrippedAttrOrType(getRegionAttr());
+  p << " part ";
+  p.printStrippedAttrOrType(getPartAttr());
+  printLoopTail(p, *this, {getRegionAttrName(), getPartAttrName()});
+}
+
+ParseResult KVLoopOp::parse(OpAsmParser &parser, OperationState &result) {
+  KVRegionAttr region;
+  LoopPartAttr part;
+  if (parser.parseCustomAttributeWithFallback(region) ||
+      parser.parseKeyword("part") ||
+      parser.parseCustomAttributeWithFallback(part))
+    return failure();
+  result.addAttribute("region", region);
+  result.addAttribute("part", part);
+  return parseLoopTail<KVLoopOp>(parser, result);
 }
 
 LogicalResult KVLoopOp::verify() {
@@ -329,33 +408,37 @@ LogicalResult KVLoopOp::verify() {
 }
 
 LogicalResult KVLoopOp::verifyRegions() {
-  Block &block = getBody().front();
-  if (block.getNumArguments() != getInits().size() + 1)
-    return emitOpError() << "body must take the tile index and "
-                         << getInits().size() << " carried values, got "
-                         << block.getNumArguments() << " arguments";
-  if (!block.getArgument(0).getType().isIndex())
-    return emitOpError()
-           << "first body argument must be the index of the KV tile";
-  for (auto [i, arg, init] : llvm::enumerate(getRegionIterArgs(), getInits()))
-    if (arg.getType() != init.getType())
-      return emitOpError() << "carried value #" << i << " has type "
-                           << init.getType() << " but the body takes "
-                           << arg.getType();
-  auto yield = cast<YieldOp>(block.getTerminator());
-  if (yield.getValues().getTypes() != getResultTypes())
-    return emitOpError()
-           << "yields " << yield.getValues().size()
-           << " values whose types differ from the loop's results";
+  if (failed(verifyLoopRegion(*this, "KV tile")))
+    return failure();
   if (!getBody().getOps<KVLoopOp>().empty())
     return emitOpError() << "KV loops do not nest";
   return success();
 }
 
 LogicalResult MaskOp::verify() {
+  if (getScores().getType() != getResult().getType())
+    return emitOpError() << "result type " << getResult().getType()
+                         << " differs from the scores' "
+                         << getScores().getType();
+  if (auto qloop = (*this)->getParentOfType<QLoopOp>()) {
+    if (!isa<ScoresTType>(getScores().getType()))
+      return emitOpError()
+             << "a q_loop masks transposed scores (!dualkv.scores_t)";
+    if (qloop.getBody().front().getNumArguments() == 0 ||
+        getTile() != qloop.getTileIndex())
+      return emitOpError() << "must mask the tile of its own loop iteration";
+    if (getKind() != MaskKind::causal)
+      return emitOpError()
+             << "a backward query tile needs only the causal mask";
+    if (qloop.getPart() == LoopPart::full)
+      return emitOpError() << "a full tile needs no mask";
+    return success();
+  }
   auto loop = (*this)->getParentOfType<KVLoopOp>();
   if (!loop)
-    return emitOpError() << "must be inside a dualkv.kv_loop";
+    return emitOpError() << "must be inside a dualkv.kv_loop or dualkv.q_loop";
+  if (!isa<ScoresType>(getScores().getType()))
+    return emitOpError() << "a kv_loop masks !dualkv.scores";
   // Child verifiers run before the loop's region verifier: the body may lack
   // its tile-index argument here.
   if (loop.getBody().front().getNumArguments() == 0 ||
@@ -377,6 +460,85 @@ LogicalResult MaskOp::verify() {
       return emitOpError() << "a full tile needs no mask";
     break;
   }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Backward ops
+//===----------------------------------------------------------------------===//
+
+void QLoopOp::build(OpBuilder &builder, OperationState &state, LoopPart part,
+                    ValueRange inits) {
+  state.addAttribute(getPartAttrName(state.name),
+                     LoopPartAttr::get(builder.getContext(), part));
+  buildLoopBody(builder, state, inits);
+}
+
+// Syntax: dualkv.q_loop part <part> [iter_args(%a = %x, ...) : types] body
+void QLoopOp::print(OpAsmPrinter &p) {
+  p << " part ";
+  p.printStrippedAttrOrType(getPartAttr());
+  printLoopTail(p, *this, {getPartAttrName()});
+}
+
+ParseResult QLoopOp::parse(OpAsmParser &parser, OperationState &result) {
+  LoopPartAttr part;
+  if (parser.parseKeyword("part") ||
+      parser.parseCustomAttributeWithFallback(part))
+    return failure();
+  result.addAttribute("part", part);
+  return parseLoopTail<QLoopOp>(parser, result);
+}
+
+LogicalResult QLoopOp::verify() {
+  if (getPart() == LoopPart::tail)
+    return emitOpError() << "a query loop has no tail part: the last query "
+                            "tile's extra rows read as zero";
+  auto kernel = (*this)->getParentOfType<KernelOp>();
+  if (kernel && kernel.getKind() != KernelKind::bwd &&
+      kernel.getKind() != KernelKind::bwd_kv)
+    return emitOpError() << "query loops belong to KV-major backward kernels "
+                            "(bwd, bwd_kv)";
+  return success();
+}
+
+LogicalResult QLoopOp::verifyRegions() {
+  if (failed(verifyLoopRegion(*this, "query tile")))
+    return failure();
+  if (!getBody().getOps<QLoopOp>().empty() ||
+      !getBody().getOps<KVLoopOp>().empty())
+    return emitOpError() << "query loops do not nest";
+  return success();
+}
+
+/// scores pair with row statistics, transposed scores with column statistics.
+static LogicalResult verifyOrientation(Operation *op, Type scores, Type stats) {
+  bool rows = isa<ScoresType>(scores);
+  if (rows != isa<RowStatsType>(stats))
+    return op->emitOpError()
+           << (rows ? "!dualkv.scores pairs with !dualkv.row_stats"
+                    : "!dualkv.scores_t pairs with !dualkv.col_stats")
+           << ", got " << stats;
+  return success();
+}
+
+LogicalResult RecomputeProbsOp::verify() {
+  return verifyOrientation(*this, getScores().getType(), getLse().getType());
+}
+
+LogicalResult SoftmaxGradOp::verify() {
+  Type p = getProbs().getType();
+  if (getDprobs().getType() != p)
+    return emitOpError() << "P and dP must have one type, got " << p << " and "
+                         << getDprobs().getType();
+  if (failed(verifyOrientation(*this, p, getDelta().getType())))
+    return failure();
+  Type r = getResult().getType();
+  if (isa<ScoresType>(p) != isa<ProbsType>(r))
+    return emitOpError() << "dS of " << p << " is "
+                         << (isa<ScoresType>(p) ? "!dualkv.probs"
+                                                : "!dualkv.scores_t")
+                         << ", got " << r;
   return success();
 }
 

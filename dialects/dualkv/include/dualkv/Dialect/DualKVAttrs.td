@@ -53,13 +53,17 @@ def DualKV_KindFwd : I32EnumAttrCase<"fwd", 0>;
 def DualKV_KindBwdPre : I32EnumAttrCase<"bwd_pre", 1>;
 def DualKV_KindBwd : I32EnumAttrCase<"bwd", 2>;
 def DualKV_KindBwdPost : I32EnumAttrCase<"bwd_post", 3>;
+def DualKV_KindBwdKV : I32EnumAttrCase<"bwd_kv", 4>;
+def DualKV_KindBwdDQ : I32EnumAttrCase<"bwd_dq", 5>;
 def DualKV_KernelKind : I32EnumAttr<"KernelKind", "what a kernel computes",
-    [DualKV_KindFwd, DualKV_KindBwdPre, DualKV_KindBwd, DualKV_KindBwdPost]> {
+    [DualKV_KindFwd, DualKV_KindBwdPre, DualKV_KindBwd, DualKV_KindBwdPost,
+     DualKV_KindBwdKV, DualKV_KindBwdDQ]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::mlir::dualkv";
 }
 def DualKV_KernelKindAttr : EnumAttr<DualKV_Dialect, DualKV_KernelKind, "kind"> {
-  let summary = "forward, backward preprocess, backward main, backward conversion";
+  let summary = "forward; backward preprocess, main (fused), conversion; "
+                "deterministic backward: dK/dV only (`bwd_kv`), dQ only (`bwd_dq`)";
   let assemblyFormat = "`<` $value `>`";
 }
 
@@ -72,6 +76,31 @@ def DualKV_KVOperand : I32EnumAttr<"KVOperand", "keys or values",
 }
 def DualKV_KVOperandAttr : EnumAttr<DualKV_Dialect, DualKV_KVOperand, "operand"> {
   let summary = "`key` or `value`";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def DualKV_QOperandQuery : I32EnumAttrCase<"query", 0>;
+def DualKV_QOperandGradOutput : I32EnumAttrCase<"grad_output", 1>;
+def DualKV_QOperand : I32EnumAttr<"QOperand", "queries or output gradients",
+    [DualKV_QOperandQuery, DualKV_QOperandGradOutput]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_QOperandAttr : EnumAttr<DualKV_Dialect, DualKV_QOperand, "q_operand"> {
+  let summary = "`query` (Q) or `grad_output` (dO): the row-major operands a backward "
+                "kernel streams per query tile";
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def DualKV_StatLse : I32EnumAttrCase<"lse", 0>;
+def DualKV_StatDelta : I32EnumAttrCase<"delta", 1>;
+def DualKV_StatKind : I32EnumAttr<"StatKind", "a per-query statistic of the backward",
+    [DualKV_StatLse, DualKV_StatDelta]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_StatKindAttr : EnumAttr<DualKV_Dialect, DualKV_StatKind, "stat"> {
+  let summary = "`lse` (the forward's log-sum-exp) or `delta` (rowsum(dO * O))";
   let assemblyFormat = "`<` $value `>`";
 }
 

@@ -177,8 +177,8 @@ def DualKV_KVLoopOp : DualKV_Op<"kv_loop", [RecursiveMemoryEffects,
 }
 
 def DualKV_YieldOp : DualKV_Op<"yield", [Pure, Terminator, ReturnLike,
-    HasParent<"KVLoopOp">]> {
-  let summary = "The values a KV loop carries to its next iteration";
+    ParentOneOf<["KVLoopOp", "QLoopOp"]>]> {
+  let summary = "The values a KV or query loop carries to its next iteration";
   let description = "```mlir\ndualkv.yield %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats\n```";
   let arguments = (ins Variadic<AnyType>:$values);
   let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
@@ -208,20 +208,22 @@ def DualKV_QKOp : DualKV_Op<"qk", [Pure]> {
   let assemblyFormat = "$q `,` $k attr-dict `:` type($scores)";
 }
 
-def DualKV_MaskOp : DualKV_Op<"mask", [Pure]> {
+def DualKV_MaskOp : DualKV_Op<"mask", [Pure, AllTypesMatch<["scores", "result"]>]> {
   let summary = "Set the scores of disallowed (query, key) pairs to -inf";
   let description = [{
-    `causal` keeps key <= query (response region, diagonal tiles); `bound` keeps keys
-    inside the region (the shared region's tail tile). Full tiles carry no mask op:
-    that is where DualKV saves its work.
+    `causal` keeps key <= query (response region, diagonal tiles; in a backward
+    `q_loop`, the query tiles that meet the CTA's keys); `bound` keeps keys inside the
+    region (the shared region's tail tile). Full tiles carry no mask op: that is where
+    DualKV saves its work. Scores may be transposed (`!dualkv.scores_t`, backward).
 
     ```mlir
     %s1 = dualkv.mask <causal> %s, %j : !dualkv.scores
     ```
   }];
-  let arguments = (ins DualKV_MaskKindAttr:$kind, DualKV_ScoresType:$scores,
+  let arguments = (ins DualKV_MaskKindAttr:$kind,
+                       AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores,
                        Index:$tile);
-  let results = (outs DualKV_ScoresType:$result);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
   let assemblyFormat = "$kind $scores `,` $tile attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
@@ -278,6 +280,253 @@ def DualKV_StoreOutputOp : DualKV_Op<"store_output", [HasParent<"KernelOp">]> {
   let arguments = (ins DualKV_AccType:$acc, DualKV_RowStatsType:$max,
                        DualKV_RowStatsType:$sum);
   let assemblyFormat = "$acc `,` $max `,` $sum attr-dict `:` type($acc) `,` type($max) `,` type($sum)";
+}
+
+//===----------------------------------------------------------------------===//
+// Backward, query-major (deterministic dQ): the forward's loops, different math
+//===----------------------------------------------------------------------===//
+
+def DualKV_LoadDoutOp : DualKV_Op<"load_dout"> {
+  let summary = "Load the output gradient rows of the CTA's query tile";
+  let description = [{
+    Like `dualkv.load_q`, for dO: rows past the segment end read as zero.
+
+    ```mlir
+    %do = dualkv.load_dout : !dualkv.q_tile
+    ```
+  }];
+  let results = (outs DualKV_QTileType:$dout);
+  let assemblyFormat = "attr-dict `:` type($dout)";
+}
+
+def DualKV_LoadRowStatsOp : DualKV_Op<"load_row_stats"> {
+  let summary = "Load LSE or Delta of the CTA's query rows";
+  let description = [{
+    Rows past the segment end read as +inf (LSE) or 0 (Delta), so their
+    probabilities and gradients are exactly zero.
+
+    ```mlir
+    %lse = dualkv.load_row_stats <lse> : !dualkv.row_stats
+    ```
+  }];
+  let arguments = (ins DualKV_StatKindAttr:$stat);
+  let results = (outs DualKV_RowStatsType:$result);
+  let assemblyFormat = "$stat attr-dict `:` type($result)";
+}
+
+def DualKV_RecomputeProbsOp : DualKV_Op<"recompute_probs", [Pure,
+    AllTypesMatch<["scores", "result"]>]> {
+  let summary = "Probabilities from scores and the forward's LSE: P = exp(S - LSE)";
+  let description = [{
+    Normalised probabilities in fp32, recomputed in the backward from the scores and
+    the stored log-sum-exp (no running max). Works on either orientation.
+
+    ```mlir
+    %p = dualkv.recompute_probs %s, %lse : !dualkv.scores, !dualkv.row_stats
+    %pt = dualkv.recompute_probs %st, %lse : !dualkv.scores_t, !dualkv.col_stats
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores,
+                       AnyTypeOf<[DualKV_RowStatsType, DualKV_ColStatsType]>:$lse);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = "$scores `,` $lse attr-dict `:` type($scores) `,` type($lse)";
+  let hasVerifier = 1;
+}
+
+def DualKV_SoftmaxGradOp : DualKV_Op<"softmax_grad", [Pure,
+    AllTypesMatch<["probs", "dprobs"]>]> {
+  let summary = "dS = scale * P * (dP - Delta)";
+  let description = [{
+    The softmax backward for one tile, with the softmax scale folded in so that dQ and
+    dK come out of one product each. The result is fp32 (`scores_t`, transposed) or
+    packed in the element type as an A operand (`probs`).
+
+    ```mlir
+    %ds = dualkv.softmax_grad %p, %dp, %delta : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$probs,
+                       AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$dprobs,
+                       AnyTypeOf<[DualKV_RowStatsType, DualKV_ColStatsType]>:$delta);
+  let results = (outs AnyTypeOf<[DualKV_ProbsType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = [{
+    $probs `,` $dprobs `,` $delta attr-dict `:` type($probs) `,` type($delta) `->`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def DualKV_StoreDqOp : DualKV_Op<"store_dq", [HasParent<"KernelOp">]> {
+  let summary = "Write the CTA's dQ rows in the element type";
+  let description = "```mlir\ndualkv.store_dq %acc : !dualkv.acc\n```";
+  let arguments = (ins DualKV_AccType:$acc);
+  let assemblyFormat = "$acc attr-dict `:` type($acc)";
+}
+
+//===----------------------------------------------------------------------===//
+// Backward, KV-major: one CTA holds a key/value block, query tiles stream past
+//===----------------------------------------------------------------------===//
+
+def DualKV_LoadKVBlockOp : DualKV_Op<"load_kv_block", [HasParent<"KernelOp">]> {
+  let summary = "Load the CTA's block of keys or values into shared memory";
+  let description = [{
+    `block_m` rows of the CTA's KV head starting at its work item's first key; rows past
+    the item's KV region read as zero and are never written back.
+
+    ```mlir
+    %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+    ```
+  }];
+  let arguments = (ins DualKV_KVOperandAttr:$operand);
+  let results = (outs DualKV_KVBlockType:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($result)";
+}
+
+def DualKV_InitGradOp : DualKV_Op<"init_grad", [Pure]> {
+  let summary = "A zero dK or dV accumulator";
+  let description = "```mlir\n%dk = dualkv.init_grad : !dualkv.grad_acc\n```";
+  let results = (outs DualKV_GradAccType:$acc);
+  let assemblyFormat = "attr-dict `:` type($acc)";
+}
+
+def DualKV_QLoopOp : DualKV_Op<"q_loop", [RecursiveMemoryEffects,
+    SingleBlockImplicitTerminator<"YieldOp">, HasParent<"KernelOp">]> {
+  let summary = "Walk the query tiles of a backward work item, for each query head";
+  let description = [{
+    The body runs once per (query head of the CTA's GQA group, query tile of the work
+    item), carrying `iter_args` (the dK and dV accumulators). `part`: `all` (before
+    `dualkv-tile-regions`), `diagonal` (the query tiles that meet the CTA's keys and
+    need the causal mask) or `full` (every later tile: no mask).
+
+    ```mlir
+    %dk1, %dv1 = dualkv.q_loop part <full> iter_args(%dk = %dk0, %dv = %dv0)
+        : !dualkv.grad_acc, !dualkv.grad_acc {
+    ^bb0(%i: index, %dk: !dualkv.grad_acc, %dv: !dualkv.grad_acc):
+      ...
+      dualkv.yield %dk2, %dv2 : !dualkv.grad_acc, !dualkv.grad_acc
+    }
+    ```
+  }];
+  let arguments = (ins DualKV_LoopPartAttr:$part, Variadic<AnyType>:$inits);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins "LoopPart":$part, "ValueRange":$inits)>];
+  let extraClassDeclaration = [{
+    /// The query tile index of the current iteration.
+    Value getTileIndex() { return getBody().front().getArgument(0); }
+    /// The loop-carried values seen by the body.
+    Block::BlockArgListType getRegionIterArgs() {
+      return getBody().front().getArguments().drop_front();
+    }
+  }];
+}
+
+def DualKV_LoadQBlockOp : DualKV_Op<"load_q_block", [HasParent<"QLoopOp">]> {
+  let summary = "Stage one query (or dO) tile of the current head in shared memory";
+  let description = [{
+    Rows past the work item's queries read as zero.
+
+    ```mlir
+    %q = dualkv.load_q_block <query> %i : !dualkv.q_block
+    ```
+  }];
+  let arguments = (ins DualKV_QOperandAttr:$operand, Index:$tile);
+  let results = (outs DualKV_QBlockType:$result);
+  let assemblyFormat = "$operand $tile attr-dict `:` type($result)";
+}
+
+def DualKV_LoadColStatsOp : DualKV_Op<"load_col_stats", [HasParent<"QLoopOp">]> {
+  let summary = "Load LSE or Delta of one query tile's queries";
+  let description = [{
+    Queries past the work item read as +inf (LSE) or 0 (Delta): their probabilities
+    and gradients are exactly zero.
+
+    ```mlir
+    %lse = dualkv.load_col_stats <lse> %i : !dualkv.col_stats
+    ```
+  }];
+  let arguments = (ins DualKV_StatKindAttr:$stat, Index:$tile);
+  let results = (outs DualKV_ColStatsType:$result);
+  let assemblyFormat = "$stat $tile attr-dict `:` type($result)";
+}
+
+def DualKV_QKTOp : DualKV_Op<"qk_t", [Pure]> {
+  let summary = "Transposed scores Sᵀ = K Qᵀ (or dPᵀ = V dOᵀ) of the CTA's block";
+  let description = [{
+    Unscaled, like `dualkv.qk`: the scale is folded into the exponent.
+
+    ```mlir
+    %st = dualkv.qk_t %k, %q : !dualkv.scores_t
+    ```
+  }];
+  let arguments = (ins DualKV_KVBlockType:$kv, DualKV_QBlockType:$q);
+  let results = (outs DualKV_ScoresTType:$scores);
+  let assemblyFormat = "$kv `,` $q attr-dict `:` type($scores)";
+}
+
+def DualKV_AccumulateOp : DualKV_Op<"accumulate", [Pure]> {
+  let summary = "acc += X Y for a transposed tile X and a query tile Y";
+  let description = [{
+    dV += Pᵀ dO and dK += dSᵀ Q: X is block_m x block_n (keys x queries), Y is
+    block_n x head_dim.
+
+    ```mlir
+    %dv1 = dualkv.accumulate %pt, %do, %dv : !dualkv.grad_acc
+    ```
+  }];
+  let arguments = (ins DualKV_ScoresTType:$x, DualKV_QBlockType:$y,
+                       DualKV_GradAccType:$acc);
+  let results = (outs DualKV_GradAccType:$result);
+  let assemblyFormat = "$x `,` $y `,` $acc attr-dict `:` type($result)";
+}
+
+def DualKV_AccumulateDqOp : DualKV_Op<"accumulate_dq", [HasParent<"QLoopOp">]> {
+  let summary = "dQ += dS K for one query tile, added to the fp32 dQ accumulator";
+  let description = [{
+    dS is this tile's dSᵀ, transposed through shared memory; the product is added to
+    global fp32 dQ with atomics (several KV blocks meet each query).
+
+    ```mlir
+    dualkv.accumulate_dq %dst, %k : !dualkv.scores_t, !dualkv.kv_block
+    ```
+  }];
+  let arguments = (ins DualKV_ScoresTType:$ds, DualKV_KVBlockType:$k);
+  let assemblyFormat = "$ds `,` $k attr-dict `:` type($ds) `,` type($k)";
+}
+
+def DualKV_StoreKVGradsOp : DualKV_Op<"store_kv_grads", [HasParent<"KernelOp">]> {
+  let summary = "Write (or atomically add) the block's dK and dV";
+  let description = [{
+    A work item that owns its keys writes dK and dV in the element type; one of several
+    items sharing prompt keys adds them to the fp32 accumulators. The choice is the
+    work item's (made by the runtime per prompt tile), so one kernel serves both.
+
+    ```mlir
+    dualkv.store_kv_grads %dk, %dv : !dualkv.grad_acc, !dualkv.grad_acc
+    ```
+  }];
+  let arguments = (ins DualKV_GradAccType:$dk, DualKV_GradAccType:$dv);
+  let assemblyFormat = "$dk `,` $dv attr-dict `:` type($dk) `,` type($dv)";
+}
+
+//===----------------------------------------------------------------------===//
+// Backward pre- and post-processing
+//===----------------------------------------------------------------------===//
+
+def DualKV_ComputeDeltaOp : DualKV_Op<"compute_delta", [HasParent<"KernelOp">]> {
+  let summary = "Delta = rowsum(dO * O) in fp32 for the CTA's rows of one head";
+  let description = "```mlir\ndualkv.compute_delta\n```";
+  let assemblyFormat = "attr-dict";
+}
+
+def DualKV_ConvertGradsOp : DualKV_Op<"convert_grads", [HasParent<"KernelOp">]> {
+  let summary = "Round the fp32 dQ and prompt dK/dV accumulators to the element type";
+  let description = "```mlir\ndualkv.convert_grads\n```";
+  let assemblyFormat = "attr-dict";
 }
 
 #endif // DUALKV_OPS_TD

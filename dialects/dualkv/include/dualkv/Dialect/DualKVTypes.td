@@ -26,4 +26,18 @@ def DualKV_AccType : DualKV_TileType<"Acc", "acc",
 def DualKV_RowStatsType : DualKV_TileType<"RowStats", "row_stats",
     "one fp32 value per query row: running max, running sum or a rescale factor">;
 
+
+// Backward (KV-major): the CTA holds block_m keys and values; query tiles of
+// block_n rows stream past them.
+def DualKV_KVBlockType : DualKV_TileType<"KVBlock", "kv_block",
+    "block_m key or value rows of one KV head, held in shared memory by a backward CTA">;
+def DualKV_QBlockType : DualKV_TileType<"QBlock", "q_block",
+    "block_n query or output-gradient rows of one query head, staged in shared memory">;
+def DualKV_ColStatsType : DualKV_TileType<"ColStats", "col_stats",
+    "one fp32 value per query of a q_block: LSE or Delta">;
+def DualKV_ScoresTType : DualKV_TileType<"ScoresT", "scores_t",
+    "block_m x block_n fp32 transposed tile (keys x queries): Sᵀ, Pᵀ, dPᵀ or dSᵀ">;
+def DualKV_GradAccType : DualKV_TileType<"GradAcc", "grad_acc",
+    "block_m x head_dim fp32 accumulator of dK or dV">;
+
 #endif // DUALKV_TYPES_TD

@@ -1,0 +1,239 @@
+//===- Fragments.h - register fragments of mma.sync and tile copies -------===//
+//
+// What every DualKV kernel emitter builds with: index arithmetic, fragments of
+// mma.sync.m16n8k16 held as flat vectors (each op unpacks the fragments it
+// reads into scalars and packs what it writes, so LLVM keeps everything in
+// registers), ldmatrix, and cp.async tile copies into padded shared memory.
+// Within a warp, lane = 4 * g + t: a C fragment holds rows g and g + 8,
+// columns 2t and 2t + 1 of its 16 x 8 tile.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUALKV_COMPILER_FRAGMENTS_H
+#define DUALKV_COMPILER_FRAGMENTS_H
+
+#include "dualkv/Compiler/Passes.h"
+
+#include <limits>
+
+namespace mlir::dualkv {
+
+/// Global tensors are passed as bare pointers; a static 1-D shape this large
+/// lets the bare-pointer calling convention apply while indexing stays
+/// unchecked.
+constexpr int64_t kUnboundedElements = std::numeric_limits<int32_t>::max();
+/// Shared-memory rows are padded by 8 elements (16 bytes): row r starts 4r
+/// banks later, so the 8 row addresses of one ldmatrix phase hit distinct
+/// banks.
+constexpr int64_t kRowPad = 8;
+
+/// The builders shared by the kernel emitters.
+class FragmentBuilder {
+public:
+  FragmentBuilder(OpBuilder &b, Location loc, Type elemType, int64_t headDim,
+                  int64_t warps)
+      : b(b), loc(loc), elemType(elemType), headDim(headDim), warps(warps) {}
+
+protected:
+  // ---- small builders ------------------------------------------------------
+  Value idx(int64_t v) { return arith::ConstantIndexOp::create(b, loc, v); }
+  Value i32c(int32_t v) { return arith::ConstantIntOp::create(b, loc, v, 32); }
+  Value f32c(float v) {
+    return arith::ConstantFloatOp::create(b, loc, b.getF32Type(), APFloat(v));
+  }
+  Value add(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
+  Value mul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
+  Value divu(Value x, int64_t y) {
+    return arith::DivUIOp::create(b, loc, x, idx(y));
+  }
+  Value remu(Value x, int64_t y) {
+    return arith::RemUIOp::create(b, loc, x, idx(y));
+  }
+  Value ceilDiv(Value x, int64_t y) { return divu(add(x, idx(y - 1)), y); }
+  Value cmp(arith::CmpIPredicate pred, Value x, Value y) {
+    return arith::CmpIOp::create(b, loc, pred, x, y);
+  }
+  Value select(Value c, Value x, Value y) {
+    return arith::SelectOp::create(b, loc, c, x, y);
+  }
+  Value toIndex(Value i32) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32);
+  }
+  Value intrinsic(StringRef name, Value x) {
+    return LLVM::CallIntrinsicOp::create(b, loc, b.getF32Type(),
+                                         b.getStringAttr(name), ValueRange{x})
+        .getResult(0);
+  }
+  Value exp2(Value x) { return intrinsic("llvm.nvvm.ex2.approx.ftz.f", x); }
+  Value log2(Value x) { return intrinsic("llvm.nvvm.lg2.approx.ftz.f", x); }
+  Value shuffleXor(Value v, int32_t offset) {
+    return gpu::ShuffleOp::create(b, loc, v, i32c(offset), i32c(32),
+                                  gpu::ShuffleMode::XOR)
+        .getShuffleResult();
+  }
+
+  SmallVector<Value> unpack(Value vec) {
+    auto type = cast<VectorType>(vec.getType());
+    SmallVector<Value> out;
+    for (int64_t i = 0; i < type.getNumElements(); ++i)
+      out.push_back(
+          vector::ExtractOp::create(b, loc, vec, ArrayRef<int64_t>{i}));
+    return out;
+  }
+  Value pack(ArrayRef<Value> elems) {
+    auto type =
+        VectorType::get({int64_t(elems.size())}, elems.front().getType());
+    return vector::FromElementsOp::create(b, loc, type, elems);
+  }
+  /// Two fp32 values rounded to the element type and packed into one i32
+  /// register.
+  Value packPair(Value lo, Value hi) {
+    Value pair = pack({lo, hi});
+    Value narrow =
+        arith::TruncFOp::create(b, loc, VectorType::get({2}, elemType), pair);
+    Value asInt = vector::BitCastOp::create(
+        b, loc, VectorType::get({1}, b.getI32Type()), narrow);
+    return vector::ExtractOp::create(b, loc, asInt, ArrayRef<int64_t>{0});
+  }
+  /// ldmatrix.x4 at (row, col) of `buf`: four i32 registers, one per 8x8
+  /// matrix.
+  SmallVector<Value, 4> ldmatrix4(Value buf, Value row, Value col,
+                                  bool transpose) {
+    auto vecType = VectorType::get({4, 2}, elemType);
+    Value m = nvgpu::LdMatrixOp::create(b, loc, vecType, buf,
+                                        ValueRange{row, col}, transpose, 4);
+    SmallVector<Value, 4> regs;
+    for (int64_t i = 0; i < 4; ++i) {
+      Value pair = vector::ExtractOp::create(b, loc, m, ArrayRef<int64_t>{i});
+      Value asInt = vector::BitCastOp::create(
+          b, loc, VectorType::get({1}, b.getI32Type()), pair);
+      regs.push_back(
+          vector::ExtractOp::create(b, loc, asInt, ArrayRef<int64_t>{0}));
+    }
+    return regs;
+  }
+  /// d = a * b + c for one m16n8k16 tile; a: 4 i32, b: 2 i32, c: 4 f32.
+  SmallVector<Value, 4> mma(ArrayRef<Value> a, ArrayRef<Value> bfrag,
+                            ArrayRef<Value> c) {
+    bool bf16 = elemType.isBF16();
+    auto operand = [&](Value r) -> Value {
+      if (bf16)
+        return r;
+      Value v = vector::FromElementsOp::create(
+          b, loc, VectorType::get({1}, b.getI32Type()), ValueRange{r});
+      return vector::BitCastOp::create(b, loc,
+                                       VectorType::get({2}, b.getF16Type()), v);
+    };
+    SmallVector<Value> av, bv;
+    for (Value r : a)
+      av.push_back(operand(r));
+    for (Value r : bfrag)
+      bv.push_back(operand(r));
+    Type f32 = b.getF32Type();
+    auto resType =
+        LLVM::LLVMStructType::getLiteral(b.getContext(), {f32, f32, f32, f32});
+    NVVM::MMATypes ptx = bf16 ? NVVM::MMATypes::bf16 : NVVM::MMATypes::f16;
+    Value d = NVVM::MmaOp::create(
+        b, loc, resType, av, bv, c, {16, 8, 16}, std::nullopt, std::nullopt,
+        std::array<NVVM::MMATypes, 2>{ptx, ptx},
+        std::array<NVVM::MMALayout, 2>{NVVM::MMALayout::row,
+                                       NVVM::MMALayout::col});
+    SmallVector<Value, 4> out;
+    for (int64_t i = 0; i < 4; ++i)
+      out.push_back(
+          LLVM::ExtractValueOp::create(b, loc, d, ArrayRef<int64_t>{i}));
+    return out;
+  }
+
+  // ---- tiles ---------------------------------------------------------------
+  int64_t threads() const { return warps * 32; }
+  /// Thread, lane, warp and the lane's (g, t) of the mma layout; call once at
+  /// the top of the kernel.
+  void emitThreadIds() {
+    tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
+    lane = remu(tid, 32);
+    warp = divu(tid, 32);
+    g = divu(lane, 4);
+    t = remu(lane, 4);
+  }
+  /// A view of `rows` padded rows of the element type at byte `offset` of the
+  /// dynamic shared memory `smem`.
+  Value sharedTile(Value smem, int64_t offset, int64_t rows, int64_t cols = 0) {
+    auto workgroup = gpu::AddressSpaceAttr::get(b.getContext(),
+                                                gpu::AddressSpace::Workgroup);
+    auto type =
+        MemRefType::get({rows, cols ? cols : headDim + kRowPad}, elemType,
+                        MemRefLayoutAttrInterface(), workgroup);
+    return memref::ViewOp::create(b, loc, type, smem, idx(offset),
+                                  ValueRange{});
+  }
+  /// Issues cp.async copies of `rows` rows of one head into `buf`: row r comes
+  /// from token start + first + r and is zero-filled when first + r >= limit
+  /// (with `predicated`). Returns the copy group.
+  Value copyTile(Value buf, Value base, int64_t rows, Value start, Value first,
+                 Value limit, Value strideT, Value headOffset, bool predicated,
+                 Value tileValid = {});
+  /// Waits until the copy group that filled `tile` has landed, then syncs the
+  /// CTA.
+  void waitFor(Value tile);
+
+  OpBuilder &b;
+  Location loc;
+  Type elemType;
+  int64_t headDim, warps;
+  Value tid, lane, warp, g, t;
+  // Copy groups issued in the current loop iteration, oldest first.
+  SmallVector<std::pair<Value, Value>> pending; // (smem tile, group token)
+};
+
+inline Value FragmentBuilder::copyTile(Value buf, Value base, int64_t rows,
+                                       Value start, Value first, Value limit,
+                                       Value strideT, Value headOffset,
+                                       bool predicated, Value tileValid) {
+  int64_t chunksPerRow = headDim / 8; // 16-byte chunks
+  // threads is a multiple of chunksPerRow (>= 128 threads, <= 32 chunks a row):
+  // every thread copies the same column of rows row0, row0 + rowsPerPass, ...
+  // so the global addresses differ by a constant stride and stay cheap in
+  // registers.
+  int64_t rowsPerPass = threads() / chunksPerRow;
+  Value row0 = divu(tid, chunksPerRow);
+  Value col = mul(remu(tid, chunksPerRow), idx(8));
+  Value colOffset = add(headOffset, col);
+  SmallVector<Value> tokens;
+  for (int64_t i = 0; i * rowsPerPass < rows; ++i) {
+    Value r = add(row0, idx(i * rowsPerPass));
+    Value rel = add(first, r);
+    Value srcElems;
+    Value row = rel;
+    if (predicated) {
+      // A null limit means every row of the tile is inside its region.
+      Value valid =
+          limit ? cmp(arith::CmpIPredicate::ult, rel, limit) : tileValid;
+      if (limit && tileValid)
+        valid = arith::AndIOp::create(b, loc, valid, tileValid);
+      // Out-of-range rows read nothing (src-size 0 zero-fills) from a valid
+      // address.
+      row = select(valid, rel, idx(0));
+      srcElems = select(valid, idx(8), idx(0));
+    }
+    Value src = add(mul(add(start, row), strideT), colOffset);
+    Value tok = nvgpu::DeviceAsyncCopyOp::create(
+        b, loc, buf, ValueRange{r, col}, base, ValueRange{src},
+        b.getIndexAttr(8), srcElems, b.getUnitAttr());
+    tokens.push_back(tok);
+  }
+  return nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens);
+}
+
+inline void FragmentBuilder::waitFor(Value tile) {
+  auto it = llvm::find_if(pending,
+                          [&](auto &p) { return p.first && p.first == tile; });
+  assert(it != pending.end() && "tile was not loaded in this iteration");
+  int32_t younger = static_cast<int32_t>(pending.end() - it - 1);
+  nvgpu::DeviceAsyncWaitOp::create(b, loc, it->second,
+                                   b.getI32IntegerAttr(younger));
+  gpu::BarrierOp::create(b, loc);
+}
+
+} // namespace mlir::dualkv
+
+#endif

@@ -1,0 +1,795 @@
+//===- LowerBackward.cpp - the KV-major backward and its pre/post kernels -===//
+//
+// dualkv-lower-to-nvgpu for kinds bwd, bwd_kv, bwd_pre and bwd_post
+// (docs/backward-abi.md). The KV-major kernel keeps a block of BM keys and
+// values in shared memory; each warp owns MT = BM / (16 * warps) m16 blocks of
+// those keys. Query tiles of BN rows stream past. With NT = BN / 8, DT = D / 8:
+//   kv_block   memref<BM x (D+8) x E> in shared memory (A fragments)
+//   q_block    memref<BN x (D+8) x E> in shared memory (B fragments)
+//   scores_t   vector<MT*NT*4 x f32>  C fragments: keys g, g+8; queries 2t,
+//   2t+1 col_stats  vector<NT*2 x f32>     the queries 2t, 2t+1 of each n8 tile
+//   grad_acc   vector<MT*DT*4 x f32>  C fragments of dK or dV
+// dQ of a query tile is dS K: dSᵀ goes through shared memory (BM x (BN+8))
+// and comes back transposed by ldmatrix.trans as A fragments; each warp then
+// owns BN / warps query rows and adds its fp32 products to global dQ with
+// atomics.
+//
+//===----------------------------------------------------------------------===//
+#include "LowerBackward.h"
+#include "Fragments.h"
+#include "dualkv/Compiler/Compiler.h"
+
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// Common set-up of a backward gpu.func: signature, launch bounds, entry.
+class BackwardEmitterBase : public FragmentBuilder {
+protected:
+  BackwardEmitterBase(KernelOp kernel, OpBuilder &b)
+      : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
+                        kernel.getProblem()->getHeadDim(),
+                        kernel.getTiling()->getWarps()),
+        kernel(kernel) {
+    ProblemAttr p = *kernel.getProblem();
+    numQHeads = p.getNumQHeads();
+    numKVHeads = p.getNumKvHeads();
+    groupSize = numQHeads / numKVHeads;
+    blockM = kernel.getTiling()->getBlockM();
+    blockN = kernel.getTiling()->getBlockN();
+  }
+
+  /// Creates the kernel function with `args` and positions the builder in its
+  /// entry block.
+  Block &createFunc(gpu::GPUModuleOp gpuModule, ArrayRef<Type> args) {
+    b.setInsertionPointToEnd(gpuModule.getBody());
+    auto func = gpu::GPUFuncOp::create(b, loc, kernel.getSymName(),
+                                       b.getFunctionType(args, {}));
+    func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    func.setKnownBlockSizeAttr(
+        b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
+    func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(255));
+    Block &entry = func.getBody().front();
+    b.setInsertionPointToStart(&entry);
+    return entry;
+  }
+  MemRefType gmem(Type e) {
+    auto global =
+        gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Global);
+    return MemRefType::get({kUnboundedElements}, e, MemRefLayoutAttrInterface(),
+                           global);
+  }
+  Value indexArg(Block &entry, unsigned i) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(),
+                                      entry.getArgument(i));
+  }
+  /// Two fp32 values rounded to the element type, stored at `at` of `ptr`.
+  void storePair(Value ptr, Value at, Value lo, Value hi) {
+    Value narrow = arith::TruncFOp::create(
+        b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+    vector::StoreOp::create(b, loc, narrow, ptr, ValueRange{at});
+  }
+  void atomicAdd(Value ptr, Value at, Value v) {
+    memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addf, v, ptr,
+                                ValueRange{at});
+  }
+  /// Runs `body` only where `cond` holds.
+  template <typename Fn> void emitIf(Value cond, Fn body) {
+    auto ifOp = scf::IfOp::create(b, loc, cond, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifOp.thenBlock());
+    body();
+  }
+
+  KernelOp kernel;
+  int64_t numQHeads, numKVHeads, groupSize, blockM, blockN;
+};
+
+//===----------------------------------------------------------------------===//
+// bwd, bwd_kv
+//===----------------------------------------------------------------------===//
+
+class KVMajorEmitter : public BackwardEmitterBase {
+public:
+  KVMajorEmitter(KernelOp kernel, OpBuilder &b)
+      : BackwardEmitterBase(kernel, b) {
+    mTiles = blockM / (16 * warps);
+    nTiles = blockN / 8;
+    kTiles = headDim / 16;
+    dTiles = headDim / 8;
+    rowStride = headDim + kRowPad;
+    withDq = kernel.getKind() == KernelKind::bwd;
+  }
+
+  LogicalResult emit(gpu::GPUModuleOp gpuModule);
+
+  /// [K: BM][V: BM][Q: BN][dO: BN] padded rows, then dSᵀ (BM x (BN+8)) when
+  /// the kernel computes dQ.
+  int64_t sharedBytes() const {
+    int64_t tiles = (2 * blockM + 2 * blockN) * rowStride * 2;
+    return tiles + (withDq ? blockM * (blockN + kRowPad) * 2 : 0);
+  }
+
+private:
+  LogicalResult emitOp(Operation *op);
+  LogicalResult emitLoadKVBlock(LoadKVBlockOp op);
+  LogicalResult emitInitGrad(InitGradOp op);
+  LogicalResult emitQLoop(QLoopOp op);
+  LogicalResult emitLoadQBlock(LoadQBlockOp op);
+  LogicalResult emitLoadColStats(LoadColStatsOp op);
+  LogicalResult emitQKT(QKTOp op);
+  LogicalResult emitMask(MaskOp op);
+  LogicalResult emitRecomputeProbs(RecomputeProbsOp op);
+  LogicalResult emitSoftmaxGrad(SoftmaxGradOp op);
+  LogicalResult emitAccumulate(AccumulateOp op);
+  LogicalResult emitAccumulateDq(AccumulateDqOp op);
+  LogicalResult emitStoreKVGrads(StoreKVGradsOp op);
+
+  /// Key row (relative to the block) of C-fragment row half `h` of m16 block
+  /// `mt` of this thread.
+  Value keyRow(int64_t mt, int64_t h) {
+    return add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), g));
+  }
+  /// Query column (relative to the tile) of element `e` of n8 tile `nt`.
+  Value queryCol(int64_t nt, int64_t e) {
+    return add(idx(nt * 8 + e), mul(t, idx(2)));
+  }
+  /// A fragments of the warp's m16 block `mt` of `buf` (row-major, rows
+  /// padded) at k-step `kt`.
+  SmallVector<Value, 4> rowMajorA(Value buf, int64_t mt, int64_t kt);
+
+  int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
+  bool withDq;
+
+  // Kernel arguments.
+  Value qPtr, kPtr, vPtr, doPtr, dkPtr, dvPtr, lsePtr, deltaPtr, dqAccPtr,
+      dkAccPtr, dvAccPtr, itemsPtr;
+  Value qStrideT, qStrideH, kStrideT, kStrideH, vStrideT, vStrideH, doStrideT,
+      doStrideH, dkStrideT, dkStrideH, dvStrideT, dvStrideH, lseStrideH,
+      deltaStrideH, scale, scaleLog2;
+  // Per-CTA values: the work item, the KV head, the current query head.
+  Value kRow0, kvEnd, qBegin, qEnd, qLen, accRow, kvHead, head;
+  Value kBuf, vBuf, qBuf, doBuf, dsBuf;
+  IRMapping map;
+};
+
+SmallVector<Value, 4> KVMajorEmitter::rowMajorA(Value buf, int64_t mt,
+                                                int64_t kt) {
+  // Matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+  // (rows 8-15, k 8-15): lane l addresses row l % 8 + 8 * ((l / 8) % 2).
+  Value quad = divu(lane, 8);
+  Value row = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+  Value col = mul(divu(quad, 2), idx(8));
+  Value r = add(add(mul(warp, idx(16 * mTiles)), idx(mt * 16)), row);
+  return ldmatrix4(buf, r, add(idx(kt * 16), col), /*transpose=*/false);
+}
+
+LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
+  bool isKey = op.getOperand() == KVOperand::key;
+  Value buf = isKey ? kBuf : vBuf;
+  Value group = copyTile(buf, isKey ? kPtr : vPtr, blockM, idx(0), kRow0, kvEnd,
+                         isKey ? kStrideT : vStrideT,
+                         mul(kvHead, isKey ? kStrideH : vStrideH),
+                         /*predicated=*/true);
+  // Loaded once per CTA: wait right away.
+  nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
+  gpu::BarrierOp::create(b, loc);
+  map.map(op.getResult(), buf);
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitInitGrad(InitGradOp op) {
+  auto type = VectorType::get({mTiles * dTiles * 4}, b.getF32Type());
+  map.map(op.getResult(),
+          arith::ConstantOp::create(b, loc, type,
+                                    DenseElementsAttr::get(type, 0.0f)));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
+  // Query tiles [0, diagEnd) meet the block's keys (qBegin >= kRow0): they
+  // need the causal mask; the rest see every key of the block.
+  Value numTiles = ceilDiv(qLen, blockN);
+  Value reach = arith::SubIOp::create(b, loc, add(kRow0, idx(blockM)), qBegin);
+  reach = select(cmp(arith::CmpIPredicate::sgt, reach, idx(0)), reach, idx(0));
+  Value diagEnd = ceilDiv(reach, blockN);
+  diagEnd = select(cmp(arith::CmpIPredicate::ult, diagEnd, numTiles), diagEnd,
+                   numTiles);
+  Value lb, ub;
+  switch (op.getPart()) {
+  case LoopPart::all:
+    return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
+  case LoopPart::tail:
+    return op.emitOpError() << "has no sm_80 lowering for part tail";
+  case LoopPart::diagonal:
+    lb = idx(0);
+    ub = diagEnd;
+    break;
+  case LoopPart::full:
+    lb = diagEnd;
+    ub = numTiles;
+    break;
+  }
+  SmallVector<Value> inits;
+  for (Value v : op.getInits())
+    inits.push_back(map.lookup(v));
+  // Every query head of the KV head's group, then its query tiles.
+  auto heads =
+      scf::ForOp::create(b, loc, idx(0), idx(groupSize), idx(1), inits);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(heads.getBody());
+    head = add(mul(kvHead, idx(groupSize)), heads.getInductionVar());
+    auto tiles =
+        scf::ForOp::create(b, loc, lb, ub, idx(1), heads.getRegionIterArgs());
+    {
+      OpBuilder::InsertionGuard inner(b);
+      b.setInsertionPointToStart(tiles.getBody());
+      map.map(op.getTileIndex(), tiles.getInductionVar());
+      for (auto [from, to] :
+           llvm::zip(op.getRegionIterArgs(), tiles.getRegionIterArgs()))
+        map.map(from, to);
+      pending.clear();
+      for (Operation &inner : op.getBody().front().without_terminator())
+        if (failed(emitOp(&inner)))
+          return failure();
+      // Every warp must be done with this tile's shared memory before the
+      // next iteration's copies overwrite it.
+      gpu::BarrierOp::create(b, loc);
+      SmallVector<Value> yielded;
+      for (Value v : op.getBody().front().getTerminator()->getOperands())
+        yielded.push_back(map.lookup(v));
+      scf::YieldOp::create(b, loc, yielded);
+    }
+    scf::YieldOp::create(b, loc, tiles.getResults());
+  }
+  for (auto [from, to] : llvm::zip(op.getResults(), heads.getResults()))
+    map.map(from, to);
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitLoadQBlock(LoadQBlockOp op) {
+  bool isQuery = op.getOperand() == QOperand::query;
+  Value buf = isQuery ? qBuf : doBuf;
+  Value first = mul(map.lookup(op.getTile()), idx(blockN));
+  Value group = copyTile(buf, isQuery ? qPtr : doPtr, blockN, qBegin, first,
+                         qLen, isQuery ? qStrideT : doStrideT,
+                         mul(head, isQuery ? qStrideH : doStrideH),
+                         /*predicated=*/true);
+  pending.push_back({op.getResult(), group});
+  map.map(op.getResult(), buf);
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
+  bool isLse = op.getStat() == StatKind::lse;
+  Value ptr = isLse ? lsePtr : deltaPtr;
+  Value headBase = mul(head, isLse ? lseStrideH : deltaStrideH);
+  Value first = mul(map.lookup(op.getTile()), idx(blockN));
+  // Queries past the item: LSE +inf (so P = 0), Delta 0.
+  Value fill = f32c(isLse ? std::numeric_limits<float>::infinity() : 0.0f);
+  SmallVector<Value> out;
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t e = 0; e < 2; ++e) {
+      Value col = add(first, queryCol(nt, e));
+      Value valid = cmp(arith::CmpIPredicate::ult, col, qLen);
+      Value at = add(headBase, add(qBegin, select(valid, col, idx(0))));
+      Value v = memref::LoadOp::create(b, loc, ptr, ValueRange{at});
+      if (isLse)
+        v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));
+      out.push_back(select(valid, v, fill));
+    }
+  map.map(op.getResult(), pack(out));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitQKT(QKTOp op) {
+  waitFor(op.getQ());
+  Value aBuf = map.lookup(op.getKv());
+  Value bBuf = map.lookup(op.getQ());
+  SmallVector<Value> s(mTiles * nTiles * 4, f32c(0.0f));
+  // B fragments of the query tile rows: matrices (rows 0-7, d 0-7), (rows 0-7,
+  // d 8-15), (rows 8-15, d 0-7), (rows 8-15, d 8-15).
+  Value quad = divu(lane, 8);
+  Value rowInBlock = add(remu(lane, 8), mul(divu(quad, 2), idx(8)));
+  Value colInBlock = mul(remu(quad, 2), idx(8));
+  for (int64_t kt = 0; kt < kTiles; ++kt) {
+    SmallVector<SmallVector<Value, 4>> aFrags;
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      aFrags.push_back(rowMajorA(aBuf, mt, kt));
+    for (int64_t np = 0; np < nTiles / 2; ++np) {
+      auto r = ldmatrix4(bBuf, add(idx(np * 16), rowInBlock),
+                         add(idx(kt * 16), colInBlock), /*transpose=*/false);
+      for (int64_t mt = 0; mt < mTiles; ++mt)
+        for (int64_t half = 0; half < 2; ++half) {
+          MutableArrayRef<Value> c(&s[(mt * nTiles + 2 * np + half) * 4], 4);
+          auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
+          std::copy(d.begin(), d.end(), c.begin());
+        }
+    }
+  }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitMask(MaskOp op) {
+  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
+  Value first = add(qBegin, mul(map.lookup(op.getTile()), idx(blockN)));
+  Value ninf = f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value key = add(kRow0, keyRow(mt, c / 2));
+        Value query = add(first, queryCol(nt, c % 2));
+        Value &v = s[(mt * nTiles + nt) * 4 + c];
+        v = select(cmp(arith::CmpIPredicate::ugt, key, query), ninf, v);
+      }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitRecomputeProbs(RecomputeProbsOp op) {
+  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
+  SmallVector<Value> lse = unpack(map.lookup(op.getLse()));
+  SmallVector<Value> negLse;
+  for (Value v : lse)
+    negLse.push_back(arith::NegFOp::create(b, loc, v));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value &v = s[(mt * nTiles + nt) * 4 + c];
+        v = exp2(
+            LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse[nt * 2 + c % 2]));
+      }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
+  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
+  SmallVector<Value> dp = unpack(map.lookup(op.getDprobs()));
+  SmallVector<Value> delta = unpack(map.lookup(op.getDelta()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        int64_t i = (mt * nTiles + nt) * 4 + c;
+        Value diff =
+            arith::SubFOp::create(b, loc, dp[i], delta[nt * 2 + c % 2]);
+        Value ps = arith::MulFOp::create(b, loc, p[i], scale);
+        p[i] = arith::MulFOp::create(b, loc, ps, diff);
+      }
+  map.map(op.getResult(), pack(p));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
+  waitFor(op.getY());
+  SmallVector<Value> x = unpack(map.lookup(op.getX()));
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  Value yBuf = map.lookup(op.getY());
+  // X (keys x queries, C layout) as A fragments: queries 16kk..16kk+15 are
+  // the C fragments of n-tiles 2kk and 2kk+1.
+  int64_t kSteps = nTiles / 2;
+  SmallVector<Value> xa;
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t kk = 0; kk < kSteps; ++kk) {
+      auto c = [&](int64_t nt, int64_t i) {
+        return x[(mt * nTiles + nt) * 4 + i];
+      };
+      xa.push_back(packPair(c(2 * kk, 0), c(2 * kk, 1)));
+      xa.push_back(packPair(c(2 * kk, 2), c(2 * kk, 3)));
+      xa.push_back(packPair(c(2 * kk + 1, 0), c(2 * kk + 1, 1)));
+      xa.push_back(packPair(c(2 * kk + 1, 2), c(2 * kk + 1, 3)));
+    }
+  // B fragments of Y (queries x d, row-major) need ldmatrix.trans: matrices
+  // (q 0-7, d 0-7), (q 8-15, d 0-7), (q 0-7, d 8-15), (q 8-15, d 8-15).
+  Value quad = divu(lane, 8);
+  Value rowInBlock = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+  Value colInBlock = mul(divu(quad, 2), idx(8));
+  for (int64_t kk = 0; kk < kSteps; ++kk)
+    for (int64_t dp = 0; dp < dTiles / 2; ++dp) {
+      auto r = ldmatrix4(yBuf, add(idx(kk * 16), rowInBlock),
+                         add(idx(dp * 16), colInBlock), /*transpose=*/true);
+      for (int64_t mt = 0; mt < mTiles; ++mt) {
+        ArrayRef<Value> a(&xa[(mt * kSteps + kk) * 4], 4);
+        for (int64_t half = 0; half < 2; ++half) {
+          MutableArrayRef<Value> c(&acc[(mt * dTiles + 2 * dp + half) * 4], 4);
+          auto d = mma(a, {r[2 * half], r[2 * half + 1]}, c);
+          std::copy(d.begin(), d.end(), c.begin());
+        }
+      }
+    }
+  map.map(op.getResult(), pack(acc));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
+  SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
+  Value kTile = map.lookup(op.getK());
+  Value tile = map.lookup(op->getParentOfType<QLoopOp>().getTileIndex());
+  // dSᵀ to shared memory in the element type, keys x queries.
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t h = 0; h < 2; ++h) {
+        int64_t i = (mt * nTiles + nt) * 4 + h * 2;
+        Value narrow = arith::TruncFOp::create(
+            b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
+        vector::StoreOp::create(b, loc, narrow, dsBuf,
+                                ValueRange{keyRow(mt, h), queryCol(nt, 0)});
+      }
+  gpu::BarrierOp::create(b, loc);
+  // dQ (queries x D) = dS (queries x keys) K (keys x D). The BN / 16 m16
+  // blocks of queries are dealt to the warps; when there are fewer blocks
+  // than warps, the warps sharing a block split its columns. Each warp
+  // computes its part 64 columns at a time, so only 32 fp32 registers of dQ
+  // live beside dK and dV.
+  int64_t rowBlocks = blockN / 16;
+  int64_t qmTiles = std::max<int64_t>(rowBlocks / warps, 1);
+  int64_t colSplit = std::max<int64_t>(warps / rowBlocks, 1);
+  int64_t warpCols = headDim / colSplit;
+  int64_t chunkCols = std::min<int64_t>(warpCols, 64);
+  Value warpRow0 = colSplit == 1 ? mul(warp, idx(16 * qmTiles))
+                                 : mul(remu(warp, rowBlocks), idx(16));
+  Value warpCol0 =
+      colSplit == 1 ? idx(0) : mul(divu(warp, rowBlocks), idx(warpCols));
+  int64_t kSteps = blockM / 16;
+  Value quad = divu(lane, 8);
+  Value first = mul(tile, idx(blockN));
+  // ldmatrix addresses: A (dS from dSᵀ, transposed: matrix j = quad holds
+  // queries + 8 (j % 2), keys + 8 (j / 2)) and B (K rows, transposed, as V in
+  // the forward).
+  Value aKeyRow = add(remu(lane, 8), mul(divu(quad, 2), idx(8)));
+  Value aQueryCol = add(warpRow0, mul(remu(quad, 2), idx(8)));
+  Value bRow = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+  Value bCol = add(warpCol0, mul(divu(quad, 2), idx(8)));
+  for (int64_t c0 = 0; c0 < warpCols; c0 += chunkCols) {
+    int64_t cTiles = chunkCols / 8;
+    SmallVector<Value> acc(qmTiles * cTiles * 4, f32c(0.0f));
+    for (int64_t kk = 0; kk < kSteps; ++kk) {
+      SmallVector<SmallVector<Value, 4>> aFrags;
+      for (int64_t qm = 0; qm < qmTiles; ++qm)
+        aFrags.push_back(ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
+                                   add(aQueryCol, idx(qm * 16)),
+                                   /*transpose=*/true));
+      for (int64_t dp = 0; dp < cTiles / 2; ++dp) {
+        auto r = ldmatrix4(kTile, add(idx(kk * 16), bRow),
+                           add(bCol, idx(c0 + dp * 16)), /*transpose=*/true);
+        for (int64_t qm = 0; qm < qmTiles; ++qm)
+          for (int64_t half = 0; half < 2; ++half) {
+            MutableArrayRef<Value> c(&acc[(qm * cTiles + 2 * dp + half) * 4],
+                                     4);
+            auto d = mma(aFrags[qm], {r[2 * half], r[2 * half + 1]}, c);
+            std::copy(d.begin(), d.end(), c.begin());
+          }
+      }
+    }
+    // Add to the fp32 dQ of the queries inside the item, [T][Hq][D].
+    for (int64_t qm = 0; qm < qmTiles; ++qm)
+      for (int64_t h = 0; h < 2; ++h) {
+        Value q = add(first, add(warpRow0, add(idx(qm * 16 + h * 8), g)));
+        emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
+          Value rowBase = add(
+              mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim)),
+              add(warpCol0, mul(t, idx(2))));
+          for (int64_t dt = 0; dt < cTiles; ++dt)
+            for (int64_t e = 0; e < 2; ++e)
+              atomicAdd(dqAccPtr, add(rowBase, idx(c0 + dt * 8 + e)),
+                        acc[(qm * cTiles + dt) * 4 + h * 2 + e]);
+        });
+      }
+  }
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
+  SmallVector<Value> dk = unpack(map.lookup(op.getDk()));
+  SmallVector<Value> dv = unpack(map.lookup(op.getDv()));
+  Value kvLen = arith::SubIOp::create(b, loc, kvEnd, kRow0);
+  auto direct = scf::IfOp::create(
+      b, loc,
+      arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, accRow, idx(0)),
+      /*withElseRegion=*/true);
+  {
+    // The item owns its keys: write dK and dV in the element type.
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(direct.thenBlock());
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t h = 0; h < 2; ++h) {
+        Value r = keyRow(mt, h);
+        emitIf(cmp(arith::CmpIPredicate::ult, r, kvLen), [&] {
+          Value token = add(kRow0, r);
+          Value kBase = add(mul(token, dkStrideT), mul(kvHead, dkStrideH));
+          Value vBase = add(mul(token, dvStrideT), mul(kvHead, dvStrideH));
+          for (int64_t dt = 0; dt < dTiles; ++dt) {
+            int64_t i = (mt * dTiles + dt) * 4 + h * 2;
+            Value col = add(idx(dt * 8), mul(t, idx(2)));
+            storePair(dkPtr, add(kBase, col), dk[i], dk[i + 1]);
+            storePair(dvPtr, add(vBase, col), dv[i], dv[i + 1]);
+          }
+        });
+      }
+  }
+  {
+    // Several items share these prompt keys: add to the fp32 accumulators,
+    // [rows][Hkv][D].
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(direct.elseBlock());
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t h = 0; h < 2; ++h) {
+        Value r = keyRow(mt, h);
+        emitIf(cmp(arith::CmpIPredicate::ult, r, kvLen), [&] {
+          Value base = mul(add(mul(add(accRow, r), idx(numKVHeads)), kvHead),
+                           idx(headDim));
+          for (int64_t dt = 0; dt < dTiles; ++dt)
+            for (int64_t e = 0; e < 2; ++e) {
+              int64_t i = (mt * dTiles + dt) * 4 + h * 2 + e;
+              Value at = add(base, add(idx(dt * 8 + e), mul(t, idx(2))));
+              atomicAdd(dkAccPtr, at, dk[i]);
+              atomicAdd(dvAccPtr, at, dv[i]);
+            }
+        });
+      }
+  }
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitOp(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](LoadKVBlockOp o) { return emitLoadKVBlock(o); })
+      .Case([&](InitGradOp o) { return emitInitGrad(o); })
+      .Case([&](QLoopOp o) { return emitQLoop(o); })
+      .Case([&](LoadQBlockOp o) { return emitLoadQBlock(o); })
+      .Case([&](LoadColStatsOp o) { return emitLoadColStats(o); })
+      .Case([&](QKTOp o) { return emitQKT(o); })
+      .Case([&](MaskOp o) { return emitMask(o); })
+      .Case([&](RecomputeProbsOp o) { return emitRecomputeProbs(o); })
+      .Case([&](SoftmaxGradOp o) { return emitSoftmaxGrad(o); })
+      .Case([&](AccumulateOp o) { return emitAccumulate(o); })
+      .Case([&](AccumulateDqOp o) { return emitAccumulateDq(o); })
+      .Case([&](StoreKVGradsOp o) { return emitStoreKVGrads(o); })
+      .Default([&](Operation *o) {
+        return o->emitOpError()
+               << "has no sm_80 lowering in a "
+               << stringifyKernelKind(kernel.getKind()) << " kernel";
+      });
+}
+
+LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
+  if (withDq && blockN / 16 < warps &&
+      (warps % (blockN / 16) != 0 || headDim % (warps / (blockN / 16) * 16)))
+    return kernel.emitOpError()
+           << "block_n (" << blockN << ") and " << warps
+           << " warps do not split the dQ tile into whole m16 x n16 blocks";
+  if (blockN % 16 != 0)
+    return kernel.emitOpError()
+           << "block_n (" << blockN << ") must be a multiple of 16";
+  Type i64 = b.getI64Type(), f32 = b.getF32Type();
+  Type elem = gmem(elemType), f32p = gmem(f32);
+  // docs/backward-abi.md: q, k, v, dout, dk, dv, lse, delta, dqacc, dkacc,
+  // dvacc, items, 14 strides, scale, scale_log2.
+  SmallVector<Type> args = {elem, elem, elem, elem, elem, elem,
+                            f32p, f32p, f32p, f32p, f32p, gmem(b.getI32Type())};
+  args.append(14, i64);
+  args.append({f32, f32});
+  Block &entry = createFunc(gpuModule, args);
+  auto arg = [&](unsigned i) { return entry.getArgument(i); };
+  qPtr = arg(0), kPtr = arg(1), vPtr = arg(2), doPtr = arg(3), dkPtr = arg(4),
+  dvPtr = arg(5), lsePtr = arg(6), deltaPtr = arg(7), dqAccPtr = arg(8),
+  dkAccPtr = arg(9), dvAccPtr = arg(10), itemsPtr = arg(11);
+  qStrideT = indexArg(entry, 12), qStrideH = indexArg(entry, 13),
+  kStrideT = indexArg(entry, 14), kStrideH = indexArg(entry, 15),
+  vStrideT = indexArg(entry, 16), vStrideH = indexArg(entry, 17),
+  doStrideT = indexArg(entry, 18), doStrideH = indexArg(entry, 19),
+  dkStrideT = indexArg(entry, 20), dkStrideH = indexArg(entry, 21),
+  dvStrideT = indexArg(entry, 22), dvStrideH = indexArg(entry, 23),
+  lseStrideH = indexArg(entry, 24), deltaStrideH = indexArg(entry, 25);
+  scale = arg(26);
+  scaleLog2 = arg(27);
+
+  emitThreadIds();
+  Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  kvHead = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  auto field = [&](int64_t f) {
+    Value v = memref::LoadOp::create(
+        b, loc, itemsPtr,
+        ValueRange{add(mul(item, idx(::dualkv::kBwdItemFields)), idx(f))});
+    return toIndex(v);
+  };
+  kRow0 = field(0), kvEnd = field(1), qBegin = field(2), qEnd = field(3),
+  accRow = field(4);
+  qLen = arith::SubIOp::create(b, loc, qEnd, qBegin);
+
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
+  auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                               MemRefLayoutAttrInterface(), workgroup);
+  Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
+  int64_t blockBytes = blockM * rowStride * 2;
+  int64_t tileBytes = blockN * rowStride * 2;
+  kBuf = sharedTile(smem, 0, blockM);
+  vBuf = sharedTile(smem, blockBytes, blockM);
+  qBuf = sharedTile(smem, 2 * blockBytes, blockN);
+  doBuf = sharedTile(smem, 2 * blockBytes + tileBytes, blockN);
+  if (withDq)
+    dsBuf = sharedTile(smem, 2 * blockBytes + 2 * tileBytes, blockM,
+                       blockN + kRowPad);
+
+  for (Operation &op : kernel.getBody().front())
+    if (failed(emitOp(&op)))
+      return failure();
+  gpu::ReturnOp::create(b, loc);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// bwd_pre, bwd_post: a warp per row, each lane D / 32 contiguous elements
+//===----------------------------------------------------------------------===//
+
+class ElementwiseEmitter : public BackwardEmitterBase {
+public:
+  ElementwiseEmitter(KernelOp kernel, OpBuilder &b)
+      : BackwardEmitterBase(kernel, b) {}
+  LogicalResult emit(gpu::GPUModuleOp gpuModule);
+
+private:
+  /// Calls body(row) for rows [first, first + blockM) below `limit`, one warp
+  /// per row.
+  template <typename Fn> void forEachRow(Value first, Value limit, Fn body) {
+    int64_t rowsPerWarp = blockM / warps;
+    auto loop = scf::ForOp::create(b, loc, idx(0), idx(rowsPerWarp), idx(1));
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value row =
+        add(first, add(mul(warp, idx(rowsPerWarp)), loop.getInductionVar()));
+    emitIf(cmp(arith::CmpIPredicate::ult, row, limit), [&] { body(row); });
+  }
+  Value loadVec(Value ptr, Value at, Type elem) {
+    return vector::LoadOp::create(b, loc, VectorType::get({perLane()}, elem),
+                                  ptr, ValueRange{at});
+  }
+  int64_t perLane() const { return headDim / 32; }
+  Value laneCol() { return mul(lane, idx(perLane())); }
+  LogicalResult emitPre(Block &entry);
+  LogicalResult emitPost(Block &entry);
+};
+
+LogicalResult ElementwiseEmitter::emitPre(Block &entry) {
+  // o, dout, delta, oStrideT, oStrideH, doStrideT, doStrideH, deltaStrideH, T.
+  Value o = entry.getArgument(0), dout = entry.getArgument(1),
+        delta = entry.getArgument(2);
+  Value oT = indexArg(entry, 3), oH = indexArg(entry, 4),
+        doT = indexArg(entry, 5), doH = indexArg(entry, 6),
+        deltaH = indexArg(entry, 7), tokens = indexArg(entry, 8);
+  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  auto f32Vec = VectorType::get({perLane()}, b.getF32Type());
+  forEachRow(mul(block, idx(blockM)), tokens, [&](Value row) {
+    Value ov =
+        loadVec(o, add(add(mul(row, oT), mul(head, oH)), laneCol()), elemType);
+    Value dv = loadVec(dout, add(add(mul(row, doT), mul(head, doH)), laneCol()),
+                       elemType);
+    Value prod =
+        arith::MulFOp::create(b, loc, arith::ExtFOp::create(b, loc, f32Vec, ov),
+                              arith::ExtFOp::create(b, loc, f32Vec, dv));
+    Value sum =
+        vector::ReductionOp::create(b, loc, vector::CombiningKind::ADD, prod);
+    for (int32_t offset : {16, 8, 4, 2, 1})
+      sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, offset));
+    emitIf(cmp(arith::CmpIPredicate::eq, lane, idx(0)), [&] {
+      memref::StoreOp::create(b, loc, sum, delta,
+                              ValueRange{add(mul(head, deltaH), row)});
+    });
+  });
+  return success();
+}
+
+LogicalResult ElementwiseEmitter::emitPost(Block &entry) {
+  // dqacc, dkacc, dvacc, dq, dk, dv, accTokens, dqStrideT, dqStrideH,
+  // dkStrideT, dkStrideH, dvStrideT, dvStrideH, T, numAccRows.
+  Value dqAcc = entry.getArgument(0), dkAcc = entry.getArgument(1),
+        dvAcc = entry.getArgument(2), dq = entry.getArgument(3),
+        dk = entry.getArgument(4), dv = entry.getArgument(5),
+        accTokens = entry.getArgument(6);
+  Value dqT = indexArg(entry, 7), dqH = indexArg(entry, 8),
+        dkT = indexArg(entry, 9), dkH = indexArg(entry, 10),
+        dvT = indexArg(entry, 11), dvH = indexArg(entry, 12),
+        tokens = indexArg(entry, 13), accRows = indexArg(entry, 14);
+  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value y = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  Value first = mul(block, idx(blockM));
+  auto narrowType = VectorType::get({perLane()}, elemType);
+  auto convert = [&](Value src, Value srcAt, Value dst, Value dstAt) {
+    Value v = loadVec(src, srcAt, b.getF32Type());
+    vector::StoreOp::create(b, loc,
+                            arith::TruncFOp::create(b, loc, narrowType, v), dst,
+                            ValueRange{dstAt});
+  };
+  auto isQ = scf::IfOp::create(
+      b, loc, cmp(arith::CmpIPredicate::ult, y, idx(numQHeads)),
+      /*withElseRegion=*/true);
+  {
+    // dQ of query head y: [T][Hq][D] fp32 to dq.
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(isQ.thenBlock());
+    forEachRow(first, tokens, [&](Value row) {
+      Value src =
+          add(mul(add(mul(row, idx(numQHeads)), y), idx(headDim)), laneCol());
+      convert(dqAcc, src, dq, add(add(mul(row, dqT), mul(y, dqH)), laneCol()));
+    });
+  }
+  {
+    // Prompt dK/dV of KV head y - Hq: accumulator row r belongs to token
+    // accTokens[r].
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(isQ.elseBlock());
+    Value kvHead = arith::SubIOp::create(b, loc, y, idx(numQHeads));
+    forEachRow(first, accRows, [&](Value row) {
+      Value token =
+          toIndex(memref::LoadOp::create(b, loc, accTokens, ValueRange{row}));
+      Value src = add(mul(add(mul(row, idx(numKVHeads)), kvHead), idx(headDim)),
+                      laneCol());
+      convert(dkAcc, src, dk,
+              add(add(mul(token, dkT), mul(kvHead, dkH)), laneCol()));
+      convert(dvAcc, src, dv,
+              add(add(mul(token, dvT), mul(kvHead, dvH)), laneCol()));
+    });
+  }
+  return success();
+}
+
+LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
+  if (blockM % warps != 0)
+    return kernel.emitOpError()
+           << "block_m (" << blockM << ") must split evenly over " << warps
+           << " warps";
+  Type i64 = b.getI64Type();
+  Type elem = gmem(elemType), f32p = gmem(b.getF32Type());
+  bool pre = kernel.getKind() == KernelKind::bwd_pre;
+  SmallVector<Type> args;
+  if (pre) {
+    args = {elem, elem, f32p};
+    args.append(6, i64);
+  } else {
+    args = {f32p, f32p, f32p, elem, elem, elem, gmem(b.getI32Type())};
+    args.append(8, i64);
+  }
+  Block &entry = createFunc(gpuModule, args);
+  emitThreadIds();
+  if (failed(pre ? emitPre(entry) : emitPost(entry)))
+    return failure();
+  gpu::ReturnOp::create(b, loc);
+  return success();
+}
+
+} // namespace
+
+LogicalResult mlir::dualkv::emitBackwardKernel(KernelOp kernel, OpBuilder &b,
+                                               gpu::GPUModuleOp gpuModule,
+                                               int64_t *sharedBytes) {
+  switch (kernel.getKind()) {
+  case KernelKind::bwd:
+  case KernelKind::bwd_kv: {
+    KVMajorEmitter emitter(kernel, b);
+    *sharedBytes = emitter.sharedBytes();
+    return emitter.emit(gpuModule);
+  }
+  case KernelKind::bwd_pre:
+  case KernelKind::bwd_post: {
+    ElementwiseEmitter emitter(kernel, b);
+    *sharedBytes = 0;
+    return emitter.emit(gpuModule);
+  }
+  case KernelKind::fwd:
+  case KernelKind::bwd_dq:
+    break;
+  }
+  return kernel.emitOpError() << "is not a KV-major or elementwise kernel";
+}
