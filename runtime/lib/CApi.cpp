@@ -1,6 +1,8 @@
 // The C API: thin wrappers that turn exceptions into status codes.
 #include "dualkv/dualkv_c.h"
 
+#include "Backward.h"
+
 #include "dualkv/dualkv.h"
 
 #include <fmt/format.h>
@@ -35,6 +37,20 @@ template <typename F> int guarded(F &&body) {
     lastError = "internal error: unknown exception";
   }
   return DUALKV_ERROR_INTERNAL;
+}
+
+dualkv::DType toDType(int32_t dtype) {
+  if (dtype != DUALKV_BF16 && dtype != DUALKV_FP16)
+    throw dualkv::Error(
+        dualkv::ErrorCode::InvalidArgument,
+        fmt::format("dtype ({}) is neither 0 (bf16) nor 1 (fp16)", dtype));
+  return dtype == DUALKV_BF16 ? dualkv::DType::BF16 : dualkv::DType::FP16;
+}
+
+dualkv::Tiling toTiling(const int32_t *tiling) {
+  if (!tiling)
+    return {};
+  return {tiling[0], tiling[1], tiling[2], tiling[3]};
 }
 
 } // namespace
@@ -102,11 +118,6 @@ int dualkv_forward(void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
                    int32_t dtype, float scale, const dualkv_plan *plan,
                    void *stream, const int32_t *tiling) {
   return guarded([&] {
-    using dualkv::Error, dualkv::ErrorCode;
-    if (dtype != DUALKV_BF16 && dtype != DUALKV_FP16)
-      throw Error(
-          ErrorCode::InvalidArgument,
-          fmt::format("dtype ({}) is neither 0 (bf16) nor 1 (fp16)", dtype));
     dualkv::ForwardArgs args;
     args.q = {q, q_stride_t, q_stride_h};
     args.k = {k, k_stride_t, k_stride_h};
@@ -118,14 +129,68 @@ int dualkv_forward(void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
     args.num_q_heads = num_q_heads;
     args.num_kv_heads = num_kv_heads;
     args.head_dim = head_dim;
-    args.dtype =
-        dtype == DUALKV_BF16 ? dualkv::DType::BF16 : dualkv::DType::FP16;
+    args.dtype = toDType(dtype);
     args.scale = scale;
     args.plan = plan ? &plan->plan : nullptr;
     args.stream = stream;
-    if (tiling)
-      args.tiling = {tiling[0], tiling[1], tiling[2], tiling[3]};
+    args.tiling = toTiling(tiling);
     dualkv::forward(args);
+  });
+}
+
+int dualkv_backward(void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
+                    int64_t k_stride_t, int64_t k_stride_h, void *v,
+                    int64_t v_stride_t, int64_t v_stride_h, void *o,
+                    int64_t o_stride_t, int64_t o_stride_h, void *dout,
+                    int64_t dout_stride_t, int64_t dout_stride_h,
+                    const float *lse, int64_t lse_stride_h, void *dq,
+                    int64_t dq_stride_t, int64_t dq_stride_h, void *dk,
+                    int64_t dk_stride_t, int64_t dk_stride_h, void *dv,
+                    int64_t dv_stride_t, int64_t dv_stride_h,
+                    int64_t num_tokens, int32_t num_q_heads,
+                    int32_t num_kv_heads, int32_t head_dim, int32_t dtype,
+                    float scale, int32_t deterministic, void *workspace,
+                    int64_t workspace_bytes, const dualkv_plan *plan,
+                    void *stream, const int32_t *tiling) {
+  return guarded([&] {
+    dualkv::BackwardArgs args;
+    args.q = {q, q_stride_t, q_stride_h};
+    args.k = {k, k_stride_t, k_stride_h};
+    args.v = {v, v_stride_t, v_stride_h};
+    args.o = {o, o_stride_t, o_stride_h};
+    args.dout = {dout, dout_stride_t, dout_stride_h};
+    args.dq = {dq, dq_stride_t, dq_stride_h};
+    args.dk = {dk, dk_stride_t, dk_stride_h};
+    args.dv = {dv, dv_stride_t, dv_stride_h};
+    args.lse = lse;
+    args.lse_stride_h = lse_stride_h;
+    args.num_tokens = num_tokens;
+    args.num_q_heads = num_q_heads;
+    args.num_kv_heads = num_kv_heads;
+    args.head_dim = head_dim;
+    args.dtype = toDType(dtype);
+    args.scale = scale;
+    args.deterministic = deterministic != 0;
+    args.workspace = workspace;
+    args.workspace_bytes = workspace_bytes;
+    args.plan = plan ? &plan->plan : nullptr;
+    args.stream = stream;
+    args.tiling = toTiling(tiling);
+    dualkv::backward(args);
+  });
+}
+
+int dualkv_backward_workspace_size(const dualkv_plan *plan, int64_t num_tokens,
+                                   int32_t num_q_heads, int32_t num_kv_heads,
+                                   int32_t head_dim, int32_t deterministic,
+                                   const int32_t *tiling, int64_t *out_bytes) {
+  return guarded([&] {
+    if (!out_bytes)
+      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
+                          "out_bytes is null");
+    *out_bytes = dualkv::backwardWorkspaceBytes(
+        plan ? &plan->plan : nullptr, num_tokens, num_q_heads, num_kv_heads,
+        head_dim, deterministic != 0, toTiling(tiling));
   });
 }
 

@@ -46,6 +46,7 @@ namespace {
   X(cuMemcpyHtoD_v2, CUresult(CUdeviceptr, const void *, size_t))              \
   X(cuMemcpyDtoH_v2, CUresult(void *, CUdeviceptr, size_t))                    \
   X(cuMemsetD32_v2, CUresult(CUdeviceptr, unsigned, size_t))                   \
+  X(cuMemsetD32Async, CUresult(CUdeviceptr, unsigned, size_t, CUstream))       \
   X(cuStreamSynchronize, CUresult(CUstream))                                   \
   X(cuGetErrorString, CUresult(CUresult, const char **))                       \
   X(cuGetErrorName, CUresult(CUresult, const char **))
@@ -142,6 +143,10 @@ public:
   }
   CUresult memsetD32(CUdeviceptr dst, unsigned value, size_t count) override {
     return cuMemsetD32_v2_(dst, value, count);
+  }
+  CUresult memsetD32Async(CUdeviceptr dst, unsigned value, size_t count,
+                          CUstream stream) override {
+    return cuMemsetD32Async_(dst, value, count, stream);
   }
   CUresult streamSynchronize(CUstream stream) override {
     return cuStreamSynchronize_(stream);

@@ -71,6 +71,8 @@ public:
                               size_t bytes) = 0;
   virtual CUresult memcpyDtoH(void *dst, CUdeviceptr src, size_t bytes) = 0;
   virtual CUresult memsetD32(CUdeviceptr dst, unsigned value, size_t count) = 0;
+  virtual CUresult memsetD32Async(CUdeviceptr dst, unsigned value, size_t count,
+                                  CUstream stream) = 0;
   virtual CUresult streamSynchronize(CUstream stream) = 0;
   virtual CUresult getErrorString(CUresult error, const char **str) = 0;
   virtual CUresult getErrorName(CUresult error, const char **str) = 0;

@@ -1,6 +1,7 @@
 // The packed layout of one micro-batch: its groups, segments and device table.
 #include "dualkv/Plan.h"
 
+#include "Backward.h"
 #include "CudaDriver.h"
 
 #include "dualkv/dualkv.h"
@@ -9,7 +10,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <utility>
 
 namespace dualkv {
 
@@ -21,12 +24,15 @@ namespace {
 
 } // namespace
 
-/// The device copy of the segment table and the context it lives in.
+/// The device copies of the segment table and of the backward's work items,
+/// and the context they live in.
 struct Plan::Device {
   std::mutex mutex;
   cuda::Driver *driver = nullptr;
   cuda::CUcontext context = nullptr;
   cuda::CUdeviceptr table = 0;
+  /// Work-item tables by (blockM, chunk).
+  std::map<std::pair<int, int64_t>, BackwardTable> backward;
 
   ~Device() {
     if (!table || !driver)
@@ -39,6 +45,11 @@ struct Plan::Device {
     if (previous != context)
       driver->ctxSetCurrent(context);
     driver->memFree(table);
+    for (const auto &entry : backward) {
+      driver->memFree(entry.second.items);
+      if (entry.second.accTokens)
+        driver->memFree(entry.second.accTokens);
+    }
     if (previous != context)
       driver->ctxSetCurrent(previous);
   }
@@ -175,6 +186,54 @@ void *Plan::deviceContext() const {
     return nullptr;
   std::lock_guard<std::mutex> lock(device_->mutex);
   return device_->context;
+}
+
+namespace {
+
+/// Copies `data` to a new device buffer; throws Error (Cuda) naming `what`.
+cuda::CUdeviceptr copyToDevice(cuda::Driver &driver,
+                               const std::vector<int32_t> &data,
+                               const char *what) {
+  size_t bytes = data.size() * sizeof(int32_t);
+  cuda::CUdeviceptr ptr = 0;
+  cuda::check(driver.memAlloc(&ptr, bytes),
+              fmt::format("cuMemAlloc ({})", what).c_str());
+  if (cuda::CUresult r = driver.memcpyHtoD(ptr, data.data(), bytes)) {
+    driver.memFree(ptr);
+    cuda::check(r, fmt::format("cuMemcpyHtoD ({})", what).c_str());
+  }
+  return ptr;
+}
+
+} // namespace
+
+BackwardTable Plan::backwardTable(int blockM, int64_t chunk) const {
+  upload(); // fixes the plan's context
+  if (cuda::currentContext() != deviceContext())
+    invalid("the plan's segment table lives in another CUDA context than the "
+            "current one; build one plan per device");
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  auto found = device_->backward.find({blockM, chunk});
+  if (found != device_->backward.end())
+    return found->second;
+
+  BackwardItems built = buildBackwardItems(*this, blockM, chunk);
+  cuda::Driver &driver = *device_->driver;
+  BackwardTable table;
+  table.numItems = built.numItems();
+  table.numAccRows = built.numAccRows();
+  table.items = copyToDevice(driver, built.items, "backward work items");
+  if (!built.accTokens.empty()) {
+    try {
+      table.accTokens =
+          copyToDevice(driver, built.accTokens, "backward accumulator tokens");
+    } catch (...) {
+      driver.memFree(table.items);
+      throw;
+    }
+  }
+  device_->backward.emplace(std::make_pair(blockM, chunk), table);
+  return table;
 }
 
 } // namespace dualkv

@@ -1,6 +1,5 @@
 // Runtime tests without a GPU: cache keys, disk cache, plans, validation.
-#include "../../runtime/lib/Cache.h"
-#include "../../runtime/lib/CudaDriver.h"
+#include "FakeDriver.h"
 
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"
@@ -25,6 +24,7 @@
 #include <vector>
 
 using namespace dualkv;
+using namespace dualkv::testing;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
@@ -33,44 +33,6 @@ namespace {
 //===----------------------------------------------------------------------===//
 // Helpers
 //===----------------------------------------------------------------------===//
-
-/// A fresh directory, removed with everything in it at scope exit. (The
-/// tests link libdualkv.so, whose LLVM is hidden, so they use std only.)
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::random_device random;
-    fs::path p =
-        fs::temp_directory_path() /
-        fmt::format("dualkv-runtime-test-{:08x}{:08x}", random(), random());
-    REQUIRE(fs::create_directory(p));
-    path = p.string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-/// Sets (or, with nullopt, unsets) an environment variable for one scope.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> saved;
-  ScopedEnv(const char *n, std::optional<std::string> value) : name(n) {
-    if (const char *old = std::getenv(n))
-      saved = old;
-    if (value)
-      setenv(n, value->c_str(), 1);
-    else
-      unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (saved)
-      setenv(name.c_str(), saved->c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
 
 std::string readFile(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
@@ -93,186 +55,6 @@ std::vector<std::string> listDir(const std::string &dir) {
   std::sort(names.begin(), names.end());
   return names;
 }
-
-/// The Error `body` throws, or nullopt if it returns.
-template <typename F> std::optional<Error> errorOf(F &&body) {
-  try {
-    body();
-  } catch (const Error &e) {
-    return e;
-  }
-  return std::nullopt;
-}
-
-/// A CUDA driver that needs no GPU: it records what the runtime asks of it
-/// and answers with configurable results.
-struct FakeDriver : cuda::Driver {
-  using CUresult = cuda::CUresult;
-
-  // Configuration.
-  CUresult initResult = cuda::CUDA_SUCCESS;
-  int deviceCount = 1;
-  int ccMajor = 9, ccMinor = 0;
-  CUresult cubinLoadResult = cuda::CUDA_SUCCESS;
-  CUresult ptxLoadResult = cuda::CUDA_SUCCESS;
-  cuda::CUcontext current = nullptr; ///< null: no context is current
-  cuda::CUcontext primary = reinterpret_cast<cuda::CUcontext>(0xC0);
-
-  // Observations.
-  int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
-      allocs = 0, frees = 0, launches = 0;
-  std::vector<std::pair<int, int>> funcAttributes;
-  std::vector<int32_t> uploaded; ///< bytes of the last cuMemcpyHtoD
-  struct Launch {
-    unsigned grid[3], block[3], shared;
-    cuda::CUstream stream;
-    uint64_t ptrs[6];
-    int64_t strides[9];
-    float scaleLog2;
-  } last{};
-
-  CUresult init(unsigned) override {
-    ++inits;
-    return initResult;
-  }
-  CUresult deviceGetCount(int *count) override {
-    *count = deviceCount;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult deviceGet(cuda::CUdevice *device, int ordinal) override {
-    if (ordinal >= deviceCount)
-      return cuda::CUDA_ERROR_NO_DEVICE;
-    *device = ordinal;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult deviceGetAttribute(int *value, int attribute,
-                              cuda::CUdevice) override {
-    if (attribute == cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-      *value = ccMajor;
-    else if (attribute == cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
-      *value = ccMinor;
-    else
-      return cuda::CUDA_ERROR_INVALID_VALUE;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult ctxGetCurrent(cuda::CUcontext *ctx) override {
-    *ctx = current;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult ctxSetCurrent(cuda::CUcontext ctx) override {
-    current = ctx;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult ctxGetDevice(cuda::CUdevice *device) override {
-    *device = 0;
-    return current ? cuda::CUDA_SUCCESS : 201; // CUDA_ERROR_INVALID_CONTEXT
-  }
-  CUresult ctxSynchronize() override { return cuda::CUDA_SUCCESS; }
-  CUresult devicePrimaryCtxRetain(cuda::CUcontext *ctx,
-                                  cuda::CUdevice) override {
-    ++primaryRetains;
-    *ctx = primary;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult moduleLoadData(cuda::CUmodule *module, const void *) override {
-    ++cubinLoads;
-    *module = reinterpret_cast<cuda::CUmodule>(0x3000 + cubinLoads);
-    return cubinLoadResult;
-  }
-  CUresult moduleLoadDataEx(cuda::CUmodule *module, const void *image, unsigned,
-                            cuda::CUjit_option *, void **) override {
-    ++ptxLoads;
-    lastPtx = static_cast<const char *>(image);
-    *module = reinterpret_cast<cuda::CUmodule>(0x4000 + ptxLoads);
-    return ptxLoadResult;
-  }
-  CUresult moduleUnload(cuda::CUmodule) override {
-    ++unloads;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult moduleGetFunction(cuda::CUfunction *f, cuda::CUmodule,
-                             const char *name) override {
-    lastFunctionName = name;
-    *f = reinterpret_cast<cuda::CUfunction>(0x5000);
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult funcSetAttribute(cuda::CUfunction, int attribute,
-                            int value) override {
-    funcAttributes.emplace_back(attribute, value);
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult launchKernel(cuda::CUfunction, unsigned gx, unsigned gy, unsigned gz,
-                        unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                        cuda::CUstream stream, void **params,
-                        void **) override {
-    ++launches;
-    last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0};
-    for (int i = 0; i < 6; ++i)
-      std::memcpy(&last.ptrs[i], params[i], sizeof(uint64_t));
-    for (int i = 0; i < 9; ++i)
-      std::memcpy(&last.strides[i], params[6 + i], sizeof(int64_t));
-    std::memcpy(&last.scaleLog2, params[15], sizeof(float));
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult memAlloc(cuda::CUdeviceptr *ptr, size_t) override {
-    ++allocs;
-    *ptr = 0x7000000 + 0x1000 * allocs;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult memFree(cuda::CUdeviceptr) override {
-    ++frees;
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult memcpyHtoD(cuda::CUdeviceptr, const void *src,
-                      size_t bytes) override {
-    uploaded.resize(bytes / sizeof(int32_t));
-    std::memcpy(uploaded.data(), src, bytes);
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult memcpyDtoH(void *, cuda::CUdeviceptr, size_t) override {
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult memsetD32(cuda::CUdeviceptr, unsigned, size_t) override {
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult streamSynchronize(cuda::CUstream) override {
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult getErrorString(CUresult e, const char **str) override {
-    *str = "fake description";
-    return cuda::CUDA_SUCCESS;
-  }
-  CUresult getErrorName(CUresult e, const char **str) override {
-    switch (e) {
-    case 2:
-      *str = "CUDA_ERROR_OUT_OF_MEMORY";
-      return cuda::CUDA_SUCCESS;
-    case cuda::CUDA_ERROR_NO_BINARY_FOR_GPU:
-      *str = "CUDA_ERROR_NO_BINARY_FOR_GPU";
-      return cuda::CUDA_SUCCESS;
-    case 218:
-      *str = "CUDA_ERROR_INVALID_PTX";
-      return cuda::CUDA_SUCCESS;
-    }
-    return cuda::CUDA_ERROR_INVALID_VALUE;
-  }
-
-  std::string lastPtx, lastFunctionName;
-};
-
-/// Installs a fake driver for one scope; the kernel cache is emptied on
-/// both sides so no module outlives the driver that loaded it.
-struct ScopedFakeDriver {
-  FakeDriver fake;
-  ScopedFakeDriver() {
-    clearKernelCache();
-    cuda::setDriverForTesting(&fake);
-  }
-  ~ScopedFakeDriver() {
-    clearKernelCache();
-    cuda::setDriverForTesting(nullptr);
-  }
-};
 
 CacheKey sampleKey() {
   CacheKey key;
@@ -756,10 +538,6 @@ TEST_CASE("modules: cubin first, PTX when the cubin does not fit",
 //===----------------------------------------------------------------------===//
 
 namespace {
-
-void *fakePointer(uintptr_t address) {
-  return reinterpret_cast<void *>(address);
-}
 
 /// Valid arguments for `plan`: Hq = 8, Hkv = 2, D = 128, dense THD tensors
 /// at distinct fake addresses (never dereferenced: the driver is fake).

@@ -30,6 +30,15 @@ struct Segment {
   }
 };
 
+/// The backward's work-item table of a plan on the device
+/// (docs/backward-abi.md), as Plan::backwardTable returns it.
+struct BackwardTable {
+  uint64_t items = 0;     ///< int32 [numItems][kBwdItemFields]
+  uint64_t accTokens = 0; ///< int32 [numAccRows]; 0 when numAccRows = 0
+  int64_t numItems = 0;   ///< CTAs per KV head of the main backward kernel
+  int64_t numAccRows = 0; ///< rows of the fp32 dK/dV accumulators
+};
+
 /// The packed layout of a batch, built once per micro-batch on the host: the
 /// groups back to back, `[prompt | response_1 | ... | response_N]`, cut into
 /// segments (each prompt, each non-empty response). The segment table, int32
@@ -78,6 +87,13 @@ public:
   uint64_t deviceTable() const;
   /// The CUDA context (CUcontext) the table lives in, or null.
   void *deviceContext() const;
+
+  /// The backward's work items for KV tiles of `blockM` keys and query
+  /// chunks of at most `chunk` tokens (docs/backward-abi.md), built and
+  /// copied to the device on first use per (blockM, chunk) and kept for the
+  /// plan's life. Like upload() (which it calls), the first call allocates
+  /// and copies synchronously; the current context must be the plan's.
+  BackwardTable backwardTable(int blockM, int64_t chunk) const;
 
 private:
   struct Device;

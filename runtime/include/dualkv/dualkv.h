@@ -65,6 +65,58 @@ struct ForwardArgs {
 /// cached and the plan uploaded (Plan::upload).
 DUALKV_API void forward(const ForwardArgs &args);
 
+/// Arguments of one backward call (docs/backward-abi.md): the forward's q, k,
+/// v, o and lse, the gradient of o (dout, like o), and the gradients to
+/// write: dq like q, dk and dv like k and v (every token written).
+struct BackwardArgs {
+  TensorArg q, k, v, o, dout, dq, dk, dv;
+  const float *lse = nullptr; ///< the forward's lse [Hq][T] (natural log)
+  int64_t lse_stride_h = 0;   ///< elements between heads of lse
+  int64_t num_tokens = 0;     ///< T; must equal plan->numTokens()
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0; ///< 64 or 128 (256 is not supported by the backward yet)
+  DType dtype = DType::BF16;
+  float scale = 0; ///< 0 means 1/sqrt(head_dim); must match the forward's
+  /// Reduce prompt dK/dV in a fixed order (no atomics): the same bits on
+  /// every run, somewhat slower.
+  bool deterministic = false;
+  /// Device scratch of at least backwardWorkspaceBytes(args) bytes, 256-byte
+  /// aligned; null: the runtime's own (see backward()).
+  void *workspace = nullptr;
+  int64_t workspace_bytes = 0; ///< size of `workspace`
+  const Plan *plan = nullptr;
+  void *stream = nullptr; ///< CUstream; null is the legacy default stream
+  /// Optional tiling of the main kernel (bwd, or bwd_kv when deterministic);
+  /// zero fields take defaults. The pre/post steps use their defaults.
+  Tiling tiling = {};
+};
+
+/// Bytes of device workspace backward() needs for these arguments: delta
+/// fp32 [Hq][T]; unless deterministic, dQ's fp32 accumulator [T][Hq][D] and,
+/// when a group is longer than one query chunk, fp32 dK/dV accumulators for
+/// its prompt; each piece 256-byte aligned. Depends only on the plan, the
+/// head counts, head_dim and `deterministic` (never on a kernel or the
+/// tiling), so it needs no GPU. Checks those arguments like backward().
+DUALKV_API int64_t backwardWorkspaceBytes(const BackwardArgs &args);
+
+/// Runs the DualKV backward on `args.stream`, writing dq, dk and dv:
+/// bwd_pre, then bwd with fp32 atomics and bwd_post (default), or bwd_kv
+/// and bwd_dq (deterministic). Every argument is checked before anything is
+/// compiled or launched; a bad one throws Error (InvalidArgument) naming it.
+///
+/// Workspace: `args.workspace` if given (InvalidArgument if workspace_bytes
+/// is below backwardWorkspaceBytes); otherwise a device buffer the runtime
+/// keeps per CUDA context and stream, allocated by the first call and grown
+/// (after synchronising that stream) when a call needs more. Its work-item
+/// table is built and copied to the device once per plan and kernel tile
+/// size. So the first call allocates and copies synchronously. To capture a
+/// CUDA graph, make one warm-up call with the same plan first, and pass a
+/// workspace: the runtime's own may be reallocated by a later, larger call,
+/// leaving the graph with freed memory. Calls that may overlap on different
+/// streams must not share one caller workspace.
+DUALKV_API void backward(const BackwardArgs &args);
+
 /// True when the CUDA driver loads, initialises, and reports at least one
 /// device. Never throws.
 DUALKV_API bool gpuAvailable();

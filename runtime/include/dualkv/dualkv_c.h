@@ -79,6 +79,39 @@ DUALKV_API int dualkv_forward(
     int32_t num_kv_heads, int32_t head_dim, int32_t dtype, float scale,
     const dualkv_plan *plan, void *stream, const int32_t *tiling);
 
+/**
+ * The backward pass (dualkv::backward): writes dq (like q), dk and dv (like
+ * k and v) from dout (like o), the forward's o and lse. Strides count
+ * elements. deterministic != 0 reduces prompt dK/dV in a fixed order (no
+ * atomics). workspace is null (the runtime's own; the first call allocates)
+ * or device memory of workspace_bytes >= dualkv_backward_workspace_size,
+ * 256-byte aligned. Other arguments as in dualkv_forward; tiling applies to
+ * the main backward kernel.
+ */
+DUALKV_API int dualkv_backward(
+    void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
+    int64_t k_stride_t, int64_t k_stride_h, void *v, int64_t v_stride_t,
+    int64_t v_stride_h, void *o, int64_t o_stride_t, int64_t o_stride_h,
+    void *dout, int64_t dout_stride_t, int64_t dout_stride_h, const float *lse,
+    int64_t lse_stride_h, void *dq, int64_t dq_stride_t, int64_t dq_stride_h,
+    void *dk, int64_t dk_stride_t, int64_t dk_stride_h, void *dv,
+    int64_t dv_stride_t, int64_t dv_stride_h, int64_t num_tokens,
+    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t dtype,
+    float scale, int32_t deterministic, void *workspace,
+    int64_t workspace_bytes, const dualkv_plan *plan, void *stream,
+    const int32_t *tiling);
+
+/**
+ * Sets *out_bytes to the device workspace dualkv_backward needs for this
+ * shape (dualkv::backwardWorkspaceBytes). Needs no GPU. tiling is null or 4
+ * int32, as for dualkv_backward (the size does not depend on it today).
+ */
+DUALKV_API int
+dualkv_backward_workspace_size(const dualkv_plan *plan, int64_t num_tokens,
+                               int32_t num_q_heads, int32_t num_kv_heads,
+                               int32_t head_dim, int32_t deterministic,
+                               const int32_t *tiling, int64_t *out_bytes);
+
 /** Kernel cache counters (dualkv::CacheStats). */
 typedef struct dualkv_cache_stats_t {
   int64_t memory_hits;

@@ -1,0 +1,431 @@
+// dualkv::backward: argument checks, work items, workspace, then the launch
+// sequence of docs/backward-abi.md.
+#include "Backward.h"
+
+#include "Cache.h"
+#include "CudaDriver.h"
+#include "Validate.h"
+
+#include "dualkv/dualkv.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <utility>
+
+namespace dualkv {
+
+using namespace detail;
+
+//===----------------------------------------------------------------------===//
+// Work items
+//===----------------------------------------------------------------------===//
+
+int64_t backwardChunk(int blockM, bool deterministic) {
+  return deterministic ? kBwdUnchunked
+                       : std::max<int64_t>(kBwdChunkTokens, blockM);
+}
+
+BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
+  if (blockM < 1 || chunk < blockM)
+    throw Error(ErrorCode::Internal,
+                fmt::format("backward items need blockM >= 1 and chunk >= "
+                            "blockM (blockM {}, chunk {})",
+                            blockM, chunk));
+  using Item = std::array<int32_t, kBwdItemFields>;
+  std::vector<Item> items;
+  BackwardItems out;
+  auto i32 = [](int64_t x) { return static_cast<int32_t>(x); };
+
+  const std::vector<Segment> &segs = plan.segments();
+  for (size_t s = 0; s < segs.size();) {
+    // A group: its prompt segment, then the responses that share it.
+    const int64_t ps = segs[s].start, promptEnd = ps + segs[s].length;
+    size_t next = s + 1;
+    while (next < segs.size() && segs[next].shared_len > 0 &&
+           segs[next].shared_start == ps)
+      ++next;
+    const int64_t ge = segs[next - 1].start + segs[next - 1].length;
+
+    // Prompt tiles: every later query of the group sees them (causal within
+    // the prompt, in full from the responses).
+    for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM) {
+      const int64_t queries = ge - k0;
+      const int64_t pieces = 1 + (queries - 1) / chunk; // no overflow
+      if (pieces == 1) {
+        items.push_back({i32(k0), i32(promptEnd), i32(k0), i32(ge), -1, 0});
+        continue;
+      }
+      const int64_t accRow = out.numAccRows();
+      for (int64_t r = k0; r < std::min(k0 + blockM, promptEnd); ++r)
+        out.accTokens.push_back(i32(r));
+      // Balanced pieces: sizes differ by at most one token.
+      for (int64_t p = 0; p < pieces; ++p) {
+        int64_t qb = k0 + queries * p / pieces;
+        int64_t qe = k0 + queries * (p + 1) / pieces;
+        items.push_back(
+            {i32(k0), i32(promptEnd), i32(qb), i32(qe), i32(accRow), 0});
+      }
+    }
+    // Response tiles: only their own response sees them.
+    for (size_t r = s + 1; r < next; ++r) {
+      const int64_t rs = segs[r].start, re = rs + segs[r].length;
+      for (int64_t k0 = rs; k0 < re; k0 += blockM)
+        items.push_back({i32(k0), i32(re), i32(k0), i32(re), -1, 0});
+    }
+    s = next;
+  }
+
+  // Longest first, so that the short items fill in behind the long ones.
+  std::stable_sort(
+      items.begin(), items.end(),
+      [](const Item &a, const Item &b) { return a[3] - a[2] > b[3] - b[2]; });
+  out.items.reserve(items.size() * kBwdItemFields);
+  for (const Item &item : items)
+    out.items.insert(out.items.end(), item.begin(), item.end());
+  return out;
+}
+
+int64_t backwardAccRowsBound(const Plan &plan) {
+  int64_t rows = 0;
+  const std::vector<Segment> &segs = plan.segments();
+  for (size_t s = 0; s < segs.size();) {
+    const int64_t ps = segs[s].start;
+    size_t next = s + 1;
+    while (next < segs.size() && segs[next].shared_len > 0 &&
+           segs[next].shared_start == ps)
+      ++next;
+    const int64_t ge = segs[next - 1].start + segs[next - 1].length;
+    if (ge - ps > kBwdChunkTokens)
+      rows += segs[s].length;
+    s = next;
+  }
+  return rows;
+}
+
+//===----------------------------------------------------------------------===//
+// Workspace
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+constexpr int64_t kWorkspaceAlign = 256;
+
+int64_t alignUp(int64_t bytes, int64_t to) {
+  return (bytes + to - 1) / to * to;
+}
+
+/// Checks what the workspace size depends on (and what backward() shares).
+void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
+                int numKVHeads, int headDim, DType dtype) {
+  checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype);
+  if (headDim == 256)
+    invalid("head_dim 256 is not supported by the backward yet (64, 128)");
+  if (int64_t(numQHeads) + numKVHeads > kMaxGridYZ)
+    invalid(fmt::format("num_q_heads + num_kv_heads ({} + {}) exceeds the "
+                        "grid limit ({})",
+                        numQHeads, numKVHeads, kMaxGridYZ));
+}
+
+} // namespace
+
+BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
+                                                int numQHeads, int numKVHeads,
+                                                int headDim, bool deterministic,
+                                                int64_t accRows) {
+  BackwardWorkspaceLayout l;
+  const int64_t f32 = sizeof(float);
+  l.deltaStrideH = numTokens;
+  l.delta = 0;
+  l.bytes = alignUp(numQHeads * numTokens * f32, kWorkspaceAlign);
+  if (deterministic)
+    return l;
+  l.dqacc = l.bytes;
+  l.bytes += alignUp(numTokens * numQHeads * headDim * f32, kWorkspaceAlign);
+  if (accRows > 0) {
+    const int64_t acc =
+        alignUp(accRows * numKVHeads * headDim * f32, kWorkspaceAlign);
+    l.dkacc = l.bytes;
+    l.dvacc = l.bytes + acc;
+    l.bytes += 2 * acc;
+  }
+  return l;
+}
+
+int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
+                               int numQHeads, int numKVHeads, int headDim,
+                               bool deterministic, const Tiling &tiling) {
+  checkShape(plan, numTokens, numQHeads, numKVHeads, headDim, DType::BF16);
+  checkScaleAndTiling(0.f, tiling);
+  // The accumulator rows depend on the main kernel's blockM, the bound does
+  // not: the size is known without a GPU and whatever tiling is loaded.
+  return backwardWorkspaceLayout(
+             numTokens, numQHeads, numKVHeads, headDim, deterministic,
+             deterministic ? 0 : backwardAccRowsBound(*plan))
+      .bytes;
+}
+
+namespace {
+
+/// Workspaces backward() owns, one per (context, stream): calls on one
+/// stream run in order, so they may share one; calls on different streams
+/// may overlap, so they never do.
+struct OwnedWorkspace {
+  cuda::Driver *driver = nullptr;
+  cuda::CUdeviceptr ptr = 0;
+  int64_t bytes = 0;
+};
+
+struct Workspaces {
+  std::mutex mutex;
+  std::map<std::pair<cuda::CUcontext, cuda::CUstream>, OwnedWorkspace> owned;
+};
+
+Workspaces &workspaces() {
+  // Leaked on purpose, like the kernel cache: freeing during static
+  // destruction would race the driver's teardown.
+  static Workspaces *w = new Workspaces();
+  return *w;
+}
+
+/// A workspace of at least `bytes` for `stream` in `ctx`, allocated or grown
+/// on demand and kept for the next call.
+cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
+                                 int64_t bytes) {
+  Workspaces &w = workspaces();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  auto s = static_cast<cuda::CUstream>(stream);
+  OwnedWorkspace &ws = w.owned[{ctx, s}];
+  if (ws.ptr && ws.bytes >= bytes)
+    return ws.ptr;
+  cuda::Driver &driver = cuda::driver();
+  if (ws.ptr) {
+    // Earlier launches on this stream may still read the old buffer.
+    cuda::check(driver.streamSynchronize(s),
+                "cuStreamSynchronize (growing the backward workspace)");
+    driver.memFree(ws.ptr);
+    ws = OwnedWorkspace();
+  }
+  // A little headroom, so that a batch a few tokens longer reuses it.
+  int64_t size = alignUp(bytes + bytes / 8, int64_t(2) << 20);
+  cuda::CUdeviceptr ptr = 0;
+  cuda::check(
+      driver.memAlloc(&ptr, static_cast<size_t>(size)),
+      fmt::format("cuMemAlloc ({} bytes of backward workspace)", size).c_str());
+  ws = OwnedWorkspace{&driver, ptr, size};
+  return ptr;
+}
+
+} // namespace
+
+void clearBackwardWorkspaces() {
+  Workspaces &w = workspaces();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  for (auto &[key, ws] : w.owned) {
+    if (!ws.ptr)
+      continue;
+    // Free in the buffer's own context, then give the thread its own back.
+    cuda::CUcontext previous = nullptr;
+    if (ws.driver->ctxGetCurrent(&previous) != cuda::CUDA_SUCCESS)
+      continue;
+    if (previous != key.first)
+      ws.driver->ctxSetCurrent(key.first);
+    ws.driver->memFree(ws.ptr);
+    if (previous != key.first)
+      ws.driver->ctxSetCurrent(previous);
+  }
+  w.owned.clear();
+}
+
+//===----------------------------------------------------------------------===//
+// backward()
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void validate(const BackwardArgs &a) {
+  checkShape(a.plan, a.num_tokens, a.num_q_heads, a.num_kv_heads, a.head_dim,
+             a.dtype);
+  const int64_t T = a.num_tokens;
+  const int Hq = a.num_q_heads, Hkv = a.num_kv_heads, D = a.head_dim;
+  checkTensor("q", a.q, T, Hq, D, false);
+  checkTensor("k", a.k, T, Hkv, D, false);
+  checkTensor("v", a.v, T, Hkv, D, false);
+  checkTensor("o", a.o, T, Hq, D, false);
+  checkTensor("dout", a.dout, T, Hq, D, false);
+  checkTensor("dq", a.dq, T, Hq, D, true);
+  checkTensor("dk", a.dk, T, Hkv, D, true);
+  checkTensor("dv", a.dv, T, Hkv, D, true);
+  checkLse("lse", a.lse, a.lse_stride_h, T, Hq);
+  checkScaleAndTiling(a.scale, a.tiling);
+  if (a.workspace_bytes < 0)
+    invalid(fmt::format("workspace_bytes ({}) is negative", a.workspace_bytes));
+  auto address = reinterpret_cast<uintptr_t>(a.workspace);
+  if (address % kWorkspaceAlign != 0)
+    invalid(fmt::format("workspace ({:#x}) is not {}-byte aligned", address,
+                        kWorkspaceAlign));
+}
+
+KernelSpec specOf(const BackwardArgs &a, KernelKind kind, Tiling tiling) {
+  KernelSpec spec;
+  spec.kind = kind;
+  // Shape-generic (P = N = 0), like the forward: lengths come from the plan.
+  spec.P = 0;
+  spec.N = 0;
+  spec.headDim = a.head_dim;
+  spec.numQHeads = a.num_q_heads;
+  spec.numKVHeads = a.num_kv_heads;
+  spec.dtype = a.dtype;
+  spec.tiling = tiling;
+  return spec;
+}
+
+uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
+
+} // namespace
+
+int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
+  return backwardWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
+                                args.num_kv_heads, args.head_dim,
+                                args.deterministic, args.tiling);
+}
+
+void backward(const BackwardArgs &args) {
+  validate(args);
+  const Plan &plan = *args.plan;
+  const bool det = args.deterministic;
+  const int64_t T = args.num_tokens;
+  const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
+
+  const int64_t accBound = det ? 0 : backwardAccRowsBound(plan);
+  const BackwardWorkspaceLayout layout =
+      backwardWorkspaceLayout(T, Hq, Hkv, D, det, accBound);
+  if (args.workspace && args.workspace_bytes < layout.bytes)
+    invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
+                        "backward needs (backwardWorkspaceBytes)",
+                        args.workspace_bytes, layout.bytes));
+
+  requirePlanInCurrentContext(plan);
+
+  // Every kernel is loaded before anything is launched, so that a compile
+  // error leaves the stream untouched. The tiling applies to the main kernel.
+  const LoadedKernel &pre = getKernel(specOf(args, KernelKind::BwdPre, {}));
+  const LoadedKernel &main = getKernel(
+      specOf(args, det ? KernelKind::BwdKV : KernelKind::Bwd, args.tiling));
+  const LoadedKernel &last = getKernel(
+      specOf(args, det ? KernelKind::BwdDQ : KernelKind::BwdPost, {}));
+
+  const BackwardTable table = plan.backwardTable(
+      main.info.blockM, backwardChunk(main.info.blockM, det));
+  if (table.numAccRows > accBound)
+    throw Error(ErrorCode::Internal,
+                fmt::format("the backward needs {} accumulator rows, more than "
+                            "the {} its workspace holds",
+                            table.numAccRows, accBound));
+
+  cuda::CUcontext ctx = cuda::currentContext();
+  const uint64_t base = args.workspace
+                            ? address(args.workspace)
+                            : ownedWorkspace(ctx, args.stream, layout.bytes);
+  auto at = [&](int64_t offset) -> uint64_t {
+    return offset < 0 ? 0 : base + static_cast<uint64_t>(offset);
+  };
+  uint64_t delta = at(layout.delta), dqacc = at(layout.dqacc),
+           dkacc = table.numAccRows > 0 ? at(layout.dkacc) : 0,
+           dvacc = table.numAccRows > 0 ? at(layout.dvacc) : 0;
+
+  uint64_t q = address(args.q.data), k = address(args.k.data),
+           v = address(args.v.data), o = address(args.o.data),
+           dout = address(args.dout.data), dq = address(args.dq.data),
+           dk = address(args.dk.data), dv = address(args.dv.data),
+           lse = address(args.lse), items = table.items,
+           accTokens = table.accTokens, segs = plan.deviceTable();
+  int64_t qStrideT = args.q.stride_t, qStrideH = args.q.stride_h;
+  int64_t kStrideT = args.k.stride_t, kStrideH = args.k.stride_h;
+  int64_t vStrideT = args.v.stride_t, vStrideH = args.v.stride_h;
+  int64_t oStrideT = args.o.stride_t, oStrideH = args.o.stride_h;
+  int64_t doStrideT = args.dout.stride_t, doStrideH = args.dout.stride_h;
+  int64_t dqStrideT = args.dq.stride_t, dqStrideH = args.dq.stride_h;
+  int64_t dkStrideT = args.dk.stride_t, dkStrideH = args.dk.stride_h;
+  int64_t dvStrideT = args.dv.stride_t, dvStrideH = args.dv.stride_h;
+  int64_t lseStrideH = args.lse_stride_h, deltaStrideH = layout.deltaStrideH;
+  int64_t numTokens = T, numAccRows = table.numAccRows;
+  const double scaleD = effectiveScale(args.scale, D);
+  float scale = static_cast<float>(scaleD);
+  float scaleLog2 = static_cast<float>(scaleD * kLog2e);
+  auto stream = static_cast<cuda::CUstream>(args.stream);
+  cuda::Driver &driver = cuda::driver();
+
+  // 1. Zero the fp32 accumulators (default mode).
+  auto zero = [&](uint64_t ptr, int64_t floats, const char *what) {
+    cuda::check(
+        driver.memsetD32Async(ptr, 0, static_cast<size_t>(floats), stream),
+        fmt::format("cuMemsetD32Async ({})", what).c_str());
+  };
+  if (!det) {
+    zero(dqacc, T * Hq * D, "dqacc");
+    if (numAccRows > 0) {
+      zero(dkacc, numAccRows * Hkv * D, "dkacc");
+      zero(dvacc, numAccRows * Hkv * D, "dvacc");
+    }
+  }
+
+  // 2. bwd_pre: delta = rowsum(o * dout). Parameter order: the kernel's ABI.
+  {
+    void *params[] = {&o,         &dout,         &delta,
+                      &oStrideT,  &oStrideH,     &doStrideT,
+                      &doStrideH, &deltaStrideH, &numTokens};
+    launch(pre, static_cast<unsigned>(ceilDiv(T, pre.info.blockM)),
+           static_cast<unsigned>(Hq), 1, args.stream, params);
+  }
+
+  // 3. bwd / bwd_kv: one CTA per work item and KV head.
+  {
+    void *params[] = {&q,          &k,
+                      &v,          &dout,
+                      &dk,         &dv,
+                      &lse,        &delta,
+                      &dqacc,      &dkacc,
+                      &dvacc,      &items,
+                      &qStrideT,   &qStrideH,
+                      &kStrideT,   &kStrideH,
+                      &vStrideT,   &vStrideH,
+                      &doStrideT,  &doStrideH,
+                      &dkStrideT,  &dkStrideH,
+                      &dvStrideT,  &dvStrideH,
+                      &lseStrideH, &deltaStrideH,
+                      &scale,      &scaleLog2};
+    launch(main, static_cast<unsigned>(table.numItems),
+           static_cast<unsigned>(Hkv), 1, args.stream, params);
+  }
+
+  // 4. bwd_post (fp32 accumulators to E) or bwd_dq (dQ, query-major).
+  if (!det) {
+    void *params[] = {&dqacc,     &dkacc,     &dvacc,     &dq,
+                      &dk,        &dv,        &accTokens, &dqStrideT,
+                      &dqStrideH, &dkStrideT, &dkStrideH, &dvStrideT,
+                      &dvStrideH, &numTokens, &numAccRows};
+    launch(last,
+           static_cast<unsigned>(
+               ceilDiv(std::max(T, numAccRows), last.info.blockM)),
+           static_cast<unsigned>(Hq + Hkv), 1, args.stream, params);
+  } else {
+    void *params[] = {&q,         &k,         &v,          &dout,
+                      &dq,        &lse,       &delta,      &segs,
+                      &qStrideT,  &qStrideH,  &kStrideT,   &kStrideH,
+                      &vStrideT,  &vStrideH,  &doStrideT,  &doStrideH,
+                      &dqStrideT, &dqStrideH, &lseStrideH, &deltaStrideH,
+                      &scale,     &scaleLog2};
+    launch(
+        last,
+        static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), last.info.blockM)),
+        static_cast<unsigned>(plan.numSegments()), static_cast<unsigned>(Hq),
+        args.stream, params);
+  }
+}
+
+} // namespace dualkv

@@ -1,0 +1,81 @@
+// The backward's host-side pieces: work items, workspace layout, workspaces.
+#ifndef DUALKV_RUNTIME_BACKWARD_H
+#define DUALKV_RUNTIME_BACKWARD_H
+
+#include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Export.h"
+#include "dualkv/Plan.h"
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace dualkv {
+
+/// Query tokens per chunk of a prompt KV tile in the default backward: a
+/// prompt tile seen by more queries is split over several CTAs whose dK/dV
+/// meet in fp32 accumulators. Long enough to amortise loading the tile and
+/// the atomics, short enough to spread a long group over the GPU.
+constexpr int64_t kBwdChunkTokens = 1024;
+/// The chunk of the deterministic backward: every tile is one item.
+constexpr int64_t kBwdUnchunked = std::numeric_limits<int64_t>::max();
+
+/// The chunk size for a main kernel of `blockM` key rows: kBwdChunkTokens
+/// (at least blockM), or kBwdUnchunked when deterministic.
+DUALKV_API int64_t backwardChunk(int blockM, bool deterministic);
+
+/// The work items of docs/backward-abi.md on the host.
+struct BackwardItems {
+  std::vector<int32_t> items;     ///< [numItems][kBwdItemFields]
+  std::vector<int32_t> accTokens; ///< [numAccRows]: token of each acc row
+  int64_t numItems() const {
+    return static_cast<int64_t>(items.size()) / kBwdItemFields;
+  }
+  int64_t numAccRows() const { return static_cast<int64_t>(accTokens.size()); }
+};
+
+/// Builds the backward's work items of `plan` for KV tiles of `blockM` keys:
+/// a prompt tile's queries (up to the group's end) are cut into balanced
+/// chunks of at most `chunk` tokens; a tile of one chunk writes dK/dV
+/// directly (accRow -1), a tile of several gets min(blockM, keys left)
+/// accumulator rows of its own, numbered in tile order. Response tiles see
+/// their own response only. Items are sorted longest first (stable). Throws
+/// Error (Internal) if blockM < 1 or chunk < blockM.
+DUALKV_API BackwardItems buildBackwardItems(const Plan &plan, int blockM,
+                                            int64_t chunk);
+
+/// An upper bound of numAccRows over every blockM: only a prompt tile seen
+/// by more than kBwdChunkTokens queries is split, so only groups longer
+/// than that have accumulator rows, at most their prompt length.
+DUALKV_API int64_t backwardAccRowsBound(const Plan &plan);
+
+/// Byte offsets of the backward's buffers in its workspace, each 256-byte
+/// aligned; -1 for a buffer that the mode does not use.
+struct BackwardWorkspaceLayout {
+  int64_t delta = -1; ///< fp32 [Hq][deltaStrideH]
+  int64_t dqacc = -1; ///< fp32 [T][Hq][D] (default mode)
+  int64_t dkacc = -1; ///< fp32 [accRows][Hkv][D] (default mode, accRows > 0)
+  int64_t dvacc = -1; ///< like dkacc
+  int64_t deltaStrideH = 0;
+  int64_t bytes = 0; ///< total size
+};
+
+/// The workspace layout for `accRows` accumulator rows.
+DUALKV_API BackwardWorkspaceLayout
+backwardWorkspaceLayout(int64_t numTokens, int numQHeads, int numKVHeads,
+                        int headDim, bool deterministic, int64_t accRows);
+
+/// backwardWorkspaceBytes from the shape alone (the C API's form): checks
+/// the plan, num_tokens, heads, head_dim and tiling like backward() does.
+DUALKV_API int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
+                                          int numQHeads, int numKVHeads,
+                                          int headDim, bool deterministic,
+                                          const Tiling &tiling);
+
+/// Frees the workspaces backward() allocated for itself (tests; a context
+/// about to be destroyed).
+DUALKV_API void clearBackwardWorkspaces();
+
+} // namespace dualkv
+
+#endif

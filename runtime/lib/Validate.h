@@ -1,0 +1,58 @@
+// Argument checks and the launch helper shared by the forward and backward.
+#ifndef DUALKV_RUNTIME_VALIDATE_H
+#define DUALKV_RUNTIME_VALIDATE_H
+
+#include "Cache.h"
+
+#include "dualkv/dualkv.h"
+
+#include <cstdint>
+#include <string>
+
+namespace dualkv::detail {
+
+/// CUDA's limit on gridDim.y and gridDim.z, where segments and heads go.
+constexpr int64_t kMaxGridYZ = 65535;
+/// Kernels compute element offsets in 32-bit arithmetic.
+constexpr int64_t kMaxElementOffset = (int64_t(1) << 31) - 1;
+constexpr double kLog2e = 1.4426950408889634;
+
+/// Throws Error (InvalidArgument) with `message`.
+[[noreturn]] void invalid(const std::string &message);
+
+/// Checks one THD tensor of `numHeads` heads: what the kernels' 16-byte
+/// cp.async row loads and pointer arithmetic assume. An output must not
+/// alias itself.
+void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
+                 int numHeads, int headDim, bool isOutput);
+
+/// Checks the shape of a call: the plan, head counts (GQA), head_dim (64,
+/// 128, 256), dtype, num_tokens against the plan, the plan's segment count.
+void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
+                  int numKVHeads, int headDim, DType dtype);
+
+/// Checks an fp32 [Hq][T] tensor such as lse.
+void checkLse(const char *name, const float *lse, int64_t strideH,
+              int64_t numTokens, int numQHeads);
+
+/// Checks that scale is finite and no tiling field is negative.
+void checkScaleAndTiling(float scale, const Tiling &tiling);
+
+/// Uploads the plan's segment table (once) and checks that it lives in the
+/// current CUDA context.
+void requirePlanInCurrentContext(const Plan &plan);
+
+/// The softmax scale to use: `scale`, or 1/sqrt(head_dim) when it is 0.
+double effectiveScale(float scale, int headDim);
+
+/// Launches `kernel` on `stream` with `params` (the kernel's ABI order);
+/// `info.threads` threads and `info.sharedBytes` of dynamic shared memory.
+void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
+            unsigned gridZ, void *stream, void **params);
+
+/// ceil(a / b) for positive b.
+inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+} // namespace dualkv::detail
+
+#endif

@@ -1,0 +1,797 @@
+// Backward runtime tests without a GPU: work items against a brute-force
+// enumeration of DESIGN.md §1, workspace sizes, validation, and the launch
+// sequence of docs/backward-abi.md through the fake driver.
+#include "FakeDriver.h"
+
+#include "dualkv/Reference.h"
+#include "dualkv/dualkv.h"
+#include "dualkv/dualkv_c.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+using namespace dualkv;
+using namespace dualkv::testing;
+using Catch::Matchers::Contains;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Helpers
+//===----------------------------------------------------------------------===//
+
+std::vector<reference::Group> refGroups(const std::vector<PlanGroup> &groups) {
+  std::vector<reference::Group> out;
+  for (const PlanGroup &g : groups)
+    out.push_back({g.prompt_len, g.response_lens});
+  return out;
+}
+
+int64_t tokensOf(const std::vector<PlanGroup> &groups) {
+  int64_t t = 0;
+  for (const PlanGroup &g : groups) {
+    t += g.prompt_len;
+    for (int64_t r : g.response_lens)
+      t += r;
+  }
+  return t;
+}
+
+/// Checks a work-item table against DESIGN.md §1 by brute force: every
+/// allowed (key, query) pair is visited by exactly one item, no other pair
+/// with key <= query is; tiles are disjoint, stay in one segment and cover
+/// every token; accumulator rows map back to their keys; every split tile
+/// owns its rows, an unsplit tile is its keys' only item; chunks are at
+/// most `chunk` long; items are sorted longest first.
+void checkItems(const std::vector<PlanGroup> &groups, int blockM, int64_t chunk,
+                const std::vector<int32_t> &items,
+                const std::vector<int32_t> &accTokens) {
+  reference::Problem problem{refGroups(groups), 1, 1, 64, 1.0};
+  std::vector<reference::TokenInfo> info = reference::token_info(problem);
+  const int64_t T = static_cast<int64_t>(info.size());
+  REQUIRE(items.size() % kBwdItemFields == 0);
+  const size_t n = items.size() / kBwdItemFields;
+
+  // [key][query]; a byte is enough, any count above 1 is an error.
+  std::vector<uint8_t> visits(T * T, 0);
+  std::map<int32_t, std::vector<size_t>> byTile;
+  std::vector<int> accRowUses(accTokens.size(), 0);
+  int64_t previousLength = INT64_MAX;
+  for (size_t it = 0; it < n; ++it) {
+    const int32_t *f = &items[it * kBwdItemFields];
+    const int32_t k0 = f[0], kvEnd = f[1], qb = f[2], qe = f[3], acc = f[4];
+    CAPTURE(it, k0, kvEnd, qb, qe, acc);
+    REQUIRE(f[5] == 0);
+    REQUIRE(0 <= k0);
+    REQUIRE(k0 < kvEnd);
+    REQUIRE(kvEnd <= T);
+    REQUIRE(k0 <= qb);
+    REQUIRE(qb < qe);
+    REQUIRE(qe <= T);
+    if (info[k0].response < 0) // a prompt tile: its queries come in chunks
+      CHECK(qe - qb <= chunk);
+    CHECK(qe - qb <= previousLength);
+    previousLength = qe - qb;
+    // The tile ends where its segment ends (or blockM keys later).
+    const int64_t seg = info[k0].segment_start;
+    CHECK(info[kvEnd - 1].segment_start == seg);
+    CHECK((kvEnd == T || info[kvEnd].segment_start != seg));
+    CHECK((k0 - seg) % blockM == 0);
+    byTile[k0].push_back(it);
+    const int32_t keyEnd = std::min(k0 + blockM, kvEnd);
+    for (int32_t j = k0; j < keyEnd; ++j)
+      for (int32_t i = std::max(qb, j); i < qe; ++i)
+        ++visits[j * T + i];
+    if (acc >= 0) {
+      REQUIRE(acc + (keyEnd - k0) <= static_cast<int64_t>(accTokens.size()));
+      int32_t mapped = 0; // rows that name their own key
+      for (int32_t r = 0; r < keyEnd - k0; ++r)
+        mapped += accTokens[acc + r] == k0 + r;
+      CHECK(mapped == keyEnd - k0);
+    }
+  }
+  // Counted first, so that a pass costs one assertion, not T^2.
+  int64_t wrong = 0, firstKey = -1, firstQuery = -1;
+  for (int64_t j = 0; j < T; ++j)
+    for (int64_t i = j; i < T; ++i)
+      if (int(visits[j * T + i]) != (reference::allowed(info, i, j) ? 1 : 0) &&
+          wrong++ == 0) {
+        firstKey = j;
+        firstQuery = i;
+      }
+  CAPTURE(firstKey, firstQuery);
+  CHECK(wrong == 0);
+
+  // Tiles: disjoint, covering every token; accumulator rows per tile.
+  std::vector<int> tileOf(T, 0);
+  for (const auto &[k0, its] : byTile) {
+    const int32_t *first = &items[its[0] * kBwdItemFields];
+    const int32_t keyEnd = std::min(k0 + blockM, first[1]);
+    for (int32_t j = k0; j < keyEnd; ++j)
+      ++tileOf[j];
+    for (size_t it : its) {
+      // Every item of a tile agrees on kvEnd and accRow.
+      CHECK(items[it * kBwdItemFields + 1] == first[1]);
+      CHECK(items[it * kBwdItemFields + 4] == first[4]);
+    }
+    if (first[4] < 0) {
+      CHECK(its.size() == 1); // writes dK/dV directly: the only one
+    } else {
+      CHECK(its.size() > 1); // accumulates only when split
+      for (int32_t r = 0; r < keyEnd - k0; ++r)
+        ++accRowUses[first[4] + r];
+    }
+  }
+  CHECK(std::count(tileOf.begin(), tileOf.end(), 1) == T);
+  CHECK(std::count(accRowUses.begin(), accRowUses.end(), 1) ==
+        static_cast<int64_t>(accRowUses.size()));
+}
+
+std::vector<PlanGroup> randomGroups(std::mt19937 &rng, int maxPrompt,
+                                    int maxResponse) {
+  std::uniform_int_distribution<int> numGroups(1, 3), numResponses(0, 4);
+  std::uniform_int_distribution<int> prompt(1, maxPrompt),
+      response(0, maxResponse);
+  std::vector<PlanGroup> groups(numGroups(rng));
+  for (PlanGroup &g : groups) {
+    g.prompt_len = prompt(rng);
+    g.response_lens.resize(numResponses(rng));
+    for (int64_t &r : g.response_lens)
+      r = rng() % 4 == 0 ? 0 : response(rng);
+  }
+  return groups;
+}
+
+/// Tiles of the deterministic backward: one per blockM keys of a segment.
+int64_t countTiles(const std::vector<PlanGroup> &groups, int blockM) {
+  int64_t tiles = 0;
+  for (const PlanGroup &g : groups) {
+    tiles += (g.prompt_len + blockM - 1) / blockM;
+    for (int64_t r : g.response_lens)
+      tiles += (r + blockM - 1) / blockM;
+  }
+  return tiles;
+}
+
+int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/// Sum of the prompts of groups longer than kBwdChunkTokens: the only
+/// prompts whose tiles can be split.
+int64_t splittablePromptTokens(const std::vector<PlanGroup> &groups) {
+  int64_t rows = 0;
+  for (const PlanGroup &g : groups) {
+    int64_t length = g.prompt_len;
+    for (int64_t r : g.response_lens)
+      length += r;
+    if (length > kBwdChunkTokens)
+      rows += g.prompt_len;
+  }
+  return rows;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Work items
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("backward items: a hand-built table", "[runtime][backward]") {
+  // Prompt [0, 4), responses [4, 7) and [7, 9); blockM 2, chunks of <= 4.
+  // Prompt tile 0 sees queries [0, 9): 3 balanced chunks, acc rows 0-1.
+  // Prompt tile 2 sees [2, 9): 2 chunks, acc rows 2-3. Response tiles see
+  // their own response from their first key on.
+  Plan plan({{4, {3, 0, 2}}});
+  BackwardItems b = buildBackwardItems(plan, 2, 4);
+  std::vector<int32_t> expected = {
+      2, 4, 5, 9, 2,  0, // 4 queries
+      0, 4, 0, 3, 0,  0, // 3 queries, in build order
+      0, 4, 3, 6, 0,  0, //
+      0, 4, 6, 9, 0,  0, //
+      2, 4, 2, 5, 2,  0, //
+      4, 7, 4, 7, -1, 0, //
+      7, 9, 7, 9, -1, 0, // 2 queries
+      6, 7, 6, 7, -1, 0, // 1 query
+  };
+  CHECK(b.items == expected);
+  CHECK(b.accTokens == std::vector<int32_t>{0, 1, 2, 3});
+  CHECK(b.numItems() == 8);
+  CHECK(b.numAccRows() == 4);
+}
+
+TEST_CASE("backward items: every allowed pair once, for random plans",
+          "[runtime][backward]") {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 25; ++trial) {
+    std::vector<PlanGroup> groups = randomGroups(rng, 60, 50);
+    Plan plan(groups);
+    for (int blockM : {1, 16, 32, 64}) {
+      for (int64_t chunk : {int64_t(blockM), int64_t(blockM) + 7, int64_t(100),
+                            kBwdChunkTokens, kBwdUnchunked}) {
+        if (chunk < blockM)
+          continue;
+        CAPTURE(trial, blockM, chunk);
+        BackwardItems b = buildBackwardItems(plan, blockM, chunk);
+        checkItems(groups, blockM, chunk, b.items, b.accTokens);
+      }
+    }
+  }
+}
+
+TEST_CASE("backward items: long groups split their prompt tiles; the bound "
+          "holds",
+          "[runtime][backward]") {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 6; ++trial) {
+    std::vector<PlanGroup> groups = randomGroups(rng, 500, 300);
+    Plan plan(groups);
+    for (int blockM : {64, 128}) {
+      CAPTURE(trial, blockM);
+      int64_t chunk = backwardChunk(blockM, false);
+      CHECK(chunk == std::max<int64_t>(1024, blockM));
+      BackwardItems b = buildBackwardItems(plan, blockM, chunk);
+      checkItems(groups, blockM, chunk, b.items, b.accTokens);
+      CHECK(b.numAccRows() <= splittablePromptTokens(groups));
+      CHECK(backwardAccRowsBound(plan) == splittablePromptTokens(groups));
+    }
+  }
+  // One prompt of 1100 tokens and blockM 64: the tiles at 0 and 64 see
+  // 1100 and 1036 queries (> 1024, two chunks each), the one at 128 sees 972.
+  Plan plan({{1100, {}}});
+  BackwardItems b = buildBackwardItems(plan, 64, backwardChunk(64, false));
+  CHECK(b.numItems() == 18 + 2);
+  REQUIRE(b.numAccRows() == 128);
+  for (int32_t r = 0; r < 128; ++r)
+    CHECK(b.accTokens[r] == r);
+}
+
+TEST_CASE("backward items: deterministic mode has one item per tile",
+          "[runtime][backward]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<PlanGroup> groups = randomGroups(rng, 2000, 900);
+    if (tokensOf(groups) > 2500)
+      continue; // keeps the brute force fast
+    Plan plan(groups);
+    for (int blockM : {32, 128}) {
+      CAPTURE(trial, blockM);
+      int64_t chunk = backwardChunk(blockM, true);
+      BackwardItems b = buildBackwardItems(plan, blockM, chunk);
+      CHECK(b.numAccRows() == 0);
+      CHECK(b.numItems() == countTiles(groups, blockM));
+      checkItems(groups, blockM, chunk, b.items, b.accTokens);
+    }
+  }
+}
+
+TEST_CASE("backward items: bad tile sizes are internal errors",
+          "[runtime][backward]") {
+  Plan plan({{4, {4}}});
+  std::optional<Error> e = errorOf([&] { buildBackwardItems(plan, 0, 8); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::Internal);
+  e = errorOf([&] { buildBackwardItems(plan, 64, 32); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::Internal);
+}
+
+//===----------------------------------------------------------------------===//
+// Workspace size
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Valid backward arguments for `plan`: Hq = 8, Hkv = 2, D = 128, dense THD
+/// tensors at distinct fake addresses (never dereferenced).
+BackwardArgs validBackwardArgs(const Plan &plan) {
+  BackwardArgs a;
+  const int64_t T = plan.numTokens(), D = 128, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * D, D};
+  a.o = {fakePointer(0x400000), Hq * D, D};
+  a.dout = {fakePointer(0x500000), Hq * D, D};
+  a.dq = {fakePointer(0x600000), Hq * D, D};
+  a.dk = {fakePointer(0x700000), Hkv * D, D};
+  a.dv = {fakePointer(0x800000), Hkv * D, D};
+  a.lse = static_cast<const float *>(fakePointer(0x900000));
+  a.lse_stride_h = T;
+  a.num_tokens = T;
+  a.num_q_heads = Hq;
+  a.num_kv_heads = Hkv;
+  a.head_dim = D;
+  a.dtype = DType::BF16;
+  a.plan = &plan;
+  return a;
+}
+
+} // namespace
+
+TEST_CASE("backward workspace: sizes by hand and through the C API",
+          "[runtime][backward]") {
+  // Group 0 has 2000 tokens (> 1024: its 1500 prompt keys may need
+  // accumulator rows), group 1 has 150 (never split). T = 2150.
+  std::vector<PlanGroup> groups = {{1500, {300, 200}}, {100, {50}}};
+  Plan plan(groups);
+  BackwardArgs a = validBackwardArgs(plan);
+  const int64_t delta = 68864;    // 8 x 2150 x 4 = 68800, 256-aligned
+  const int64_t dqacc = 8806400;  // 2150 x 8 x 128 x 4
+  const int64_t accOne = 1536000; // 1500 x 2 x 128 x 4
+  CHECK(backwardWorkspaceBytes(a) == delta + dqacc + 2 * accOne);
+  a.deterministic = true;
+  CHECK(backwardWorkspaceBytes(a) == delta);
+
+  // Every tile size fits: the rows any blockM needs lie within the size.
+  a.deterministic = false;
+  for (int blockM : {16, 32, 64, 128, 256}) {
+    CAPTURE(blockM);
+    BackwardItems b =
+        buildBackwardItems(plan, blockM, backwardChunk(blockM, false));
+    CHECK(align256(8 * 2150 * 4) + align256(2150 * 8 * 128 * 4) +
+              2 * align256(b.numAccRows() * 2 * 128 * 4) <=
+          backwardWorkspaceBytes(a));
+  }
+
+  // Short groups only: no accumulators at all.
+  Plan small({{100, {30, 40}}});
+  BackwardArgs s = validBackwardArgs(small);
+  CHECK(backwardWorkspaceBytes(s) ==
+        align256(8 * 170 * 4) + align256(170 * 8 * 128 * 4));
+
+  // The C API agrees, needs no GPU, and checks its arguments.
+  int32_t prompts[] = {1500, 100}, counts[] = {2, 1},
+          responses[] = {300, 200, 50};
+  dualkv_plan *cplan = nullptr;
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+          DUALKV_OK);
+  int64_t bytes = -1;
+  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 0, nullptr,
+                                       &bytes) == DUALKV_OK);
+  CHECK(bytes == delta + dqacc + 2 * accOne);
+  int32_t tiling[] = {64, 64, 4, 2};
+  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 1, tiling,
+                                       &bytes) == DUALKV_OK);
+  CHECK(bytes == delta);
+  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 256, 0, nullptr,
+                                       &bytes) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(),
+             Contains("head_dim 256 is not supported by the backward yet"));
+  CHECK(dualkv_backward_workspace_size(cplan, 2000, 8, 2, 128, 0, nullptr,
+                                       &bytes) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("num_tokens (2000)"));
+  CHECK(dualkv_backward_workspace_size(nullptr, 2150, 8, 2, 128, 0, nullptr,
+                                       &bytes) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("plan is null"));
+  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 0, nullptr,
+                                       nullptr) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("out_bytes is null"));
+  int32_t badTiling[] = {-1, 0, 0, 0};
+  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 0, badTiling,
+                                       &bytes) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("tiling.blockM (-1) is negative"));
+  dualkv_plan_destroy(cplan);
+}
+
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("backward: bad arguments are named and nothing launches",
+          "[runtime][backward]") {
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}}); // 112 tokens
+  resetCacheStats();
+
+  using Mutator = std::function<void(BackwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      {[](BackwardArgs &a) { a.plan = nullptr; }, "plan is null"},
+      {[](BackwardArgs &a) {
+         a.num_q_heads = 6;
+         a.num_kv_heads = 4;
+       },
+       "num_q_heads (6) is not a multiple of num_kv_heads (4)"},
+      {[](BackwardArgs &a) { a.num_kv_heads = 0; }, "num_kv_heads (0)"},
+      {[](BackwardArgs &a) {
+         a.num_q_heads = 65535;
+         a.num_kv_heads = 5;
+       },
+       "num_q_heads + num_kv_heads (65535 + 5) exceeds the grid limit"},
+      {[](BackwardArgs &a) { a.head_dim = 96; },
+       "head_dim 96 is not supported"},
+      {[](BackwardArgs &a) {
+         a.head_dim = 256;
+         for (TensorArg *t : {&a.q, &a.o, &a.dout, &a.dq})
+           *t = {t->data, 8 * 256, 256};
+         for (TensorArg *t : {&a.k, &a.v, &a.dk, &a.dv})
+           *t = {t->data, 2 * 256, 256};
+       },
+       "head_dim 256 is not supported by the backward yet"},
+      {[](BackwardArgs &a) { a.dtype = static_cast<DType>(3); }, "dtype (3)"},
+      {[](BackwardArgs &a) { a.num_tokens = 111; },
+       "num_tokens (111) differs from the plan's token count (112)"},
+      {[](BackwardArgs &a) { a.dout.data = nullptr; }, "dout.data is null"},
+      {[](BackwardArgs &a) { a.dq.data = nullptr; }, "dq.data is null"},
+      {[](BackwardArgs &a) { a.dk.data = nullptr; }, "dk.data is null"},
+      {[](BackwardArgs &a) { a.dv.data = nullptr; }, "dv.data is null"},
+      {[](BackwardArgs &a) { a.o.data = nullptr; }, "o.data is null"},
+      {[](BackwardArgs &a) { a.dout.data = fakePointer(0x500004); },
+       "dout.data (0x500004) is not 16-byte aligned"},
+      {[](BackwardArgs &a) { a.dq.stride_h = 120; },
+       "dq.stride_h (120) must be >= head_dim (128)"},
+      {[](BackwardArgs &a) { a.dout.stride_t = 1028; },
+       "dout.stride_t (1028) must be a multiple of 8 elements"},
+      {[](BackwardArgs &a) { a.dq.stride_t = 128; }, "dq rows overlap"},
+      {[](BackwardArgs &a) { a.dk.stride_h = 0; },
+       "dk.stride_h (0) must be >= head_dim"},
+      {[](BackwardArgs &a) { a.dv.stride_t = 128; }, "dv rows overlap"},
+      {[](BackwardArgs &a) { a.lse = nullptr; }, "lse is null"},
+      {[](BackwardArgs &a) {
+         a.lse = static_cast<const float *>(fakePointer(0x900002));
+       },
+       "lse (0x900002) is not 4-byte aligned"},
+      {[](BackwardArgs &a) { a.lse_stride_h = 100; },
+       "lse_stride_h (100) must be >= num_tokens (112)"},
+      {[](BackwardArgs &a) { a.scale = INFINITY; }, "scale (inf)"},
+      {[](BackwardArgs &a) { a.tiling.warps = -4; },
+       "tiling.warps (-4) is negative"},
+      {[](BackwardArgs &a) {
+         a.workspace = fakePointer(0xA00000);
+         a.workspace_bytes = -1;
+       },
+       "workspace_bytes (-1) is negative"},
+      {[](BackwardArgs &a) {
+         a.workspace = fakePointer(0xA00080);
+         a.workspace_bytes = 1 << 30;
+       },
+       "workspace (0xa00080) is not 256-byte aligned"},
+      {[](BackwardArgs &a) {
+         a.workspace = fakePointer(0xA00000);
+         a.workspace_bytes = 1000;
+       },
+       fmt::format("workspace_bytes (1000) is less than the {} bytes",
+                   align256(8 * 112 * 4) + align256(112 * 8 * 128 * 4))},
+  };
+  for (const auto &[mutate, expected] : cases) {
+    CAPTURE(expected);
+    BackwardArgs args = validBackwardArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { backward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(expected));
+  }
+  CHECK(fake.launches == 0);
+  CHECK(fake.events.empty());
+  CHECK(fake.cubinLoads + fake.ptxLoads == 0);
+  CHECK(fake.allocs == 0);
+  CHECK(cacheStats().compiles == 0);
+
+  // The C API reports the same, by name.
+  int32_t prompts[] = {40, 8}, counts[] = {3, 1}, responses[] = {24, 0, 32, 8};
+  dualkv_plan *cplan = nullptr;
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+          DUALKV_OK);
+  BackwardArgs a = validBackwardArgs(plan);
+  auto call = [&](int32_t dtype, void *dv) {
+    return dualkv_backward(
+        a.q.data, a.q.stride_t, a.q.stride_h, a.k.data, a.k.stride_t,
+        a.k.stride_h, a.v.data, a.v.stride_t, a.v.stride_h, a.o.data,
+        a.o.stride_t, a.o.stride_h, a.dout.data, a.dout.stride_t,
+        a.dout.stride_h, a.lse, a.lse_stride_h, a.dq.data, a.dq.stride_t,
+        a.dq.stride_h, a.dk.data, a.dk.stride_t, a.dk.stride_h, dv,
+        a.dv.stride_t, a.dv.stride_h, a.num_tokens, a.num_q_heads,
+        a.num_kv_heads, a.head_dim, dtype, 0.f, 0, nullptr, 0, cplan, nullptr,
+        nullptr);
+  };
+  CHECK(call(4, a.dv.data) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("dtype (4)"));
+  CHECK(call(DUALKV_FP16, nullptr) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("dv.data is null"));
+  CHECK(fake.launches == 0);
+  dualkv_plan_destroy(cplan);
+}
+
+//===----------------------------------------------------------------------===//
+// Launch sequence
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Parameter sizes of the backward kernels (docs/backward-abi.md).
+std::map<std::string, std::vector<int>> backwardSignatures() {
+  std::vector<int> main(26, 8);
+  main.insert(main.end(), {4, 4});
+  std::vector<int> dq(20, 8);
+  dq.insert(dq.end(), {4, 4});
+  return {{"attention_bwd_pre", std::vector<int>(9, 8)},
+          {"attention_bwd", main},
+          {"attention_bwd_kv", main},
+          {"attention_bwd_post", std::vector<int>(15, 8)},
+          {"attention_bwd_dq", dq}};
+}
+
+/// The launch shapes the seeded kernels report.
+const std::map<KernelKind, KernelInfo> &seededInfos() {
+  static const std::map<KernelKind, KernelInfo> infos = {
+      {KernelKind::BwdPre, {"attention_bwd_pre", 128, 0, 32}},
+      {KernelKind::Bwd, {"attention_bwd", 256, 80 * 1024, 64}},
+      {KernelKind::BwdPost, {"attention_bwd_post", 256, 0, 16}},
+      {KernelKind::BwdKV, {"attention_bwd_kv", 256, 72 * 1024, 64}},
+      {KernelKind::BwdDQ, {"attention_bwd_dq", 128, 40 * 1024, 128}},
+  };
+  return infos;
+}
+
+/// Puts a fake kernel of every backward kind for `a` (on an sm_90a device)
+/// into the disk cache at `root`, so that no compile runs.
+void seedBackwardKernels(const std::string &root, const BackwardArgs &a) {
+  for (const auto &[kind, info] : seededInfos()) {
+    KernelSpec spec;
+    spec.kind = kind;
+    spec.P = spec.N = 0;
+    spec.headDim = a.head_dim;
+    spec.numQHeads = a.num_q_heads;
+    spec.numKVHeads = a.num_kv_heads;
+    spec.dtype = a.dtype;
+    spec.arch = "sm_90a";
+    if (kind == KernelKind::Bwd || kind == KernelKind::BwdKV)
+      spec.tiling = a.tiling;
+    CacheEntry entry;
+    entry.info = info;
+    entry.ptx = fmt::format("// fake {}\n", info.name);
+    entry.cubin = {'c', 'u', 'b', 'i', 'n'};
+    REQUIRE(DiskCache(root).store(
+        CacheKey::fromSpec(resolveSpec(spec), compilerFingerprint()), entry));
+  }
+}
+
+uint64_t bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+uint64_t ptr(const void *p) { return reinterpret_cast<uintptr_t>(p); }
+
+void checkGrid(const FakeDriver::Event &e, unsigned x, unsigned y, unsigned z,
+               const KernelInfo &info) {
+  CHECK(e.grid[0] == x);
+  CHECK(e.grid[1] == y);
+  CHECK(e.grid[2] == z);
+  CHECK(e.block[0] == unsigned(info.threads));
+  CHECK(e.block[1] == 1);
+  CHECK(e.block[2] == 1);
+  CHECK(e.shared == unsigned(info.sharedBytes));
+}
+
+} // namespace
+
+TEST_CASE("backward: the default launch sequence follows the ABI",
+          "[runtime][backward]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv tuning("DUALKV_TUNING_DB", tmp.path + "/no-tuning.json");
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  fake.signatures = backwardSignatures();
+  resetCacheStats();
+
+  // Group 0: one prompt of 1100 tokens. With blockM 64 its tiles at 0 and 64
+  // see more than 1024 queries (two chunks each: 128 accumulator rows).
+  // Group 1: 8 | 8. T = 1116, 3 segments.
+  std::vector<PlanGroup> groups = {{1100, {}}, {8, {8}}};
+  Plan plan(groups);
+  BackwardArgs a = validBackwardArgs(plan);
+  a.stream = fakePointer(0x5757);
+  seedBackwardKernels(tmp.path, a);
+  const int64_t T = 1116, Hq = 8, Hkv = 2, D = 128, rows = 128;
+
+  backward(a);
+  CHECK(cacheStats().compiles == 0);
+  const auto &infos = seededInfos();
+  REQUIRE(fake.events.size() == 6);
+  for (const FakeDriver::Event &e : fake.events)
+    CHECK(e.stream == fakePointer(0x5757));
+
+  // The workspace: the runtime's own, at least as large as reported.
+  const FakeDriver::Event &pre = fake.events[3];
+  REQUIRE(pre.name == "attention_bwd_pre");
+  const uint64_t base = pre.params[2];
+  REQUIRE(fake.allocSizes.count(base) == 1);
+  CHECK(int64_t(fake.allocSizes[base]) >= backwardWorkspaceBytes(a));
+  const uint64_t dqacc = base + align256(Hq * T * 4);
+  const uint64_t dkacc = dqacc + align256(T * Hq * D * 4);
+  // The workspace holds accumulators for every prompt of a long group.
+  const uint64_t dvacc = dkacc + align256(1100 * Hkv * D * 4);
+
+  // 1. The accumulators are zeroed.
+  CHECK(fake.events[0].name == "memset");
+  CHECK(fake.events[0].params ==
+        std::vector<uint64_t>{dqacc, 0, uint64_t(T * Hq * D)});
+  CHECK(fake.events[1].params ==
+        std::vector<uint64_t>{dkacc, 0, uint64_t(rows * Hkv * D)});
+  CHECK(fake.events[2].params ==
+        std::vector<uint64_t>{dvacc, 0, uint64_t(rows * Hkv * D)});
+
+  // 2. bwd_pre: rows of 32 tokens, one CTA row per query head.
+  checkGrid(pre, (T + 31) / 32, Hq, 1, infos.at(KernelKind::BwdPre));
+  CHECK(pre.params == std::vector<uint64_t>{ptr(a.o.data), ptr(a.dout.data),
+                                            base, 1024, 128, 1024, 128,
+                                            uint64_t(T), uint64_t(T)});
+
+  // 3. bwd: one CTA per item and KV head; the items cover the plan.
+  const FakeDriver::Event &main = fake.events[4];
+  REQUIRE(main.name == "attention_bwd");
+  REQUIRE(fake.copies.count(main.params[11]) == 1);
+  const std::vector<int32_t> &items = fake.copies[main.params[11]];
+  const int64_t numItems = int64_t(items.size()) / kBwdItemFields;
+  CHECK(numItems == 18 + 2 + 1 + 1);
+  checkGrid(main, unsigned(numItems), Hkv, 1, infos.at(KernelKind::Bwd));
+  const FakeDriver::Event &post = fake.events[5];
+  REQUIRE(post.name == "attention_bwd_post");
+  REQUIRE(fake.copies.count(post.params[6]) == 1);
+  const std::vector<int32_t> &accTokens = fake.copies[post.params[6]];
+  CHECK(accTokens.size() == size_t(rows));
+  checkItems(groups, 64, 1024, items, accTokens);
+  const float scale = float(1.0 / std::sqrt(128.0));
+  const float scaleLog2 = float(1.4426950408889634 / std::sqrt(128.0));
+  std::vector<uint64_t> mainParams = {ptr(a.q.data),
+                                      ptr(a.k.data),
+                                      ptr(a.v.data),
+                                      ptr(a.dout.data),
+                                      ptr(a.dk.data),
+                                      ptr(a.dv.data),
+                                      ptr(a.lse),
+                                      base,
+                                      dqacc,
+                                      dkacc,
+                                      dvacc,
+                                      main.params[11],
+                                      1024,
+                                      128,
+                                      256,
+                                      128,
+                                      256,
+                                      128,
+                                      1024,
+                                      128,
+                                      256,
+                                      128,
+                                      256,
+                                      128,
+                                      uint64_t(T),
+                                      uint64_t(T),
+                                      bits(scale),
+                                      bits(scaleLog2)};
+  CHECK(main.params == mainParams);
+
+  // 4. bwd_post: dQ rows of Hq heads, then accumulator rows of Hkv heads.
+  checkGrid(post, (T + 15) / 16, Hq + Hkv, 1, infos.at(KernelKind::BwdPost));
+  CHECK(post.params == std::vector<uint64_t>{
+                           dqacc, dkacc, dvacc, ptr(a.dq.data), ptr(a.dk.data),
+                           ptr(a.dv.data), post.params[6], 1024, 128, 256, 128,
+                           256, 128, uint64_t(T), uint64_t(rows)});
+
+  // A second call allocates, uploads and loads nothing.
+  const int allocs = fake.allocs, loads = fake.cubinLoads;
+  const size_t copies = fake.copies.size();
+  a.scale = 0.25f;
+  backward(a);
+  CHECK(fake.allocs == allocs);
+  CHECK(fake.cubinLoads == loads);
+  CHECK(fake.copies.size() == copies);
+  REQUIRE(fake.events.size() == 12);
+  CHECK(fake.events[10].params[26] == bits(0.25f));
+  CHECK(fake.events[10].params[27] == bits(float(0.25 * 1.4426950408889634)));
+  CHECK(fake.events[10].params[7] == base);
+
+  // A caller's workspace is used as given, and nothing is allocated.
+  a.workspace = fakePointer(0x40000000);
+  a.workspace_bytes = backwardWorkspaceBytes(a);
+  backward(a);
+  REQUIRE(fake.events.size() == 18);
+  CHECK(fake.allocs == allocs);
+  CHECK(fake.events[12].params[0] ==
+        uint64_t(0x40000000 + align256(Hq * T * 4)));
+  CHECK(fake.events[15].params[2] == 0x40000000);
+
+  // A larger batch on the same stream grows the runtime's workspace once the
+  // stream is idle.
+  Plan larger({{3000, {500}}});
+  BackwardArgs b = validBackwardArgs(larger);
+  b.stream = a.stream;
+  const int syncs = fake.streamSyncs, frees = fake.frees;
+  backward(b);
+  CHECK(fake.streamSyncs == syncs + 1);
+  CHECK(fake.frees == frees + 1);
+  const FakeDriver::Event &grownPre = fake.events[fake.events.size() - 3];
+  REQUIRE(grownPre.name == "attention_bwd_pre");
+  const uint64_t grown = grownPre.params[2]; // delta: the workspace base
+  CHECK(grown != base);
+  CHECK(int64_t(fake.allocSizes[grown]) >= backwardWorkspaceBytes(b));
+}
+
+TEST_CASE("backward: the deterministic sequence has no atomics",
+          "[runtime][backward]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv tuning("DUALKV_TUNING_DB", tmp.path + "/no-tuning.json");
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  fake.signatures = backwardSignatures();
+
+  std::vector<PlanGroup> groups = {{1100, {}}, {8, {8}}};
+  Plan plan(groups);
+  BackwardArgs a = validBackwardArgs(plan);
+  a.deterministic = true;
+  a.scale = 0.125f;
+  seedBackwardKernels(tmp.path, a);
+  const int64_t T = 1116, Hq = 8, Hkv = 2;
+  const auto &infos = seededInfos();
+
+  backward(a);
+  REQUIRE(fake.events.size() == 3);
+  const FakeDriver::Event &pre = fake.events[0], &kv = fake.events[1],
+                          &dq = fake.events[2];
+  CHECK(pre.name == "attention_bwd_pre");
+  CHECK(kv.name == "attention_bwd_kv");
+  CHECK(dq.name == "attention_bwd_dq");
+  const uint64_t delta = pre.params[2];
+  CHECK(int64_t(fake.allocSizes[delta]) >= backwardWorkspaceBytes(a));
+  checkGrid(pre, (T + 31) / 32, Hq, 1, infos.at(KernelKind::BwdPre));
+
+  // bwd_kv: one item per KV tile, every one writing dK/dV directly.
+  REQUIRE(fake.copies.count(kv.params[11]) == 1);
+  const std::vector<int32_t> &items = fake.copies[kv.params[11]];
+  const int64_t numItems = int64_t(items.size()) / kBwdItemFields;
+  CHECK(numItems == countTiles(groups, 64));
+  checkItems(groups, 64, kBwdUnchunked, items, {});
+  checkGrid(kv, unsigned(numItems), Hkv, 1, infos.at(KernelKind::BwdKV));
+  CHECK(kv.params[7] == delta);
+  CHECK(kv.params[8] == 0); // no dqacc
+  CHECK(kv.params[9] == 0); // no dkacc
+  CHECK(kv.params[10] == 0);
+  CHECK(kv.params[26] == bits(0.125f));
+
+  // bwd_dq: query-major over the plan's segments.
+  checkGrid(dq, (1100 + 127) / 128, 3, Hq, infos.at(KernelKind::BwdDQ));
+  CHECK(dq.params ==
+        std::vector<uint64_t>{ptr(a.q.data),
+                              ptr(a.k.data),
+                              ptr(a.v.data),
+                              ptr(a.dout.data),
+                              ptr(a.dq.data),
+                              ptr(a.lse),
+                              delta,
+                              plan.deviceTable(),
+                              1024,
+                              128,
+                              256,
+                              128,
+                              256,
+                              128,
+                              1024,
+                              128,
+                              1024,
+                              128,
+                              uint64_t(T),
+                              uint64_t(T),
+                              bits(0.125f),
+                              bits(float(0.125 * 1.4426950408889634))});
+}

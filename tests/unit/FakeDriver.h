@@ -1,0 +1,308 @@
+// Test helpers shared by the runtime tests: a fake CUDA driver, scoped
+// environment variables and temp folders.
+#ifndef DUALKV_TESTS_UNIT_FAKEDRIVER_H
+#define DUALKV_TESTS_UNIT_FAKEDRIVER_H
+
+#include "Backward.h"
+#include "Cache.h"
+#include "CudaDriver.h"
+
+#include "dualkv/dualkv.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dualkv::testing {
+
+/// A fresh directory, removed with everything in it at scope exit. (The
+/// tests link libdualkv.so, whose LLVM is hidden, so they use std only.)
+struct TempDir {
+  std::string path;
+  TempDir() {
+    namespace fs = std::filesystem;
+    std::random_device random;
+    fs::path p =
+        fs::temp_directory_path() /
+        fmt::format("dualkv-runtime-test-{:08x}{:08x}", random(), random());
+    REQUIRE(fs::create_directory(p));
+    path = p.string();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+/// Sets (or, with nullopt, unsets) an environment variable for one scope.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> saved;
+  ScopedEnv(const char *n, std::optional<std::string> value) : name(n) {
+    if (const char *old = std::getenv(n))
+      saved = old;
+    if (value)
+      setenv(n, value->c_str(), 1);
+    else
+      unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (saved)
+      setenv(name.c_str(), saved->c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
+/// The Error `body` throws, or nullopt if it returns.
+template <typename F> std::optional<Error> errorOf(F &&body) {
+  try {
+    body();
+  } catch (const Error &e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+inline void *fakePointer(uintptr_t address) {
+  return reinterpret_cast<void *>(address);
+}
+
+/// A CUDA driver that needs no GPU: it records what the runtime asks of it
+/// and answers with configurable results.
+struct FakeDriver : cuda::Driver {
+  using CUresult = cuda::CUresult;
+
+  // Configuration.
+  CUresult initResult = cuda::CUDA_SUCCESS;
+  int deviceCount = 1;
+  int ccMajor = 9, ccMinor = 0;
+  CUresult cubinLoadResult = cuda::CUDA_SUCCESS;
+  CUresult ptxLoadResult = cuda::CUDA_SUCCESS;
+  cuda::CUcontext current = nullptr; ///< null: no context is current
+  cuda::CUcontext primary = reinterpret_cast<cuda::CUcontext>(0xC0);
+  /// Parameter sizes in bytes (8 or 4) of kernels by entry-point name: a
+  /// launch of one of these is decoded into `events`; any other launch is
+  /// taken for the forward and decoded into `last`.
+  std::map<std::string, std::vector<int>> signatures;
+
+  // Observations.
+  int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
+      allocs = 0, frees = 0, launches = 0, streamSyncs = 0;
+  std::vector<std::pair<int, int>> funcAttributes;
+  std::vector<int32_t> uploaded; ///< bytes of the last cuMemcpyHtoD
+  /// Every cuMemcpyHtoD by destination, as int32.
+  std::map<cuda::CUdeviceptr, std::vector<int32_t>> copies;
+  std::map<cuda::CUdeviceptr, size_t> allocSizes;
+  struct Launch {
+    unsigned grid[3], block[3], shared;
+    cuda::CUstream stream;
+    uint64_t ptrs[6];
+    int64_t strides[9];
+    float scaleLog2;
+  } last{};
+  /// Stream work in order: a memset (name "memset") or a launch of a kernel
+  /// with a signature (its name and parameters, 4-byte ones zero-extended).
+  struct Event {
+    std::string name;
+    unsigned grid[3] = {0, 0, 0}, block[3] = {0, 0, 0}, shared = 0;
+    cuda::CUstream stream = nullptr;
+    std::vector<uint64_t> params; ///< memset: {dst, value, count}
+  };
+  std::vector<Event> events;
+  std::map<std::string, cuda::CUfunction> functions;
+
+  CUresult init(unsigned) override {
+    ++inits;
+    return initResult;
+  }
+  CUresult deviceGetCount(int *count) override {
+    *count = deviceCount;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult deviceGet(cuda::CUdevice *device, int ordinal) override {
+    if (ordinal >= deviceCount)
+      return cuda::CUDA_ERROR_NO_DEVICE;
+    *device = ordinal;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult deviceGetAttribute(int *value, int attribute,
+                              cuda::CUdevice) override {
+    if (attribute == cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+      *value = ccMajor;
+    else if (attribute == cuda::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+      *value = ccMinor;
+    else
+      return cuda::CUDA_ERROR_INVALID_VALUE;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult ctxGetCurrent(cuda::CUcontext *ctx) override {
+    *ctx = current;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult ctxSetCurrent(cuda::CUcontext ctx) override {
+    current = ctx;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult ctxGetDevice(cuda::CUdevice *device) override {
+    *device = 0;
+    return current ? cuda::CUDA_SUCCESS : 201; // CUDA_ERROR_INVALID_CONTEXT
+  }
+  CUresult ctxSynchronize() override { return cuda::CUDA_SUCCESS; }
+  CUresult devicePrimaryCtxRetain(cuda::CUcontext *ctx,
+                                  cuda::CUdevice) override {
+    ++primaryRetains;
+    *ctx = primary;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult moduleLoadData(cuda::CUmodule *module, const void *) override {
+    ++cubinLoads;
+    *module = reinterpret_cast<cuda::CUmodule>(0x3000 + cubinLoads);
+    return cubinLoadResult;
+  }
+  CUresult moduleLoadDataEx(cuda::CUmodule *module, const void *image, unsigned,
+                            cuda::CUjit_option *, void **) override {
+    ++ptxLoads;
+    lastPtx = static_cast<const char *>(image);
+    *module = reinterpret_cast<cuda::CUmodule>(0x4000 + ptxLoads);
+    return ptxLoadResult;
+  }
+  CUresult moduleUnload(cuda::CUmodule) override {
+    ++unloads;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult moduleGetFunction(cuda::CUfunction *f, cuda::CUmodule,
+                             const char *name) override {
+    lastFunctionName = name;
+    // One handle per entry-point name, so launches can be told apart.
+    auto it = functions.find(name);
+    if (it == functions.end())
+      it = functions
+               .emplace(name, reinterpret_cast<cuda::CUfunction>(
+                                  0x5000 + 0x10 * functions.size()))
+               .first;
+    *f = it->second;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult funcSetAttribute(cuda::CUfunction, int attribute,
+                            int value) override {
+    funcAttributes.emplace_back(attribute, value);
+    return cuda::CUDA_SUCCESS;
+  }
+  std::string nameOf(cuda::CUfunction f) const {
+    for (const auto &[name, handle] : functions)
+      if (handle == f)
+        return name;
+    return "?";
+  }
+  CUresult launchKernel(cuda::CUfunction f, unsigned gx, unsigned gy,
+                        unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, cuda::CUstream stream, void **params,
+                        void **) override {
+    ++launches;
+    std::string name = nameOf(f);
+    if (auto sig = signatures.find(name); sig != signatures.end()) {
+      Event e{name, {gx, gy, gz}, {bx, by, bz}, shared, stream, {}};
+      for (size_t i = 0; i < sig->second.size(); ++i) {
+        uint64_t value = 0;
+        std::memcpy(&value, params[i], sig->second[i]);
+        e.params.push_back(value);
+      }
+      events.push_back(std::move(e));
+      return cuda::CUDA_SUCCESS;
+    }
+    last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0};
+    for (int i = 0; i < 6; ++i)
+      std::memcpy(&last.ptrs[i], params[i], sizeof(uint64_t));
+    for (int i = 0; i < 9; ++i)
+      std::memcpy(&last.strides[i], params[6 + i], sizeof(int64_t));
+    std::memcpy(&last.scaleLog2, params[15], sizeof(float));
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memAlloc(cuda::CUdeviceptr *ptr, size_t bytes) override {
+    ++allocs;
+    *ptr = 0x7000000 + 0x1000 * allocs;
+    allocSizes[*ptr] = bytes;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memFree(cuda::CUdeviceptr) override {
+    ++frees;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memcpyHtoD(cuda::CUdeviceptr dst, const void *src,
+                      size_t bytes) override {
+    uploaded.resize(bytes / sizeof(int32_t));
+    std::memcpy(uploaded.data(), src, bytes);
+    copies[dst] = uploaded;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memcpyDtoH(void *, cuda::CUdeviceptr, size_t) override {
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memsetD32(cuda::CUdeviceptr, unsigned, size_t) override {
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult memsetD32Async(cuda::CUdeviceptr dst, unsigned value, size_t count,
+                          cuda::CUstream stream) override {
+    Event e;
+    e.name = "memset";
+    e.stream = stream;
+    e.params = {dst, value, count};
+    events.push_back(std::move(e));
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult streamSynchronize(cuda::CUstream) override {
+    ++streamSyncs;
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult getErrorString(CUresult, const char **str) override {
+    *str = "fake description";
+    return cuda::CUDA_SUCCESS;
+  }
+  CUresult getErrorName(CUresult e, const char **str) override {
+    switch (e) {
+    case 2:
+      *str = "CUDA_ERROR_OUT_OF_MEMORY";
+      return cuda::CUDA_SUCCESS;
+    case cuda::CUDA_ERROR_NO_BINARY_FOR_GPU:
+      *str = "CUDA_ERROR_NO_BINARY_FOR_GPU";
+      return cuda::CUDA_SUCCESS;
+    case 218:
+      *str = "CUDA_ERROR_INVALID_PTX";
+      return cuda::CUDA_SUCCESS;
+    }
+    return cuda::CUDA_ERROR_INVALID_VALUE;
+  }
+
+  std::string lastPtx, lastFunctionName;
+};
+
+/// Installs a fake driver for one scope; the kernel cache and the backward's
+/// workspaces are emptied on both sides so nothing outlives the driver that
+/// made it.
+struct ScopedFakeDriver {
+  FakeDriver fake;
+  ScopedFakeDriver() {
+    clearKernelCache();
+    clearBackwardWorkspaces();
+    cuda::setDriverForTesting(&fake);
+  }
+  ~ScopedFakeDriver() {
+    clearKernelCache();
+    clearBackwardWorkspaces();
+    cuda::setDriverForTesting(nullptr);
+  }
+};
+
+} // namespace dualkv::testing
+
+#endif
