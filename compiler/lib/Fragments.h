@@ -144,6 +144,18 @@ protected:
     return out;
   }
 
+  /// A copy of the index `v` that LLVM cannot see through or move: an
+  /// (index-width, 32-bit) register move in volatile inline assembly.
+  Value opaque(Value v) {
+    Value i32 = arith::IndexCastOp::create(b, loc, b.getI32Type(), v);
+    auto asmOp = LLVM::InlineAsmOp::create(
+        b, loc, b.getI32Type(), ValueRange{i32}, "mov.b32 $0, $1;", "=r,r",
+        /*has_side_effects=*/true, /*is_align_stack=*/false,
+        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+        ArrayAttr());
+    return toIndex(asmOp.getResult(0));
+  }
+
   // ---- tiles ---------------------------------------------------------------
   int64_t threads() const { return warps * 32; }
   /// Thread, lane, warp and the lane's (g, t) of the mma layout; call once at

@@ -148,6 +148,11 @@ private:
 
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
   bool withDq;
+  /// The lane as shared-memory addresses see it: inside the query loop an
+  /// opaque copy made every iteration, so LLVM cannot hoist each ldmatrix
+  /// address into a register of its own; the constant parts then fold into
+  /// the instructions' immediate offsets.
+  Value aLane, aG, aT;
 
   // Kernel arguments.
   Value qPtr, kPtr, vPtr, doPtr, dkPtr, dvPtr, lsePtr, deltaPtr, dqAccPtr,
@@ -165,8 +170,8 @@ SmallVector<Value, 4> KVMajorEmitter::rowMajorA(Value buf, int64_t mt,
                                                 int64_t kt) {
   // Matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
   // (rows 8-15, k 8-15): lane l addresses row l % 8 + 8 * ((l / 8) % 2).
-  Value quad = divu(lane, 8);
-  Value row = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+  Value quad = divu(aLane, 8);
+  Value row = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
   Value col = mul(divu(quad, 2), idx(8));
   Value r = add(add(mul(warp, idx(16 * mTiles)), idx(mt * 16)), row);
   return ldmatrix4(buf, r, add(idx(kt * 16), col), /*transpose=*/false);
@@ -238,6 +243,9 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
            llvm::zip(op.getRegionIterArgs(), tiles.getRegionIterArgs()))
         map.map(from, to);
       pending.clear();
+      aLane = opaque(lane);
+      aG = divu(aLane, 4);
+      aT = remu(aLane, 4);
       for (Operation &inner : op.getBody().front().without_terminator())
         if (failed(emitOp(&inner)))
           return failure();
@@ -298,8 +306,8 @@ LogicalResult KVMajorEmitter::emitQKT(QKTOp op) {
   SmallVector<Value> s(mTiles * nTiles * 4, f32c(0.0f));
   // B fragments of the query tile rows: matrices (rows 0-7, d 0-7), (rows 0-7,
   // d 8-15), (rows 8-15, d 0-7), (rows 8-15, d 8-15).
-  Value quad = divu(lane, 8);
-  Value rowInBlock = add(remu(lane, 8), mul(divu(quad, 2), idx(8)));
+  Value quad = divu(aLane, 8);
+  Value rowInBlock = add(remu(aLane, 8), mul(divu(quad, 2), idx(8)));
   Value colInBlock = mul(remu(quad, 2), idx(8));
   for (int64_t kt = 0; kt < kTiles; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
@@ -391,8 +399,8 @@ LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
     }
   // B fragments of Y (queries x d, row-major) need ldmatrix.trans: matrices
   // (q 0-7, d 0-7), (q 8-15, d 0-7), (q 0-7, d 8-15), (q 8-15, d 8-15).
-  Value quad = divu(lane, 8);
-  Value rowInBlock = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+  Value quad = divu(aLane, 8);
+  Value rowInBlock = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
   Value colInBlock = mul(divu(quad, 2), idx(8));
   for (int64_t kk = 0; kk < kSteps; ++kk)
     for (int64_t dp = 0; dp < dTiles / 2; ++dp) {
@@ -422,8 +430,10 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
         int64_t i = (mt * nTiles + nt) * 4 + h * 2;
         Value narrow = arith::TruncFOp::create(
             b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
-        vector::StoreOp::create(b, loc, narrow, dsBuf,
-                                ValueRange{keyRow(mt, h), queryCol(nt, 0)});
+        Value row =
+            add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), aG));
+        Value col = add(idx(nt * 8), mul(aT, idx(2)));
+        vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
       }
   gpu::BarrierOp::create(b, loc);
   // dQ (queries x D) = dS (queries x keys) K (keys x D). The BN / 16 m16
@@ -441,14 +451,14 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   Value warpCol0 =
       colSplit == 1 ? idx(0) : mul(divu(warp, rowBlocks), idx(warpCols));
   int64_t kSteps = blockM / 16;
-  Value quad = divu(lane, 8);
+  Value quad = divu(aLane, 8);
   Value first = mul(tile, idx(blockN));
   // ldmatrix addresses: A (dS from dSᵀ, transposed: matrix j = quad holds
   // queries + 8 (j % 2), keys + 8 (j / 2)) and B (K rows, transposed, as V in
   // the forward).
-  Value aKeyRow = add(remu(lane, 8), mul(divu(quad, 2), idx(8)));
+  Value aKeyRow = add(remu(aLane, 8), mul(divu(quad, 2), idx(8)));
   Value aQueryCol = add(warpRow0, mul(remu(quad, 2), idx(8)));
-  Value bRow = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+  Value bRow = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
   Value bCol = add(warpCol0, mul(divu(quad, 2), idx(8)));
   for (int64_t c0 = 0; c0 < warpCols; c0 += chunkCols) {
     int64_t cTiles = chunkCols / 8;
