@@ -64,8 +64,8 @@ double median(std::vector<float> ms) {
   return ms[ms.size() / 2];
 }
 
-int usage() {
-  fmt::print(stderr,
+int usage(std::FILE *to = stderr) {
+  fmt::print(to,
              "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
              "[--modes fwd,bwd,fwd+bwd,det]\n"
@@ -101,7 +101,10 @@ int main(int argc, char **argv) {
       return argv[++i];
     };
     try {
-      if (a == "--configs") {
+      if (a == "--help" || a == "-h") {
+        usage(stdout);
+        return 0;
+      } else if (a == "--configs") {
         for (auto &c : split(value())) {
           std::array<int64_t, 3> cfg{};
           if (std::sscanf(c.c_str(), "%ld:%ld:%ld", &cfg[0], &cfg[1],
@@ -111,8 +114,11 @@ int main(int argc, char **argv) {
         }
       } else if (a == "--modes") {
         opt.modes.clear();
-        for (auto &m : split(value()))
+        for (auto &m : split(value())) {
+          if (m != "fwd" && m != "bwd" && m != "fwd+bwd" && m != "det")
+            return usage();
           opt.modes.push_back(m == "det" ? "fwd+bwd det" : m);
+        }
       } else if (a == "--d") {
         opt.d = std::stoi(value());
       } else if (a == "--heads") {
@@ -223,8 +229,6 @@ int main(int argc, char **argv) {
       for (const std::string &mode : opt.modes) {
         bool runFwd = mode != "bwd", runBwd = mode != "fwd",
              det = mode == "fwd+bwd det";
-        if (mode != "fwd" && mode != "bwd" && mode != "fwd+bwd" && !det)
-          return usage();
         double flops = (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
         auto once = [&](int i) {
           InputSet &s = *sets[size_t(i) % sets.size()];
