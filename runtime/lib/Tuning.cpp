@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -21,7 +22,17 @@ using nlohmann::json;
 
 constexpr const char *kSchema = "dualkv-tuning";
 
-/// Everything that selects an entry: the spec without its tiling.
+std::optional<KernelKind> kindFromString(const std::string &name) {
+  for (KernelKind k :
+       {KernelKind::Fwd, KernelKind::BwdPre, KernelKind::Bwd,
+        KernelKind::BwdPost, KernelKind::BwdKV, KernelKind::BwdDQ})
+    if (name == toString(k))
+      return k;
+  return std::nullopt;
+}
+
+/// Everything that selects an entry, the kernel kind included: the spec
+/// without its tiling.
 bool sameKey(const KernelSpec &a, const KernelSpec &b) {
   return a.kind == b.kind && a.P == b.P && a.N == b.N &&
          a.headDim == b.headDim && a.numQHeads == b.numQHeads &&
@@ -76,11 +87,16 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
   };
   TunedEntry e;
   KernelSpec &s = e.spec;
+  // The kind is part of the key: a forward entry never answers a backward
+  // lookup, nor one backward kernel's entry another's.
   std::string kind = text("kind");
-  if (kind != "fwd")
-    throw std::runtime_error(
-        fmt::format("{} '{}' is not a known kernel kind", where("kind"), kind));
-  s.kind = KernelKind::Fwd;
+  std::optional<KernelKind> known = kindFromString(kind);
+  if (!known)
+    throw std::runtime_error(fmt::format(
+        "{} '{}' is not a known kernel kind (fwd, bwd_pre, bwd, bwd_post, "
+        "bwd_kv, bwd_dq)",
+        where("kind"), kind));
+  s.kind = *known;
   s.P = integer(j, "P");
   s.N = integer(j, "N");
   s.headDim = static_cast<int>(integer(j, "head_dim"));

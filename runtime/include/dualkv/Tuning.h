@@ -23,7 +23,11 @@ struct TunedEntry {
 };
 
 /// A schema-versioned JSON file of TunedEntry, keyed by everything but the
-/// tiling. Anything wrong with a file (unreadable, not JSON, another schema or
+/// tiling: the kernel kind is part of the key, so the forward (fwd) and the
+/// backward's main kernels (bwd, bwd_kv) each have their own entry. Version 1
+/// has always stored the kind; readers before the backward reject an entry of
+/// a backward kind, and with it the whole file, as they do any malformed
+/// entry. Anything wrong with a file (unreadable, not JSON, another schema or
 /// version, truncated, fields of the wrong type) makes load() report it and
 /// return an empty database: a tuning file is never trusted in part.
 class DUALKV_API TuningDb {
@@ -36,7 +40,8 @@ public:
   /// $DUALKV_TUNING_DB, else <kernel cache root>/tuning.json.
   static std::string defaultPath();
 
-  /// The tuned tiling for `spec` (its tiling ignored), if any.
+  /// The tuned tiling for `spec` (its tiling ignored; its kind, shape class,
+  /// heads, head_dim, dtype and arch must all match), if any.
   std::optional<Tiling> find(const KernelSpec &spec) const;
   /// Adds or replaces the entry with the same key.
   void put(const TunedEntry &entry);
