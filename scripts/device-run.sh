@@ -2,12 +2,14 @@
 # The GPU side of every device run: unpack the build carried in .device/, run the GPU
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
-# dualkv-backward-bench, compile_cost.py), or both ("all", the default). Single steps:
-# ctest, examples, pytest, attention, kernels, compile-cost (several: "ctest,pytest").
+# dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune (several:
+# "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
+# longer fits one 10-minute command, so run it as a step of its own.
 #
 # At most 8 files come back from $OUT, so: one log of everything ($OUT/device.log), every
 # report, table and plot in $OUT/reports.tar.gz, and the headline tables and plots
-# (attention.md, attention_speedup.png, backward_bench.txt) beside them.
+# (attention.md, attention_speedup.png, backward_bench.txt, tuned_vs_default.md) beside them.
 # CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,6 +64,13 @@ fi
 if wants compile-cost bench; then
   step "compile_cost.py" python3 benchmarks/compile_cost.py --lib build/libdualkv.so \
     --out "$reports/bench"
+fi
+if wants tune bench; then
+  # dualkv-tune for fwd and bwd at P=8192 N=16 R=1024, then default against tuned tilings
+  # at the standard configurations (fwd, fwd+bwd); its tuning.json is kept in the reports.
+  step "tune_vs_default.py" python3 benchmarks/tune_vs_default.py --build build \
+    --out "$reports/tune"
+  cp "$reports/tune/tuned_vs_default.md" "$out"/ 2>/dev/null
 fi
 tar -czf "$out/reports.tar.gz" -C "$reports" . 2>&1 | tee -a "$log"
 echo "=== done: status $status; reports: $(cd "$reports" && find . -type f | sort | tr '\n' ' ')" \
