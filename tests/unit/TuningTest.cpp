@@ -1,5 +1,8 @@
-// Tests of the tuning database: round trip, lookup by key, and every way a file
-// can be wrong is reported and leaves the database empty.
+// Tests of the tuning database: round trip, lookup by key (the kernel kind
+// included, also through the runtime), and every way a file can be wrong is
+// reported and leaves the database empty.
+#include "FakeDriver.h"
+
 #include "dualkv/Tuning.h"
 
 #include <catch2/catch.hpp>
@@ -11,11 +14,14 @@
 #include <unistd.h>
 
 using namespace dualkv;
+using namespace dualkv::testing;
 
 namespace {
 
-TunedEntry sample(int headDim, const char *arch, Tiling t) {
+TunedEntry sample(int headDim, const char *arch, Tiling t,
+                  KernelKind kind = KernelKind::Fwd) {
   TunedEntry e;
+  e.spec.kind = kind;
   e.spec.headDim = headDim;
   e.spec.arch = arch;
   e.spec.tiling = t;
@@ -104,4 +110,247 @@ TEST_CASE("tuning: corrupt or foreign files are reported and ignored",
     CHECK(error.find(bad.expect) != std::string::npos);
   }
   std::remove(path.c_str());
+}
+
+TEST_CASE("tuning: the kernel kind is part of the key", "[tuning]") {
+  TuningDb db;
+  db.put(sample(128, "sm_90a", {128, 32, 4, 2}));
+  db.put(sample(128, "sm_90a", {128, 32, 8, 1}, KernelKind::Bwd));
+  db.put(sample(64, "sm_90a", {64, 64, 4, 2}));
+  // The same key but another kind is another entry, not a replacement.
+  REQUIRE(db.entries().size() == 3);
+  std::string path = tempPath("dualkv-tuning-kinds");
+  std::string error;
+  REQUIRE(db.save(path, &error));
+  TuningDb back = TuningDb::load(path, &error);
+  CHECK(error.empty());
+  REQUIRE(back.entries().size() == 3);
+  CHECK(back.entries()[1].spec.kind == KernelKind::Bwd);
+  KernelSpec spec;
+  spec.headDim = 128;
+  spec.arch = "sm_90a";
+  spec.kind = KernelKind::Fwd;
+  REQUIRE(back.find(spec).has_value());
+  CHECK(*back.find(spec) == Tiling{128, 32, 4, 2});
+  spec.kind = KernelKind::Bwd;
+  REQUIRE(back.find(spec).has_value());
+  CHECK(*back.find(spec) == Tiling{128, 32, 8, 1});
+  // Neither answers for the deterministic backward's kernel ...
+  spec.kind = KernelKind::BwdKV;
+  CHECK_FALSE(back.find(spec).has_value());
+  // ... and head_dim 64 has a forward entry only: the backward has none.
+  spec.headDim = 64;
+  spec.kind = KernelKind::Bwd;
+  CHECK_FALSE(back.find(spec).has_value());
+  spec.kind = KernelKind::Fwd;
+  CHECK(back.find(spec).has_value());
+  // Replacing keeps to its own kind.
+  back.put(sample(128, "sm_90a", {64, 16, 4, 1}, KernelKind::Bwd));
+  spec.headDim = 128;
+  CHECK(*back.find(spec) == Tiling{128, 32, 4, 2});
+  spec.kind = KernelKind::Bwd;
+  CHECK(*back.find(spec) == Tiling{64, 16, 4, 1});
+  std::remove(path.c_str());
+}
+
+TEST_CASE("tuning: schema version 1 holds every kind; other versions and "
+          "unknown kinds are foreign",
+          "[tuning]") {
+  // A file written before the backward existed: version 1, forward entries.
+  // The kind has always been in the key, so it still reads as it did.
+  std::string path = tempPath("dualkv-tuning-schema");
+  auto entry = [](const std::string &kind) {
+    return R"({"kind": ")" + kind +
+           R"(", "P": 0, "N": 0, "head_dim": 128, "num_q_heads": 32,)"
+           R"( "num_kv_heads": 8, "dtype": "bf16", "arch": "sm_90a", "tiling":)"
+           R"( {"block_m": 128, "block_n": 64, "warps": 8, "stages": 2}})";
+  };
+  auto file = [&](int version, const std::string &entries) {
+    return fmt::format(R"({{"schema": "dualkv-tuning", "version": {}, )"
+                       R"("entries": [{}]}})",
+                       version, entries);
+  };
+  std::string error;
+  writeText(path, file(1, entry("fwd")));
+  TuningDb old = TuningDb::load(path, &error);
+  CHECK(error.empty());
+  REQUIRE(old.entries().size() == 1);
+  CHECK(old.entries()[0].spec.kind == KernelKind::Fwd);
+
+  for (const char *kind : {"bwd", "bwd_kv"}) {
+    writeText(path, file(1, entry(kind)));
+    TuningDb db = TuningDb::load(path, &error);
+    INFO(kind);
+    CHECK(error.empty());
+    REQUIRE(db.entries().size() == 1);
+    CHECK(toString(db.entries()[0].spec.kind) == std::string(kind));
+  }
+
+  // Another version (a later schema) is foreign: reported, nothing read.
+  writeText(path, file(2, entry("fwd")));
+  TuningDb later = TuningDb::load(path, &error);
+  CHECK(later.entries().empty());
+  CHECK(error.find("ignored: schema version 2 is not 1") != std::string::npos);
+
+  // An unknown kind names the field and the value, and the whole file goes.
+  writeText(path, file(1, entry("fwd") + ", " + entry("bwd_fused")));
+  TuningDb unknown = TuningDb::load(path, &error);
+  CHECK(unknown.entries().empty());
+  CHECK(error.find("entries[1].kind 'bwd_fused' is not a known kernel kind") !=
+        std::string::npos);
+  std::remove(path.c_str());
+}
+
+namespace {
+
+/// Parameter sizes of the backward's kernels (docs/backward-abi.md), so the
+/// fake driver records their launches as events.
+std::map<std::string, std::vector<int>> backwardSignatures() {
+  std::vector<int> main(26, 8);
+  main.insert(main.end(), {4, 4});
+  std::vector<int> dq(20, 8);
+  dq.insert(dq.end(), {4, 4});
+  return {{"attention_bwd_pre", std::vector<int>(9, 8)},
+          {"attention_bwd", main},
+          {"attention_bwd_kv", main},
+          {"attention_bwd_post", std::vector<int>(15, 8)},
+          {"attention_bwd_dq", dq}};
+}
+
+/// Puts a fake kernel for (kind, head_dim, tiling; heads 8:2, bf16, sm_90a)
+/// into the disk cache at `root`, telling itself apart by its shared bytes.
+void seed(const std::string &root, KernelKind kind, int headDim, Tiling tiling,
+          const std::string &name, int threads, int shared) {
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.headDim = headDim;
+  spec.numQHeads = 8;
+  spec.numKVHeads = 2;
+  spec.arch = "sm_90a";
+  spec.tiling = tiling;
+  spec = resolveSpec(spec);
+  CacheEntry entry;
+  entry.info = {name, threads, shared, spec.tiling.blockM};
+  entry.ptx = fmt::format("// fake {}\n", name);
+  entry.cubin = {'c', 'u', 'b', 'i', 'n'};
+  REQUIRE(DiskCache(root).store(CacheKey::fromSpec(spec, compilerFingerprint()),
+                                entry));
+}
+
+ForwardArgs fakeForwardArgs(const Plan &plan, int headDim) {
+  ForwardArgs a;
+  const int64_t T = plan.numTokens(), D = headDim, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * D, D};
+  a.o = {fakePointer(0x400000), Hq * D, D};
+  a.lse = static_cast<float *>(fakePointer(0x500000));
+  a.lse_stride_h = T;
+  a.num_tokens = T;
+  a.num_q_heads = int(Hq);
+  a.num_kv_heads = int(Hkv);
+  a.head_dim = headDim;
+  a.plan = &plan;
+  return a;
+}
+
+BackwardArgs fakeBackwardArgs(const Plan &plan, int headDim, bool det) {
+  ForwardArgs f = fakeForwardArgs(plan, headDim);
+  const int64_t D = headDim, Hq = 8, Hkv = 2;
+  BackwardArgs a;
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  a.o = f.o;
+  a.dout = {fakePointer(0x600000), Hq * D, D};
+  a.dq = {fakePointer(0x700000), Hq * D, D};
+  a.dk = {fakePointer(0x800000), Hkv * D, D};
+  a.dv = {fakePointer(0x900000), Hkv * D, D};
+  a.lse = f.lse;
+  a.lse_stride_h = f.lse_stride_h;
+  a.num_tokens = f.num_tokens;
+  a.num_q_heads = f.num_q_heads;
+  a.num_kv_heads = f.num_kv_heads;
+  a.head_dim = headDim;
+  a.deterministic = det;
+  a.plan = &plan;
+  return a;
+}
+
+/// The shared bytes of the last launch of kernel `name`.
+unsigned sharedOf(const FakeDriver &fake, const std::string &name) {
+  for (auto e = fake.events.rbegin(); e != fake.events.rend(); ++e)
+    if (e->name == name)
+      return e->shared;
+  FAIL("no launch of " << name);
+  return 0;
+}
+
+} // namespace
+
+TEST_CASE("tuning: the runtime looks tuned tilings up by kernel kind",
+          "[tuning][runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  // The database is read once per process, at the first kernel lookup: this
+  // test runs in a process of its own (one ctest entry per test case).
+  std::string dbPath = tmp.path + "/tuning.json";
+  ScopedEnv dbEnv("DUALKV_TUNING_DB", dbPath);
+  const Tiling bwdTuned{128, 32, 8, 1}, fwdTuned{64, 64, 4, 2};
+  TuningDb db;
+  TunedEntry bwd; // head_dim 128: the backward's main kernel only
+  bwd.spec.kind = KernelKind::Bwd;
+  bwd.spec.numQHeads = 8;
+  bwd.spec.numKVHeads = 2;
+  bwd.spec.tiling = bwdTuned;
+  db.put(bwd);
+  TunedEntry fwd = bwd; // head_dim 64: the forward only
+  fwd.spec.kind = KernelKind::Fwd;
+  fwd.spec.headDim = 64;
+  fwd.spec.tiling = fwdTuned;
+  db.put(fwd);
+  std::string error;
+  REQUIRE(db.save(dbPath, &error));
+
+  // Every kernel either lookup could pick, each with its own shared bytes; a
+  // lookup that took the wrong entry loads the wrong one of these.
+  const std::string &root = tmp.path;
+  for (int d : {64, 128}) {
+    const int base = d * 100;
+    seed(root, KernelKind::Fwd, d, {}, "attention_fwd", 128, base + 1);
+    seed(root, KernelKind::Fwd, d, fwdTuned, "attention_fwd", 128, base + 2);
+    seed(root, KernelKind::Fwd, d, bwdTuned, "attention_fwd", 256, base + 3);
+    seed(root, KernelKind::Bwd, d, {}, "attention_bwd", 128, base + 11);
+    seed(root, KernelKind::Bwd, d, bwdTuned, "attention_bwd", 256, base + 12);
+    seed(root, KernelKind::Bwd, d, fwdTuned, "attention_bwd", 128, base + 13);
+    seed(root, KernelKind::BwdKV, d, {}, "attention_bwd_kv", 128, base + 21);
+    seed(root, KernelKind::BwdKV, d, bwdTuned, "attention_bwd_kv", 256,
+         base + 22);
+    seed(root, KernelKind::BwdPre, d, {}, "attention_bwd_pre", 128, 0);
+    seed(root, KernelKind::BwdPost, d, {}, "attention_bwd_post", 256, 0);
+    seed(root, KernelKind::BwdDQ, d, {}, "attention_bwd_dq", 128, base + 31);
+  }
+
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  fake.signatures = backwardSignatures();
+  resetCacheStats();
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+
+  // head_dim 128: the bwd entry serves the atomic backward's main kernel
+  // only; the forward and the deterministic backward keep their defaults.
+  forward(fakeForwardArgs(plan, 128));
+  CHECK(fake.last.shared == 12801);
+  backward(fakeBackwardArgs(plan, 128, false));
+  CHECK(sharedOf(fake, "attention_bwd") == 12812);
+  backward(fakeBackwardArgs(plan, 128, true));
+  CHECK(sharedOf(fake, "attention_bwd_kv") == 12821);
+
+  // head_dim 64: the fwd entry serves the forward, never the backward.
+  forward(fakeForwardArgs(plan, 64));
+  CHECK(fake.last.shared == 6402);
+  backward(fakeBackwardArgs(plan, 64, false));
+  CHECK(sharedOf(fake, "attention_bwd") == 6411);
+  CHECK(cacheStats().compiles == 0);
 }
