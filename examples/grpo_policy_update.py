@@ -1,0 +1,954 @@
+#!/usr/bin/env python3
+"""A GRPO policy-update step on Qwen3-shaped layers: replicated FA2, packed Flex, packed DualKV.
+
+A micro-batch is G groups, each one prompt of P tokens and N sampled responses of R tokens.
+The same model (same weights) computes the same GRPO loss on the same tokens in three ways:
+
+  replicated-FA2  what RL frameworks do today: every response is its own sequence
+                  [prompt | response_n], the G*N sequences are padded to the longest and
+                  batched, attention is PyTorch SDPA with is_causal=True under the
+                  FLASH_ATTENTION backend (padding sits at the end, where causal attention
+                  cannot reach the real tokens; padded positions are not in the loss).
+  packed-Flex     each group packed once, [prompt | r_1 | ... | r_N], groups back to back
+                  (batch 1); torch.compile(flex_attention, dynamic=True) with a block mask whose
+                  mask_mod is allowed(i, j) of DESIGN.md section 1 (group-id, segment-id and
+                  is-prompt tensors). The block mask is built in every step (timed).
+  packed-DualKV   the same packed layout; dualkv.attention with a dualkv.Plan built in every
+                  step (timed).
+
+Rotary positions are those of the separate sequences in every layout: prompt 0..P-1, every
+response P..P+R-1 (dualkv.pack gives them). Since the packed layouts hold the prompt once,
+they also run the projections, MLP and norms over the prompt once instead of N times.
+
+The model: Qwen3-8B layer sizes (hidden 4096, 32 query heads, 8 KV heads, head_dim 128, MLP
+12288, RMSNorm eps 1e-6 including Qwen3's per-head q_norm/k_norm, RoPE theta 1e6, SwiGLU),
+--layers decoder layers (default 2), untied lm_head, vocabulary reduced to --vocab (default
+32768; Qwen3-8B has 151936) to save memory, random init (std 0.02, norms 1, fixed seed), bf16
+weights and activations, fp32 norms and log-softmax as in the transformers implementation.
+Plain PyTorch: no transformers needed.
+
+The loss: per-token log-probs of the response tokens (the logits at the positions that
+predict them; in the packed layout a response's first token is predicted by the prompt's
+last position), rewards drawn at random per response, group-normalised advantages
+A = (r - mean_g) / (std_g + 1e-4), and the clipped objective
+  max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)),  ratio = exp(logp - logp_old),
+averaged over all response tokens, with logp_old = logp.detach() (one policy-update step on
+fresh rollouts, so ratio = 1 and the loss value is -mean(A) by construction: the log-probs
+and the gradients are what the methods must agree on).
+
+Checks against replicated-FA2 (or packed-Flex when that failed): per-token log-probs (max
+and mean |diff|), every parameter gradient (||g - g_ref|| / ||g_ref||, worst parameter and
+worst per group), the loss. Measurements: step time (forward + backward of the loss, plan or
+mask creation included; CUDA events, median of --reps after warm-up), response tokens per
+second, peak memory (torch.cuda.max_memory_allocated over one step, after a reset; the
+weights and their gradients are in it). A method that runs out of memory is recorded as OOM.
+
+Run (GPU, PyTorch >= 2.5; from the repository root, after building build/libdualkv.so):
+  python3 examples/grpo_policy_update.py --lib build/libdualkv.so            # ~3-5 min on an H200
+  python3 examples/grpo_policy_update.py --lib build/libdualkv.so --quick    # one small config
+Writes benchmarks/results/<today>/grpo_policy_update.{md,json,png} (--out DIR to change).
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+METHODS = ("replicated-FA2", "packed-Flex", "packed-DualKV")
+DEFAULT_CONFIGS = [(P, N, 1024) for P in (2048, 8192) for N in (8, 16, 32)]
+QUICK_CONFIGS = [(2048, 8, 1024)]
+#: The issue's targets: at this (P, N, R) packed-DualKV's step is >= 4x faster than
+#: replicated-FA2's and no slower than packed-Flex's.
+TARGET_CONFIG = (8192, 16, 1024)
+TARGET_VS_REPLICATED = 4.0
+
+
+class ModelConfig:
+    """Qwen3-8B's layer sizes; layers and vocabulary as asked."""
+
+    def __init__(self, layers, vocab):
+        self.hidden = 4096
+        self.heads = 32
+        self.kv_heads = 8
+        self.head_dim = 128
+        self.intermediate = 12288
+        self.layers = layers
+        self.vocab = vocab
+        self.rope_theta = 1e6
+        self.eps = 1e-6
+        self.init_std = 0.02
+
+    def as_dict(self):
+        return dict(vars(self))
+
+
+# ------------------------------------------------------------------- the model
+
+def init_weights(torch, cfg, device, dtype, seed):
+    """The model's parameters by their transformers names (leaf tensors with
+    requires_grad): normal(0, init_std) matrices, RMSNorm weights 1."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    H, D, I = cfg.hidden, cfg.head_dim, cfg.intermediate
+
+    def normal(*shape):
+        w = torch.empty(*shape, device=device, dtype=dtype)
+        return w.normal_(0.0, cfg.init_std, generator=gen)
+
+    def ones(n):
+        return torch.ones(n, device=device, dtype=dtype)
+
+    W = {"embed_tokens.weight": normal(cfg.vocab, H)}
+    for layer in range(cfg.layers):
+        p = f"layers.{layer}."
+        W[p + "input_layernorm.weight"] = ones(H)
+        W[p + "self_attn.q_proj.weight"] = normal(cfg.heads * D, H)
+        W[p + "self_attn.k_proj.weight"] = normal(cfg.kv_heads * D, H)
+        W[p + "self_attn.v_proj.weight"] = normal(cfg.kv_heads * D, H)
+        W[p + "self_attn.o_proj.weight"] = normal(H, cfg.heads * D)
+        W[p + "self_attn.q_norm.weight"] = ones(D)
+        W[p + "self_attn.k_norm.weight"] = ones(D)
+        W[p + "post_attention_layernorm.weight"] = ones(H)
+        W[p + "mlp.gate_proj.weight"] = normal(I, H)
+        W[p + "mlp.up_proj.weight"] = normal(I, H)
+        W[p + "mlp.down_proj.weight"] = normal(H, I)
+    W["norm.weight"] = ones(H)
+    W["lm_head.weight"] = normal(cfg.vocab, H)
+    for w in W.values():
+        w.requires_grad_(True)
+    return W
+
+
+def param_group(name):
+    """The group a parameter is reported in."""
+    for key, group in (("embed_tokens", "embedding"), ("lm_head", "lm_head"),
+                       ("q_norm", "q/k-norm"), ("k_norm", "q/k-norm"),
+                       ("self_attn", "attention proj"), ("mlp", "MLP")):
+        if key in name:
+            return group
+    return "RMSNorm"
+
+
+def rms_norm(torch, x, weight, eps):
+    """Qwen3RMSNorm: normalise in fp32, scale in the input's dtype."""
+    F = torch.nn.functional
+    dtype = x.dtype
+    x32 = x.float()
+    if hasattr(F, "rms_norm"):  # torch >= 2.4: fused, same math
+        x32 = F.rms_norm(x32, (x32.shape[-1],), eps=eps)
+    else:
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rope_tables(torch, cfg, position_ids, dtype):
+    """cos, sin [B, S, 1, head_dim] of the rotary embedding (fp32 angles)."""
+    D = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (
+        torch.arange(0, D, 2, device=position_ids.device).float() / D))
+    freqs = position_ids.float()[..., None] * inv_freq      # [B, S, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+
+
+def apply_rope(torch, x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def decoder_layer(torch, cfg, W, p, h, cos, sin, attn):
+    """One Qwen3 decoder layer on h [B, S, hidden]; attn(q, k, v) takes
+    q [B, S, Hq, D], k/v [B, S, Hkv, D] (rotary applied) and gives [B, S, Hq, D]."""
+    F = torch.nn.functional
+    B, S, _ = h.shape
+    Hq, Hkv, D, eps = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.eps
+    x = rms_norm(torch, h, W[p + "input_layernorm.weight"], eps)
+    q = F.linear(x, W[p + "self_attn.q_proj.weight"]).view(B, S, Hq, D)
+    k = F.linear(x, W[p + "self_attn.k_proj.weight"]).view(B, S, Hkv, D)
+    v = F.linear(x, W[p + "self_attn.v_proj.weight"]).view(B, S, Hkv, D)
+    q = apply_rope(torch, rms_norm(torch, q, W[p + "self_attn.q_norm.weight"], eps), cos, sin)
+    k = apply_rope(torch, rms_norm(torch, k, W[p + "self_attn.k_norm.weight"], eps), cos, sin)
+    o = attn(q, k, v)
+    h = h + F.linear(o.reshape(B, S, Hq * D), W[p + "self_attn.o_proj.weight"])
+    x = rms_norm(torch, h, W[p + "post_attention_layernorm.weight"], eps)
+    gate = F.silu(F.linear(x, W[p + "mlp.gate_proj.weight"]))
+    up = F.linear(x, W[p + "mlp.up_proj.weight"])
+    return h + F.linear(gate * up, W[p + "mlp.down_proj.weight"])
+
+
+def hidden_states(torch, cfg, W, input_ids, position_ids, attn):
+    """The last decoder layer's output [B, S, hidden] (before the final norm)."""
+    h = torch.nn.functional.embedding(input_ids, W["embed_tokens.weight"])
+    cos, sin = rope_tables(torch, cfg, position_ids, h.dtype)
+    for layer in range(cfg.layers):
+        h = decoder_layer(torch, cfg, W, f"layers.{layer}.", h, cos, sin, attn)
+    return h
+
+
+def response_logprobs(torch, cfg, W, h, logit_index, targets):
+    """log p(target) at the flat positions logit_index of h: the final norm and
+    lm_head only where a response token is predicted; log-softmax in fp32."""
+    F = torch.nn.functional
+    x = h.reshape(-1, h.shape[-1]).index_select(0, logit_index)
+    x = rms_norm(torch, x, W["norm.weight"], cfg.eps)
+    logits = F.linear(x, W["lm_head.weight"]).float()
+    return -F.cross_entropy(logits, targets, reduction="none")
+
+
+def grpo_loss(torch, logp, logp_old, advantages, clip_eps):
+    """The clipped GRPO/PPO objective, mean over response tokens."""
+    ratio = torch.exp(logp - logp_old)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    return torch.maximum(unclipped, clipped).mean()
+
+
+# ------------------------------------------------------------------- the batch
+
+class Batch:
+    """One micro-batch of G groups in both layouts, plus the loss inputs.
+
+    Every per-token vector of the loss (targets, advantages, log-probs) is in
+    the canonical order group, response, token, in both layouts."""
+
+    def __init__(self, torch, dualkv, groups, vocab, seed, device):
+        self.groups = [(int(P), [int(R) for R in Rs]) for P, Rs in groups]
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+
+        def tokens(n):
+            return torch.randint(1, vocab, (n,), generator=gen).tolist()
+
+        data = [(tokens(P), [tokens(R) for R in Rs]) for P, Rs in self.groups]
+        advantages = []
+        for P, Rs in self.groups:
+            r = torch.rand(len(Rs), generator=gen, dtype=torch.float64)
+            a = (r - r.mean()) / (r.std() + 1e-4)
+            advantages += [a[n].item() for n in range(len(Rs))]
+        targets = [t for _, resps in data for resp in resps for t in resp]
+        adv_tok = [a for a, R in zip(advantages, [R for _, Rs in self.groups for R in Rs])
+                   for _ in range(R)]
+        self.num_response_tokens = len(targets)
+        self.targets = torch.tensor(targets, dtype=torch.int64, device=device)
+        self.advantages = torch.tensor(adv_tok, dtype=torch.float32, device=device)
+
+        # Packed: [prompt | r_1 | ... | r_N] per group, groups back to back, batch 1.
+        packed = dualkv.pack(data)
+        index = []
+        for g, (_, Rs) in enumerate(self.groups):
+            for n in range(len(Rs)):
+                index += packed.logit_positions(g, n)
+                start, stop = packed.token_range(g, n)
+                assert packed.input_ids[start:stop] == data[g][1][n]
+        self.packed_tokens = packed.num_tokens
+        t = packed.to_torch(device)
+        self.packed_ids = t["input_ids"][None]
+        self.packed_pos = t["position_ids"][None]
+        self.packed_index = torch.tensor(index, dtype=torch.int64, device=device)
+        # Per segment (each prompt, each response, empty ones included): its
+        # length, group and whether it is a prompt: the FlexAttention mask's input.
+        self.segment_lengths, self.segment_groups, self.segment_is_prompt = [], [], []
+        for g, (P, Rs) in enumerate(self.groups):
+            for length, is_prompt in [(P, True)] + [(R, False) for R in Rs]:
+                self.segment_lengths.append(length)
+                self.segment_groups.append(g)
+                self.segment_is_prompt.append(is_prompt)
+
+        # Replicated: one row [prompt | response_n] per response, padded (token 0,
+        # positions continuing) to the longest row.
+        rows = [(g, n) for g, (_, Rs) in enumerate(self.groups) for n in range(len(Rs))]
+        S = max(P + R for P, Rs in self.groups for R in Rs)
+        ids = torch.zeros(len(rows), S, dtype=torch.int64)
+        index = []
+        for b, (g, n) in enumerate(rows):
+            prompt, resp = data[g][0], data[g][1][n]
+            seq = prompt + resp
+            ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
+            # logits at positions P-1 .. P+R-2 predict the response's tokens
+            index += [b * S + len(prompt) - 1 + i for i in range(len(resp))]
+        self.replicated_shape = (len(rows), S)
+        self.replicated_ids = ids.to(device)
+        self.replicated_pos = torch.arange(S, device=device)[None].expand(len(rows), S)
+        self.replicated_index = torch.tensor(index, dtype=torch.int64, device=device)
+
+
+# ------------------------------------------------------------------- methods
+
+class Replicated:
+    """Every response its own sequence, padded and batched; SDPA, causal."""
+
+    name = "replicated-FA2"
+
+    def __init__(self, torch, cfg, backend):
+        self.torch, self.cfg, self.backend = torch, cfg, backend
+        self.gqa = "enable_gqa"  # or "repeat_interleave", set by probe_gqa()
+
+    def probe_gqa(self, device):
+        """Native GQA (enable_gqa=True) if the FLASH_ATTENTION backend takes it
+        here, forward and backward; else K/V expanded to Hq heads."""
+        torch = self.torch
+        from torch.nn.attention import sdpa_kernel
+        try:
+            q = torch.randn(1, 4, 256, 128, device=device, dtype=torch.bfloat16,
+                            requires_grad=True)
+            k = torch.randn(1, 2, 256, 128, device=device, dtype=torch.bfloat16,
+                            requires_grad=True)
+            with sdpa_kernel(self.backend):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, k, is_causal=True, enable_gqa=True)
+            o.sum().backward()
+            torch.cuda.synchronize()
+            self.gqa = "enable_gqa"
+        except Exception as e:  # older torch or no FA kernel with GQA
+            self.gqa = "repeat_interleave"
+            self.gqa_probe_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return self.gqa
+
+    def attn(self, q, k, v):
+        torch = self.torch
+        from torch.nn.attention import sdpa_kernel
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))   # [B, H, S, D] views
+        kwargs = {}
+        if self.gqa == "enable_gqa":
+            kwargs["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        with sdpa_kernel(self.backend):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                 **kwargs)
+        return o.transpose(1, 2)
+
+    def forward(self, W, batch):
+        h = hidden_states(self.torch, self.cfg, W, batch.replicated_ids,
+                          batch.replicated_pos, self.attn)
+        return h, batch.replicated_index
+
+
+class PackedFlex:
+    """Packed layout, FlexAttention with allowed(i, j) as a block mask built
+    in every step."""
+
+    name = "packed-Flex"
+
+    def __init__(self, torch, cfg):
+        self.torch, self.cfg = torch, cfg
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        self.flex = torch.compile(flex_attention, dynamic=True)
+        self.create_block_mask = create_block_mask
+        self.build = torch.compile(create_block_mask)
+        self.builder = "torch.compile(create_block_mask)"
+
+    def block_mask(self, batch, device):
+        torch = self.torch
+        T = batch.packed_tokens
+        lengths = torch.tensor(batch.segment_lengths, device=device)
+        segments = torch.arange(len(batch.segment_lengths), device=device)
+        seg = torch.repeat_interleave(segments, lengths, output_size=T)   # per token
+        group_id = torch.tensor(batch.segment_groups, device=device)[seg].to(torch.int32)
+        is_prompt = torch.tensor(batch.segment_is_prompt, device=device)[seg]
+        seg_id = seg.to(torch.int32)
+
+        def allowed(b, h, q_idx, kv_idx):    # DESIGN.md section 1
+            same_group = group_id[q_idx] == group_id[kv_idx]
+            causal = kv_idx <= q_idx
+            visible = is_prompt[kv_idx] | (seg_id[q_idx] == seg_id[kv_idx])
+            return same_group & causal & visible
+
+        if self.build is not None:
+            try:
+                return self.build(allowed, None, None, T, T, device=device)
+            except Exception as e:  # the compiled builder failed: eager from now on
+                self.build = None
+                self.builder = ("create_block_mask (eager; compiled failed: "
+                                f"{type(e).__name__})")
+        return self.create_block_mask(allowed, None, None, T, T, device=device)
+
+    def forward(self, W, batch):
+        block_mask = self.block_mask(batch, batch.packed_ids.device)
+
+        def attn(q, k, v):
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))   # [1, H, T, D] views
+            o = self.flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+            return o.transpose(1, 2)
+
+        h = hidden_states(self.torch, self.cfg, W, batch.packed_ids, batch.packed_pos, attn)
+        return h, batch.packed_index
+
+
+class PackedDualKV:
+    """Packed layout, dualkv.attention with a Plan built in every step."""
+
+    name = "packed-DualKV"
+
+    def __init__(self, torch, cfg, dualkv):
+        self.torch, self.cfg, self.dualkv = torch, cfg, dualkv
+
+    def forward(self, W, batch):
+        plan = self.dualkv.Plan(batch.groups)
+
+        def attn(q, k, v):   # [1, T, H, D] -> [T, H, D] views, no copies
+            return self.dualkv.attention(q[0], k[0], v[0], plan).unsqueeze(0)
+
+        h = hidden_states(self.torch, self.cfg, W, batch.packed_ids, batch.packed_pos, attn)
+        return h, batch.packed_index
+
+
+# ------------------------------------------------------------------- running
+
+def train_step(torch, cfg, W, method, batch, clip_eps):
+    """Forward and backward of the GRPO loss; gradients land in W[...].grad."""
+    h, index = method.forward(W, batch)
+    logp = response_logprobs(torch, cfg, W, h, index, batch.targets)
+    loss = grpo_loss(torch, logp, logp.detach(), batch.advantages, clip_eps)
+    loss.backward()
+    return loss.detach(), logp.detach()
+
+
+def clear_grads(W):
+    for w in W.values():
+        w.grad = None
+
+
+def free_memory(torch):
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def is_oom(torch, e):
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def compare(torch, W, logp, loss, ref):
+    """Differences of one method's log-probs and gradients from the reference's."""
+    d = (logp - ref["logp"]).abs()
+    out = {"reference": ref["name"], "logp_max_abs_diff": d.max().item(),
+           "logp_mean_abs_diff": d.mean().item(),
+           "loss_abs_diff": abs(loss - ref["loss"])}
+    rel, by_group = {}, {}
+    for name, w in W.items():
+        g_ref = ref["grads"][name].to(w.device).float()
+        g = w.grad.float() if w.grad is not None else torch.zeros_like(g_ref)
+        den = g_ref.norm().item()
+        r = (g - g_ref).norm().item() / den if den > 0 else (g - g_ref).norm().item()
+        rel[name] = r
+        grp = param_group(name)
+        by_group[grp] = max(by_group.get(grp, 0.0), r)
+    worst = max(rel, key=rel.get)
+    out.update(grad_rel_worst=rel[worst], grad_rel_worst_param=worst,
+               grad_rel_by_group=by_group, grad_rel=rel)
+    return out
+
+
+def run_method(torch, cfg, W, method, batch, args, ref):
+    """Warm-up step(s), one measured step (peak memory, checks), timed steps.
+    Returns (info, reference or None)."""
+    info = {"status": "ok"}
+    new_ref = None
+    failed = None
+    try:
+        clear_grads(W)
+        free_memory(torch)
+        t0 = time.perf_counter()
+        train_step(torch, cfg, W, method, batch, args.clip_eps)
+        torch.cuda.synchronize()
+        info["first_step_ms"] = (time.perf_counter() - t0) * 1e3  # compiles
+        for _ in range(args.warmup - 1):
+            clear_grads(W)
+            train_step(torch, cfg, W, method, batch, args.clip_eps)
+
+        # The measured step: peak memory and the checks.
+        clear_grads(W)
+        free_memory(torch)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss, logp = train_step(torch, cfg, W, method, batch, args.clip_eps)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        info["peak_gib"] = peak / 2**30
+        info["step_gib"] = (peak - base) / 2**30
+        info["loss"] = loss.item()
+        info["mean_logp"] = logp.mean().item()
+        if ref is not None:
+            info["check"] = compare(torch, W, logp, info["loss"], ref)
+        else:
+            new_ref = {"name": method.name, "logp": logp, "loss": info["loss"],
+                       "grads": {n: w.grad.detach().to("cpu") for n, w in W.items()}}
+        loss = logp = None
+
+        times = []
+        for _ in range(args.reps):
+            clear_grads(W)
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            train_step(torch, cfg, W, method, batch, args.clip_eps)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        info["step_ms"] = statistics.median(times)
+        info["min_ms"] = min(times)
+        info["times_ms"] = times
+        info["response_tokens_per_s"] = batch.num_response_tokens / (info["step_ms"] / 1e3)
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
+        failed = ("OOM" if is_oom(torch, e) else
+                  f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+    # Outside the except block, so that the traceback's frames (and tensors) are gone.
+    if failed is not None:
+        info = {"status": failed}
+        new_ref = None
+    clear_grads(W)
+    free_memory(torch)
+    return info, new_ref
+
+
+# ------------------------------------------------------------------- reporting
+
+def fmt(x, spec, missing="—"):
+    return format(x, spec) if isinstance(x, (int, float)) else missing
+
+
+def result_rows(results):
+    header = ["P", "N", "R", "G", "method", "layout tokens", "step ms", "min ms",
+              "resp. tok/s", "peak GiB", "step GiB", "x vs repl.", "logp max|Δ|",
+              "logp mean|Δ|", "worst grad rel (param)", "loss"]
+    rows = []
+    for r in results:
+        rep = r["methods"].get("replicated-FA2", {})
+        for m in METHODS:
+            info = r["methods"].get(m)
+            if info is None:
+                continue
+            tokens = r["replicated_tokens"] if m == "replicated-FA2" else r["packed_tokens"]
+            base = [str(r["P"]), str(r["N"]), str(r["R"]), str(r["G"]), m, str(tokens)]
+            if info["status"] != "ok":
+                rows.append(base + [info["status"]] + ["—"] * 9)
+                continue
+            chk = info.get("check", {})
+            speed = (rep["step_ms"] / info["step_ms"]
+                     if rep.get("status") == "ok" else None)
+            worst = (f"{chk['grad_rel_worst']:.2e} ({chk['grad_rel_worst_param']})"
+                     if chk else "reference")
+            rows.append(base + [
+                fmt(info["step_ms"], ".1f"), fmt(info["min_ms"], ".1f"),
+                fmt(info["response_tokens_per_s"], ",.0f"), fmt(info["peak_gib"], ".1f"),
+                fmt(info["step_gib"], ".1f"), fmt(speed, ".2f"),
+                fmt(chk.get("logp_max_abs_diff"), ".2e", "ref."),
+                fmt(chk.get("logp_mean_abs_diff"), ".2e", "ref."), worst,
+                fmt(info["loss"], ".6f")])
+    return header, rows
+
+
+def text_table(header, rows):
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] +
+                     [line(r) for r in rows])
+
+
+def markdown_table(header, rows):
+    def cells(values):
+        return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
+    out = [cells(header), "|" + " --- |" * len(header)] + [cells(r) for r in rows]
+    return "\n".join(out)
+
+
+def grad_group_table(results):
+    """Worst relative gradient difference per parameter group, per method and config."""
+    groups = ["embedding", "attention proj", "q/k-norm", "RMSNorm", "MLP", "lm_head"]
+    header = ["P", "N", "method", "vs"] + groups
+    rows = []
+    for r in results:
+        for m in METHODS:
+            chk = r["methods"].get(m, {}).get("check")
+            if chk:
+                rows.append([str(r["P"]), str(r["N"]), m, chk["reference"]] +
+                            [fmt(chk["grad_rel_by_group"].get(g), ".2e") for g in groups])
+    return header, rows
+
+
+def targets(results):
+    """The issue's two targets at TARGET_CONFIG (G as run), with the ratios."""
+    P, N, R = TARGET_CONFIG
+    r = next((x for x in results if (x["P"], x["N"], x["R"]) == TARGET_CONFIG), None)
+    out = {"config": {"P": P, "N": N, "R": R}}
+    if r is None:
+        out["note"] = "config not run (add it with --configs)"
+        return out
+    out["config"]["G"] = r["G"]
+    dk = r["methods"].get("packed-DualKV", {})
+    for peer, key, need in (("replicated-FA2", "vs_replicated", TARGET_VS_REPLICATED),
+                            ("packed-Flex", "vs_flex", 1.0)):
+        other = r["methods"].get(peer, {})
+        if dk.get("status") == "ok" and other.get("status") == "ok":
+            ratio = other["step_ms"] / dk["step_ms"]
+            out[key] = {"speedup": ratio, "target": need, "met": ratio >= need}
+        else:
+            out[key] = {"target": need, "met": None,
+                        "note": f"DualKV {dk.get('status', 'not run')}, "
+                                f"{peer} {other.get('status', 'not run')}"}
+    return out
+
+
+def targets_text(t):
+    c = t["config"]
+    if "note" in t:
+        return f"Targets at P={c['P']}, N={c['N']}, R={c['R']}: {t['note']}"
+    lines = [f"Targets at P={c['P']}, N={c['N']}, R={c['R']}, G={c['G']}:"]
+    for key, label in (("vs_replicated", "packed-DualKV vs replicated-FA2"),
+                       ("vs_flex", "packed-DualKV vs packed-Flex")):
+        x = t[key]
+        if x.get("met") is None:
+            lines.append(f"- {label}: target >= {x['target']:.1f}x: not measured ({x['note']})")
+        else:
+            lines.append(f"- {label}: speedup {x['speedup']:.2f}x (target >= "
+                         f"{x['target']:.1f}x): {'MET' if x['met'] else 'NOT MET'}")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    """Step time against N, one panel per P, one line per method."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no plot"
+    from matplotlib.ticker import FormatStrFormatter
+    Ps = sorted({r["P"] for r in results})
+    fig, axes = plt.subplots(1, len(Ps), figsize=(5.2 * len(Ps), 4.2), squeeze=False)
+    for ax, P in zip(axes[0], Ps):
+        pts = sorted((r for r in results if r["P"] == P), key=lambda r: r["N"])
+        for i, (m, marker) in enumerate(zip(METHODS, ("s", "o", "^"))):
+            ok = [r for r in pts if r["methods"].get(m, {}).get("status") == "ok"]
+            if ok:
+                ax.plot([r["N"] for r in ok], [r["methods"][m]["step_ms"] for r in ok],
+                        marker + "-", color=f"C{i}", label=m)
+            # OOM or failure: a cross at the top edge, in the method's colour.
+            bad = [r for r in pts if r["methods"].get(m, {}).get("status", "ok") != "ok"]
+            if bad:
+                kinds = sorted({r["methods"][m]["status"].split(":")[0] for r in bad})
+                ax.plot([r["N"] for r in bad], [0.96 - 0.04 * i] * len(bad), "x",
+                        color=f"C{i}", ms=9, mew=2, transform=ax.get_xaxis_transform(),
+                        label=f"{m}: {'/'.join(kinds)}")
+        Rs = sorted({r["R"] for r in pts})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        ax.set_xticks(sorted({r["N"] for r in pts}))
+        ax.set_xticklabels([str(n) for n in sorted({r["N"] for r in pts})])
+        ax.set_xlabel("responses per group N")
+        ax.set_ylabel("GRPO step ms (fwd+bwd)")
+        ax.set_title(f"P = {P}, R = {','.join(map(str, Rs))}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("GRPO policy update, Qwen3-8B-shaped layers, bf16", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def environment(torch, dualkv):
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "cuda_runtime": torch.version.cuda, "dualkv": dualkv.version(),
+           "dualkv_lib": dualkv.library_path(), "python": sys.version.split()[0]}
+    try:
+        env["git_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001 - no git, or not a checkout
+        env["git_commit"] = None
+    try:
+        env["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm", "--format=csv,noheader",
+             f"--id={torch.cuda.current_device()}"],
+            capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:  # noqa: BLE001 - nvidia-smi missing
+        env["driver"] = None
+    return env
+
+
+# ------------------------------------------------------------------- arguments
+
+def parse_configs(text, parser):
+    """'P:N:R,...' -> [(P, N, R)], every length a positive integer, N >= 2."""
+    configs = []
+    for item in text.split(","):
+        item = item.strip()
+        parts = item.split(":")
+        if len(parts) != 3:
+            parser.error(f"--configs: '{item}' is not P:N:R (e.g. 8192:16:1024)")
+        try:
+            P, N, R = (int(x) for x in parts)
+        except ValueError:
+            parser.error(f"--configs: '{item}': P, N and R must be integers")
+        for name, value, least in (("P (prompt length)", P, 1), ("N (responses per group)", N, 2),
+                                   ("R (response length)", R, 1)):
+            if value < least:
+                parser.error(f"--configs: '{item}': {name} = {value}; it must be >= {least}"
+                             + (" (group-normalised advantages need two responses)"
+                                if least == 2 else ""))
+        configs.append((P, N, R))
+    if not configs:
+        parser.error("--configs is empty")
+    return configs
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", help="path of libdualkv.so (else $DUALKV_LIB or the "
+                    "binding's lookup, e.g. <repo>/build/libdualkv.so)")
+    ap.add_argument("--configs", help="comma-separated P:N:R (default: P in 2048, 8192 x "
+                    "N in 8, 16, 32, R = 1024)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one small config (2048:8:1024) unless --configs is given")
+    ap.add_argument("--groups", type=int, default=1,
+                    help="groups G per micro-batch (default 1)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    ap.add_argument("--vocab", type=int, default=32768,
+                    help="vocabulary size (default 32768; Qwen3-8B: 151936)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="comma-separated subset of " + ", ".join(METHODS))
+    ap.add_argument("--reps", type=int, default=5, help="timed steps (median; default 5)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed steps before the measured (checked) step, default 1; "
+                    "the first one compiles")
+    ap.add_argument("--clip-eps", type=float, default=0.2, help="clip range (default 0.2)")
+    ap.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
+    ap.add_argument("--logp-tol", type=float, default=0.05,
+                    help="max |logp - logp_ref| accepted (bf16; default 0.05)")
+    ap.add_argument("--grad-tol", type=float, default=0.05,
+                    help="worst ||g - g_ref|| / ||g_ref|| accepted (bf16; default 0.05)")
+    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>)")
+    ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    args = ap.parse_args(argv)
+
+    if args.configs:
+        args.configs = parse_configs(args.configs, ap)
+    else:
+        args.configs = list(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
+    for name, least in (("groups", 1), ("layers", 1), ("reps", 1), ("warmup", 1),
+                        ("vocab", 2)):
+        if getattr(args, name) < least:
+            ap.error(f"--{name} = {getattr(args, name)}; it must be >= {least}")
+    if not 0.0 < args.clip_eps < 1.0:
+        ap.error(f"--clip-eps = {args.clip_eps}; it must be in (0, 1)")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        ap.error(f"--methods: unknown {', '.join(unknown) or '(none given)'}; "
+                 f"choose from {', '.join(METHODS)}")
+    args.methods = [m for m in METHODS if m in methods]
+    return args
+
+
+def import_dualkv(lib):
+    if lib:
+        if not Path(lib).is_file():
+            sys.exit(f"--lib {lib}: no such file (build it: cmake -S . -B build && "
+                     "cmake --build build)")
+        os.environ["DUALKV_LIB"] = str(Path(lib).resolve())
+    try:
+        import dualkv
+    except ImportError:  # not installed: the source checkout's copy
+        sys.path.insert(0, str(REPO / "python"))
+        import dualkv
+    return dualkv
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.perf_counter()
+    dualkv = import_dualkv(args.lib)
+    try:
+        import torch
+    except ImportError:
+        sys.exit("PyTorch is not installed: this example needs torch >= 2.5 and a CUDA GPU")
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU: this example needs one (see --help)")
+    import torch._dynamo
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    from torch.nn.attention import SDPBackend
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    cfg = ModelConfig(args.layers, args.vocab)
+    try:
+        env = environment(torch, dualkv)
+    except OSError as e:
+        sys.exit(f"libdualkv.so could not be loaded: {e}\nBuild it (bash scripts/build.sh) "
+                 "or pass --lib PATH")
+    out_dir = Path(args.out) if args.out else (
+        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    W = init_weights(torch, cfg, device, torch.bfloat16, args.seed)
+    n_params = sum(w.numel() for w in W.values())
+    print(f"# {env['gpu']}, torch {env['torch']}, dualkv {env['dualkv']} ({env['dualkv_lib']})")
+    print(f"# model: Qwen3-8B layer sizes, {cfg.layers} layers, vocab {cfg.vocab}, "
+          f"{n_params / 1e6:.0f}M parameters, bf16; G = {args.groups} group(s) per micro-batch",
+          flush=True)
+
+    methods, init_errors = {}, {}
+    for m in args.methods:
+        try:
+            if m == "replicated-FA2":
+                rep = Replicated(torch, cfg, SDPBackend.FLASH_ATTENTION)
+                print(f"# replicated-FA2 GQA: {rep.probe_gqa(device)}", flush=True)
+                methods[m] = rep
+            elif m == "packed-Flex":
+                methods[m] = PackedFlex(torch, cfg)
+            else:
+                methods[m] = PackedDualKV(torch, cfg, dualkv)
+        except Exception as e:  # noqa: BLE001 - e.g. no flex_attention in this torch
+            init_errors[m] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            print(f"# {m}: {init_errors[m]}", flush=True)
+
+    results = []
+    for ci, (P, N, R) in enumerate(args.configs):
+        groups = [(P, [R] * N)] * args.groups
+        batch = Batch(torch, dualkv, groups, cfg.vocab, args.seed + 1 + ci, device)
+        res = {"P": P, "N": N, "R": R, "G": args.groups,
+               "response_tokens": batch.num_response_tokens,
+               "packed_tokens": batch.packed_tokens,
+               "replicated_tokens": batch.replicated_shape[0] * batch.replicated_shape[1],
+               "replicated_shape": list(batch.replicated_shape), "methods": {}}
+        print(f"\n## P={P} N={N} R={R} G={args.groups}: packed {batch.packed_tokens} tokens, "
+              f"replicated {batch.replicated_shape[0]}x{batch.replicated_shape[1]}", flush=True)
+        ref = None
+        for m in args.methods:
+            if m in init_errors:
+                res["methods"][m] = {"status": init_errors[m]}
+                continue
+            info, new_ref = run_method(torch, cfg, W, methods[m], batch, args, ref)
+            if ref is None and new_ref is not None:
+                ref = new_ref
+            if m == "packed-Flex":
+                info["block_mask_builder"] = methods[m].builder
+            if m == "replicated-FA2":
+                info["gqa"] = methods[m].gqa
+            res["methods"][m] = info
+            if info["status"] == "ok":
+                chk = info.get("check")
+                extra = (f", logp max|Δ| {chk['logp_max_abs_diff']:.2e}, worst grad rel "
+                         f"{chk['grad_rel_worst']:.2e} vs {chk['reference']}" if chk
+                         else " (reference)")
+                print(f"  {m:15s} {info['step_ms']:9.1f} ms  "
+                      f"{info['response_tokens_per_s']:12,.0f} resp tok/s  "
+                      f"peak {info['peak_gib']:6.1f} GiB  first step "
+                      f"{info['first_step_ms'] / 1e3:.1f} s{extra}", flush=True)
+            else:
+                print(f"  {m:15s} {info['status']}", flush=True)
+        ref = None
+        results.append(res)
+        del batch
+        free_memory(torch)
+
+    notes = {
+        "replicated-FA2 GQA": getattr(methods.get("replicated-FA2"), "gqa", "—") + (
+            f" (enable_gqa=True failed: {methods['replicated-FA2'].gqa_probe_error})"
+            if hasattr(methods.get("replicated-FA2"), "gqa_probe_error") else ""),
+        "packed-Flex block mask": getattr(methods.get("packed-Flex"), "builder", "—"),
+    }
+    problems = judge(results, args)
+    write_report(results, args, env, cfg, n_params, notes, problems,
+                 time.perf_counter() - started, out_dir)
+    return 1 if problems else 0
+
+
+def judge(results, args):
+    """Marks every check within tolerance or not; returns the problems: checks
+    out of tolerance and packed-DualKV failures other than OOM."""
+    problems = []
+    for r in results:
+        for m, info in r["methods"].items():
+            chk = info.get("check")
+            if not chk:
+                continue
+            ok = (chk["logp_max_abs_diff"] <= args.logp_tol
+                  and chk["grad_rel_worst"] <= args.grad_tol)
+            chk["within_tolerance"] = ok
+            if not ok:
+                problems.append(f"P={r['P']} N={r['N']} {m}: logp max|Δ| "
+                                f"{chk['logp_max_abs_diff']:.2e}, worst grad rel "
+                                f"{chk['grad_rel_worst']:.2e} ({chk['grad_rel_worst_param']})")
+        dk = r["methods"].get("packed-DualKV", {})
+        if dk and dk.get("status") not in ("ok", "OOM"):
+            problems.append(f"P={r['P']} N={r['N']} packed-DualKV {dk['status']}")
+    return problems
+
+
+def write_report(results, args, env, cfg, n_params, notes, problems, wall, out_dir):
+    """Prints the tables and writes grpo_policy_update.{md,json,png} in out_dir."""
+    tgt = targets(results)
+    header, rows = result_rows(results)
+    gheader, grows = grad_group_table(results)
+    checks = ("all within tolerance (logp max|Δ| <= "
+              f"{args.logp_tol}, worst grad rel <= {args.grad_tol})" if not problems
+              else "PROBLEMS:\n  " + "\n  ".join(problems))
+    print("\n" + text_table(header, rows))
+    if grows:
+        print("\nWorst relative gradient difference per parameter group:\n"
+              + text_table(gheader, grows))
+    print("\n" + targets_text(tgt) + "\n\nChecks: " + checks)
+
+    stem = Path(out_dir) / "grpo_policy_update"
+    plot_note = None if args.no_plot else plot(results, str(stem) + ".png")
+    data = {"env": env, "model": cfg.as_dict(), "parameters": n_params,
+            "args": dict(vars(args)), "notes": notes, "results": results,
+            "targets": tgt, "problems": problems, "wall_s": wall,
+            "plot": plot_note or (None if args.no_plot else stem.name + ".png")}
+    with open(str(stem) + ".json", "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+    md = [
+        "# GRPO policy update: replicated FA2 vs packed FlexAttention vs packed DualKV", "",
+        "`examples/grpo_policy_update.py` "
+        f"({datetime.datetime.now().isoformat(timespec='seconds')}, wall time {wall:.0f} s).",
+        "",
+        "- " + "\n- ".join(f"{k}: {v}" for k, v in env.items()),
+        "- model: Qwen3-8B layer sizes (hidden 4096, 32/8 heads, head_dim 128, MLP 12288), "
+        f"{cfg.layers} layers, vocab {cfg.vocab} (reduced; Qwen3-8B has 151936), "
+        f"{n_params / 1e6:.0f}M parameters, random init (seed {args.seed}), bf16",
+        f"- step: forward + backward of the GRPO loss (clip {args.clip_eps}), the plan or "
+        f"block mask built inside it; median of {args.reps} timed steps (CUDA events) after "
+        f"{args.warmup} warm-up step(s) and the measured step",
+        "- " + "; ".join(f"{k}: {v}" for k, v in notes.items()),
+        "- layout tokens: tokens the model runs on (replicated: G·N rows × the longest "
+        "[prompt | response]; packed: Σ P + Σ R)",
+        "- peak GiB: torch.cuda.max_memory_allocated over one step (weights and gradients "
+        "included); step GiB: the same less what was allocated before the step (the weights)",
+        "- logp and gradient differences are against replicated-FA2 (packed-Flex where "
+        "replicated-FA2 failed; the JSON names it); the loss equals -mean(A) by construction "
+        "(logp_old = logp.detach()), so the log-probs and gradients carry the comparison",
+        "", markdown_table(header, rows), ""]
+    if grows:
+        md += ["Worst relative gradient difference per parameter group:", "",
+               markdown_table(gheader, grows), ""]
+    md += [targets_text(tgt), "", "Checks: " + checks.replace("\n  ", " "), ""]
+    with open(str(stem) + ".md", "w") as f:
+        f.write("\n".join(md))
+    print(f"\nwrote {stem}.md, .json" + ("" if args.no_plot or plot_note else ", .png")
+          + (f" ({plot_note})" if plot_note else "") + f"; wall time {wall:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
