@@ -153,7 +153,7 @@ std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
     return {};
   }
   std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(
-      triple, arch, "+ptx80", llvm::TargetOptions(), std::nullopt, std::nullopt,
+      triple, arch, "+ptx81", llvm::TargetOptions(), std::nullopt, std::nullopt,
       llvm::CodeGenOptLevel::Aggressive));
   module->setTargetTriple(triple);
   module->setDataLayout(tm->createDataLayout());
@@ -241,7 +241,7 @@ static std::string ptxasVersion() {
 std::string compilerFingerprint() {
   static const std::string fingerprint = [] {
     llvm::SHA256 h;
-    h.update(fmt::format("dualkv {} llvm {} ptx +ptx80 sources {} {}\n",
+    h.update(fmt::format("dualkv {} llvm {} ptx +ptx81 sources {} {}\n",
                          DUALKV_VERSION, DUALKV_LLVM_VERSION,
 #include "dualkv/Compiler/SourceHash.inc"
                          , ptxasVersion()));

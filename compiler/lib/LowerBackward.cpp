@@ -107,6 +107,12 @@ public:
     dTiles = headDim / 8;
     rowStride = headDim + kRowPad;
     withDq = kernel.getKind() == KernelKind::bwd;
+    // sm_90 and later add four fp32 values with one vector reduction.
+    int sm = 0;
+    StringRef arch = *kernel.getArch();
+    if (arch.consume_front("sm_"))
+      (void)arch.take_while(llvm::isDigit).getAsInteger(10, sm);
+    vectorRed = sm >= 90;
   }
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
@@ -147,7 +153,9 @@ private:
   SmallVector<Value, 4> rowMajorA(Value buf, int64_t mt, int64_t kt);
 
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
-  bool withDq;
+  bool withDq, vectorRed = false;
+  /// Adds `values` (1 or 4 consecutive fp32) at element `at` of global dQ.
+  void reduceDq(Value at, ArrayRef<Value> values);
   /// The lane as shared-memory addresses see it: inside the query loop an
   /// opaque copy made every iteration, so LLVM cannot hoist each ldmatrix
   /// address into a register of its own; the constant parts then fold into
@@ -482,21 +490,67 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
       }
     }
     // Add to the fp32 dQ of the queries inside the item, [T][Hq][D].
-    for (int64_t qm = 0; qm < qmTiles; ++qm)
-      for (int64_t h = 0; h < 2; ++h) {
-        Value q = add(first, add(warpRow0, add(idx(qm * 16 + h * 8), g)));
-        emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
-          Value rowBase = add(
-              mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim)),
-              add(warpCol0, mul(t, idx(2))));
-          for (int64_t dt = 0; dt < cTiles; ++dt)
-            for (int64_t e = 0; e < 2; ++e)
-              atomicAdd(dqAccPtr, add(rowBase, idx(c0 + dt * 8 + e)),
-                        acc[(qm * cTiles + dt) * 4 + h * 2 + e]);
-        });
+    auto rowBase = [&](Value q) {
+      return add(
+          mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim)),
+          warpCol0);
+    };
+    for (int64_t qm = 0; qm < qmTiles; ++qm) {
+      Value row0 = add(first, add(warpRow0, idx(qm * 16)));
+      if (!vectorRed) {
+        for (int64_t h = 0; h < 2; ++h) {
+          Value q = add(row0, add(idx(h * 8), g));
+          emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
+            Value base = add(rowBase(q), mul(t, idx(2)));
+            for (int64_t dt = 0; dt < cTiles; ++dt)
+              for (int64_t e = 0; e < 2; ++e)
+                reduceDq(add(base, idx(c0 + dt * 8 + e)),
+                         {acc[(qm * cTiles + dt) * 4 + h * 2 + e]});
+          });
+        }
+        continue;
       }
+      // Lanes t and t ^ 1 trade halves: even t then holds columns 2t..2t+3
+      // of row g, odd t those of row g + 8 (from column 2t - 2), and each
+      // adds its four with one red.global.add.v4.f32.
+      Value odd = cmp(arith::CmpIPredicate::eq, remu(t, 2), idx(1));
+      Value q = add(row0, add(select(odd, idx(8), idx(0)), g));
+      Value col = mul(arith::SubIOp::create(b, loc, t, remu(t, 2)), idx(2));
+      SmallVector<SmallVector<Value, 4>> quads;
+      for (int64_t dt = 0; dt < cTiles; ++dt) {
+        ArrayRef<Value> c(&acc[(qm * cTiles + dt) * 4], 4);
+        Value send0 = select(odd, c[0], c[2]), send1 = select(odd, c[1], c[3]);
+        Value got0 = shuffleXor(send0, 1), got1 = shuffleXor(send1, 1);
+        quads.push_back({select(odd, got0, c[0]), select(odd, got1, c[1]),
+                         select(odd, c[2], got0), select(odd, c[3], got1)});
+      }
+      emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
+        Value base = add(rowBase(q), col);
+        for (int64_t dt = 0; dt < cTiles; ++dt)
+          reduceDq(add(base, idx(c0 + dt * 8)), quads[dt]);
+      });
+    }
   }
   return success();
+}
+
+void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values) {
+  auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
+  Value offset = arith::IndexCastOp::create(b, loc, b.getI32Type(), at);
+  Value ptr = LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
+                                  ValueRange{offset});
+  if (values.size() == 1) {
+    LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::fadd, ptr, values[0],
+                              LLVM::AtomicOrdering::monotonic);
+    return;
+  }
+  SmallVector<Value> operands = {ptr};
+  operands.append(values.begin(), values.end());
+  LLVM::InlineAsmOp::create(
+      b, loc, Type(), operands, "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
+      "l,f,f,f,f", /*has_side_effects=*/true, /*is_align_stack=*/false,
+      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+      ArrayAttr());
 }
 
 LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
@@ -585,8 +639,12 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   Type elem = gmem(elemType), f32p = gmem(f32);
   // docs/backward-abi.md: q, k, v, dout, dk, dv, lse, delta, dqacc, dkacc,
   // dvacc, items, 14 strides, scale, scale_log2.
-  SmallVector<Type> args = {elem, elem, elem, elem, elem, elem,
-                            f32p, f32p, f32p, f32p, f32p, gmem(b.getI32Type())};
+  // dQ's accumulator is a raw global pointer: its vector reductions are
+  // written against it directly.
+  Type dqAccType = LLVM::LLVMPointerType::get(b.getContext(), 1);
+  SmallVector<Type> args = {elem,      elem, elem, elem,
+                            elem,      elem, f32p, f32p,
+                            dqAccType, f32p, f32p, gmem(b.getI32Type())};
   args.append(14, i64);
   args.append({f32, f32});
   Block &entry = createFunc(gpuModule, args);

@@ -20,6 +20,8 @@ struct Options {
   std::vector<std::string> modes = {"fwd", "bwd", "fwd+bwd", "fwd+bwd det"};
   int d = 128, hq = 32, hkv = 8, reps = 10, warmup = 3, sets = 3;
   DType dtype = DType::BF16;
+  /// Tilings of the backward's main kernel to time; {} is the default.
+  std::vector<Tiling> bwdTilings = {Tiling{}};
 };
 
 /// Random 16-bit values on the device that the inputs are copied from at
@@ -68,10 +70,12 @@ int usage(std::FILE *to = stderr) {
   fmt::print(to,
              "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
-             "[--modes fwd,bwd,fwd+bwd,det]\n"
+             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...]\n"
              "Defaults: the standard configs of BENCHMARKS.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
-             "rotating input sets, every mode.\n");
+             "rotating input sets, every mode, the default backward tiling "
+             "(--bwd-tilings times each listed block_m:block_n:warps of the "
+             "backward's main kernel in turn).\n");
   return 2;
 }
 
@@ -124,6 +128,16 @@ int main(int argc, char **argv) {
       } else if (a == "--heads") {
         if (std::sscanf(value().c_str(), "%d:%d", &opt.hq, &opt.hkv) != 2)
           return usage();
+      } else if (a == "--bwd-tilings") {
+        opt.bwdTilings.clear();
+        for (auto &c : split(value())) {
+          Tiling t;
+          if (std::sscanf(c.c_str(), "%d:%d:%d", &t.blockM, &t.blockN,
+                          &t.warps) != 3)
+            return usage();
+          t.stages = 1;
+          opt.bwdTilings.push_back(t);
+        }
       } else if (a == "--fp16") {
         opt.dtype = DType::FP16;
       } else if (a == "--reps") {
@@ -153,7 +167,7 @@ int main(int argc, char **argv) {
              "warm-ups, {} rotating input sets\n",
              prop.name, version(), opt.hq, opt.hkv, opt.d, dtypeName(opt.dtype),
              opt.reps, opt.warmup, opt.sets);
-  fmt::print("{:>6} {:>3} {:>5} {:<12} {:>10} {:>10} {:>8}\n", "P", "N", "R",
+  fmt::print("{:>6} {:>3} {:>5} {:<22} {:>10} {:>10} {:>8}\n", "P", "N", "R",
              "mode", "median ms", "min ms", "TFLOP/s");
   RandomPool pool(opt.dtype);
   int status = 0;
@@ -196,6 +210,7 @@ int main(int argc, char **argv) {
         a.plan = &plan;
         return a;
       };
+      Tiling bwdTiling;
       auto bwdArgs = [&](InputSet &s, bool deterministic) {
         ForwardArgs f = fwdArgs(s);
         BackwardArgs a;
@@ -216,6 +231,7 @@ int main(int argc, char **argv) {
         a.dtype = opt.dtype;
         a.deterministic = deterministic;
         a.plan = &plan;
+        a.tiling = bwdTiling;
         return a;
       };
       // O and LSE of every set, so that a backward alone has its inputs.
@@ -226,35 +242,45 @@ int main(int argc, char **argv) {
       cudaEvent_t start, stop;
       check(cudaEventCreate(&start), "event");
       check(cudaEventCreate(&stop), "event");
-      for (const std::string &mode : opt.modes) {
-        bool runFwd = mode != "bwd", runBwd = mode != "fwd",
-             det = mode == "fwd+bwd det";
-        double flops = (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
-        auto once = [&](int i) {
-          InputSet &s = *sets[size_t(i) % sets.size()];
-          if (runFwd)
-            forward(fwdArgs(s));
-          if (runBwd)
-            backward(bwdArgs(s, det));
-        };
-        for (int i = 0; i < opt.warmup; ++i)
-          once(i);
-        check(cudaDeviceSynchronize(), "warm-up");
-        std::vector<float> ms;
-        for (int i = 0; i < opt.reps; ++i) {
-          check(cudaEventRecord(start), "record");
-          once(opt.warmup + i);
-          check(cudaEventRecord(stop), "record");
-          check(cudaEventSynchronize(stop), "timed run");
-          float m = 0;
-          check(cudaEventElapsedTime(&m, start, stop), "elapsed");
-          ms.push_back(m);
+      for (size_t ti = 0; ti < opt.bwdTilings.size(); ++ti)
+        for (const std::string &mode : opt.modes) {
+          bwdTiling = opt.bwdTilings[ti];
+          if (ti > 0 && mode == "fwd")
+            continue; // the forward does not change with the backward's tiling
+          bool runFwd = mode != "bwd", runBwd = mode != "fwd",
+               det = mode == "fwd+bwd det";
+          double flops =
+              (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
+          auto once = [&](int i) {
+            InputSet &s = *sets[size_t(i) % sets.size()];
+            if (runFwd)
+              forward(fwdArgs(s));
+            if (runBwd)
+              backward(bwdArgs(s, det));
+          };
+          for (int i = 0; i < opt.warmup; ++i)
+            once(i);
+          check(cudaDeviceSynchronize(), "warm-up");
+          std::vector<float> ms;
+          for (int i = 0; i < opt.reps; ++i) {
+            check(cudaEventRecord(start), "record");
+            once(opt.warmup + i);
+            check(cudaEventRecord(stop), "record");
+            check(cudaEventSynchronize(stop), "timed run");
+            float m = 0;
+            check(cudaEventElapsedTime(&m, start, stop), "elapsed");
+            ms.push_back(m);
+          }
+          double med = median(ms);
+          std::string label = mode;
+          if (runBwd && bwdTiling.blockM)
+            label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
+                                 bwdTiling.blockN, bwdTiling.warps);
+          fmt::print("{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
+                     p, n, r, label, med,
+                     *std::min_element(ms.begin(), ms.end()),
+                     flops / (med * 1e-3) / 1e12);
         }
-        double med = median(ms);
-        fmt::print("{:>6} {:>3} {:>5} {:<12} {:>10.3f} {:>10.3f} {:>8.1f}\n", p,
-                   n, r, mode, med, *std::min_element(ms.begin(), ms.end()),
-                   flops / (med * 1e-3) / 1e12);
-      }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     } catch (const std::exception &e) {
