@@ -149,7 +149,7 @@ func.func @enum_bad_part() attributes {x = #dualkv.part<edge>} { return }
 
 // -----
 
-// expected-error @+2 {{expected ::mlir::dualkv::KernelKind to be one of: fwd, bwd_pre, bwd, bwd_post}}
+// expected-error @+2 {{expected ::mlir::dualkv::KernelKind to be one of: fwd, bwd_pre, bwd, bwd_post, bwd_kv, bwd_dq}}
 // expected-error @+1 {{failed to parse DualKV_KernelKindAttr parameter 'value'}}
 dualkv.kernel @enum_bad_kind kind <backward> {
 }
@@ -302,7 +302,7 @@ dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, 
 // -----
 
 // 128 rows * 256 dims over 128 threads = 256 fp32 accumulator registers a thread.
-// expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (block_m * head_dim / threads); at most 128 fit beside the scores}}
+// expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (accumulators * block_m * head_dim / threads); at most 128 fit beside the scores}}
 dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
 }
 
@@ -370,9 +370,11 @@ dualkv.kernel @fwd_without_store kind <fwd> {
 module {
   // expected-note @+1 {{see existing symbol definition here}}
   dualkv.kernel @twice kind <bwd_post> {
+    dualkv.convert_grads
   }
   // expected-error @+1 {{redefinition of symbol named 'twice'}}
   dualkv.kernel @twice kind <bwd_post> {
+    dualkv.convert_grads
   }
 }
 
@@ -389,14 +391,14 @@ func.func @load_q_outside_kernel() {
 // -----
 
 dualkv.kernel @load_q_in_bwd_pre kind <bwd_pre> {
-  // expected-error @+1 {{'dualkv.load_q' op only forward and backward kernels load query tiles}}
+  // expected-error @+1 {{'dualkv.load_q' op only query-major kernels (fwd, bwd_dq) load query tiles}}
   %q = dualkv.load_q : !dualkv.q_tile
 }
 
 // -----
 
 dualkv.kernel @load_q_in_bwd_post kind <bwd_post> {
-  // expected-error @+1 {{only forward and backward kernels load query tiles}}
+  // expected-error @+1 {{only query-major kernels (fwd, bwd_dq) load query tiles}}
   %q = dualkv.load_q : !dualkv.q_tile
 }
 
@@ -429,7 +431,7 @@ func.func @store_output_outside_kernel(%a: !dualkv.acc, %m: !dualkv.row_stats) {
 // -----
 
 dualkv.kernel @yield_outside_loop kind <bwd_post> {
-  // expected-error @+1 {{'dualkv.yield' op expects parent op 'dualkv.kv_loop'}}
+  // expected-error @+1 {{'dualkv.yield' op expects parent op to be one of 'dualkv.kv_loop, dualkv.q_loop'}}
   dualkv.yield
 }
 
@@ -568,7 +570,7 @@ dualkv.kernel @missing_part_keyword kind <bwd_post> {
 
 dualkv.kernel @empty_body kind <bwd_post> {
   dualkv.kv_loop <shared> part <all> {}
-// expected-error @+1 {{custom op 'dualkv.kv_loop' kv_loop needs a body}}
+// expected-error @+1 {{custom op 'dualkv.kv_loop' dualkv.kv_loop needs a body}}
 }
 
 // -----
@@ -583,7 +585,7 @@ func.func @mask_outside_loop(%s: !dualkv.scores, %j: index) {
 
 // -----
 
-dualkv.kernel @mask_kind_none kind <bwd> {
+dualkv.kernel @mask_kind_none kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   dualkv.kv_loop <shared> part <tail> {
   ^bb0(%j: index):
@@ -596,7 +598,7 @@ dualkv.kernel @mask_kind_none kind <bwd> {
 
 // -----
 
-dualkv.kernel @causal_mask_in_shared kind <bwd> {
+dualkv.kernel @causal_mask_in_shared kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   dualkv.kv_loop <shared> part <tail> {
   ^bb0(%j: index):
@@ -609,7 +611,7 @@ dualkv.kernel @causal_mask_in_shared kind <bwd> {
 
 // -----
 
-dualkv.kernel @bound_mask_in_response kind <bwd> {
+dualkv.kernel @bound_mask_in_response kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   dualkv.kv_loop <response> part <diagonal> {
   ^bb0(%j: index):
@@ -622,7 +624,7 @@ dualkv.kernel @bound_mask_in_response kind <bwd> {
 
 // -----
 
-dualkv.kernel @causal_mask_in_full_loop kind <bwd> {
+dualkv.kernel @causal_mask_in_full_loop kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   dualkv.kv_loop <response> part <full> {
   ^bb0(%j: index):
@@ -635,7 +637,7 @@ dualkv.kernel @causal_mask_in_full_loop kind <bwd> {
 
 // -----
 
-dualkv.kernel @bound_mask_in_full_loop kind <bwd> {
+dualkv.kernel @bound_mask_in_full_loop kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   dualkv.kv_loop <shared> part <full> {
   ^bb0(%j: index):
@@ -648,7 +650,7 @@ dualkv.kernel @bound_mask_in_full_loop kind <bwd> {
 
 // -----
 
-dualkv.kernel @mask_other_index kind <bwd> {
+dualkv.kernel @mask_other_index kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   %c0 = arith.constant 0 : index
   dualkv.kv_loop <response> part <diagonal> {
@@ -664,7 +666,7 @@ dualkv.kernel @mask_other_index kind <bwd> {
 
 // === types of operands ===
 
-dualkv.kernel @qk_wrong_operand_type kind <bwd> {
+dualkv.kernel @qk_wrong_operand_type kind <bwd_dq> {
   // expected-note @+1 {{prior use here}}
   %q = dualkv.load_q : !dualkv.q_tile
   dualkv.kv_loop <shared> part <all> {
@@ -673,3 +675,544 @@ dualkv.kernel @qk_wrong_operand_type kind <bwd> {
     %s = dualkv.qk %q, %q : !dualkv.scores
   }
 }
+
+// -----
+
+// === backward: kernel kinds and the ops each needs ===
+
+// The same 64 x 64 x 4-warp tiling at head_dim 128 is valid for one accumulator
+// (bwd_dq: 64 * 128 / 128 = 64); a KV-major kernel holds dK and dV, twice that.
+// 2 * 128 rows * 128 dims over 128 threads = 256 registers.
+// expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (accumulators * block_m * head_dim / threads); at most 128 fit beside the scores}}
+dualkv.kernel @bwd_acc_registers kind <bwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+}
+
+// -----
+
+// bwd_kv counts two accumulators too: the default 64-key block at head_dim 256 gives
+// 2 * 64 * 256 / 128 = 256.
+// expected-error @+1 {{tiling gives each thread 256 accumulator registers}}
+dualkv.kernel @bwd_kv_acc_registers kind <bwd_kv> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+}
+
+// -----
+
+// bwd_dq keeps one (dQ): 128 * 256 / 256 threads = 128 is the limit, 256 * 128 / 128
+// is past it.
+// expected-error @+1 {{tiling gives each thread 256 accumulator registers}}
+dualkv.kernel @bwd_dq_acc_registers kind <bwd_dq> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 256, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd kernel loads no key/value block (dualkv.load_kv_block)}}
+dualkv.kernel @bwd_without_kv_block kind <bwd> {
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+  dualkv.store_kv_grads %g, %g : !dualkv.grad_acc, !dualkv.grad_acc
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd kernel walks no query tiles (dualkv.q_loop)}}
+dualkv.kernel @bwd_without_q_loop kind <bwd> {
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  dualkv.store_kv_grads %g, %g : !dualkv.grad_acc, !dualkv.grad_acc
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd_kv kernel stores no dK/dV (dualkv.store_kv_grads)}}
+dualkv.kernel @bwd_kv_without_store kind <bwd_kv> {
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd_kv kernel loads no key/value block (dualkv.load_kv_block)}}
+dualkv.kernel @bwd_kv_empty kind <bwd_kv> {
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd_pre kernel computes no Delta (dualkv.compute_delta)}}
+dualkv.kernel @bwd_pre_empty kind <bwd_pre> {
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd_post kernel converts nothing (dualkv.convert_grads)}}
+dualkv.kernel @bwd_post_empty kind <bwd_post> {
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd_dq kernel loads no query tile (dualkv.load_q)}}
+dualkv.kernel @bwd_dq_without_load_q kind <bwd_dq> {
+  %acc = dualkv.init_acc : !dualkv.acc
+  dualkv.store_dq %acc : !dualkv.acc
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op bwd_dq kernel stores no dQ (dualkv.store_dq)}}
+dualkv.kernel @bwd_dq_without_store kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+// Only the query-major kernels load a query tile; the KV-major ones stream
+// load_q_block inside their query loop.
+dualkv.kernel @load_q_in_bwd kind <bwd> {
+  // expected-error @+1 {{'dualkv.load_q' op only query-major kernels (fwd, bwd_dq) load query tiles}}
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+dualkv.kernel @load_q_in_bwd_kv kind <bwd_kv> {
+  // expected-error @+1 {{only query-major kernels (fwd, bwd_dq) load query tiles}}
+  %q = dualkv.load_q : !dualkv.q_tile
+}
+
+// -----
+
+// === backward: dualkv.q_loop ===
+
+dualkv.kernel @q_loop_in_fwd kind <fwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  // expected-error @+1 {{'dualkv.q_loop' op query loops belong to KV-major backward kernels (bwd, bwd_kv)}}
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_in_bwd_dq kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  // expected-error @+1 {{query loops belong to KV-major backward kernels (bwd, bwd_kv)}}
+  dualkv.q_loop part <full> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_in_bwd_pre kind <bwd_pre> {
+  // expected-error @+1 {{query loops belong to KV-major backward kernels (bwd, bwd_kv)}}
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_tail kind <bwd> {
+  // expected-error @+1 {{'dualkv.q_loop' op a query loop has no tail part: the last query tile's extra rows read as zero}}
+  dualkv.q_loop part <tail> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+func.func @q_loop_outside_kernel() {
+  // expected-error @+1 {{'dualkv.q_loop' op expects parent op 'dualkv.kernel'}}
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+  return
+}
+
+// -----
+
+// Loops do not nest. As for kv_loop, the inner loop's HasParent<KernelOp> trait
+// fails first, so QLoopOp::verifyRegions' "query loops do not nest" is never reached.
+dualkv.kernel @nested_q_loop kind <bwd> {
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+    // expected-error @+1 {{'dualkv.q_loop' op expects parent op 'dualkv.kernel'}}
+    dualkv.q_loop part <all> {
+    ^bb0(%i2: index):
+    }
+  }
+}
+
+// -----
+
+dualkv.kernel @kv_loop_in_q_loop kind <bwd> {
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+    // expected-error @+1 {{'dualkv.kv_loop' op expects parent op 'dualkv.kernel'}}
+    dualkv.kv_loop <shared> part <all> {
+    ^bb0(%j: index):
+    }
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_in_kv_loop kind <bwd> {
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+    // expected-error @+1 {{'dualkv.q_loop' op expects parent op 'dualkv.kernel'}}
+    dualkv.q_loop part <all> {
+    ^bb0(%i: index):
+    }
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_index_not_index kind <bwd> {
+  // expected-error @+1 {{'dualkv.q_loop' op first body argument must be the index of the query tile}}
+  dualkv.q_loop part <all> {
+  ^bb0(%i: i32):
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_missing_carried kind <bwd> {
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  // expected-error @+1 {{'dualkv.q_loop' op body must take the tile index and 1 carried values, got 1 arguments}}
+  %r = dualkv.q_loop part <all> iter_args(%dk = %g) : !dualkv.grad_acc {
+  ^bb0(%i: index):
+    dualkv.yield %g : !dualkv.grad_acc
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_yield_mismatch kind <bwd> {
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  // expected-error @+1 {{'dualkv.q_loop' op yields 2 values whose types differ from the loop's results}}
+  %r = dualkv.q_loop part <all> iter_args(%dk = %g) : !dualkv.grad_acc {
+  ^bb0(%i: index, %dk: !dualkv.grad_acc):
+    dualkv.yield %dk, %dk : !dualkv.grad_acc, !dualkv.grad_acc
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_missing_part kind <bwd> {
+  // expected-error @+1 {{expected 'part'}}
+  dualkv.q_loop <all> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_empty_body kind <bwd> {
+  dualkv.q_loop part <all> {}
+// expected-error @+1 {{custom op 'dualkv.q_loop' dualkv.q_loop needs a body}}
+}
+
+// -----
+
+dualkv.kernel @q_loop_iter_args_count kind <bwd> {
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  // expected-error @+1 {{custom op 'dualkv.q_loop' iter_args has 2 values but 1 types}}
+  %r = dualkv.q_loop part <all> iter_args(%x = %g, %y = %g) : !dualkv.grad_acc {
+  ^bb0(%i: index, %x: !dualkv.grad_acc, %y: !dualkv.grad_acc):
+    dualkv.yield %g : !dualkv.grad_acc
+  }
+}
+
+// -----
+
+// === backward: dualkv.mask inside a q_loop ===
+
+// Transposed scores come from casts here: only the verifier of the mask is under test.
+dualkv.kernel @q_loop_masks_scores_t kind <bwd> {
+  dualkv.q_loop part <diagonal> {
+  ^bb0(%i: index):
+    %s = builtin.unrealized_conversion_cast to !dualkv.scores
+    // expected-error @+1 {{'dualkv.mask' op a q_loop masks transposed scores (!dualkv.scores_t)}}
+    %m = dualkv.mask <causal> %s, %i : !dualkv.scores
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_mask_bound kind <bwd> {
+  dualkv.q_loop part <diagonal> {
+  ^bb0(%i: index):
+    %s = builtin.unrealized_conversion_cast to !dualkv.scores_t
+    // expected-error @+1 {{'dualkv.mask' op a backward query tile needs only the causal mask}}
+    %m = dualkv.mask <bound> %s, %i : !dualkv.scores_t
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_mask_none kind <bwd> {
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+    %s = builtin.unrealized_conversion_cast to !dualkv.scores_t
+    // expected-error @+1 {{a backward query tile needs only the causal mask}}
+    %m = dualkv.mask <none> %s, %i : !dualkv.scores_t
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_mask_in_full kind <bwd_kv> {
+  dualkv.q_loop part <full> {
+  ^bb0(%i: index):
+    %s = builtin.unrealized_conversion_cast to !dualkv.scores_t
+    // expected-error @+1 {{'dualkv.mask' op a full tile needs no mask}}
+    %m = dualkv.mask <causal> %s, %i : !dualkv.scores_t
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_mask_other_index kind <bwd> {
+  %c0 = arith.constant 0 : index
+  dualkv.q_loop part <diagonal> {
+  ^bb0(%i: index):
+    %s = builtin.unrealized_conversion_cast to !dualkv.scores_t
+    // expected-error @+1 {{'dualkv.mask' op must mask the tile of its own loop iteration}}
+    %m = dualkv.mask <causal> %s, %c0 : !dualkv.scores_t
+  }
+}
+
+// -----
+
+// The other way round: a kv_loop masks row-oriented scores only.
+dualkv.kernel @kv_loop_masks_scores kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <response> part <diagonal> {
+  ^bb0(%j: index):
+    %s = builtin.unrealized_conversion_cast to !dualkv.scores_t
+    // expected-error @+1 {{'dualkv.mask' op a kv_loop masks !dualkv.scores}}
+    %m = dualkv.mask <causal> %s, %j : !dualkv.scores_t
+  }
+}
+
+// -----
+
+func.func @mask_t_outside_loop(%s: !dualkv.scores_t, %i: index) {
+  // expected-error @+1 {{'dualkv.mask' op must be inside a dualkv.kv_loop or dualkv.q_loop}}
+  %m = dualkv.mask <causal> %s, %i : !dualkv.scores_t
+  return
+}
+
+// -----
+
+func.func @mask_not_scores(%g: !dualkv.grad_acc, %i: index) {
+  // expected-error @+1 {{'dualkv.mask' op operand #0 must be}}
+  %m = dualkv.mask <causal> %g, %i : !dualkv.grad_acc
+  return
+}
+
+// -----
+
+// === backward: orientation of recompute_probs and softmax_grad ===
+
+func.func @recompute_scores_col_stats(%s: !dualkv.scores, %c: !dualkv.col_stats) {
+  // expected-error @+1 {{'dualkv.recompute_probs' op !dualkv.scores pairs with !dualkv.row_stats, got '!dualkv.col_stats'}}
+  %p = dualkv.recompute_probs %s, %c : !dualkv.scores, !dualkv.col_stats
+  return
+}
+
+// -----
+
+func.func @recompute_scores_t_row_stats(%s: !dualkv.scores_t, %r: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.recompute_probs' op !dualkv.scores_t pairs with !dualkv.col_stats, got '!dualkv.row_stats'}}
+  %p = dualkv.recompute_probs %s, %r : !dualkv.scores_t, !dualkv.row_stats
+  return
+}
+
+// -----
+
+// The result has the scores' type (AllTypesMatch): only the generic form can break it.
+func.func @recompute_result_type(%s: !dualkv.scores, %r: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.recompute_probs' op failed to verify that all of {scores, result} have same type}}
+  %p = "dualkv.recompute_probs"(%s, %r) : (!dualkv.scores, !dualkv.row_stats) -> !dualkv.scores_t
+  return
+}
+
+// -----
+
+func.func @recompute_not_scores(%p: !dualkv.probs, %r: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.recompute_probs' op operand #0 must be}}
+  %x = "dualkv.recompute_probs"(%p, %r) : (!dualkv.probs, !dualkv.row_stats) -> !dualkv.probs
+  return
+}
+
+// -----
+
+// P and dP of different orientations: the AllTypesMatch trait answers before the
+// verifier's own "P and dP must have one type" message, which is never reached.
+func.func @softmax_grad_p_dp_mismatch(%p: !dualkv.scores, %dp: !dualkv.scores_t, %d: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.softmax_grad' op failed to verify that all of {probs, dprobs} have same type}}
+  %ds = "dualkv.softmax_grad"(%p, %dp, %d) : (!dualkv.scores, !dualkv.scores_t, !dualkv.row_stats) -> !dualkv.probs
+  return
+}
+
+// -----
+
+func.func @softmax_grad_scores_col_stats(%p: !dualkv.scores, %c: !dualkv.col_stats) {
+  // expected-error @+1 {{'dualkv.softmax_grad' op !dualkv.scores pairs with !dualkv.row_stats, got '!dualkv.col_stats'}}
+  %ds = dualkv.softmax_grad %p, %p, %c : !dualkv.scores, !dualkv.col_stats -> !dualkv.probs
+  return
+}
+
+// -----
+
+func.func @softmax_grad_scores_t_row_stats(%p: !dualkv.scores_t, %r: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.softmax_grad' op !dualkv.scores_t pairs with !dualkv.col_stats, got '!dualkv.row_stats'}}
+  %ds = dualkv.softmax_grad %p, %p, %r : !dualkv.scores_t, !dualkv.row_stats -> !dualkv.scores_t
+  return
+}
+
+// -----
+
+// Row-oriented dS is an A operand in the element type (!dualkv.probs) ...
+func.func @softmax_grad_rows_to_scores_t(%p: !dualkv.scores, %r: !dualkv.row_stats) {
+  // expected-error @+1 {{'dualkv.softmax_grad' op dS of '!dualkv.scores' is !dualkv.probs, got '!dualkv.scores_t'}}
+  %ds = dualkv.softmax_grad %p, %p, %r : !dualkv.scores, !dualkv.row_stats -> !dualkv.scores_t
+  return
+}
+
+// -----
+
+// ... transposed dS stays fp32 (!dualkv.scores_t).
+func.func @softmax_grad_cols_to_probs(%p: !dualkv.scores_t, %c: !dualkv.col_stats) {
+  // expected-error @+1 {{'dualkv.softmax_grad' op dS of '!dualkv.scores_t' is !dualkv.scores_t, got '!dualkv.probs'}}
+  %ds = dualkv.softmax_grad %p, %p, %c : !dualkv.scores_t, !dualkv.col_stats -> !dualkv.probs
+  return
+}
+
+// -----
+
+// === backward: ops outside their place ===
+
+dualkv.kernel @load_q_block_outside_q_loop kind <bwd> {
+  %c0 = arith.constant 0 : index
+  // expected-error @+1 {{'dualkv.load_q_block' op expects parent op 'dualkv.q_loop'}}
+  %q = dualkv.load_q_block <query> %c0 : !dualkv.q_block
+}
+
+// -----
+
+dualkv.kernel @load_col_stats_outside_q_loop kind <bwd> {
+  %c0 = arith.constant 0 : index
+  // expected-error @+1 {{'dualkv.load_col_stats' op expects parent op 'dualkv.q_loop'}}
+  %l = dualkv.load_col_stats <lse> %c0 : !dualkv.col_stats
+}
+
+// -----
+
+// The dQ kernel is query-major: its query tiles come from load_q, not a q_loop.
+dualkv.kernel @load_q_block_in_kv_loop kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+    // expected-error @+1 {{'dualkv.load_q_block' op expects parent op 'dualkv.q_loop'}}
+    %b = dualkv.load_q_block <query> %j : !dualkv.q_block
+  }
+}
+
+// -----
+
+dualkv.kernel @accumulate_dq_outside_q_loop kind <bwd> {
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  %ds = builtin.unrealized_conversion_cast to !dualkv.scores_t
+  // expected-error @+1 {{'dualkv.accumulate_dq' op expects parent op 'dualkv.q_loop'}}
+  dualkv.accumulate_dq %ds, %k : !dualkv.scores_t, !dualkv.kv_block
+}
+
+// -----
+
+// The CTA's block is loaded once, before its query loop.
+dualkv.kernel @load_kv_block_in_q_loop kind <bwd> {
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+    // expected-error @+1 {{'dualkv.load_kv_block' op expects parent op 'dualkv.kernel'}}
+    %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  }
+}
+
+// -----
+
+dualkv.kernel @store_kv_grads_in_q_loop kind <bwd> {
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+    // expected-error @+1 {{'dualkv.store_kv_grads' op expects parent op 'dualkv.kernel'}}
+    dualkv.store_kv_grads %g, %g : !dualkv.grad_acc, !dualkv.grad_acc
+  }
+}
+
+// -----
+
+dualkv.kernel @store_dq_in_kv_loop kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  %acc = dualkv.init_acc : !dualkv.acc
+  dualkv.kv_loop <shared> part <all> {
+  ^bb0(%j: index):
+    // expected-error @+1 {{'dualkv.store_dq' op expects parent op 'dualkv.kernel'}}
+    dualkv.store_dq %acc : !dualkv.acc
+  }
+}
+
+// -----
+
+func.func @compute_delta_outside_kernel() {
+  // expected-error @+1 {{'dualkv.compute_delta' op expects parent op 'dualkv.kernel'}}
+  dualkv.compute_delta
+  return
+}
+
+// -----
+
+func.func @convert_grads_outside_kernel() {
+  // expected-error @+1 {{'dualkv.convert_grads' op expects parent op 'dualkv.kernel'}}
+  dualkv.convert_grads
+  return
+}
+
+// -----
+
+// === backward: operand types ===
+
+// qk_t takes the CTA's block first, then a query block.
+func.func @qk_t_operands_swapped(%k: !dualkv.kv_block, %q: !dualkv.q_block) {
+  // expected-error @+1 {{'dualkv.qk_t' op operand #0 must be}}
+  %s = "dualkv.qk_t"(%q, %k) : (!dualkv.q_block, !dualkv.kv_block) -> !dualkv.scores_t
+  return
+}
+
+// -----
+
+// accumulate multiplies a transposed (keys x queries) tile: untransposed scores do
+// not fit.
+func.func @accumulate_scores(%s: !dualkv.scores, %q: !dualkv.q_block, %g: !dualkv.grad_acc) {
+  // expected-error @+1 {{'dualkv.accumulate' op operand #0 must be}}
+  %r = "dualkv.accumulate"(%s, %q, %g) : (!dualkv.scores, !dualkv.q_block, !dualkv.grad_acc) -> !dualkv.grad_acc
+  return
+}
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::dualkv::QOperand to be one of: query, grad_output}}
+// expected-error @+1 {{failed to parse DualKV_QOperandAttr parameter 'value'}}
+func.func @enum_bad_q_operand() attributes {x = #dualkv.q_operand<key>} { return }
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::dualkv::StatKind to be one of: lse, delta}}
+// expected-error @+1 {{failed to parse DualKV_StatKindAttr parameter 'value'}}
+func.func @enum_bad_stat() attributes {x = #dualkv.stat<max>} { return }

@@ -125,22 +125,52 @@ func.func @structured_attributes() attributes {
 
 // === tile level ===
 
-// An unbound template of every kind; every tile type.
+// An unbound template of every kind, each with the ops its kind needs.
 // CHECK-LABEL: dualkv.kernel @unbound_bwd_pre kind <bwd_pre> {
+// CHECK-NEXT: dualkv.compute_delta
 // CHECK-NEXT: }
 // CHECK-LABEL: dualkv.kernel @unbound_bwd kind <bwd> {
-// CHECK-NEXT: dualkv.load_q : !dualkv.q_tile
+// CHECK-NEXT: dualkv.load_kv_block <key> : !dualkv.kv_block
+// CHECK-NEXT: dualkv.init_grad : !dualkv.grad_acc
+// CHECK-NEXT: dualkv.q_loop part <all> {
+// CHECK: dualkv.store_kv_grads
 // CHECK-LABEL: dualkv.kernel @unbound_bwd_post kind <bwd_post> attributes {note = "kept"} {
 // CHECK: dualkv.init_acc : !dualkv.acc
 // CHECK: dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+// CHECK: dualkv.convert_grads
+// CHECK-LABEL: dualkv.kernel @unbound_bwd_kv kind <bwd_kv> {
+// CHECK-LABEL: dualkv.kernel @unbound_bwd_dq kind <bwd_dq> {
+// CHECK-NEXT: dualkv.load_q : !dualkv.q_tile
+// CHECK-NEXT: dualkv.init_acc : !dualkv.acc
+// CHECK-NEXT: dualkv.store_dq
 dualkv.kernel @unbound_bwd_pre kind <bwd_pre> {
+  dualkv.compute_delta
 }
 dualkv.kernel @unbound_bwd kind <bwd> {
-  %q = dualkv.load_q : !dualkv.q_tile
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+  dualkv.store_kv_grads %g, %g : !dualkv.grad_acc, !dualkv.grad_acc
 }
 dualkv.kernel @unbound_bwd_post kind <bwd_post> attributes {note = "kept"} {
   %acc = dualkv.init_acc : !dualkv.acc
   %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+  dualkv.convert_grads
+}
+dualkv.kernel @unbound_bwd_kv kind <bwd_kv> {
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+  dualkv.store_kv_grads %g, %g : !dualkv.grad_acc, !dualkv.grad_acc
+}
+dualkv.kernel @unbound_bwd_dq kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  %acc = dualkv.init_acc : !dualkv.acc
+  dualkv.store_dq %acc : !dualkv.acc
 }
 
 // -----
@@ -187,6 +217,7 @@ dualkv.kernel @loop_without_iter_args kind <bwd_post> {
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
     dualkv.yield
   }
+  dualkv.convert_grads
 }
 
 // -----
@@ -205,6 +236,7 @@ dualkv.kernel @loop_attributes kind <bwd_post> {
   ^bb0(%j: index, %a: !dualkv.acc):
     dualkv.yield %a : !dualkv.acc
   }
+  dualkv.convert_grads
 }
 
 // -----
@@ -319,4 +351,183 @@ dualkv.kernel @template_like kind <fwd> {
     dualkv.yield %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
   }
   dualkv.store_output %acc2, %m2, %l2 : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
+}
+
+// -----
+
+// === backward ===
+
+// The backward's enums: the two deterministic kinds, the query-side operands and
+// the per-query statistics.
+// CHECK-LABEL: func.func @backward_enum_values
+// CHECK-SAME: k4 = #dualkv.kind<bwd_kv>, k5 = #dualkv.kind<bwd_dq>
+// CHECK-SAME: q0 = #dualkv.q_operand<query>, q1 = #dualkv.q_operand<grad_output>
+// CHECK-SAME: s0 = #dualkv.stat<lse>, s1 = #dualkv.stat<delta>
+func.func @backward_enum_values() attributes {
+    k4 = #dualkv.kind<bwd_kv>, k5 = #dualkv.kind<bwd_dq>,
+    q0 = #dualkv.q_operand<query>, q1 = #dualkv.q_operand<grad_output>,
+    s0 = #dualkv.stat<lse>, s1 = #dualkv.stat<delta>} {
+  return
+}
+
+// -----
+
+// The backward's tile types, as function types.
+// CHECK-LABEL: func.func private @backward_tile_types
+// CHECK-SAME: (!dualkv.kv_block, !dualkv.q_block, !dualkv.col_stats, !dualkv.scores_t, !dualkv.grad_acc)
+func.func private @backward_tile_types(!dualkv.kv_block, !dualkv.q_block,
+                                       !dualkv.col_stats, !dualkv.scores_t,
+                                       !dualkv.grad_acc)
+
+// -----
+
+// The elementwise kernels: one op each.
+// CHECK-LABEL: dualkv.kernel @pre kind <bwd_pre> {
+// CHECK-NEXT: dualkv.compute_delta
+// CHECK-NEXT: }
+// CHECK-LABEL: dualkv.kernel @post kind <bwd_post> {
+// CHECK-NEXT: dualkv.convert_grads
+// CHECK-NEXT: }
+dualkv.kernel @pre kind <bwd_pre> {
+  dualkv.compute_delta
+}
+dualkv.kernel @post kind <bwd_post> {
+  dualkv.convert_grads
+}
+
+// -----
+
+// The KV-major backward, tiled: a diagonal query loop whose Sᵀ passes through the
+// causal mask, then a full one (no mask), dK/dV chained from one to the next; every
+// KV-major op, both load_q_block operands and both column statistics.
+// CHECK-LABEL: dualkv.kernel @kv_major kind <bwd>
+// CHECK: %[[K:[a-z0-9_#]+]] = dualkv.load_kv_block <key> : !dualkv.kv_block
+// CHECK-NEXT: %[[V:[a-z0-9_#]+]] = dualkv.load_kv_block <value> : !dualkv.kv_block
+// CHECK-NEXT: %[[DK0:[a-z0-9_#]+]] = dualkv.init_grad : !dualkv.grad_acc
+// CHECK-NEXT: %[[DV0:[a-z0-9_#]+]] = dualkv.init_grad : !dualkv.grad_acc
+// CHECK-NEXT: %[[D:[a-z0-9_#]+]]:2 = dualkv.q_loop part <diagonal> iter_args(%[[DK:[a-z0-9_#]+]] = %[[DK0]], %[[DV:[a-z0-9_#]+]] = %[[DV0]]) : !dualkv.grad_acc, !dualkv.grad_acc {
+// CHECK-NEXT: ^bb0(%[[I:[a-z0-9_#]+]]: index, %[[DK]]: !dualkv.grad_acc, %[[DV]]: !dualkv.grad_acc):
+// CHECK-NEXT: %[[Q:[a-z0-9_#]+]] = dualkv.load_q_block <query> %[[I]] : !dualkv.q_block
+// CHECK-NEXT: %[[DO:[a-z0-9_#]+]] = dualkv.load_q_block <grad_output> %[[I]] : !dualkv.q_block
+// CHECK-NEXT: %[[ST0:[a-z0-9_#]+]] = dualkv.qk_t %[[K]], %[[Q]] : !dualkv.scores_t
+// CHECK-NEXT: %[[ST:[a-z0-9_#]+]] = dualkv.mask <causal> %[[ST0]], %[[I]] : !dualkv.scores_t
+// CHECK-NEXT: %[[LSE:[a-z0-9_#]+]] = dualkv.load_col_stats <lse> %[[I]] : !dualkv.col_stats
+// CHECK-NEXT: %[[PT:[a-z0-9_#]+]] = dualkv.recompute_probs %[[ST]], %[[LSE]] : !dualkv.scores_t, !dualkv.col_stats
+// CHECK-NEXT: %[[DV2:[a-z0-9_#]+]] = dualkv.accumulate %[[PT]], %[[DO]], %[[DV]] : !dualkv.grad_acc
+// CHECK-NEXT: %[[DPT:[a-z0-9_#]+]] = dualkv.qk_t %[[V]], %[[DO]] : !dualkv.scores_t
+// CHECK-NEXT: %[[DELTA:[a-z0-9_#]+]] = dualkv.load_col_stats <delta> %[[I]] : !dualkv.col_stats
+// CHECK-NEXT: %[[DST:[a-z0-9_#]+]] = dualkv.softmax_grad %[[PT]], %[[DPT]], %[[DELTA]] : !dualkv.scores_t, !dualkv.col_stats -> !dualkv.scores_t
+// CHECK-NEXT: %[[DK2:[a-z0-9_#]+]] = dualkv.accumulate %[[DST]], %[[Q]], %[[DK]] : !dualkv.grad_acc
+// CHECK-NEXT: dualkv.accumulate_dq %[[DST]], %[[K]] : !dualkv.scores_t, !dualkv.kv_block
+// CHECK-NEXT: dualkv.yield %[[DK2]], %[[DV2]] : !dualkv.grad_acc, !dualkv.grad_acc
+// CHECK-NEXT: }
+// CHECK-NEXT: %[[F:[a-z0-9_#]+]]:2 = dualkv.q_loop part <full> iter_args(%{{[a-z0-9_#]+}} = %[[D]]#0, %{{[a-z0-9_#]+}} = %[[D]]#1) : !dualkv.grad_acc, !dualkv.grad_acc {
+// CHECK-NOT: dualkv.mask
+// CHECK: dualkv.store_kv_grads %[[F]]#0, %[[F]]#1 : !dualkv.grad_acc, !dualkv.grad_acc
+dualkv.kernel @kv_major kind <bwd> {
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  %v = dualkv.load_kv_block <value> : !dualkv.kv_block
+  %dk0 = dualkv.init_grad : !dualkv.grad_acc
+  %dv0 = dualkv.init_grad : !dualkv.grad_acc
+  %dk1, %dv1 = dualkv.q_loop part <diagonal> iter_args(%dk = %dk0, %dv = %dv0)
+      : !dualkv.grad_acc, !dualkv.grad_acc {
+  ^bb0(%i: index, %dk: !dualkv.grad_acc, %dv: !dualkv.grad_acc):
+    %q = dualkv.load_q_block <query> %i : !dualkv.q_block
+    %do = dualkv.load_q_block <grad_output> %i : !dualkv.q_block
+    %st0 = dualkv.qk_t %k, %q : !dualkv.scores_t
+    %st = dualkv.mask <causal> %st0, %i : !dualkv.scores_t
+    %lse = dualkv.load_col_stats <lse> %i : !dualkv.col_stats
+    %pt = dualkv.recompute_probs %st, %lse : !dualkv.scores_t, !dualkv.col_stats
+    %dv2 = dualkv.accumulate %pt, %do, %dv : !dualkv.grad_acc
+    %dpt = dualkv.qk_t %v, %do : !dualkv.scores_t
+    %delta = dualkv.load_col_stats <delta> %i : !dualkv.col_stats
+    %dst = dualkv.softmax_grad %pt, %dpt, %delta
+        : !dualkv.scores_t, !dualkv.col_stats -> !dualkv.scores_t
+    %dk2 = dualkv.accumulate %dst, %q, %dk : !dualkv.grad_acc
+    dualkv.accumulate_dq %dst, %k : !dualkv.scores_t, !dualkv.kv_block
+    dualkv.yield %dk2, %dv2 : !dualkv.grad_acc, !dualkv.grad_acc
+  }
+  %dk3, %dv3 = dualkv.q_loop part <full> iter_args(%dk = %dk1, %dv = %dv1)
+      : !dualkv.grad_acc, !dualkv.grad_acc {
+  ^bb0(%i: index, %dk: !dualkv.grad_acc, %dv: !dualkv.grad_acc):
+    %q = dualkv.load_q_block <query> %i : !dualkv.q_block
+    %st = dualkv.qk_t %k, %q : !dualkv.scores_t
+    %lse = dualkv.load_col_stats <lse> %i : !dualkv.col_stats
+    %pt = dualkv.recompute_probs %st, %lse : !dualkv.scores_t, !dualkv.col_stats
+    %dk2 = dualkv.accumulate %pt, %q, %dk : !dualkv.grad_acc
+    dualkv.yield %dk2, %dv : !dualkv.grad_acc, !dualkv.grad_acc
+  }
+  dualkv.store_kv_grads %dk3, %dv3 : !dualkv.grad_acc, !dualkv.grad_acc
+}
+
+// -----
+
+// A query loop without iter_args (bwd_kv, bound), with discardable attributes: no
+// results, the implicit yield not printed.
+// CHECK-LABEL: dualkv.kernel @q_loop_without_iter_args kind <bwd_kv>
+// CHECK-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+// CHECK: dualkv.q_loop part <all> attributes {tag} {
+// CHECK-NEXT: ^bb0(%[[I:[a-z0-9_#]+]]: index):
+// CHECK-NEXT: dualkv.load_q_block <grad_output> %[[I]] : !dualkv.q_block
+// CHECK-NEXT: }
+// CHECK-NOT: dualkv.yield
+// CHECK: dualkv.store_kv_grads
+dualkv.kernel @q_loop_without_iter_args kind <bwd_kv>
+    problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 128,
+             dtype = bf16, scale = 0.08838834764831845, causal = true>
+    tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+    arch "sm_80" {
+  %k = dualkv.load_kv_block <key> : !dualkv.kv_block
+  dualkv.q_loop part <all> attributes {tag} {
+  ^bb0(%i: index):
+    %do = dualkv.load_q_block <grad_output> %i : !dualkv.q_block
+  }
+  %g = dualkv.init_grad : !dualkv.grad_acc
+  dualkv.store_kv_grads %g, %g : !dualkv.grad_acc, !dualkv.grad_acc
+}
+
+// -----
+
+// The query-major dQ kernel: the forward's loops over row-oriented tiles;
+// load_dout, load_row_stats, recompute_probs and softmax_grad on !dualkv.scores
+// (dS packed as !dualkv.probs), store_dq.
+// CHECK-LABEL: dualkv.kernel @query_major_dq kind <bwd_dq>
+// CHECK: %[[Q:[a-z0-9_#]+]] = dualkv.load_q : !dualkv.q_tile
+// CHECK-NEXT: %[[DO:[a-z0-9_#]+]] = dualkv.load_dout : !dualkv.q_tile
+// CHECK-NEXT: %[[LSE:[a-z0-9_#]+]] = dualkv.load_row_stats <lse> : !dualkv.row_stats
+// CHECK-NEXT: %[[DELTA:[a-z0-9_#]+]] = dualkv.load_row_stats <delta> : !dualkv.row_stats
+// CHECK-NEXT: %[[ACC0:[a-z0-9_#]+]] = dualkv.init_acc : !dualkv.acc
+// CHECK-NEXT: %[[R:[a-z0-9_#]+]] = dualkv.kv_loop <response> part <diagonal> iter_args(%[[ACC:[a-z0-9_#]+]] = %[[ACC0]]) : !dualkv.acc {
+// CHECK-NEXT: ^bb0(%[[J:[a-z0-9_#]+]]: index, %[[ACC]]: !dualkv.acc):
+// CHECK-NEXT: %[[K:[a-z0-9_#]+]] = dualkv.load_kv <key> %[[J]] : !dualkv.kv_tile
+// CHECK-NEXT: %[[V:[a-z0-9_#]+]] = dualkv.load_kv <value> %[[J]] : !dualkv.kv_tile
+// CHECK-NEXT: %[[S0:[a-z0-9_#]+]] = dualkv.qk %[[Q]], %[[K]] : !dualkv.scores
+// CHECK-NEXT: %[[S:[a-z0-9_#]+]] = dualkv.mask <causal> %[[S0]], %[[J]] : !dualkv.scores
+// CHECK-NEXT: %[[P:[a-z0-9_#]+]] = dualkv.recompute_probs %[[S]], %[[LSE]] : !dualkv.scores, !dualkv.row_stats
+// CHECK-NEXT: %[[DP:[a-z0-9_#]+]] = dualkv.qk %[[DO]], %[[V]] : !dualkv.scores
+// CHECK-NEXT: %[[DS:[a-z0-9_#]+]] = dualkv.softmax_grad %[[P]], %[[DP]], %[[DELTA]] : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs
+// CHECK-NEXT: %[[AN:[a-z0-9_#]+]] = dualkv.pv %[[DS]], %[[K]], %[[ACC]] : !dualkv.acc
+// CHECK-NEXT: dualkv.yield %[[AN]] : !dualkv.acc
+// CHECK-NEXT: }
+// CHECK-NEXT: dualkv.store_dq %[[R]] : !dualkv.acc
+dualkv.kernel @query_major_dq kind <bwd_dq> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  %do = dualkv.load_dout : !dualkv.q_tile
+  %lse = dualkv.load_row_stats <lse> : !dualkv.row_stats
+  %delta = dualkv.load_row_stats <delta> : !dualkv.row_stats
+  %acc0 = dualkv.init_acc : !dualkv.acc
+  %acc1 = dualkv.kv_loop <response> part <diagonal> iter_args(%acc = %acc0) : !dualkv.acc {
+  ^bb0(%j: index, %acc: !dualkv.acc):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
+    %s0 = dualkv.qk %q, %k : !dualkv.scores
+    %s = dualkv.mask <causal> %s0, %j : !dualkv.scores
+    %p = dualkv.recompute_probs %s, %lse : !dualkv.scores, !dualkv.row_stats
+    %dp = dualkv.qk %do, %v : !dualkv.scores
+    %ds = dualkv.softmax_grad %p, %dp, %delta
+        : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs
+    %accn = dualkv.pv %ds, %k, %acc : !dualkv.acc
+    dualkv.yield %accn : !dualkv.acc
+  }
+  dualkv.store_dq %acc1 : !dualkv.acc
 }

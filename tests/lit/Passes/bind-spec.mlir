@@ -1,7 +1,8 @@
 // dualkv-bind-spec: fixes problem, tiling and arch of every unbound kernel; tiling
-// fields left at 0 take the head_dim defaults of dualkv::defaultTiling (the runtime's
-// too): block_m 128, block_n 32 and stages 2 always; warps 8 for head_dim 256,
-// else 4. scale = 1/sqrt(head_dim). Change these checks with defaultTiling.
+// fields left at 0 take the defaults of dualkv::defaultTiling (the runtime's too),
+// which depend on the kernel's kind. Forward: block_m 128, block_n 32 and stages 2
+// always; warps 8 for head_dim 256, else 4. The backward kinds: at the end of this
+// file. scale = 1/sqrt(head_dim). Change these checks with defaultTiling.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=D128
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=D64
@@ -36,17 +37,22 @@
 // PARTIAL-SAME: head_dim = 128, dtype = f16,
 // PARTIAL-SAME: tiling <block_m = 128, block_n = 64, warps = 4, stages = 2>
 
-// Every unbound kernel of the module is bound, whatever its kind.
+// Every unbound kernel of the module is bound, each with its kind's default tiling
+// (the backward kinds': see BWD-* below).
 // CHECK-LABEL: dualkv.kernel @bwd_post_kernel kind <bwd_post>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1, head_dim = 128, dtype = bf16,
-// CHECK-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_90a"
-// CHECK-LABEL: dualkv.kernel @bwd_kernel kind <bwd>
+// CHECK-SAME: tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a"
+// CHECK-LABEL: dualkv.kernel @fwd_kernel kind <fwd>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1,
-// CHECK-SAME: arch "sm_90a"
+// CHECK-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_90a"
 dualkv.kernel @bwd_post_kernel kind <bwd_post> {
+  dualkv.convert_grads
 }
-dualkv.kernel @bwd_kernel kind <bwd> {
+dualkv.kernel @fwd_kernel kind <fwd> {
   %q = dualkv.load_q : !dualkv.q_tile
+  %acc = dualkv.init_acc : !dualkv.acc
+  %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+  dualkv.store_output %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
 }
 
 // -----
@@ -94,3 +100,49 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-bind-spec 2>&1 | FileCheck %s --check-prefix=ERR-REBIND
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | not dualkv-opt --dualkv-bind-spec=head-dim=64 2>&1 | FileCheck %s --check-prefix=ERR-REBIND
 // ERR-REBIND: error: 'dualkv.kernel' op is already bound: templates are bound once
+
+// === backward: per-kind default tilings ===
+// dualkv::defaultTiling (compiler/lib/KernelSpec.cpp) gives the backward kinds
+// tilings of their own, the same for every head_dim (64 and 128 are the backward's;
+// 256 does not fit, below):
+// - bwd, bwd_kv: block_m = 64 keys and values a CTA, 4 warps of 16 key rows, query
+//   tiles of block_n = 64, stages 1. dK and dV are two fp32 accumulators:
+//   2 * 64 * 128 / 128 threads = 128 registers a thread at head_dim 128, exactly the
+//   kernel verifier's limit.
+// - bwd_dq: the forward's loops with P, dP and dS live at once, so 64 query rows and
+//   32-key tiles, 4 warps, stages 1.
+// - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
+//   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
+//   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
+// Change these checks with defaultTiling.
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64
+// BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
+// BWD-KV-SAME: head_dim = [[D]],
+// BWD-KV-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+// The query loop is still `all`: binding does not tile.
+// BWD-KV: dualkv.q_loop part <all>
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64
+// BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
+// BWD-DQ-SAME: head_dim = [[D]],
+// BWD-DQ-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+// RUN: dualkv-opt %templates/attention_bwd_pre.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-EW -DKIND=bwd_pre -DD=128
+// RUN: dualkv-opt %templates/attention_bwd_post.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-EW -DKIND=bwd_post -DD=64
+// BWD-EW: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
+// BWD-EW-SAME: head_dim = [[D]],
+// BWD-EW-SAME: tiling <block_m = 64, block_n = 16, warps = 4, stages = 1>
+
+// Explicit fields win over the kind's defaults as they do for the forward.
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="block-n=32" | FileCheck %s --check-prefix=BWD-PARTIAL
+// BWD-PARTIAL: dualkv.kernel @attention_bwd kind <bwd>
+// BWD-PARTIAL-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+
+// The KV-major defaults do not fit head_dim 256: 2 * 64 * 256 / 128 = 256 registers.
+// The dQ kernel holds one accumulator (64 * 256 / 128 = 128) and binds.
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
+// RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
+// ERR-BWD-D256: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256

@@ -213,9 +213,13 @@ dualkv.kernel @untiled kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv
 
 // -----
 
-dualkv.kernel @foreign_op kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @foreign_op kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+  %q = dualkv.load_q : !dualkv.q_tile
   // expected-error @+1 {{'arith.constant' op has no sm_80 lowering}}
   %c0 = arith.constant 0 : index
+  %acc = dualkv.init_acc : !dualkv.acc
+  %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+  dualkv.store_output %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
 }
 
 // -----

@@ -1,6 +1,8 @@
 // dualkv-tile-regions: each `part <all>` loop becomes an unmasked `full` loop and a
 // masked edge loop (`tail` with mask <bound> for the shared prompt, `diagonal` with
 // mask <causal> for the response); the carried values flow full -> edge -> next.
+// Only scores that become probabilities are masked. The backward's query loops:
+// tile-regions-q-loop.mlir.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions | FileCheck %s --check-prefix=TEMPLATE
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-tile-regions | FileCheck %s --check-prefix=TEMPLATE
@@ -62,26 +64,39 @@
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
 // COUNT-MASKS: {{^}}2{{$}}
 
-// A loop without carried values is split too; every qk of the body is masked in the
-// edge loop, none in the full one.
-// CHECK-LABEL: dualkv.kernel @no_iter_args_two_scores
+// A loop without carried values is split too. In the edge loop every qk whose scores
+// become probabilities (through online_softmax or recompute_probs) is masked right
+// where it is computed; scores that never do (dP of the backward) are not. The full
+// loop has no mask at all.
+// CHECK-LABEL: dualkv.kernel @no_iter_args_three_scores
 // CHECK: dualkv.kv_loop <response> part <full> {
 // CHECK-NOT: dualkv.mask
 // CHECK: dualkv.kv_loop <response> part <diagonal> {
 // CHECK-NEXT: ^bb0(%[[J:[a-z0-9]+]]: index):
 // CHECK: %[[S1:[0-9]+]] = dualkv.qk
-// CHECK-NEXT: dualkv.mask <causal> %[[S1]], %[[J]]
+// CHECK-NEXT: %[[M1:[0-9]+]] = dualkv.mask <causal> %[[S1]], %[[J]]
+// CHECK-NEXT: dualkv.online_softmax %[[M1]],
 // CHECK-NEXT: %[[S2:[0-9]+]] = dualkv.qk
-// CHECK-NEXT: dualkv.mask <causal> %[[S2]], %[[J]]
-// CHECK-NEXT: }
-dualkv.kernel @no_iter_args_two_scores kind <bwd> {
+// CHECK-NEXT: %[[M2:[0-9]+]] = dualkv.mask <causal> %[[S2]], %[[J]]
+// CHECK-NEXT: dualkv.recompute_probs %[[M2]],
+// CHECK-NEXT: %[[S3:[0-9]+]] = dualkv.qk
+// CHECK-NOT: dualkv.mask
+// CHECK: }
+dualkv.kernel @no_iter_args_three_scores kind <fwd> {
   %q = dualkv.load_q : !dualkv.q_tile
+  %m0, %l0 = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
   dualkv.kv_loop <response> part <all> {
   ^bb0(%j: index):
     %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
     %s1 = dualkv.qk %q, %k : !dualkv.scores
+    %p, %m1, %l1, %alpha = dualkv.online_softmax %s1, %m0, %l0
+        : !dualkv.probs, !dualkv.row_stats, !dualkv.row_stats, !dualkv.row_stats
     %s2 = dualkv.qk %q, %k : !dualkv.scores
+    %p2 = dualkv.recompute_probs %s2, %m0 : !dualkv.scores, !dualkv.row_stats
+    %s3 = dualkv.qk %q, %k : !dualkv.scores
   }
+  %acc = dualkv.init_acc : !dualkv.acc
+  dualkv.store_output %acc, %m0, %l0 : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
 }
 
 // -----
@@ -95,8 +110,10 @@ dualkv.kernel @no_iter_args_two_scores kind <bwd> {
 // CHECK-NEXT: dualkv.qk
 // CHECK-NEXT: }
 // CHECK-NEXT: }
-dualkv.kernel @already_tiled kind <bwd> {
+dualkv.kernel @already_tiled kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
+  %acc = dualkv.init_acc : !dualkv.acc
+  dualkv.store_dq %acc : !dualkv.acc
   dualkv.kv_loop <shared> part <full> {
   ^bb0(%j: index):
     %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
@@ -108,6 +125,7 @@ dualkv.kernel @already_tiled kind <bwd> {
 
 // A loop that computes no scores has nothing to tile.
 dualkv.kernel @no_scores kind <bwd_post> {
+  dualkv.convert_grads
   // expected-error @+1 {{'dualkv.kv_loop' op computes no scores (dualkv.qk): nothing to tile}}
   dualkv.kv_loop <shared> part <all> {
   ^bb0(%j: index):
