@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Checks dualkv-aot's JSON reports of backward kernels against the spec they name,
+independently of the compiler: file name, entry point, launch geometry, dynamic
+shared memory (docs/backward-abi.md and the buffer layouts of LowerBackward.cpp and
+LowerToNVGPU.cpp), and, with --ptxas, a cubin and a spill-free ptxas log.
+
+usage: check_aot_bwd_json.py [--ptxas] DIR
+(prints one line per kernel, then a summary; exit 1 if any kernel is bad)
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+ENTRY = {"bwd_pre": "attention_bwd_pre", "bwd": "attention_bwd",
+         "bwd_post": "attention_bwd_post", "bwd_kv": "attention_bwd_kv",
+         "bwd_dq": "attention_bwd_dq"}
+
+
+def shared_bytes(kind, d, bm, bn):
+    row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
+    if kind == "bwd":  # K, V (block_m rows), Q, dO (block_n rows), dS^T block_m x (block_n + 8)
+        return (2 * bm + 2 * bn) * row + bm * (bn + 8) * 2
+    if kind == "bwd_kv":  # the same without dS^T
+        return (2 * bm + 2 * bn) * row
+    if kind == "bwd_dq":  # Q, dO (block_m rows), K, V (block_n rows)
+        return (2 * bm + 2 * bn) * row
+    return 0  # bwd_pre, bwd_post: registers only
+
+
+def main():
+    args = sys.argv[1:]
+    ptxas = "--ptxas" in args
+    args = [a for a in args if a != "--ptxas"]
+    bad = 0
+    files = sorted(glob.glob(os.path.join(args[0], "*.json")))
+    for path in files:
+        with open(path) as f:
+            j = json.load(f)
+        t, d, kind = j["tiling"], j["head_dim"], j["kind"]
+        problems = []
+        name = "dualkv_{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}".format(
+            kind, d, j["num_q_heads"], j["num_kv_heads"], j["dtype"], j["arch"],
+            t["block_m"], t["block_n"], t["warps"], t["stages"])
+        if kind not in ENTRY:
+            problems.append("not a backward kind: %s" % kind)
+        elif j["entry"] != ENTRY[kind]:
+            problems.append("entry %s != %s" % (j["entry"], ENTRY[kind]))
+        if os.path.basename(path) != name + ".json":
+            problems.append("file name does not spell the spec (%s)" % name)
+        if j["threads"] != 32 * t["warps"]:
+            problems.append("threads %d != 32 * warps" % j["threads"])
+        smem = shared_bytes(kind, d, t["block_m"], t["block_n"])
+        if j["shared_bytes"] != smem:
+            problems.append("shared_bytes %d != %d" % (j["shared_bytes"], smem))
+        if not os.path.getsize(path[:-5] + ".ptx"):
+            problems.append("empty PTX")
+        if ptxas:
+            log = j["ptxas_log"]
+            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            if not spills:
+                problems.append("no ptxas report")
+            elif any(s != ("0", "0") for s in spills):
+                problems.append("spills: %s" % ", ".join(
+                    "%s B stores, %s B loads" % s for s in spills))
+            if "for '%s'" % j["arch"] not in log:
+                problems.append("ptxas did not compile for %s" % j["arch"])
+            cubin = path[:-5] + ".cubin"
+            if not os.path.exists(cubin) or not os.path.getsize(cubin):
+                problems.append("no cubin")
+        elif os.path.exists(path[:-5] + ".cubin"):
+            problems.append("unexpected cubin")
+        print("%s: %s" % (name, "; ".join(problems) if problems else "ok"))
+        bad += bool(problems)
+    print("checked %d kernels, %d bad" % (len(files), bad))
+    return 1 if bad or not files else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
