@@ -1,6 +1,7 @@
-// Tests of the Compiler API: every shipped forward spec compiles to PTX with
-// the sm_80 schedule's instructions, launch geometry matches the tiling, bad
-// specs fail with a message, and DUALKV_DUMP_IR-style dumps hold every stage.
+// Tests of the Compiler API: every shipped forward and backward spec compiles
+// to PTX with the sm_80 schedule's instructions, launch geometry matches the
+// tiling (docs/backward-abi.md for the backward), bad specs fail with a
+// message, and DUALKV_DUMP_IR-style dumps hold every stage.
 #include "dualkv/Compiler/Compiler.h"
 
 #include <catch2/catch.hpp>
@@ -50,6 +51,26 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
         Tiling{64, 32, 4, 1}); // explicit fields kept, the rest filled
 }
 
+TEST_CASE("compiler: backward default tilings depend on the kind only",
+          "[compiler][backward]") {
+  // compiler/lib/KernelSpec.cpp: KV-major 64 keys x 64-query tiles, dQ 64 rows
+  // x 32 keys, elementwise 64 rows; 4 warps and one stage each; any head_dim.
+  KernelSpec spec;
+  for (int d : {64, 128, 256}) {
+    spec.headDim = d;
+    spec.kind = KernelKind::Bwd;
+    CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
+    spec.kind = KernelKind::BwdKV;
+    CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
+    spec.kind = KernelKind::BwdDQ;
+    CHECK(defaultTiling(spec) == Tiling{64, 32, 4, 1});
+    spec.kind = KernelKind::BwdPre;
+    CHECK(defaultTiling(spec) == Tiling{64, 16, 4, 1});
+    spec.kind = KernelKind::BwdPost;
+    CHECK(defaultTiling(spec) == Tiling{64, 16, 4, 1});
+  }
+}
+
 TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
           "[compiler]") {
   for (int d : {64, 128, 256})
@@ -82,6 +103,130 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
       CHECK(count(r.ptx, ".maxnreg 255") == 1);
       CHECK(r.cubin.empty());
     }
+}
+
+namespace {
+
+/// Dynamic shared memory of a backward kernel by docs/backward-abi.md and the
+/// buffers LowerBackward.cpp / LowerToNVGPU.cpp lay out: tiles of 2-byte
+/// elements with rows padded by 8 elements.
+int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
+  const int row = (d + 8) * 2;
+  switch (kind) {
+  case KernelKind::Bwd:
+    // K, V (block_m rows), Q, dO (block_n rows), then dSᵀ: block_m rows of
+    // block_n + 8.
+    return (2 * t.blockM + 2 * t.blockN) * row + t.blockM * (t.blockN + 8) * 2;
+  case KernelKind::BwdKV:
+    // As bwd without dSᵀ: no dQ.
+    return (2 * t.blockM + 2 * t.blockN) * row;
+  case KernelKind::BwdDQ:
+    // Q, dO (block_m rows), K, V (block_n rows).
+    return (2 * t.blockM + 2 * t.blockN) * row;
+  default: // bwd_pre, bwd_post: registers only
+    return 0;
+  }
+}
+
+/// The number of kernel parameters of docs/backward-abi.md.
+int expectedBackwardParams(KernelKind kind) {
+  switch (kind) {
+  case KernelKind::BwdPre:
+    return 9;
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    return 28;
+  case KernelKind::BwdPost:
+    return 15;
+  case KernelKind::BwdDQ:
+    return 22;
+  default:
+    return -1;
+  }
+}
+
+} // namespace
+
+TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
+          "[compiler][backward]") {
+  const std::pair<KernelKind, const char *> kinds[] = {
+      {KernelKind::BwdPre, "attention_bwd_pre"},
+      {KernelKind::Bwd, "attention_bwd"},
+      {KernelKind::BwdPost, "attention_bwd_post"},
+      {KernelKind::BwdKV, "attention_bwd_kv"},
+      {KernelKind::BwdDQ, "attention_bwd_dq"}};
+  for (auto [kind, entry] : kinds)
+    for (int d : {64, 128})
+      for (DType t : {DType::BF16, DType::FP16}) {
+        KernelSpec spec;
+        spec.kind = kind;
+        spec.headDim = d;
+        spec.dtype = t;
+        spec.arch = "sm_80";
+        CompileOptions options;
+        options.emitCubin = false;
+        CompileResult r = compile(spec, options);
+        INFO(toString(kind)
+             << " head_dim " << d << " " << toString(t) << ": " << r.error);
+        REQUIRE(r.ok);
+        Tiling tiling = resolveSpec(spec).tiling;
+        CHECK(r.info.name == entry);
+        CHECK(r.info.threads == tiling.warps * 32);
+        CHECK(r.info.blockM == tiling.blockM);
+        CHECK(r.info.sharedBytes ==
+              expectedBackwardSharedBytes(kind, d, tiling));
+        CHECK(count(r.ptx, std::string(".visible .entry ") + entry + "(") == 1);
+        // Parameters 0 .. n-1 and no more.
+        int n = expectedBackwardParams(kind);
+        std::string param = std::string(entry) + "_param_";
+        CHECK(count(r.ptx, param + std::to_string(n - 1)) > 0);
+        CHECK(count(r.ptx, param + std::to_string(n) + "\n") == 0);
+        CHECK(count(r.ptx, param + std::to_string(n) + ",") == 0);
+        CHECK(count(r.ptx, param + std::to_string(n) + "]") == 0);
+        CHECK(count(r.ptx, ".target sm_80") == 1);
+        CHECK(r.cubin.empty());
+        bool mma = kind == KernelKind::Bwd || kind == KernelKind::BwdKV ||
+                   kind == KernelKind::BwdDQ;
+        std::string mmaName =
+            t == DType::BF16
+                ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+        CHECK((count(r.ptx, mmaName) > 0) == mma);
+        CHECK((count(r.ptx, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") >
+               0) == mma);
+        // fp32 atomics: dQ (bwd) and the split prompt dK/dV (bwd, bwd_kv); the
+        // deterministic dQ kernel and the elementwise ones have none.
+        bool atomics = kind == KernelKind::Bwd || kind == KernelKind::BwdKV;
+        CHECK((count(r.ptx, ".global.add.f32") > 0) == atomics);
+      }
+}
+
+TEST_CASE("compiler: backward KernelInfo follows an explicit tiling",
+          "[compiler][backward]") {
+  KernelSpec spec;
+  spec.kind = KernelKind::Bwd;
+  spec.headDim = 64;
+  spec.arch = "sm_80";
+  spec.tiling = {64, 32, 4, 1};
+  CompileResult r = compile(spec, {false, "", ""});
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.info.name == "attention_bwd");
+  CHECK(r.info.threads == 128);
+  CHECK(r.info.blockM == 64);
+  // (2 * 64 + 2 * 32) * (64 + 8) * 2 + 64 * (32 + 8) * 2
+  CHECK(r.info.sharedBytes == 27648 + 5120);
+
+  spec.kind = KernelKind::BwdDQ;
+  spec.tiling = {128, 64, 8, 1};
+  r = compile(spec, {false, "", ""});
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.info.name == "attention_bwd_dq");
+  CHECK(r.info.threads == 256);
+  CHECK(r.info.blockM == 128);
+  // (2 * 128 + 2 * 64) * (64 + 8) * 2
+  CHECK(r.info.sharedBytes == 55296);
 }
 
 TEST_CASE("compiler: ptxas turns the PTX into a cubin without spills",
@@ -123,11 +268,15 @@ TEST_CASE("compiler: a bad spec fails with the field and value", "[compiler]") {
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("accumulator registers") != std::string::npos);
 
+  // The KV-major backward holds two accumulators (dK, dV): its default 64-key
+  // block at head_dim 256 needs 2 * 64 * 256 / 128 = 256 registers a thread.
   spec.kind = KernelKind::Bwd;
+  spec.headDim = 256;
   spec.tiling = {};
   r = compile(spec, {false, "", ""});
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("no kernel template for kind 'bwd'") != std::string::npos);
+  CHECK(r.error.find("tiling gives each thread 256 accumulator registers") !=
+        std::string::npos);
 }
 
 TEST_CASE("compiler: dumps hold every stage", "[compiler]") {
