@@ -193,10 +193,12 @@ def main():
             by_name = {tiling_str(c["tiling"]): c for c in cands}
             entry.update(
                 default=rep["default"], best=rep["best"],
-                default_ms=by_name.get(rep["default"], {}).get("ms"),
+                default_ms=(by_name[rep["default"]]["ms"]
+                            if by_name.get(rep["default"], {}).get("timed")
+                            else None),
                 best_ms=by_name[rep["best"]]["ms"],
                 candidates=len(cands),
-                timed=sum(c["status"] == "ok" for c in cands),
+                timed=sum(bool(c.get("timed")) for c in cands),
                 dropped={tiling_str(c["tiling"]): c["status"]
                          for c in cands if c["status"] != "ok"})
         else:
