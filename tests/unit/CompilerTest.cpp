@@ -114,12 +114,13 @@ int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   const int row = (d + 8) * 2;
   switch (kind) {
   case KernelKind::Bwd:
-    // K, V (block_m rows), Q, dO (block_n rows), then dSᵀ: block_m rows of
-    // block_n + 8.
-    return (2 * t.blockM + 2 * t.blockN) * row + t.blockM * (t.blockN + 8) * 2;
   case KernelKind::BwdKV:
-    // As bwd without dSᵀ: no dQ.
-    return (2 * t.blockM + 2 * t.blockN) * row;
+    // K, V (block_m rows); Q and dO double buffered (2 x 2 x block_n rows);
+    // dSᵀ, block_m rows of block_n + 8 (bwd only: dQ); LSE and Delta of the
+    // two query tiles in flight (4 x block_n fp32).
+    return 2 * t.blockM * row + 4 * t.blockN * row +
+           (kind == KernelKind::Bwd ? t.blockM * (t.blockN + 8) * 2 : 0) +
+           4 * t.blockN * 4;
   case KernelKind::BwdDQ:
     // Q, dO (block_m rows), K, V (block_n rows).
     return (2 * t.blockM + 2 * t.blockN) * row;
@@ -214,8 +215,9 @@ TEST_CASE("compiler: backward KernelInfo follows an explicit tiling",
   CHECK(r.info.name == "attention_bwd");
   CHECK(r.info.threads == 128);
   CHECK(r.info.blockM == 64);
-  // (2 * 64 + 2 * 32) * (64 + 8) * 2 + 64 * (32 + 8) * 2
-  CHECK(r.info.sharedBytes == 27648 + 5120);
+  // 2 * 64 * (64 + 8) * 2 + 4 * 32 * (64 + 8) * 2 + 64 * (32 + 8) * 2 + 4 * 32
+  // * 4
+  CHECK(r.info.sharedBytes == 18432 + 18432 + 5120 + 512);
 
   spec.kind = KernelKind::BwdDQ;
   spec.tiling = {128, 64, 8, 1};

@@ -20,10 +20,12 @@ ENTRY = {"bwd_pre": "attention_bwd_pre", "bwd": "attention_bwd",
 
 def shared_bytes(kind, d, bm, bn):
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
-    if kind == "bwd":  # K, V (block_m rows), Q, dO (block_n rows), dS^T block_m x (block_n + 8)
-        return (2 * bm + 2 * bn) * row + bm * (bn + 8) * 2
-    if kind == "bwd_kv":  # the same without dS^T
-        return (2 * bm + 2 * bn) * row
+    # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
+    # (block_m x (block_n + 8), bwd only), then LSE and Delta of the two query
+    # tiles in flight (4 x block_n fp32).
+    if kind in ("bwd", "bwd_kv"):
+        ds = bm * (bn + 8) * 2 if kind == "bwd" else 0
+        return 2 * bm * row + 4 * bn * row + ds + 4 * bn * 4
     if kind == "bwd_dq":  # Q, dO (block_m rows), K, V (block_n rows)
         return (2 * bm + 2 * bn) * row
     return 0  # bwd_pre, bwd_post: registers only
