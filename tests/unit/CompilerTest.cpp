@@ -53,13 +53,15 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
 
 TEST_CASE("compiler: backward default tilings depend on the kind only",
           "[compiler][backward]") {
-  // compiler/lib/KernelSpec.cpp: KV-major 64 keys x 64-query tiles, dQ 64 rows
-  // x 32 keys, elementwise 64 rows; 4 warps and one stage each; any head_dim.
+  // compiler/lib/KernelSpec.cpp: the fused KV-major kernel 128 keys in 8 warps
+  // (fewer dQ reductions), the deterministic dK/dV one 64 keys in 4 warps, both
+  // with 64-query tiles; dQ 64 rows x 32 keys; elementwise 64 rows; one stage
+  // each; any head_dim.
   KernelSpec spec;
   for (int d : {64, 128, 256}) {
     spec.headDim = d;
     spec.kind = KernelKind::Bwd;
-    CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
+    CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
     spec.kind = KernelKind::BwdKV;
     CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
     spec.kind = KernelKind::BwdDQ;
@@ -270,8 +272,9 @@ TEST_CASE("compiler: a bad spec fails with the field and value", "[compiler]") {
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("accumulator registers") != std::string::npos);
 
-  // The KV-major backward holds two accumulators (dK, dV): its default 64-key
-  // block at head_dim 256 needs 2 * 64 * 256 / 128 = 256 registers a thread.
+  // The KV-major backward holds two accumulators (dK, dV): its default 128-key
+  // block in 8 warps at head_dim 256 needs 2 * 128 * 256 / 256 = 256 registers
+  // a thread.
   spec.kind = KernelKind::Bwd;
   spec.headDim = 256;
   spec.tiling = {};

@@ -105,23 +105,25 @@ func.func @no_kernel() {
 // dualkv::defaultTiling (compiler/lib/KernelSpec.cpp) gives the backward kinds
 // tilings of their own, the same for every head_dim (64 and 128 are the backward's;
 // 256 does not fit, below):
-// - bwd, bwd_kv: block_m = 64 keys and values a CTA, 4 warps of 16 key rows, query
-//   tiles of block_n = 64, stages 1. dK and dV are two fp32 accumulators:
-//   2 * 64 * 128 / 128 threads = 128 registers a thread at head_dim 128, exactly the
-//   kernel verifier's limit.
+// - bwd: block_m = 128 keys and values a CTA in 8 warps of 16 key rows, query tiles
+//   of block_n = 64, stages 1 (twice the keys of bwd_kv halve the dQ reductions).
+//   dK and dV are two fp32 accumulators: 2 * 128 * 128 / 256 threads = 128
+//   registers a thread at head_dim 128, exactly the kernel verifier's limit.
+// - bwd_kv: no dQ, so 64 keys in 4 warps (2 * 64 * 128 / 128 = 128 again), 64-query
+//   tiles, stages 1.
 // - bwd_dq: the forward's loops with P, dP and dS live at once, so 64 query rows and
 //   32-key tiles, 4 warps, stages 1.
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
 // Change these checks with defaultTiling.
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
-// BWD-KV-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
+// BWD-KV-SAME: tiling <[[TILING]]>
 // The query loop is still `all`: binding does not tile.
 // BWD-KV: dualkv.q_loop part <all>
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128
@@ -138,9 +140,10 @@ func.func @no_kernel() {
 // Explicit fields win over the kind's defaults as they do for the forward.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="block-n=32" | FileCheck %s --check-prefix=BWD-PARTIAL
 // BWD-PARTIAL: dualkv.kernel @attention_bwd kind <bwd>
-// BWD-PARTIAL-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+// BWD-PARTIAL-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 1>
 
-// The KV-major defaults do not fit head_dim 256: 2 * 64 * 256 / 128 = 256 registers.
+// The KV-major defaults do not fit head_dim 256: 2 * 128 * 256 / 256 (bwd) and
+// 2 * 64 * 256 / 128 (bwd_kv) = 256 registers.
 // The dQ kernel holds one accumulator (64 * 256 / 128 = 128) and binds.
 // RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
 // RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
