@@ -41,9 +41,14 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // Elementwise: 4 warps, each a row at a time, 64 rows a CTA.
     return {64, 16, 4, 1};
   case KernelKind::Bwd:
+    // 128 keys and values a CTA in 8 warps of 16 rows (dK and dV take 2 x 64
+    // fp32 registers a thread at head_dim 128), 64-query tiles streaming:
+    // twice the keys of 64:64:4 halve the dQ reductions (H200, P=16384:
+    // 70.9 ms against 87.6 ms; benchmarks/NOTES.md).
+    return {128, 64, 8, 1};
   case KernelKind::BwdKV:
-    // 64 keys and values a CTA (4 warps of 16 rows: dK and dV take 2 x 64
-    // fp32 registers a thread at head_dim 128), 64-query tiles streaming.
+    // Without dQ, 64 keys in 4 warps run as fast as 128 in 8 and use half
+    // the shared memory.
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
     // The forward's loops with P, dP and dS live at once: 64 query rows.

@@ -30,6 +30,9 @@ using namespace mlir::dualkv;
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+/// dQ columns a warp computes at a time: 16 fp32 registers of dQ beside dK,
+/// dV and dS.
+constexpr int64_t kDqChunkCols = 32;
 
 /// Common set-up of a backward gpu.func: signature, launch bounds, entry.
 class BackwardEmitterBase : public FragmentBuilder {
@@ -117,11 +120,16 @@ public:
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
-  /// [K: BM][V: BM][Q: BN][dO: BN] padded rows, then dSᵀ (BM x (BN+8)) when
-  /// the kernel computes dQ.
-  int64_t sharedBytes() const {
-    int64_t tiles = (2 * blockM + 2 * blockN) * rowStride * 2;
-    return tiles + (withDq ? blockM * (blockN + kRowPad) * 2 : 0);
+  /// [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] padded rows (query tiles double
+  /// buffered), dSᵀ (BM x (BN+8)) when the kernel computes dQ, then LSE and
+  /// Delta of the two query tiles in flight (fp32).
+  int64_t sharedBytes() const { return statsOffset() + 4 * blockN * 4; }
+  int64_t tileBytes() const { return blockN * rowStride * 2; }
+  int64_t qOffset() const { return 2 * blockM * rowStride * 2; }
+  int64_t doOffset() const { return qOffset() + 2 * tileBytes(); }
+  int64_t dsOffset() const { return doOffset() + 2 * tileBytes(); }
+  int64_t statsOffset() const {
+    return dsOffset() + (withDq ? blockM * (blockN + kRowPad) * 2 : 0);
   }
 
 private:
@@ -170,7 +178,14 @@ private:
       deltaStrideH, scale, scaleLog2;
   // Per-CTA values: the work item, the KV head, the current query head.
   Value kRow0, kvEnd, qBegin, qEnd, qLen, accRow, kvHead, head;
-  Value kBuf, vBuf, qBuf, doBuf, dsBuf;
+  Value smem, kBuf, vBuf, dsBuf;
+  // The query tile of this iteration: Q, dO, LSE and Delta in shared memory.
+  Value qCur, doCur, lseCur, deltaCur;
+  /// Starts the copies of query tile `tile` (Q, dO, LSE, Delta) into buffer
+  /// `parity`; nothing is read when !valid. Returns the three copy groups.
+  SmallVector<Value, 3> issueTileCopies(Value tile, Value parity, Value valid);
+  /// The views of buffer `parity` (a runtime value): Q, dO, LSE, Delta.
+  SmallVector<Value, 4> tileViews(Value parity);
   IRMapping map;
 };
 
@@ -241,16 +256,32 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(heads.getBody());
     head = add(mul(kvHead, idx(groupSize)), heads.getInductionVar());
+    // The first tile's copies; every iteration then starts the next tile's
+    // into the other buffer before computing on its own.
+    SmallVector<Value, 3> first =
+        issueTileCopies(lb, idx(0), cmp(arith::CmpIPredicate::ult, lb, ub));
     auto tiles =
         scf::ForOp::create(b, loc, lb, ub, idx(1), heads.getRegionIterArgs());
     {
       OpBuilder::InsertionGuard inner(b);
       b.setInsertionPointToStart(tiles.getBody());
-      map.map(op.getTileIndex(), tiles.getInductionVar());
+      Value i = tiles.getInductionVar();
+      map.map(op.getTileIndex(), i);
       for (auto [from, to] :
            llvm::zip(op.getRegionIterArgs(), tiles.getRegionIterArgs()))
         map.map(from, to);
+      Value parity = remu(arith::SubIOp::create(b, loc, i, lb), 2);
+      SmallVector<Value, 4> views = tileViews(parity);
+      qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
       pending.clear();
+      pending.push_back({qCur, first[0]});
+      pending.push_back({doCur, first[1]});
+      pending.push_back({lseCur, first[2]});
+      Value next = add(i, idx(1));
+      for (Value group :
+           issueTileCopies(next, arith::SubIOp::create(b, loc, idx(1), parity),
+                           cmp(arith::CmpIPredicate::ult, next, ub)))
+        pending.push_back({Value(), group});
       aLane = opaque(lane);
       aG = divu(aLane, 4);
       aT = remu(aLane, 4);
@@ -265,6 +296,9 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
         yielded.push_back(map.lookup(v));
       scf::YieldOp::create(b, loc, yielded);
     }
+    // The last iteration's (empty) prefetch lands before the buffers are
+    // written again.
+    nvgpu::DeviceAsyncWaitOp::create(b, loc, first[0], b.getI32IntegerAttr(0));
     scf::YieldOp::create(b, loc, tiles.getResults());
   }
   for (auto [from, to] : llvm::zip(op.getResults(), heads.getResults()))
@@ -272,43 +306,88 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
   return success();
 }
 
+SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
+  auto tileType = MemRefType::get({blockN, rowStride}, elemType,
+                                  MemRefLayoutAttrInterface(), workgroup);
+  auto statType = MemRefType::get({blockN}, b.getF32Type(),
+                                  MemRefLayoutAttrInterface(), workgroup);
+  auto view = [&](MemRefType type, int64_t base, int64_t stride) {
+    return memref::ViewOp::create(b, loc, type, smem,
+                                  add(idx(base), mul(parity, idx(stride))),
+                                  ValueRange{})
+        .getResult();
+  };
+  int64_t statBytes = blockN * 4;
+  return {view(tileType, qOffset(), tileBytes()),
+          view(tileType, doOffset(), tileBytes()),
+          view(statType, statsOffset(), statBytes),
+          view(statType, statsOffset() + 2 * statBytes, statBytes)};
+}
+
+SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
+                                                      Value valid) {
+  SmallVector<Value, 4> views = tileViews(parity);
+  Value first = mul(tile, idx(blockN));
+  SmallVector<Value, 3> groups;
+  groups.push_back(copyTile(views[0], qPtr, blockN, qBegin, first, qLen,
+                            qStrideT, mul(head, qStrideH),
+                            /*predicated=*/true, valid));
+  groups.push_back(copyTile(views[1], doPtr, blockN, qBegin, first, qLen,
+                            doStrideT, mul(head, doStrideH),
+                            /*predicated=*/true, valid));
+  // LSE and Delta, 4 bytes a query (rows need not be 16-byte aligned).
+  // Queries past the item read as 0: their Q and dO rows are zero too, so
+  // P = 1 meets dO = 0 and dP - Delta = 0, and they add nothing.
+  // With more threads than queries, threads j and j + BN copy the same value
+  // to the same place (harmless), which keeps every copy unconditional.
+  SmallVector<Value> tokens;
+  for (int64_t j0 = 0; j0 < blockN; j0 += threads()) {
+    Value j = threads() >= blockN ? remu(tid, blockN) : add(tid, idx(j0));
+    Value col = add(first, j);
+    Value ok = arith::AndIOp::create(b, loc, valid,
+                                     cmp(arith::CmpIPredicate::ult, col, qLen));
+    Value token = add(qBegin, select(ok, col, idx(0)));
+    Value count = select(ok, idx(1), idx(0));
+    for (auto [dst, src, strideH] :
+         {std::tuple{views[2], lsePtr, lseStrideH},
+          std::tuple{views[3], deltaPtr, deltaStrideH}})
+      tokens.push_back(nvgpu::DeviceAsyncCopyOp::create(
+          b, loc, dst, ValueRange{j}, src,
+          ValueRange{add(mul(head, strideH), token)}, b.getIndexAttr(1), count,
+          UnitAttr()));
+  }
+  groups.push_back(nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens));
+  return groups;
+}
+
 LogicalResult KVMajorEmitter::emitLoadQBlock(LoadQBlockOp op) {
-  bool isQuery = op.getOperand() == QOperand::query;
-  Value buf = isQuery ? qBuf : doBuf;
-  Value first = mul(map.lookup(op.getTile()), idx(blockN));
-  Value group = copyTile(buf, isQuery ? qPtr : doPtr, blockN, qBegin, first,
-                         qLen, isQuery ? qStrideT : doStrideT,
-                         mul(head, isQuery ? qStrideH : doStrideH),
-                         /*predicated=*/true);
-  pending.push_back({op.getResult(), group});
-  map.map(op.getResult(), buf);
+  // Copied by the loop (issueTileCopies); waited for where it is read.
+  map.map(op.getResult(), op.getOperand() == QOperand::query ? qCur : doCur);
   return success();
 }
 
 LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
+  waitFor(lseCur);
   bool isLse = op.getStat() == StatKind::lse;
-  Value ptr = isLse ? lsePtr : deltaPtr;
-  Value headBase = mul(head, isLse ? lseStrideH : deltaStrideH);
-  Value first = mul(map.lookup(op.getTile()), idx(blockN));
-  // Queries past the item: LSE +inf (so P = 0), Delta 0.
-  Value fill = f32c(isLse ? std::numeric_limits<float>::infinity() : 0.0f);
+  Value buf = isLse ? lseCur : deltaCur;
   SmallVector<Value> out;
   for (int64_t nt = 0; nt < nTiles; ++nt)
     for (int64_t e = 0; e < 2; ++e) {
-      Value col = add(first, queryCol(nt, e));
-      Value valid = cmp(arith::CmpIPredicate::ult, col, qLen);
-      Value at = add(headBase, add(qBegin, select(valid, col, idx(0))));
-      Value v = memref::LoadOp::create(b, loc, ptr, ValueRange{at});
+      Value v = memref::LoadOp::create(
+          b, loc, buf, ValueRange{add(idx(nt * 8 + e), mul(aT, idx(2)))});
+      // LSE moves to the log2 domain of the kernels' exp2.
       if (isLse)
         v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));
-      out.push_back(select(valid, v, fill));
+      out.push_back(v);
     }
   map.map(op.getResult(), pack(out));
   return success();
 }
 
 LogicalResult KVMajorEmitter::emitQKT(QKTOp op) {
-  waitFor(op.getQ());
+  waitFor(map.lookup(op.getQ()));
   Value aBuf = map.lookup(op.getKv());
   Value bBuf = map.lookup(op.getQ());
   SmallVector<Value> s(mTiles * nTiles * 4, f32c(0.0f));
@@ -387,7 +466,7 @@ LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
 }
 
 LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
-  waitFor(op.getY());
+  waitFor(map.lookup(op.getY()));
   SmallVector<Value> x = unpack(map.lookup(op.getX()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   Value yBuf = map.lookup(op.getY());
@@ -447,13 +526,13 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   // dQ (queries x D) = dS (queries x keys) K (keys x D). The BN / 16 m16
   // blocks of queries are dealt to the warps; when there are fewer blocks
   // than warps, the warps sharing a block split its columns. Each warp
-  // computes its part 64 columns at a time, so only 32 fp32 registers of dQ
-  // live beside dK and dV.
+  // computes its part kDqChunkCols columns at a time, so few fp32 registers of
+  // dQ live beside dK and dV.
   int64_t rowBlocks = blockN / 16;
   int64_t qmTiles = std::max<int64_t>(rowBlocks / warps, 1);
   int64_t colSplit = std::max<int64_t>(warps / rowBlocks, 1);
   int64_t warpCols = headDim / colSplit;
-  int64_t chunkCols = std::min<int64_t>(warpCols, 64);
+  int64_t chunkCols = std::min<int64_t>(warpCols, kDqChunkCols);
   Value warpRow0 = colSplit == 1 ? mul(warp, idx(16 * qmTiles))
                                  : mul(remu(warp, rowBlocks), idx(16));
   Value warpCol0 =
@@ -679,16 +758,12 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
   auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                                MemRefLayoutAttrInterface(), workgroup);
-  Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
+  smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
   int64_t blockBytes = blockM * rowStride * 2;
-  int64_t tileBytes = blockN * rowStride * 2;
   kBuf = sharedTile(smem, 0, blockM);
   vBuf = sharedTile(smem, blockBytes, blockM);
-  qBuf = sharedTile(smem, 2 * blockBytes, blockN);
-  doBuf = sharedTile(smem, 2 * blockBytes + tileBytes, blockN);
   if (withDq)
-    dsBuf = sharedTile(smem, 2 * blockBytes + 2 * tileBytes, blockM,
-                       blockN + kRowPad);
+    dsBuf = sharedTile(smem, dsOffset(), blockM, blockN + kRowPad);
 
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))
