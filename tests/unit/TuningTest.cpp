@@ -153,7 +153,7 @@ TEST_CASE("tuning: the kernel kind is part of the key", "[tuning]") {
   std::remove(path.c_str());
 }
 
-TEST_CASE("tuning: schema version 1 holds every kind; other versions and "
+TEST_CASE("tuning: version 1 holds every kind and other versions or "
           "unknown kinds are foreign",
           "[tuning]") {
   // A file written before the backward existed: version 1, forward entries.
