@@ -162,8 +162,9 @@ private:
 
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
   bool withDq, vectorRed = false;
-  /// Adds `values` (1 or 4 consecutive fp32) at element `at` of global dQ.
-  void reduceDq(Value at, ArrayRef<Value> values);
+  /// Adds `values` (1 or 4 consecutive fp32) at element `at` of global dQ;
+  /// four values go in one vector reduction, predicated on `enabled`.
+  void reduceDq(Value at, ArrayRef<Value> values, Value enabled = {});
   /// The lane as shared-memory addresses see it: inside the query loop an
   /// opaque copy made every iteration, so LLVM cannot hoist each ldmatrix
   /// address into a register of its own; the constant parts then fold into
@@ -595,25 +596,25 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
       Value odd = cmp(arith::CmpIPredicate::eq, remu(t, 2), idx(1));
       Value q = add(row0, add(select(odd, idx(8), idx(0)), g));
       Value col = mul(arith::SubIOp::create(b, loc, t, remu(t, 2)), idx(2));
-      SmallVector<SmallVector<Value, 4>> quads;
+      // Straight-line code, the row check a predicate of each reduction: a
+      // tile's four values die right after its shuffles.
+      Value inItem = cmp(arith::CmpIPredicate::ult, q, qLen);
+      Value base = add(rowBase(q), col);
       for (int64_t dt = 0; dt < cTiles; ++dt) {
         ArrayRef<Value> c(&acc[(qm * cTiles + dt) * 4], 4);
         Value send0 = select(odd, c[0], c[2]), send1 = select(odd, c[1], c[3]);
         Value got0 = shuffleXor(send0, 1), got1 = shuffleXor(send1, 1);
-        quads.push_back({select(odd, got0, c[0]), select(odd, got1, c[1]),
-                         select(odd, c[2], got0), select(odd, c[3], got1)});
+        reduceDq(add(base, idx(c0 + dt * 8)),
+                 {select(odd, got0, c[0]), select(odd, got1, c[1]),
+                  select(odd, c[2], got0), select(odd, c[3], got1)},
+                 inItem);
       }
-      emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
-        Value base = add(rowBase(q), col);
-        for (int64_t dt = 0; dt < cTiles; ++dt)
-          reduceDq(add(base, idx(c0 + dt * 8)), quads[dt]);
-      });
     }
   }
   return success();
 }
 
-void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values) {
+void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values, Value enabled) {
   auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
   Value offset = arith::IndexCastOp::create(b, loc, b.getI32Type(), at);
   Value ptr = LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
@@ -623,11 +624,15 @@ void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values) {
                               LLVM::AtomicOrdering::monotonic);
     return;
   }
+  // A masked-off lane issues nothing, so its address may point anywhere.
   SmallVector<Value> operands = {ptr};
   operands.append(values.begin(), values.end());
+  operands.push_back(arith::ExtUIOp::create(b, loc, b.getI32Type(), enabled));
   LLVM::InlineAsmOp::create(
-      b, loc, Type(), operands, "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
-      "l,f,f,f,f", /*has_side_effects=*/true, /*is_align_stack=*/false,
+      b, loc, Type(), operands,
+      "{ .reg .pred p; setp.ne.b32 p, $5, 0; "
+      "@p red.global.add.v4.f32 [$0], {$1, $2, $3, $4}; }",
+      "l,f,f,f,f,r", /*has_side_effects=*/true, /*is_align_stack=*/false,
       LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
       ArrayAttr());
 }
