@@ -162,6 +162,15 @@ private:
 
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
   bool withDq, vectorRed = false;
+  /// Field `f` of the CTA's work item, read from global memory.
+  Value itemField(int64_t f, bool fresh = false) {
+    Value item = fresh ? opaque(itemIndex) : itemIndex;
+    Value v = memref::LoadOp::create(
+        b, loc, itemsPtr,
+        ValueRange{add(mul(item, idx(::dualkv::kBwdItemFields)), idx(f))});
+    return toIndex(v);
+  }
+  Value itemIndex;
   /// Adds `values` (1 or 4 consecutive fp32) at element `at` of global dQ;
   /// four values go in one vector reduction, predicated on `enabled`.
   void reduceDq(Value at, ArrayRef<Value> values, Value enabled = {});
@@ -640,6 +649,10 @@ void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values, Value enabled) {
 LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
   SmallVector<Value> dk = unpack(map.lookup(op.getDk()));
   SmallVector<Value> dv = unpack(map.lookup(op.getDv()));
+  // Read again rather than kept in registers through the query loops.
+  kRow0 = itemField(0, /*fresh=*/true);
+  kvEnd = itemField(1, /*fresh=*/true);
+  accRow = itemField(4, /*fresh=*/true);
   Value kvLen = arith::SubIOp::create(b, loc, kvEnd, kRow0);
   auto direct = scf::IfOp::create(
       b, loc,
@@ -749,14 +762,9 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   emitThreadIds();
   Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   kvHead = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
-  auto field = [&](int64_t f) {
-    Value v = memref::LoadOp::create(
-        b, loc, itemsPtr,
-        ValueRange{add(mul(item, idx(::dualkv::kBwdItemFields)), idx(f))});
-    return toIndex(v);
-  };
-  kRow0 = field(0), kvEnd = field(1), qBegin = field(2), qEnd = field(3),
-  accRow = field(4);
+  itemIndex = item;
+  kRow0 = itemField(0), kvEnd = itemField(1), qBegin = itemField(2),
+  qEnd = itemField(3), accRow = itemField(4);
   qLen = arith::SubIOp::create(b, loc, qEnd, qBegin);
 
   auto workgroup =
