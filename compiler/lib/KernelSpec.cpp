@@ -42,10 +42,11 @@ Tiling defaultTiling(const KernelSpec &spec) {
     return {64, 16, 4, 1};
   case KernelKind::Bwd:
     // 128 keys and values a CTA in 8 warps of 16 rows (dK and dV take 2 x 64
-    // fp32 registers a thread at head_dim 128), 64-query tiles streaming:
+    // fp32 registers a thread at head_dim 128), 32-query tiles streaming:
     // twice the keys of 64:64:4 halve the dQ reductions (H200, P=16384:
-    // 70.9 ms against 87.6 ms; benchmarks/NOTES.md).
-    return {128, 64, 8, 1};
+    // 75.4 ms against 87.6 ms; benchmarks/NOTES.md). 64-query tiles are 6%
+    // faster still but spill at head_dim 128 on sm_90a.
+    return {128, 32, 8, 1};
   case KernelKind::BwdKV:
     // Without dQ, 64 keys in 4 warps run as fast as 128 in 8 and use half
     // the shared memory.

@@ -61,7 +61,7 @@ TEST_CASE("compiler: backward default tilings depend on the kind only",
   for (int d : {64, 128, 256}) {
     spec.headDim = d;
     spec.kind = KernelKind::Bwd;
-    CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
+    CHECK(defaultTiling(spec) == Tiling{128, 32, 8, 1});
     spec.kind = KernelKind::BwdKV;
     CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
     spec.kind = KernelKind::BwdDQ;

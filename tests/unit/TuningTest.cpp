@@ -297,7 +297,7 @@ TEST_CASE("tuning: the runtime looks tuned tilings up by kernel kind",
   // test runs in a process of its own (one ctest entry per test case).
   std::string dbPath = tmp.path + "/tuning.json";
   ScopedEnv dbEnv("DUALKV_TUNING_DB", dbPath);
-  const Tiling bwdTuned{128, 32, 8, 1}, fwdTuned{64, 64, 4, 2};
+  const Tiling bwdTuned{64, 32, 4, 1}, fwdTuned{64, 64, 4, 2};
   TuningDb db;
   TunedEntry bwd; // head_dim 128: the backward's main kernel only
   bwd.spec.kind = KernelKind::Bwd;
