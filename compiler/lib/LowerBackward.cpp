@@ -2,17 +2,23 @@
 //
 // dualkv-lower-to-nvgpu for kinds bwd, bwd_kv, bwd_pre and bwd_post
 // (docs/backward-abi.md). The KV-major kernel keeps a block of BM keys and
-// values in shared memory; each warp owns MT = BM / (16 * warps) m16 blocks of
-// those keys. Query tiles of BN rows stream past. With NT = BN / 8, DT = D / 8:
-//   kv_block   memref<BM x (D+8) x E> in shared memory (A fragments)
-//   q_block    memref<BN x (D+8) x E> in shared memory (B fragments)
-//   scores_t   vector<MT*NT*4 x f32>  C fragments: keys g, g+8; queries 2t,
-//   2t+1 col_stats  vector<NT*2 x f32>     the queries 2t, 2t+1 of each n8 tile
-//   grad_acc   vector<MT*DT*4 x f32>  C fragments of dK or dV
-// dQ of a query tile is dS K: dSᵀ goes through shared memory (BM x (BN+8))
-// and comes back transposed by ldmatrix.trans as A fragments; each warp then
-// owns BN / warps query rows and adds its fp32 products to global dQ with
-// atomics.
+// values in shared memory; each warp owns MT = BM / (16 * warps) m16 blocks
+// of those keys. Query tiles of BN rows stream past, double buffered: Q, dO,
+// LSE and Delta of tile i + 1 are copied while tile i is computed. With
+// NT = BN / 8 and DT = D / 8 the values are
+//
+//   kv_block    memref<BM x (D+8) x E>, shared memory (A fragments)
+//   q_block     memref<BN x (D+8) x E>, shared memory (B fragments)
+//   scores_t    vector<MT*NT*4 x f32>, C fragments: keys g and g + 8,
+//               queries 2t and 2t + 1
+//   col_stats   vector<NT*2 x f32>, queries 2t and 2t + 1 of each n8 tile
+//   grad_acc    vector<MT*DT*4 x f32>, C fragments of dK or dV
+//
+// dQ of a query tile is dS K: dSᵀ goes through shared memory (BM x (BN+8)),
+// comes back transposed by ldmatrix.trans as A fragments, and the warps,
+// each with whole m16 blocks of queries (and part of the columns when there
+// are fewer blocks than warps), add their fp32 products to global dQ:
+// red.global.add.v4.f32 on sm_90 and later, scalar atomics before.
 //
 //===----------------------------------------------------------------------===//
 #include "LowerBackward.h"

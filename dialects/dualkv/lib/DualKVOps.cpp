@@ -416,10 +416,7 @@ LogicalResult KVLoopOp::verifyRegions() {
 }
 
 LogicalResult MaskOp::verify() {
-  if (getScores().getType() != getResult().getType())
-    return emitOpError() << "result type " << getResult().getType()
-                         << " differs from the scores' "
-                         << getScores().getType();
+  // AllTypesMatch<scores, result> has checked the result type.
   if (auto qloop = (*this)->getParentOfType<QLoopOp>()) {
     if (!isa<ScoresTType>(getScores().getType()))
       return emitOpError()
@@ -503,12 +500,8 @@ LogicalResult QLoopOp::verify() {
 }
 
 LogicalResult QLoopOp::verifyRegions() {
-  if (failed(verifyLoopRegion(*this, "query tile")))
-    return failure();
-  if (!getBody().getOps<QLoopOp>().empty() ||
-      !getBody().getOps<KVLoopOp>().empty())
-    return emitOpError() << "query loops do not nest";
-  return success();
+  // Nesting needs no check: both loops must sit directly in a dualkv.kernel.
+  return verifyLoopRegion(*this, "query tile");
 }
 
 /// scores pair with row statistics, transposed scores with column statistics.
@@ -527,10 +520,8 @@ LogicalResult RecomputeProbsOp::verify() {
 }
 
 LogicalResult SoftmaxGradOp::verify() {
+  // AllTypesMatch<probs, dprobs> has checked that P and dP share a type.
   Type p = getProbs().getType();
-  if (getDprobs().getType() != p)
-    return emitOpError() << "P and dP must have one type, got " << p << " and "
-                         << getDprobs().getType();
   if (failed(verifyOrientation(*this, p, getDelta().getType())))
     return failure();
   Type r = getResult().getType();

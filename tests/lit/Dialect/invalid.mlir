@@ -835,7 +835,7 @@ func.func @q_loop_outside_kernel() {
 // -----
 
 // Loops do not nest. As for kv_loop, the inner loop's HasParent<KernelOp> trait
-// fails first, so QLoopOp::verifyRegions' "query loops do not nest" is never reached.
+// fails first, so query loops need no nesting check of their own.
 dualkv.kernel @nested_q_loop kind <bwd> {
   dualkv.q_loop part <all> {
   ^bb0(%i: index):
@@ -1054,7 +1054,7 @@ func.func @recompute_not_scores(%p: !dualkv.probs, %r: !dualkv.row_stats) {
 // -----
 
 // P and dP of different orientations: the AllTypesMatch trait answers before the
-// verifier's own "P and dP must have one type" message, which is never reached.
+// verifier relies on it (it has no message of its own for this).
 func.func @softmax_grad_p_dp_mismatch(%p: !dualkv.scores, %dp: !dualkv.scores_t, %d: !dualkv.row_stats) {
   // expected-error @+1 {{'dualkv.softmax_grad' op failed to verify that all of {probs, dprobs} have same type}}
   %ds = "dualkv.softmax_grad"(%p, %dp, %d) : (!dualkv.scores, !dualkv.scores_t, !dualkv.row_stats) -> !dualkv.probs

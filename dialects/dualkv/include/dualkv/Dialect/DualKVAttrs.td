@@ -140,6 +140,10 @@ def DualKV_TilingAttr : DualKV_Attr<"Tiling", "tiling"> {
     `block_m` query rows and `block_n` keys per tile, `warps` per CTA, and `stages`
     of the key pipeline: 1 loads each key tile when it is needed, 2 prefetches the
     next key tile while softmax and P·V run (values always load while Q·Kᵀ runs).
+    In the KV-major backward (`bwd`, `bwd_kv`) the roles swap: `block_m` keys and
+    values stay in the CTA and query tiles of `block_n` rows stream past (always
+    double buffered; `stages` is 1). In `bwd_pre` and `bwd_post`, `block_m` is the
+    rows a CTA converts.
 
     ```mlir
     #dualkv.tiling<block_m = 128, block_n = 64, warps = 8, stages = 2>

@@ -80,7 +80,10 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
     IsolatedFromAbove]> {
   let summary = "One attention kernel, written at tile level";
   let description = [{
-    The body runs once per (query tile, query head) of one segment. Before
+    The body runs once per CTA: for `fwd` and `bwd_dq` a (query tile, query head) of one
+    segment; for `bwd` and `bwd_kv` a (KV block, KV head) of one work item, whose query
+    tiles a `dualkv.q_loop` walks; for `bwd_pre` and `bwd_post` a block of rows of one
+    head (docs/backward-abi.md). Before
     `dualkv-bind-spec` the problem, tiling and arch are absent (a template); after it
     they are set and every pass below reads shapes from them.
 
@@ -201,8 +204,15 @@ def DualKV_LoadKVOp : DualKV_Op<"load_kv", [HasParent<"KVLoopOp">]> {
 }
 
 def DualKV_QKOp : DualKV_Op<"qk", [Pure]> {
-  let summary = "Scores S = scale * Q K^T of one query tile against one key tile";
-  let description = "```mlir\n%s = dualkv.qk %q, %k : !dualkv.scores\n```";
+  let summary = "Scores S = Q K^T of one query tile against one key tile";
+  let description = [{
+    Unscaled: the softmax that reads them folds the scale (and log2 e) into its
+    exponent.
+
+    ```mlir
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    ```
+  }];
   let arguments = (ins DualKV_QTileType:$q, DualKV_KVTileType:$k);
   let results = (outs DualKV_ScoresType:$scores);
   let assemblyFormat = "$q `,` $k attr-dict `:` type($scores)";
