@@ -156,6 +156,53 @@ protected:
     return toIndex(asmOp.getResult(0));
   }
 
+  /// fp32 C fragments of mTiles x nTiles (m16 x n8) tiles repacked as A
+  /// fragments (two elements a register) of a product over their columns:
+  /// k-step kk covers columns 16kk..16kk+15, the C fragments of n-tiles 2kk
+  /// and 2kk + 1.
+  SmallVector<Value> packAFragments(ArrayRef<Value> c, int64_t mTiles,
+                                    int64_t nTiles) {
+    SmallVector<Value> a;
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t kk = 0; kk < nTiles / 2; ++kk) {
+        auto at = [&](int64_t nt, int64_t i) {
+          return c[(mt * nTiles + nt) * 4 + i];
+        };
+        a.push_back(packPair(at(2 * kk, 0), at(2 * kk, 1)));
+        a.push_back(packPair(at(2 * kk, 2), at(2 * kk, 3)));
+        a.push_back(packPair(at(2 * kk + 1, 0), at(2 * kk + 1, 1)));
+        a.push_back(packPair(at(2 * kk + 1, 2), at(2 * kk + 1, 3)));
+      }
+    return a;
+  }
+  /// acc (mTiles x dTiles C fragments) += A B, with A the packed fragments
+  /// of mTiles x kSteps m16k16 blocks (packAFragments) and B the first
+  /// 16 kSteps rows of `bBuf` (row-major, padded rows; k along the rows,
+  /// n = dTiles * 8 along the columns), read with ldmatrix.trans: matrices
+  /// (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+  /// `lane` gives the ldmatrix addresses.
+  void mmaTransposedB(MutableArrayRef<Value> acc, ArrayRef<Value> a, Value bBuf,
+                      Value lane, int64_t mTiles, int64_t kSteps,
+                      int64_t dTiles) {
+    Value quad = divu(lane, 8);
+    Value rowInBlock = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
+    Value colInBlock = mul(divu(quad, 2), idx(8));
+    for (int64_t kk = 0; kk < kSteps; ++kk)
+      for (int64_t dp = 0; dp < dTiles / 2; ++dp) {
+        auto r = ldmatrix4(bBuf, add(idx(kk * 16), rowInBlock),
+                           add(idx(dp * 16), colInBlock), /*transpose=*/true);
+        for (int64_t mt = 0; mt < mTiles; ++mt) {
+          ArrayRef<Value> am(&a[(mt * kSteps + kk) * 4], 4);
+          for (int64_t half = 0; half < 2; ++half) {
+            MutableArrayRef<Value> c(&acc[(mt * dTiles + 2 * dp + half) * 4],
+                                     4);
+            auto d = mma(am, {r[2 * half], r[2 * half + 1]}, c);
+            std::copy(d.begin(), d.end(), c.begin());
+          }
+        }
+      }
+  }
+
   // ---- tiles ---------------------------------------------------------------
   int64_t threads() const { return warps * 32; }
   /// Thread, lane, warp and the lane's (g, t) of the mma layout; call once at

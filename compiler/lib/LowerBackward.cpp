@@ -485,39 +485,10 @@ LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
   waitFor(map.lookup(op.getY()));
   SmallVector<Value> x = unpack(map.lookup(op.getX()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
-  Value yBuf = map.lookup(op.getY());
-  // X (keys x queries, C layout) as A fragments: queries 16kk..16kk+15 are
-  // the C fragments of n-tiles 2kk and 2kk+1.
-  int64_t kSteps = nTiles / 2;
-  SmallVector<Value> xa;
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t kk = 0; kk < kSteps; ++kk) {
-      auto c = [&](int64_t nt, int64_t i) {
-        return x[(mt * nTiles + nt) * 4 + i];
-      };
-      xa.push_back(packPair(c(2 * kk, 0), c(2 * kk, 1)));
-      xa.push_back(packPair(c(2 * kk, 2), c(2 * kk, 3)));
-      xa.push_back(packPair(c(2 * kk + 1, 0), c(2 * kk + 1, 1)));
-      xa.push_back(packPair(c(2 * kk + 1, 2), c(2 * kk + 1, 3)));
-    }
-  // B fragments of Y (queries x d, row-major) need ldmatrix.trans: matrices
-  // (q 0-7, d 0-7), (q 8-15, d 0-7), (q 0-7, d 8-15), (q 8-15, d 8-15).
-  Value quad = divu(aLane, 8);
-  Value rowInBlock = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
-  Value colInBlock = mul(divu(quad, 2), idx(8));
-  for (int64_t kk = 0; kk < kSteps; ++kk)
-    for (int64_t dp = 0; dp < dTiles / 2; ++dp) {
-      auto r = ldmatrix4(yBuf, add(idx(kk * 16), rowInBlock),
-                         add(idx(dp * 16), colInBlock), /*transpose=*/true);
-      for (int64_t mt = 0; mt < mTiles; ++mt) {
-        ArrayRef<Value> a(&xa[(mt * kSteps + kk) * 4], 4);
-        for (int64_t half = 0; half < 2; ++half) {
-          MutableArrayRef<Value> c(&acc[(mt * dTiles + 2 * dp + half) * 4], 4);
-          auto d = mma(a, {r[2 * half], r[2 * half + 1]}, c);
-          std::copy(d.begin(), d.end(), c.begin());
-        }
-      }
-    }
+  // X (keys x queries) as A fragments; Y (queries x d, row-major) is B.
+  SmallVector<Value> xa = packAFragments(x, mTiles, nTiles);
+  mmaTransposedB(acc, xa, map.lookup(op.getY()), aLane, mTiles, nTiles / 2,
+                 dTiles);
   map.map(op.getResult(), pack(acc));
   return success();
 }

@@ -373,18 +373,7 @@ LogicalResult KernelEmitter::emitOnlineSoftmax(OnlineSoftmaxOp op) {
 }
 
 Value KernelEmitter::packAFragments(ArrayRef<Value> p) {
-  SmallVector<Value> pa;
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t kk = 0; kk < nTiles / 2; ++kk) {
-      auto c = [&](int64_t nt, int64_t i) {
-        return p[(mt * nTiles + nt) * 4 + i];
-      };
-      pa.push_back(packPair(c(2 * kk, 0), c(2 * kk, 1)));
-      pa.push_back(packPair(c(2 * kk, 2), c(2 * kk, 3)));
-      pa.push_back(packPair(c(2 * kk + 1, 0), c(2 * kk + 1, 1)));
-      pa.push_back(packPair(c(2 * kk + 1, 2), c(2 * kk + 1, 3)));
-    }
-  return pack(pa);
+  return pack(FragmentBuilder::packAFragments(p, mTiles, nTiles));
 }
 
 LogicalResult KernelEmitter::emitLoadDout(LoadDoutOp op) {
@@ -491,27 +480,9 @@ LogicalResult KernelEmitter::emitPV(PVOp op) {
   waitFor(op.getV());
   SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
-  Value vTile = map.lookup(op.getV());
-  // B fragments of V (keys x d, row-major in smem) need ldmatrix.trans:
-  // matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys
-  // 8-15, d 8-15).
-  Value quad = divu(lane, 8);
-  Value rowInBlock = add(remu(lane, 8), mul(remu(quad, 2), idx(8)));
-  Value colInBlock = mul(divu(quad, 2), idx(8));
-  int64_t kSteps = nTiles / 2;
-  for (int64_t kk = 0; kk < kSteps; ++kk)
-    for (int64_t dp = 0; dp < dTiles / 2; ++dp) {
-      auto r = ldmatrix4(vTile, add(idx(kk * 16), rowInBlock),
-                         add(idx(dp * 16), colInBlock), /*transpose=*/true);
-      for (int64_t mt = 0; mt < mTiles; ++mt) {
-        ArrayRef<Value> a(&p[(mt * kSteps + kk) * 4], 4);
-        for (int64_t half = 0; half < 2; ++half) {
-          MutableArrayRef<Value> c(&acc[(mt * dTiles + 2 * dp + half) * 4], 4);
-          auto d = mma(a, {r[2 * half], r[2 * half + 1]}, c);
-          std::copy(d.begin(), d.end(), c.begin());
-        }
-      }
-    }
+  // V (keys x d, row-major in shared memory) is the B operand.
+  mmaTransposedB(acc, p, map.lookup(op.getV()), lane, mTiles, nTiles / 2,
+                 dTiles);
   map.map(op.getResult(), pack(acc));
   return success();
 }
