@@ -255,17 +255,10 @@ def _check_like(torch, name, t, ref_name, ref, device):
                          f"{ref_name}")
 
 
-def _check_qkv(torch, q, k, v, plan):
-    """Checks q, k, v (and plan against them); returns (T, Hq, Hkv, D, code)."""
-    if not isinstance(plan, Plan):
-        raise ValueError(f"dualkv: plan must be a dualkv.Plan, "
-                         f"not {type(plan).__name__}")
-    _check_thd(torch, "q", q, None)
-    device = q.device
-    _check_thd(torch, "k", k, device)
-    _check_thd(torch, "v", v, device)
-    code = _dtype_code(torch, q.dtype)
-    if code is None:
+def _check_qkv_shapes(torch, q, k, v):
+    """Dtypes and shapes of 3-D q, k, v, shared by the plain calls and the
+    custom ops; returns (T, Hq, Hkv, D)."""
+    if _dtype_code(torch, q.dtype) is None:
         raise ValueError(f"dualkv: q has dtype {q.dtype}; "
                          "use torch.bfloat16 or torch.float16")
     for name, t in (("k", k), ("v", v)):
@@ -283,6 +276,20 @@ def _check_qkv(torch, q, k, v, plan):
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"dualkv: q's heads ({Hq}) are not a multiple of "
                          f"k's heads ({Hkv})")
+    return T, Hq, Hkv, D
+
+
+def _check_qkv(torch, q, k, v, plan):
+    """Checks q, k, v (and plan against them); returns (T, Hq, Hkv, D, code)."""
+    if not isinstance(plan, Plan):
+        raise ValueError(f"dualkv: plan must be a dualkv.Plan, "
+                         f"not {type(plan).__name__}")
+    _check_thd(torch, "q", q, None)
+    device = q.device
+    _check_thd(torch, "k", k, device)
+    _check_thd(torch, "v", v, device)
+    T, Hq, Hkv, D = _check_qkv_shapes(torch, q, k, v)
+    code = _dtype_code(torch, q.dtype)
     if T != plan.num_tokens:
         raise ValueError(f"dualkv: q has {T} tokens but the plan has "
                          f"{plan.num_tokens} (plan.num_tokens)")

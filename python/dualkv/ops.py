@@ -41,7 +41,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from . import Plan, backward, forward
+from . import Plan, _check_qkv_shapes, backward, forward
 from .plans import PlanCache, groups_from_key
 
 __all__ = ["attention", "PLAN_CACHE", "plan_descriptor", "plan_for"]
@@ -181,24 +181,7 @@ def _check_inputs(q, k, v, plan):
         if t.stride(2) != 1 and t.shape[2] > 1:
             raise ValueError(f"dualkv: {name}'s last dimension must be "
                              f"contiguous (stride {t.stride(2)})")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"dualkv: q has dtype {q.dtype}; use torch.bfloat16 "
-                         "or torch.float16")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"dualkv: {name} has dtype {t.dtype} but q has "
-                             f"{q.dtype}")
-    T, Hq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"dualkv: k has shape {tuple(k.shape)} but v has "
-                         f"{tuple(v.shape)}")
-    if k.shape[0] != T or k.shape[2] != D:
-        raise ValueError(f"dualkv: k has shape {tuple(k.shape)}; with q "
-                         f"{tuple(q.shape)} it must be [{T}, Hkv, {D}]")
-    Hkv = k.shape[1]
-    if Hkv < 1 or Hq % Hkv != 0:
-        raise ValueError(f"dualkv: q's heads ({Hq}) are not a multiple of "
-                         f"k's heads ({Hkv})")
+    _check_qkv_shapes(torch, q, k, v)
 
 
 def attention(q, k, v, plan, scale=None, deterministic=False,
