@@ -203,6 +203,47 @@ protected:
       }
   }
 
+  /// A vector of `n` fp32 values all equal to `v` (fresh accumulators and
+  /// statistics).
+  Value splat(int64_t n, float v) {
+    auto type = VectorType::get({n}, b.getF32Type());
+    return arith::ConstantOp::create(b, loc, type,
+                                     DenseElementsAttr::get(type, v));
+  }
+
+  // ---- kernel function
+  // -------------------------------------------------------
+  /// A global tensor passed as a bare pointer of element type `e`.
+  MemRefType gmem(Type e) {
+    auto global =
+        gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Global);
+    return MemRefType::get({kUnboundedElements}, e, MemRefLayoutAttrInterface(),
+                           global);
+  }
+  /// Creates kernel `name` taking `args` and positions the builder in its
+  /// entry block. known_block_size becomes .maxntid, so ptxas may use up to
+  /// 255 registers a thread; without .maxnreg it may trade registers for
+  /// occupancy and spill, while one CTA of these tiles a scheduler is the
+  /// design point, so the full register file is allowed.
+  Block &createFunc(gpu::GPUModuleOp gpuModule, StringRef name,
+                    ArrayRef<Type> args) {
+    b.setInsertionPointToEnd(gpuModule.getBody());
+    auto func =
+        gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(args, {}));
+    func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    func.setKnownBlockSizeAttr(
+        b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
+    func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(255));
+    Block &entry = func.getBody().front();
+    b.setInsertionPointToStart(&entry);
+    return entry;
+  }
+  /// Kernel argument `i` (an i64) as an index.
+  Value indexArg(Block &entry, unsigned i) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(),
+                                      entry.getArgument(i));
+  }
+
   // ---- tiles ---------------------------------------------------------------
   int64_t threads() const { return warps * 32; }
   /// Thread, lane, warp and the lane's (g, t) of the mma layout; call once at
@@ -234,6 +275,12 @@ protected:
   /// Waits until the copy group that filled `tile` has landed, then syncs the
   /// CTA.
   void waitFor(Value tile);
+  /// Waits until every copy group, `group` the youngest, has landed, then
+  /// syncs the CTA (tiles loaded once per kernel).
+  void waitAll(Value group) {
+    nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
+    gpu::BarrierOp::create(b, loc);
+  }
 
   OpBuilder &b;
   Location loc;

@@ -56,30 +56,6 @@ protected:
     blockN = kernel.getTiling()->getBlockN();
   }
 
-  /// Creates the kernel function with `args` and positions the builder in its
-  /// entry block.
-  Block &createFunc(gpu::GPUModuleOp gpuModule, ArrayRef<Type> args) {
-    b.setInsertionPointToEnd(gpuModule.getBody());
-    auto func = gpu::GPUFuncOp::create(b, loc, kernel.getSymName(),
-                                       b.getFunctionType(args, {}));
-    func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
-    func.setKnownBlockSizeAttr(
-        b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
-    func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(255));
-    Block &entry = func.getBody().front();
-    b.setInsertionPointToStart(&entry);
-    return entry;
-  }
-  MemRefType gmem(Type e) {
-    auto global =
-        gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Global);
-    return MemRefType::get({kUnboundedElements}, e, MemRefLayoutAttrInterface(),
-                           global);
-  }
-  Value indexArg(Block &entry, unsigned i) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(),
-                                      entry.getArgument(i));
-  }
   /// Two fp32 values rounded to the element type, stored at `at` of `ptr`.
   void storePair(Value ptr, Value at, Value lo, Value hi) {
     Value narrow = arith::TruncFOp::create(
@@ -224,17 +200,13 @@ LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
                          mul(kvHead, isKey ? kStrideH : vStrideH),
                          /*predicated=*/true);
   // Loaded once per CTA: wait right away.
-  nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
-  gpu::BarrierOp::create(b, loc);
+  waitAll(group);
   map.map(op.getResult(), buf);
   return success();
 }
 
 LogicalResult KVMajorEmitter::emitInitGrad(InitGradOp op) {
-  auto type = VectorType::get({mTiles * dTiles * 4}, b.getF32Type());
-  map.map(op.getResult(),
-          arith::ConstantOp::create(b, loc, type,
-                                    DenseElementsAttr::get(type, 0.0f)));
+  map.map(op.getResult(), splat(mTiles * dTiles * 4, 0.0f));
   return success();
 }
 
@@ -721,7 +693,7 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
                             dqAccType, f32p, f32p, gmem(b.getI32Type())};
   args.append(14, i64);
   args.append({f32, f32});
-  Block &entry = createFunc(gpuModule, args);
+  Block &entry = createFunc(gpuModule, kernel.getSymName(), args);
   auto arg = [&](unsigned i) { return entry.getArgument(i); };
   qPtr = arg(0), kPtr = arg(1), vPtr = arg(2), doPtr = arg(3), dkPtr = arg(4),
   dvPtr = arg(5), lsePtr = arg(6), deltaPtr = arg(7), dqAccPtr = arg(8),
@@ -894,7 +866,7 @@ LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
     args = {f32p, f32p, f32p, elem, elem, elem, gmem(b.getI32Type())};
     args.append(8, i64);
   }
-  Block &entry = createFunc(gpuModule, args);
+  Block &entry = createFunc(gpuModule, kernel.getSymName(), args);
   emitThreadIds();
   if (failed(pre ? emitPre(entry) : emitPost(entry)))
     return failure();

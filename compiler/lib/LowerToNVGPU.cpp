@@ -122,8 +122,7 @@ private:
 LogicalResult KernelEmitter::emitLoadQ(LoadQOp op) {
   Value group = copyTile(qBuf, qPtr, blockM, segStart, qRow0, segLen, qStrideT,
                          mul(head, qStrideH), /*predicated=*/true);
-  nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
-  gpu::BarrierOp::create(b, loc);
+  waitAll(group);
   // Q stays in shared memory for the whole kernel: its A fragments are re-read
   // per k-step, which keeps ~32-64 registers a thread free for the accumulator.
   map.map(op.getResult(), qBuf);
@@ -131,20 +130,14 @@ LogicalResult KernelEmitter::emitLoadQ(LoadQOp op) {
 }
 
 LogicalResult KernelEmitter::emitInitAcc(InitAccOp op) {
-  auto type = VectorType::get({mTiles * dTiles * 4}, b.getF32Type());
-  map.map(op.getResult(),
-          arith::ConstantOp::create(b, loc, type,
-                                    DenseElementsAttr::get(type, 0.0f)));
+  map.map(op.getResult(), splat(mTiles * dTiles * 4, 0.0f));
   return success();
 }
 
 LogicalResult KernelEmitter::emitInitStats(InitStatsOp op) {
-  auto type = VectorType::get({mTiles * 2}, b.getF32Type());
-  float ninf = -std::numeric_limits<float>::infinity();
-  map.map(op.getMax(), arith::ConstantOp::create(
-                           b, loc, type, DenseElementsAttr::get(type, ninf)));
-  map.map(op.getSum(), arith::ConstantOp::create(
-                           b, loc, type, DenseElementsAttr::get(type, 0.0f)));
+  map.map(op.getMax(),
+          splat(mTiles * 2, -std::numeric_limits<float>::infinity()));
+  map.map(op.getSum(), splat(mTiles * 2, 0.0f));
   return success();
 }
 
@@ -379,8 +372,7 @@ Value KernelEmitter::packAFragments(ArrayRef<Value> p) {
 LogicalResult KernelEmitter::emitLoadDout(LoadDoutOp op) {
   Value group = copyTile(doBuf, doPtr, blockM, segStart, qRow0, segLen,
                          doStrideT, mul(head, doStrideH), /*predicated=*/true);
-  nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
-  gpu::BarrierOp::create(b, loc);
+  waitAll(group);
   map.map(op.getResult(), doBuf);
   return success();
 }
@@ -557,13 +549,8 @@ LogicalResult KernelEmitter::emitOp(Operation *op) {
 
 LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   MLIRContext *ctx = b.getContext();
-  auto global = gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Global);
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
-  auto gmem = [&](Type e) {
-    return MemRefType::get({kUnboundedElements}, e, MemRefLayoutAttrInterface(),
-                           global);
-  };
   Type i64 = b.getI64Type(), f32 = b.getF32Type();
   Type elem = gmem(elemType), f32p = gmem(f32), i32p = gmem(b.getI32Type());
   // The order is the ABI the runtime launches (docs/backward-abi.md).
@@ -577,25 +564,9 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
     args.append(9, i64);
     args.push_back(f32);
   }
-
-  b.setInsertionPointToEnd(gpuModule.getBody());
-  auto func = gpu::GPUFuncOp::create(b, loc, kernel.getSymName(),
-                                     b.getFunctionType(args, {}));
-  func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
-  // Becomes .maxntid: ptxas may then use up to 255 registers a thread.
-  func.setKnownBlockSizeAttr(
-      b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
-  // Without .maxnreg ptxas may trade registers for occupancy and spill; one CTA
-  // of these tiles a scheduler is the design point, so allow the full register
-  // file.
-  func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(255));
-  Block &entry = func.getBody().front();
-  b.setInsertionPointToStart(&entry);
+  Block &entry = createFunc(gpuModule, kernel.getSymName(), args);
   auto arg = [&](unsigned i) { return entry.getArgument(i); };
-  auto idxArg = [&](unsigned i) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(), arg(i))
-        .getResult();
-  };
+  auto idxArg = [&](unsigned i) { return indexArg(entry, i); };
   if (isDq) {
     // q, k, v, dout, dq, lse, delta, segs, 12 strides, scale, scale_log2. dq
     // takes the output's place (oPtr, oStride*).
