@@ -271,17 +271,8 @@ void validate(const BackwardArgs &a) {
 }
 
 KernelSpec specOf(const BackwardArgs &a, KernelKind kind, Tiling tiling) {
-  KernelSpec spec;
-  spec.kind = kind;
-  // Shape-generic (P = N = 0), like the forward: lengths come from the plan.
-  spec.P = 0;
-  spec.N = 0;
-  spec.headDim = a.head_dim;
-  spec.numQHeads = a.num_q_heads;
-  spec.numKVHeads = a.num_kv_heads;
-  spec.dtype = a.dtype;
-  spec.tiling = tiling;
-  return spec;
+  return genericSpec(kind, a.head_dim, a.num_q_heads, a.num_kv_heads, a.dtype,
+                     tiling);
 }
 
 uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }

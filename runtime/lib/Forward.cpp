@@ -33,18 +33,9 @@ void forward(const ForwardArgs &args) {
   // before compiling so a wrong device fails fast.
   requirePlanInCurrentContext(plan);
 
-  KernelSpec spec;
-  spec.kind = KernelKind::Fwd;
-  // Shape-generic (P = N = 0): kernels read exact lengths from the plan, so
-  // one binary serves every batch and RL's changing shapes never recompile.
-  spec.P = 0;
-  spec.N = 0;
-  spec.headDim = args.head_dim;
-  spec.numQHeads = args.num_q_heads;
-  spec.numKVHeads = args.num_kv_heads;
-  spec.dtype = args.dtype;
-  spec.tiling = args.tiling;
-  const LoadedKernel &kernel = getKernel(spec);
+  const LoadedKernel &kernel =
+      getKernel(genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
+                            args.num_kv_heads, args.dtype, args.tiling));
 
   uint64_t q = reinterpret_cast<uintptr_t>(args.q.data);
   uint64_t k = reinterpret_cast<uintptr_t>(args.k.data);

@@ -134,6 +134,20 @@ void requirePlanInCurrentContext(const Plan &plan) {
             "current one; build one plan per device");
 }
 
+KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
+                       int numKVHeads, DType dtype, Tiling tiling) {
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.P = 0;
+  spec.N = 0;
+  spec.headDim = headDim;
+  spec.numQHeads = numQHeads;
+  spec.numKVHeads = numKVHeads;
+  spec.dtype = dtype;
+  spec.tiling = tiling;
+  return spec;
+}
+
 double effectiveScale(float scale, int headDim) {
   return scale != 0 ? scale : 1.0 / std::sqrt(headDim);
 }

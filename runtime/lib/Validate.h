@@ -42,6 +42,12 @@ void checkScaleAndTiling(float scale, const Tiling &tiling);
 /// current CUDA context.
 void requirePlanInCurrentContext(const Plan &plan);
 
+/// The spec of a shape-generic kernel (P = N = 0): kernels read exact lengths
+/// from the plan, so one binary serves every batch and RL's changing shapes
+/// never recompile.
+KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
+                       int numKVHeads, DType dtype, Tiling tiling);
+
 /// The softmax scale to use: `scale`, or 1/sqrt(head_dim) when it is 0.
 double effectiveScale(float scale, int headDim);
 
