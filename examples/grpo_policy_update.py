@@ -738,6 +738,9 @@ def parse_args(argv=None):
                     help="worst ||g - g_ref|| / ||g_ref|| accepted (bf16; default 0.05)")
     ap.add_argument("--out", help="output folder (default benchmarks/results/<today>)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no GPU run: combine the results of earlier runs (their "
+                    "grpo_policy_update.json files, in order) into one report in --out")
     args = ap.parse_args(argv)
 
     if args.configs:
@@ -773,8 +776,38 @@ def import_dualkv(lib):
     return dualkv
 
 
+def merge_reports(args):
+    """--merge: one report from the JSON files of several runs (e.g. one run per
+    device call), with the first file's environment and model."""
+    results, problems, wall, first = [], [], 0.0, None
+    for path in args.merge:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"--merge {path}: {e}")
+        first = first or data
+        results += data["results"]
+        problems += data.get("problems", [])
+        wall += data.get("wall_s", 0.0)
+    saved = first["args"]
+    for key in ("groups", "layers", "vocab", "reps", "warmup", "clip_eps", "seed",
+                "logp_tol", "grad_tol"):
+        setattr(args, key, saved.get(key, getattr(args, key)))
+    args.configs = [(r["P"], r["N"], r["R"]) for r in results]
+    cfg = ModelConfig(args.layers, args.vocab)
+    out_dir = Path(args.out) if args.out else (
+        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_report(results, args, first["env"], cfg, first["parameters"], first["notes"],
+                 problems, wall, out_dir)
+    return 1 if problems else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.merge:
+        return merge_reports(args)
     started = time.perf_counter()
     dualkv = import_dualkv(args.lib)
     try:
@@ -861,17 +894,25 @@ def main(argv=None):
         results.append(res)
         del batch
         free_memory(torch)
+        if ci + 1 < len(args.configs):  # a partial report, in case the run is cut short
+            write_report(results, args, env, cfg, n_params, notes_of(methods),
+                         judge(results, args), time.perf_counter() - started, out_dir,
+                         quiet=True)
 
-    notes = {
+    notes = notes_of(methods)
+    problems = judge(results, args)
+    write_report(results, args, env, cfg, n_params, notes, problems,
+                 time.perf_counter() - started, out_dir)
+    return 1 if problems else 0
+
+
+def notes_of(methods):
+    return {
         "replicated-FA2 GQA": getattr(methods.get("replicated-FA2"), "gqa", "—") + (
             f" (enable_gqa=True failed: {methods['replicated-FA2'].gqa_probe_error})"
             if hasattr(methods.get("replicated-FA2"), "gqa_probe_error") else ""),
         "packed-Flex block mask": getattr(methods.get("packed-Flex"), "builder", "—"),
     }
-    problems = judge(results, args)
-    write_report(results, args, env, cfg, n_params, notes, problems,
-                 time.perf_counter() - started, out_dir)
-    return 1 if problems else 0
 
 
 def judge(results, args):
@@ -896,19 +937,22 @@ def judge(results, args):
     return problems
 
 
-def write_report(results, args, env, cfg, n_params, notes, problems, wall, out_dir):
-    """Prints the tables and writes grpo_policy_update.{md,json,png} in out_dir."""
+def write_report(results, args, env, cfg, n_params, notes, problems, wall, out_dir,
+                 quiet=False):
+    """Prints the tables (unless quiet) and writes grpo_policy_update.{md,json,png}
+    in out_dir."""
     tgt = targets(results)
     header, rows = result_rows(results)
     gheader, grows = grad_group_table(results)
     checks = ("all within tolerance (logp max|Δ| <= "
               f"{args.logp_tol}, worst grad rel <= {args.grad_tol})" if not problems
               else "PROBLEMS:\n  " + "\n  ".join(problems))
-    print("\n" + text_table(header, rows))
-    if grows:
-        print("\nWorst relative gradient difference per parameter group:\n"
-              + text_table(gheader, grows))
-    print("\n" + targets_text(tgt) + "\n\nChecks: " + checks)
+    if not quiet:
+        print("\n" + text_table(header, rows))
+        if grows:
+            print("\nWorst relative gradient difference per parameter group:\n"
+                  + text_table(gheader, grows))
+        print("\n" + targets_text(tgt) + "\n\nChecks: " + checks)
 
     stem = Path(out_dir) / "grpo_policy_update"
     plot_note = None if args.no_plot else plot(results, str(stem) + ".png")
@@ -946,8 +990,9 @@ def write_report(results, args, env, cfg, n_params, notes, problems, wall, out_d
     md += [targets_text(tgt), "", "Checks: " + checks.replace("\n  ", " "), ""]
     with open(str(stem) + ".md", "w") as f:
         f.write("\n".join(md))
-    print(f"\nwrote {stem}.md, .json" + ("" if args.no_plot or plot_note else ", .png")
-          + (f" ({plot_note})" if plot_note else "") + f"; wall time {wall:.0f} s")
+    if not quiet:
+        print(f"\nwrote {stem}.md, .json" + ("" if args.no_plot or plot_note else ", .png")
+              + (f" ({plot_note})" if plot_note else "") + f"; wall time {wall:.0f} s")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -49,6 +49,16 @@ fi
 if wants pytest tests && python3 -c "import torch, pytest" 2>/dev/null; then
   step "pytest python/tests" env DUALKV_LIB="$root/build/libdualkv.so" \
     python3 -m pytest -q python/tests
+fi
+if [[ ,$what, == *,grpo,* ]]; then
+  # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
+  # that the full set can be spread over several device calls and merged afterwards
+  # (examples/grpo_policy_update.py --merge). Not part of "all": it needs minutes per config.
+  # Written straight into $OUT/grpo (md, json, png), rewritten after every config, so a
+  # run cut short by the device's time limit still returns the configs it finished.
+  step "grpo_policy_update.py ${GRPO_CONFIGS:-default configs}" python3 \
+    examples/grpo_policy_update.py --lib build/libdualkv.so --out "$out/grpo" \
+    ${GRPO_CONFIGS:+--configs "$GRPO_CONFIGS"}
 fi
 if wants attention bench; then
   # Forward and forward+backward against the peers (< 8 minutes on an H200).
