@@ -30,6 +30,27 @@ int64_t backwardChunk(int blockM, bool deterministic) {
                        : std::max<int64_t>(kBwdChunkTokens, blockM);
 }
 
+namespace {
+
+/// Calls fn(s, next, ps, promptEnd, ge) for every group of `plan`: segment s
+/// is its prompt [ps, promptEnd), segments (s, next) are the responses that
+/// share it, and the group ends at token ge.
+template <typename Fn> void forEachGroup(const Plan &plan, Fn fn) {
+  const std::vector<Segment> &segs = plan.segments();
+  for (size_t s = 0; s < segs.size();) {
+    const int64_t ps = segs[s].start, promptEnd = ps + segs[s].length;
+    size_t next = s + 1;
+    while (next < segs.size() && segs[next].shared_len > 0 &&
+           segs[next].shared_start == ps)
+      ++next;
+    const int64_t ge = segs[next - 1].start + segs[next - 1].length;
+    fn(s, next, ps, promptEnd, ge);
+    s = next;
+  }
+}
+
+} // namespace
+
 BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
   if (blockM < 1 || chunk < blockM)
     throw Error(ErrorCode::Internal,
@@ -42,15 +63,8 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
   auto i32 = [](int64_t x) { return static_cast<int32_t>(x); };
 
   const std::vector<Segment> &segs = plan.segments();
-  for (size_t s = 0; s < segs.size();) {
-    // A group: its prompt segment, then the responses that share it.
-    const int64_t ps = segs[s].start, promptEnd = ps + segs[s].length;
-    size_t next = s + 1;
-    while (next < segs.size() && segs[next].shared_len > 0 &&
-           segs[next].shared_start == ps)
-      ++next;
-    const int64_t ge = segs[next - 1].start + segs[next - 1].length;
-
+  forEachGroup(plan, [&](size_t s, size_t next, int64_t ps, int64_t promptEnd,
+                         int64_t ge) {
     // Prompt tiles: every later query of the group sees them (causal within
     // the prompt, in full from the responses).
     for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM) {
@@ -77,8 +91,7 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
       for (int64_t k0 = rs; k0 < re; k0 += blockM)
         items.push_back({i32(k0), i32(re), i32(k0), i32(re), -1, 0});
     }
-    s = next;
-  }
+  });
 
   // Longest first, so that the short items fill in behind the long ones.
   std::stable_sort(
@@ -92,19 +105,31 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
 
 int64_t backwardAccRowsBound(const Plan &plan) {
   int64_t rows = 0;
-  const std::vector<Segment> &segs = plan.segments();
-  for (size_t s = 0; s < segs.size();) {
-    const int64_t ps = segs[s].start;
-    size_t next = s + 1;
-    while (next < segs.size() && segs[next].shared_len > 0 &&
-           segs[next].shared_start == ps)
-      ++next;
-    const int64_t ge = segs[next - 1].start + segs[next - 1].length;
+  forEachGroup(plan, [&](size_t, size_t, int64_t ps, int64_t promptEnd,
+                         int64_t ge) {
     if (ge - ps > kBwdChunkTokens)
-      rows += segs[s].length;
-    s = next;
-  }
+      rows += promptEnd - ps;
+  });
   return rows;
+}
+
+int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads,
+                             bool deterministic) {
+  if (deterministic || numKVHeads == 1)
+    return numKVHeads;
+  // The items of 128-key tiles in the default mode, counted as
+  // buildBackwardItems would build them.
+  constexpr int64_t blockM = 128;
+  int64_t items = 0;
+  const std::vector<Segment> &segs = plan.segments();
+  forEachGroup(plan, [&](size_t s, size_t next, int64_t ps, int64_t promptEnd,
+                         int64_t ge) {
+    for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM)
+      items += 1 + (ge - k0 - 1) / kBwdChunkTokens;
+    for (size_t r = s + 1; r < next; ++r)
+      items += ceilDiv(segs[r].length, blockM);
+  });
+  return items >= kBwdMinItemsPerLaunch ? 1 : numKVHeads;
 }
 
 //===----------------------------------------------------------------------===//
@@ -133,10 +158,10 @@ void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
 
 } // namespace
 
-BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
-                                                int numQHeads, int numKVHeads,
-                                                int headDim, bool deterministic,
-                                                int64_t accRows) {
+BackwardWorkspaceLayout
+backwardWorkspaceLayout(int64_t numTokens, int numQHeads, int numKVHeads,
+                        int headDim, bool deterministic, int64_t accRows,
+                        int kvHeadsPerLaunch) {
   BackwardWorkspaceLayout l;
   const int64_t f32 = sizeof(float);
   l.deltaStrideH = numTokens;
@@ -144,11 +169,13 @@ BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
   l.bytes = alignUp(numQHeads * numTokens * f32, kWorkspaceAlign);
   if (deterministic)
     return l;
+  const int64_t sliceQHeads =
+      int64_t(numQHeads) / numKVHeads * kvHeadsPerLaunch;
   l.dqacc = l.bytes;
-  l.bytes += alignUp(numTokens * numQHeads * headDim * f32, kWorkspaceAlign);
+  l.bytes += alignUp(numTokens * sliceQHeads * headDim * f32, kWorkspaceAlign);
   if (accRows > 0) {
     const int64_t acc =
-        alignUp(accRows * numKVHeads * headDim * f32, kWorkspaceAlign);
+        alignUp(accRows * kvHeadsPerLaunch * headDim * f32, kWorkspaceAlign);
     l.dkacc = l.bytes;
     l.dvacc = l.bytes + acc;
     l.bytes += 2 * acc;
@@ -165,7 +192,8 @@ int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
   // not: the size is known without a GPU and whatever tiling is loaded.
   return backwardWorkspaceLayout(
              numTokens, numQHeads, numKVHeads, headDim, deterministic,
-             deterministic ? 0 : backwardAccRowsBound(*plan))
+             deterministic ? 0 : backwardAccRowsBound(*plan),
+             backwardKVHeadsPerLaunch(*plan, numKVHeads, deterministic))
       .bytes;
 }
 
@@ -291,10 +319,14 @@ void backward(const BackwardArgs &args) {
   const bool det = args.deterministic;
   const int64_t T = args.num_tokens;
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
+  // The main kernel (and bwd_post) run on `slice` KV heads and their query
+  // heads at a time; the accumulators hold one slice.
+  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, det);
+  const int sliceHq = Hq / Hkv * slice;
 
   const int64_t accBound = det ? 0 : backwardAccRowsBound(plan);
   const BackwardWorkspaceLayout layout =
-      backwardWorkspaceLayout(T, Hq, Hkv, D, det, accBound);
+      backwardWorkspaceLayout(T, Hq, Hkv, D, det, accBound, slice);
   if (args.workspace && args.workspace_bytes < layout.bytes)
     invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
                         "backward needs (backwardWorkspaceBytes)",
@@ -303,12 +335,21 @@ void backward(const BackwardArgs &args) {
   requirePlanInCurrentContext(plan);
 
   // Every kernel is loaded before anything is launched, so that a compile
-  // error leaves the stream untouched. The tiling applies to the main kernel.
+  // error leaves the stream untouched. The tiling applies to the main kernel;
+  // a slice's kernel takes the tiling tuned for the whole problem.
   const LoadedKernel &pre = getKernel(specOf(args, KernelKind::BwdPre, {}));
+  const KernelKind mainKind = det ? KernelKind::BwdKV : KernelKind::Bwd;
+  Tiling mainTiling = args.tiling;
+  if (slice != Hkv && mainTiling == Tiling{})
+    if (std::optional<Tiling> tuned =
+            tunedTiling(specOf(args, mainKind, mainTiling)))
+      mainTiling = *tuned;
   const LoadedKernel &main = getKernel(
-      specOf(args, det ? KernelKind::BwdKV : KernelKind::Bwd, args.tiling));
-  const LoadedKernel &last = getKernel(
-      specOf(args, det ? KernelKind::BwdDQ : KernelKind::BwdPost, {}));
+      genericSpec(mainKind, D, sliceHq, slice, args.dtype, mainTiling));
+  const LoadedKernel &last =
+      det ? getKernel(specOf(args, KernelKind::BwdDQ, {}))
+          : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
+                                  args.dtype, {}));
 
   const BackwardTable table = plan.backwardTable(
       main.info.blockM, backwardChunk(main.info.blockM, det));
@@ -329,10 +370,7 @@ void backward(const BackwardArgs &args) {
            dkacc = table.numAccRows > 0 ? at(layout.dkacc) : 0,
            dvacc = table.numAccRows > 0 ? at(layout.dvacc) : 0;
 
-  uint64_t q = address(args.q.data), k = address(args.k.data),
-           v = address(args.v.data), o = address(args.o.data),
-           dout = address(args.dout.data), dq = address(args.dq.data),
-           dk = address(args.dk.data), dv = address(args.dv.data),
+  uint64_t o = address(args.o.data), dout = address(args.dout.data),
            lse = address(args.lse), items = table.items,
            accTokens = table.accTokens, segs = plan.deviceTable();
   int64_t qStrideT = args.q.stride_t, qStrideH = args.q.stride_h;
@@ -351,21 +389,8 @@ void backward(const BackwardArgs &args) {
   auto stream = static_cast<cuda::CUstream>(args.stream);
   cuda::Driver &driver = cuda::driver();
 
-  // 1. Zero the fp32 accumulators (default mode).
-  auto zero = [&](uint64_t ptr, int64_t floats, const char *what) {
-    cuda::check(
-        driver.memsetD32Async(ptr, 0, static_cast<size_t>(floats), stream),
-        fmt::format("cuMemsetD32Async ({})", what).c_str());
-  };
-  if (!det) {
-    zero(dqacc, T * Hq * D, "dqacc");
-    if (numAccRows > 0) {
-      zero(dkacc, numAccRows * Hkv * D, "dkacc");
-      zero(dvacc, numAccRows * Hkv * D, "dvacc");
-    }
-  }
-
-  // 2. bwd_pre: delta = rowsum(o * dout). Parameter order: the kernel's ABI.
+  // 1. bwd_pre: delta = rowsum(o * dout), every head. Parameter order: the
+  // kernel's ABI.
   {
     void *params[] = {&o,         &dout,         &delta,
                       &oStrideT,  &oStrideH,     &doStrideT,
@@ -374,37 +399,72 @@ void backward(const BackwardArgs &args) {
            static_cast<unsigned>(Hq), 1, args.stream, params);
   }
 
-  // 3. bwd / bwd_kv: one CTA per work item and KV head.
-  {
-    void *params[] = {&q,          &k,
-                      &v,          &dout,
-                      &dk,         &dv,
-                      &lse,        &delta,
-                      &dqacc,      &dkacc,
-                      &dvacc,      &items,
-                      &qStrideT,   &qStrideH,
-                      &kStrideT,   &kStrideH,
-                      &vStrideT,   &vStrideH,
-                      &doStrideT,  &doStrideH,
-                      &dkStrideT,  &dkStrideH,
-                      &dvStrideT,  &dvStrideH,
-                      &lseStrideH, &deltaStrideH,
-                      &scale,      &scaleLog2};
-    launch(main, static_cast<unsigned>(table.numItems),
-           static_cast<unsigned>(Hkv), 1, args.stream, params);
+  auto zero = [&](uint64_t ptr, int64_t floats, const char *what) {
+    cuda::check(
+        driver.memsetD32Async(ptr, 0, static_cast<size_t>(floats), stream),
+        fmt::format("cuMemsetD32Async ({})", what).c_str());
+  };
+  // The tensors of KV heads [h0, h0 + slice) and their query heads: the
+  // kernels index heads from 0, so their pointers start at head h0.
+  constexpr uint64_t elemBytes = 2, f32Bytes = sizeof(float);
+  for (int h0 = 0; h0 < Hkv; h0 += slice) {
+    const uint64_t qh = uint64_t(h0) * (Hq / Hkv), kvh = uint64_t(h0);
+    uint64_t q = address(args.q.data) + qh * qStrideH * elemBytes,
+             k = address(args.k.data) + kvh * kStrideH * elemBytes,
+             v = address(args.v.data) + kvh * vStrideH * elemBytes,
+             sliceDout = dout + qh * doStrideH * elemBytes,
+             dq = address(args.dq.data) + qh * dqStrideH * elemBytes,
+             dk = address(args.dk.data) + kvh * dkStrideH * elemBytes,
+             dv = address(args.dv.data) + kvh * dvStrideH * elemBytes,
+             sliceLse = lse + qh * lseStrideH * f32Bytes,
+             sliceDelta = delta + qh * deltaStrideH * f32Bytes;
+
+    // 2. Zero the slice's fp32 accumulators (default mode).
+    if (!det) {
+      zero(dqacc, T * sliceHq * D, "dqacc");
+      if (numAccRows > 0) {
+        zero(dkacc, numAccRows * slice * D, "dkacc");
+        zero(dvacc, numAccRows * slice * D, "dvacc");
+      }
+    }
+
+    // 3. bwd / bwd_kv: one CTA per work item and KV head of the slice.
+    {
+      void *params[] = {&q,          &k,
+                        &v,          &sliceDout,
+                        &dk,         &dv,
+                        &sliceLse,   &sliceDelta,
+                        &dqacc,      &dkacc,
+                        &dvacc,      &items,
+                        &qStrideT,   &qStrideH,
+                        &kStrideT,   &kStrideH,
+                        &vStrideT,   &vStrideH,
+                        &doStrideT,  &doStrideH,
+                        &dkStrideT,  &dkStrideH,
+                        &dvStrideT,  &dvStrideH,
+                        &lseStrideH, &deltaStrideH,
+                        &scale,      &scaleLog2};
+      launch(main, static_cast<unsigned>(table.numItems),
+             static_cast<unsigned>(slice), 1, args.stream, params);
+    }
+
+    // 4. bwd_post: the slice's fp32 accumulators to E.
+    if (!det) {
+      void *params[] = {&dqacc,     &dkacc,     &dvacc,     &dq,
+                        &dk,        &dv,        &accTokens, &dqStrideT,
+                        &dqStrideH, &dkStrideT, &dkStrideH, &dvStrideT,
+                        &dvStrideH, &numTokens, &numAccRows};
+      launch(last,
+             static_cast<unsigned>(
+                 ceilDiv(std::max(T, numAccRows), last.info.blockM)),
+             static_cast<unsigned>(sliceHq + slice), 1, args.stream, params);
+    }
   }
 
-  // 4. bwd_post (fp32 accumulators to E) or bwd_dq (dQ, query-major).
-  if (!det) {
-    void *params[] = {&dqacc,     &dkacc,     &dvacc,     &dq,
-                      &dk,        &dv,        &accTokens, &dqStrideT,
-                      &dqStrideH, &dkStrideT, &dkStrideH, &dvStrideT,
-                      &dvStrideH, &numTokens, &numAccRows};
-    launch(last,
-           static_cast<unsigned>(
-               ceilDiv(std::max(T, numAccRows), last.info.blockM)),
-           static_cast<unsigned>(Hq + Hkv), 1, args.stream, params);
-  } else {
+  // 4'. bwd_dq (deterministic mode): dQ, query-major, every head.
+  if (det) {
+    uint64_t q = address(args.q.data), k = address(args.k.data),
+             v = address(args.v.data), dq = address(args.dq.data);
     void *params[] = {&q,         &k,         &v,          &dout,
                       &dq,        &lse,       &delta,      &segs,
                       &qStrideT,  &qStrideH,  &kStrideT,   &kStrideH,

@@ -49,21 +49,40 @@ DUALKV_API BackwardItems buildBackwardItems(const Plan &plan, int blockM,
 /// than that have accumulator rows, at most their prompt length.
 DUALKV_API int64_t backwardAccRowsBound(const Plan &plan);
 
+/// The default backward launches its main kernel (and the conversion after
+/// it) once per slice of the KV heads, so that the fp32 dQ accumulator holds
+/// one slice, not every query head: 4 x T x (Hq / Hkv) x D bytes instead of
+/// 4 x T x Hq x D. A slice of one KV head is taken when the launch still
+/// fills the GPU, i.e. when a plan has at least this many work items (of
+/// 128-key tiles; two waves of a 132-SM H100/H200); otherwise every head
+/// goes in one launch.
+constexpr int64_t kBwdMinItemsPerLaunch = 264;
+
+/// KV heads per launch of the main kernel: 1 or numKVHeads (see
+/// kBwdMinItemsPerLaunch); numKVHeads in the deterministic mode, which has no
+/// accumulator. A function of the plan alone, so that the workspace size is
+/// known without a GPU or a kernel.
+DUALKV_API int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads,
+                                        bool deterministic);
+
 /// Byte offsets of the backward's buffers in its workspace, each 256-byte
 /// aligned; -1 for a buffer that the mode does not use.
 struct BackwardWorkspaceLayout {
   int64_t delta = -1; ///< fp32 [Hq][deltaStrideH]
-  int64_t dqacc = -1; ///< fp32 [T][Hq][D] (default mode)
-  int64_t dkacc = -1; ///< fp32 [accRows][Hkv][D] (default mode, accRows > 0)
+  int64_t dqacc = -1; ///< fp32 [T][Hs][D] (default mode; Hs = the query
+                      ///< heads of one launch's KV heads)
+  int64_t dkacc = -1; ///< fp32 [accRows][Hkv_s][D] (default mode,
+                      ///< accRows > 0; Hkv_s = KV heads per launch)
   int64_t dvacc = -1; ///< like dkacc
   int64_t deltaStrideH = 0;
   int64_t bytes = 0; ///< total size
 };
 
-/// The workspace layout for `accRows` accumulator rows.
-DUALKV_API BackwardWorkspaceLayout
-backwardWorkspaceLayout(int64_t numTokens, int numQHeads, int numKVHeads,
-                        int headDim, bool deterministic, int64_t accRows);
+/// The workspace layout for `accRows` accumulator rows and main-kernel
+/// launches of `kvHeadsPerLaunch` KV heads each.
+DUALKV_API BackwardWorkspaceLayout backwardWorkspaceLayout(
+    int64_t numTokens, int numQHeads, int numKVHeads, int headDim,
+    bool deterministic, int64_t accRows, int kvHeadsPerLaunch);
 
 /// backwardWorkspaceBytes from the shape alone (the C API's form): checks
 /// the plan, num_tokens, heads, head_dim and tiling like backward() does.

@@ -595,6 +595,11 @@ const LoadedKernel &getKernel(const KernelSpec &requested) {
   return loadKernel(cache, ctx, fast, spec);
 }
 
+std::optional<Tiling> tunedTiling(KernelSpec spec) {
+  spec.arch = cuda::currentDeviceArch();
+  return tuningDb().find(spec);
+}
+
 void clearKernelCache() {
   KernelCache &cache = kernelCache();
   std::lock_guard<std::mutex> lock(cache.mutex);

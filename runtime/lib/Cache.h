@@ -126,6 +126,10 @@ struct LoadedKernel {
 /// clearKernelCache().
 DUALKV_API const LoadedKernel &getKernel(const KernelSpec &spec);
 
+/// The tiling dualkv-tune recorded for `spec` on the current context's
+/// device (spec.arch is replaced by its arch), if any.
+DUALKV_API std::optional<Tiling> tunedTiling(KernelSpec spec);
+
 /// Unloads every cached module (tests; a context about to be destroyed).
 DUALKV_API void clearKernelCache();
 

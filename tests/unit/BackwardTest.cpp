@@ -537,8 +537,10 @@ const std::map<KernelKind, KernelInfo> &seededInfos() {
 }
 
 /// Puts a fake kernel of every backward kind for `a` (on an sm_90a device)
-/// into the disk cache at `root`, so that no compile runs.
-void seedBackwardKernels(const std::string &root, const BackwardArgs &a) {
+/// into the disk cache at `root`, so that no compile runs; with `kvHeads`,
+/// for a slice of that many KV heads (and their query heads) instead.
+void seedBackwardKernels(const std::string &root, const BackwardArgs &a,
+                         int kvHeads = 0) {
   for (const auto &[kind, info] : seededInfos()) {
     KernelSpec spec;
     spec.kind = kind;
@@ -546,6 +548,10 @@ void seedBackwardKernels(const std::string &root, const BackwardArgs &a) {
     spec.headDim = a.head_dim;
     spec.numQHeads = a.num_q_heads;
     spec.numKVHeads = a.num_kv_heads;
+    if (kvHeads) {
+      spec.numQHeads = a.num_q_heads / a.num_kv_heads * kvHeads;
+      spec.numKVHeads = kvHeads;
+    }
     spec.dtype = a.dtype;
     spec.arch = "sm_90a";
     if (kind == KernelKind::Bwd || kind == KernelKind::BwdKV)
@@ -609,7 +615,7 @@ TEST_CASE("backward: the default launch sequence follows the ABI",
     CHECK(e.stream == fakePointer(0x5757));
 
   // The workspace: the runtime's own, at least as large as reported.
-  const FakeDriver::Event &pre = fake.events[3];
+  const FakeDriver::Event &pre = fake.events[0];
   REQUIRE(pre.name == "attention_bwd_pre");
   const uint64_t base = pre.params[2];
   REQUIRE(fake.allocSizes.count(base) == 1);
@@ -619,20 +625,20 @@ TEST_CASE("backward: the default launch sequence follows the ABI",
   // The workspace holds accumulators for every prompt of a long group.
   const uint64_t dvacc = dkacc + align256(1100 * Hkv * D * 4);
 
-  // 1. The accumulators are zeroed.
-  CHECK(fake.events[0].name == "memset");
-  CHECK(fake.events[0].params ==
-        std::vector<uint64_t>{dqacc, 0, uint64_t(T * Hq * D)});
-  CHECK(fake.events[1].params ==
-        std::vector<uint64_t>{dkacc, 0, uint64_t(rows * Hkv * D)});
-  CHECK(fake.events[2].params ==
-        std::vector<uint64_t>{dvacc, 0, uint64_t(rows * Hkv * D)});
-
-  // 2. bwd_pre: rows of 32 tokens, one CTA row per query head.
+  // 1. bwd_pre: rows of 32 tokens, one CTA row per query head.
   checkGrid(pre, (T + 31) / 32, Hq, 1, infos.at(KernelKind::BwdPre));
   CHECK(pre.params == std::vector<uint64_t>{ptr(a.o.data), ptr(a.dout.data),
                                             base, 1024, 128, 1024, 128,
                                             uint64_t(T), uint64_t(T)});
+
+  // 2. The accumulators are zeroed (few items: every head in one launch).
+  CHECK(fake.events[1].name == "memset");
+  CHECK(fake.events[1].params ==
+        std::vector<uint64_t>{dqacc, 0, uint64_t(T * Hq * D)});
+  CHECK(fake.events[2].params ==
+        std::vector<uint64_t>{dkacc, 0, uint64_t(rows * Hkv * D)});
+  CHECK(fake.events[3].params ==
+        std::vector<uint64_t>{dvacc, 0, uint64_t(rows * Hkv * D)});
 
   // 3. bwd: one CTA per item and KV head; the items cover the plan.
   const FakeDriver::Event &main = fake.events[4];
@@ -706,9 +712,9 @@ TEST_CASE("backward: the default launch sequence follows the ABI",
   backward(a);
   REQUIRE(fake.events.size() == 18);
   CHECK(fake.allocs == allocs);
-  CHECK(fake.events[12].params[0] ==
+  CHECK(fake.events[13].params[0] ==
         uint64_t(0x40000000 + align256(Hq * T * 4)));
-  CHECK(fake.events[15].params[2] == 0x40000000);
+  CHECK(fake.events[12].params[2] == 0x40000000);
 
   // A larger batch on the same stream grows the runtime's workspace once the
   // stream is idle.
@@ -719,11 +725,93 @@ TEST_CASE("backward: the default launch sequence follows the ABI",
   backward(b);
   CHECK(fake.streamSyncs == syncs + 1);
   CHECK(fake.frees == frees + 1);
-  const FakeDriver::Event &grownPre = fake.events[fake.events.size() - 3];
+  const FakeDriver::Event &grownPre = fake.events[fake.events.size() - 6];
   REQUIRE(grownPre.name == "attention_bwd_pre");
   const uint64_t grown = grownPre.params[2]; // delta: the workspace base
   CHECK(grown != base);
   CHECK(int64_t(fake.allocSizes[grown]) >= backwardWorkspaceBytes(b));
+}
+
+TEST_CASE("backward: a long batch launches one KV head at a time, with a "
+          "one-head accumulator",
+          "[runtime][backward]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv tuning("DUALKV_TUNING_DB", tmp.path + "/no-tuning.json");
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  fake.signatures = backwardSignatures();
+
+  // P = 8192, N = 16, R = 1024: thousands of items, so each launch still
+  // fills the GPU with one KV head (kBwdMinItemsPerLaunch).
+  std::vector<PlanGroup> groups = {{8192, std::vector<int64_t>(16, 1024)}};
+  Plan plan(groups);
+  BackwardArgs a = validBackwardArgs(plan);
+  const int64_t T = 8192 + 16 * 1024, Hq = 8, Hkv = 2, G = 4, D = 128;
+  CHECK(backwardKVHeadsPerLaunch(plan, Hkv, false) == 1);
+  CHECK(backwardKVHeadsPerLaunch(plan, Hkv, true) == Hkv);
+  CHECK(backwardKVHeadsPerLaunch(Plan({{100, {30, 40}}}), Hkv, false) == Hkv);
+  seedBackwardKernels(tmp.path, a);    // bwd_pre: every head
+  seedBackwardKernels(tmp.path, a, 1); // bwd, bwd_post: one KV head
+  const auto &infos = seededInfos();
+
+  // The workspace: delta of every head, dQ and dK/dV accumulators of one
+  // KV head (4 query heads).
+  const int64_t delta = align256(Hq * T * 4), dqacc = align256(T * G * D * 4),
+                acc = align256(8192 * 1 * D * 4);
+  CHECK(backwardWorkspaceBytes(a) == delta + dqacc + 2 * acc);
+
+  backward(a);
+  REQUIRE(fake.events.size() == 1 + 2 * 5);
+  const FakeDriver::Event &pre = fake.events[0];
+  REQUIRE(pre.name == "attention_bwd_pre");
+  checkGrid(pre, (T + 31) / 32, Hq, 1, infos.at(KernelKind::BwdPre));
+  const uint64_t base = pre.params[2];
+  const uint64_t dqaccAt = base + delta, dkaccAt = dqaccAt + dqacc,
+                 dvaccAt = dkaccAt + acc;
+  for (int h = 0; h < Hkv; ++h) {
+    CAPTURE(h);
+    const FakeDriver::Event *e = &fake.events[1 + 5 * h];
+    // Zeroed per slice: the accumulators are reused.
+    CHECK(e[0].params == std::vector<uint64_t>{dqaccAt, 0, uint64_t(T * G * D)});
+    CHECK(e[1].params == std::vector<uint64_t>{dkaccAt, 0, uint64_t(8192 * D)});
+    CHECK(e[2].params == std::vector<uint64_t>{dvaccAt, 0, uint64_t(8192 * D)});
+    const FakeDriver::Event &main = e[3], &post = e[4];
+    REQUIRE(main.name == "attention_bwd");
+    REQUIRE(post.name == "attention_bwd_post");
+    const int64_t numItems =
+        int64_t(fake.copies[main.params[11]].size()) / kBwdItemFields;
+    CHECK(numItems >= kBwdMinItemsPerLaunch);
+    checkGrid(main, unsigned(numItems), 1, 1, infos.at(KernelKind::Bwd));
+    // The slice's tensors start at its first head (bf16: 2 bytes, fp32: 4).
+    const uint64_t qOff = uint64_t(h * G * D * 2), kvOff = uint64_t(h * D * 2);
+    CHECK(main.params[0] == ptr(a.q.data) + qOff);
+    CHECK(main.params[1] == ptr(a.k.data) + kvOff);
+    CHECK(main.params[2] == ptr(a.v.data) + kvOff);
+    CHECK(main.params[3] == ptr(a.dout.data) + qOff);
+    CHECK(main.params[4] == ptr(a.dk.data) + kvOff);
+    CHECK(main.params[5] == ptr(a.dv.data) + kvOff);
+    CHECK(main.params[6] == ptr(a.lse) + uint64_t(h * G * T * 4));
+    CHECK(main.params[7] == base + uint64_t(h * G * T * 4));
+    CHECK(main.params[8] == dqaccAt);
+    CHECK(main.params[9] == dkaccAt);
+    CHECK(main.params[10] == dvaccAt);
+    // Strides are the whole tensors'.
+    CHECK(main.params[12] == 1024);
+    CHECK(main.params[14] == 256);
+    // bwd_post: the slice's 4 dQ heads and 1 accumulator head.
+    checkGrid(post, unsigned((T + 15) / 16), G + 1, 1,
+              infos.at(KernelKind::BwdPost));
+    CHECK(post.params[0] == dqaccAt);
+    CHECK(post.params[3] == ptr(a.dq.data) + qOff);
+    CHECK(post.params[4] == ptr(a.dk.data) + kvOff);
+    CHECK(post.params[5] == ptr(a.dv.data) + kvOff);
+    CHECK(post.params[7] == 1024);
+    CHECK(post.params[14] == 8192);
+  }
+  checkItems(groups, 64, 1024, fake.copies[fake.events[4].params[11]],
+             fake.copies[fake.events[5].params[6]]);
 }
 
 TEST_CASE("backward: the deterministic sequence has no atomics",

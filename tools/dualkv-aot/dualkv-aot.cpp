@@ -76,6 +76,9 @@ struct Job {
   dualkv::KernelSpec spec;
   std::vector<std::string> archs;
   bool tuned = false; ///< take each arch's tiling from the tuning database
+  /// A slice kernel of the backward takes the tiling tuned for the whole
+  /// problem: these heads (0: the spec's own).
+  int tunedQHeads = 0, tunedKVHeads = 0;
 };
 
 /// The kernels a --kind value names: one kind, or "bwd" for every kernel of
@@ -113,9 +116,13 @@ const char *kindEnumerator(dualkv::KernelKind kind) {
 }
 
 /// One job per kernel of `kinds`; the elementwise backward kernels drop any
-/// tiling (theirs is fixed).
+/// tiling (theirs is fixed). The whole backward set ("bwd") with several KV
+/// heads also gets bwd and bwd_post for one KV head and its query heads: the
+/// runtime launches those on long batches, one KV head at a time
+/// (backwardKVHeadsPerLaunch).
 void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
                  std::vector<Job> &out) {
+  const bool wholeSet = kinds.size() > 1;
   for (dualkv::KernelKind kind : kinds) {
     Job j = job;
     j.spec.kind = kind;
@@ -125,6 +132,19 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
       j.tuned = false;
     }
     out.push_back(j);
+    if (wholeSet && kind == dualkv::KernelKind::BwdPost &&
+        job.spec.numKVHeads > 1 &&
+        job.spec.numQHeads % job.spec.numKVHeads == 0) {
+      for (dualkv::KernelKind sliced :
+           {dualkv::KernelKind::Bwd, dualkv::KernelKind::BwdPost}) {
+        Job s = sliced == dualkv::KernelKind::Bwd ? out[out.size() - 2] : j;
+        s.spec.numQHeads = job.spec.numQHeads / job.spec.numKVHeads;
+        s.spec.numKVHeads = 1;
+        s.tunedQHeads = job.spec.numQHeads;
+        s.tunedKVHeads = job.spec.numKVHeads;
+        out.push_back(s);
+      }
+    }
   }
 }
 
@@ -525,14 +545,19 @@ int main(int argc, char **argv) {
           if (!error.empty())
             fmt::print(stderr, "dualkv-aot: {}\n", error);
         }
-        std::optional<dualkv::Tiling> tuned = db->find(spec);
+        dualkv::KernelSpec key = spec;
+        if (job.tunedKVHeads) {
+          key.numQHeads = job.tunedQHeads;
+          key.numKVHeads = job.tunedKVHeads;
+        }
+        std::optional<dualkv::Tiling> tuned = db->find(key);
         if (!tuned) {
           fmt::print(stderr,
                      "dualkv-aot: no tuned tiling for {} head_dim {} heads "
                      "{}:{} {} {} in "
                      "'{}': run dualkv-tune there first\n",
-                     dualkv::toString(spec.kind), spec.headDim, spec.numQHeads,
-                     spec.numKVHeads, dualkv::toString(spec.dtype), spec.arch,
+                     dualkv::toString(key.kind), key.headDim, key.numQHeads,
+                     key.numKVHeads, dualkv::toString(key.dtype), key.arch,
                      dbPath);
           ++failures;
           continue;
