@@ -3,14 +3,15 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, profile (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
 # At most 8 files come back from $OUT, so: one log of everything ($OUT/device.log), every
 # report, table and plot in $OUT/reports.tar.gz, and the headline tables and plots
 # (attention.md, attention_speedup.png, backward_bench.txt, tuned_vs_default.md) beside them.
-# CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward").
+# CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward"), BENCH_ARGS
+# dualkv-backward-bench's (e.g. BENCH_ARGS="--configs 16384:16:1024 --modes bwd").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/device-out}
@@ -50,6 +51,21 @@ if wants pytest tests && python3 -c "import torch, pytest" 2>/dev/null; then
   step "pytest python/tests" env DUALKV_LIB="$root/build/libdualkv.so" \
     python3 -m pytest -q python/tests
 fi
+if [[ ,$what, == *,profile,* ]]; then
+  # Nsight Compute on one launch of a backward kernel (not part of "all"): NCU_KERNEL
+  # (default attention_bwd) at NCU_CONFIG (default 16384:16:1024), clocks left alone.
+  if command -v ncu >/dev/null; then
+    step "ncu ${NCU_KERNEL:-attention_bwd} ${NCU_CONFIG:-16384:16:1024}" bash -c \
+      "set -o pipefail; ncu --clock-control none -k regex:'^${NCU_KERNEL:-attention_bwd}\$' -c 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+        --section InstructionStats --section Occupancy --section LaunchStats \
+        build/tests/gpu/dualkv-backward-bench --configs ${NCU_CONFIG:-16384:16:1024} \
+        --modes bwd --reps 1 --warmup 0 --sets 1 | tee '$out/ncu.txt'"
+  else
+    echo "=== no ncu on this machine" | tee -a "$log"
+  fi
+fi
 if [[ ,$what, == *,grpo,* ]]; then
   # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
   # that the full set can be spread over several device calls and merged afterwards
@@ -68,7 +84,7 @@ if wants attention bench; then
 fi
 if wants kernels bench && [[ -x build/tests/gpu/dualkv-backward-bench ]]; then
   step "dualkv-backward-bench" bash -c \
-    "set -o pipefail; build/tests/gpu/dualkv-backward-bench | tee '$reports/backward_bench.txt'"
+    "set -o pipefail; build/tests/gpu/dualkv-backward-bench ${BENCH_ARGS:-} | tee '$reports/backward_bench.txt'"
   cp "$reports/backward_bench.txt" "$out"/ 2>/dev/null
 fi
 if wants compile-cost bench; then

@@ -70,6 +70,7 @@ struct BindSpecPass
       ::dualkv::KernelSpec spec;
       spec.kind = static_cast<::dualkv::KernelKind>(kernel.getKind());
       spec.headDim = static_cast<int>(headDim);
+      spec.arch = arch;
       spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
                      static_cast<int>(warps), static_cast<int>(stages)};
       ::dualkv::Tiling t = ::dualkv::resolveSpec(spec).tiling;

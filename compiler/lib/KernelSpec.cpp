@@ -34,6 +34,16 @@ const char *toString(DType dtype) {
 // kinds in this order.
 static_assert(static_cast<int>(KernelKind::BwdDQ) == 5);
 
+/// 90 for "sm_90a", 0 when `arch` is empty or not sm_<digits>.
+static int archNumber(const std::string &arch) {
+  if (arch.rfind("sm_", 0) != 0)
+    return 0;
+  int n = 0;
+  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9'; ++i)
+    n = n * 10 + (arch[i] - '0');
+  return n;
+}
+
 Tiling defaultTiling(const KernelSpec &spec) {
   switch (spec.kind) {
   case KernelKind::BwdPre:
@@ -41,11 +51,15 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // Elementwise: 4 warps, each a row at a time, 64 rows a CTA.
     return {64, 16, 4, 1};
   case KernelKind::Bwd:
-    // 128 keys and values a CTA in 8 warps of 16 rows (dK and dV take 2 x 64
-    // fp32 registers a thread at head_dim 128), 32-query tiles streaming:
-    // twice the keys of 64:64:4 halve the dQ reductions (H200, P=16384:
-    // 75.4 ms against 87.6 ms; benchmarks/NOTES.md). 64-query tiles are 6%
-    // faster still but spill at head_dim 128 on sm_90a.
+    // 128 keys and values a CTA in 8 warps (dK and dV take 2 x 64 fp32
+    // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
+    // the dQ reductions (benchmarks/NOTES.md). sm_90 and later: 64-query
+    // tiles in the two-dimensional warp layout (LowerBackward.cpp), which
+    // reads a third less shared memory a query; its 171 KB of shared memory
+    // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
+    // tiles past warps of 16 keys.
+    if (archNumber(spec.arch) >= 90)
+      return {128, 64, 8, 1};
     return {128, 32, 8, 1};
   case KernelKind::BwdKV:
     // Without dQ, 64 keys in 4 warps run as fast as 128 in 8 and use half

@@ -92,6 +92,9 @@ public:
     dTiles = headDim / 8;
     rowStride = headDim + kRowPad;
     withDq = kernel.getKind() == KernelKind::bwd;
+    // The fused kernel with 128 keys, 64-query tiles and 8 warps takes the
+    // two-dimensional warp layout (see the file comment).
+    grid2d = withDq && blockM == 128 && blockN == 64 && warps == 8;
     // sm_90 and later add four fp32 values with one vector reduction.
     int sm = 0;
     StringRef arch = *kernel.getArch();
@@ -111,6 +114,8 @@ public:
   int64_t doOffset() const { return qOffset() + 2 * tileBytes(); }
   int64_t dsOffset() const { return doOffset() + 2 * tileBytes(); }
   int64_t statsOffset() const {
+    if (grid2d) // P and dS, queries x keys
+      return dsOffset() + 2 * blockN * (blockM + kRowPad) * 2;
     return dsOffset() + (withDq ? blockM * (blockN + kRowPad) * 2 : 0);
   }
 
@@ -142,8 +147,47 @@ private:
   /// padded) at k-step `kt`.
   SmallVector<Value, 4> rowMajorA(Value buf, int64_t mt, int64_t kt);
 
+  // The two-dimensional layout (grid2d): S and dP as 2 x 4 warps of 32
+  // queries x 32 keys, P and dS through shared memory (queries x keys), dK
+  // and dV as 4 x 2 warps of 32 keys x D/2, dQ as 2 x 4 warps of 32 queries
+  // x D/4.
+  LogicalResult emitQKT2d(QKTOp op);
+  LogicalResult emitAccumulate2d(AccumulateOp op);
+  /// Stores the fp32 C fragments `x` (S layout) as E into `buf` (queries x
+  /// keys) and syncs the CTA.
+  void storeScores2d(ArrayRef<Value> x, Value buf);
+  Value sQuery(int64_t mt, int64_t h) { // S layout: query row in the tile
+    return add(mul(divu(warp, 4), idx(32)), add(idx(mt * 16 + h * 8), g));
+  }
+  Value sKey(int64_t nt, int64_t e) { // S layout: key row in the block
+    return add(mul(remu(warp, 4), idx(32)), add(idx(nt * 8 + e), mul(t, idx(2))));
+  }
+  /// Rows and columns of the dK/dV accumulators: key row of half `h` of m16
+  /// block `mt`, first column of n8 tile `dt`.
+  Value gradRow(int64_t mt, int64_t h) {
+    if (!grid2d)
+      return keyRow(mt, h);
+    return add(mul(divu(warp, 2), idx(32)), add(idx(mt * 16 + h * 8), g));
+  }
+  Value gradCol(int64_t dt) {
+    Value col = add(idx(dt * 8), mul(t, idx(2)));
+    return grid2d ? add(mul(remu(warp, 2), idx(headDim / 2)), col) : col;
+  }
+  int64_t gradMTiles() const { return grid2d ? 2 : mTiles; }
+  int64_t scoreMTiles() const { return grid2d ? 2 : mTiles; }
+  int64_t scoreNTiles() const { return grid2d ? 4 : nTiles; }
+  /// The statistic (LSE, Delta) of score element `c` of tile (mt, nt): per
+  /// query column in Sᵀ, per query row in S (grid2d).
+  int64_t statIndex(int64_t mt, int64_t nt, int64_t c) const {
+    return grid2d ? mt * 2 + c / 2 : nt * 2 + c % 2;
+  }
+  int64_t gradDTiles() const { return grid2d ? headDim / 16 : dTiles; }
+  Value pBuf;
+  /// The scores (mapped values) already in dsBuf or pBuf this iteration.
+  DenseMap<Value, Value> storedScores;
+
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
-  bool withDq, vectorRed = false;
+  bool withDq, grid2d = false, vectorRed = false;
   /// Field `f` of the CTA's work item, read from global memory.
   Value itemField(int64_t f, bool fresh = false) {
     Value item = fresh ? opaque(itemIndex) : itemIndex;
@@ -206,7 +250,7 @@ LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
 }
 
 LogicalResult KVMajorEmitter::emitInitGrad(InitGradOp op) {
-  map.map(op.getResult(), splat(mTiles * dTiles * 4, 0.0f));
+  map.map(op.getResult(), splat(gradMTiles() * gradDTiles() * 4, 0.0f));
   return success();
 }
 
@@ -262,6 +306,7 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
       SmallVector<Value, 4> views = tileViews(parity);
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
       pending.clear();
+      storedScores.clear();
       pending.push_back({qCur, first[0]});
       pending.push_back({doCur, first[1]});
       pending.push_back({lseCur, first[2]});
@@ -361,6 +406,19 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
   bool isLse = op.getStat() == StatKind::lse;
   Value buf = isLse ? lseCur : deltaCur;
   SmallVector<Value> out;
+  if (grid2d) {
+    // Per query row of the S layout: rows g and g + 8 of each m16 block.
+    for (int64_t mt = 0; mt < 2; ++mt)
+      for (int64_t h = 0; h < 2; ++h) {
+        Value v = memref::LoadOp::create(b, loc, buf,
+                                         ValueRange{sQuery(mt, h)});
+        if (isLse)
+          v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));
+        out.push_back(v);
+      }
+    map.map(op.getResult(), pack(out));
+    return success();
+  }
   for (int64_t nt = 0; nt < nTiles; ++nt)
     for (int64_t e = 0; e < 2; ++e) {
       Value v = memref::LoadOp::create(
@@ -375,6 +433,8 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
 }
 
 LogicalResult KVMajorEmitter::emitQKT(QKTOp op) {
+  if (grid2d)
+    return emitQKT2d(op);
   waitFor(map.lookup(op.getQ()));
   Value aBuf = map.lookup(op.getKv());
   Value bBuf = map.lookup(op.getQ());
@@ -407,12 +467,14 @@ LogicalResult KVMajorEmitter::emitMask(MaskOp op) {
   SmallVector<Value> s = unpack(map.lookup(op.getScores()));
   Value first = add(qBegin, mul(map.lookup(op.getTile()), idx(blockN)));
   Value ninf = f32c(-std::numeric_limits<float>::infinity());
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
+  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
+  for (int64_t mt = 0; mt < sm; ++mt)
+    for (int64_t nt = 0; nt < sn; ++nt)
       for (int64_t c = 0; c < 4; ++c) {
-        Value key = add(kRow0, keyRow(mt, c / 2));
-        Value query = add(first, queryCol(nt, c % 2));
-        Value &v = s[(mt * nTiles + nt) * 4 + c];
+        Value key = add(kRow0, grid2d ? sKey(nt, c % 2) : keyRow(mt, c / 2));
+        Value query =
+            add(first, grid2d ? sQuery(mt, c / 2) : queryCol(nt, c % 2));
+        Value &v = s[(mt * sn + nt) * 4 + c];
         v = select(cmp(arith::CmpIPredicate::ugt, key, query), ninf, v);
       }
   map.map(op.getResult(), pack(s));
@@ -425,12 +487,13 @@ LogicalResult KVMajorEmitter::emitRecomputeProbs(RecomputeProbsOp op) {
   SmallVector<Value> negLse;
   for (Value v : lse)
     negLse.push_back(arith::NegFOp::create(b, loc, v));
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
+  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
+  for (int64_t mt = 0; mt < sm; ++mt)
+    for (int64_t nt = 0; nt < sn; ++nt)
       for (int64_t c = 0; c < 4; ++c) {
-        Value &v = s[(mt * nTiles + nt) * 4 + c];
-        v = exp2(
-            LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse[nt * 2 + c % 2]));
+        Value &v = s[(mt * sn + nt) * 4 + c];
+        v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2,
+                                     negLse[statIndex(mt, nt, c)]));
       }
   map.map(op.getResult(), pack(s));
   return success();
@@ -440,12 +503,13 @@ LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
   SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
   SmallVector<Value> dp = unpack(map.lookup(op.getDprobs()));
   SmallVector<Value> delta = unpack(map.lookup(op.getDelta()));
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
+  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
+  for (int64_t mt = 0; mt < sm; ++mt)
+    for (int64_t nt = 0; nt < sn; ++nt)
       for (int64_t c = 0; c < 4; ++c) {
-        int64_t i = (mt * nTiles + nt) * 4 + c;
-        Value diff =
-            arith::SubFOp::create(b, loc, dp[i], delta[nt * 2 + c % 2]);
+        int64_t i = (mt * sn + nt) * 4 + c;
+        Value diff = arith::SubFOp::create(b, loc, dp[i],
+                                           delta[statIndex(mt, nt, c)]);
         Value ps = arith::MulFOp::create(b, loc, p[i], scale);
         p[i] = arith::MulFOp::create(b, loc, ps, diff);
       }
@@ -454,6 +518,8 @@ LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
 }
 
 LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
+  if (grid2d)
+    return emitAccumulate2d(op);
   waitFor(map.lookup(op.getY()));
   SmallVector<Value> x = unpack(map.lookup(op.getX()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
@@ -465,23 +531,124 @@ LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
   return success();
 }
 
+LogicalResult KVMajorEmitter::emitQKT2d(QKTOp op) {
+  // S = Q Kᵀ (or dP = dO Vᵀ): queries x keys, A from the query tile, B from
+  // the key block; each warp 32 queries x 32 keys.
+  Value aBuf = map.lookup(op.getQ());
+  Value bBuf = map.lookup(op.getKv());
+  waitFor(aBuf);
+  SmallVector<Value> s(2 * 4 * 4, f32c(0.0f));
+  Value quad = divu(aLane, 8);
+  // A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+  // (rows 8-15, k 8-15). B: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys
+  // 8-15, k 0-7), (keys 8-15, k 8-15).
+  Value aRow = add(mul(divu(warp, 4), idx(32)),
+                   add(remu(aLane, 8), mul(remu(quad, 2), idx(8))));
+  Value aCol = mul(divu(quad, 2), idx(8));
+  Value bRow = add(mul(remu(warp, 4), idx(32)),
+                   add(remu(aLane, 8), mul(divu(quad, 2), idx(8))));
+  Value bCol = mul(remu(quad, 2), idx(8));
+  for (int64_t kt = 0; kt < kTiles; ++kt) {
+    SmallVector<SmallVector<Value, 4>> aFrags;
+    for (int64_t mt = 0; mt < 2; ++mt)
+      aFrags.push_back(ldmatrix4(aBuf, add(aRow, idx(mt * 16)),
+                                 add(aCol, idx(kt * 16)), /*transpose=*/false));
+    for (int64_t np = 0; np < 2; ++np) {
+      auto r = ldmatrix4(bBuf, add(bRow, idx(np * 16)), add(bCol, idx(kt * 16)),
+                         /*transpose=*/false);
+      for (int64_t mt = 0; mt < 2; ++mt)
+        for (int64_t half = 0; half < 2; ++half) {
+          MutableArrayRef<Value> c(&s[(mt * 4 + 2 * np + half) * 4], 4);
+          auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
+          std::copy(d.begin(), d.end(), c.begin());
+        }
+    }
+  }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+void KVMajorEmitter::storeScores2d(ArrayRef<Value> x, Value buf) {
+  for (int64_t mt = 0; mt < 2; ++mt)
+    for (int64_t nt = 0; nt < 4; ++nt)
+      for (int64_t h = 0; h < 2; ++h) {
+        int64_t i = (mt * 4 + nt) * 4 + h * 2;
+        Value narrow = arith::TruncFOp::create(
+            b, loc, VectorType::get({2}, elemType), pack({x[i], x[i + 1]}));
+        vector::StoreOp::create(b, loc, narrow, buf,
+                                ValueRange{sQuery(mt, h), sKey(nt, 0)});
+      }
+  gpu::BarrierOp::create(b, loc);
+}
+
+LogicalResult KVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
+  // acc (keys x D) += Xᵀ Y: X (P or dS, queries x keys) goes to shared memory
+  // and comes back transposed as A fragments (ldmatrix.trans); Y (dO or Q,
+  // queries x D) is B, transposed. Each warp: 32 keys x D/2.
+  Value y = map.lookup(op.getY());
+  waitFor(y);
+  Value xv = map.lookup(op.getX());
+  Value buf = y == doCur ? pBuf : dsBuf;
+  if (!storedScores.count(xv)) {
+    storeScores2d(unpack(xv), buf);
+    storedScores[xv] = buf;
+  }
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  const int64_t gdt = headDim / 16;
+  Value quad = divu(aLane, 8);
+  // A (keys x queries) from X (queries x keys) by ldmatrix.trans: matrix j
+  // holds keys + 8 (j % 2), queries + 8 (j / 2).
+  Value aQuery = add(remu(aLane, 8), mul(divu(quad, 2), idx(8)));
+  Value aKey = add(mul(divu(warp, 2), idx(32)), mul(remu(quad, 2), idx(8)));
+  // B (queries x D) by ldmatrix.trans: (q 0-7, d 0-7), (q 8-15, d 0-7),
+  // (q 0-7, d 8-15), (q 8-15, d 8-15).
+  Value bQuery = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
+  Value bCol = add(mul(remu(warp, 2), idx(headDim / 2)),
+                   mul(divu(quad, 2), idx(8)));
+  for (int64_t kk = 0; kk < blockN / 16; ++kk) {
+    SmallVector<Value, 4> aFrags[2];
+    for (int64_t mt = 0; mt < 2; ++mt)
+      aFrags[mt] = ldmatrix4(buf, add(aQuery, idx(kk * 16)),
+                             add(aKey, idx(mt * 16)), /*transpose=*/true);
+    for (int64_t dp = 0; dp < gdt / 2; ++dp) {
+      auto r = ldmatrix4(y, add(bQuery, idx(kk * 16)), add(bCol, idx(dp * 16)),
+                         /*transpose=*/true);
+      for (int64_t mt = 0; mt < 2; ++mt)
+        for (int64_t half = 0; half < 2; ++half) {
+          MutableArrayRef<Value> c(&acc[(mt * gdt + 2 * dp + half) * 4], 4);
+          auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
+          std::copy(d.begin(), d.end(), c.begin());
+        }
+    }
+  }
+  map.map(op.getResult(), pack(acc));
+  return success();
+}
+
 LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
   Value kTile = map.lookup(op.getK());
   Value tile = map.lookup(op->getParentOfType<QLoopOp>().getTileIndex());
-  // dSᵀ to shared memory in the element type, keys x queries.
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
-      for (int64_t h = 0; h < 2; ++h) {
-        int64_t i = (mt * nTiles + nt) * 4 + h * 2;
-        Value narrow = arith::TruncFOp::create(
-            b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
-        Value row =
-            add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), aG));
-        Value col = add(idx(nt * 8), mul(aT, idx(2)));
-        vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
-      }
-  gpu::BarrierOp::create(b, loc);
+  if (grid2d) {
+    // dS (queries x keys) is in shared memory once dK has used it.
+    if (!storedScores.count(map.lookup(op.getDs())))
+      storeScores2d(ds, dsBuf);
+  } else {
+    // dSᵀ to shared memory in the element type, keys x queries.
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t nt = 0; nt < nTiles; ++nt)
+        for (int64_t h = 0; h < 2; ++h) {
+          int64_t i = (mt * nTiles + nt) * 4 + h * 2;
+          Value narrow = arith::TruncFOp::create(
+              b, loc, VectorType::get({2}, elemType),
+              pack({ds[i], ds[i + 1]}));
+          Value row =
+              add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), aG));
+          Value col = add(idx(nt * 8), mul(aT, idx(2)));
+          vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
+        }
+    gpu::BarrierOp::create(b, loc);
+  }
   // dQ (queries x D) = dS (queries x keys) K (keys x D). The BN / 16 m16
   // blocks of queries are dealt to the warps; when there are fewer blocks
   // than warps, the warps sharing a block split its columns. Each warp
@@ -490,12 +657,18 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   int64_t rowBlocks = blockN / 16;
   int64_t qmTiles = std::max<int64_t>(rowBlocks / warps, 1);
   int64_t colSplit = std::max<int64_t>(warps / rowBlocks, 1);
+  if (grid2d) // 2 x 4 warps of 32 queries x D/4
+    qmTiles = 2, colSplit = 4;
   int64_t warpCols = headDim / colSplit;
   int64_t chunkCols = std::min<int64_t>(warpCols, kDqChunkCols);
   Value warpRow0 = colSplit == 1 ? mul(warp, idx(16 * qmTiles))
                                  : mul(remu(warp, rowBlocks), idx(16));
   Value warpCol0 =
       colSplit == 1 ? idx(0) : mul(divu(warp, rowBlocks), idx(warpCols));
+  if (grid2d) {
+    warpRow0 = mul(divu(warp, 4), idx(32));
+    warpCol0 = mul(remu(warp, 4), idx(warpCols));
+  }
   int64_t kSteps = blockM / 16;
   Value quad = divu(aLane, 8);
   Value first = mul(tile, idx(blockN));
@@ -506,15 +679,21 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   Value aQueryCol = add(warpRow0, mul(remu(quad, 2), idx(8)));
   Value bRow = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
   Value bCol = add(warpCol0, mul(divu(quad, 2), idx(8)));
+  // grid2d: A is dS itself (queries x keys, row-major).
+  Value aRow2d = add(warpRow0, add(remu(aLane, 8), mul(remu(quad, 2), idx(8))));
+  Value aCol2d = mul(divu(quad, 2), idx(8));
   for (int64_t c0 = 0; c0 < warpCols; c0 += chunkCols) {
     int64_t cTiles = chunkCols / 8;
     SmallVector<Value> acc(qmTiles * cTiles * 4, f32c(0.0f));
     for (int64_t kk = 0; kk < kSteps; ++kk) {
       SmallVector<SmallVector<Value, 4>> aFrags;
       for (int64_t qm = 0; qm < qmTiles; ++qm)
-        aFrags.push_back(ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
-                                   add(aQueryCol, idx(qm * 16)),
-                                   /*transpose=*/true));
+        aFrags.push_back(
+            grid2d ? ldmatrix4(dsBuf, add(aRow2d, idx(qm * 16)),
+                               add(idx(kk * 16), aCol2d), /*transpose=*/false)
+                   : ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
+                               add(aQueryCol, idx(qm * 16)),
+                               /*transpose=*/true));
       for (int64_t dp = 0; dp < cTiles / 2; ++dp) {
         auto r = ldmatrix4(kTile, add(idx(kk * 16), bRow),
                            add(bCol, idx(c0 + dp * 16)), /*transpose=*/true);
@@ -611,16 +790,16 @@ LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
     // The item owns its keys: write dK and dV in the element type.
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(direct.thenBlock());
-    for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t mt = 0; mt < gradMTiles(); ++mt)
       for (int64_t h = 0; h < 2; ++h) {
-        Value r = keyRow(mt, h);
+        Value r = gradRow(mt, h);
         emitIf(cmp(arith::CmpIPredicate::ult, r, kvLen), [&] {
           Value token = add(kRow0, r);
           Value kBase = add(mul(token, dkStrideT), mul(kvHead, dkStrideH));
           Value vBase = add(mul(token, dvStrideT), mul(kvHead, dvStrideH));
-          for (int64_t dt = 0; dt < dTiles; ++dt) {
-            int64_t i = (mt * dTiles + dt) * 4 + h * 2;
-            Value col = add(idx(dt * 8), mul(t, idx(2)));
+          for (int64_t dt = 0; dt < gradDTiles(); ++dt) {
+            int64_t i = (mt * gradDTiles() + dt) * 4 + h * 2;
+            Value col = gradCol(dt);
             storePair(dkPtr, add(kBase, col), dk[i], dk[i + 1]);
             storePair(dvPtr, add(vBase, col), dv[i], dv[i + 1]);
           }
@@ -632,16 +811,16 @@ LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
     // [rows][Hkv][D].
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(direct.elseBlock());
-    for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t mt = 0; mt < gradMTiles(); ++mt)
       for (int64_t h = 0; h < 2; ++h) {
-        Value r = keyRow(mt, h);
+        Value r = gradRow(mt, h);
         emitIf(cmp(arith::CmpIPredicate::ult, r, kvLen), [&] {
           Value base = mul(add(mul(add(accRow, r), idx(numKVHeads)), kvHead),
                            idx(headDim));
-          for (int64_t dt = 0; dt < dTiles; ++dt)
+          for (int64_t dt = 0; dt < gradDTiles(); ++dt)
             for (int64_t e = 0; e < 2; ++e) {
-              int64_t i = (mt * dTiles + dt) * 4 + h * 2 + e;
-              Value at = add(base, add(idx(dt * 8 + e), mul(t, idx(2))));
+              int64_t i = (mt * gradDTiles() + dt) * 4 + h * 2 + e;
+              Value at = add(base, add(gradCol(dt), idx(e)));
               atomicAdd(dkAccPtr, at, dk[i]);
               atomicAdd(dvAccPtr, at, dv[i]);
             }
@@ -724,8 +903,13 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   int64_t blockBytes = blockM * rowStride * 2;
   kBuf = sharedTile(smem, 0, blockM);
   vBuf = sharedTile(smem, blockBytes, blockM);
-  if (withDq)
+  if (grid2d) {
+    dsBuf = sharedTile(smem, dsOffset(), blockN, blockM + kRowPad);
+    pBuf = sharedTile(smem, dsOffset() + blockN * (blockM + kRowPad) * 2,
+                      blockN, blockM + kRowPad);
+  } else if (withDq) {
     dsBuf = sharedTile(smem, dsOffset(), blockM, blockN + kRowPad);
+  }
 
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))

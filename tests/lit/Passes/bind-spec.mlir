@@ -105,10 +105,12 @@ func.func @no_kernel() {
 // dualkv::defaultTiling (compiler/lib/KernelSpec.cpp) gives the backward kinds
 // tilings of their own, the same for every head_dim (64 and 128 are the backward's;
 // 256 does not fit, below):
-// - bwd: block_m = 128 keys and values a CTA in 8 warps of 16 key rows, query tiles
-//   of block_n = 32, stages 1 (twice the keys of bwd_kv halve the dQ reductions).
-//   dK and dV are two fp32 accumulators: 2 * 128 * 128 / 256 threads = 128
-//   registers a thread at head_dim 128, exactly the kernel verifier's limit.
+// - bwd: block_m = 128 keys and values a CTA in 8 warps, stages 1 (twice the keys
+//   of bwd_kv halve the dQ reductions); query tiles of block_n = 64 on sm_90a (the
+//   two-dimensional warp layout), 32 on sm_80 (its 171 KB of shared memory at
+//   head_dim 128 do not fit an sm_80 SM). dK and dV are two fp32 accumulators:
+//   2 * 128 * 128 / 256 threads = 128 registers a thread at head_dim 128, exactly
+//   the kernel verifier's limit.
 // - bwd_kv: no dQ, so 64 keys in 4 warps (2 * 64 * 128 / 128 = 128 again), 64-query
 //   tiles, stages 1.
 // - bwd_dq: the forward's loops with P, dP and dS live at once, so 64 query rows and
@@ -117,8 +119,9 @@ func.func @no_kernel() {
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
 // Change these checks with defaultTiling.
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1"
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
