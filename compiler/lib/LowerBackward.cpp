@@ -182,6 +182,20 @@ private:
     return grid2d ? mt * 2 + c / 2 : nt * 2 + c % 2;
   }
   int64_t gradDTiles() const { return grid2d ? headDim / 16 : dTiles; }
+  /// grid2d: once per query tile, before its first use, waits for all of the
+  /// tile's copies (Q, dO, LSE, Delta; the next tile's stay in flight) and
+  /// syncs the CTA, so later uses in the iteration need no barrier of their
+  /// own. The other layouts wait for a tile wherever it is read (one barrier
+  /// fewer there lets the 64-key bwd_kv spill).
+  void waitFor(Value tile) {
+    if (!grid2d)
+      return FragmentBuilder::waitFor(tile);
+    if (tileReady)
+      return;
+    FragmentBuilder::waitFor(lseCur);
+    tileReady = true;
+  }
+  bool tileReady = false;
   Value pBuf;
   /// The scores (mapped values) already in dsBuf or pBuf this iteration.
   DenseMap<Value, Value> storedScores;
@@ -307,6 +321,7 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
       pending.clear();
       storedScores.clear();
+      tileReady = false;
       pending.push_back({qCur, first[0]});
       pending.push_back({doCur, first[1]});
       pending.push_back({lseCur, first[2]});

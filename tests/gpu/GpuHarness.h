@@ -8,6 +8,8 @@
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -338,6 +340,16 @@ struct BackwardDeviceCase : DeviceCase {
     a.deterministic = options.deterministic;
     a.plan = &plan;
     a.tiling = options.tiling;
+    // DUALKV_TEST_BWD_TILING=M:N:W runs the backward tests on another tiling of
+    // the main kernel than the default (e.g. sm_80's 128:32:8 layout on sm_90).
+    if (a.tiling == Tiling{})
+      if (const char *env = std::getenv("DUALKV_TEST_BWD_TILING")) {
+        int m = 0, n = 0, w = 0;
+        if (std::sscanf(env, "%d:%d:%d", &m, &n, &w) != 3)
+          throw std::runtime_error(
+              "DUALKV_TEST_BWD_TILING must be M:N:W, e.g. 128:32:8");
+        a.tiling = {m, n, w, 1};
+      }
     if (options.callerWorkspace) {
       int64_t bytes = backwardWorkspaceBytes(a);
       if (!workspace || workspace->bytes < size_t(bytes))
