@@ -986,15 +986,23 @@ def check_rows(results):
     return header, rows
 
 
-def limits(r, args):
+def limits(r, results, args):
     """The tolerances of config r's checks: twice the noise floor (the reference
     model and layout on another bf16 attention kernel; FlashAttention's own tests
-    accept twice the error of a bf16 PyTorch reference) when it was measured,
-    else --logp-tol and --grad-tol."""
+    accept twice the error of a bf16 PyTorch reference) when it was measured; for
+    a config without one (replicated-FA2 out of memory), twice the largest floor
+    of the run (the floor is a property of the model in bf16, ~5e-2 / 2e-2 at
+    every config measured); with none in the run, --logp-tol and --grad-tol."""
     nf = r.get("noise_floor") or {}
     if nf.get("status") == "ok":
         return (2 * nf["logp_max_abs_diff"], 2 * nf["grad_rel_worst"],
                 "2x the noise floor")
+    floors = [x["noise_floor"] for x in results
+              if (x.get("noise_floor") or {}).get("status") == "ok"]
+    if floors:
+        return (2 * max(f["logp_max_abs_diff"] for f in floors),
+                2 * max(f["grad_rel_worst"] for f in floors),
+                "2x the run's largest noise floor")
     return args.logp_tol, args.grad_tol, "--logp-tol/--grad-tol"
 
 
@@ -1003,7 +1011,7 @@ def judge(results, args):
     out of tolerance and packed-DualKV failures other than OOM."""
     problems = []
     for r in results:
-        logp_lim, grad_lim, basis = limits(r, args)
+        logp_lim, grad_lim, basis = limits(r, results, args)
         r["tolerance"] = {"logp_max_abs_diff": logp_lim, "grad_rel_worst": grad_lim,
                           "basis": basis}
         for m, info in r["methods"].items():
