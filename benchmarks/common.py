@@ -76,6 +76,9 @@ def environment(torch, dualkv):
             capture_output=True, text=True, timeout=10).stdout.strip() or None
     except Exception:  # no git, or not a checkout (device copies)
         env["git_commit"] = None
+    # A device copy's own git metadata may lag: scripts/device-run.sh names the
+    # commit the carried build was made from.
+    env["git_commit"] = os.environ.get("DUALKV_GIT_COMMIT") or env["git_commit"]
     try:
         fields = ("driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
                   "clocks.max.mem,power.draw,temperature.gpu")

@@ -108,6 +108,9 @@ def gpu_info():
             capture_output=True, text=True, timeout=10).stdout.strip() or None
     except Exception:  # not a checkout (device copies)
         info["git_commit"] = None
+    # A device copy's own git metadata may lag: scripts/device-run.sh names the
+    # commit the carried build was made from.
+    info["git_commit"] = os.environ.get("DUALKV_GIT_COMMIT") or info["git_commit"]
     return info
 
 

@@ -702,6 +702,9 @@ def environment(torch, dualkv):
             capture_output=True, text=True, timeout=10).stdout.strip() or None
     except Exception:  # noqa: BLE001 - no git, or not a checkout
         env["git_commit"] = None
+    # A device copy's own git metadata may lag: scripts/device-run.sh names the
+    # commit the carried build was made from.
+    env["git_commit"] = os.environ.get("DUALKV_GIT_COMMIT") or env["git_commit"]
     try:
         env["driver"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm", "--format=csv,noheader",

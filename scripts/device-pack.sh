@@ -17,6 +17,9 @@ for f in "$build"/tests/gpu/*-bench "$build"/examples/*; do
 done
 # Absolute build paths inside CTestTestfile.cmake are rewritten on the device.
 echo "$build" > "$out/stage/build/BUILD_DIR"
+# The commit the build was made from ("-dirty" with uncommitted changes), for the reports.
+( cd "$root" && echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo -dirty)" ) \
+  > "$out/stage/build/GIT_COMMIT"
 tar -C "$out/stage" -cJf "$out/build.tar.xz" build
 rm -rf "$out/stage"
 ls -la "$out"

@@ -24,6 +24,7 @@ old=$(cat build/BUILD_DIR)
 sed -i "s|$old|$root/build|g" build/tests/gpu/CTestTestfile.cmake
 export DUALKV_CACHE_DIR=$root/.dualkv-cache DUALKV_TEST_REPORT_DIR=$reports
 export PYTHONUNBUFFERED=1
+DUALKV_GIT_COMMIT=$(cat build/GIT_COMMIT 2>/dev/null) && export DUALKV_GIT_COMMIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"
 status=0
 what=${1:-all}
