@@ -152,6 +152,14 @@ private:
   // and dV as 4 x 2 warps of 32 keys x D/2, dQ as 2 x 4 warps of 32 queries
   // x D/4.
   LogicalResult emitQKT2d(QKTOp op);
+  /// c (C fragments of aFrags.size() m16 blocks x nTotal n8 tiles) += A B at
+  /// k-step kt: A the given fragments; B's n16 blocks np read by ldmatrix
+  /// (not transposed) at rows bRow + 16 np, columns bCol + 16 kt of bBuf (n
+  /// along the rows, k along the columns): matrices (n 0-7, k 0-7), (n 0-7,
+  /// k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+  void mmaRowsB(MutableArrayRef<Value> c,
+                ArrayRef<SmallVector<Value, 4>> aFrags, Value bBuf, Value bRow,
+                Value bCol, int64_t kt, int64_t nTotal);
   LogicalResult emitAccumulate2d(AccumulateOp op);
   /// Stores the fp32 C fragments `x` (S layout) as E into `buf` (queries x
   /// keys) and syncs the CTA.
@@ -160,7 +168,8 @@ private:
     return add(mul(divu(warp, 4), idx(32)), add(idx(mt * 16 + h * 8), g));
   }
   Value sKey(int64_t nt, int64_t e) { // S layout: key row in the block
-    return add(mul(remu(warp, 4), idx(32)), add(idx(nt * 8 + e), mul(t, idx(2))));
+    return add(mul(remu(warp, 4), idx(32)),
+               add(idx(nt * 8 + e), mul(t, idx(2))));
   }
   /// Rows and columns of the dK/dV accumulators: key row of half `h` of m16
   /// block `mt`, first column of n8 tile `dt`.
@@ -425,8 +434,8 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
     // Per query row of the S layout: rows g and g + 8 of each m16 block.
     for (int64_t mt = 0; mt < 2; ++mt)
       for (int64_t h = 0; h < 2; ++h) {
-        Value v = memref::LoadOp::create(b, loc, buf,
-                                         ValueRange{sQuery(mt, h)});
+        Value v =
+            memref::LoadOp::create(b, loc, buf, ValueRange{sQuery(mt, h)});
         if (isLse)
           v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));
         out.push_back(v);
@@ -463,19 +472,26 @@ LogicalResult KVMajorEmitter::emitQKT(QKTOp op) {
     SmallVector<SmallVector<Value, 4>> aFrags;
     for (int64_t mt = 0; mt < mTiles; ++mt)
       aFrags.push_back(rowMajorA(aBuf, mt, kt));
-    for (int64_t np = 0; np < nTiles / 2; ++np) {
-      auto r = ldmatrix4(bBuf, add(idx(np * 16), rowInBlock),
-                         add(idx(kt * 16), colInBlock), /*transpose=*/false);
-      for (int64_t mt = 0; mt < mTiles; ++mt)
-        for (int64_t half = 0; half < 2; ++half) {
-          MutableArrayRef<Value> c(&s[(mt * nTiles + 2 * np + half) * 4], 4);
-          auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
-          std::copy(d.begin(), d.end(), c.begin());
-        }
-    }
+    mmaRowsB(s, aFrags, bBuf, rowInBlock, colInBlock, kt, nTiles);
   }
   map.map(op.getResult(), pack(s));
   return success();
+}
+
+void KVMajorEmitter::mmaRowsB(MutableArrayRef<Value> c,
+                              ArrayRef<SmallVector<Value, 4>> aFrags,
+                              Value bBuf, Value bRow, Value bCol, int64_t kt,
+                              int64_t nTotal) {
+  for (int64_t np = 0; np < nTotal / 2; ++np) {
+    auto r = ldmatrix4(bBuf, add(idx(np * 16), bRow), add(idx(kt * 16), bCol),
+                       /*transpose=*/false);
+    for (int64_t mt = 0; mt < int64_t(aFrags.size()); ++mt)
+      for (int64_t half = 0; half < 2; ++half) {
+        MutableArrayRef<Value> acc(&c[(mt * nTotal + 2 * np + half) * 4], 4);
+        auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, acc);
+        std::copy(d.begin(), d.end(), acc.begin());
+      }
+  }
 }
 
 LogicalResult KVMajorEmitter::emitMask(MaskOp op) {
@@ -523,8 +539,8 @@ LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
     for (int64_t nt = 0; nt < sn; ++nt)
       for (int64_t c = 0; c < 4; ++c) {
         int64_t i = (mt * sn + nt) * 4 + c;
-        Value diff = arith::SubFOp::create(b, loc, dp[i],
-                                           delta[statIndex(mt, nt, c)]);
+        Value diff =
+            arith::SubFOp::create(b, loc, dp[i], delta[statIndex(mt, nt, c)]);
         Value ps = arith::MulFOp::create(b, loc, p[i], scale);
         p[i] = arith::MulFOp::create(b, loc, ps, diff);
       }
@@ -568,16 +584,7 @@ LogicalResult KVMajorEmitter::emitQKT2d(QKTOp op) {
     for (int64_t mt = 0; mt < 2; ++mt)
       aFrags.push_back(ldmatrix4(aBuf, add(aRow, idx(mt * 16)),
                                  add(aCol, idx(kt * 16)), /*transpose=*/false));
-    for (int64_t np = 0; np < 2; ++np) {
-      auto r = ldmatrix4(bBuf, add(bRow, idx(np * 16)), add(bCol, idx(kt * 16)),
-                         /*transpose=*/false);
-      for (int64_t mt = 0; mt < 2; ++mt)
-        for (int64_t half = 0; half < 2; ++half) {
-          MutableArrayRef<Value> c(&s[(mt * 4 + 2 * np + half) * 4], 4);
-          auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
-          std::copy(d.begin(), d.end(), c.begin());
-        }
-    }
+    mmaRowsB(s, aFrags, bBuf, bRow, bCol, kt, /*nTotal=*/4);
   }
   map.map(op.getResult(), pack(s));
   return success();
@@ -618,8 +625,8 @@ LogicalResult KVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
   // B (queries x D) by ldmatrix.trans: (q 0-7, d 0-7), (q 8-15, d 0-7),
   // (q 0-7, d 8-15), (q 8-15, d 8-15).
   Value bQuery = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
-  Value bCol = add(mul(remu(warp, 2), idx(headDim / 2)),
-                   mul(divu(quad, 2), idx(8)));
+  Value bCol =
+      add(mul(remu(warp, 2), idx(headDim / 2)), mul(divu(quad, 2), idx(8)));
   for (int64_t kk = 0; kk < blockN / 16; ++kk) {
     SmallVector<Value, 4> aFrags[2];
     for (int64_t mt = 0; mt < 2; ++mt)
@@ -655,8 +662,7 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
         for (int64_t h = 0; h < 2; ++h) {
           int64_t i = (mt * nTiles + nt) * 4 + h * 2;
           Value narrow = arith::TruncFOp::create(
-              b, loc, VectorType::get({2}, elemType),
-              pack({ds[i], ds[i + 1]}));
+              b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
           Value row =
               add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), aG));
           Value col = add(idx(nt * 8), mul(aT, idx(2)));
@@ -703,12 +709,12 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
     for (int64_t kk = 0; kk < kSteps; ++kk) {
       SmallVector<SmallVector<Value, 4>> aFrags;
       for (int64_t qm = 0; qm < qmTiles; ++qm)
-        aFrags.push_back(
-            grid2d ? ldmatrix4(dsBuf, add(aRow2d, idx(qm * 16)),
-                               add(idx(kk * 16), aCol2d), /*transpose=*/false)
-                   : ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
-                               add(aQueryCol, idx(qm * 16)),
-                               /*transpose=*/true));
+        aFrags.push_back(grid2d ? ldmatrix4(dsBuf, add(aRow2d, idx(qm * 16)),
+                                            add(idx(kk * 16), aCol2d),
+                                            /*transpose=*/false)
+                                : ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
+                                            add(aQueryCol, idx(qm * 16)),
+                                            /*transpose=*/true));
       for (int64_t dp = 0; dp < cTiles / 2; ++dp) {
         auto r = ldmatrix4(kTile, add(idx(kk * 16), bRow),
                            add(bCol, idx(c0 + dp * 16)), /*transpose=*/true);

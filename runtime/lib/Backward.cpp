@@ -105,11 +105,11 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
 
 int64_t backwardAccRowsBound(const Plan &plan) {
   int64_t rows = 0;
-  forEachGroup(plan, [&](size_t, size_t, int64_t ps, int64_t promptEnd,
-                         int64_t ge) {
-    if (ge - ps > kBwdChunkTokens)
-      rows += promptEnd - ps;
-  });
+  forEachGroup(plan,
+               [&](size_t, size_t, int64_t ps, int64_t promptEnd, int64_t ge) {
+                 if (ge - ps > kBwdChunkTokens)
+                   rows += promptEnd - ps;
+               });
   return rows;
 }
 
@@ -158,10 +158,11 @@ void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
 
 } // namespace
 
-BackwardWorkspaceLayout
-backwardWorkspaceLayout(int64_t numTokens, int numQHeads, int numKVHeads,
-                        int headDim, bool deterministic, int64_t accRows,
-                        int kvHeadsPerLaunch) {
+BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
+                                                int numQHeads, int numKVHeads,
+                                                int headDim, bool deterministic,
+                                                int64_t accRows,
+                                                int kvHeadsPerLaunch) {
   BackwardWorkspaceLayout l;
   const int64_t f32 = sizeof(float);
   l.deltaStrideH = numTokens;

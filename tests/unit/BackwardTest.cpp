@@ -774,7 +774,8 @@ TEST_CASE("backward: a long batch launches one KV head at a time, with a "
     CAPTURE(h);
     const FakeDriver::Event *e = &fake.events[1 + 5 * h];
     // Zeroed per slice: the accumulators are reused.
-    CHECK(e[0].params == std::vector<uint64_t>{dqaccAt, 0, uint64_t(T * G * D)});
+    CHECK(e[0].params ==
+          std::vector<uint64_t>{dqaccAt, 0, uint64_t(T * G * D)});
     CHECK(e[1].params == std::vector<uint64_t>{dkaccAt, 0, uint64_t(8192 * D)});
     CHECK(e[2].params == std::vector<uint64_t>{dvaccAt, 0, uint64_t(8192 * D)});
     const FakeDriver::Event &main = e[3], &post = e[4];
