@@ -20,16 +20,16 @@
 // are fewer blocks than warps), add their fp32 products to global dQ:
 // red.global.add.v4.f32 on sm_90 and later, scalar atomics before.
 //
-// The two-dimensional layout (grid2d: the fused kernel at BM = 128, BN = 64,
-// 8 warps; the default from sm_90 on) reads a third less shared memory a
+// The two-dimensional layout (grid2d: BM = 128, BN = 64, 8 warps; the fused
+// kernel's default from sm_90 on) reads a third less shared memory a
 // query. S = Q Kᵀ and dP = dO Vᵀ (queries x keys, not transposed) are 2 x 4
 // warps of 32 queries x 32 keys: scores_t holds 2 x 4 C fragments, queries g
 // and g + 8, keys 2t and 2t + 1, and col_stats the 4 statistics of the
 // thread's query rows. P and dS go to shared memory (BN x (BM+8) each); dV +=
 // Pᵀ dO and dK += dSᵀ Q are 4 x 2 warps of 32 keys x D/2 (grad_acc: 2 x D/16
 // C fragments), their A read back by ldmatrix.trans; dQ = dS K is 2 x 4 warps
-// of 32 queries x D/4 with A read straight from dS. Each query tile is waited
-// for once (one barrier for Q, dO, LSE and Delta).
+// of 32 queries x D/4 with A read straight from dS (bwd only). Each query tile
+// is waited for once (one barrier for Q, dO, LSE and Delta).
 //
 //===----------------------------------------------------------------------===//
 #include "LowerBackward.h"
@@ -103,9 +103,9 @@ public:
     dTiles = headDim / 8;
     rowStride = headDim + kRowPad;
     withDq = kernel.getKind() == KernelKind::bwd;
-    // The fused kernel with 128 keys, 64-query tiles and 8 warps takes the
-    // two-dimensional warp layout (see the file comment).
-    grid2d = withDq && blockM == 128 && blockN == 64 && warps == 8;
+    // 128 keys, 64-query tiles and 8 warps take the two-dimensional warp
+    // layout (see the file comment).
+    grid2d = blockM == 128 && blockN == 64 && warps == 8;
     // sm_90 and later add four fp32 values with one vector reduction.
     int sm = 0;
     StringRef arch = *kernel.getArch();
