@@ -220,12 +220,13 @@ std::map<std::string, std::vector<int>> backwardSignatures() {
 /// Puts a fake kernel for (kind, head_dim, tiling; heads 8:2, bf16, sm_90a)
 /// into the disk cache at `root`, telling itself apart by its shared bytes.
 void seed(const std::string &root, KernelKind kind, int headDim, Tiling tiling,
-          const std::string &name, int threads, int shared) {
+          const std::string &name, int threads, int shared, int qHeads = 8,
+          int kvHeads = 2) {
   KernelSpec spec;
   spec.kind = kind;
   spec.headDim = headDim;
-  spec.numQHeads = 8;
-  spec.numKVHeads = 2;
+  spec.numQHeads = qHeads;
+  spec.numKVHeads = kvHeads;
   spec.arch = "sm_90a";
   spec.tiling = tiling;
   spec = resolveSpec(spec);
@@ -352,5 +353,51 @@ TEST_CASE("tuning: the runtime looks tuned tilings up by kernel kind",
   CHECK(fake.last.shared == 6402);
   backward(fakeBackwardArgs(plan, 64, false));
   CHECK(sharedOf(fake, "attention_bwd") == 6411);
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("tuning: a backward launched a KV head at a time takes the tiling "
+          "tuned for all of its heads",
+          "[tuning][runtime][backward]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  // Read once per process: this test runs in a process of its own.
+  std::string dbPath = tmp.path + "/tuning.json";
+  ScopedEnv dbEnv("DUALKV_TUNING_DB", dbPath);
+  const Tiling tuned{64, 32, 4, 1};
+  TuningDb db;
+  TunedEntry bwd; // dualkv-tune measured the whole problem: 8:2 heads
+  bwd.spec.kind = KernelKind::Bwd;
+  bwd.spec.numQHeads = 8;
+  bwd.spec.numKVHeads = 2;
+  bwd.spec.tiling = tuned;
+  db.put(bwd);
+  std::string error;
+  REQUIRE(db.save(dbPath, &error));
+
+  // The one-KV-head kernels (4:1) with the tuned and the default tiling, each
+  // with its own shared bytes; bwd_pre runs on every head (8:2).
+  const std::string &root = tmp.path;
+  seed(root, KernelKind::Bwd, 128, tuned, "attention_bwd", 128, 401, 4, 1);
+  seed(root, KernelKind::Bwd, 128, {}, "attention_bwd", 256, 402, 4, 1);
+  seed(root, KernelKind::BwdPost, 128, {}, "attention_bwd_post", 256, 0, 4, 1);
+  seed(root, KernelKind::BwdPre, 128, {}, "attention_bwd_pre", 128, 0);
+
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  fake.signatures = backwardSignatures();
+  resetCacheStats();
+  // P = 8192, N = 16, R = 1024: enough work items for one KV head a launch.
+  Plan plan({{8192, std::vector<int64_t>(16, 1024)}});
+  REQUIRE(backwardKVHeadsPerLaunch(plan, 2, false) == 1);
+  backward(fakeBackwardArgs(plan, 128, false));
+  int launches = 0;
+  for (const FakeDriver::Event &e : fake.events)
+    if (e.name == "attention_bwd") {
+      ++launches;
+      CHECK(e.shared == 401); // the tuned tiling's kernel
+    }
+  CHECK(launches == 2);
   CHECK(cacheStats().compiles == 0);
 }
