@@ -1,6 +1,6 @@
 // A packed batch on the GPU for the examples and tools: random q, k, v (normal,
 // never zeros) in bf16 or fp16, output buffers poisoned with NaN, and the
-// forward arguments for dense THD strides.
+// forward and backward arguments for dense THD strides.
 #ifndef DUALKV_EXAMPLES_PACKED_BATCH_H
 #define DUALKV_EXAMPLES_PACKED_BATCH_H
 
@@ -46,6 +46,35 @@ struct PackedBatch {
     a.num_kv_heads = hkv;
     a.head_dim = d;
     a.dtype = dtype;
+    a.plan = &plan;
+    a.tiling = tiling;
+    return a;
+  }
+
+  /// Backward arguments for `plan` over these buffers' Q, K, V, O and LSE,
+  /// with dO and the gradients in the caller's buffers (dense, shaped like
+  /// Q and like K/V).
+  BackwardArgs backwardArgs(const Plan &plan, void *dout, void *gradQ,
+                            void *gradK, void *gradV, bool deterministic,
+                            Tiling tiling = {}) {
+    ForwardArgs f = forwardArgs(plan);
+    BackwardArgs a;
+    a.q = f.q;
+    a.k = f.k;
+    a.v = f.v;
+    a.o = f.o;
+    a.dout = {dout, f.q.stride_t, f.q.stride_h};
+    a.dq = {gradQ, f.q.stride_t, f.q.stride_h};
+    a.dk = {gradK, f.k.stride_t, f.k.stride_h};
+    a.dv = {gradV, f.v.stride_t, f.v.stride_h};
+    a.lse = f.lse;
+    a.lse_stride_h = f.lse_stride_h;
+    a.num_tokens = f.num_tokens;
+    a.num_q_heads = f.num_q_heads;
+    a.num_kv_heads = f.num_kv_heads;
+    a.head_dim = f.head_dim;
+    a.dtype = f.dtype;
+    a.deterministic = deterministic;
     a.plan = &plan;
     a.tiling = tiling;
     return a;

@@ -477,29 +477,8 @@ private:
   }
 
   BackwardArgs backwardArgs(const Tiling &tiling) {
-    ForwardArgs f = in_.forwardArgs(plan_);
-    const int64_t hq = spec_.numQHeads, hkv = spec_.numKVHeads,
-                  d = spec_.headDim;
-    BackwardArgs a;
-    a.q = f.q;
-    a.k = f.k;
-    a.v = f.v;
-    a.o = f.o;
-    a.dout = {dout_.ptr, hq * d, d};
-    a.dq = {dq_.ptr, hq * d, d};
-    a.dk = {dk_.ptr, hkv * d, d};
-    a.dv = {dv_.ptr, hkv * d, d};
-    a.lse = f.lse;
-    a.lse_stride_h = f.lse_stride_h;
-    a.num_tokens = f.num_tokens;
-    a.num_q_heads = f.num_q_heads;
-    a.num_kv_heads = f.num_kv_heads;
-    a.head_dim = f.head_dim;
-    a.dtype = f.dtype;
-    a.deterministic = spec_.kind == KernelKind::BwdKV;
-    a.plan = &plan_;
-    a.tiling = tiling;
-    return a;
+    return in_.backwardArgs(plan_, dout_.ptr, dq_.ptr, dk_.ptr, dv_.ptr,
+                            spec_.kind == KernelKind::BwdKV, tiling);
   }
 
   static void check_(cudaError_t e, const char *what) {
@@ -555,29 +534,10 @@ public:
       forward(in.forwardArgs(plan_, tiling));
       return;
     }
-    ForwardArgs f = in.forwardArgs(plan_);
-    const int64_t hq = spec_.numQHeads, hkv = spec_.numKVHeads,
-                  d = spec_.headDim;
-    BackwardArgs a;
-    a.q = f.q;
-    a.k = f.k;
-    a.v = f.v;
-    a.o = f.o;
-    a.dout = {inputs_[size_t(i + 1) % 3]->dq.ptr, hq * d, d};
-    a.dq = {dq_->ptr, hq * d, d};
-    a.dk = {dk_->ptr, hkv * d, d};
-    a.dv = {dv_->ptr, hkv * d, d};
-    a.lse = f.lse;
-    a.lse_stride_h = f.lse_stride_h;
-    a.num_tokens = f.num_tokens;
-    a.num_q_heads = f.num_q_heads;
-    a.num_kv_heads = f.num_kv_heads;
-    a.head_dim = f.head_dim;
-    a.dtype = f.dtype;
-    a.deterministic = spec_.kind == KernelKind::BwdKV;
-    a.plan = &plan_;
-    a.tiling = tiling;
-    backward(a);
+    // dO: another input set's Q (random, same shape).
+    backward(in.backwardArgs(plan_, inputs_[size_t(i + 1) % 3]->dq.ptr,
+                             dq_->ptr, dk_->ptr, dv_->ptr,
+                             spec_.kind == KernelKind::BwdKV, tiling));
   }
 
 private:
