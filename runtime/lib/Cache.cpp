@@ -383,16 +383,18 @@ ModuleHandle loadModule(cuda::Driver &driver, const CacheEntry &entry,
 
 namespace {
 
-/// The spec as requested (tiling possibly unresolved) in one context: the
-/// launch path's lookup, which avoids resolving and hashing per launch.
+/// The spec as requested (tiling possibly unresolved) in one context, and the
+/// heads its tuned tiling is looked up under: the launch path's lookup, which
+/// avoids resolving and hashing per launch.
 using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int, int,
-                           int, int, int, int, int, int>;
+                           int, int, int, int, int, int, int, int>;
 
-FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s) {
+FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s, int tunedQHeads,
+                int tunedKVHeads) {
   return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.headDim,
                  s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
                  s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-                 s.tiling.stages);
+                 s.tiling.stages, tunedQHeads, tunedKVHeads);
 }
 
 struct KernelCache {
@@ -557,12 +559,13 @@ const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
 }
 } // namespace
 
-const LoadedKernel &getKernel(const KernelSpec &requested) {
+const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
+                              int tunedKVHeads) {
   cuda::CUcontext ctx = cuda::currentContext();
   KernelCache &cache = kernelCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
 
-  FastKey fast = fastKey(ctx, requested);
+  FastKey fast = fastKey(ctx, requested, tunedQHeads, tunedKVHeads);
   if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
     ++cache.stats.memoryHits;
     return *it->second;
@@ -573,11 +576,16 @@ const LoadedKernel &getKernel(const KernelSpec &requested) {
     archIt = cache.archs.emplace(ctx, cuda::currentDeviceArch()).first;
   KernelSpec spec = requested;
   spec.arch = archIt->second;
-  // An open tiling takes the tuned one when dualkv-tune measured this spec; a
-  // tuned tiling that no longer builds falls back to the default with a
-  // warning.
+  // An open tiling takes the tuned one when dualkv-tune measured this spec
+  // (with the heads it was tuned for, if given); a tuned tiling that no
+  // longer builds falls back to the default with a warning.
+  KernelSpec tunedKey = spec;
+  if (tunedKVHeads > 0) {
+    tunedKey.numQHeads = tunedQHeads;
+    tunedKey.numKVHeads = tunedKVHeads;
+  }
   if (spec.tiling == Tiling{})
-    if (std::optional<Tiling> tuned = tuningDb().find(spec)) {
+    if (std::optional<Tiling> tuned = tuningDb().find(tunedKey)) {
       KernelSpec tunedSpec = spec;
       tunedSpec.tiling = *tuned;
       try {
@@ -593,11 +601,6 @@ const LoadedKernel &getKernel(const KernelSpec &requested) {
       }
     }
   return loadKernel(cache, ctx, fast, spec);
-}
-
-std::optional<Tiling> tunedTiling(KernelSpec spec) {
-  spec.arch = cuda::currentDeviceArch();
-  return tuningDb().find(spec);
 }
 
 void clearKernelCache() {

@@ -123,12 +123,11 @@ struct LoadedKernel {
 /// by the context's device arch). Looks in memory, then on disk (unless
 /// DUALKV_ALWAYS_COMPILE=1), then compiles (IR dumped to $DUALKV_DUMP_IR if
 /// set) and stores the result on disk. The reference stays valid until
-/// clearKernelCache().
-DUALKV_API const LoadedKernel &getKernel(const KernelSpec &spec);
-
-/// The tiling dualkv-tune recorded for `spec` on the current context's
-/// device (spec.arch is replaced by its arch), if any.
-DUALKV_API std::optional<Tiling> tunedTiling(KernelSpec spec);
+/// clearKernelCache(). An open tiling takes the one dualkv-tune recorded for
+/// the spec, or, with `tunedKVHeads` > 0, for the spec with these heads (a
+/// kernel over a slice of a problem's heads takes the whole problem's).
+DUALKV_API const LoadedKernel &
+getKernel(const KernelSpec &spec, int tunedQHeads = 0, int tunedKVHeads = 0);
 
 /// Unloads every cached module (tests; a context about to be destroyed).
 DUALKV_API void clearKernelCache();
