@@ -429,6 +429,13 @@ def is_oom(torch, e):
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def failure_status(torch, e):
+    """"OOM", or "failed: <type>: <first line>" of a step's exception."""
+    if is_oom(torch, e):
+        return "OOM"
+    return f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+
+
 def compare(torch, W, logp, loss, ref):
     """Differences of one method's log-probs and gradients from the reference's."""
     d = (logp - ref["logp"]).abs()
@@ -505,8 +512,7 @@ def run_method(torch, cfg, W, method, batch, args, ref, keep=False, peer=None):
         info["times_ms"] = times
         info["response_tokens_per_s"] = batch.num_response_tokens / (info["step_ms"] / 1e3)
     except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
-        failed = ("OOM" if is_oom(torch, e) else
-                  f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+        failed = failure_status(torch, e)
     # Outside the except block, so that the traceback's frames (and tensors) are gone.
     if failed is not None:
         info = {"status": failed}
@@ -534,8 +540,7 @@ def noise_floor(torch, cfg, W, batch, args, ref, device):
         out = compare(torch, W, logp, loss.item(), ref)
         out["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-        failed = ("OOM" if is_oom(torch, e) else
-                  f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")
+        failed = failure_status(torch, e)
     if failed is not None:
         out = {"status": failed}
     clear_grads(W)
