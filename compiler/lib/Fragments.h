@@ -25,6 +25,8 @@ constexpr int64_t kUnboundedElements = std::numeric_limits<int32_t>::max();
 /// banks later, so the 8 row addresses of one ldmatrix phase hit distinct
 /// banks.
 constexpr int64_t kRowPad = 8;
+/// log2(e): the kernels compute exp(x) as exp2(x * log2(e)).
+constexpr float kLog2e = 1.4426950408889634f;
 
 /// The builders shared by the kernel emitters.
 class FragmentBuilder {

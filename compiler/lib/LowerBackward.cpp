@@ -46,7 +46,6 @@ using namespace mlir::dualkv;
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
 /// dQ columns a warp computes at a time: 16 fp32 registers of dQ beside dK,
 /// dV and dS.
 constexpr int64_t kDqChunkCols = 32;

@@ -32,8 +32,6 @@ using namespace mlir::dualkv;
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 /// Emits the gpu.func of one query-major kernel (fwd or bwd_dq). One method per
 /// dualkv op.
 class KernelEmitter : public FragmentBuilder {
