@@ -565,6 +565,17 @@ void seedBackwardKernels(const std::string &root, const BackwardArgs &a,
   }
 }
 
+/// A fake driver that knows the backward kernels' signatures, over a kernel
+/// cache of its own (seed it with seedBackwardKernels) and no tuning database.
+struct FakeBackwardSetup {
+  TempDir tmp;
+  ScopedEnv cacheDir{"DUALKV_CACHE_DIR", tmp.path};
+  ScopedEnv always{"DUALKV_ALWAYS_COMPILE", std::nullopt};
+  ScopedEnv tuning{"DUALKV_TUNING_DB", tmp.path + "/no-tuning.json"};
+  ScopedFakeDriver scoped;
+  FakeBackwardSetup() { scoped.fake.signatures = backwardSignatures(); }
+};
+
 uint64_t bits(float f) {
   uint32_t u = 0;
   std::memcpy(&u, &f, sizeof(u));
@@ -588,13 +599,9 @@ void checkGrid(const FakeDriver::Event &e, unsigned x, unsigned y, unsigned z,
 
 TEST_CASE("backward: the default launch sequence follows the ABI",
           "[runtime][backward]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv tuning("DUALKV_TUNING_DB", tmp.path + "/no-tuning.json");
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
-  fake.signatures = backwardSignatures();
+  FakeBackwardSetup setup;
+  TempDir &tmp = setup.tmp;
+  FakeDriver &fake = setup.scoped.fake;
   resetCacheStats();
 
   // Group 0: one prompt of 1100 tokens. With blockM 64 its tiles at 0 and 64
@@ -735,13 +742,9 @@ TEST_CASE("backward: the default launch sequence follows the ABI",
 TEST_CASE("backward: a long batch launches one KV head at a time, with a "
           "one-head accumulator",
           "[runtime][backward]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv tuning("DUALKV_TUNING_DB", tmp.path + "/no-tuning.json");
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
-  fake.signatures = backwardSignatures();
+  FakeBackwardSetup setup;
+  TempDir &tmp = setup.tmp;
+  FakeDriver &fake = setup.scoped.fake;
 
   // P = 8192, N = 16, R = 1024: thousands of items, so each launch still
   // fills the GPU with one KV head (kBwdMinItemsPerLaunch).
@@ -817,13 +820,9 @@ TEST_CASE("backward: a long batch launches one KV head at a time, with a "
 
 TEST_CASE("backward: the deterministic sequence has no atomics",
           "[runtime][backward]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv tuning("DUALKV_TUNING_DB", tmp.path + "/no-tuning.json");
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
-  fake.signatures = backwardSignatures();
+  FakeBackwardSetup setup;
+  TempDir &tmp = setup.tmp;
+  FakeDriver &fake = setup.scoped.fake;
 
   std::vector<PlanGroup> groups = {{1100, {}}, {8, {8}}};
   Plan plan(groups);
