@@ -122,8 +122,7 @@ const char *kindEnumerator(dualkv::KernelKind kind) {
 /// (backwardKVHeadsPerLaunch).
 void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
                  std::vector<Job> &out) {
-  const bool wholeSet = kinds.size() > 1;
-  for (dualkv::KernelKind kind : kinds) {
+  auto jobFor = [&](dualkv::KernelKind kind) {
     Job j = job;
     j.spec.kind = kind;
     if (kind == dualkv::KernelKind::BwdPre ||
@@ -131,13 +130,17 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
       j.spec.tiling = {};
       j.tuned = false;
     }
-    out.push_back(j);
+    return j;
+  };
+  const bool wholeSet = kinds.size() > 1;
+  for (dualkv::KernelKind kind : kinds) {
+    out.push_back(jobFor(kind));
     if (wholeSet && kind == dualkv::KernelKind::BwdPost &&
         job.spec.numKVHeads > 1 &&
         job.spec.numQHeads % job.spec.numKVHeads == 0) {
       for (dualkv::KernelKind sliced :
            {dualkv::KernelKind::Bwd, dualkv::KernelKind::BwdPost}) {
-        Job s = sliced == dualkv::KernelKind::Bwd ? out[out.size() - 2] : j;
+        Job s = jobFor(sliced);
         s.spec.numQHeads = job.spec.numQHeads / job.spec.numKVHeads;
         s.spec.numKVHeads = 1;
         s.tunedQHeads = job.spec.numQHeads;
