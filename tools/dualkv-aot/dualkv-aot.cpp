@@ -35,8 +35,9 @@ needed.
 
 options:
   --kind K         fwd, or bwd for the whole backward set (bwd_pre, bwd,
-                   bwd_post and the deterministic bwd_kv, bwd_dq), or one of
-                   those (default: fwd). Tiling flags apply to the main
+                   bwd_post, with several KV heads also bwd and bwd_post for
+                   one KV head, and the deterministic bwd_kv, bwd_dq), or one
+                   of those (default: fwd). Tiling flags apply to the main
                    kernels (fwd, bwd, bwd_kv, bwd_dq); bwd_pre and bwd_post
                    always take their defaults
   --P N            prompt-length class the kernel is tuned for; 0 = any (default 0)
