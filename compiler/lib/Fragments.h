@@ -270,10 +270,144 @@ protected:
   }
   /// Issues cp.async copies of `rows` rows of one head into `buf`: row r comes
   /// from token start + first + r and is zero-filled when first + r >= limit
-  /// (with `predicated`). Returns the copy group.
+  /// (with `predicated`). With `swizzled`, `buf` is a swizzledTile of `rows`
+  /// rows. Returns the copy group.
   Value copyTile(Value buf, Value base, int64_t rows, Value start, Value first,
                  Value limit, Value strideT, Value headOffset, bool predicated,
-                 Value tileValid = {});
+                 Value tileValid = {}, bool swizzled = false);
+  // ---- wgmma (sm_90a) ------------------------------------------------------
+  // Operands in shared memory use the 128-byte swizzle: a tile of R rows x D
+  // columns is stored as D / 64 atoms of R rows x 64 elements (128 bytes a
+  // row), the atom of columns 64a..64a+63 at byte 128 R a; inside an atom the
+  // 16-byte chunk c of row r sits at chunk c ^ (r % 8). Atoms start at
+  // multiples of 1024 bytes. The same bytes serve as a K-major operand (k
+  // along the columns) and an MN-major one (k along the rows).
+
+  /// (row, column) of a [R * D / 64 x 64] swizzled view for element (r, col)
+  /// of the tile, col a multiple of 8.
+  SmallVector<Value, 2> swizzledIndex(Value r, Value col, int64_t rows) {
+    Value atom = divu(col, 64);
+    Value chunk = divu(remu(col, 64), 8);
+    Value swz = arith::XOrIOp::create(b, loc, chunk, remu(r, 8));
+    return {add(mul(atom, idx(rows)), r), mul(swz, idx(8))};
+  }
+  /// A swizzled view of `rows` rows x headDim columns at `offset`.
+  Value swizzledTile(Value smem, int64_t offset, int64_t rows) {
+    return sharedTile(smem, offset, rows * headDim / 64, 64);
+  }
+  /// Volatile inline PTX; `results` f32 results (returned), tied to the first
+  /// `results` operands when `tied`.
+  SmallVector<Value> asmF32(StringRef code, std::string constraints,
+                            ValueRange operands, int64_t results) {
+    Type resType;
+    if (results) {
+      SmallVector<Type> fields(results, b.getF32Type());
+      resType = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
+    }
+    auto op = LLVM::InlineAsmOp::create(
+        b, loc, resType, operands, code, constraints,
+        /*has_side_effects=*/true, /*is_align_stack=*/false,
+        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+        ArrayAttr());
+    SmallVector<Value> out;
+    for (int64_t i = 0; i < results; ++i)
+      out.push_back(LLVM::ExtractValueOp::create(b, loc, op.getResult(0),
+                                                 ArrayRef<int64_t>{i}));
+    return out;
+  }
+  void wgmmaFence() { asmF32("wgmma.fence.sync.aligned;", "", {}, 0); }
+  void wgmmaCommit() { asmF32("wgmma.commit_group.sync.aligned;", "", {}, 0); }
+  /// Makes this thread's generic-proxy shared-memory writes (st.shared,
+  /// cp.async) visible to wgmma's reads.
+  void proxyFence() { asmF32("fence.proxy.async.shared::cta;", "", {}, 0); }
+  /// Waits until at most `pending` wgmma groups are in flight. `regs` (fp32
+  /// accumulators of those groups) pass through the wait, so nothing reads
+  /// them before it.
+  void wgmmaWait(int64_t pending, MutableArrayRef<Value> regs) {
+    std::string constraints;
+    for (size_t i = 0; i < regs.size(); ++i)
+      constraints += "=f,";
+    for (size_t i = 0; i < regs.size(); ++i)
+      constraints += std::to_string(i) + ",";
+    if (!constraints.empty())
+      constraints.pop_back();
+    auto out =
+        asmF32("wgmma.wait_group.sync.aligned " + std::to_string(pending) + ";",
+               constraints, regs, regs.size());
+    std::copy(out.begin(), out.end(), regs.begin());
+  }
+  /// Shared-memory matrix descriptor of the 128-byte swizzle for the operand
+  /// at shared address `addr` (1024-byte aligned atoms): leading and stride
+  /// byte offsets `lbo`, `sbo`.
+  Value wgmmaDesc(Value addr, int64_t lbo, int64_t sbo) {
+    Type i64 = b.getI64Type();
+    Value a = arith::IndexCastOp::create(b, loc, i64, addr);
+    a = arith::ShRUIOp::create(b, loc, a,
+                               arith::ConstantIntOp::create(b, loc, i64, 4));
+    a = arith::AndIOp::create(
+        b, loc, a, arith::ConstantIntOp::create(b, loc, i64, 0x3FFF));
+    uint64_t fields = (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+                      (uint64_t(1) << 62);
+    return arith::OrIOp::create(
+        b, loc, a, arith::ConstantIntOp::create(b, loc, i64, int64_t(fields)));
+  }
+  /// The descriptor `desc` moved `bytes` further (a multiple of 16; the
+  /// address field does not overflow inside the 228 KB of shared memory).
+  Value descPlus(Value desc, int64_t bytes) {
+    if (!bytes)
+      return desc;
+    Type i64 = b.getI64Type();
+    return arith::AddIOp::create(
+        b, loc, desc, arith::ConstantIntOp::create(b, loc, i64, bytes >> 4));
+  }
+  /// acc (m64 x n fp32, n / 2 registers a thread; empty: start from zero) +=
+  /// A B for one k16 step of a warpgroup. A is `aDesc` (shared memory,
+  /// M-major when tnspA) or, when aDesc is null, the four registers `aRegs`
+  /// (the m16n8k16 A fragment of the warp's 16 rows); B is `bDesc` (N-major
+  /// when tnspB).
+  SmallVector<Value> wgmmaStep(ArrayRef<Value> acc, int64_t n, Value aDesc,
+                               ArrayRef<Value> aRegs, Value bDesc, bool tnspA,
+                               bool tnspB) {
+    int64_t cnt = n / 2;
+    std::string constraints, regs;
+    SmallVector<Value> operands;
+    for (int64_t i = 0; i < cnt; ++i) {
+      constraints += "=f,";
+      regs += (i ? ", $" : "$") + std::to_string(i);
+    }
+    if (!acc.empty()) {
+      for (int64_t i = 0; i < cnt; ++i)
+        constraints += std::to_string(i) + ",";
+      operands.append(acc.begin(), acc.end());
+    }
+    int64_t next = cnt + int64_t(operands.size());
+    std::string aText;
+    if (aDesc) {
+      constraints += "l,";
+      operands.push_back(aDesc);
+      aText = "$" + std::to_string(next++);
+    } else {
+      constraints += "r,r,r,r,";
+      operands.append(aRegs.begin(), aRegs.end());
+      aText = "{$" + std::to_string(next) + ", $" + std::to_string(next + 1) +
+              ", $" + std::to_string(next + 2) + ", $" +
+              std::to_string(next + 3) + "}";
+      next += 4;
+    }
+    constraints += "l,r";
+    operands.push_back(bDesc);
+    operands.push_back(i32c(acc.empty() ? 0 : 1));
+    std::string type = elemType.isBF16() ? "bf16" : "f16";
+    std::string code =
+        "{ .reg .pred p; setp.ne.b32 p, $" + std::to_string(next + 1) +
+        ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) +
+        "k16.f32." + type + "." + type + " {" + regs + "}, " + aText + ", $" +
+        std::to_string(next) + ", p, 1, 1" +
+        (aDesc ? std::string(", ") + (tnspA ? "1" : "0") : std::string()) +
+        ", " + (tnspB ? "1" : "0") + "; }";
+    return asmF32(code, constraints, operands, cnt);
+  }
+
   /// Waits until the copy group that filled `tile` has landed, then syncs the
   /// CTA.
   void waitFor(Value tile);
@@ -296,7 +430,8 @@ protected:
 inline Value FragmentBuilder::copyTile(Value buf, Value base, int64_t rows,
                                        Value start, Value first, Value limit,
                                        Value strideT, Value headOffset,
-                                       bool predicated, Value tileValid) {
+                                       bool predicated, Value tileValid,
+                                       bool swizzled) {
   int64_t chunksPerRow = headDim / 8; // 16-byte chunks
   // threads is a multiple of chunksPerRow (>= 128 threads, <= 32 chunks a row):
   // every thread copies the same column of rows row0, row0 + rowsPerPass, ...
@@ -324,9 +459,12 @@ inline Value FragmentBuilder::copyTile(Value buf, Value base, int64_t rows,
       srcElems = select(valid, idx(8), idx(0));
     }
     Value src = add(mul(add(start, row), strideT), colOffset);
+    SmallVector<Value, 2> dst = {r, col};
+    if (swizzled)
+      dst = swizzledIndex(r, col, rows);
     Value tok = nvgpu::DeviceAsyncCopyOp::create(
-        b, loc, buf, ValueRange{r, col}, base, ValueRange{src},
-        b.getIndexAttr(8), srcElems, b.getUnitAttr());
+        b, loc, buf, dst, base, ValueRange{src}, b.getIndexAttr(8), srcElems,
+        b.getUnitAttr());
     tokens.push_back(tok);
   }
   return nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens);

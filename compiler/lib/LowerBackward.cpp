@@ -108,9 +108,18 @@ public:
     // sm_90 and later add four fp32 values with one vector reduction.
     int sm = 0;
     StringRef arch = *kernel.getArch();
+    bool archSpecific = arch.ends_with("a");
     if (arch.consume_front("sm_"))
       (void)arch.take_while(llvm::isDigit).getAsInteger(10, sm);
     vectorRed = sm >= 90;
+    // sm_90a at 128 keys x 64-query tiles x 8 warps, head_dim 128: the
+    // warpgroup schedule (see the file comment).
+    wgmma = sm == 90 && archSpecific && blockM == 128 && blockN == 64 &&
+            warps == 8 && headDim == 128;
+    if (wgmma) {
+      grid2d = false;
+      rowStride = headDim;
+    }
   }
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
@@ -118,7 +127,10 @@ public:
   /// [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] padded rows (query tiles double
   /// buffered), dSᵀ (BM x (BN+8)) when the kernel computes dQ, then LSE and
   /// Delta of the two query tiles in flight (fp32).
-  int64_t sharedBytes() const { return statsOffset() + 4 * blockN * 4; }
+  int64_t sharedBytes() const {
+    // wgmma: 1 KB more, to align the buffers to the swizzle's 1024 bytes.
+    return statsOffset() + 4 * blockN * 4 + (wgmma ? 1024 : 0);
+  }
   int64_t tileBytes() const { return blockN * rowStride * 2; }
   int64_t qOffset() const { return 2 * blockM * rowStride * 2; }
   int64_t doOffset() const { return qOffset() + 2 * tileBytes(); }
@@ -126,7 +138,8 @@ public:
   int64_t statsOffset() const {
     if (grid2d) // P and dS, queries x keys
       return dsOffset() + 2 * blockN * (blockM + kRowPad) * 2;
-    return dsOffset() + (withDq ? blockM * (blockN + kRowPad) * 2 : 0);
+    int64_t dsRow = wgmma ? blockN : blockN + kRowPad;
+    return dsOffset() + (withDq ? blockM * dsRow * 2 : 0);
   }
 
 private:
@@ -207,11 +220,22 @@ private:
   /// own. The other layouts wait for a tile wherever it is read (one barrier
   /// fewer there lets the 64-key bwd_kv spill).
   void waitFor(Value tile) {
-    if (!grid2d)
+    if (!grid2d && !wgmma)
       return FragmentBuilder::waitFor(tile);
     if (tileReady)
       return;
-    FragmentBuilder::waitFor(lseCur);
+    if (wgmma) {
+      // As FragmentBuilder::waitFor, with the copies made visible to wgmma.
+      auto it =
+          llvm::find_if(pending, [&](auto &p) { return p.first == lseCur; });
+      nvgpu::DeviceAsyncWaitOp::create(
+          b, loc, it->second,
+          b.getI32IntegerAttr(static_cast<int32_t>(pending.end() - it - 1)));
+      proxyFence();
+      gpu::BarrierOp::create(b, loc);
+    } else {
+      FragmentBuilder::waitFor(lseCur);
+    }
     tileReady = true;
   }
   bool tileReady = false;
@@ -220,7 +244,43 @@ private:
   DenseMap<Value, Value> storedScores;
 
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
-  bool withDq, grid2d = false, vectorRed = false;
+  bool withDq, grid2d = false, vectorRed = false, wgmma = false;
+
+  // The warpgroup schedule (wgmma): warpgroup w (warps 4w..4w+3) owns keys
+  // 64w..64w+63; its warps hold the same C fragments as the one-m16-block
+  // layout (keys 16 warp + g, + 8), so masking, softmax and the stores are
+  // shared with it. Shared addresses of the buffers for the descriptors:
+  Value smemAddr, kAddr, vAddr, dsAddr, qAddrCur, doAddrCur;
+  Value warpGroup;
+  /// Accumulators whose wgmma groups are committed but not waited for: the
+  /// dialect value they stand for and its registers. The next wait takes
+  /// them along and remaps the value.
+  SmallVector<std::pair<Value, SmallVector<Value>>> inFlight;
+  /// Waits for every wgmma group, `regs` and the in-flight accumulators
+  /// passing through the wait.
+  void waitAllWgmma(MutableArrayRef<Value> regs);
+  /// The shared address of buffer `buf` (kBuf, vBuf, qCur, doCur, dsBuf).
+  Value addrOf(Value buf) {
+    if (buf == kBuf)
+      return kAddr;
+    if (buf == vBuf)
+      return vAddr;
+    if (buf == qCur)
+      return qAddrCur;
+    if (buf == doCur)
+      return doAddrCur;
+    return dsAddr;
+  }
+  LogicalResult emitQKTWgmma(QKTOp op);
+  LogicalResult emitAccumulateWgmma(AccumulateOp op);
+  /// dQ = dS K with wgmma: dSᵀ to shared memory, each warpgroup 64 queries x
+  /// D/2; returns the warp's C fragments (rows 16 (warp % 4) + g, + 8).
+  SmallVector<Value> dqWgmma(ArrayRef<Value> ds);
+  /// Adds the fp32 dQ C fragments `acc` (qmTiles x cTiles m16n8 tiles; rows
+  /// from warpRow0, columns from warpCol0 + c0 of the query tile starting at
+  /// query `first`) to global dQ.
+  void reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles, int64_t cTiles,
+                    Value warpRow0, Value warpCol0, int64_t c0, Value first);
   /// Field `f` of the CTA's work item, read from global memory.
   Value itemField(int64_t f, bool fresh = false) {
     Value item = fresh ? opaque(itemIndex) : itemIndex;
@@ -275,9 +335,15 @@ LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
   Value group = copyTile(buf, isKey ? kPtr : vPtr, blockM, idx(0), kRow0, kvEnd,
                          isKey ? kStrideT : vStrideT,
                          mul(kvHead, isKey ? kStrideH : vStrideH),
-                         /*predicated=*/true);
+                         /*predicated=*/true, Value(), /*swizzled=*/wgmma);
   // Loaded once per CTA: wait right away.
-  waitAll(group);
+  if (wgmma) {
+    nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
+    proxyFence();
+    gpu::BarrierOp::create(b, loc);
+  } else {
+    waitAll(group);
+  }
   map.map(op.getResult(), buf);
   return success();
 }
@@ -338,6 +404,18 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
       Value parity = remu(arith::SubIOp::create(b, loc, i, lb), 2);
       SmallVector<Value, 4> views = tileViews(parity);
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
+      if (wgmma) {
+        // As aLane below: an opaque base each iteration keeps LLVM from
+        // hoisting every k-step's descriptor into registers of its own.
+        Value base = opaque(smemAddr);
+        kAddr = base;
+        vAddr = add(base, idx(blockM * rowStride * 2));
+        dsAddr = add(base, idx(dsOffset()));
+        qAddrCur =
+            add(base, add(idx(qOffset()), mul(parity, idx(tileBytes()))));
+        doAddrCur =
+            add(base, add(idx(doOffset()), mul(parity, idx(tileBytes()))));
+      }
       pending.clear();
       storedScores.clear();
       tileReady = false;
@@ -355,6 +433,8 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
       for (Operation &inner : op.getBody().front().without_terminator())
         if (failed(emitOp(&inner)))
           return failure();
+      if (!inFlight.empty())
+        waitAllWgmma({});
       // Every warp must be done with this tile's shared memory before the
       // next iteration's copies overwrite it.
       gpu::BarrierOp::create(b, loc);
@@ -376,8 +456,11 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
 SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
-  auto tileType = MemRefType::get({blockN, rowStride}, elemType,
-                                  MemRefLayoutAttrInterface(), workgroup);
+  auto tileType = wgmma
+                      ? MemRefType::get({blockN * headDim / 64, 64}, elemType,
+                                        MemRefLayoutAttrInterface(), workgroup)
+                      : MemRefType::get({blockN, rowStride}, elemType,
+                                        MemRefLayoutAttrInterface(), workgroup);
   auto statType = MemRefType::get({blockN}, b.getF32Type(),
                                   MemRefLayoutAttrInterface(), workgroup);
   auto view = [&](MemRefType type, int64_t base, int64_t stride) {
@@ -400,10 +483,10 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
   SmallVector<Value, 3> groups;
   groups.push_back(copyTile(views[0], qPtr, blockN, qBegin, first, qLen,
                             qStrideT, mul(head, qStrideH),
-                            /*predicated=*/true, valid));
+                            /*predicated=*/true, valid, /*swizzled=*/wgmma));
   groups.push_back(copyTile(views[1], doPtr, blockN, qBegin, first, qLen,
                             doStrideT, mul(head, doStrideH),
-                            /*predicated=*/true, valid));
+                            /*predicated=*/true, valid, /*swizzled=*/wgmma));
   // LSE and Delta, 4 bytes a query (rows need not be 16-byte aligned).
   // Queries past the item read as 0: their Q and dO rows are zero too, so
   // P = 1 meets dO = 0 and dP - Delta = 0, and they add nothing.
@@ -469,6 +552,8 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
 LogicalResult KVMajorEmitter::emitQKT(QKTOp op) {
   if (grid2d)
     return emitQKT2d(op);
+  if (wgmma)
+    return emitQKTWgmma(op);
   waitFor(map.lookup(op.getQ()));
   Value aBuf = map.lookup(op.getKv());
   Value bBuf = map.lookup(op.getQ());
@@ -561,6 +646,8 @@ LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
 LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
   if (grid2d)
     return emitAccumulate2d(op);
+  if (wgmma)
+    return emitAccumulateWgmma(op);
   waitFor(map.lookup(op.getY()));
   SmallVector<Value> x = unpack(map.lookup(op.getX()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
@@ -570,6 +657,96 @@ LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
                  dTiles);
   map.map(op.getResult(), pack(acc));
   return success();
+}
+
+void KVMajorEmitter::waitAllWgmma(MutableArrayRef<Value> regs) {
+  SmallVector<Value> all(regs.begin(), regs.end());
+  for (auto &f : inFlight)
+    all.append(f.second);
+  wgmmaWait(0, all);
+  std::copy(all.begin(), all.begin() + regs.size(), regs.begin());
+  size_t at = regs.size();
+  for (auto &f : inFlight) {
+    ArrayRef<Value> done(&all[at], f.second.size());
+    map.map(f.first, pack(done));
+    at += done.size();
+  }
+  inFlight.clear();
+}
+
+LogicalResult KVMajorEmitter::emitQKTWgmma(QKTOp op) {
+  // Sᵀ = K Qᵀ (or dPᵀ = V dOᵀ): each warpgroup 64 keys x BN queries, both
+  // operands K-major in shared memory; D / 16 k-steps of 32 bytes, the next
+  // atom every 4.
+  Value qBuf = map.lookup(op.getQ());
+  waitFor(qBuf);
+  Value aDesc = wgmmaDesc(
+      add(addrOf(map.lookup(op.getKv())), mul(warpGroup, idx(64 * 128))), 16,
+      1024);
+  Value bDesc = wgmmaDesc(addrOf(qBuf), 16, 1024);
+  SmallVector<Value> s;
+  wgmmaFence();
+  for (int64_t kt = 0; kt < kTiles; ++kt) {
+    int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
+    s = wgmmaStep(s, blockN, descPlus(aDesc, off * blockM + in), {},
+                  descPlus(bDesc, off * blockN + in), false, false);
+  }
+  wgmmaCommit();
+  waitAllWgmma(s);
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitAccumulateWgmma(AccumulateOp op) {
+  // acc (keys x D) += Xᵀ Y: X (Pᵀ or dSᵀ) from registers as A; Y (dO or Q,
+  // queries x D) N-major from shared memory, BN / 16 k-steps of 16 rows.
+  // Committed, not waited for: the next wait takes the accumulators along.
+  Value y = map.lookup(op.getY());
+  waitFor(y);
+  SmallVector<Value> x = unpack(map.lookup(op.getX()));
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  SmallVector<Value> xa = packAFragments(x, 1, nTiles);
+  Value bDesc = wgmmaDesc(addrOf(y), blockN * 128, 1024);
+  wgmmaFence();
+  for (int64_t kk = 0; kk < blockN / 16; ++kk)
+    acc = wgmmaStep(acc, headDim, Value(), ArrayRef<Value>(&xa[kk * 4], 4),
+                    descPlus(bDesc, kk * 16 * 128), false, true);
+  wgmmaCommit();
+  map.map(op.getResult(), pack(acc));
+  inFlight.push_back({op.getResult(), acc});
+  return success();
+}
+
+SmallVector<Value> KVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
+  // dSᵀ (keys x queries) to shared memory in the swizzled layout: thread
+  // (g, t) of warp w holds keys 16w + g (+ 8), queries 8nt + 2t (+ 1); key %
+  // 8 = g.
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t i = nt * 4 + h * 2;
+      Value narrow = arith::TruncFOp::create(
+          b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
+      Value row = add(mul(warp, idx(16)), add(idx(h * 8), aG));
+      Value chunk = arith::XOrIOp::create(b, loc, idx(nt), aG);
+      Value col = add(mul(chunk, idx(8)), mul(aT, idx(2)));
+      vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
+    }
+  proxyFence();
+  gpu::BarrierOp::create(b, loc);
+  // dQ (queries x D) = dS (queries x keys, M-major: dSᵀ) K (keys x D,
+  // N-major); warpgroup w computes columns 64w..64w+63, BM / 16 k-steps of 16
+  // keys.
+  Value aDesc = wgmmaDesc(dsAddr, blockM * 128, 1024);
+  Value bDesc = wgmmaDesc(add(kAddr, mul(warpGroup, idx(blockM * 128))),
+                          blockM * 128, 1024);
+  SmallVector<Value> acc;
+  wgmmaFence();
+  for (int64_t kk = 0; kk < blockM / 16; ++kk)
+    acc = wgmmaStep(acc, 64, descPlus(aDesc, kk * 16 * 128), {},
+                    descPlus(bDesc, kk * 16 * 128), true, true);
+  wgmmaCommit();
+  waitAllWgmma(acc);
+  return acc;
 }
 
 LogicalResult KVMajorEmitter::emitQKT2d(QKTOp op) {
@@ -661,6 +838,12 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
   Value kTile = map.lookup(op.getK());
   Value tile = map.lookup(op->getParentOfType<QLoopOp>().getTileIndex());
+  if (wgmma) {
+    SmallVector<Value> acc = dqWgmma(ds);
+    reduceDqTile(acc, 1, 8, mul(remu(warp, 4), idx(16)),
+                 mul(warpGroup, idx(64)), 0, mul(tile, idx(blockN)));
+    return success();
+  }
   if (grid2d) {
     // dS (queries x keys) is in shared memory once dK has used it.
     if (!storedScores.count(map.lookup(op.getDs())))
@@ -737,6 +920,15 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
           }
       }
     }
+    reduceDqTile(acc, qmTiles, cTiles, warpRow0, warpCol0, c0, first);
+  }
+  return success();
+}
+
+void KVMajorEmitter::reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles,
+                                  int64_t cTiles, Value warpRow0,
+                                  Value warpCol0, int64_t c0, Value first) {
+  {
     // Add to the fp32 dQ of the queries inside the item, [T][Hq][D].
     auto rowBase = [&](Value q) {
       return add(
@@ -779,7 +971,6 @@ LogicalResult KVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
       }
     }
   }
-  return success();
 }
 
 void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values, Value enabled) {
@@ -932,13 +1123,31 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
                                MemRefLayoutAttrInterface(), workgroup);
   smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
   int64_t blockBytes = blockM * rowStride * 2;
-  kBuf = sharedTile(smem, 0, blockM);
-  vBuf = sharedTile(smem, blockBytes, blockM);
+  if (wgmma) {
+    // Every buffer from a 1024-byte aligned base (the swizzle's period).
+    Value raw = memref::ExtractAlignedPointerAsIndexOp::create(b, loc, smem);
+    Value pad =
+        remu(arith::SubIOp::create(b, loc, idx(1024), remu(raw, 1024)), 1024);
+    smemAddr = add(raw, pad);
+    smem = memref::ViewOp::create(b, loc, bytes, smem, pad,
+                                  ValueRange{idx(sharedBytes() - 1024)});
+    kAddr = smemAddr;
+    vAddr = add(smemAddr, idx(blockBytes));
+    dsAddr = add(smemAddr, idx(dsOffset()));
+    warpGroup = divu(warp, 4);
+    kBuf = swizzledTile(smem, 0, blockM);
+    vBuf = swizzledTile(smem, blockBytes, blockM);
+    if (withDq)
+      dsBuf = sharedTile(smem, dsOffset(), blockM, blockN);
+  } else {
+    kBuf = sharedTile(smem, 0, blockM);
+    vBuf = sharedTile(smem, blockBytes, blockM);
+  }
   if (grid2d) {
     dsBuf = sharedTile(smem, dsOffset(), blockN, blockM + kRowPad);
     pBuf = sharedTile(smem, dsOffset() + blockN * (blockM + kRowPad) * 2,
                       blockN, blockM + kRowPad);
-  } else if (withDq) {
+  } else if (withDq && !wgmma) {
     dsBuf = sharedTile(smem, dsOffset(), blockM, blockN + kRowPad);
   }
 
