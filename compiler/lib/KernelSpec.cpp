@@ -55,15 +55,19 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
     // the dQ reductions (benchmarks/NOTES.md). sm_90 and later: 64-query
     // tiles in the two-dimensional warp layout (LowerBackward.cpp), which
-    // reads a third less shared memory a query; its 171 KB of shared memory
+    // reads a third less shared memory a query (on sm_90a at head_dim 128
+    // the warpgroup schedule: wgmma); its 171 KB of shared memory
     // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
     // tiles past warps of 16 keys.
     if (archNumber(spec.arch) >= 90)
       return {128, 64, 8, 1};
     return {128, 32, 8, 1};
   case KernelKind::BwdKV:
-    // Without dQ, 64 keys in 4 warps run as fast as 128 in 8 and use half
-    // the shared memory.
+    // sm_90 and later: as the fused kernel (on sm_90a at head_dim 128, the
+    // warpgroup schedule). sm_80: without dQ, 64 keys in 4 warps ran as fast
+    // as 128 in 8 with half the shared memory.
+    if (archNumber(spec.arch) >= 90)
+      return {128, 64, 8, 1};
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
     // The forward's loops with P, dP and dS live at once: 64 query rows.

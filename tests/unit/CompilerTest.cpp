@@ -52,27 +52,30 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
 }
 
 TEST_CASE("compiler: backward default tilings depend on the kind and, for "
-          "the fused kernel, the arch",
+          "the KV-major kernels, the arch",
           "[compiler][backward]") {
-  // compiler/lib/KernelSpec.cpp: the fused KV-major kernel 128 keys in 8 warps
-  // (fewer dQ reductions) with 64-query tiles from sm_90 on (32 on sm_80, whose
-  // shared memory is smaller), the deterministic dK/dV one 64 keys in 4 warps
-  // with 64-query tiles; dQ 64 rows x 32 keys; elementwise 64 rows; one stage
-  // each; any head_dim.
+  // compiler/lib/KernelSpec.cpp: the KV-major kernels (fused and deterministic
+  // dK/dV) 128 keys in 8 warps with 64-query tiles from sm_90 on; before it
+  // the fused kernel streams 32-query tiles (an sm_80 SM's shared memory is
+  // smaller) and the dK/dV one holds 64 keys in 4 warps; dQ 64 rows x 32 keys;
+  // elementwise 64 rows; one stage each; any head_dim.
   KernelSpec spec;
   for (int d : {64, 128, 256}) {
     spec.headDim = d;
-    spec.kind = KernelKind::Bwd;
     for (const char *arch : {"sm_80", "sm_86", "sm_89", "", "compute_90"}) {
       spec.arch = arch;
+      spec.kind = KernelKind::Bwd;
       CHECK(defaultTiling(spec) == Tiling{128, 32, 8, 1});
+      spec.kind = KernelKind::BwdKV;
+      CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
     }
     for (const char *arch : {"sm_90", "sm_90a", "sm_100a"}) {
       spec.arch = arch;
+      spec.kind = KernelKind::Bwd;
+      CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
+      spec.kind = KernelKind::BwdKV;
       CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
     }
-    spec.kind = KernelKind::BwdKV;
-    CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
     spec.kind = KernelKind::BwdDQ;
     CHECK(defaultTiling(spec) == Tiling{64, 32, 4, 1});
     spec.kind = KernelKind::BwdPre;

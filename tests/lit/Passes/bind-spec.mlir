@@ -111,8 +111,9 @@ func.func @no_kernel() {
 //   head_dim 128 do not fit an sm_80 SM). dK and dV are two fp32 accumulators:
 //   2 * 128 * 128 / 256 threads = 128 registers a thread at head_dim 128, exactly
 //   the kernel verifier's limit.
-// - bwd_kv: no dQ, so 64 keys in 4 warps (2 * 64 * 128 / 128 = 128 again), 64-query
-//   tiles, stages 1.
+// - bwd_kv: as bwd from sm_90 on (128 keys, 64-query tiles, 8 warps; the warpgroup
+//   schedule on sm_90a at head_dim 128); on sm_80, with no dQ, 64 keys in 4 warps
+//   (2 * 64 * 128 / 128 = 128 again), 64-query tiles, stages 1.
 // - bwd_dq: the forward's loops with P, dP and dS live at once, so 64 query rows and
 //   32-key tiles, 4 warps, stages 1.
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
@@ -122,8 +123,9 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
 // BWD-KV-SAME: tiling <[[TILING]]>

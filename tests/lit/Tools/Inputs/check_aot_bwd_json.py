@@ -18,7 +18,14 @@ ENTRY = {"bwd_pre": "attention_bwd_pre", "bwd": "attention_bwd",
          "bwd_dq": "attention_bwd_dq"}
 
 
-def shared_bytes(kind, d, bm, bn, warps):
+def shared_bytes(kind, d, bm, bn, warps, arch):
+    if (kind in ("bwd", "bwd_kv") and arch == "sm_90a" and d == 128
+            and (bm, bn, warps) == (128, 64, 8)):
+        # The warpgroup schedule: K, V, Q and dO (double buffered) unpadded in
+        # the 128-byte swizzle, dS^T (block_m x block_n, bwd only), LSE and
+        # Delta, and 1024 bytes to align the buffers to the swizzle period.
+        ds = bm * bn * 2 if kind == "bwd" else 0
+        return 2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * bn * 4 + 1024
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
@@ -56,7 +63,8 @@ def main():
             problems.append("file name does not spell the spec (%s)" % name)
         if j["threads"] != 32 * t["warps"]:
             problems.append("threads %d != 32 * warps" % j["threads"])
-        smem = shared_bytes(kind, d, t["block_m"], t["block_n"], t["warps"])
+        smem = shared_bytes(kind, d, t["block_m"], t["block_n"], t["warps"],
+                            j["arch"])
         if j["shared_bytes"] != smem:
             problems.append("shared_bytes %d != %d" % (j["shared_bytes"], smem))
         if not os.path.getsize(path[:-5] + ".ptx"):
