@@ -266,13 +266,23 @@ private:
   // shared with it. Shared addresses of the buffers for the descriptors:
   Value smemAddr, kAddr, vAddr, dsAddr, qAddrCur, doAddrCur;
   Value warpGroup;
-  /// Accumulators whose wgmma groups are committed but not waited for: the
-  /// dialect value they stand for and its registers. The next wait takes
-  /// them along and remaps the value.
+  /// wgmma groups committed but not waited for, oldest first: the dialect
+  /// value each computes and its accumulator registers. A wait takes the
+  /// finished ones along and remaps their values.
   SmallVector<std::pair<Value, SmallVector<Value>>> inFlight;
-  /// Waits for every wgmma group, `regs` and the in-flight accumulators
-  /// passing through the wait.
-  void waitAllWgmma(MutableArrayRef<Value> regs);
+  /// Commits the wgmma group just issued, which computes `result` into
+  /// `regs`, and maps `result` to them (to be read once waited for).
+  void commitWgmma(Value result, ArrayRef<Value> regs) {
+    wgmmaCommit();
+    map.map(result, pack(regs));
+    inFlight.push_back({result, SmallVector<Value>(regs)});
+  }
+  /// Waits until the group computing `result` is done; with a null `result`
+  /// until every group is, `newest` (the registers of a group committed
+  /// outside inFlight) passing through the wait as well.
+  void waitWgmma(Value result, MutableArrayRef<Value> newest = {});
+  /// Issues Sᵀ = K Qᵀ (or dPᵀ = V dOᵀ) of `op` as one group.
+  void issueQKTWgmma(QKTOp op);
   /// The shared address of buffer `buf` (kBuf, vBuf, qCur, doCur, dsBuf).
   Value addrOf(Value buf) {
     if (buf == kBuf)
@@ -448,7 +458,7 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
         if (failed(emitOp(&inner)))
           return failure();
       if (!inFlight.empty())
-        waitAllWgmma({});
+        waitWgmma(Value());
       // Every warp must be done with this tile's shared memory before the
       // next iteration's copies overwrite it.
       gpu::BarrierOp::create(b, loc);
@@ -673,41 +683,57 @@ LogicalResult KVMajorEmitter::emitAccumulate(AccumulateOp op) {
   return success();
 }
 
-void KVMajorEmitter::waitAllWgmma(MutableArrayRef<Value> regs) {
-  SmallVector<Value> all(regs.begin(), regs.end());
-  for (auto &f : inFlight)
-    all.append(f.second);
-  wgmmaWait(0, all);
-  std::copy(all.begin(), all.begin() + regs.size(), regs.begin());
-  size_t at = regs.size();
-  for (auto &f : inFlight) {
-    ArrayRef<Value> done(&all[at], f.second.size());
-    map.map(f.first, pack(done));
-    at += done.size();
+void KVMajorEmitter::waitWgmma(Value result, MutableArrayRef<Value> newest) {
+  size_t done = inFlight.size();
+  if (result)
+    done = llvm::find_if(inFlight, [&](auto &f) { return f.first == result; }) -
+           inFlight.begin() + 1;
+  SmallVector<Value> regs(newest.begin(), newest.end());
+  for (size_t i = 0; i < done; ++i)
+    regs.append(inFlight[i].second);
+  wgmmaWait(int64_t(inFlight.size() - done), regs);
+  std::copy(regs.begin(), regs.begin() + newest.size(), newest.begin());
+  size_t at = newest.size();
+  for (size_t i = 0; i < done; ++i) {
+    ArrayRef<Value> out(&regs[at], inFlight[i].second.size());
+    map.map(inFlight[i].first, pack(out));
+    at += out.size();
   }
-  inFlight.clear();
+  inFlight.erase(inFlight.begin(), inFlight.begin() + done);
 }
 
-LogicalResult KVMajorEmitter::emitQKTWgmma(QKTOp op) {
-  // Sᵀ = K Qᵀ (or dPᵀ = V dOᵀ): each warpgroup 64 keys x BN queries, both
-  // operands K-major in shared memory; D / 16 k-steps of 32 bytes, the next
-  // atom every 4.
-  Value qBuf = map.lookup(op.getQ());
-  waitFor(qBuf);
+void KVMajorEmitter::issueQKTWgmma(QKTOp op) {
+  // Each warpgroup 64 keys x BN queries, both operands K-major in shared
+  // memory; D / 16 k-steps of 32 bytes, the next atom every 4.
   Value aDesc = wgmmaDesc(
       add(addrOf(map.lookup(op.getKv())), mul(warpGroup, idx(64 * 128))), 16,
       1024);
-  Value bDesc = wgmmaDesc(addrOf(qBuf), 16, 1024);
+  Value bDesc = wgmmaDesc(addrOf(map.lookup(op.getQ())), 16, 1024);
   SmallVector<Value> s;
-  wgmmaFence();
   for (int64_t kt = 0; kt < kTiles; ++kt) {
     int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
     s = wgmmaStep(s, blockN, descPlus(aDesc, off * blockM + in), {},
                   descPlus(bDesc, off * blockN + in), false, false);
   }
-  wgmmaCommit();
-  waitAllWgmma(s);
-  map.map(op.getResult(), pack(s));
+  commitWgmma(op.getResult(), s);
+}
+
+LogicalResult KVMajorEmitter::emitQKTWgmma(QKTOp op) {
+  // Sᵀ = K Qᵀ issues dPᵀ = V dOᵀ (the tile's next qk_t) right behind it, so
+  // the tensor cores compute dPᵀ while the warps turn Sᵀ into Pᵀ.
+  bool issued = llvm::any_of(
+      inFlight, [&](auto &f) { return f.first == op.getResult(); });
+  if (!issued) {
+    waitFor(map.lookup(op.getQ()));
+    wgmmaFence();
+    issueQKTWgmma(op);
+    for (Operation *next = op->getNextNode(); next; next = next->getNextNode())
+      if (auto dp = dyn_cast<QKTOp>(next)) {
+        issueQKTWgmma(dp);
+        break;
+      }
+  }
+  waitWgmma(op.getResult());
   return success();
 }
 
@@ -725,9 +751,7 @@ LogicalResult KVMajorEmitter::emitAccumulateWgmma(AccumulateOp op) {
   for (int64_t kk = 0; kk < blockN / 16; ++kk)
     acc = wgmmaStep(acc, headDim, Value(), ArrayRef<Value>(&xa[kk * 4], 4),
                     descPlus(bDesc, kk * 16 * 128), false, true);
-  wgmmaCommit();
-  map.map(op.getResult(), pack(acc));
-  inFlight.push_back({op.getResult(), acc});
+  commitWgmma(op.getResult(), acc);
   return success();
 }
 
@@ -759,7 +783,7 @@ SmallVector<Value> KVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
     acc = wgmmaStep(acc, 64, descPlus(aDesc, kk * 16 * 128), {},
                     descPlus(bDesc, kk * 16 * 128), true, true);
   wgmmaCommit();
-  waitAllWgmma(acc);
+  waitWgmma(Value(), acc);
   return acc;
 }
 
