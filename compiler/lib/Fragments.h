@@ -415,8 +415,13 @@ protected:
   /// syncs the CTA (tiles loaded once per kernel).
   void waitAll(Value group) {
     nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
+    if (wgmmaReadsTiles)
+      proxyFence();
     gpu::BarrierOp::create(b, loc);
   }
+  /// Set by emitters whose tiles wgmma reads: waitFor and waitAll then make
+  /// the landed copies visible to it (proxyFence) before the barrier.
+  bool wgmmaReadsTiles = false;
 
   OpBuilder &b;
   Location loc;
@@ -477,6 +482,8 @@ inline void FragmentBuilder::waitFor(Value tile) {
   int32_t younger = static_cast<int32_t>(pending.end() - it - 1);
   nvgpu::DeviceAsyncWaitOp::create(b, loc, it->second,
                                    b.getI32IntegerAttr(younger));
+  if (wgmmaReadsTiles)
+    proxyFence();
   gpu::BarrierOp::create(b, loc);
 }
 

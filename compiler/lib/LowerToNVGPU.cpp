@@ -13,6 +13,14 @@
 //   acc        vector<MT*DT*4 x f32>  C fragments of O (or dQ)
 //   row_stats  vector<MT*2 x f32>     rows g and g+8 of each m16 block
 //
+// The forward's warpgroup schedule (wgmma: sm_90a, head_dim 128, MT = 1 with
+// warps a multiple of 4; its default 128:128:8:2) keeps these register
+// layouts: warp w holds rows 16w + g and 16w + g + 8, the m64nN accumulator
+// layout of warpgroup w / 4. Q, K and V sit unpadded in the 128-byte swizzle
+// (Fragments.h); S = Q Kᵀ reads both K-major (m64nBNk16, D / 16 k-steps) and
+// O += P V takes P from registers and V N-major (m64n128k16, BN / 16
+// k-steps); each waits for its own group.
+//
 //===----------------------------------------------------------------------===//
 #include "Fragments.h"
 #include "LowerBackward.h"
@@ -53,6 +61,16 @@ public:
     rowStride = headDim + kRowPad;
     stages = t.getStages();
     isDq = kernel.getKind() == KernelKind::bwd_dq;
+    // sm_90a, head_dim 128, one m16 block a warp (block_m = 16 warps): the
+    // warpgroup schedule (see the file comment).
+    StringRef arch = *kernel.getArch();
+    wgmma = arch == "sm_90a" && headDim == 128 && !isDq && mTiles == 1 &&
+            blockM == 16 * warps && warps % 4 == 0 && blockN % 16 == 0 &&
+            blockN <= 256;
+    if (wgmma) {
+      rowStride = headDim;
+      wgmmaReadsTiles = true;
+    }
   }
 
   /// Emits the gpu.func into `gpuModule`; returns failure with a diagnostic.
@@ -60,7 +78,9 @@ public:
 
   /// [Q][dO (bwd_dq)][K][V], rows padded.
   int64_t sharedBytes() const {
-    return ((isDq ? 2 : 1) * blockM + 2 * blockN) * rowStride * 2;
+    // wgmma: 1 KB more, to align the buffers to the swizzle's 1024 bytes.
+    return ((isDq ? 2 : 1) * blockM + 2 * blockN) * rowStride * 2 +
+           (wgmma ? 1024 : 0);
   }
 
 private:
@@ -101,7 +121,13 @@ private:
   KernelOp kernel;
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
       stages;
-  bool isDq = false;
+  bool isDq = false, wgmma = false;
+  // wgmma: the aligned shared base and, per KV iteration (an opaque copy, so
+  // that LLVM keeps each k-step's descriptor as base + immediate instead of
+  // hoisting them all into registers), the addresses of Q, K and V.
+  Value smemAddr, qAddr, kAddr, vAddr;
+  LogicalResult emitQKWgmma(QKOp op);
+  LogicalResult emitPVWgmma(PVOp op);
   // The prefetched key copy group of the current loop (stages >= 2), if any.
   Value prefetchedKey;
 
@@ -119,7 +145,8 @@ private:
 
 LogicalResult KernelEmitter::emitLoadQ(LoadQOp op) {
   Value group = copyTile(qBuf, qPtr, blockM, segStart, qRow0, segLen, qStrideT,
-                         mul(head, qStrideH), /*predicated=*/true);
+                         mul(head, qStrideH), /*predicated=*/true, Value(),
+                         /*swizzled=*/wgmma);
   waitAll(group);
   // Q stays in shared memory for the whole kernel: its A fragments are re-read
   // per k-step, which keeps ~32-64 registers a thread free for the accumulator.
@@ -179,6 +206,13 @@ LogicalResult KernelEmitter::emitKVLoop(KVLoopOp op) {
          llvm::zip(op.getRegionIterArgs(), loop.getRegionIterArgs()))
       map.map(from, to);
     pending.clear();
+    if (wgmma) {
+      Value base = opaque(smemAddr);
+      int64_t kvOffset = blockM * rowStride * 2;
+      qAddr = base;
+      kAddr = add(base, idx(kvOffset));
+      vAddr = add(base, idx(kvOffset + blockN * rowStride * 2));
+    }
     for (Operation &inner : op.getBody().front().without_terminator())
       if (failed(emitOp(&inner)))
         return failure();
@@ -219,14 +253,57 @@ LogicalResult KernelEmitter::emitLoadKV(LoadKVOp op) {
       buf, isKey ? kPtr : vPtr, blockN, shared ? sharedStart : segStart, first,
       shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
       mul(kvHead, isKey ? kStrideH : vStrideH),
-      /*predicated=*/loop.getPart() != LoopPart::full);
+      /*predicated=*/loop.getPart() != LoopPart::full, Value(),
+      /*swizzled=*/wgmma);
   pending.push_back({op.getResult(), group});
   map.map(op.getResult(), buf);
   return success();
 }
 
+LogicalResult KernelEmitter::emitQKWgmma(QKOp op) {
+  // S = Q Kᵀ: warpgroup w owns query rows 64w..64w+63; both operands K-major
+  // in the swizzled tiles, D / 16 k-steps of 32 bytes, the next atom every 4.
+  Value aDesc =
+      wgmmaDesc(add(qAddr, mul(divu(warp, 4), idx(64 * 128))), 16, 1024);
+  Value bDesc = wgmmaDesc(kAddr, 16, 1024);
+  SmallVector<Value> s;
+  wgmmaFence();
+  for (int64_t kt = 0; kt < kTiles; ++kt) {
+    int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
+    s = wgmmaStep(s, blockN, descPlus(aDesc, off * blockM + in), {},
+                  descPlus(bDesc, off * blockN + in), false, false);
+  }
+  wgmmaCommit();
+  wgmmaWait(0, s);
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult KernelEmitter::emitPVWgmma(PVOp op) {
+  // O += P V: P (the packed probabilities) from registers as A, V N-major
+  // from its swizzled tile, block_n / 16 k-steps of 16 keys.
+  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  Value bDesc = wgmmaDesc(vAddr, blockN * 128, 1024);
+  wgmmaFence();
+  for (int64_t kk = 0; kk < blockN / 16; ++kk)
+    acc = wgmmaStep(acc, headDim, Value(), ArrayRef<Value>(&p[kk * 4], 4),
+                    descPlus(bDesc, kk * 16 * 128), false, true);
+  wgmmaCommit();
+  wgmmaWait(0, acc);
+  map.map(op.getResult(), pack(acc));
+  return success();
+}
+
 LogicalResult KernelEmitter::emitQK(QKOp op) {
   waitFor(op.getK());
+  if (wgmma) {
+    if (failed(emitQKWgmma(op)))
+      return failure();
+    if (stages >= 2)
+      prefetchNextKey(op);
+    return success();
+  }
   Value qValue = map.lookup(op.getQ());
   Value kTile = map.lookup(op.getK());
   // A fragments of Q from shared memory: the same addressing as emitLoadQ.
@@ -288,7 +365,8 @@ Value KernelEmitter::issueKeyCopy(KVLoopOp loop, Value tile, Value tileValid) {
     limit = Value();
   return copyTile(kBuf, kPtr, blockN, shared ? sharedStart : segStart,
                   mul(tile, idx(blockN)), limit, kStrideT,
-                  mul(kvHead, kStrideH), /*predicated=*/true, tileValid);
+                  mul(kvHead, kStrideH), /*predicated=*/true, tileValid,
+                  /*swizzled=*/wgmma);
 }
 
 LogicalResult KernelEmitter::emitMask(MaskOp op) {
@@ -468,6 +546,8 @@ LogicalResult KernelEmitter::emitRescale(RescaleOp op) {
 
 LogicalResult KernelEmitter::emitPV(PVOp op) {
   waitFor(op.getV());
+  if (wgmma)
+    return emitPVWgmma(op);
   SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   // V (keys x d, row-major in shared memory) is the B operand.
@@ -616,11 +696,24 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   // rows], each row padded.
   int64_t qBytes = blockM * rowStride * 2;
   int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
-  qBuf = sharedTile(smem, 0, blockM);
-  if (isDq)
-    doBuf = sharedTile(smem, qBytes, blockM);
-  kBuf = sharedTile(smem, kvOffset, blockN);
-  vBuf = sharedTile(smem, kvOffset + blockN * rowStride * 2, blockN);
+  if (wgmma) {
+    // Unpadded swizzled tiles from a 1024-byte aligned base.
+    Value raw = memref::ExtractAlignedPointerAsIndexOp::create(b, loc, smem);
+    Value pad =
+        remu(arith::SubIOp::create(b, loc, idx(1024), remu(raw, 1024)), 1024);
+    smemAddr = add(raw, pad);
+    smem = memref::ViewOp::create(b, loc, bytes, smem, pad,
+                                  ValueRange{idx(sharedBytes() - 1024)});
+    qBuf = swizzledTile(smem, 0, blockM);
+    kBuf = swizzledTile(smem, kvOffset, blockN);
+    vBuf = swizzledTile(smem, kvOffset + blockN * rowStride * 2, blockN);
+  } else {
+    qBuf = sharedTile(smem, 0, blockM);
+    if (isDq)
+      doBuf = sharedTile(smem, qBytes, blockM);
+    kBuf = sharedTile(smem, kvOffset, blockN);
+    vBuf = sharedTile(smem, kvOffset + blockN * rowStride * 2, blockN);
+  }
 
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))

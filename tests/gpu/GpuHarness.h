@@ -272,6 +272,18 @@ struct DeviceCase {
     a.dtype = c.dtype;
     a.plan = &plan;
     a.tiling = tiling;
+    // DUALKV_TEST_FWD_TILING_D128=M:N:W:S runs the head_dim 128 cases of the
+    // forward tests on another tiling than the default (e.g. the sm_90a
+    // warpgroup schedule's against the mma.sync one).
+    if (a.tiling == Tiling{} && c.d == 128)
+      if (const char *env = std::getenv("DUALKV_TEST_FWD_TILING_D128")) {
+        Tiling t;
+        if (std::sscanf(env, "%d:%d:%d:%d", &t.blockM, &t.blockN, &t.warps,
+                        &t.stages) != 4)
+          throw std::runtime_error(
+              "DUALKV_TEST_FWD_TILING_D128 must be M:N:W:S, e.g. 128:32:4:2");
+        a.tiling = t;
+      }
     return a;
   }
   /// O (widened to float) and LSE as they are on the device now.

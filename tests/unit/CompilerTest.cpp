@@ -36,14 +36,22 @@ size_t count(const std::string &text, const std::string &what) {
 TEST_CASE("compiler: default tilings are the measured spill-free ones",
           "[compiler]") {
   KernelSpec spec;
-  for (int d : {64, 128, 256}) {
-    spec.headDim = d;
-    Tiling t = defaultTiling(spec);
-    CHECK(t.blockM == 128);
-    CHECK(t.blockN == 32);
-    CHECK(t.warps == (d == 256 ? 8 : 4));
-    CHECK(t.stages == 2);
-  }
+  for (const char *arch : {"sm_80", "sm_90", "sm_90a"})
+    for (int d : {64, 128, 256}) {
+      spec.arch = arch;
+      spec.headDim = d;
+      Tiling t = defaultTiling(spec);
+      if (spec.arch == "sm_90a" && d == 128) {
+        // The warpgroup schedule: a warpgroup per 64 rows, 128-key tiles.
+        CHECK(t == Tiling{128, 128, 8, 2});
+        continue;
+      }
+      CHECK(t.blockM == 128);
+      CHECK(t.blockN == 32);
+      CHECK(t.warps == (d == 256 ? 8 : 4));
+      CHECK(t.stages == 2);
+    }
+  spec.arch = "sm_80";
   spec.headDim = 128;
   spec.tiling = {64, 0, 0, 1};
   KernelSpec r = resolveSpec(spec);

@@ -30,7 +30,9 @@ constexpr const char *kUsage = R"(usage: dualkv-aot [options] --out DIR
 Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
 <name>.ptx, <name>.cubin (when ptxas is available) and <name>.json (the spec,
 launch geometry and ptxas register/spill report); a spec asked for several
-archs also gets <name>.fatbin holding every arch's cubin and the PTX. No GPU is
+archs with one tiling (launch geometry) for all of them also gets <name>.fatbin
+holding every arch's cubin and the PTX (default tilings can differ by arch: the
+forward's on sm_90a at head_dim 128 is the warpgroup schedule's). No GPU is
 needed.
 
 options:
@@ -619,7 +621,20 @@ int main(int argc, char **argv) {
       builds.push_back(
           {spec, r.info, std::move(r.ptx), std::move(r.cubin), base});
     }
-    if (builds.size() > 1 && args.cubin) {
+    bool oneTiling = true;
+    std::string tilings;
+    for (const Built &b : builds) {
+      oneTiling = oneTiling && b.spec.tiling == builds.front().spec.tiling;
+      tilings +=
+          fmt::format("{}{} {},{},{},{}", tilings.empty() ? "" : ", ",
+                      b.spec.arch, b.spec.tiling.blockM, b.spec.tiling.blockN,
+                      b.spec.tiling.warps, b.spec.tiling.stages);
+    }
+    if (builds.size() > 1 && args.cubin && !oneTiling) {
+      fmt::print("  no fatbin: the archs' tilings differ ({}), and so do "
+                 "their launch geometries\n",
+                 tilings);
+    } else if (builds.size() > 1 && args.cubin) {
       std::string fatbin = args.out + "/" +
                            kernelFileName(builds.front().spec, false) +
                            ".fatbin";

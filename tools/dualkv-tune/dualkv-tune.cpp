@@ -42,8 +42,8 @@ constexpr const char *kUsage = R"(usage: dualkv-tune [options]
 
 Find the fastest tiling of one DualKV kernel for one head configuration on this
 GPU and record it in the tuning database, under the kernel's kind:
-  fwd     the forward (candidates block_m 64/128, block_n 16/32/64, warps 4/8,
-          stages 1/2); timed: one forward call
+  fwd     the forward (candidates block_m 64/128, block_n 16/32/64/128, warps
+          4/8, stages 1/2); timed: one forward call
   bwd     the backward's fused main kernel (dQ by fp32 atomics; block_m = keys
           a CTA 64/128, block_n = queries a tile 16/32/64, warps 4/8, stages 1:
           the backward does not pipeline); timed: the whole backward call
@@ -211,8 +211,12 @@ std::vector<Candidate> enumerate(const KernelSpec &base) {
     stages = {1};
   std::vector<Candidate> all;
   bool warnedNoPtxas = false;
+  // The forward also tries 128-key tiles (its sm_90a default at head_dim 128).
+  std::vector<int> blockNs = {16, 32, 64};
+  if (!isBackward(base.kind))
+    blockNs.push_back(128);
   for (int m : {64, 128})
-    for (int n : {16, 32, 64})
+    for (int n : blockNs)
       for (int w : {4, 8})
         for (int s : stages) {
           Candidate c;

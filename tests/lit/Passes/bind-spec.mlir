@@ -13,7 +13,7 @@
 
 // D128-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D128-SAME: problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.08838834764831{{[0-9]*}} : f64, causal = true>
-// D128-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
+// D128-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2>
 // D128-SAME: arch "sm_90a" {
 // The body is untouched: the loops still cover all tiles.
 // D128: dualkv.kv_loop <shared> part <all>
@@ -35,7 +35,7 @@
 // Explicit fields win, the rest keep their defaults; "fp16" spells f16.
 // PARTIAL-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // PARTIAL-SAME: head_dim = 128, dtype = f16,
-// PARTIAL-SAME: tiling <block_m = 128, block_n = 64, warps = 4, stages = 2>
+// PARTIAL-SAME: tiling <block_m = 128, block_n = 64, warps = 8, stages = 2>
 
 // Every unbound kernel of the module is bound, each with its kind's default tiling
 // (the backward kinds': see BWD-* below).
@@ -44,7 +44,7 @@
 // CHECK-SAME: tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a"
 // CHECK-LABEL: dualkv.kernel @fwd_kernel kind <fwd>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1,
-// CHECK-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_90a"
+// CHECK-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a"
 dualkv.kernel @bwd_post_kernel kind <bwd_post> {
   dualkv.convert_grads
 }
@@ -79,7 +79,7 @@ func.func @no_kernel() {
 // ERR-P: error: P must be >= 0 (0 means any prompt length), got -1
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=warps=3 2>&1 | FileCheck %s --check-prefix=ERR-WARPS
 // ERR-WARPS: error: warps must be a power of two <= 16, got 3
-// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=block-m=16 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 block-m=16" 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
 // ERR-BLOCK: error: block_m (16) must be a multiple of block_n (32) so causal diagonals stay tile-aligned
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=stages=5 2>&1 | FileCheck %s --check-prefix=ERR-STAGES
 // ERR-STAGES: error: stages must be 1 or 2, got 5

@@ -13,7 +13,7 @@
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=1" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,BF16
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=1 dtype=f16" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,F16
 // stages = 2: the next key tile is prefetched.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=PREFETCH
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=PREFETCH
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=128 block-n=32 warps=4 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=D64
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=64 block-n=32 warps=4 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=D256
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=256 block-n=64 warps=16 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=WIDE
@@ -172,7 +172,7 @@
 // head_dim 128 (128 rows, 8 warps, 32 keys): 4 * (1*8*4 + 1*2*16) = 256.
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "scf.for" | FileCheck %s --check-prefix=LOOPS
 // LOOPS: {{^}}4{{$}}
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA256
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8 stages=2" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA256
 // head_dim 64, block_m 64, block_n 64, 4 warps: 4 * (1*4*8 + 1*4*8) = 256.
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 block-m=64 block-n=64 warps=4" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA256
 // MMA256: {{^}}256{{$}}

@@ -61,9 +61,15 @@
 // CHECK-NEXT: }
 
 // Nothing the lowering produced was dropped on the way: as many MMAs as before.
-// 128 rows, 8 warps, 32 keys, head_dim 128: 4 loops * (32 + 32) = 256.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 block-m=128 block-n=32 warps=8" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA
+// sm_80, 128 rows, 8 warps, 32 keys, head_dim 128: 4 loops * (32 + 32) = 256.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128 block-m=128 block-n=32 warps=8" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA
 // MMA: {{^}}256{{$}}
+// The same tiling on sm_90a is the warpgroup schedule: per loop 8 k-steps of S = Q Kᵀ
+// and 32 / 16 of O += P V, 4 loops * 10 = 40 wgmma, and no mma.sync.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_90a head-dim=128 block-m=128 block-n=32 warps=8" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm > %t.wg
+// RUN: grep -c "wgmma.mma_async" %t.wg | FileCheck %s --check-prefix=WGMMA
+// RUN: not grep "nvvm.mma.sync" %t.wg
+// WGMMA: {{^}}40{{$}}
 
 // The pipeline needs the dualkv lowering first: a template still in dualkv ops is
 // not touched by the upstream half (the dualkv ops survive, unlowered).
