@@ -291,6 +291,18 @@ protected:
     Value swz = arith::XOrIOp::create(b, loc, chunk, remu(r, 8));
     return {add(mul(atom, idx(rows)), r), mul(swz, idx(8))};
   }
+  /// Moves `smem` (dynamic shared memory of `bytes` bytes, 1024 of them
+  /// spare) to its first 1024-byte aligned address, the swizzle's period;
+  /// returns that address.
+  Value alignToSwizzle(Value &smem, int64_t bytes) {
+    Value raw = memref::ExtractAlignedPointerAsIndexOp::create(b, loc, smem);
+    Value pad =
+        remu(arith::SubIOp::create(b, loc, idx(1024), remu(raw, 1024)), 1024);
+    Value aligned = add(raw, pad);
+    smem = memref::ViewOp::create(b, loc, smem.getType(), smem, pad,
+                                  ValueRange{idx(bytes - 1024)});
+    return aligned;
+  }
   /// A swizzled view of `rows` rows x headDim columns at `offset`.
   Value swizzledTile(Value smem, int64_t offset, int64_t rows) {
     return sharedTile(smem, offset, rows * headDim / 64, 64);

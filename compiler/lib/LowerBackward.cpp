@@ -1162,13 +1162,7 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
   int64_t blockBytes = blockM * rowStride * 2;
   if (wgmma) {
-    // Every buffer from a 1024-byte aligned base (the swizzle's period).
-    Value raw = memref::ExtractAlignedPointerAsIndexOp::create(b, loc, smem);
-    Value pad =
-        remu(arith::SubIOp::create(b, loc, idx(1024), remu(raw, 1024)), 1024);
-    smemAddr = add(raw, pad);
-    smem = memref::ViewOp::create(b, loc, bytes, smem, pad,
-                                  ValueRange{idx(sharedBytes() - 1024)});
+    smemAddr = alignToSwizzle(smem, sharedBytes());
     kAddr = smemAddr;
     vAddr = add(smemAddr, idx(blockBytes));
     dsAddr = add(smemAddr, idx(dsOffset()));

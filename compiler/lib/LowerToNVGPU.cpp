@@ -698,12 +698,7 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
   if (wgmma) {
     // Unpadded swizzled tiles from a 1024-byte aligned base.
-    Value raw = memref::ExtractAlignedPointerAsIndexOp::create(b, loc, smem);
-    Value pad =
-        remu(arith::SubIOp::create(b, loc, idx(1024), remu(raw, 1024)), 1024);
-    smemAddr = add(raw, pad);
-    smem = memref::ViewOp::create(b, loc, bytes, smem, pad,
-                                  ValueRange{idx(sharedBytes() - 1024)});
+    smemAddr = alignToSwizzle(smem, sharedBytes());
     qBuf = swizzledTile(smem, 0, blockM);
     kBuf = swizzledTile(smem, kvOffset, blockN);
     vBuf = swizzledTile(smem, kvOffset + blockN * rowStride * 2, blockN);
