@@ -28,6 +28,9 @@ constexpr int64_t kRowPad = 8;
 /// log2(e): the kernels compute exp(x) as exp2(x * log2(e)).
 constexpr float kLog2e = 1.4426950408889634f;
 
+/// Whether `arch` has wgmma (the warpgroup schedules): sm_90a only.
+inline bool hasWgmma(StringRef arch) { return arch == "sm_90a"; }
+
 /// The builders shared by the kernel emitters.
 class FragmentBuilder {
 public:
@@ -418,6 +421,29 @@ protected:
         (aDesc ? std::string(", ") + (tnspA ? "1" : "0") : std::string()) +
         ", " + (tnspB ? "1" : "0") + "; }";
     return asmF32(code, constraints, operands, cnt);
+  }
+
+  /// acc (empty: from zero) += A Bᵀ over the head dimension: A (m64, `aDesc`)
+  /// and B (n rows, `bDesc`) K-major swizzled tiles of `aRows` and `bRows`
+  /// rows; D / 16 k-steps of 32 bytes, the next atom every 4.
+  SmallVector<Value> wgmmaOverHeadDim(SmallVector<Value> acc, int64_t n,
+                                      Value aDesc, int64_t aRows, Value bDesc,
+                                      int64_t bRows) {
+    for (int64_t kt = 0; kt < headDim / 16; ++kt) {
+      int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
+      acc = wgmmaStep(acc, n, descPlus(aDesc, off * aRows + in), {},
+                      descPlus(bDesc, off * bRows + in), false, false);
+    }
+    return acc;
+  }
+  /// acc (m64 x D) += A B with A the packed A fragments `aRegs` (four a
+  /// k-step) and B (`bDesc`, rows x D) N-major, 16 rows a k-step.
+  SmallVector<Value> wgmmaRegsA(SmallVector<Value> acc, ArrayRef<Value> aRegs,
+                                Value bDesc) {
+    for (int64_t kk = 0; kk < int64_t(aRegs.size()) / 4; ++kk)
+      acc = wgmmaStep(acc, headDim, Value(), aRegs.slice(kk * 4, 4),
+                      descPlus(bDesc, kk * 16 * 128), false, true);
+    return acc;
   }
 
   /// Waits until the copy group that filled `tile` has landed, then syncs the

@@ -122,17 +122,17 @@ public:
     // sm_90 and later add four fp32 values with one vector reduction.
     int sm = 0;
     StringRef arch = *kernel.getArch();
-    bool archSpecific = arch.ends_with("a");
+    // sm_90a at 128 keys x 64-query tiles x 8 warps, head_dim 128: the
+    // warpgroup schedule (see the file comment).
+    wgmma = hasWgmma(arch) && blockM == 128 && blockN == 64 && warps == 8 &&
+            headDim == 128;
     if (arch.consume_front("sm_"))
       (void)arch.take_while(llvm::isDigit).getAsInteger(10, sm);
     vectorRed = sm >= 90;
-    // sm_90a at 128 keys x 64-query tiles x 8 warps, head_dim 128: the
-    // warpgroup schedule (see the file comment).
-    wgmma = sm == 90 && archSpecific && blockM == 128 && blockN == 64 &&
-            warps == 8 && headDim == 128;
     if (wgmma) {
       grid2d = false;
       rowStride = headDim;
+      wgmmaReadsTiles = true;
     }
   }
 
@@ -238,18 +238,7 @@ private:
       return FragmentBuilder::waitFor(tile);
     if (tileReady)
       return;
-    if (wgmma) {
-      // As FragmentBuilder::waitFor, with the copies made visible to wgmma.
-      auto it =
-          llvm::find_if(pending, [&](auto &p) { return p.first == lseCur; });
-      nvgpu::DeviceAsyncWaitOp::create(
-          b, loc, it->second,
-          b.getI32IntegerAttr(static_cast<int32_t>(pending.end() - it - 1)));
-      proxyFence();
-      gpu::BarrierOp::create(b, loc);
-    } else {
-      FragmentBuilder::waitFor(lseCur);
-    }
+    FragmentBuilder::waitFor(lseCur);
     tileReady = true;
   }
   bool tileReady = false;
@@ -361,13 +350,7 @@ LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
                          mul(kvHead, isKey ? kStrideH : vStrideH),
                          /*predicated=*/true, Value(), /*swizzled=*/wgmma);
   // Loaded once per CTA: wait right away.
-  if (wgmma) {
-    nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
-    proxyFence();
-    gpu::BarrierOp::create(b, loc);
-  } else {
-    waitAll(group);
-  }
+  waitAll(group);
   map.map(op.getResult(), buf);
   return success();
 }
@@ -704,18 +687,13 @@ void KVMajorEmitter::waitWgmma(Value result, MutableArrayRef<Value> newest) {
 
 void KVMajorEmitter::issueQKTWgmma(QKTOp op) {
   // Each warpgroup 64 keys x BN queries, both operands K-major in shared
-  // memory; D / 16 k-steps of 32 bytes, the next atom every 4.
+  // memory.
   Value aDesc = wgmmaDesc(
       add(addrOf(map.lookup(op.getKv())), mul(warpGroup, idx(64 * 128))), 16,
       1024);
   Value bDesc = wgmmaDesc(addrOf(map.lookup(op.getQ())), 16, 1024);
-  SmallVector<Value> s;
-  for (int64_t kt = 0; kt < kTiles; ++kt) {
-    int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
-    s = wgmmaStep(s, blockN, descPlus(aDesc, off * blockM + in), {},
-                  descPlus(bDesc, off * blockN + in), false, false);
-  }
-  commitWgmma(op.getResult(), s);
+  commitWgmma(op.getResult(),
+              wgmmaOverHeadDim({}, blockN, aDesc, blockM, bDesc, blockN));
 }
 
 LogicalResult KVMajorEmitter::emitQKTWgmma(QKTOp op) {
@@ -748,10 +726,7 @@ LogicalResult KVMajorEmitter::emitAccumulateWgmma(AccumulateOp op) {
   SmallVector<Value> xa = packAFragments(x, 1, nTiles);
   Value bDesc = wgmmaDesc(addrOf(y), blockN * 128, 1024);
   wgmmaFence();
-  for (int64_t kk = 0; kk < blockN / 16; ++kk)
-    acc = wgmmaStep(acc, headDim, Value(), ArrayRef<Value>(&xa[kk * 4], 4),
-                    descPlus(bDesc, kk * 16 * 128), false, true);
-  commitWgmma(op.getResult(), acc);
+  commitWgmma(op.getResult(), wgmmaRegsA(acc, xa, bDesc));
   return success();
 }
 
@@ -1163,9 +1138,6 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   int64_t blockBytes = blockM * rowStride * 2;
   if (wgmma) {
     smemAddr = alignToSwizzle(smem, sharedBytes());
-    kAddr = smemAddr;
-    vAddr = add(smemAddr, idx(blockBytes));
-    dsAddr = add(smemAddr, idx(dsOffset()));
     warpGroup = divu(warp, 4);
     kBuf = swizzledTile(smem, 0, blockM);
     vBuf = swizzledTile(smem, blockBytes, blockM);

@@ -64,7 +64,7 @@ public:
     // sm_90a, head_dim 128, one m16 block a warp (block_m = 16 warps): the
     // warpgroup schedule (see the file comment).
     StringRef arch = *kernel.getArch();
-    wgmma = arch == "sm_90a" && headDim == 128 && !isDq && mTiles == 1 &&
+    wgmma = hasWgmma(arch) && headDim == 128 && !isDq && mTiles == 1 &&
             blockM == 16 * warps && warps % 4 == 0 && blockN % 16 == 0 &&
             blockN <= 256;
     if (wgmma) {
@@ -126,7 +126,9 @@ private:
   // that LLVM keeps each k-step's descriptor as base + immediate instead of
   // hoisting them all into registers), the addresses of Q, K and V.
   Value smemAddr, qAddr, kAddr, vAddr;
-  LogicalResult emitQKWgmma(QKOp op);
+  /// The scores of `op` as C fragments: wgmma, or mma.sync with ldmatrix.
+  SmallVector<Value> qkWgmma();
+  SmallVector<Value> qkMma(QKOp op);
   LogicalResult emitPVWgmma(PVOp op);
   // The prefetched key copy group of the current loop (stages >= 2), if any.
   Value prefetchedKey;
@@ -260,23 +262,18 @@ LogicalResult KernelEmitter::emitLoadKV(LoadKVOp op) {
   return success();
 }
 
-LogicalResult KernelEmitter::emitQKWgmma(QKOp op) {
+SmallVector<Value> KernelEmitter::qkWgmma() {
   // S = Q Kᵀ: warpgroup w owns query rows 64w..64w+63; both operands K-major
-  // in the swizzled tiles, D / 16 k-steps of 32 bytes, the next atom every 4.
+  // in the swizzled tiles.
   Value aDesc =
       wgmmaDesc(add(qAddr, mul(divu(warp, 4), idx(64 * 128))), 16, 1024);
   Value bDesc = wgmmaDesc(kAddr, 16, 1024);
-  SmallVector<Value> s;
   wgmmaFence();
-  for (int64_t kt = 0; kt < kTiles; ++kt) {
-    int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
-    s = wgmmaStep(s, blockN, descPlus(aDesc, off * blockM + in), {},
-                  descPlus(bDesc, off * blockN + in), false, false);
-  }
+  SmallVector<Value> s =
+      wgmmaOverHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
   wgmmaCommit();
   wgmmaWait(0, s);
-  map.map(op.getResult(), pack(s));
-  return success();
+  return s;
 }
 
 LogicalResult KernelEmitter::emitPVWgmma(PVOp op) {
@@ -286,9 +283,7 @@ LogicalResult KernelEmitter::emitPVWgmma(PVOp op) {
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   Value bDesc = wgmmaDesc(vAddr, blockN * 128, 1024);
   wgmmaFence();
-  for (int64_t kk = 0; kk < blockN / 16; ++kk)
-    acc = wgmmaStep(acc, headDim, Value(), ArrayRef<Value>(&p[kk * 4], 4),
-                    descPlus(bDesc, kk * 16 * 128), false, true);
+  acc = wgmmaRegsA(acc, p, bDesc);
   wgmmaCommit();
   wgmmaWait(0, acc);
   map.map(op.getResult(), pack(acc));
@@ -297,13 +292,14 @@ LogicalResult KernelEmitter::emitPVWgmma(PVOp op) {
 
 LogicalResult KernelEmitter::emitQK(QKOp op) {
   waitFor(op.getK());
-  if (wgmma) {
-    if (failed(emitQKWgmma(op)))
-      return failure();
-    if (stages >= 2)
-      prefetchNextKey(op);
-    return success();
-  }
+  map.map(op.getResult(), pack(wgmma ? qkWgmma() : qkMma(op)));
+  // The dQ kernel reads K again (dS K) after its scores: no key prefetch there.
+  if (stages >= 2 && !isDq)
+    prefetchNextKey(op);
+  return success();
+}
+
+SmallVector<Value> KernelEmitter::qkMma(QKOp op) {
   Value qValue = map.lookup(op.getQ());
   Value kTile = map.lookup(op.getK());
   // A fragments of Q from shared memory: the same addressing as emitLoadQ.
@@ -338,11 +334,7 @@ LogicalResult KernelEmitter::emitQK(QKOp op) {
       }
     }
   }
-  map.map(op.getResult(), pack(s));
-  // The dQ kernel reads K again (dS K) after its scores: no key prefetch there.
-  if (stages >= 2 && !isDq)
-    prefetchNextKey(op);
-  return success();
+  return s;
 }
 
 void KernelEmitter::prefetchNextKey(QKOp op) {
