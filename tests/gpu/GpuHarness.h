@@ -226,6 +226,24 @@ inline Case gatherCopies(const Case &packed,
 }
 
 /// Downloads `n` 16-bit values of type `t` and widens them to float.
+/// The tiling in environment variable `name`, if set: "M:N:W:S", or "M:N:W"
+/// with one stage when `withStages` is false; a malformed value throws.
+inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
+  const char *env = std::getenv(name);
+  if (!env)
+    return false;
+  Tiling t;
+  t.stages = 1;
+  int fields = withStages ? 4 : 3;
+  if (std::sscanf(env, withStages ? "%d:%d:%d:%d" : "%d:%d:%d", &t.blockM,
+                  &t.blockN, &t.warps, &t.stages) != fields)
+    throw std::runtime_error(fmt::format(
+        "{} must be {}, e.g. {}", name, withStages ? "M:N:W:S" : "M:N:W",
+        withStages ? "128:32:4:2" : "128:32:8"));
+  out = t;
+  return true;
+}
+
 inline std::vector<float> downloadWidened(const DeviceBuffer &b, size_t n,
                                           DType t) {
   auto h = b.download<uint16_t>(n);
@@ -276,14 +294,7 @@ struct DeviceCase {
     // forward tests on another tiling than the default (e.g. the sm_90a
     // warpgroup schedule's against the mma.sync one).
     if (a.tiling == Tiling{} && c.d == 128)
-      if (const char *env = std::getenv("DUALKV_TEST_FWD_TILING_D128")) {
-        Tiling t;
-        if (std::sscanf(env, "%d:%d:%d:%d", &t.blockM, &t.blockN, &t.warps,
-                        &t.stages) != 4)
-          throw std::runtime_error(
-              "DUALKV_TEST_FWD_TILING_D128 must be M:N:W:S, e.g. 128:32:4:2");
-        a.tiling = t;
-      }
+      tilingFromEnv("DUALKV_TEST_FWD_TILING_D128", true, a.tiling);
     return a;
   }
   /// O (widened to float) and LSE as they are on the device now.
@@ -355,13 +366,7 @@ struct BackwardDeviceCase : DeviceCase {
     // DUALKV_TEST_BWD_TILING=M:N:W runs the backward tests on another tiling of
     // the main kernel than the default (e.g. sm_80's 128:32:8 layout on sm_90).
     if (a.tiling == Tiling{})
-      if (const char *env = std::getenv("DUALKV_TEST_BWD_TILING")) {
-        int m = 0, n = 0, w = 0;
-        if (std::sscanf(env, "%d:%d:%d", &m, &n, &w) != 3)
-          throw std::runtime_error(
-              "DUALKV_TEST_BWD_TILING must be M:N:W, e.g. 128:32:8");
-        a.tiling = {m, n, w, 1};
-      }
+      tilingFromEnv("DUALKV_TEST_BWD_TILING", false, a.tiling);
     if (options.callerWorkspace) {
       int64_t bytes = backwardWorkspaceBytes(a);
       if (!workspace || workspace->bytes < size_t(bytes))
