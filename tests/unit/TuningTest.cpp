@@ -278,6 +278,35 @@ BackwardArgs fakeBackwardArgs(const Plan &plan, int headDim, bool det) {
   return a;
 }
 
+/// A kernel cache in a temporary directory and a tuning database beside it
+/// holding `entries`. The runtime reads the database once per process, at the
+/// first kernel lookup, so each test using this runs in a process of its own
+/// (one ctest entry per test case).
+struct TunedCache {
+  TempDir tmp;
+  ScopedEnv cacheDir{"DUALKV_CACHE_DIR", tmp.path};
+  ScopedEnv always{"DUALKV_ALWAYS_COMPILE", std::nullopt};
+  std::string dbPath = tmp.path + "/tuning.json";
+  ScopedEnv dbEnv{"DUALKV_TUNING_DB", dbPath};
+  explicit TunedCache(const std::vector<TunedEntry> &entries) {
+    TuningDb db;
+    for (const TunedEntry &e : entries)
+      db.put(e);
+    std::string error;
+    REQUIRE(db.save(dbPath, &error));
+  }
+};
+
+/// A tuned entry of the backward's main kernel for 8:2 heads, head_dim 128.
+TunedEntry tunedBwd(const Tiling &tiling) {
+  TunedEntry e;
+  e.spec.kind = KernelKind::Bwd;
+  e.spec.numQHeads = 8;
+  e.spec.numKVHeads = 2;
+  e.spec.tiling = tiling;
+  return e;
+}
+
 /// The shared bytes of the last launch of kernel `name`.
 unsigned sharedOf(const FakeDriver &fake, const std::string &name) {
   for (auto e = fake.events.rbegin(); e != fake.events.rend(); ++e)
@@ -291,32 +320,17 @@ unsigned sharedOf(const FakeDriver &fake, const std::string &name) {
 
 TEST_CASE("tuning: the runtime looks tuned tilings up by kernel kind",
           "[tuning][runtime]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  // The database is read once per process, at the first kernel lookup: this
-  // test runs in a process of its own (one ctest entry per test case).
-  std::string dbPath = tmp.path + "/tuning.json";
-  ScopedEnv dbEnv("DUALKV_TUNING_DB", dbPath);
   const Tiling bwdTuned{64, 32, 4, 1}, fwdTuned{64, 64, 4, 2};
-  TuningDb db;
-  TunedEntry bwd; // head_dim 128: the backward's main kernel only
-  bwd.spec.kind = KernelKind::Bwd;
-  bwd.spec.numQHeads = 8;
-  bwd.spec.numKVHeads = 2;
-  bwd.spec.tiling = bwdTuned;
-  db.put(bwd);
-  TunedEntry fwd = bwd; // head_dim 64: the forward only
+  TunedEntry bwd = tunedBwd(bwdTuned); // head_dim 128: the main kernel only
+  TunedEntry fwd = bwd;                // head_dim 64: the forward only
   fwd.spec.kind = KernelKind::Fwd;
   fwd.spec.headDim = 64;
   fwd.spec.tiling = fwdTuned;
-  db.put(fwd);
-  std::string error;
-  REQUIRE(db.save(dbPath, &error));
+  TunedCache cache({bwd, fwd});
 
   // Every kernel either lookup could pick, each with its own shared bytes; a
   // lookup that took the wrong entry loads the wrong one of these.
-  const std::string &root = tmp.path;
+  const std::string &root = cache.tmp.path;
   for (int d : {64, 128}) {
     const int base = d * 100;
     seed(root, KernelKind::Fwd, d, {}, "attention_fwd", 128, base + 1);
@@ -359,26 +373,13 @@ TEST_CASE("tuning: the runtime looks tuned tilings up by kernel kind",
 TEST_CASE("tuning: a backward launched a KV head at a time takes the tiling "
           "tuned for all of its heads",
           "[tuning][runtime][backward]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  // Read once per process: this test runs in a process of its own.
-  std::string dbPath = tmp.path + "/tuning.json";
-  ScopedEnv dbEnv("DUALKV_TUNING_DB", dbPath);
+  // dualkv-tune measured the whole problem: 8:2 heads.
   const Tiling tuned{64, 32, 4, 1};
-  TuningDb db;
-  TunedEntry bwd; // dualkv-tune measured the whole problem: 8:2 heads
-  bwd.spec.kind = KernelKind::Bwd;
-  bwd.spec.numQHeads = 8;
-  bwd.spec.numKVHeads = 2;
-  bwd.spec.tiling = tuned;
-  db.put(bwd);
-  std::string error;
-  REQUIRE(db.save(dbPath, &error));
+  TunedCache cache({tunedBwd(tuned)});
 
   // The one-KV-head kernels (4:1) with the tuned and the default tiling, each
   // with its own shared bytes; bwd_pre runs on every head (8:2).
-  const std::string &root = tmp.path;
+  const std::string &root = cache.tmp.path;
   seed(root, KernelKind::Bwd, 128, tuned, "attention_bwd", 128, 401, 4, 1);
   seed(root, KernelKind::Bwd, 128, {}, "attention_bwd", 256, 402, 4, 1);
   seed(root, KernelKind::BwdPost, 128, {}, "attention_bwd_post", 256, 0, 4, 1);
