@@ -310,8 +310,8 @@ protected:
   Value swizzledTile(Value smem, int64_t offset, int64_t rows) {
     return sharedTile(smem, offset, rows * headDim / 64, 64);
   }
-  /// Volatile inline PTX; `results` f32 results (returned), tied to the first
-  /// `results` operands when `tied`.
+  /// Volatile inline PTX with `results` f32 results (returned); ties between
+  /// results and operands are spelled in `constraints`.
   SmallVector<Value> asmF32(StringRef code, std::string constraints,
                             ValueRange operands, int64_t results) {
     Type resType;
