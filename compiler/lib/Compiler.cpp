@@ -336,7 +336,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
       func->getAttrOfType<mlir::IntegerAttr>("dualkv.shared_bytes").getInt());
   result.info.blockM = static_cast<int>(
       func->getAttrOfType<mlir::IntegerAttr>("dualkv.block_m").getInt());
-  result.info.threads = spec.tiling.warps * 32;
+  result.info.threads = threadsPerBlock(spec);
 
   result.ptx = emitPTX(gpuModule, spec.arch, options.dumpDir, result.error);
   if (result.ptx.empty()) {

@@ -75,12 +75,13 @@ Tiling defaultTiling(const KernelSpec &spec) {
   case KernelKind::Fwd:
     break;
   }
-  // sm_90a, head_dim 128: the warpgroup schedule (LowerToNVGPU.cpp), 128 query
-  // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:
-  // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2
-  // (benchmarks/NOTES.md).
-  if (spec.arch == "sm_90a" && spec.headDim == 128)
-    return {128, 128, 8, 2};
+  // sm_90a: the warp-specialized TMA schedule (WarpSpecialized/), 128 query
+  // rows in two consumer warpgroups and a producer warpgroup; 128-key tiles,
+  // 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers a
+  // thread (benchmarks/NOTES.md).
+  if (spec.arch == "sm_90a" &&
+      (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256))
+    return {128, spec.headDim == 256 ? 64 : 128, 8, 2};
   // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
   // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
   // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment
@@ -92,6 +93,18 @@ Tiling defaultTiling(const KernelSpec &spec) {
   t.warps = spec.headDim >= 256 ? 8 : 4;
   t.stages = 2;
   return t;
+}
+
+bool usesWarpSpecializedForward(const KernelSpec &spec) {
+  const Tiling &t = spec.tiling;
+  return spec.kind == KernelKind::Fwd && spec.arch == "sm_90a" &&
+         (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
+         t.blockM == 128 && t.warps == 8 && t.stages == 2 &&
+         t.blockN == (spec.headDim == 256 ? 64 : 128);
+}
+
+int threadsPerBlock(const KernelSpec &spec) {
+  return spec.tiling.warps * 32 + (usesWarpSpecializedForward(spec) ? 128 : 0);
 }
 
 KernelSpec resolveSpec(KernelSpec spec) {

@@ -24,6 +24,9 @@
 //===----------------------------------------------------------------------===//
 #include "Fragments.h"
 #include "LowerBackward.h"
+#include "WarpSpecialized/WarpSpecialized.h"
+
+#include "dualkv/Compiler/Compiler.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -711,6 +714,19 @@ LogicalResult KernelEmitter::emit(gpu::GPUModuleOp gpuModule) {
   return success();
 }
 
+/// The same rule as the runtime's (dualkv::usesWarpSpecializedForward).
+bool usesWarpSpecialized(KernelOp kernel) {
+  ::dualkv::KernelSpec spec;
+  spec.kind = ::dualkv::KernelKind::Fwd;
+  spec.arch = kernel.getArch()->str();
+  spec.headDim = static_cast<int>(kernel.getProblem()->getHeadDim());
+  TilingAttr t = *kernel.getTiling();
+  spec.tiling = {
+      static_cast<int>(t.getBlockM()), static_cast<int>(t.getBlockN()),
+      static_cast<int>(t.getWarps()), static_cast<int>(t.getStages())};
+  return ::dualkv::usesWarpSpecializedForward(spec);
+}
+
 struct LowerToNVGPUPass
     : public mlir::dualkv::impl::DualKVLowerToNVGPUBase<LowerToNVGPUPass> {
   void runOnOperation() override {
@@ -732,7 +748,11 @@ struct LowerToNVGPUPass
       }
       int64_t sharedBytes = 0;
       KernelKind kind = kernel.getKind();
-      if (kind == KernelKind::fwd || kind == KernelKind::bwd_dq) {
+      if (kind == KernelKind::fwd && usesWarpSpecialized(kernel)) {
+        if (failed(
+                emitWarpSpecializedForward(kernel, b, gpuModule, &sharedBytes)))
+          return signalPassFailure();
+      } else if (kind == KernelKind::fwd || kind == KernelKind::bwd_dq) {
         KernelEmitter emitter(kernel, b);
         if (failed(emitter.emit(gpuModule)))
           return signalPassFailure();

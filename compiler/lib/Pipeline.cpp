@@ -34,7 +34,8 @@ namespace mlir::dualkv {
 static constexpr const char *kToLLVM =
     "canonicalize,cse,convert-scf-to-cf,"
     "gpu.module(dualkv-nvgpu-to-nvvm{index-bitwidth=32},"
-    "convert-gpu-to-nvvm{index-bitwidth=32 use-bare-ptr-memref-call-conv=1}),"
+    "convert-gpu-to-nvvm{index-bitwidth=32 use-bare-ptr-memref-call-conv=1},"
+    "dualkv-grid-constant-params),"
     "convert-nvvm-to-llvm,reconcile-unrealized-casts";
 
 void registerAllDialects(DialectRegistry &registry) {

@@ -538,6 +538,7 @@ const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
   auto kernel = std::make_unique<LoadedKernel>();
   kernel->context = ctx;
   kernel->info = entry->info;
+  kernel->spec = spec;
   kernel->hash = hash;
   kernel->module = loadModule(driver, *entry, &kernel->fromPtx);
   cuda::check(

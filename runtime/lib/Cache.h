@@ -115,6 +115,7 @@ struct LoadedKernel {
   ModuleHandle module;
   cuda::CUfunction function = nullptr;
   KernelInfo info;
+  KernelSpec spec;      ///< resolved: the tiling and arch it was built for
   std::string hash;     ///< CacheKey::hash()
   bool fromPtx = false; ///< loaded by the driver's JIT, not from the cubin
 };

@@ -49,7 +49,11 @@ namespace {
   X(cuMemsetD32Async, CUresult(CUdeviceptr, unsigned, size_t, CUstream))       \
   X(cuStreamSynchronize, CUresult(CUstream))                                   \
   X(cuGetErrorString, CUresult(CUresult, const char **))                       \
-  X(cuGetErrorName, CUresult(CUresult, const char **))
+  X(cuGetErrorName, CUresult(CUresult, const char **))                         \
+  X(cuTensorMapEncodeTiled,                                                    \
+    CUresult(CUtensorMap *, int, unsigned, void *, const uint64_t *,           \
+             const uint64_t *, const uint32_t *, const uint32_t *, int, int,   \
+             int, int))
 
 /// libcuda.so.1, its entry points resolved once.
 class RealDriver final : public Driver {
@@ -156,6 +160,17 @@ public:
   }
   CUresult getErrorName(CUresult e, const char **str) override {
     return cuGetErrorName_(e, str);
+  }
+  CUresult tensorMapEncodeTiled(CUtensorMap *map, int dataType, unsigned rank,
+                                void *globalAddress, const uint64_t *globalDim,
+                                const uint64_t *globalStrides,
+                                const uint32_t *boxDim,
+                                const uint32_t *elementStrides, int interleave,
+                                int swizzle, int l2Promotion,
+                                int oobFill) override {
+    return cuTensorMapEncodeTiled_(
+        map, dataType, rank, globalAddress, globalDim, globalStrides, boxDim,
+        elementStrides, interleave, swizzle, l2Promotion, oobFill);
   }
 
 private:

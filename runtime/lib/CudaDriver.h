@@ -21,6 +21,17 @@ using CUmodule = struct CUmod_st *;
 using CUfunction = struct CUfunc_st *;
 using CUstream = struct CUstream_st *;
 using CUjit_option = int;
+/// CUtensorMap: 128 opaque bytes, 64-byte aligned.
+struct alignas(64) CUtensorMap {
+  uint64_t opaque[16];
+};
+// cuTensorMapEncodeTiled's enums (cuda.h values).
+constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
+constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
@@ -76,6 +87,12 @@ public:
   virtual CUresult streamSynchronize(CUstream stream) = 0;
   virtual CUresult getErrorString(CUresult error, const char **str) = 0;
   virtual CUresult getErrorName(CUresult error, const char **str) = 0;
+  virtual CUresult
+  tensorMapEncodeTiled(CUtensorMap *map, int dataType, unsigned rank,
+                       void *globalAddress, const uint64_t *globalDim,
+                       const uint64_t *globalStrides, const uint32_t *boxDim,
+                       const uint32_t *elementStrides, int interleave,
+                       int swizzle, int l2Promotion, int oobFill) = 0;
 
   /// cuInit(0), called once per driver; later calls return the first result.
   CUresult initOnce();

@@ -4,7 +4,11 @@
 
 #include "dualkv/dualkv.h"
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <iterator>
+#include <vector>
 
 namespace dualkv {
 
@@ -21,6 +25,44 @@ void validate(const ForwardArgs &a) {
   checkTensor("o", a.o, a.num_tokens, a.num_q_heads, a.head_dim, true);
   checkLse("lse", a.lse, a.lse_stride_h, a.num_tokens, a.num_q_heads);
   checkScaleAndTiling(a.scale, a.tiling);
+}
+
+/// A 3-D tensor map (head_dim, heads, tokens) of `t` whose box is 64
+/// columns (128 bytes, the swizzle's width) of one head and `rows` tokens,
+/// in the 128-byte swizzle the warp-specialized kernels read; tokens past
+/// the tensor read as zeros.
+cuda::CUtensorMap tensorMap(const char *name, const TensorArg &t,
+                            int64_t numTokens, int heads, int headDim,
+                            DType dtype, int rows) {
+  const uint64_t elem = 2;
+  uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  // A size-1 dimension's stride is never used (PyTorch gives such dimensions
+  // odd strides): any multiple of 16 bytes serves the tensor map.
+  int64_t strideH = heads == 1 ? headDim : t.stride_h;
+  int64_t strideT = numTokens == 1 ? int64_t(heads) * strideH : t.stride_t;
+  if (base % 16 || (strideT * elem) % 16 || (strideH * elem) % 16)
+    invalid(fmt::format(
+        "{}: the warp-specialized forward (sm_90a) loads by TMA, which needs "
+        "a 16-byte aligned pointer and token and head strides that are "
+        "multiples of 8 elements (got pointer {:#x}, stride_t {}, stride_h "
+        "{}); pass a tiling of another schedule to run such tensors",
+        name, base, t.stride_t, t.stride_h));
+  uint64_t dims[3] = {uint64_t(headDim), uint64_t(heads), uint64_t(numTokens)};
+  uint64_t strides[2] = {uint64_t(strideH) * elem, uint64_t(strideT) * elem};
+  uint32_t box[3] = {64, 1, uint32_t(rows)};
+  uint32_t unit[3] = {1, 1, 1};
+  cuda::CUtensorMap map;
+  cuda::check(cuda::driver().tensorMapEncodeTiled(
+                  &map,
+                  dtype == DType::BF16 ? cuda::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                       : cuda::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  3, t.data, dims, strides, box, unit,
+                  cuda::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  cuda::CU_TENSOR_MAP_SWIZZLE_128B,
+                  cuda::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  cuda::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+              "cuTensorMapEncodeTiled");
+  return map;
 }
 
 } // namespace
@@ -57,11 +99,27 @@ void forward(const ForwardArgs &args) {
                     &kStrideT, &kStrideH, &vStrideT,   &vStrideH,
                     &oStrideT, &oStrideH, &lseStrideH, &scaleLog2};
 
+  // The warp-specialized schedule loads Q, K and V by TMA: a tensor map each,
+  // built from the caller's pointers and strides for this launch.
+  cuda::CUtensorMap maps[3];
+  std::vector<void *> all(std::begin(params), std::end(params));
+  if (usesWarpSpecializedForward(kernel.spec)) {
+    const Tiling &t = kernel.spec.tiling;
+    maps[0] = tensorMap("q", args.q, args.num_tokens, args.num_q_heads,
+                        args.head_dim, args.dtype, t.blockM);
+    maps[1] = tensorMap("k", args.k, args.num_tokens, args.num_kv_heads,
+                        args.head_dim, args.dtype, t.blockN);
+    maps[2] = tensorMap("v", args.v, args.num_tokens, args.num_kv_heads,
+                        args.head_dim, args.dtype, t.blockN);
+    for (cuda::CUtensorMap &m : maps)
+      all.push_back(&m);
+  }
+
   const KernelInfo &info = kernel.info;
   launch(kernel,
          static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), info.blockM)),
          static_cast<unsigned>(plan.numSegments()),
-         static_cast<unsigned>(args.num_q_heads), args.stream, params);
+         static_cast<unsigned>(args.num_q_heads), args.stream, all.data());
 }
 
 } // namespace dualkv

@@ -41,11 +41,15 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
       spec.arch = arch;
       spec.headDim = d;
       Tiling t = defaultTiling(spec);
-      if (spec.arch == "sm_90a" && d == 128) {
-        // The warpgroup schedule: a warpgroup per 64 rows, 128-key tiles.
-        CHECK(t == Tiling{128, 128, 8, 2});
+      if (spec.arch == "sm_90a") {
+        // The warp-specialized schedule: two consumer warpgroups of 64 rows
+        // (and a producer warpgroup), 128-key tiles, 64 at head_dim 256.
+        CHECK(t == Tiling{128, d == 256 ? 64 : 128, 8, 2});
+        CHECK(usesWarpSpecializedForward(resolveSpec(spec)));
+        CHECK(threadsPerBlock(resolveSpec(spec)) == 384);
         continue;
       }
+      CHECK_FALSE(usesWarpSpecializedForward(resolveSpec(spec)));
       CHECK(t.blockM == 128);
       CHECK(t.blockN == 32);
       CHECK(t.warps == (d == 256 ? 8 : 4));

@@ -282,7 +282,22 @@ struct FakeDriver : cuda::Driver {
     }
     return cuda::CUDA_ERROR_INVALID_VALUE;
   }
+  /// Records the shape of the last tensor map (rank, dims, strides, box).
+  CUresult tensorMapEncodeTiled(cuda::CUtensorMap *map, int, unsigned rank,
+                                void *, const uint64_t *dims,
+                                const uint64_t *strides, const uint32_t *box,
+                                const uint32_t *, int, int, int, int) override {
+    ++tensorMaps;
+    *map = {};
+    lastTensorMapDims.assign(dims, dims + rank);
+    lastTensorMapStrides.assign(strides, strides + rank - 1);
+    lastTensorMapBox.assign(box, box + rank);
+    return cuda::CUDA_SUCCESS;
+  }
 
+  int tensorMaps = 0;
+  std::vector<uint64_t> lastTensorMapDims, lastTensorMapStrides;
+  std::vector<uint32_t> lastTensorMapBox;
   std::string lastPtx, lastFunctionName;
 };
 

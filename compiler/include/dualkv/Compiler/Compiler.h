@@ -61,6 +61,12 @@ struct KernelSpec {
 DUALKV_API Tiling defaultTiling(const KernelSpec &spec);
 /// `spec` with its tiling completed by defaultTiling.
 DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
+/// Whether `spec` (resolved) compiles to the warp-specialized TMA forward of
+/// sm_90a: a producer warpgroup beside the tiling's consumer warps, and Q, K
+/// and V tensor maps after the forward's parameters.
+DUALKV_API bool usesWarpSpecializedForward(const KernelSpec &spec);
+/// Threads per CTA of `spec` (resolved).
+DUALKV_API int threadsPerBlock(const KernelSpec &spec);
 
 /// What a launch needs to know about a compiled kernel.
 struct KernelInfo {

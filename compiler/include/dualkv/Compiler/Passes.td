@@ -77,4 +77,22 @@ def DualKVNVGPUToNVVM : Pass<"dualkv-nvgpu-to-nvvm", "::mlir::gpu::GPUModuleOp">
   let dependentDialects = ["::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"];
 }
 
+def DualKVGridConstantParams : Pass<"dualkv-grid-constant-params", "::mlir::gpu::GPUModuleOp"> {
+  let summary = "Make the TMA tensor-map parameters of kernels 128-byte grid constants";
+  let description = [{
+    A CUtensorMap reaches a kernel by value, as a 128-byte, 64-byte aligned
+    `.param` whose generic address TMA instructions read. `gpu.func` cannot say so
+    (the conversion to `llvm.func` drops `llvm.byval`, and `nvvm.grid_constant`
+    is only valid on kernels), so emitters list the argument indices in the
+    function attribute `dualkv.grid_constants`; after convert-gpu-to-nvvm this
+    pass gives those `!llvm.ptr` arguments `llvm.byval = !llvm.array<128 x i8>`,
+    `llvm.align = 64` and `nvvm.grid_constant`, and drops the list.
+
+    ```mlir
+    llvm.func @k(%map: !llvm.ptr {llvm.align = 64 : i64, llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant})
+    ```
+  }];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"];
+}
+
 #endif // DUALKV_COMPILER_PASSES_TD

@@ -1,0 +1,634 @@
+//===- WarpSpecialized.cpp - the sm_90a warp-specialized TMA forward ------===//
+//
+// A CTA of three warpgroups computes block_m = 128 query rows of one head of
+// one segment:
+//   warpgroup 2, the producer (setmaxnreg down to 24 registers): one thread
+//     loads Q once and then K and V tile after tile by TMA
+//     (cp.async.bulk.tensor) into a ring of `stages` slots, each slot with a
+//     "full" mbarrier (expect_tx: the TMA bytes) and an "empty" one;
+//   warpgroups 0 and 1, the consumers (setmaxnreg up to 240): 64 query rows
+//     each, S = Q Kᵀ and O += P V by wgmma; the scores of tile i + 1 are
+//     issued before P V of tile i, so the softmax of tile i + 1 runs while
+//     the tensor cores still multiply tile i (FlashAttention-3's
+//     intra-warpgroup overlap); the two warpgroups' softmax and GEMMs
+//     interleave on the SM's schedulers.
+// Every tile of the kernel's kv_loops (the shared prompt's full tiles and its
+// masked tail, the response's full tiles and its causal diagonal) is one
+// iteration of a single software pipeline, in the loops' order; the masks of
+// the IR's edge loops are applied only to the iterations of those loops.
+// The tiles sit in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_
+// 128B, boxes of 64 columns) and wgmma read: D / 64 atoms of rows x 128 bytes.
+// The runtime passes one CUtensorMap each for Q, K and V (3-D: head_dim, heads,
+// tokens) as 128-byte grid-constant parameters after the forward's ABI.
+//
+//===----------------------------------------------------------------------===//
+#include "WarpSpecialized.h"
+
+#include "../Fragments.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+namespace {
+
+/// Threads of the producer warpgroup, after the consumers'.
+constexpr int64_t kProducerThreads = 128;
+/// Registers a thread after setmaxnreg: 128 x 24 + 256 x 240 = 384 x 168.
+constexpr int32_t kProducerRegs = 24;
+constexpr int32_t kConsumerRegs = 240;
+constexpr int32_t kEntryRegs = 168;
+
+class WarpSpecializedForward : public FragmentBuilder {
+public:
+  WarpSpecializedForward(KernelOp kernel, OpBuilder &b)
+      : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
+                        kernel.getProblem()->getHeadDim(),
+                        kernel.getTiling()->getWarps()),
+        kernel(kernel) {
+    ProblemAttr p = *kernel.getProblem();
+    TilingAttr t = *kernel.getTiling();
+    blockM = t.getBlockM();
+    blockN = t.getBlockN();
+    stages = t.getStages();
+    groupSize = p.getNumQHeads() / p.getNumKvHeads();
+    nTiles = blockN / 8;
+    dTiles = headDim / 8;
+    wgmmaReadsTiles = true;
+  }
+
+  LogicalResult emit(gpu::GPUModuleOp gpuModule);
+
+  /// [Q][K x stages][V x stages][mbarriers], 1 KB spare for the alignment.
+  int64_t sharedBytes() const {
+    return barrierOffset() + 8 * numBarriers() + 1024;
+  }
+
+private:
+  /// One kv_loop of the tiled IR: its tiles [lb, ub) of `region`, the mask its
+  /// scores pass through (if any), and its first iteration of the pipeline.
+  struct Loop {
+    KVRegion region;
+    std::optional<MaskKind> mask;
+    Value lb, ub, count, offset;
+  };
+  LogicalResult collectLoops();
+  void emitProducer();
+  void emitConsumer();
+
+  int64_t qBytes() const { return blockM * headDim * 2; }
+  int64_t kvBytes() const { return blockN * headDim * 2; }
+  int64_t kOffset(int64_t s) const { return qBytes() + s * kvBytes(); }
+  int64_t vOffset(int64_t s) const { return kOffset(stages) + s * kvBytes(); }
+  int64_t barrierOffset() const { return vOffset(stages); }
+  int64_t numBarriers() const { return 1 + 4 * stages; }
+  // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
+  Value barrier(int64_t index) {
+    return sharedPtr(add(smemAddr, idx(barrierOffset() + 8 * index)));
+  }
+  Value barrierAt(int64_t first, Value slot) {
+    return sharedPtr(add(smemAddr, add(idx(barrierOffset() + 8 * first),
+                                       mul(slot, idx(8 * 4)))));
+  }
+  Value kFull(Value s) { return barrierAt(1, s); }
+  Value vFull(Value s) { return barrierAt(2, s); }
+  Value kEmpty(Value s) { return barrierAt(3, s); }
+  Value vEmpty(Value s) { return barrierAt(4, s); }
+
+  /// A shared-memory address (index) as an LLVM shared pointer.
+  Value sharedPtr(Value addr) {
+    Value i32 = arith::IndexCastOp::create(b, loc, b.getI32Type(), addr);
+    return LLVM::IntToPtrOp::create(
+        b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3), i32);
+  }
+  Value i32Of(Value index) {
+    return arith::IndexCastOp::create(b, loc, b.getI32Type(), index);
+  }
+  void waitParity(Value bar, Value parity) {
+    NVVM::MBarrierTryWaitParityOp::create(b, loc, bar, i32Of(parity),
+                                          i32c(0x989680));
+  }
+  void arrive(Value bar) {
+    NVVM::MBarrierArriveOp::create(b, loc, Type(), bar, Value());
+  }
+  /// TMA of `rows` x headDim elements at token `row`, head `head` of
+  /// `tensorMap` into the swizzled tile at shared address `dst` (D / 64 boxes
+  /// of 64 columns, one atom each).
+  void loadTile(Value tensorMap, Value dst, int64_t rows, Value row, Value head,
+                Value bar) {
+    auto cluster = LLVM::LLVMPointerType::get(b.getContext(), 7);
+    for (int64_t a = 0; a < headDim / 64; ++a) {
+      Value to = LLVM::AddrSpaceCastOp::create(
+          b, loc, cluster, sharedPtr(add(dst, idx(a * rows * 128))));
+      NVVM::CpAsyncBulkTensorGlobalToSharedClusterOp::create(
+          b, loc, to, tensorMap,
+          ValueRange{i32c(int32_t(a * 64)), i32Of(head), i32Of(row)}, bar,
+          ValueRange{}, Value(), Value(), NVVM::TMALoadMode::TILE,
+          /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
+    }
+  }
+  /// Slot and phase parity of pipeline iteration `i`.
+  std::pair<Value, Value> slotOf(Value i) {
+    return {remu(i, stages), remu(divu(i, stages), 2)};
+  }
+  /// The region start (a token) and tile index of pipeline iteration `i`.
+  std::pair<Value, Value> tileOf(Value i);
+
+  SmallVector<Value> scores(Value kAddr);
+  SmallVector<Value> mask(ArrayRef<Value> s, MaskKind kind, Value tile);
+  /// Applies the mask of every masked loop whose iterations include `i`.
+  SmallVector<Value> maskEdges(SmallVector<Value> s, Value i);
+  /// Online softmax of the scores `s` against the running max `m` and sum
+  /// `l` (updated); returns P packed as A fragments, sets `alpha`.
+  SmallVector<Value> softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
+                             MutableArrayRef<Value> l,
+                             MutableArrayRef<Value> alpha);
+  void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
+  void storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
+
+  /// wgmma.wait_group 0 with the accumulators `acc` and the A registers `a`
+  /// of the retiring group tied through it, so nothing redefines them while
+  /// wgmma may still read them.
+  void waitKeeping(MutableArrayRef<Value> acc, MutableArrayRef<Value> a) {
+    SmallVector<Value> regs(acc);
+    regs.append(a.begin(), a.end());
+    SmallVector<Type> types;
+    std::string constraints;
+    for (Value v : regs) {
+      types.push_back(v.getType());
+      constraints += v.getType().isF32() ? "=f," : "=r,";
+    }
+    for (size_t i = 0; i < regs.size(); ++i)
+      constraints += std::to_string(i) + (i + 1 < regs.size() ? "," : "");
+    auto op = LLVM::InlineAsmOp::create(
+        b, loc, LLVM::LLVMStructType::getLiteral(b.getContext(), types), regs,
+        "wgmma.wait_group.sync.aligned 0;", constraints,
+        /*has_side_effects=*/true, /*is_align_stack=*/false,
+        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+        ArrayAttr());
+    for (size_t i = 0; i < regs.size(); ++i) {
+      Value out = LLVM::ExtractValueOp::create(b, loc, op.getResult(0),
+                                               ArrayRef<int64_t>{int64_t(i)});
+      (i < acc.size() ? acc[i] : a[i - acc.size()]) = out;
+    }
+  }
+
+  KernelOp kernel;
+  int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
+  SmallVector<Loop> loops;
+  Value numIters;
+  Value qMap, kMap, vMap;
+  Value oPtr, lsePtr, segPtr, oStrideT, oStrideH, lseStrideH, scaleLog2;
+  Value head, kvHead, segStart, segLen, sharedStart, sharedLen, qRow0;
+  Value smemAddr;
+};
+
+LogicalResult WarpSpecializedForward::collectLoops() {
+  Value offset = idx(0);
+  for (Operation &op : kernel.getBody().front()) {
+    auto loop = dyn_cast<KVLoopOp>(op);
+    if (!loop)
+      continue;
+    Loop l;
+    l.region = loop.getRegion();
+    loop.getBody().walk([&](MaskOp m) { l.mask = m.getKind(); });
+    switch (loop.getPart()) {
+    case LoopPart::all:
+      return loop.emitOpError()
+             << "is not tiled: run dualkv-tile-regions first";
+    case LoopPart::full:
+      l.lb = idx(0);
+      l.ub = l.region == KVRegion::shared ? divu(sharedLen, blockN)
+                                          : divu(qRow0, blockN);
+      break;
+    case LoopPart::tail:
+      l.lb = divu(sharedLen, blockN);
+      l.ub = ceilDiv(sharedLen, blockN);
+      break;
+    case LoopPart::diagonal: {
+      l.lb = divu(qRow0, blockN);
+      Value qEnd = add(qRow0, idx(blockM));
+      Value end =
+          select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
+      l.ub = ceilDiv(end, blockN);
+      break;
+    }
+    }
+    l.count = arith::SubIOp::create(b, loc, l.ub, l.lb);
+    l.offset = offset;
+    offset = add(offset, l.count);
+    loops.push_back(l);
+  }
+  if (loops.empty())
+    return kernel.emitOpError() << "has no kv_loop to schedule";
+  numIters = offset;
+  return success();
+}
+
+std::pair<Value, Value> WarpSpecializedForward::tileOf(Value i) {
+  Value start, tile;
+  for (const Loop &l : loops) {
+    Value s = l.region == KVRegion::shared ? sharedStart : segStart;
+    Value j = add(l.lb, arith::SubIOp::create(b, loc, i, l.offset));
+    if (!start) {
+      start = s, tile = j;
+      continue;
+    }
+    // Later loops start at or after earlier ones: the last that has begun owns
+    // iteration i.
+    Value begun = cmp(arith::CmpIPredicate::uge, i, l.offset);
+    start = select(begun, s, start);
+    tile = select(begun, j, tile);
+  }
+  return {start, tile};
+}
+
+void WarpSpecializedForward::emitProducer() {
+  NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
+                                 NVVM::SetMaxRegisterAction::decrease);
+  // One thread issues every load.
+  Value leader = cmp(arith::CmpIPredicate::eq, tid, idx(threads()));
+  auto one = scf::IfOp::create(b, loc, leader, /*withElseRegion=*/false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(one.thenBlock());
+  Value qBar = barrier(0);
+  NVVM::MBarrierArriveExpectTxOp::create(
+      b, loc, Type(), qBar, i32c(int32_t(qBytes())), NVVM::MemScopeKind::CTA,
+      false, Value());
+  loadTile(qMap, smemAddr, blockM, add(segStart, qRow0), head, qBar);
+
+  auto loop = scf::ForOp::create(b, loc, idx(0), numIters, idx(1));
+  b.setInsertionPointToStart(loop.getBody());
+  Value i = loop.getInductionVar();
+  auto [slot, parity] = slotOf(i);
+  // A fresh barrier completes phase "1" at once: the first pass over the ring
+  // does not wait.
+  Value free = arith::XOrIOp::create(b, loc, parity, idx(1));
+  auto [start, tile] = tileOf(i);
+  Value row = add(start, mul(tile, idx(blockN)));
+  Value slotBytes = mul(slot, idx(kvBytes()));
+  waitParity(kEmpty(slot), free);
+  NVVM::MBarrierArriveExpectTxOp::create(
+      b, loc, Type(), kFull(slot), i32c(int32_t(kvBytes())),
+      NVVM::MemScopeKind::CTA, false, Value());
+  loadTile(kMap, add(smemAddr, add(idx(kOffset(0)), slotBytes)), blockN, row,
+           kvHead, kFull(slot));
+  waitParity(vEmpty(slot), free);
+  NVVM::MBarrierArriveExpectTxOp::create(
+      b, loc, Type(), vFull(slot), i32c(int32_t(kvBytes())),
+      NVVM::MemScopeKind::CTA, false, Value());
+  loadTile(vMap, add(smemAddr, add(idx(vOffset(0)), slotBytes)), blockN, row,
+           kvHead, vFull(slot));
+}
+
+SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
+  // Warpgroup w owns query rows 64w..64w+63; both operands K-major. The Q
+  // address is made opaque per use so LLVM rebuilds its descriptors instead
+  // of keeping all of them live across the loop.
+  Value qAddr = add(opaque(smemAddr), mul(divu(warp, 4), idx(64 * 128)));
+  Value aDesc = wgmmaDesc(qAddr, 16, 1024);
+  Value bDesc = wgmmaDesc(kAddr, 16, 1024);
+  return wgmmaOverHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
+}
+
+void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
+                                        ArrayRef<Value> p, Value vAddr) {
+  // Its own fence: the P V group is issued behind the scores' group, and
+  // ptxas serialises a group whose inputs (descriptors, P) were defined after
+  // the last fence.
+  Value desc = wgmmaDesc(vAddr, blockN * 128, 1024);
+  wgmmaFence();
+  SmallVector<Value> out = wgmmaRegsA(SmallVector<Value>(acc), p, desc);
+  std::copy(out.begin(), out.end(), acc.begin());
+}
+
+SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
+                                                MaskKind kind, Value tile) {
+  SmallVector<Value> s(sIn);
+  Value keyBase = mul(tile, idx(blockN));
+  Value ninf = f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t c = 0; c < 4; ++c) {
+      Value key = add(keyBase, add(idx(nt * 8 + (c % 2)), mul(t, idx(2))));
+      Value drop;
+      if (kind == MaskKind::causal) {
+        Value row =
+            add(add(qRow0, mul(warp, idx(16))), add(idx((c / 2) * 8), g));
+        drop = cmp(arith::CmpIPredicate::ugt, key, row);
+      } else {
+        drop = cmp(arith::CmpIPredicate::uge, key, sharedLen);
+      }
+      s[nt * 4 + c] = select(drop, ninf, s[nt * 4 + c]);
+    }
+  return s;
+}
+
+SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
+                                                     Value i) {
+  for (const Loop &l : loops) {
+    if (!l.mask)
+      continue;
+    Value in = arith::AndIOp::create(
+        b, loc, cmp(arith::CmpIPredicate::uge, i, l.offset),
+        cmp(arith::CmpIPredicate::ult, i, add(l.offset, l.count)));
+    Value vec = pack(s);
+    auto edge = scf::IfOp::create(b, loc, TypeRange{vec.getType()}, in,
+                                  /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(edge.thenBlock());
+      Value j = add(l.lb, arith::SubIOp::create(b, loc, i, l.offset));
+      scf::YieldOp::create(b, loc, pack(mask(s, *l.mask, j)));
+      b.setInsertionPointToStart(edge.elseBlock());
+      scf::YieldOp::create(b, loc, vec);
+    }
+    s = unpack(edge.getResult(0));
+  }
+  return s;
+}
+
+SmallVector<Value>
+WarpSpecializedForward::softmax(ArrayRef<Value> sIn, MutableArrayRef<Value> m,
+                                MutableArrayRef<Value> l,
+                                MutableArrayRef<Value> alpha) {
+  SmallVector<Value> s(sIn), p(s.size());
+  Value ninf = f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t h = 0; h < 2; ++h) {
+    auto at = [&](int64_t nt, int64_t e) { return s[nt * 4 + h * 2 + e]; };
+    Value mx = at(0, 0);
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t e = 0; e < 2; ++e)
+        if (nt || e)
+          mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
+    // The four lanes of a quad hold the same row.
+    mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 1));
+    mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 2));
+    Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
+    Value mNew = arith::MaximumFOp::create(b, loc, m[h], scaled);
+    // A row with no allowed key yet keeps max -inf; subtract 0 so exp2 gives
+    // 0, not NaN.
+    Value isNinf =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, mNew, ninf);
+    Value mUse = select(isNinf, f32c(0.0f), mNew);
+    alpha[h] = exp2(arith::SubFOp::create(b, loc, m[h], mUse));
+    Value negM = arith::NegFOp::create(b, loc, mUse);
+    Value rowSum = f32c(0.0f);
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t e = 0; e < 2; ++e) {
+        Value pe =
+            exp2(LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM));
+        p[nt * 4 + h * 2 + e] = pe;
+        rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
+      }
+    // The running sum stays a per-lane partial; storeOutput reduces the quad.
+    l[h] = LLVM::FMAOp::create(b, loc, l[h], alpha[h], rowSum);
+    m[h] = mNew;
+  }
+  return packAFragments(p, 1, nTiles);
+}
+
+void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
+                                         ArrayRef<Value> l) {
+  Value ln2 = f32c(0.6931471805599453f);
+  for (int64_t h = 0; h < 2; ++h) {
+    Value sum = l[h];
+    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
+    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
+    Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
+    Value row = add(add(qRow0, mul(warp, idx(16))), add(idx(h * 8), g));
+    auto inRange =
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
+                          /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(inRange.thenBlock());
+    Value token = add(segStart, row);
+    Value rowBase = add(mul(token, oStrideT), mul(head, oStrideH));
+    for (int64_t dt = 0; dt < dTiles; ++dt) {
+      Value lo = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2], inv);
+      Value hi = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2 + 1], inv);
+      Value narrow = arith::TruncFOp::create(
+          b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+      Value col = add(idx(dt * 8), mul(t, idx(2)));
+      vector::StoreOp::create(b, loc, narrow, oPtr,
+                              ValueRange{add(rowBase, col)});
+    }
+    auto lead =
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
+                          /*withElseRegion=*/false);
+    b.setInsertionPointToStart(lead.thenBlock());
+    // LSE in natural log: m is kept in the log2 domain of scaled scores.
+    Value lse = arith::MulFOp::create(
+        b, loc, arith::AddFOp::create(b, loc, m[h], log2(sum)), ln2);
+    memref::StoreOp::create(b, loc, lse, lsePtr,
+                            ValueRange{add(mul(head, lseStrideH), token)});
+  }
+}
+
+void WarpSpecializedForward::emitConsumer() {
+  NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
+                                 NVVM::SetMaxRegisterAction::increase);
+  waitParity(barrier(0), idx(0));
+  auto kAddrOf = [&](Value slot) {
+    return add(smemAddr, add(idx(kOffset(0)), mul(slot, idx(kvBytes()))));
+  };
+  auto vAddrOf = [&](Value slot) {
+    return add(smemAddr, add(idx(vOffset(0)), mul(slot, idx(kvBytes()))));
+  };
+
+  // Iteration 0: its scores and probabilities.
+  SmallVector<Value> m(2, f32c(-std::numeric_limits<float>::infinity()));
+  SmallVector<Value> l(2, f32c(0.0f)), alpha(2);
+  Value first = idx(0);
+  waitParity(kFull(first), idx(0));
+  wgmmaFence();
+  SmallVector<Value> s = scores(kAddrOf(first));
+  wgmmaCommit();
+  wgmmaWait(0, s);
+  arrive(kEmpty(first));
+  SmallVector<Value> p = softmax(maskEdges(s, first), m, l, alpha);
+  SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
+
+  // Iterations 1..n-1: scores of i, then P V of i - 1 behind them.
+  SmallVector<Value> inits(acc);
+  inits.append(m);
+  inits.append(l);
+  inits.append(p);
+  auto loop = scf::ForOp::create(b, loc, idx(1), numIters, idx(1), inits);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value i = loop.getInductionVar();
+    auto args = loop.getRegionIterArgs();
+    SmallVector<Value> acc(args.begin(), args.begin() + dTiles * 4);
+    SmallVector<Value> m(args.begin() + dTiles * 4,
+                         args.begin() + dTiles * 4 + 2);
+    SmallVector<Value> l(args.begin() + dTiles * 4 + 2,
+                         args.begin() + dTiles * 4 + 4);
+    SmallVector<Value> p(args.begin() + dTiles * 4 + 4, args.end());
+    SmallVector<Value> alpha(2);
+    auto [slot, parity] = slotOf(i);
+    auto [prevSlot, prevParity] =
+        slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
+    waitParity(kFull(slot), parity);
+    wgmmaFence();
+    SmallVector<Value> s = scores(kAddrOf(slot));
+    wgmmaCommit();
+    waitParity(vFull(prevSlot), prevParity);
+    accumulate(acc, p, vAddrOf(prevSlot));
+    wgmmaCommit();
+    wgmmaWait(1, s);
+    arrive(kEmpty(slot));
+    SmallVector<Value> pNext = softmax(maskEdges(s, i), m, l, alpha);
+    // P passes through the wait too: the P V group reads its registers until
+    // it retires, and LLVM would otherwise give them to the next tile's P.
+    waitKeeping(acc, p);
+    arrive(vEmpty(prevSlot));
+    for (int64_t dt = 0; dt < dTiles; ++dt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value &v = acc[dt * 4 + c];
+        v = arith::MulFOp::create(b, loc, v, alpha[c / 2]);
+      }
+    SmallVector<Value> yielded(acc);
+    yielded.append(m);
+    yielded.append(l);
+    yielded.append(pNext);
+    scf::YieldOp::create(b, loc, yielded);
+  }
+  auto results = loop.getResults();
+  acc.assign(results.begin(), results.begin() + dTiles * 4);
+  m.assign(results.begin() + dTiles * 4, results.begin() + dTiles * 4 + 2);
+  l.assign(results.begin() + dTiles * 4 + 2, results.begin() + dTiles * 4 + 4);
+  p.assign(results.begin() + dTiles * 4 + 4, results.end());
+
+  // The last tile's P V.
+  auto [lastSlot, lastParity] =
+      slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
+  waitParity(vFull(lastSlot), lastParity);
+  accumulate(acc, p, vAddrOf(lastSlot));
+  wgmmaCommit();
+  wgmmaWait(0, acc);
+  arrive(vEmpty(lastSlot));
+  storeOutput(acc, m, l);
+}
+
+LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
+  if (kernel.getKind() != KernelKind::fwd)
+    return kernel.emitOpError() << "the warp-specialized schedule covers the "
+                                   "forward only";
+  if (blockM != 128 || warps != 8 || headDim % 64 || headDim > 256 ||
+      blockN % 16 || blockN > 256 || blockM % blockN)
+    return kernel.emitOpError()
+           << "the warp-specialized schedule needs block_m 128, 8 consumer "
+              "warps, head_dim 64, 128 or 256 and block_n a multiple of 16 "
+              "dividing 128";
+  if (sharedBytes() > 227 * 1024)
+    return kernel.emitOpError() << "needs " << sharedBytes()
+                                << " bytes of shared memory, more than 227 KB";
+
+  Type f32 = b.getF32Type();
+  Type elem = gmem(elemType), f32p = gmem(f32), i32p = gmem(b.getI32Type());
+  auto ptr = LLVM::LLVMPointerType::get(b.getContext());
+  // The forward's ABI (q, k, v, o, lse, segs, 9 strides, scale_log2), then the
+  // tensor maps of Q, K and V.
+  SmallVector<Type> args = {elem, elem, elem, elem, f32p, i32p};
+  args.append(9, b.getI64Type());
+  args.push_back(f32);
+  args.append({ptr, ptr, ptr});
+  Block &entry = createFunc(gpuModule, kernel.getSymName(), args);
+  auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
+  int64_t total = threads() + kProducerThreads;
+  func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
+  func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
+  // Grid-constant tensor maps: the NVVM lowering makes them byval parameters.
+  func->setAttr("dualkv.grid_constants", b.getDenseI64ArrayAttr({16, 17, 18}));
+
+  auto arg = [&](unsigned i) { return entry.getArgument(i); };
+  oPtr = arg(3), lsePtr = arg(4), segPtr = arg(5);
+  oStrideT = indexArg(entry, 12), oStrideH = indexArg(entry, 13),
+  lseStrideH = indexArg(entry, 14);
+  scaleLog2 = arg(15);
+  qMap = arg(16), kMap = arg(17), vMap = arg(18);
+
+  emitThreadIds();
+  Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
+  kvHead = divu(head, groupSize);
+  auto segField = [&](int64_t f) {
+    Value v = memref::LoadOp::create(b, loc, segPtr,
+                                     ValueRange{add(mul(seg, idx(4)), idx(f))});
+    return toIndex(v);
+  };
+  segStart = segField(0), segLen = segField(1), sharedStart = segField(2),
+  sharedLen = segField(3);
+
+  // The grid covers the longest segment; heaviest (last) tiles go first.
+  Value tilesHere = ceilDiv(segLen, blockM);
+  auto live = scf::IfOp::create(
+      b, loc, cmp(arith::CmpIPredicate::ult, tileId, tilesHere),
+      /*withElseRegion=*/false);
+  b.setInsertionPointToStart(live.thenBlock());
+  Value mIdx = arith::SubIOp::create(
+      b, loc, arith::SubIOp::create(b, loc, tilesHere, idx(1)), tileId);
+  qRow0 = mul(mIdx, idx(blockM));
+
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
+  auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                               MemRefLayoutAttrInterface(), workgroup);
+  Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
+  smemAddr = alignToSwizzle(smem, sharedBytes());
+  if (failed(collectLoops()))
+    return failure();
+
+  // Thread 0 initialises the barriers: Q and every "full" barrier complete on
+  // the producer's arrival plus the TMA bytes, every "empty" one when all 256
+  // consumer threads are done with the slot.
+  {
+    auto init =
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, tid, idx(0)),
+                          /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(init.thenBlock());
+    NVVM::MBarrierInitOp::create(b, loc, barrier(0), i32c(1), Value());
+    for (int64_t s = 0; s < stages; ++s) {
+      Value slot = idx(s);
+      NVVM::MBarrierInitOp::create(b, loc, kFull(slot), i32c(1), Value());
+      NVVM::MBarrierInitOp::create(b, loc, vFull(slot), i32c(1), Value());
+      NVVM::MBarrierInitOp::create(b, loc, kEmpty(slot),
+                                   i32c(int32_t(threads())), Value());
+      NVVM::MBarrierInitOp::create(b, loc, vEmpty(slot),
+                                   i32c(int32_t(threads())), Value());
+    }
+  }
+  gpu::BarrierOp::create(b, loc);
+
+  auto role = scf::IfOp::create(
+      b, loc, cmp(arith::CmpIPredicate::uge, tid, idx(threads())),
+      /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(role.thenBlock());
+    emitProducer();
+    b.setInsertionPointToStart(role.elseBlock());
+    emitConsumer();
+  }
+
+  b.setInsertionPointToEnd(&entry);
+  gpu::ReturnOp::create(b, loc);
+  return success();
+}
+
+} // namespace
+
+LogicalResult
+mlir::dualkv::emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
+                                         gpu::GPUModuleOp gpuModule,
+                                         int64_t *sharedBytes) {
+  WarpSpecializedForward emitter(kernel, b);
+  if (failed(emitter.emit(gpuModule)))
+    return failure();
+  *sharedBytes = emitter.sharedBytes();
+  return success();
+}
