@@ -1,8 +1,9 @@
 // dualkv-bind-spec: fixes problem, tiling and arch of every unbound kernel; tiling
 // fields left at 0 take the defaults of dualkv::defaultTiling (the runtime's too),
-// which depend on the kernel's kind. Forward: block_m 128, block_n 32 and stages 2
-// always; warps 8 for head_dim 256, else 4. The backward kinds: at the end of this
-// file. scale = 1/sqrt(head_dim). Change these checks with defaultTiling.
+// which depend on the kernel's kind and arch. Forward on sm_90a (the default arch,
+// the warp-specialized schedule): 128:128:8:2, block_n 64 at head_dim 256; on sm_80:
+// block_m 128, block_n 32 and stages 2, warps 8 for head_dim 256, else 4. The
+// backward kinds: at the end of this file. scale = 1/sqrt(head_dim). Change these checks with defaultTiling.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=D128
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=D64
@@ -21,11 +22,16 @@
 
 // D64-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D64-SAME: head_dim = 64, dtype = bf16, scale = 1.250000e-01 : f64
-// D64-SAME: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
+// D64-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2>
 
 // D256-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D256-SAME: head_dim = 256, dtype = bf16, scale = 6.250000e-02 : f64
-// D256-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
+// D256-SAME: tiling <block_m = 128, block_n = 64, warps = 8, stages = 2>
+
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 arch=sm_80" | FileCheck %s --check-prefix=D64-SM80
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=D256-SM80
+// D64-SM80: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
+// D256-SM80: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
 
 // EXPLICIT-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // EXPLICIT-SAME: problem <P = 512, N = 8, num_q_heads = 16, num_kv_heads = 16, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>

@@ -24,12 +24,24 @@ def main():
             t["block_n"], t["warps"], t["stages"])
         if os.path.basename(path) != name + ".json":
             problems.append("file name does not spell the spec (%s)" % name)
-        if j["threads"] != 32 * t["warps"]:
-            problems.append("threads %d != 32 * warps" % j["threads"])
+        # The warp-specialized schedule (sm_90a, head_dim 64/128/256 at its
+        # tilings): a producer warpgroup beside the consumer warps; Q and a ring
+        # of `stages` K and V tiles unpadded in the 128-byte swizzle, an 8-byte
+        # mbarrier for Q and four a stage, 1 KB to align the tiles.
+        ws = (j["arch"] == "sm_90a" and d in (64, 128, 256)
+              and (t["block_m"], t["warps"], t["stages"]) == (128, 8, 2)
+              and t["block_n"] == (64 if d == 256 else 128))
+        threads = 32 * t["warps"] + (128 if ws else 0)
+        if j["threads"] != threads:
+            problems.append("threads %d != %d" % (j["threads"], threads))
         # Q tile plus one K and one V tile, rows padded by 8 elements of 2 bytes;
         # the warpgroup schedule (sm_90a, head_dim 128, one m16 block a warp)
         # unpadded in the 128-byte swizzle, plus 1 KB to align the tiles.
-        if (j["arch"] == "sm_90a" and d == 128
+        if ws:
+            stages = t["stages"]
+            smem = ((t["block_m"] + 2 * stages * t["block_n"]) * d * 2
+                    + 8 * (1 + 4 * stages) + 1024)
+        elif (j["arch"] == "sm_90a" and d == 128
                 and t["block_m"] == 16 * t["warps"] and t["warps"] % 4 == 0):
             smem = (t["block_m"] + 2 * t["block_n"]) * d * 2 + 1024
         else:
