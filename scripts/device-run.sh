@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, profile (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, profile, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -11,7 +11,8 @@
 # report, table and plot in $OUT/reports.tar.gz, and the headline tables and plots
 # (attention.md, attention_speedup.png, backward_bench.txt, tuned_vs_default.md) beside them.
 # CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward"), BENCH_ARGS
-# dualkv-backward-bench's (e.g. BENCH_ARGS="--configs 16384:16:1024 --modes bwd").
+# dualkv-backward-bench's (e.g. BENCH_ARGS="--configs 16384:16:1024 --modes bwd"),
+# ATTENTION_ARGS bench_attention.py's (e.g. ATTENTION_ARGS="--mode fwd").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/device-out}
@@ -52,6 +53,19 @@ if wants pytest tests && python3 -c "import torch, pytest" 2>/dev/null; then
   step "pytest python/tests" env DUALKV_LIB="$root/build/libdualkv.so" \
     python3 -m pytest -q python/tests
 fi
+if [[ ,$what, == *,sanitize,* ]]; then
+  # compute-sanitizer on the forward kernels (not part of "all"): every tool over the
+  # forward equivalence test (head_dim 64/128/256, bf16 and fp16, packed and
+  # replicated layouts); any report fails the step. SANITIZE_TESTS overrides the test.
+  san=/usr/local/cuda/bin/compute-sanitizer
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    for t in ${SANITIZE_TESTS:-equivalence}; do
+      step "compute-sanitizer --tool $tool dualkv-gpu-tests $t" \
+        "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
+        build/tests/gpu/dualkv-gpu-tests $t
+    done
+  done
+fi
 if [[ ,$what, == *,profile,* ]]; then
   # Nsight Compute on one launch of a backward kernel (not part of "all"): NCU_KERNEL
   # (default attention_bwd) at NCU_CONFIG (default 16384:16:1024), clocks left alone.
@@ -79,9 +93,12 @@ if [[ ,$what, == *,grpo,* ]]; then
 fi
 if wants attention bench; then
   # Forward and forward+backward against the peers (< 8 minutes on an H200).
-  step "bench_attention.py" python3 benchmarks/bench_attention.py \
-    --lib build/libdualkv.so --out "$reports/bench"
-  cp "$reports"/bench/attention.md "$reports"/bench/attention_speedup.png "$out"/ 2>/dev/null
+  # ATTENTION_ARGS adds arguments (e.g. "--mode fwd" for the forward alone).
+  # shellcheck disable=SC2086
+  step "bench_attention.py ${ATTENTION_ARGS:-}" python3 benchmarks/bench_attention.py \
+    --lib build/libdualkv.so --out "$reports/bench" ${ATTENTION_ARGS:-}
+  cp "$reports"/bench/attention.md "$reports"/bench/attention_speedup.png \
+    "$reports"/bench/forward.md "$reports"/bench/forward_speedup.png "$out"/ 2>/dev/null
 fi
 if wants kernels bench && [[ -x build/tests/gpu/dualkv-backward-bench ]]; then
   step "dualkv-backward-bench" bash -c \
