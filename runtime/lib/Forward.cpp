@@ -103,6 +103,10 @@ void forward(const ForwardArgs &args) {
   // built from the caller's pointers and strides for this launch.
   cuda::CUtensorMap maps[3];
   std::vector<void *> all(std::begin(params), std::end(params));
+  unsigned gridX =
+      static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), kernel.info.blockM));
+  unsigned gridY = static_cast<unsigned>(plan.numSegments());
+  uint64_t work = 0;
   if (usesWarpSpecializedForward(kernel.spec)) {
     const Tiling &t = kernel.spec.tiling;
     maps[0] = tensorMap("q", args.q, args.num_tokens, args.num_q_heads,
@@ -113,13 +117,16 @@ void forward(const ForwardArgs &args) {
                         args.head_dim, args.dtype, t.blockN);
     for (cuda::CUtensorMap &m : maps)
       all.push_back(&m);
+    // One CTA per query tile of the plan's forward order, heaviest first.
+    ForwardTable order = plan.forwardTable(kernel.info.blockM);
+    work = order.items;
+    all.push_back(&work);
+    gridX = static_cast<unsigned>(order.numItems);
+    gridY = 1;
   }
 
-  const KernelInfo &info = kernel.info;
-  launch(kernel,
-         static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), info.blockM)),
-         static_cast<unsigned>(plan.numSegments()),
-         static_cast<unsigned>(args.num_q_heads), args.stream, all.data());
+  launch(kernel, gridX, gridY, static_cast<unsigned>(args.num_q_heads),
+         args.stream, all.data());
 }
 
 } // namespace dualkv

@@ -33,6 +33,8 @@ struct Plan::Device {
   cuda::CUdeviceptr table = 0;
   /// Work-item tables by (blockM, chunk).
   std::map<std::pair<int, int64_t>, BackwardTable> backward;
+  /// Forward work orders by blockM.
+  std::map<int, ForwardTable> forward;
 
   ~Device() {
     if (!table || !driver)
@@ -45,6 +47,8 @@ struct Plan::Device {
     if (previous != context)
       driver->ctxSetCurrent(context);
     driver->memFree(table);
+    for (const auto &entry : forward)
+      driver->memFree(entry.second.items);
     for (const auto &entry : backward) {
       driver->memFree(entry.second.items);
       if (entry.second.accTokens)
@@ -165,6 +169,9 @@ void Plan::upload() const {
   device_->driver = &driver;
   device_->context = ctx;
   device_->table = ptr;
+  // The warp-specialized forward's order (128-row tiles) too, so a CUDA graph
+  // captured after upload() never allocates or copies.
+  forwardTableLocked(kForwardOrderBlockM);
 }
 
 bool Plan::uploaded() const {
@@ -233,6 +240,56 @@ BackwardTable Plan::backwardTable(int blockM, int64_t chunk) const {
     }
   }
   device_->backward.emplace(std::make_pair(blockM, chunk), table);
+  return table;
+}
+
+std::vector<int32_t> Plan::forwardOrder(int blockM) const {
+  if (blockM <= 0)
+    invalid(
+        fmt::format("forwardOrder: blockM must be positive, got {}", blockM));
+  struct Tile {
+    int64_t keys;
+    int32_t segment, tile;
+  };
+  std::vector<Tile> tiles;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const Segment &seg = segments_[s];
+    int64_t count = (int64_t(seg.length) + blockM - 1) / blockM;
+    for (int64_t m = 0; m < count; ++m)
+      tiles.push_back(
+          {seg.shared_len + std::min<int64_t>((m + 1) * blockM, seg.length),
+           int32_t(s), int32_t(m)});
+  }
+  std::stable_sort(
+      tiles.begin(), tiles.end(),
+      [](const Tile &a, const Tile &b) { return a.keys > b.keys; });
+  std::vector<int32_t> order;
+  order.reserve(2 * tiles.size());
+  for (const Tile &t : tiles) {
+    order.push_back(t.segment);
+    order.push_back(t.tile);
+  }
+  return order;
+}
+
+ForwardTable Plan::forwardTable(int blockM) const {
+  upload(); // fixes the plan's context
+  if (cuda::currentContext() != deviceContext())
+    invalid("the plan's segment table lives in another CUDA context than the "
+            "current one; build one plan per device");
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  return forwardTableLocked(blockM);
+}
+
+ForwardTable Plan::forwardTableLocked(int blockM) const {
+  auto found = device_->forward.find(blockM);
+  if (found != device_->forward.end())
+    return found->second;
+  std::vector<int32_t> order = forwardOrder(blockM);
+  ForwardTable table;
+  table.numItems = int64_t(order.size() / 2);
+  table.items = copyToDevice(*device_->driver, order, "forward work order");
+  device_->forward.emplace(blockM, table);
   return table;
 }
 

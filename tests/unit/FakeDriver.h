@@ -109,7 +109,10 @@ struct FakeDriver : cuda::Driver {
     uint64_t ptrs[6];
     int64_t strides[9];
     float scaleLog2;
+    uint64_t workOrder;
   } last{};
+  /// Whether launches carry the warp-specialized forward's work order.
+  bool captureWorkOrder = false;
   /// Stream work in order: a memset (name "memset") or a launch of a kernel
   /// with a signature (its name and parameters, 4-byte ones zero-extended).
   struct Event {
@@ -220,12 +223,14 @@ struct FakeDriver : cuda::Driver {
       events.push_back(std::move(e));
       return cuda::CUDA_SUCCESS;
     }
-    last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0};
+    last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0, 0};
     for (int i = 0; i < 6; ++i)
       std::memcpy(&last.ptrs[i], params[i], sizeof(uint64_t));
     for (int i = 0; i < 9; ++i)
       std::memcpy(&last.strides[i], params[6 + i], sizeof(int64_t));
     std::memcpy(&last.scaleLog2, params[15], sizeof(float));
+    if (captureWorkOrder) // the warp-specialized forward: 3 tensor maps first
+      std::memcpy(&last.workOrder, params[19], sizeof(uint64_t));
     return cuda::CUDA_SUCCESS;
   }
   CUresult memAlloc(cuda::CUdeviceptr *ptr, size_t bytes) override {

@@ -426,16 +426,38 @@ TEST_CASE("plan: upload copies the table once and frees it", "[runtime]") {
     Plan plan({{3, {2, 0, 4}}, {2, {1}}});
     plan.upload();
     plan.upload();
-    CHECK(fake.allocs == 1);
+    // The segment table and the warp-specialized forward's work order.
+    CHECK(fake.allocs == 2);
     CHECK(plan.uploaded());
     CHECK(plan.deviceTable() != 0);
-    CHECK(fake.uploaded == plan.segmentTable());
+    CHECK(fake.copies[plan.deviceTable()] == plan.segmentTable());
+    ForwardTable order = plan.forwardTable(Plan::kForwardOrderBlockM);
+    CHECK(fake.allocs == 2);
+    CHECK(order.numItems == 5);
+    CHECK(fake.copies[order.items] ==
+          plan.forwardOrder(Plan::kForwardOrderBlockM));
     // No context was current: device 0's primary context was made current.
     CHECK(fake.primaryRetains == 1);
     CHECK(plan.deviceContext() == fake.primary);
     CHECK(fake.current == fake.primary);
   }
-  CHECK(fake.frees == 1);
+  CHECK(fake.frees == 2);
+}
+
+TEST_CASE("plan: the forward order is every query tile, longest KV walk first",
+          "[runtime]") {
+  // Prompt 300 (3 tiles of 128), responses 200 and 0, then a group with
+  // prompt 10 and response 129: {segment, tile} with the keys each reads.
+  Plan plan({{300, {200, 0}}, {10, {129}}});
+  std::vector<int32_t> order = plan.forwardOrder(128);
+  // Keys: seg 0 tiles 128/256/300; seg 1 (shared 300) 428/500; seg 2 10;
+  // seg 3 (shared 10) 138/139. Ties would keep the segment order.
+  CHECK(order ==
+        std::vector<int32_t>{1, 1, 1, 0, 0, 2, 0, 1, 3, 1, 3, 0, 0, 0, 2, 0});
+  // Equal weights keep their order: two equal responses.
+  Plan twins({{64, {64, 64}}});
+  CHECK(twins.forwardOrder(64) == std::vector<int32_t>{1, 0, 2, 0, 0, 0});
+  CHECK_THROWS_AS(plan.forwardOrder(0), Error);
 }
 
 //===----------------------------------------------------------------------===//
@@ -690,6 +712,8 @@ TEST_CASE("forward: launches the cached kernel with the documented ABI",
   Plan plan({{40, {24, 0, 32}}, {8, {8}}});
   ForwardArgs args = validArgs(plan);
   args.stream = fakePointer(0xABC);
+  // A tiling of the cp.async schedules: a CTA per (tile, segment, head).
+  args.tiling = {128, 64, 8, 2};
 
   // Put the kernel the launch will ask for on disk, so no compile runs.
   CacheEntry entry = sampleEntry(); // 256 threads, 96 KiB shared
@@ -718,7 +742,8 @@ TEST_CASE("forward: launches the cached kernel with the documented ABI",
         std::vector<int64_t>{1024, 128, 256, 128, 256, 128, 1024, 128, 112});
   CHECK(l.scaleLog2 ==
         Approx(1.4426950408889634 / std::sqrt(128.0)).epsilon(1e-6));
-  CHECK(fake.uploaded == plan.segmentTable());
+  CHECK(fake.copies[plan.deviceTable()] == plan.segmentTable());
+  CHECK(fake.tensorMaps == 0);
   // More than 48 KiB of dynamic shared memory needs the opt-in attribute.
   CHECK(
       fake.funcAttributes ==
@@ -732,7 +757,7 @@ TEST_CASE("forward: launches the cached kernel with the documented ABI",
   forward(args);
   CHECK(fake.launches == 2);
   CHECK(fake.cubinLoads == 1);
-  CHECK(fake.allocs == 1);
+  CHECK(fake.allocs == 2); // upload(): the segment table and forward order
   CHECK(cacheStats().memoryHits == 1);
   CHECK(fake.last.scaleLog2 == Approx(0.5 * 1.4426950408889634));
 
@@ -752,6 +777,48 @@ TEST_CASE("forward: launches the cached kernel with the documented ABI",
   CHECK_THAT(e->what(), Contains("another CUDA context"));
   CHECK(fake.launches == 3);
   CHECK(fake.cubinLoads == 1);
+}
+
+TEST_CASE("forward: the warp-specialized kernel takes tensor maps and the "
+          "plan's work order",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{300, {200, 0}}, {10, {129}}});
+  ForwardArgs args = validArgs(plan); // default tiling: 128:128:8:2 on sm_90a
+  REQUIRE(usesWarpSpecializedForward(specFor(args)));
+  CacheEntry entry = sampleEntry();
+  entry.info.threads = 384;
+  seedKernel(tmp.path, args, entry);
+  fake.captureWorkOrder = true;
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  const FakeDriver::Launch &l = fake.last;
+  // One CTA per item of the order (8 query tiles of 128 rows), per head.
+  CHECK(l.grid[0] == 8);
+  CHECK(l.grid[1] == 1);
+  CHECK(l.grid[2] == 8);
+  CHECK(l.block[0] == 384);
+  CHECK(l.ptrs[5] == plan.deviceTable());
+  ForwardTable order = plan.forwardTable(128);
+  CHECK(l.workOrder == order.items);
+  CHECK(fake.copies[order.items] == plan.forwardOrder(128));
+  // Q, K, V: (head_dim, heads, tokens) with the caller's strides in bytes,
+  // boxes of 64 columns x 1 head x block_m (Q) or block_n (K, V) rows.
+  CHECK(fake.tensorMaps == 3);
+  CHECK(fake.lastTensorMapDims == std::vector<uint64_t>{128, 2, 639});
+  CHECK(fake.lastTensorMapStrides == std::vector<uint64_t>{256, 512});
+  CHECK(fake.lastTensorMapBox == std::vector<uint32_t>{64, 1, 128});
+  // TMA needs 16-byte strides, as every schedule does: refused up front.
+  args.v.stride_t = 260;
+  std::optional<Error> e = errorOf([&] { forward(args); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("v.stride_t (260) must be a multiple of 8"));
+  CHECK(fake.launches == 1);
 }
 
 //===----------------------------------------------------------------------===//

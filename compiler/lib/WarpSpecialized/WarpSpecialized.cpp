@@ -19,7 +19,9 @@
 // The tiles sit in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_
 // 128B, boxes of 64 columns) and wgmma read: D / 64 atoms of rows x 128 bytes.
 // The runtime passes one CUtensorMap each for Q, K and V (3-D: head_dim, heads,
-// tokens) as 128-byte grid-constant parameters after the forward's ABI.
+// tokens) as 128-byte grid-constant parameters after the forward's ABI, then
+// the plan's forward work order (Plan::forwardTable): CTA x computes item x,
+// the longest KV walks first.
 //
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
@@ -534,7 +536,7 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   SmallVector<Type> args = {elem, elem, elem, elem, f32p, i32p};
   args.append(9, b.getI64Type());
   args.push_back(f32);
-  args.append({ptr, ptr, ptr});
+  args.append({ptr, ptr, ptr, i32p});
   Block &entry = createFunc(gpuModule, kernel.getSymName(), args);
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kProducerThreads;
@@ -549,10 +551,18 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   lseStrideH = indexArg(entry, 14);
   scaleLog2 = arg(15);
   qMap = arg(16), kMap = arg(17), vMap = arg(18);
+  Value workPtr = arg(19);
 
   emitThreadIds();
-  Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
-  Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  // Block x takes work item x of the plan's forward order ({segment, query
+  // tile}, heaviest first), block z is the head.
+  Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  auto workField = [&](int64_t f) {
+    return toIndex(memref::LoadOp::create(
+        b, loc, workPtr, ValueRange{add(mul(item, idx(2)), idx(f))}));
+  };
+  Value seg = workField(0);
+  qRow0 = mul(workField(1), idx(blockM));
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
   kvHead = divu(head, groupSize);
   auto segField = [&](int64_t f) {
@@ -562,16 +572,6 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   };
   segStart = segField(0), segLen = segField(1), sharedStart = segField(2),
   sharedLen = segField(3);
-
-  // The grid covers the longest segment; heaviest (last) tiles go first.
-  Value tilesHere = ceilDiv(segLen, blockM);
-  auto live = scf::IfOp::create(
-      b, loc, cmp(arith::CmpIPredicate::ult, tileId, tilesHere),
-      /*withElseRegion=*/false);
-  b.setInsertionPointToStart(live.thenBlock());
-  Value mIdx = arith::SubIOp::create(
-      b, loc, arith::SubIOp::create(b, loc, tilesHere, idx(1)), tileId);
-  qRow0 = mul(mIdx, idx(blockM));
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);

@@ -39,6 +39,13 @@ struct BackwardTable {
   int64_t numAccRows = 0; ///< rows of the fp32 dK/dV accumulators
 };
 
+/// The forward's work order of a plan on the device, as Plan::forwardTable
+/// returns it: int32 [numItems][2] = {segment, query tile}, heaviest first.
+struct ForwardTable {
+  uint64_t items = 0;   ///< device address
+  int64_t numItems = 0; ///< query tiles of every segment (CTAs per head)
+};
+
 /// The packed layout of a batch, built once per micro-batch on the host: the
 /// groups back to back, `[prompt | response_1 | ... | response_N]`, cut into
 /// segments (each prompt, each non-empty response). The segment table, int32
@@ -94,8 +101,22 @@ public:
   /// plan's life. Like upload() (which it calls), the first call allocates
   /// and copies synchronously; the current context must be the plan's.
   BackwardTable backwardTable(int blockM, int64_t chunk) const;
+  /// The query tiles of `blockM` rows of every segment, ordered by the keys
+  /// they read (the prompt they see plus their causal part), longest first,
+  /// so the last CTAs of a launch are the shortest; ties keep the segment
+  /// order. Built in O(tiles log tiles) and copied on first use per blockM
+  /// (by upload() for kForwardOrderBlockM), kept for the plan's life, like
+  /// backwardTable.
+  ForwardTable forwardTable(int blockM) const;
+  /// The host side of forwardTable: {segment, tile} pairs.
+  std::vector<int32_t> forwardOrder(int blockM) const;
+
+  /// The tile height whose forward order upload() builds eagerly: the
+  /// warp-specialized forward's block_m.
+  static constexpr int kForwardOrderBlockM = 128;
 
 private:
+  ForwardTable forwardTableLocked(int blockM) const;
   struct Device;
   int64_t numTokens_ = 0;
   int numGroups_ = 0;

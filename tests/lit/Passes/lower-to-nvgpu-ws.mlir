@@ -8,10 +8,10 @@
 
 // 384 threads; the entry cap 168 = 65536 / 384 registers that setmaxnreg moves;
 // Q, K and V tensor maps are arguments 16-18 (grid constants after the NVVM
-// lowering). Shared memory: Q (128 rows) and two stages of K and V (128 rows each)
+// lowering), the plan's forward work order ({segment, tile} pairs) argument 19. Shared memory: Q (128 rows) and two stages of K and V (128 rows each)
 // at 256 bytes a row, nine 8-byte mbarriers, 1 KB of alignment.
 // CHECK-LABEL: gpu.func @attention_fwd(
-// CHECK-SAME: %arg16: !llvm.ptr, %arg17: !llvm.ptr, %arg18: !llvm.ptr)
+// CHECK-SAME: %arg16: !llvm.ptr, %arg17: !llvm.ptr, %arg18: !llvm.ptr, %arg19: memref<2147483647xi32, #gpu.address_space<global>>)
 // CHECK-SAME: dualkv.grid_constants = array<i64: 16, 17, 18>, dualkv.shared_bytes = 164936 : i64, known_block_size = array<i32: 384, 1, 1>, nvvm.maxnreg = 168 : i32
 // Q full, then K full, V full, K empty, V empty of each of the two stages; the
 // "empty" barriers count the 256 consumer threads.
