@@ -10,8 +10,9 @@
 //     each, S = Q Kᵀ and O += P V by wgmma; the scores of tile i + 1 are
 //     issued before P V of tile i, so the softmax of tile i + 1 runs while
 //     the tensor cores still multiply tile i (FlashAttention-3's
-//     intra-warpgroup overlap); the two warpgroups' softmax and GEMMs
-//     interleave on the SM's schedulers.
+//     intra-warpgroup overlap); the two warpgroups take turns to issue their
+//     GEMMs (named barriers 1 and 2), so one's softmax runs under the other's
+//     GEMMs (ping-pong).
 // Every tile of the kernel's kv_loops (the shared prompt's full tiles and its
 // masked tail, the response's full tiles and its causal diagonal) is one
 // iteration of a single software pipeline, in the loops' order; the masks of
@@ -130,6 +131,32 @@ private:
           /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
     }
   }
+  /// Ping-pong of the two consumer warpgroups (FlashAttention-3): a warpgroup
+  /// issues its GEMMs only in its turn (named barrier 1 + w, both warpgroups'
+  /// 256 threads), then hands the turn to the other, so one's softmax runs
+  /// under the other's GEMMs. Warpgroup 1 hands warpgroup 0 the first turn;
+  /// each warpgroup takes as many turns as the other, and warpgroup 1 passes
+  /// none on after its last, so both barriers end balanced.
+  void turnBegin() {
+    NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(1), wg)),
+                            i32c(int32_t(threads())),
+                            NVVM::BarrierReductionAttr(), Value());
+  }
+  void turnEnd() {
+    NVVM::BarrierArriveOp::create(
+        b, loc, i32Of(arith::SubIOp::create(b, loc, idx(2), wg)),
+        i32c(int32_t(threads())));
+  }
+  /// turnEnd for warpgroup `w` only.
+  void turnEndIf(int64_t w) {
+    auto only =
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, wg, idx(w)),
+                          /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(only.thenBlock());
+    turnEnd();
+  }
+
   /// Slot and phase parity of pipeline iteration `i`.
   std::pair<Value, Value> slotOf(Value i) {
     return {remu(i, stages), remu(divu(i, stages), 2)};
@@ -183,7 +210,7 @@ private:
   Value qMap, kMap, vMap;
   Value oPtr, lsePtr, segPtr, oStrideT, oStrideH, lseStrideH, scaleLog2;
   Value head, kvHead, segStart, segLen, sharedStart, sharedLen, qRow0;
-  Value smemAddr;
+  Value smemAddr, wg;
 };
 
 LogicalResult WarpSpecializedForward::collectLoops() {
@@ -441,11 +468,15 @@ void WarpSpecializedForward::emitConsumer() {
   // Iteration 0: its scores and probabilities.
   SmallVector<Value> m(2, f32c(-std::numeric_limits<float>::infinity()));
   SmallVector<Value> l(2, f32c(0.0f)), alpha(2);
+  wg = divu(warp, 4);
+  turnEndIf(1);
   Value first = idx(0);
   waitParity(kFull(first), idx(0));
+  turnBegin();
   wgmmaFence();
   SmallVector<Value> s = scores(kAddrOf(first));
   wgmmaCommit();
+  turnEnd();
   wgmmaWait(0, s);
   arrive(kEmpty(first));
   SmallVector<Value> p = softmax(maskEdges(s, first), m, l, alpha);
@@ -473,12 +504,14 @@ void WarpSpecializedForward::emitConsumer() {
     auto [prevSlot, prevParity] =
         slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
     waitParity(kFull(slot), parity);
+    waitParity(vFull(prevSlot), prevParity);
+    turnBegin();
     wgmmaFence();
     SmallVector<Value> s = scores(kAddrOf(slot));
     wgmmaCommit();
-    waitParity(vFull(prevSlot), prevParity);
     accumulate(acc, p, vAddrOf(prevSlot));
     wgmmaCommit();
+    turnEnd();
     wgmmaWait(1, s);
     arrive(kEmpty(slot));
     SmallVector<Value> pNext = softmax(maskEdges(s, i), m, l, alpha);
@@ -507,8 +540,10 @@ void WarpSpecializedForward::emitConsumer() {
   auto [lastSlot, lastParity] =
       slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
   waitParity(vFull(lastSlot), lastParity);
+  turnBegin();
   accumulate(acc, p, vAddrOf(lastSlot));
   wgmmaCommit();
+  turnEndIf(0);
   wgmmaWait(0, acc);
   arrive(vEmpty(lastSlot));
   storeOutput(acc, m, l);
