@@ -54,7 +54,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // 128 keys and values a CTA in 8 warps (dK and dV take 2 x 64 fp32
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
     // the dQ reductions (benchmarks/NOTES.md). sm_90 and later: 64-query
-    // tiles in the two-dimensional warp layout (LowerBackward.cpp), which
+    // tiles in the two-dimensional warp layout (MmaSync/KVMajor.cpp), which
     // reads a third less shared memory a query (on sm_90a at head_dim 128
     // the warpgroup schedule: wgmma); its 171 KB of shared memory
     // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
@@ -75,7 +75,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
   case KernelKind::Fwd:
     break;
   }
-  // sm_90a, head_dim 128: the warpgroup schedule (LowerToNVGPU.cpp), 128 query
+  // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/Forward.cpp), 128 query
   // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:
   // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2
   // (benchmarks/NOTES.md).

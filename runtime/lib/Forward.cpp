@@ -51,11 +51,14 @@ void forward(const ForwardArgs &args) {
   // The kernels use exp2, so the scale arrives premultiplied by log2(e).
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
-  // The order is the kernel's ABI (DESIGN.md §4, the compiler's signature).
-  void *params[] = {&q,        &k,        &v,          &o,
-                    &lse,      &segs,     &qStrideT,   &qStrideH,
-                    &kStrideT, &kStrideH, &vStrideT,   &vStrideH,
-                    &oStrideT, &oStrideH, &lseStrideH, &scaleLog2};
+  LaunchParams params(KernelKind::Fwd);
+  params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("o", o).ptr("lse", lse);
+  params.ptr("segs", segs).f32("scaleLog2", scaleLog2);
+  params.i64("qStrideT", qStrideT).i64("qStrideH", qStrideH);
+  params.i64("kStrideT", kStrideT).i64("kStrideH", kStrideH);
+  params.i64("vStrideT", vStrideT).i64("vStrideH", vStrideH);
+  params.i64("oStrideT", oStrideT).i64("oStrideH", oStrideH);
+  params.i64("lseStrideH", lseStrideH);
 
   const KernelInfo &info = kernel.info;
   launch(kernel,

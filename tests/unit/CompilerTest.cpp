@@ -130,7 +130,7 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
 namespace {
 
 /// Dynamic shared memory of a backward kernel by docs/backward-abi.md and the
-/// buffers LowerBackward.cpp / LowerToNVGPU.cpp lay out: tiles of 2-byte
+/// buffers Common/KVMajor.h / Common/QueryMajor.h lay out: tiles of 2-byte
 /// elements with rows padded by 8 elements.
 int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   const int row = (d + 8) * 2;
