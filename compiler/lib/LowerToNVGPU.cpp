@@ -1,9 +1,11 @@
 //===- LowerToNVGPU.cpp - dualkv-lower-to-nvgpu: dispatch to a schedule ---===//
 //
-// Turns every bound, tiled dualkv.kernel into a gpu.func. The pass only
-// dispatches: each schedule lives in a folder of its own (MmaSync/, Wgmma/),
-// built on what they share (Common/); the elementwise backward kernels
-// (bwd_pre, bwd_post) are the same under every schedule.
+// Turns every bound, tiled dualkv.kernel into a gpu.func named
+// <kernel>_<schedule>. The pass only dispatches on the schedule the kernel
+// records (chosen by dualkv-bind-spec): each schedule lives in a folder of its
+// own (MmaSync/, Wgmma/, WarpSpecialized/), built on what they share
+// (Common/); the elementwise backward kernels (bwd_pre, bwd_post) belong to
+// the mma_sync schedule.
 //
 //===----------------------------------------------------------------------===//
 #include "Common/KVMajor.h"
@@ -20,36 +22,34 @@ using namespace mlir::dualkv;
 
 namespace {
 
-/// Whether `kernel` takes the warpgroup schedule.
-bool usesWgmma(KernelOp kernel) {
-  if (*kernel.getArch() != "sm_90a" || kernel.getProblem()->getHeadDim() != 128)
-    return false;
-  TilingAttr t = *kernel.getTiling();
-  int64_t blockM = t.getBlockM(), blockN = t.getBlockN(), warps = t.getWarps();
-  switch (kernel.getKind()) {
-  case KernelKind::fwd:
-    // One m16 block a warp (block_m = 16 warps), whole warpgroups.
-    return blockM == 16 * warps && warps % 4 == 0 && blockN % 16 == 0 &&
-           blockN <= 256;
-  case KernelKind::bwd:
-  case KernelKind::bwd_kv:
-    return blockM == 128 && blockN == 64 && warps == 8;
-  default:
-    return false;
-  }
-}
-
+/// Emits `kernel` (bound, tiled) with the schedule it records. The
+/// schedule's folder holds its emitters; this is the only place that maps
+/// schedules to them.
 LogicalResult emitKernel(KernelOp kernel, OpBuilder &b,
                          gpu::GPUModuleOp gpuModule, int64_t *sharedBytes) {
   KernelKind kind = kernel.getKind();
-  if (kind == KernelKind::bwd_pre || kind == KernelKind::bwd_post)
-    return emitElementwiseKernel(kernel, b, gpuModule, sharedBytes);
   bool queryMajor = kind == KernelKind::fwd || kind == KernelKind::bwd_dq;
-  if (!usesWgmma(kernel))
-    return queryMajor ? emitMmaSyncQueryMajor(kernel, b, gpuModule, sharedBytes)
-                      : emitMmaSyncKVMajor(kernel, b, gpuModule, sharedBytes);
-  return queryMajor ? emitWgmmaForward(kernel, b, gpuModule, sharedBytes)
-                    : emitWgmmaKVMajor(kernel, b, gpuModule, sharedBytes);
+  bool kvMajor = kind == KernelKind::bwd || kind == KernelKind::bwd_kv;
+  Schedule schedule = *kernel.getSchedule();
+  switch (schedule) {
+  case Schedule::mma_sync:
+    if (queryMajor)
+      return emitMmaSyncQueryMajor(kernel, b, gpuModule, sharedBytes);
+    if (kvMajor)
+      return emitMmaSyncKVMajor(kernel, b, gpuModule, sharedBytes);
+    return emitElementwiseKernel(kernel, b, gpuModule, sharedBytes);
+  case Schedule::wgmma:
+    if (kind == KernelKind::fwd)
+      return emitWgmmaForward(kernel, b, gpuModule, sharedBytes);
+    if (kvMajor)
+      return emitWgmmaKVMajor(kernel, b, gpuModule, sharedBytes);
+    break;
+  case Schedule::warp_specialized:
+    // The sm_90a TMA forward (compiler/lib/WarpSpecialized) is not wired yet.
+    break;
+  }
+  return kernel.emitOpError()
+         << "has no " << stringifySchedule(schedule) << " lowering";
 }
 
 struct LowerToNVGPUPass
@@ -71,11 +71,16 @@ struct LowerToNVGPUPass
             << "is not bound to a spec: run dualkv-bind-spec first";
         return signalPassFailure();
       }
+      // The entry point is named after the schedule: attention_fwd_wgmma.
+      std::string entry =
+          (kernel.getSymName() + "_" + stringifySchedule(*kernel.getSchedule()))
+              .str();
+      kernel.setSymName(entry);
       int64_t sharedBytes = 0;
       if (failed(emitKernel(kernel, b, gpuModule, &sharedBytes)))
         return signalPassFailure();
       // The launch reads these off the IR (and the runtime off KernelInfo).
-      auto func = gpuModule.lookupSymbol<gpu::GPUFuncOp>(kernel.getSymName());
+      auto func = gpuModule.lookupSymbol<gpu::GPUFuncOp>(entry);
       func->setAttr("dualkv.shared_bytes", b.getI64IntegerAttr(sharedBytes));
       func->setAttr("dualkv.block_m",
                     b.getI64IntegerAttr(kernel.getTiling()->getBlockM()));

@@ -158,9 +158,9 @@ Args parseArgs(int argc, char **argv) {
     } else if (flag == "--report") {
       a.report = v;
     } else if (flag == "--arch") {
-      if (v.rfind("sm_", 0) != 0)
-        usageError(
-            fmt::format("--arch must look like sm_80 or sm_90a, got '{}'", v));
+      std::string why;
+      if (!dualkv::Arch::parse(v, &why))
+        usageError("--arch: " + why);
       a.arch = v;
     } else {
       usageError(fmt::format("unknown option '{}'", flag));

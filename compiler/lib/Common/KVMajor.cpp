@@ -24,11 +24,9 @@ KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
   dsRowStride = blockN + kRowPad;
   withDq = kernel.getKind() == KernelKind::bwd;
   // sm_90 and later add four fp32 values with one vector reduction.
-  int sm = 0;
-  StringRef arch = *kernel.getArch();
-  if (arch.consume_front("sm_"))
-    (void)arch.take_while(llvm::isDigit).getAsInteger(10, sm);
-  vectorRed = sm >= 90;
+  std::optional<::dualkv::Arch> arch =
+      ::dualkv::Arch::parse(kernel.getArch()->str());
+  vectorRed = arch && arch->number >= 90;
 }
 
 Value KVMajorEmitter::itemField(int64_t f, bool fresh) {
