@@ -73,7 +73,7 @@ snapshot() {
 }
 
 normalize() {
-  sed -E 's/\b(attention_[a-z_]*[a-z])_(mma_sync|wgmma|warp_specialized)\b/\1/g' "$1"
+  sed -E 's/\b(attention_[a-z_]*[a-z])_(mma_sync|wgmma|warp_specialized)(_param_[0-9]+)?\b/\1\3/g' "$1"
 }
 
 diffdirs() {
