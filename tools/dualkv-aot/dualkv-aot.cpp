@@ -667,19 +667,28 @@ int main(int argc, char **argv) {
       builds.push_back(
           {spec, r.info, std::move(r.ptx), std::move(r.cubin), base});
     }
-    bool oneTiling = true;
-    std::string tilings;
+    // A fatbin holds one kernel for every arch: one launch geometry and one
+    // entry point, so one tiling and one schedule.
+    bool oneTiling = true, oneEntry = true;
+    std::string tilings, schedules;
     for (const Built &b : builds) {
       oneTiling = oneTiling && b.spec.tiling == builds.front().spec.tiling;
+      oneEntry = oneEntry && b.info.name == builds.front().info.name;
       tilings +=
           fmt::format("{}{} {},{},{},{}", tilings.empty() ? "" : ", ",
                       b.spec.arch, b.spec.tiling.blockM, b.spec.tiling.blockN,
                       b.spec.tiling.warps, b.spec.tiling.stages);
+      schedules += fmt::format("{}{} {}", schedules.empty() ? "" : ", ",
+                               b.spec.arch, dualkv::toString(b.spec.schedule));
     }
     if (builds.size() > 1 && args.cubin && !oneTiling) {
       fmt::print("  no fatbin: the archs' tilings differ ({}), and so do "
                  "their launch geometries\n",
                  tilings);
+    } else if (builds.size() > 1 && args.cubin && !oneEntry) {
+      fmt::print("  no fatbin: the archs' schedules differ ({}), and so do "
+                 "their entry points\n",
+                 schedules);
     } else if (builds.size() > 1 && args.cubin) {
       std::string fatbin = args.out + "/" +
                            kernelFileName(builds.front().spec, false) +
