@@ -56,7 +56,7 @@ double effectiveScale(float scale, int headDim);
 /// The parameters of one launch, set by name as the kernel kind's table
 /// (KernelAbi.h) declares them; a name or type it does not declare throws
 /// Error (Internal). The values must outlive the launch.
-class LaunchParams {
+class DUALKV_API LaunchParams {
 public:
   explicit LaunchParams(KernelKind kind);
   /// A device address (any pointer parameter).
