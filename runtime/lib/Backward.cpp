@@ -390,8 +390,8 @@ void backward(const BackwardArgs &args) {
   {
     LaunchParams params(KernelKind::BwdPre);
     params.ptr("o", o).ptr("dout", dout).ptr("delta", delta);
-    params.i64("oStrideT", oStrideT).i64("oStrideH", oStrideH);
-    params.i64("doStrideT", doStrideT).i64("doStrideH", doStrideH);
+    params.strides("o", oStrideT, oStrideH);
+    params.strides("do", doStrideT, doStrideH);
     params.i64("deltaStrideH", deltaStrideH).i64("numTokens", numTokens);
     launch(pre, static_cast<unsigned>(ceilDiv(T, pre.info.blockM)),
            static_cast<unsigned>(Hq), 1, args.stream, params);
@@ -433,12 +433,12 @@ void backward(const BackwardArgs &args) {
       params.ptr("dk", dk).ptr("dv", dv).ptr("lse", sliceLse);
       params.ptr("delta", sliceDelta).ptr("dqacc", dqacc);
       params.ptr("dkacc", dkacc).ptr("dvacc", dvacc).ptr("items", items);
-      params.i64("qStrideT", qStrideT).i64("qStrideH", qStrideH);
-      params.i64("kStrideT", kStrideT).i64("kStrideH", kStrideH);
-      params.i64("vStrideT", vStrideT).i64("vStrideH", vStrideH);
-      params.i64("doStrideT", doStrideT).i64("doStrideH", doStrideH);
-      params.i64("dkStrideT", dkStrideT).i64("dkStrideH", dkStrideH);
-      params.i64("dvStrideT", dvStrideT).i64("dvStrideH", dvStrideH);
+      params.strides("q", qStrideT, qStrideH);
+      params.strides("k", kStrideT, kStrideH);
+      params.strides("v", vStrideT, vStrideH);
+      params.strides("do", doStrideT, doStrideH);
+      params.strides("dk", dkStrideT, dkStrideH);
+      params.strides("dv", dvStrideT, dvStrideH);
       params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
       params.f32("scale", scale).f32("scaleLog2", scaleLog2);
       launch(main, static_cast<unsigned>(table.numItems),
@@ -451,9 +451,9 @@ void backward(const BackwardArgs &args) {
       params.ptr("dqacc", dqacc).ptr("dkacc", dkacc).ptr("dvacc", dvacc);
       params.ptr("dq", dq).ptr("dk", dk).ptr("dv", dv);
       params.ptr("accTokens", accTokens);
-      params.i64("dqStrideT", dqStrideT).i64("dqStrideH", dqStrideH);
-      params.i64("dkStrideT", dkStrideT).i64("dkStrideH", dkStrideH);
-      params.i64("dvStrideT", dvStrideT).i64("dvStrideH", dvStrideH);
+      params.strides("dq", dqStrideT, dqStrideH);
+      params.strides("dk", dkStrideT, dkStrideH);
+      params.strides("dv", dvStrideT, dvStrideH);
       params.i64("numTokens", numTokens).i64("numAccRows", numAccRows);
       launch(last,
              static_cast<unsigned>(
@@ -470,11 +470,11 @@ void backward(const BackwardArgs &args) {
     params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", dout);
     params.ptr("dq", dq).ptr("lse", lse).ptr("delta", delta);
     params.ptr("segs", segs);
-    params.i64("qStrideT", qStrideT).i64("qStrideH", qStrideH);
-    params.i64("kStrideT", kStrideT).i64("kStrideH", kStrideH);
-    params.i64("vStrideT", vStrideT).i64("vStrideH", vStrideH);
-    params.i64("doStrideT", doStrideT).i64("doStrideH", doStrideH);
-    params.i64("dqStrideT", dqStrideT).i64("dqStrideH", dqStrideH);
+    params.strides("q", qStrideT, qStrideH);
+    params.strides("k", kStrideT, kStrideH);
+    params.strides("v", vStrideT, vStrideH);
+    params.strides("do", doStrideT, doStrideH);
+    params.strides("dq", dqStrideT, dqStrideH);
     params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
     params.f32("scale", scale).f32("scaleLog2", scaleLog2);
     launch(

@@ -54,10 +54,10 @@ void forward(const ForwardArgs &args) {
   LaunchParams params(KernelKind::Fwd);
   params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("o", o).ptr("lse", lse);
   params.ptr("segs", segs).f32("scaleLog2", scaleLog2);
-  params.i64("qStrideT", qStrideT).i64("qStrideH", qStrideH);
-  params.i64("kStrideT", kStrideT).i64("kStrideH", kStrideH);
-  params.i64("vStrideT", vStrideT).i64("vStrideH", vStrideH);
-  params.i64("oStrideT", oStrideT).i64("oStrideH", oStrideH);
+  params.strides("q", qStrideT, qStrideH);
+  params.strides("k", kStrideT, kStrideH);
+  params.strides("v", vStrideT, vStrideH);
+  params.strides("o", oStrideT, oStrideH);
   params.i64("lseStrideH", lseStrideH);
 
   const KernelInfo &info = kernel.info;

@@ -179,6 +179,11 @@ LaunchParams &LaunchParams::i64(const char *name, int64_t &v) {
   set(name, &v, false, abi::ParamType::I64);
   return *this;
 }
+LaunchParams &LaunchParams::strides(const char *tensor, int64_t &t,
+                                    int64_t &h) {
+  return i64((std::string(tensor) + "StrideT").c_str(), t)
+      .i64((std::string(tensor) + "StrideH").c_str(), h);
+}
 LaunchParams &LaunchParams::f32(const char *name, float &v) {
   set(name, &v, false, abi::ParamType::F32);
   return *this;

@@ -62,6 +62,8 @@ public:
   /// A device address (any pointer parameter).
   LaunchParams &ptr(const char *name, uint64_t &v);
   LaunchParams &i64(const char *name, int64_t &v);
+  /// The strides "<tensor>StrideT" and "<tensor>StrideH".
+  LaunchParams &strides(const char *tensor, int64_t &t, int64_t &h);
   LaunchParams &f32(const char *name, float &v);
   /// The parameters in launch order; throws Error (Internal) if one is unset.
   void **data();

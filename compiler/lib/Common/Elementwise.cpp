@@ -17,6 +17,8 @@ public:
   ElementwiseEmitter(KernelOp kernel, OpBuilder &b)
       : BackwardEmitterBase(kernel, b) {}
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
+  /// Registers only.
+  int64_t sharedBytes() const { return 0; }
 
 private:
   /// Calls body(row) for rows [first, first + blockM) below `limit`, one warp
@@ -138,7 +140,5 @@ LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
 LogicalResult mlir::dualkv::emitElementwiseKernel(KernelOp kernel, OpBuilder &b,
                                                   gpu::GPUModuleOp gpuModule,
                                                   int64_t *sharedBytes) {
-  ElementwiseEmitter emitter(kernel, b);
-  *sharedBytes = 0;
-  return emitter.emit(gpuModule);
+  return emitWith<ElementwiseEmitter>(kernel, b, gpuModule, sharedBytes);
 }

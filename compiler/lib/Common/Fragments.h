@@ -451,6 +451,17 @@ inline void FragmentBuilder::waitFor(Value tile) {
   gpu::BarrierOp::create(b, loc);
 }
 
+/// Emits `kernel` into `gpuModule` with an emitter of type `E` (built from
+/// the kernel and the builder; sharedBytes() and emit()) and sets
+/// *sharedBytes: the body of every schedule's entry point.
+template <typename E>
+LogicalResult emitWith(KernelOp kernel, OpBuilder &b,
+                       gpu::GPUModuleOp gpuModule, int64_t *sharedBytes) {
+  E emitter(kernel, b);
+  *sharedBytes = emitter.sharedBytes();
+  return emitter.emit(gpuModule);
+}
+
 } // namespace mlir::dualkv
 
 #endif

@@ -323,7 +323,5 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
 LogicalResult mlir::dualkv::emitMmaSyncKVMajor(KernelOp kernel, OpBuilder &b,
                                                gpu::GPUModuleOp gpuModule,
                                                int64_t *sharedBytes) {
-  MmaSyncKVMajorEmitter emitter(kernel, b);
-  *sharedBytes = emitter.sharedBytes();
-  return emitter.emit(gpuModule);
+  return emitWith<MmaSyncKVMajorEmitter>(kernel, b, gpuModule, sharedBytes);
 }

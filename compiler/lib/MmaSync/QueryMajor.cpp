@@ -78,7 +78,5 @@ SmallVector<Value> MmaSyncQueryMajorEmitter::computeScores(QKOp op) {
 LogicalResult mlir::dualkv::emitMmaSyncQueryMajor(KernelOp kernel, OpBuilder &b,
                                                   gpu::GPUModuleOp gpuModule,
                                                   int64_t *sharedBytes) {
-  MmaSyncQueryMajorEmitter emitter(kernel, b);
-  *sharedBytes = emitter.sharedBytes();
-  return emitter.emit(gpuModule);
+  return emitWith<MmaSyncQueryMajorEmitter>(kernel, b, gpuModule, sharedBytes);
 }

@@ -90,7 +90,5 @@ SmallVector<Value> WgmmaForwardEmitter::accumulatePV(ArrayRef<Value> p,
 LogicalResult mlir::dualkv::emitWgmmaForward(KernelOp kernel, OpBuilder &b,
                                              gpu::GPUModuleOp gpuModule,
                                              int64_t *sharedBytes) {
-  WgmmaForwardEmitter emitter(kernel, b);
-  *sharedBytes = emitter.sharedBytes();
-  return emitter.emit(gpuModule);
+  return emitWith<WgmmaForwardEmitter>(kernel, b, gpuModule, sharedBytes);
 }

@@ -218,7 +218,5 @@ SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
 LogicalResult mlir::dualkv::emitWgmmaKVMajor(KernelOp kernel, OpBuilder &b,
                                              gpu::GPUModuleOp gpuModule,
                                              int64_t *sharedBytes) {
-  WgmmaKVMajorEmitter emitter(kernel, b);
-  *sharedBytes = emitter.sharedBytes();
-  return emitter.emit(gpuModule);
+  return emitWith<WgmmaKVMajorEmitter>(kernel, b, gpuModule, sharedBytes);
 }
