@@ -94,6 +94,10 @@ std::optional<Arch> Arch::parse(const std::string &text, std::string *error) {
   return std::nullopt;
 }
 
+Arch Arch::forComputeCapability(int major, int minor) {
+  return {major * 10 + minor, major == 9 && minor == 0};
+}
+
 std::string Arch::str() const {
   return "sm_" + std::to_string(number) + (archSpecific ? "a" : "");
 }
@@ -232,6 +236,8 @@ std::string checkSpec(const KernelSpec &specIn) {
              std::string(toString(spec.kind)) + " kernel: " + why;
     return {};
   case Schedule::WarpSpecialized:
+    // When compiler/lib/WarpSpecialized lands: the specs it computes (fwd,
+    // sm_90a, its head_dims and tilings), and defaultSchedule choosing it.
     return "the warp_specialized schedule is not available yet";
   }
   return {};

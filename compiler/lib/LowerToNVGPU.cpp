@@ -45,7 +45,10 @@ LogicalResult emitKernel(KernelOp kernel, OpBuilder &b,
       return emitWgmmaKVMajor(kernel, b, gpuModule, sharedBytes);
     break;
   case Schedule::warp_specialized:
-    // The sm_90a TMA forward (compiler/lib/WarpSpecialized) is not wired yet.
+    // The sm_90a TMA forward lands here: include
+    // "WarpSpecialized/WarpSpecialized.h" and, for kind fwd, return
+    // emitWarpSpecializedForward(kernel, b, gpuModule, sharedBytes). Until
+    // then checkSpec (KernelSpec.cpp) refuses the schedule before binding.
     break;
   }
   return kernel.emitOpError()

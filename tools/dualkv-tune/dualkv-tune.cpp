@@ -255,9 +255,7 @@ std::vector<Candidate> enumerate(const KernelSpec &base) {
 std::string arch() {
   cudaDeviceProp p;
   check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
-  return p.major == 9 && p.minor == 0
-             ? "sm_90a"
-             : fmt::format("sm_{}{}", p.major, p.minor);
+  return Arch::forComputeCapability(p.major, p.minor).str();
 }
 
 //===----------------------------------------------------------------------===//

@@ -51,6 +51,9 @@ struct DUALKV_API Arch {
   /// *error (if given) naming the supported archs.
   static std::optional<Arch> parse(const std::string &text,
                                    std::string *error = nullptr);
+  /// The target of a GPU of compute capability major.minor: sm_90a on 9.0
+  /// (wgmma), else sm_<major><minor>, which parse() may refuse.
+  static Arch forComputeCapability(int major, int minor);
   /// "sm_80", "sm_90a".
   std::string str() const;
   /// Whether wgmma exists: sm_90a only.
