@@ -295,6 +295,20 @@ dualkv.kernel @arch_only kind <bwd_post> arch "sm_80" {
 
 // -----
 
+// expected-error @+1 {{problem, tiling, arch and schedule are bound together: either all four or none}}
+dualkv.kernel @schedule_only kind <bwd_post> schedule <wgmma> {
+}
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::dualkv::Schedule to be one of: mma_sync, wgmma, warp_specialized}}
+// expected-error @+1 {{failed to parse DualKV_ScheduleAttr parameter 'value'}}
+dualkv.kernel @bad_schedule kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_80" schedule <fast> {
+  dualkv.convert_grads
+}
+
+// -----
+
 // expected-error @+1 {{'dualkv.kernel' op arch must look like sm_80 or sm_90a, got 'gfx90a'}}
 dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "gfx90a" schedule <mma_sync> {
 }
