@@ -1,15 +1,16 @@
 //===- Fragments.h - register fragments of mma.sync and tile copies -------===//
 //
-// What every DualKV kernel emitter builds with: index arithmetic, fragments of
-// mma.sync.m16n8k16 held as flat vectors (each op unpacks the fragments it
+// What every DualKV kernel emitter builds with, whatever its schedule: index
+// arithmetic, the kernel function (its parameters from KernelAbi.h), fragments
+// of mma.sync.m16n8k16 held as flat vectors (each op unpacks the fragments it
 // reads into scalars and packs what it writes, so LLVM keeps everything in
-// registers), ldmatrix, and cp.async tile copies into padded shared memory.
-// Within a warp, lane = 4 * g + t: a C fragment holds rows g and g + 8,
-// columns 2t and 2t + 1 of its 16 x 8 tile.
+// registers), ldmatrix, cp.async tile copies into padded shared memory or the
+// 128-byte swizzle that wgmma reads. Within a warp, lane = 4 * g + t: a C
+// fragment holds rows g and g + 8, columns 2t and 2t + 1 of its 16 x 8 tile.
 //
 //===----------------------------------------------------------------------===//
-#ifndef DUALKV_COMPILER_FRAGMENTS_H
-#define DUALKV_COMPILER_FRAGMENTS_H
+#ifndef DUALKV_COMPILER_COMMON_FRAGMENTS_H
+#define DUALKV_COMPILER_COMMON_FRAGMENTS_H
 
 #include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/Compiler/Passes.h"
