@@ -70,7 +70,8 @@ options:
                    <kernel cache>/tuning.json)
   --report FILE    also write every candidate (status, registers, spills, ms)
                    as JSON
-  --arch A         target for --dry-run (default sm_90a; with a GPU, the GPU's)
+  --arch A         target for --dry-run: sm_80 ... sm_121 (default sm_90a; with a
+                   GPU, the GPU's)
   --dry-run        no GPU needed: list the candidates with their ptxas registers,
                    shared memory and spills, and stop
   -h, --help       show this help
