@@ -68,10 +68,10 @@ if [[ ,$what, == *,sanitize,* ]]; then
 fi
 if [[ ,$what, == *,profile,* ]]; then
   # Nsight Compute on one launch of a backward kernel (not part of "all"): NCU_KERNEL
-  # (default attention_bwd) at NCU_CONFIG (default 16384:16:1024), clocks left alone.
+  # (default attention_bwd_wgmma, the H200's; entries are attention_<kind>_<schedule>) at NCU_CONFIG (default 16384:16:1024), clocks left alone.
   if command -v ncu >/dev/null; then
-    step "ncu ${NCU_KERNEL:-attention_bwd} ${NCU_CONFIG:-16384:16:1024}" bash -c \
-      "set -o pipefail; ncu --clock-control none -k regex:'^${NCU_KERNEL:-attention_bwd}\$' -c 1 \
+    step "ncu ${NCU_KERNEL:-attention_bwd_wgmma} ${NCU_CONFIG:-16384:16:1024}" bash -c \
+      "set -o pipefail; ncu --clock-control none -k regex:'^${NCU_KERNEL:-attention_bwd_wgmma}\$' -c 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
         --section InstructionStats --section Occupancy --section LaunchStats \

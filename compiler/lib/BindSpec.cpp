@@ -1,5 +1,5 @@
-//===- BindSpec.cpp - dualkv-bind-spec: fix problem, tiling and arch
-//-------===//
+//===- BindSpec.cpp - dualkv-bind-spec: fix problem, tiling, arch, schedule
+//===//
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
 
@@ -15,6 +15,10 @@ namespace mlir::dualkv {
 
 using namespace mlir;
 using namespace mlir::dualkv;
+
+// The dialect's Schedule lists ::dualkv::Schedule's values after Auto.
+static_assert(static_cast<int>(Schedule::warp_specialized) + 1 ==
+              static_cast<int>(::dualkv::Schedule::WarpSpecialized));
 
 namespace {
 struct BindSpecPass
@@ -53,43 +57,61 @@ struct BindSpecPass
             emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
             FloatAttr::get(Float64Type::get(ctx), scale), true)))
       return signalPassFailure();
-    if (!StringRef(arch).starts_with("sm_")) {
+    std::string archError;
+    if (!::dualkv::Arch::parse(arch, &archError)) {
+      getOperation().emitError() << "dualkv-bind-spec: " << archError;
+      return signalPassFailure();
+    }
+    std::optional<::dualkv::Schedule> requested =
+        ::dualkv::parseSchedule(schedule);
+    if (!requested) {
       getOperation().emitError()
-          << "dualkv-bind-spec: arch must look like sm_80 or "
-             "sm_90a, got '"
-          << arch << "'";
+          << "dualkv-bind-spec: schedule must be auto, mma_sync, wgmma or "
+             "warp_specialized, got '"
+          << schedule << "'";
       return signalPassFailure();
     }
 
     auto problem =
         ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
                          FloatAttr::get(Float64Type::get(ctx), scale), true);
-    // Defaults come from the same function the runtime uses, so IR and launch
-    // agree; they depend on the kernel's kind.
-    auto tilingFor = [&](KernelOp kernel) -> TilingAttr {
+    // Defaults and the schedule come from the same function the runtime uses
+    // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
+    auto resolve = [&](KernelOp kernel) -> std::optional<::dualkv::KernelSpec> {
       ::dualkv::KernelSpec spec;
       spec.kind = static_cast<::dualkv::KernelKind>(kernel.getKind());
       spec.headDim = static_cast<int>(headDim);
       spec.arch = arch;
       spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
                      static_cast<int>(warps), static_cast<int>(stages)};
-      ::dualkv::Tiling t = ::dualkv::resolveSpec(spec).tiling;
+      spec.schedule = *requested;
+      spec = ::dualkv::resolveSpec(spec);
+      const ::dualkv::Tiling &t = spec.tiling;
       if (failed(TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps,
                                     t.stages)))
-        return {};
-      return TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages);
+        return std::nullopt;
+      if (std::string why = ::dualkv::checkSpec(spec); !why.empty()) {
+        kernel.emitOpError() << why;
+        return std::nullopt;
+      }
+      return spec;
     };
     WalkResult result = getOperation().walk([&](KernelOp kernel) {
       if (kernel.isBound()) {
         kernel.emitOpError() << "is already bound: templates are bound once";
         return WalkResult::interrupt();
       }
-      TilingAttr tiling = tilingFor(kernel);
-      if (!tiling)
+      std::optional<::dualkv::KernelSpec> spec = resolve(kernel);
+      if (!spec)
         return WalkResult::interrupt();
+      const ::dualkv::Tiling &t = spec->tiling;
       kernel.setProblemAttr(problem);
-      kernel.setTilingAttr(tiling);
+      kernel.setTilingAttr(
+          TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages));
       kernel.setArchAttr(StringAttr::get(ctx, arch));
+      // The dialect lists the schedules in Schedule's order, after Auto.
+      kernel.setScheduleAttr(ScheduleAttr::get(
+          ctx, static_cast<Schedule>(static_cast<int>(spec->schedule) - 1)));
       if (failed(mlir::verify(kernel)))
         return WalkResult::interrupt();
       return WalkResult::advance();

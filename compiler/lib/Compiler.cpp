@@ -124,7 +124,7 @@ std::string runPtxas(const std::string &ptxas, const std::string &arch,
 }
 
 /// LLVM dialect (inside gpu.module) -> optimised LLVM IR -> PTX text.
-std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
+std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
                     const std::string &dumpDir, std::string &error) {
   static std::once_flag init;
   std::call_once(init, [] {
@@ -153,7 +153,8 @@ std::string emitPTX(mlir::Operation *gpuModule, const std::string &arch,
     return {};
   }
   std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(
-      triple, arch, "+ptx81", llvm::TargetOptions(), std::nullopt, std::nullopt,
+      triple, arch.str(), fmt::format("+ptx{}", arch.ptxVersion()),
+      llvm::TargetOptions(), std::nullopt, std::nullopt,
       llvm::CodeGenOptLevel::Aggressive));
   module->setTargetTriple(triple);
   module->setDataLayout(tm->createDataLayout());
@@ -241,8 +242,8 @@ static std::string ptxasVersion() {
 std::string compilerFingerprint() {
   static const std::string fingerprint = [] {
     llvm::SHA256 h;
-    h.update(fmt::format("dualkv {} llvm {} ptx +ptx81 sources {} {}\n",
-                         DUALKV_VERSION, DUALKV_LLVM_VERSION,
+    h.update(fmt::format("dualkv {} llvm {} sources {} {}\n", DUALKV_VERSION,
+                         DUALKV_LLVM_VERSION,
 #include "dualkv/Compiler/SourceHash.inc"
                          , ptxasVersion()));
     for (const auto &[name, text] : templates()) {
@@ -261,6 +262,12 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
 
   CompileResult result;
   KernelSpec spec = resolveSpec(specIn);
+  // An arch or schedule the compiler cannot serve is reported here, before
+  // LLVM (which aborts the process on targets it cannot select for).
+  result.error = checkSpec(spec);
+  if (!result.error.empty())
+    return result;
+  const Arch arch = *Arch::parse(spec.arch);
   auto start = std::chrono::steady_clock::now();
   std::string text = kernelTemplate(spec.kind);
   if (text.empty()) {
@@ -297,6 +304,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.headDim = spec.headDim;
   bind.dtype = toString(spec.dtype);
   bind.arch = spec.arch;
+  bind.schedule = toString(spec.schedule);
   bind.blockM = spec.tiling.blockM;
   bind.blockN = spec.tiling.blockN;
   bind.warps = spec.tiling.warps;
@@ -338,7 +346,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
       func->getAttrOfType<mlir::IntegerAttr>("dualkv.block_m").getInt());
   result.info.threads = threadsPerBlock(spec);
 
-  result.ptx = emitPTX(gpuModule, spec.arch, options.dumpDir, result.error);
+  result.ptx = emitPTX(gpuModule, arch, options.dumpDir, result.error);
   if (result.ptx.empty()) {
     if (result.error.empty())
       result.error = "NVPTX produced no PTX";

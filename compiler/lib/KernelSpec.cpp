@@ -6,6 +6,8 @@
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Compiler.h"
 
+#include <cstdio>
+
 namespace dualkv {
 
 const char *toString(KernelKind kind) {
@@ -34,15 +36,153 @@ const char *toString(DType dtype) {
 // kinds in this order.
 static_assert(static_cast<int>(KernelKind::BwdDQ) == 5);
 
-/// 90 for "sm_90a", 0 when `arch` is empty or not sm_<digits>.
-static int archNumber(const std::string &arch) {
-  if (arch.rfind("sm_", 0) != 0)
-    return 0;
-  int n = 0;
-  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9'; ++i)
-    n = n * 10 + (arch[i] - '0');
-  return n;
+const char *toString(Schedule schedule) {
+  switch (schedule) {
+  case Schedule::Auto:
+    return "auto";
+  case Schedule::MmaSync:
+    return "mma_sync";
+  case Schedule::Wgmma:
+    return "wgmma";
+  case Schedule::WarpSpecialized:
+    return "warp_specialized";
+  }
+  return "?";
 }
+
+std::optional<Schedule> parseSchedule(const std::string &text) {
+  for (Schedule s : {Schedule::Auto, Schedule::MmaSync, Schedule::Wgmma,
+                     Schedule::WarpSpecialized})
+    if (text == toString(s))
+      return s;
+  return std::nullopt;
+}
+
+namespace {
+
+/// Every arch the compiler targets, with the PTX ISA version (x10) emitted
+/// for it. sm_80 to sm_90a: 8.1, the version the backward's vector
+/// reductions need, which any CUDA 12.1+ driver reads. Later archs: the
+/// first version that knows them (the mma.sync schedule, compile-tested only:
+/// no such GPU has run these kernels).
+struct ArchInfo {
+  Arch arch;
+  int ptxVersion;
+};
+constexpr ArchInfo kArchs[] = {
+    {{80, false}, 81},  {{86, false}, 81},  {{87, false}, 81},
+    {{89, false}, 81},  {{90, false}, 81},  {{90, true}, 81},
+    {{100, false}, 86}, {{103, false}, 88}, {{110, false}, 90},
+    {{120, false}, 87}, {{121, false}, 88}};
+
+} // namespace
+
+std::string supportedArchs() {
+  std::string out;
+  for (const ArchInfo &a : kArchs)
+    out += (out.empty() ? "" : ", ") + a.arch.str();
+  return out;
+}
+
+std::optional<Arch> Arch::parse(const std::string &text, std::string *error) {
+  for (const ArchInfo &a : kArchs)
+    if (text == a.arch.str())
+      return a.arch;
+  if (error)
+    *error =
+        "arch '" + text + "' is not supported; supported: " + supportedArchs();
+  return std::nullopt;
+}
+
+Arch Arch::forComputeCapability(int major, int minor) {
+  return {major * 10 + minor, major == 9 && minor == 0};
+}
+
+std::string Arch::str() const {
+  return "sm_" + std::to_string(number) + (archSpecific ? "a" : "");
+}
+
+int Arch::ptxVersion() const {
+  for (const ArchInfo &a : kArchs)
+    if (a.arch == *this)
+      return a.ptxVersion;
+  return 0;
+}
+
+namespace {
+
+/// 90 for "sm_90a", 0 for an arch outside the supported set.
+int archNumber(const std::string &arch) {
+  std::optional<Arch> a = Arch::parse(arch);
+  return a ? a->number : 0;
+}
+
+/// Why the warpgroup schedule cannot compute `spec` (tiling resolved), or
+/// an empty string.
+std::string wgmmaUnfit(const KernelSpec &spec) {
+  std::optional<Arch> arch = Arch::parse(spec.arch);
+  if (!arch || !arch->hasWgmma())
+    return "it needs sm_90a, not " + spec.arch;
+  if (spec.headDim != 128)
+    return "it has head_dim 128 only, not " + std::to_string(spec.headDim);
+  const Tiling &t = spec.tiling;
+  switch (spec.kind) {
+  case KernelKind::Fwd:
+    // One m16 block a warp (block_m = 16 warps), whole warpgroups, a key
+    // tile one wgmma wide.
+    if (t.blockM == 16 * t.warps && t.warps % 4 == 0 && t.blockN % 16 == 0 &&
+        t.blockN <= 256)
+      return {};
+    return "its forward needs block_m = 16 x warps, warps a multiple of 4 "
+           "and block_n a multiple of 16 up to 256";
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    if (t.blockM == 128 && t.blockN == 64 && t.warps == 8)
+      return {};
+    return "its backward needs block_m 128, block_n 64 and 8 warps";
+  default:
+    return std::string("it has no ") + toString(spec.kind) + " kernel";
+  }
+}
+
+/// Why the warp-specialized schedule cannot compute `spec` (tiling
+/// resolved), or an empty string: the forward on sm_90a, head_dim 64, 128 or
+/// 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
+/// that divide the 128 query rows and fit shared memory.
+std::string warpSpecializedUnfit(const KernelSpec &spec) {
+  std::optional<Arch> arch = Arch::parse(spec.arch);
+  if (spec.kind != KernelKind::Fwd)
+    return std::string("it has no ") + toString(spec.kind) + " kernel";
+  if (!arch || !arch->hasWgmma())
+    return "it needs sm_90a, not " + spec.arch;
+  if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
+    return "it has head_dim 64, 128 and 256, not " +
+           std::to_string(spec.headDim);
+  const Tiling &t = spec.tiling;
+  if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN % 16 ||
+      128 % t.blockN)
+    return "it needs block_m 128, 8 (consumer) warps, 2 stages and block_n "
+           "16, 32, 64 or 128";
+  // Q, two stages of K and V, nine mbarriers, 1 KB of alignment.
+  if ((128 + 4 * t.blockN) * spec.headDim * 2 + 72 + 1024 > 227 * 1024)
+    return "its tiles exceed 227 KB of shared memory at block_n " +
+           std::to_string(t.blockN);
+  return {};
+}
+
+/// The schedule Auto stands for: for the forward the warp-specialized
+/// schedule at its measured tilings (defaultTiling's), the warpgroup one
+/// wherever it fits, mma.sync elsewhere. Other tilings of the
+/// warp-specialized schedule are asked for by name.
+Schedule defaultSchedule(const KernelSpec &resolved) {
+  const Tiling &t = resolved.tiling;
+  if (warpSpecializedUnfit(resolved).empty() &&
+      t.blockN == (resolved.headDim == 256 ? 64 : 128))
+    return Schedule::WarpSpecialized;
+  return wgmmaUnfit(resolved).empty() ? Schedule::Wgmma : Schedule::MmaSync;
+}
+
+} // namespace
 
 Tiling defaultTiling(const KernelSpec &spec) {
   switch (spec.kind) {
@@ -54,7 +194,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // 128 keys and values a CTA in 8 warps (dK and dV take 2 x 64 fp32
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
     // the dQ reductions (benchmarks/NOTES.md). sm_90 and later: 64-query
-    // tiles in the two-dimensional warp layout (LowerBackward.cpp), which
+    // tiles in the two-dimensional warp layout (MmaSync/KVMajor.cpp), which
     // reads a third less shared memory a query (on sm_90a at head_dim 128
     // the warpgroup schedule: wgmma); its 171 KB of shared memory
     // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
@@ -75,13 +215,23 @@ Tiling defaultTiling(const KernelSpec &spec) {
   case KernelKind::Fwd:
     break;
   }
+  std::optional<Arch> arch = Arch::parse(spec.arch);
+  bool sm90a = arch && arch->hasWgmma();
   // sm_90a: the warp-specialized TMA schedule (WarpSpecialized/), 128 query
-  // rows in two consumer warpgroups and a producer warpgroup; 128-key tiles,
-  // 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers a
-  // thread (benchmarks/NOTES.md).
-  if (spec.arch == "sm_90a" &&
-      (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256))
+  // rows in two consumer warpgroups beside a producer warpgroup, 128-key
+  // tiles, 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers
+  // a thread: 620 useful TFLOP/s at P = 16384, head_dim 128, on the H200
+  // (benchmarks/NOTES.md).
+  if (sm90a &&
+      (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
+      (spec.schedule == Schedule::Auto ||
+       spec.schedule == Schedule::WarpSpecialized))
     return {128, spec.headDim == 256 ? 64 : 128, 8, 2};
+  // The warpgroup schedule (Wgmma/Forward.cpp), asked for by name: 128 query
+  // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:
+  // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2.
+  if (sm90a && spec.headDim == 128 && spec.schedule == Schedule::Wgmma)
+    return {128, 128, 8, 2};
   // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
   // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
   // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment
@@ -96,15 +246,13 @@ Tiling defaultTiling(const KernelSpec &spec) {
 }
 
 bool usesWarpSpecializedForward(const KernelSpec &spec) {
-  const Tiling &t = spec.tiling;
-  return spec.kind == KernelKind::Fwd && spec.arch == "sm_90a" &&
-         (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
-         t.blockM == 128 && t.warps == 8 && t.stages == 2 &&
-         t.blockN == (spec.headDim == 256 ? 64 : 128);
+  return resolveSpec(spec).schedule == Schedule::WarpSpecialized;
 }
 
 int threadsPerBlock(const KernelSpec &spec) {
-  return spec.tiling.warps * 32 + (usesWarpSpecializedForward(spec) ? 128 : 0);
+  KernelSpec r = resolveSpec(spec);
+  return r.tiling.warps * 32 +
+         (r.schedule == Schedule::WarpSpecialized ? 128 : 0);
 }
 
 KernelSpec resolveSpec(KernelSpec spec) {
@@ -118,7 +266,32 @@ KernelSpec resolveSpec(KernelSpec spec) {
     t.warps = d.warps;
   if (!t.stages)
     t.stages = d.stages;
+  if (spec.schedule == Schedule::Auto)
+    spec.schedule = defaultSchedule(spec);
   return spec;
+}
+
+std::string checkSpec(const KernelSpec &specIn) {
+  KernelSpec spec = resolveSpec(specIn);
+  std::string error;
+  if (!Arch::parse(spec.arch, &error))
+    return error;
+  switch (spec.schedule) {
+  case Schedule::Auto:
+  case Schedule::MmaSync:
+    return {};
+  case Schedule::Wgmma:
+    if (std::string why = wgmmaUnfit(spec); !why.empty())
+      return "the wgmma schedule cannot compute this " +
+             std::string(toString(spec.kind)) + " kernel: " + why;
+    return {};
+  case Schedule::WarpSpecialized:
+    if (std::string why = warpSpecializedUnfit(spec); !why.empty())
+      return "the warp_specialized schedule cannot compute this " +
+             std::string(toString(spec.kind)) + " kernel: " + why;
+    return {};
+  }
+  return {};
 }
 
 } // namespace dualkv

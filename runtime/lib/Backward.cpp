@@ -386,12 +386,13 @@ void backward(const BackwardArgs &args) {
   auto stream = static_cast<cuda::CUstream>(args.stream);
   cuda::Driver &driver = cuda::driver();
 
-  // 1. bwd_pre: delta = rowsum(o * dout), every head. Parameter order: the
-  // kernel's ABI.
+  // 1. bwd_pre: delta = rowsum(o * dout), every head.
   {
-    void *params[] = {&o,         &dout,         &delta,
-                      &oStrideT,  &oStrideH,     &doStrideT,
-                      &doStrideH, &deltaStrideH, &numTokens};
+    LaunchParams params(KernelKind::BwdPre);
+    params.ptr("o", o).ptr("dout", dout).ptr("delta", delta);
+    params.strides("o", oStrideT, oStrideH);
+    params.strides("do", doStrideT, doStrideH);
+    params.i64("deltaStrideH", deltaStrideH).i64("numTokens", numTokens);
     launch(pre, static_cast<unsigned>(ceilDiv(T, pre.info.blockM)),
            static_cast<unsigned>(Hq), 1, args.stream, params);
   }
@@ -427,30 +428,33 @@ void backward(const BackwardArgs &args) {
 
     // 3. bwd / bwd_kv: one CTA per work item and KV head of the slice.
     {
-      void *params[] = {&q,          &k,
-                        &v,          &sliceDout,
-                        &dk,         &dv,
-                        &sliceLse,   &sliceDelta,
-                        &dqacc,      &dkacc,
-                        &dvacc,      &items,
-                        &qStrideT,   &qStrideH,
-                        &kStrideT,   &kStrideH,
-                        &vStrideT,   &vStrideH,
-                        &doStrideT,  &doStrideH,
-                        &dkStrideT,  &dkStrideH,
-                        &dvStrideT,  &dvStrideH,
-                        &lseStrideH, &deltaStrideH,
-                        &scale,      &scaleLog2};
+      LaunchParams params(det ? KernelKind::BwdKV : KernelKind::Bwd);
+      params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", sliceDout);
+      params.ptr("dk", dk).ptr("dv", dv).ptr("lse", sliceLse);
+      params.ptr("delta", sliceDelta).ptr("dqacc", dqacc);
+      params.ptr("dkacc", dkacc).ptr("dvacc", dvacc).ptr("items", items);
+      params.strides("q", qStrideT, qStrideH);
+      params.strides("k", kStrideT, kStrideH);
+      params.strides("v", vStrideT, vStrideH);
+      params.strides("do", doStrideT, doStrideH);
+      params.strides("dk", dkStrideT, dkStrideH);
+      params.strides("dv", dvStrideT, dvStrideH);
+      params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
+      params.f32("scale", scale).f32("scaleLog2", scaleLog2);
       launch(main, static_cast<unsigned>(table.numItems),
              static_cast<unsigned>(slice), 1, args.stream, params);
     }
 
     // 4. bwd_post: the slice's fp32 accumulators to E.
     if (!det) {
-      void *params[] = {&dqacc,     &dkacc,     &dvacc,     &dq,
-                        &dk,        &dv,        &accTokens, &dqStrideT,
-                        &dqStrideH, &dkStrideT, &dkStrideH, &dvStrideT,
-                        &dvStrideH, &numTokens, &numAccRows};
+      LaunchParams params(KernelKind::BwdPost);
+      params.ptr("dqacc", dqacc).ptr("dkacc", dkacc).ptr("dvacc", dvacc);
+      params.ptr("dq", dq).ptr("dk", dk).ptr("dv", dv);
+      params.ptr("accTokens", accTokens);
+      params.strides("dq", dqStrideT, dqStrideH);
+      params.strides("dk", dkStrideT, dkStrideH);
+      params.strides("dv", dvStrideT, dvStrideH);
+      params.i64("numTokens", numTokens).i64("numAccRows", numAccRows);
       launch(last,
              static_cast<unsigned>(
                  ceilDiv(std::max(T, numAccRows), last.info.blockM)),
@@ -462,12 +466,17 @@ void backward(const BackwardArgs &args) {
   if (det) {
     uint64_t q = address(args.q.data), k = address(args.k.data),
              v = address(args.v.data), dq = address(args.dq.data);
-    void *params[] = {&q,         &k,         &v,          &dout,
-                      &dq,        &lse,       &delta,      &segs,
-                      &qStrideT,  &qStrideH,  &kStrideT,   &kStrideH,
-                      &vStrideT,  &vStrideH,  &doStrideT,  &doStrideH,
-                      &dqStrideT, &dqStrideH, &lseStrideH, &deltaStrideH,
-                      &scale,     &scaleLog2};
+    LaunchParams params(KernelKind::BwdDQ);
+    params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", dout);
+    params.ptr("dq", dq).ptr("lse", lse).ptr("delta", delta);
+    params.ptr("segs", segs);
+    params.strides("q", qStrideT, qStrideH);
+    params.strides("k", kStrideT, kStrideH);
+    params.strides("v", vStrideT, vStrideH);
+    params.strides("do", doStrideT, doStrideH);
+    params.strides("dq", dqStrideT, dqStrideH);
+    params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
+    params.f32("scale", scale).f32("scaleLog2", scaleLog2);
     launch(
         last,
         static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), last.info.blockM)),

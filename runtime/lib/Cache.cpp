@@ -160,6 +160,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.dtype = spec.dtype;
   key.arch = spec.arch;
   key.tiling = spec.tiling;
+  key.schedule = spec.schedule;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -175,6 +176,7 @@ KernelSpec CacheKey::spec() const {
   spec.dtype = dtype;
   spec.arch = arch;
   spec.tiling = tiling;
+  spec.schedule = schedule;
   return spec;
 }
 
@@ -194,6 +196,7 @@ json CacheKey::toJson() const {
         {"block_n", tiling.blockN},
         {"warps", tiling.warps},
         {"stages", tiling.stages}}},
+      {"schedule", toString(schedule)},
       {"compiler", compilerFingerprint},
   };
 }
@@ -202,10 +205,10 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 
 std::string CacheKey::describe() const {
   return fmt::format("{} kernel (P={} N={} head_dim={} Hq={} Hkv={} {} {} "
-                     "tiling {}x{} warps={} stages={})",
+                     "tiling {}x{} warps={} stages={} schedule {})",
                      kindName(kind), P, N, headDim, numQHeads, numKVHeads,
                      dtypeName(dtype), arch, tiling.blockM, tiling.blockN,
-                     tiling.warps, tiling.stages);
+                     tiling.warps, tiling.stages, toString(schedule));
 }
 
 //===----------------------------------------------------------------------===//
@@ -573,8 +576,16 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
   }
 
   auto archIt = cache.archs.find(ctx);
-  if (archIt == cache.archs.end())
-    archIt = cache.archs.emplace(ctx, cuda::currentDeviceArch()).first;
+  if (archIt == cache.archs.end()) {
+    std::string arch = cuda::currentDeviceArch();
+    std::string why;
+    if (!Arch::parse(arch, &why))
+      throw Error(ErrorCode::NoGpu,
+                  fmt::format("the current GPU ({}) cannot run DualKV "
+                              "kernels: {}",
+                              arch, why));
+    archIt = cache.archs.emplace(ctx, arch).first;
+  }
   KernelSpec spec = requested;
   spec.arch = archIt->second;
   // An open tiling takes the tuned one when dualkv-tune measured this spec

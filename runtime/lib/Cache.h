@@ -19,7 +19,7 @@ namespace dualkv {
 /// kSchemaVersion whenever a field is added, removed or spelled differently:
 /// it names the disk cache's top folder, so old entries are never misread.
 struct DUALKV_API CacheKey {
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   KernelKind kind = KernelKind::Fwd;
   int64_t P = 0; ///< shape class, 0 = any
@@ -30,9 +30,10 @@ struct DUALKV_API CacheKey {
   DType dtype = DType::BF16;
   std::string arch;
   Tiling tiling; ///< resolved: the tiling the compiler actually uses
+  Schedule schedule = Schedule::Auto; ///< resolved, like the tiling
   std::string compilerFingerprint;
 
-  /// The key of `spec`, whose tiling should already be resolved
+  /// The key of `spec`, whose tiling and schedule should already be resolved
   /// (resolveSpec) so that "default" and its explicit spelling share a key.
   static CacheKey fromSpec(const KernelSpec &spec,
                            const std::string &compilerFingerprint);

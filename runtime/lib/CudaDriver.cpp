@@ -246,9 +246,7 @@ CUcontext currentContext() {
 }
 
 std::string archForComputeCapability(int major, int minor) {
-  if (major == 9 && minor == 0)
-    return "sm_90a";
-  return fmt::format("sm_{}{}", major, minor);
+  return Arch::forComputeCapability(major, minor).str();
 }
 
 std::string currentDeviceArch() {

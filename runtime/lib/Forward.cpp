@@ -7,8 +7,6 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <iterator>
-#include <vector>
 
 namespace dualkv {
 
@@ -93,40 +91,44 @@ void forward(const ForwardArgs &args) {
   // The kernels use exp2, so the scale arrives premultiplied by log2(e).
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
-  // The order is the kernel's ABI (DESIGN.md §4, the compiler's signature).
-  void *params[] = {&q,        &k,        &v,          &o,
-                    &lse,      &segs,     &qStrideT,   &qStrideH,
-                    &kStrideT, &kStrideH, &vStrideT,   &vStrideH,
-                    &oStrideT, &oStrideH, &lseStrideH, &scaleLog2};
-
-  // The warp-specialized schedule loads Q, K and V by TMA: a tensor map each,
-  // built from the caller's pointers and strides for this launch.
-  cuda::CUtensorMap maps[3];
-  std::vector<void *> all(std::begin(params), std::end(params));
+  bool warpSpecialized = kernel.spec.schedule == Schedule::WarpSpecialized;
+  LaunchParams params(KernelKind::Fwd, kernel.spec.schedule);
+  params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("o", o).ptr("lse", lse);
+  params.ptr("segs", segs).f32("scaleLog2", scaleLog2);
+  params.strides("q", qStrideT, qStrideH);
+  params.strides("k", kStrideT, kStrideH);
+  params.strides("v", vStrideT, vStrideH);
+  params.strides("o", oStrideT, oStrideH);
+  params.i64("lseStrideH", lseStrideH);
+  // The cp.async schedules: a CTA per (query tile, segment, head), idle where
+  // a segment has fewer tiles than the longest.
   unsigned gridX =
       static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), kernel.info.blockM));
   unsigned gridY = static_cast<unsigned>(plan.numSegments());
-  uint64_t work = 0;
-  if (usesWarpSpecializedForward(kernel.spec)) {
+  cuda::CUtensorMap qMap, kMap, vMap;
+  uint64_t order = 0;
+  if (warpSpecialized) {
+    // Q, K and V load by TMA: a tensor map each, built from the caller's
+    // pointers and strides for this launch; one CTA per item of the plan's
+    // forward order (heaviest first), per head.
     const Tiling &t = kernel.spec.tiling;
-    maps[0] = tensorMap("q", args.q, args.num_tokens, args.num_q_heads,
-                        args.head_dim, args.dtype, t.blockM);
-    maps[1] = tensorMap("k", args.k, args.num_tokens, args.num_kv_heads,
-                        args.head_dim, args.dtype, t.blockN);
-    maps[2] = tensorMap("v", args.v, args.num_tokens, args.num_kv_heads,
-                        args.head_dim, args.dtype, t.blockN);
-    for (cuda::CUtensorMap &m : maps)
-      all.push_back(&m);
-    // One CTA per query tile of the plan's forward order, heaviest first.
-    ForwardTable order = plan.forwardTable(kernel.info.blockM);
-    work = order.items;
-    all.push_back(&work);
-    gridX = static_cast<unsigned>(order.numItems);
+    qMap = tensorMap("q", args.q, args.num_tokens, args.num_q_heads,
+                     args.head_dim, args.dtype, t.blockM);
+    kMap = tensorMap("k", args.k, args.num_tokens, args.num_kv_heads,
+                     args.head_dim, args.dtype, t.blockN);
+    vMap = tensorMap("v", args.v, args.num_tokens, args.num_kv_heads,
+                     args.head_dim, args.dtype, t.blockN);
+    params.tensorMap("qMap", qMap)
+        .tensorMap("kMap", kMap)
+        .tensorMap("vMap", vMap);
+    ForwardTable table = plan.forwardTable(kernel.info.blockM);
+    order = table.items;
+    params.ptr("order", order);
+    gridX = static_cast<unsigned>(table.numItems);
     gridY = 1;
   }
-
   launch(kernel, gridX, gridY, static_cast<unsigned>(args.num_q_heads),
-         args.stream, all.data());
+         args.stream, params);
 }
 
 } // namespace dualkv

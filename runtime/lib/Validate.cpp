@@ -152,8 +152,60 @@ double effectiveScale(float scale, int headDim) {
   return scale != 0 ? scale : 1.0 / std::sqrt(headDim);
 }
 
+LaunchParams::LaunchParams(KernelKind kind, Schedule schedule)
+    : kind(kind), table(abi::kernelParams(kind, schedule)) {
+  if (table.size > slots.size())
+    throw Error(ErrorCode::Internal, "a kernel takes too many parameters");
+}
+
+void LaunchParams::set(const char *name, void *v, bool pointer,
+                       abi::ParamType type) {
+  int i = table.indexOf(name);
+  abi::ParamType declared = i < 0 ? type : table.params[i].type;
+  bool declaredPointer = declared != abi::ParamType::I64 &&
+                         declared != abi::ParamType::F32 &&
+                         declared != abi::ParamType::TensorMap;
+  if (i < 0 || pointer != declaredPointer || (!pointer && declared != type))
+    throw Error(ErrorCode::Internal,
+                fmt::format("the {} kernel has no parameter '{}' of that type",
+                            toString(kind), name));
+  slots[static_cast<size_t>(i)] = v;
+}
+
+LaunchParams &LaunchParams::ptr(const char *name, uint64_t &v) {
+  set(name, &v, true, abi::ParamType::ElemPtr);
+  return *this;
+}
+LaunchParams &LaunchParams::i64(const char *name, int64_t &v) {
+  set(name, &v, false, abi::ParamType::I64);
+  return *this;
+}
+LaunchParams &LaunchParams::strides(const char *tensor, int64_t &t,
+                                    int64_t &h) {
+  return i64((std::string(tensor) + "StrideT").c_str(), t)
+      .i64((std::string(tensor) + "StrideH").c_str(), h);
+}
+LaunchParams &LaunchParams::f32(const char *name, float &v) {
+  set(name, &v, false, abi::ParamType::F32);
+  return *this;
+}
+LaunchParams &LaunchParams::tensorMap(const char *name, cuda::CUtensorMap &v) {
+  set(name, &v, false, abi::ParamType::TensorMap);
+  return *this;
+}
+
+void **LaunchParams::data() {
+  for (size_t i = 0; i < table.size; ++i)
+    if (!slots[i])
+      throw Error(ErrorCode::Internal,
+                  fmt::format("the {} kernel's parameter '{}' is not set",
+                              toString(kind), table.params[i].name));
+  return slots.data();
+}
+
 void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
-            unsigned gridZ, void *stream, void **params) {
+            unsigned gridZ, void *stream, LaunchParams &launchParams) {
+  void **params = launchParams.data();
   const KernelInfo &info = kernel.info;
   cuda::CUresult r = cuda::driver().launchKernel(
       kernel.function, gridX, gridY, gridZ, static_cast<unsigned>(info.threads),

@@ -4,8 +4,10 @@
 
 #include "Cache.h"
 
+#include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/dualkv.h"
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -51,10 +53,34 @@ KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
 /// The softmax scale to use: `scale`, or 1/sqrt(head_dim) when it is 0.
 double effectiveScale(float scale, int headDim);
 
-/// Launches `kernel` on `stream` with `params` (the kernel's ABI order);
-/// `info.threads` threads and `info.sharedBytes` of dynamic shared memory.
+/// The parameters of one launch, set by name as the kernel kind's table
+/// (KernelAbi.h) declares them; a name or type it does not declare throws
+/// Error (Internal). The values must outlive the launch.
+class DUALKV_API LaunchParams {
+public:
+  explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto);
+  /// A device address (any pointer parameter).
+  LaunchParams &ptr(const char *name, uint64_t &v);
+  LaunchParams &i64(const char *name, int64_t &v);
+  /// The strides "<tensor>StrideT" and "<tensor>StrideH".
+  LaunchParams &strides(const char *tensor, int64_t &t, int64_t &h);
+  LaunchParams &f32(const char *name, float &v);
+  /// A CUtensorMap passed by value.
+  LaunchParams &tensorMap(const char *name, cuda::CUtensorMap &v);
+  /// The parameters in launch order; throws Error (Internal) if one is unset.
+  void **data();
+
+private:
+  void set(const char *name, void *v, bool pointer, abi::ParamType type);
+  KernelKind kind;
+  abi::ParamTable table;
+  std::array<void *, 32> slots{};
+};
+
+/// Launches `kernel` on `stream` with `params`; `info.threads` threads and
+/// `info.sharedBytes` of dynamic shared memory.
 void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
-            unsigned gridZ, void *stream, void **params);
+            unsigned gridZ, void *stream, LaunchParams &params);
 
 /// ceil(a / b) for positive b.
 inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -81,7 +81,7 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
       spec.kind = KernelKind::BwdKV;
       CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
     }
-    for (const char *arch : {"sm_90", "sm_90a", "sm_100a"}) {
+    for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"}) {
       spec.arch = arch;
       spec.kind = KernelKind::Bwd;
       CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
@@ -111,7 +111,7 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
       INFO("head_dim " << d << " " << toString(t) << ": " << r.error);
       REQUIRE(r.ok);
       Tiling tiling = defaultTiling(spec);
-      CHECK(r.info.name == "attention_fwd");
+      CHECK(r.info.name == "attention_fwd_mma_sync");
       CHECK(r.info.threads == tiling.warps * 32);
       CHECK(r.info.blockM == tiling.blockM);
       CHECK(r.info.sharedBytes ==
@@ -134,7 +134,7 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
 namespace {
 
 /// Dynamic shared memory of a backward kernel by docs/backward-abi.md and the
-/// buffers LowerBackward.cpp / LowerToNVGPU.cpp lay out: tiles of 2-byte
+/// buffers Common/KVMajor.h / Common/QueryMajor.h lay out: tiles of 2-byte
 /// elements with rows padded by 8 elements.
 int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   const int row = (d + 8) * 2;
@@ -177,11 +177,11 @@ int expectedBackwardParams(KernelKind kind) {
 TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
           "[compiler][backward]") {
   const std::pair<KernelKind, const char *> kinds[] = {
-      {KernelKind::BwdPre, "attention_bwd_pre"},
-      {KernelKind::Bwd, "attention_bwd"},
-      {KernelKind::BwdPost, "attention_bwd_post"},
-      {KernelKind::BwdKV, "attention_bwd_kv"},
-      {KernelKind::BwdDQ, "attention_bwd_dq"}};
+      {KernelKind::BwdPre, "attention_bwd_pre_mma_sync"},
+      {KernelKind::Bwd, "attention_bwd_mma_sync"},
+      {KernelKind::BwdPost, "attention_bwd_post_mma_sync"},
+      {KernelKind::BwdKV, "attention_bwd_kv_mma_sync"},
+      {KernelKind::BwdDQ, "attention_bwd_dq_mma_sync"}};
   for (auto [kind, entry] : kinds)
     for (int d : {64, 128})
       for (DType t : {DType::BF16, DType::FP16}) {
@@ -238,7 +238,7 @@ TEST_CASE("compiler: backward KernelInfo follows an explicit tiling",
   CompileResult r = compile(spec, {false, "", ""});
   INFO(r.error);
   REQUIRE(r.ok);
-  CHECK(r.info.name == "attention_bwd");
+  CHECK(r.info.name == "attention_bwd_mma_sync");
   CHECK(r.info.threads == 128);
   CHECK(r.info.blockM == 64);
   // 2 * 64 * (64 + 8) * 2 + 4 * 32 * (64 + 8) * 2 + 64 * (32 + 8) * 2 + 4 * 32
@@ -250,7 +250,7 @@ TEST_CASE("compiler: backward KernelInfo follows an explicit tiling",
   r = compile(spec, {false, "", ""});
   INFO(r.error);
   REQUIRE(r.ok);
-  CHECK(r.info.name == "attention_bwd_dq");
+  CHECK(r.info.name == "attention_bwd_dq_mma_sync");
   CHECK(r.info.threads == 256);
   CHECK(r.info.blockM == 128);
   // (2 * 128 + 2 * 64) * (64 + 8) * 2
@@ -314,6 +314,7 @@ TEST_CASE("compiler: dumps hold every stage", "[compiler]") {
   std::filesystem::remove_all(dir);
   KernelSpec spec;
   spec.headDim = 64;
+  spec.arch = "sm_80";
   CompileOptions options;
   options.emitCubin = false;
   options.dumpDir = dir.string();
@@ -325,7 +326,7 @@ TEST_CASE("compiler: dumps hold every stage", "[compiler]") {
                            "dualkv-lower-to-nvgpu", "convert-gpu-to-nvvm"})
     CHECK(count(passes, pass) > 0);
   CHECK(count(readFile(dir / "kernel.ll"),
-              "define ptx_kernel void @attention_fwd") == 1);
+              "define ptx_kernel void @attention_fwd_mma_sync(") == 1);
   CHECK(readFile(dir / "kernel.ptx") == r.ptx);
   std::filesystem::remove_all(dir);
 }
@@ -338,4 +339,209 @@ TEST_CASE("compiler: the fingerprint is stable and covers the templates",
   CHECK(compilerFingerprint() == f);
   CHECK(kernelTemplate(KernelKind::Fwd).find("dualkv.kv_loop <shared>") !=
         std::string::npos);
+}
+
+//===----------------------------------------------------------------------===//
+// Archs and schedules
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("compiler: archs are parsed once into the supported set",
+          "[compiler][schedule]") {
+  const std::pair<const char *, int> supported[] = {
+      {"sm_80", 81},  {"sm_86", 81},  {"sm_87", 81},  {"sm_89", 81},
+      {"sm_90", 81},  {"sm_90a", 81}, {"sm_100", 86}, {"sm_103", 88},
+      {"sm_110", 90}, {"sm_120", 87}, {"sm_121", 88}};
+  for (auto [text, ptx] : supported) {
+    CAPTURE(text);
+    std::optional<Arch> arch = Arch::parse(text);
+    REQUIRE(arch);
+    CHECK(arch->str() == text);
+    CHECK(arch->ptxVersion() == ptx);
+    CHECK(arch->hasWgmma() == (std::string(text) == "sm_90a"));
+  }
+  CHECK(Arch::parse("sm_90a")->number == 90);
+  CHECK(Arch::parse("sm_90a")->archSpecific);
+  CHECK_FALSE(Arch::parse("sm_90")->archSpecific);
+  for (const char *text : {"sm_75", "sm_70", "sm_90ab", "sm_", "", "SM_80",
+                           "compute_90", "gfx90a", "sm_100a", " sm_80"}) {
+    CAPTURE(text);
+    std::string error;
+    CHECK_FALSE(Arch::parse(text, &error));
+    CHECK(error == "arch '" + std::string(text) +
+                       "' is not supported; supported: " + supportedArchs());
+  }
+  CHECK(supportedArchs() == "sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, "
+                            "sm_100, sm_103, sm_110, sm_120, sm_121");
+}
+
+TEST_CASE("compiler: schedules are spelled one way", "[compiler][schedule]") {
+  for (Schedule s : {Schedule::Auto, Schedule::MmaSync, Schedule::Wgmma,
+                     Schedule::WarpSpecialized})
+    CHECK(parseSchedule(toString(s)) == s);
+  CHECK(std::string(toString(Schedule::MmaSync)) == "mma_sync");
+  CHECK(std::string(toString(Schedule::WarpSpecialized)) == "warp_specialized");
+  CHECK_FALSE(parseSchedule("wgmma "));
+  CHECK_FALSE(parseSchedule("MMA_SYNC"));
+}
+
+namespace {
+
+KernelSpec specOf(KernelKind kind, const char *arch, int headDim,
+                  Tiling tiling = {}, Schedule schedule = Schedule::Auto) {
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.arch = arch;
+  spec.headDim = headDim;
+  spec.tiling = tiling;
+  spec.schedule = schedule;
+  return spec;
+}
+
+} // namespace
+
+TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
+          "[compiler][schedule]") {
+  using K = KernelKind;
+  const Schedule W = Schedule::Wgmma, M = Schedule::MmaSync,
+                 S = Schedule::WarpSpecialized;
+  struct Case {
+    KernelSpec spec;
+    Schedule expected;
+  };
+  const Case cases[] = {
+      // The forward on sm_90a: warp-specialized at head_dim 64, 128 and 256
+      // with 128 query rows in 8 consumer warps, 2 stages and key tiles that
+      // divide them; else wgmma at head_dim 128 with whole warpgroups of one
+      // m16 block a warp and block_n a multiple of 16 up to 256.
+      {specOf(K::Fwd, "sm_90a", 128), S},
+      {specOf(K::Fwd, "sm_90a", 64), S},
+      {specOf(K::Fwd, "sm_90a", 256), S},
+      {specOf(K::Fwd, "sm_90a", 128, {128, 64, 8, 2}), W}, // S by name
+      {specOf(K::Fwd, "sm_90a", 128, {128, 64, 8, 2}, S), S},
+      {specOf(K::Fwd, "sm_90a", 256, {128, 128, 8, 2}), M}, // > 227 KB
+      {specOf(K::Fwd, "sm_90a", 128, {128, 128, 8, 1}), W}, // one stage
+      {specOf(K::Fwd, "sm_90a", 128, {64, 64, 4, 1}), W},
+      {specOf(K::Fwd, "sm_90a", 128, {256, 256, 16, 2}), W},
+      {specOf(K::Fwd, "sm_90a", 128, {128, 32, 4, 2}), M}, // 2 m16 a warp
+      {specOf(K::Fwd, "sm_90a", 128, {32, 64, 2, 1}), M},  // half a group
+      {specOf(K::Fwd, "sm_90a", 128, {128, 8, 8, 2}), M},  // block_n % 16
+      {specOf(K::Fwd, "sm_90a", 64, {128, 32, 4, 2}), M},
+      {specOf(K::Fwd, "sm_90", 128), M},
+      {specOf(K::Fwd, "sm_80", 128), M},
+      {specOf(K::Fwd, "sm_100", 128), M},
+      {specOf(K::Fwd, "sm_120", 128), M},
+      // The KV-major backward: wgmma at 128:64:8 on sm_90a, head_dim 128.
+      {specOf(K::Bwd, "sm_90a", 128), W},
+      {specOf(K::BwdKV, "sm_90a", 128), W},
+      {specOf(K::Bwd, "sm_90a", 64), M},
+      {specOf(K::Bwd, "sm_90a", 128, {128, 32, 8, 1}), M},
+      {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
+      {specOf(K::Bwd, "sm_80", 128), M},
+      {specOf(K::Bwd, "sm_90", 128), M},
+      // Never wgmma: the dQ kernel and the elementwise ones.
+      {specOf(K::BwdDQ, "sm_90a", 128), M},
+      {specOf(K::BwdPre, "sm_90a", 128), M},
+      {specOf(K::BwdPost, "sm_90a", 128), M},
+      // An explicit schedule stays; mma_sync takes its own default tiling.
+      {specOf(K::Fwd, "sm_90a", 128, {}, M), M},
+  };
+  for (const Case &c : cases) {
+    KernelSpec r = resolveSpec(c.spec);
+    CAPTURE(toString(c.spec.kind), c.spec.arch, c.spec.headDim, r.tiling.blockM,
+            r.tiling.blockN, r.tiling.warps);
+    CHECK(r.schedule == c.expected);
+    CHECK(checkSpec(r).empty());
+    // Resolving twice changes nothing: the choice is made once.
+    CHECK(resolveSpec(r).schedule == r.schedule);
+  }
+  CHECK(resolveSpec(specOf(K::Fwd, "sm_90a", 128, {}, M)).tiling ==
+        Tiling{128, 32, 4, 2});
+  CHECK(resolveSpec(specOf(K::Fwd, "sm_90a", 128, {}, W)).tiling ==
+        Tiling{128, 128, 8, 2});
+}
+
+TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
+          "[compiler][schedule]") {
+  using K = KernelKind;
+  const Schedule W = Schedule::Wgmma, S = Schedule::WarpSpecialized;
+  const std::pair<KernelSpec, std::string> cases[] = {
+      {specOf(K::Fwd, "sm_80", 128, {}, W),
+       "the wgmma schedule cannot compute this fwd kernel: it needs sm_90a, "
+       "not sm_80"},
+      {specOf(K::Fwd, "sm_90", 128, {}, W),
+       "the wgmma schedule cannot compute this fwd kernel: it needs sm_90a, "
+       "not sm_90"},
+      {specOf(K::Fwd, "sm_90a", 64, {}, W),
+       "the wgmma schedule cannot compute this fwd kernel: it has head_dim "
+       "128 only, not 64"},
+      {specOf(K::Fwd, "sm_90a", 128, {128, 32, 4, 2}, W),
+       "the wgmma schedule cannot compute this fwd kernel: its forward needs "
+       "block_m = 16 x warps, warps a multiple of 4 and block_n a multiple "
+       "of 16 up to 256"},
+      {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}, W),
+       "the wgmma schedule cannot compute this bwd_kv kernel: its backward "
+       "needs block_m 128, block_n 64 and 8 warps"},
+      {specOf(K::BwdDQ, "sm_90a", 128, {}, W),
+       "the wgmma schedule cannot compute this bwd_dq kernel: it has no "
+       "bwd_dq kernel"},
+      {specOf(K::Fwd, "sm_80", 128, {}, S),
+       "the warp_specialized schedule cannot compute this fwd kernel: it "
+       "needs sm_90a, not sm_80"},
+      {specOf(K::Fwd, "sm_90a", 128, {128, 32, 4, 2}, S),
+       "the warp_specialized schedule cannot compute this fwd kernel: it "
+       "needs block_m 128, 8 (consumer) warps, 2 stages and block_n 16, 32, "
+       "64 or 128"},
+      {specOf(K::Fwd, "sm_90a", 256, {128, 128, 8, 2}, S),
+       "the warp_specialized schedule cannot compute this fwd kernel: its "
+       "tiles exceed 227 KB of shared memory at block_n 128"},
+      {specOf(K::Bwd, "sm_90a", 128, {}, S),
+       "the warp_specialized schedule cannot compute this bwd kernel: it has "
+       "no bwd kernel"},
+      {specOf(K::Fwd, "sm_75", 128),
+       "arch 'sm_75' is not supported; supported: " + supportedArchs()},
+  };
+  for (const auto &[spec, why] : cases) {
+    CAPTURE(why);
+    CHECK(checkSpec(spec) == why);
+    // compile() reports the same, and never reaches LLVM with it.
+    CompileResult r = compile(spec, {false, "", ""});
+    CHECK_FALSE(r.ok);
+    CHECK(r.error == why);
+    CHECK(r.ptx.empty());
+  }
+}
+
+TEST_CASE("compiler: archs LLVM aborted on compile or are refused",
+          "[compiler][schedule]") {
+  // sm_75 used to abort the process in instruction selection (cp.async) and
+  // sm_100 on "PTX version 8.1 does not support target 'sm_100'".
+  CompileResult old = compile(specOf(KernelKind::Fwd, "sm_75", 64));
+  CHECK_FALSE(old.ok);
+  CHECK(old.error.find("supported: sm_80") != std::string::npos);
+  for (const char *arch : {"sm_100", "sm_120"}) {
+    CAPTURE(arch);
+    CompileResult r =
+        compile(specOf(KernelKind::Fwd, arch, 64), {false, "", ""});
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(r.info.name == "attention_fwd_mma_sync");
+    CHECK(count(r.ptx, std::string(".target ") + arch + "\n") == 1);
+    CHECK(count(r.ptx, std::string(".version ") +
+                           (std::string(arch) == "sm_100" ? "8.6" : "8.7")) ==
+          1);
+  }
+  // The warpgroup schedules name their entry points.
+  CompileResult ws =
+      compile(specOf(KernelKind::Fwd, "sm_90a", 128), {false, "", ""});
+  REQUIRE(ws.ok);
+  CHECK(ws.info.name == "attention_fwd_warp_specialized");
+  CHECK(ws.info.threads == 384);
+  CHECK(count(ws.ptx, "cp.async.bulk.tensor") > 0);
+  CompileResult wg =
+      compile(specOf(KernelKind::Fwd, "sm_90a", 128, {}, Schedule::Wgmma),
+              {false, "", ""});
+  REQUIRE(wg.ok);
+  CHECK(wg.info.name == "attention_fwd_wgmma");
+  CHECK(wg.info.threads == 256);
+  CHECK(count(wg.ptx, "wgmma.mma_async") > 0);
 }

@@ -1,5 +1,6 @@
 // Runtime tests without a GPU: cache keys, disk cache, plans, validation.
 #include "FakeDriver.h"
+#include "Validate.h"
 
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"
@@ -67,6 +68,7 @@ CacheKey sampleKey() {
   key.dtype = DType::BF16;
   key.arch = "sm_90a";
   key.tiling = Tiling{128, 64, 8, 2};
+  key.schedule = Schedule::Wgmma;
   key.compilerFingerprint = "test-fingerprint";
   return key;
 }
@@ -112,10 +114,10 @@ TEST_CASE("cache key: canonical JSON and its SHA-256", "[runtime]") {
   CHECK(key.toJson().dump() ==
         R"({"N":0,"P":0,"arch":"sm_90a","compiler":"test-fingerprint",)"
         R"("dtype":"bf16","head_dim":128,"kind":"fwd","num_kv_heads":8,)"
-        R"("num_q_heads":32,"schema":1,"tiling":{"block_m":128,)"
-        R"("block_n":64,"stages":2,"warps":8}})");
+        R"("num_q_heads":32,"schedule":"wgmma","schema":2,"tiling":{)"
+        R"("block_m":128,"block_n":64,"stages":2,"warps":8}})");
   CHECK(key.hash() ==
-        "20334660d17bce2d042cc5412b7f236169055d9a6309c74c3e9e2642242b178e");
+        "33f6b959aabc4188393de565587f219b62888a51216827f40d773c5909dfaf12");
   CHECK(sampleKey().hash() == key.hash());
   CHECK(CacheKey::fromSpec(key.spec(), key.compilerFingerprint) == key);
 }
@@ -135,6 +137,7 @@ TEST_CASE("cache key: every field changes the hash", "[runtime]") {
       {"tiling.blockN", [](CacheKey &k) { k.tiling.blockN = 128; }},
       {"tiling.warps", [](CacheKey &k) { k.tiling.warps = 4; }},
       {"tiling.stages", [](CacheKey &k) { k.tiling.stages = 3; }},
+      {"schedule", [](CacheKey &k) { k.schedule = Schedule::MmaSync; }},
       {"compilerFingerprint",
        [](CacheKey &k) { k.compilerFingerprint = "other"; }},
   };
@@ -200,7 +203,7 @@ TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
   REQUIRE(disk.store(key, sampleEntry(), &why));
   CHECK(why.empty());
   const std::string dir = disk.entryDir(key);
-  CHECK(dir == tmp.path + "/v1/sm_90a/" + key.hash());
+  CHECK(dir == tmp.path + "/v2/sm_90a/" + key.hash());
   // No temp file is left behind.
   CHECK(listDir(dir) ==
         std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
@@ -713,7 +716,7 @@ TEST_CASE("forward: launches the cached kernel with the documented ABI",
   ForwardArgs args = validArgs(plan);
   args.stream = fakePointer(0xABC);
   // A tiling of the cp.async schedules: a CTA per (tile, segment, head).
-  args.tiling = {128, 64, 8, 2};
+  args.tiling = {128, 32, 4, 2};
 
   // Put the kernel the launch will ask for on disk, so no compile runs.
   CacheEntry entry = sampleEntry(); // 256 threads, 96 KiB shared
@@ -819,6 +822,64 @@ TEST_CASE("forward: the warp-specialized kernel takes tensor maps and the "
   CHECK(e->code() == ErrorCode::InvalidArgument);
   CHECK_THAT(e->what(), Contains("v.stride_t (260) must be a multiple of 8"));
   CHECK(fake.launches == 1);
+}
+
+TEST_CASE("forward: a GPU outside the supported archs is an error, not an "
+          "abort",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  // A Turing GPU (sm_75): before the arch was checked, the JIT compile ran
+  // LLVM into "Cannot select" and the process aborted.
+  fake.ccMajor = 7;
+  fake.ccMinor = 5;
+  Plan plan({{40, {24, 0, 32}}});
+  std::optional<Error> e = errorOf([&] { forward(validArgs(plan)); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::NoGpu);
+  CHECK_THAT(e->what(), Contains("the current GPU (sm_75) cannot run DualKV "
+                                 "kernels: arch 'sm_75' is not supported; "
+                                 "supported: sm_80, sm_86"));
+  CHECK(fake.launches == 0);
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("launch parameters are filled by name from the kernel's table",
+          "[runtime]") {
+  using detail::LaunchParams;
+  uint64_t p = 0;
+  int64_t i = 0;
+  float f = 0;
+  // Every parameter of the forward set, in any order: data() gives the
+  // table's order.
+  LaunchParams params(KernelKind::Fwd);
+  params.f32("scaleLog2", f).ptr("q", p);
+  std::optional<Error> unset = errorOf([&] { params.data(); });
+  REQUIRE(unset);
+  CHECK(unset->code() == ErrorCode::Internal);
+  CHECK_THAT(unset->what(), Contains("parameter 'k' is not set"));
+  for (const char *name : {"k", "v", "o", "lse", "segs"})
+    params.ptr(name, p);
+  for (const char *name :
+       {"qStrideT", "qStrideH", "kStrideT", "kStrideH", "vStrideT", "vStrideH",
+        "oStrideT", "oStrideH", "lseStrideH"})
+    params.i64(name, i);
+  void **slots = params.data();
+  CHECK(slots[0] == &p);
+  CHECK(slots[6] == &i);
+  CHECK(slots[15] == &f);
+  // A name or a type the table does not declare.
+  for (auto bad : std::vector<std::function<void()>>{
+           [&] { params.ptr("dout", p); }, [&] { params.i64("q", i); },
+           [&] { params.f32("qStrideT", f); }}) {
+    std::optional<Error> e = errorOf(bad);
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::Internal);
+    CHECK_THAT(e->what(), Contains("of that type"));
+  }
 }
 
 //===----------------------------------------------------------------------===//

@@ -29,7 +29,7 @@ constexpr const char *kUsage = R"(usage: dualkv-aot [options] --out DIR
 
 Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
 <name>.ptx, <name>.cubin (when ptxas is available) and <name>.json (the spec,
-launch geometry and ptxas register/spill report); a spec asked for several
+launch geometry, schedule and ptxas register/spill report); a spec asked for several
 archs with one tiling (launch geometry) for all of them also gets <name>.fatbin
 holding every arch's cubin and the PTX (default tilings can differ by arch: the
 forward's on sm_90a at head_dim 128 is the warpgroup schedule's). No GPU is
@@ -47,8 +47,14 @@ options:
   --head-dim D     64, 128 or 256 (default 128)
   --heads HQ:HKV   query and key/value heads (default 32:8)
   --dtype T        bf16 or fp16 (default bf16)
-  --arch A         target, e.g. sm_80 or sm_90a; repeat or comma-separate for
-                   several (default sm_90a)
+  --arch A         target: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100,
+                   sm_103, sm_110, sm_120 or sm_121 (from sm_100 on the
+                   mma_sync schedule, compile-tested only); repeat or
+                   comma-separate for several (default sm_90a)
+  --schedule S     auto (default: the compiler's choice for each spec),
+                   mma_sync, wgmma or warp_specialized (not available yet);
+                   one that a spec cannot use is an error. bwd_pre and
+                   bwd_post always take mma_sync
   --block-m M      query rows per CTA (default: the compiler's choice)
   --block-n N      keys per KV tile (default: the compiler's choice)
   --warps W        warps per CTA (default: the compiler's choice)
@@ -56,8 +62,8 @@ options:
   --spec-file F    compile every spec of the JSON file F (an array of objects
                    {"kind", "P", "N", "head_dim", "heads": "HQ:HKV", "dtype",
                    "arch": "sm_90a" or ["sm_80", "sm_90a"], "tiling": "default"
-                   or {"block_m", "block_n", "warps", "stages"}}); flags then
-                   give the defaults of missing fields
+                   or {"block_m", "block_n", "warps", "stages"}, "schedule"});
+                   flags then give the defaults of missing fields
   --emit-registration NAME
                    also write DIR/NAME.h and DIR/NAME.cpp: the kernels embedded
                    and a function NAME_register() that registers them with the
@@ -118,10 +124,27 @@ const char *kindEnumerator(dualkv::KernelKind kind) {
   return "Fwd";
 }
 
+/// The C++ spelling of `schedule`, for generated registration code.
+const char *scheduleEnumerator(dualkv::Schedule schedule) {
+  switch (schedule) {
+  case dualkv::Schedule::Auto:
+    return "Auto";
+  case dualkv::Schedule::MmaSync:
+    return "MmaSync";
+  case dualkv::Schedule::Wgmma:
+    return "Wgmma";
+  case dualkv::Schedule::WarpSpecialized:
+    return "WarpSpecialized";
+  }
+  return "Auto";
+}
+constexpr const char *kScheduleChoices =
+    "auto, mma_sync, wgmma, warp_specialized";
+
 /// One job per kernel of `kinds`; the elementwise backward kernels drop any
-/// tiling (theirs is fixed). The whole backward set ("bwd") with several KV
-/// heads also gets bwd and bwd_post for one KV head and its query heads: the
-/// runtime launches those on long batches, one KV head at a time
+/// tiling and schedule (theirs are fixed). The whole backward set ("bwd") with
+/// several KV heads also gets bwd and bwd_post for one KV head and its query
+/// heads: the runtime launches those on long batches, one KV head at a time
 /// (backwardKVHeadsPerLaunch).
 void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
                  std::vector<Job> &out) {
@@ -131,6 +154,7 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
       j.spec.tiling = {};
+      j.spec.schedule = dualkv::Schedule::Auto;
       j.tuned = false;
     }
     return j;
@@ -184,6 +208,15 @@ int64_t parseInt(const std::string &flag, const std::string &value) {
   return *v;
 }
 
+dualkv::Schedule parseScheduleOrDie(const std::string &flag,
+                                    const std::string &value) {
+  std::optional<dualkv::Schedule> s = dualkv::parseSchedule(value);
+  if (!s)
+    usageError(
+        fmt::format("{} '{}' is not one of {}", flag, value, kScheduleChoices));
+  return *s;
+}
+
 Args parseArgs(int argc, char **argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -234,14 +267,16 @@ Args parseArgs(int argc, char **argv) {
         size_t comma = v.find(',', pos);
         std::string one = v.substr(
             pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        if (one.rfind("sm_", 0) != 0)
-          usageError(fmt::format(
-              "--arch must look like sm_80 or sm_90a, got '{}'", one));
+        std::string why;
+        if (!dualkv::Arch::parse(one, &why))
+          usageError("--arch: " + why);
         a.archs.push_back(one);
         if (comma == std::string::npos)
           break;
         pos = comma + 1;
       }
+    } else if (flag == "--schedule") {
+      a.spec.schedule = parseScheduleOrDie(flag, v);
     } else if (flag == "--block-m") {
       a.spec.tiling.blockM = static_cast<int>(parseInt(flag, v));
     } else if (flag == "--block-n") {
@@ -327,7 +362,8 @@ std::vector<Job> readSpecFile(const Args &a) {
     };
     for (auto &[key, value] : o.items())
       if (key != "kind" && key != "P" && key != "N" && key != "head_dim" &&
-          key != "heads" && key != "dtype" && key != "arch" && key != "tiling")
+          key != "heads" && key != "dtype" && key != "arch" &&
+          key != "tiling" && key != "schedule")
         specError(fmt::format("spec[{}] has an unknown field '{}'", i, key));
     std::vector<dualkv::KernelKind> kinds = a.kinds;
     if (auto kind = text("kind")) {
@@ -370,12 +406,20 @@ std::vector<Job> readSpecFile(const Args &a) {
                               where("arch"), o["arch"].dump()));
       job.archs.clear();
       for (const auto &arch : archs) {
-        if (!arch.is_string() || arch.get<std::string>().rfind("sm_", 0) != 0)
+        std::string why = "it is not a string";
+        if (!arch.is_string() ||
+            !dualkv::Arch::parse(arch.get<std::string>(), &why))
           specError(
-              fmt::format("{} entries must look like sm_80 or sm_90a, got {}",
-                          where("arch"), arch.dump()));
+              fmt::format("{} entry {}: {}", where("arch"), arch.dump(), why));
         job.archs.push_back(arch.get<std::string>());
       }
+    }
+    if (auto schedule = text("schedule")) {
+      std::optional<dualkv::Schedule> named = dualkv::parseSchedule(*schedule);
+      if (!named)
+        specError(fmt::format("{} '{}' is not one of {}", where("schedule"),
+                              *schedule, kScheduleChoices));
+      job.spec.schedule = *named;
     }
     if (o.contains("tiling")) {
       const auto &t = o["tiling"];
@@ -496,11 +540,12 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
              "{};\n    "
              "k.spec.numKVHeads = {};\n    k.spec.dtype = dualkv::DType::{};\n "
              "   "
-             "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n",
+             "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
+             "    k.spec.schedule = dualkv::Schedule::{};\n",
              kindEnumerator(s.kind), s.P, s.N, s.headDim, s.numQHeads,
              s.numKVHeads, s.dtype == dualkv::DType::BF16 ? "BF16" : "FP16",
              s.arch, s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-             s.tiling.stages)
+             s.tiling.stages, scheduleEnumerator(s.schedule))
       << fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -602,6 +647,7 @@ int main(int argc, char **argv) {
             {"block_n", spec.tiling.blockN},
             {"warps", spec.tiling.warps},
             {"stages", spec.tiling.stages}}},
+          {"schedule", dualkv::toString(spec.schedule)},
           {"entry", r.info.name},
           {"threads", r.info.threads},
           {"shared_bytes", r.info.sharedBytes},
@@ -621,19 +667,28 @@ int main(int argc, char **argv) {
       builds.push_back(
           {spec, r.info, std::move(r.ptx), std::move(r.cubin), base});
     }
-    bool oneTiling = true;
-    std::string tilings;
+    // A fatbin holds one kernel for every arch: one launch geometry and one
+    // entry point, so one tiling and one schedule.
+    bool oneTiling = true, oneEntry = true;
+    std::string tilings, schedules;
     for (const Built &b : builds) {
       oneTiling = oneTiling && b.spec.tiling == builds.front().spec.tiling;
+      oneEntry = oneEntry && b.info.name == builds.front().info.name;
       tilings +=
           fmt::format("{}{} {},{},{},{}", tilings.empty() ? "" : ", ",
                       b.spec.arch, b.spec.tiling.blockM, b.spec.tiling.blockN,
                       b.spec.tiling.warps, b.spec.tiling.stages);
+      schedules += fmt::format("{}{} {}", schedules.empty() ? "" : ", ",
+                               b.spec.arch, dualkv::toString(b.spec.schedule));
     }
     if (builds.size() > 1 && args.cubin && !oneTiling) {
       fmt::print("  no fatbin: the archs' tilings differ ({}), and so do "
                  "their launch geometries\n",
                  tilings);
+    } else if (builds.size() > 1 && args.cubin && !oneEntry) {
+      fmt::print("  no fatbin: the archs' schedules differ ({}), and so do "
+                 "their entry points\n",
+                 schedules);
     } else if (builds.size() > 1 && args.cubin) {
       std::string fatbin = args.out + "/" +
                            kernelFileName(builds.front().spec, false) +

@@ -70,7 +70,8 @@ options:
                    <kernel cache>/tuning.json)
   --report FILE    also write every candidate (status, registers, spills, ms)
                    as JSON
-  --arch A         target for --dry-run (default sm_90a; with a GPU, the GPU's)
+  --arch A         target for --dry-run: sm_80 ... sm_121 (default sm_90a; with a
+                   GPU, the GPU's)
   --dry-run        no GPU needed: list the candidates with their ptxas registers,
                    shared memory and spills, and stop
   -h, --help       show this help
@@ -158,9 +159,9 @@ Args parseArgs(int argc, char **argv) {
     } else if (flag == "--report") {
       a.report = v;
     } else if (flag == "--arch") {
-      if (v.rfind("sm_", 0) != 0)
-        usageError(
-            fmt::format("--arch must look like sm_80 or sm_90a, got '{}'", v));
+      std::string why;
+      if (!dualkv::Arch::parse(v, &why))
+        usageError("--arch: " + why);
       a.arch = v;
     } else {
       usageError(fmt::format("unknown option '{}'", flag));
@@ -255,9 +256,7 @@ std::vector<Candidate> enumerate(const KernelSpec &base) {
 std::string arch() {
   cudaDeviceProp p;
   check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
-  return p.major == 9 && p.minor == 0
-             ? "sm_90a"
-             : fmt::format("sm_{}{}", p.major, p.minor);
+  return Arch::forComputeCapability(p.major, p.minor).str();
 }
 
 //===----------------------------------------------------------------------===//

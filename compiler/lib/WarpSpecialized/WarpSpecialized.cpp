@@ -27,7 +27,8 @@
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
-#include "../Fragments.h"
+#include "Common/Fragments.h"
+#include "Wgmma/WgmmaBuilder.h"
 
 #include <limits>
 
@@ -49,6 +50,8 @@ public:
       : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
                         kernel.getProblem()->getHeadDim(),
                         kernel.getTiling()->getWarps()),
+        mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
+            kernel.getProblem()->getHeadDim()),
         kernel(kernel) {
     ProblemAttr p = *kernel.getProblem();
     TilingAttr t = *kernel.getTiling();
@@ -138,19 +141,19 @@ private:
   /// each warpgroup takes as many turns as the other, and warpgroup 1 passes
   /// none on after its last, so both barriers end balanced.
   void turnBegin() {
-    NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(1), wg)),
+    NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(1), wgIdx)),
                             i32c(int32_t(threads())),
                             NVVM::BarrierReductionAttr(), Value());
   }
   void turnEnd() {
     NVVM::BarrierArriveOp::create(
-        b, loc, i32Of(arith::SubIOp::create(b, loc, idx(2), wg)),
+        b, loc, i32Of(arith::SubIOp::create(b, loc, idx(2), wgIdx)),
         i32c(int32_t(threads())));
   }
   /// turnEnd for warpgroup `w` only.
   void turnEndIf(int64_t w) {
     auto only =
-        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, wg, idx(w)),
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, wgIdx, idx(w)),
                           /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(only.thenBlock());
@@ -203,6 +206,7 @@ private:
     }
   }
 
+  WgmmaBuilder mma;
   KernelOp kernel;
   int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
   SmallVector<Loop> loops;
@@ -210,7 +214,7 @@ private:
   Value qMap, kMap, vMap;
   Value oPtr, lsePtr, segPtr, oStrideT, oStrideH, lseStrideH, scaleLog2;
   Value head, kvHead, segStart, segLen, sharedStart, sharedLen, qRow0;
-  Value smemAddr, wg;
+  Value smemAddr, wgIdx;
 };
 
 LogicalResult WarpSpecializedForward::collectLoops() {
@@ -316,9 +320,9 @@ SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
   // address is made opaque per use so LLVM rebuilds its descriptors instead
   // of keeping all of them live across the loop.
   Value qAddr = add(opaque(smemAddr), mul(divu(warp, 4), idx(64 * 128)));
-  Value aDesc = wgmmaDesc(qAddr, 16, 1024);
-  Value bDesc = wgmmaDesc(kAddr, 16, 1024);
-  return wgmmaOverHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
+  Value aDesc = mma.desc(qAddr, 16, 1024);
+  Value bDesc = mma.desc(kAddr, 16, 1024);
+  return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
 }
 
 void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
@@ -326,9 +330,9 @@ void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
   // Its own fence: the P V group is issued behind the scores' group, and
   // ptxas serialises a group whose inputs (descriptors, P) were defined after
   // the last fence.
-  Value desc = wgmmaDesc(vAddr, blockN * 128, 1024);
-  wgmmaFence();
-  SmallVector<Value> out = wgmmaRegsA(SmallVector<Value>(acc), p, desc);
+  Value desc = mma.desc(vAddr, blockN * 128, 1024);
+  mma.fence();
+  SmallVector<Value> out = mma.regsA(SmallVector<Value>(acc), p, desc);
   std::copy(out.begin(), out.end(), acc.begin());
 }
 
@@ -468,16 +472,16 @@ void WarpSpecializedForward::emitConsumer() {
   // Iteration 0: its scores and probabilities.
   SmallVector<Value> m(2, f32c(-std::numeric_limits<float>::infinity()));
   SmallVector<Value> l(2, f32c(0.0f)), alpha(2);
-  wg = divu(warp, 4);
+  wgIdx = divu(warp, 4);
   turnEndIf(1);
   Value first = idx(0);
   waitParity(kFull(first), idx(0));
   turnBegin();
-  wgmmaFence();
+  mma.fence();
   SmallVector<Value> s = scores(kAddrOf(first));
-  wgmmaCommit();
+  mma.commit();
   turnEnd();
-  wgmmaWait(0, s);
+  mma.wait(0, s);
   arrive(kEmpty(first));
   SmallVector<Value> p = softmax(maskEdges(s, first), m, l, alpha);
   SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
@@ -506,13 +510,13 @@ void WarpSpecializedForward::emitConsumer() {
     waitParity(kFull(slot), parity);
     waitParity(vFull(prevSlot), prevParity);
     turnBegin();
-    wgmmaFence();
+    mma.fence();
     SmallVector<Value> s = scores(kAddrOf(slot));
-    wgmmaCommit();
+    mma.commit();
     accumulate(acc, p, vAddrOf(prevSlot));
-    wgmmaCommit();
+    mma.commit();
     turnEnd();
-    wgmmaWait(1, s);
+    mma.wait(1, s);
     arrive(kEmpty(slot));
     SmallVector<Value> pNext = softmax(maskEdges(s, i), m, l, alpha);
     // P passes through the wait too: the P V group reads its registers until
@@ -542,9 +546,9 @@ void WarpSpecializedForward::emitConsumer() {
   waitParity(vFull(lastSlot), lastParity);
   turnBegin();
   accumulate(acc, p, vAddrOf(lastSlot));
-  wgmmaCommit();
+  mma.commit();
   turnEndIf(0);
-  wgmmaWait(0, acc);
+  mma.wait(0, acc);
   arrive(vEmpty(lastSlot));
   storeOutput(acc, m, l);
 }
@@ -563,30 +567,18 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
     return kernel.emitOpError() << "needs " << sharedBytes()
                                 << " bytes of shared memory, more than 227 KB";
 
-  Type f32 = b.getF32Type();
-  Type elem = gmem(elemType), f32p = gmem(f32), i32p = gmem(b.getI32Type());
-  auto ptr = LLVM::LLVMPointerType::get(b.getContext());
-  // The forward's ABI (q, k, v, o, lse, segs, 9 strides, scale_log2), then the
-  // tensor maps of Q, K and V.
-  SmallVector<Type> args = {elem, elem, elem, elem, f32p, i32p};
-  args.append(9, b.getI64Type());
-  args.push_back(f32);
-  args.append({ptr, ptr, ptr, i32p});
-  Block &entry = createFunc(gpuModule, kernel.getSymName(), args);
+  Block &entry = createFunc(gpuModule, kernel.getSymName(), KernelKind::fwd,
+                            ::dualkv::Schedule::WarpSpecialized);
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kProducerThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
-  // Grid-constant tensor maps: the NVVM lowering makes them byval parameters.
-  func->setAttr("dualkv.grid_constants", b.getDenseI64ArrayAttr({16, 17, 18}));
-
-  auto arg = [&](unsigned i) { return entry.getArgument(i); };
-  oPtr = arg(3), lsePtr = arg(4), segPtr = arg(5);
-  oStrideT = indexArg(entry, 12), oStrideH = indexArg(entry, 13),
-  lseStrideH = indexArg(entry, 14);
-  scaleLog2 = arg(15);
-  qMap = arg(16), kMap = arg(17), vMap = arg(18);
-  Value workPtr = arg(19);
+  oPtr = param("o"), lsePtr = param("lse"), segPtr = param("segs");
+  oStrideT = indexParam("oStrideT"), oStrideH = indexParam("oStrideH"),
+  lseStrideH = indexParam("lseStrideH");
+  scaleLog2 = param("scaleLog2");
+  qMap = param("qMap"), kMap = param("kMap"), vMap = param("vMap");
+  Value workPtr = param("order");
 
   emitThreadIds();
   // Block x takes work item x of the plan's forward order ({segment, query

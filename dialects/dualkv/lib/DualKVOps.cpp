@@ -158,11 +158,11 @@ LogicalResult AttentionBwdOp::verify() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult KernelOp::verify() {
-  bool anyBound = getProblem() || getTiling() || getArch();
+  bool anyBound = getProblem() || getTiling() || getArch() || getSchedule();
   if (anyBound && !isBound())
     return emitOpError()
-           << "problem, tiling and arch are bound together: either all "
-              "three or none";
+           << "problem, tiling, arch and schedule are bound together: either "
+              "all four or none";
   if (auto arch = getArch()) {
     if (!arch->starts_with("sm_"))
       return emitOpError() << "arch must look like sm_80 or sm_90a, got '"

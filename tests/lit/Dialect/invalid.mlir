@@ -283,34 +283,48 @@ func.func @bwd_o_heads(%q: tensor<?x8x64xbf16>, %k: tensor<?x2x64xbf16>, %o: ten
 
 // === dualkv.kernel ===
 
-// expected-error @+1 {{'dualkv.kernel' op problem, tiling and arch are bound together: either all three or none}}
+// expected-error @+1 {{'dualkv.kernel' op problem, tiling, arch and schedule are bound together: either all four or none}}
 dualkv.kernel @partly_bound kind <bwd_post> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> {
 }
 
 // -----
 
-// expected-error @+1 {{problem, tiling and arch are bound together: either all three or none}}
+// expected-error @+1 {{problem, tiling, arch and schedule are bound together: either all four or none}}
 dualkv.kernel @arch_only kind <bwd_post> arch "sm_80" {
 }
 
 // -----
 
+// expected-error @+1 {{problem, tiling, arch and schedule are bound together: either all four or none}}
+dualkv.kernel @schedule_only kind <bwd_post> schedule <wgmma> {
+}
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::dualkv::Schedule to be one of: mma_sync, wgmma, warp_specialized}}
+// expected-error @+1 {{failed to parse DualKV_ScheduleAttr parameter 'value'}}
+dualkv.kernel @bad_schedule kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_80" schedule <fast> {
+  dualkv.convert_grads
+}
+
+// -----
+
 // expected-error @+1 {{'dualkv.kernel' op arch must look like sm_80 or sm_90a, got 'gfx90a'}}
-dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "gfx90a" {
+dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "gfx90a" schedule <mma_sync> {
 }
 
 // -----
 
 // 128 rows * 256 dims over 128 threads = 256 fp32 accumulator registers a thread.
 // expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (accumulators * block_m * head_dim / threads); at most 128 fit beside the scores}}
-dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----
 
 // 256 threads copy a 16-row key tile of 8 chunks a row: 128 chunks do not split.
 // expected-error @+1 {{'dualkv.kernel' op tiling copies 16 rows of 8 16-byte chunks with 256 threads: the chunks must split evenly}}
-dualkv.kernel @copies_do_not_split kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 16, warps = 8, stages = 1> arch "sm_80" {
+dualkv.kernel @copies_do_not_split kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 16, warps = 8, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----
@@ -684,7 +698,7 @@ dualkv.kernel @qk_wrong_operand_type kind <bwd_dq> {
 // (bwd_dq: 64 * 128 / 128 = 64); a KV-major kernel holds dK and dV, twice that.
 // 2 * 128 rows * 128 dims over 128 threads = 256 registers.
 // expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (accumulators * block_m * head_dim / threads); at most 128 fit beside the scores}}
-dualkv.kernel @bwd_acc_registers kind <bwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @bwd_acc_registers kind <bwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----
@@ -692,7 +706,7 @@ dualkv.kernel @bwd_acc_registers kind <bwd> problem <P = 0, N = 0, num_q_heads =
 // bwd_kv counts two accumulators too: the default 64-key block at head_dim 256 gives
 // 2 * 64 * 256 / 128 = 256.
 // expected-error @+1 {{tiling gives each thread 256 accumulator registers}}
-dualkv.kernel @bwd_kv_acc_registers kind <bwd_kv> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @bwd_kv_acc_registers kind <bwd_kv> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----
@@ -700,7 +714,7 @@ dualkv.kernel @bwd_kv_acc_registers kind <bwd_kv> problem <P = 0, N = 0, num_q_h
 // bwd_dq keeps one (dQ): 128 * 256 / 256 threads = 128 is the limit, 256 * 128 / 128
 // is past it.
 // expected-error @+1 {{tiling gives each thread 256 accumulator registers}}
-dualkv.kernel @bwd_dq_acc_registers kind <bwd_dq> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 256, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @bwd_dq_acc_registers kind <bwd_dq> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 256, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----

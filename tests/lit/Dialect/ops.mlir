@@ -175,18 +175,18 @@ dualkv.kernel @unbound_bwd_dq kind <bwd_dq> {
 
 // -----
 
-// A bound kernel prints problem, tiling and arch in that order.
+// A bound kernel prints problem, tiling, arch and schedule in that order.
 // CHECK-LABEL: dualkv.kernel @bound kind <fwd>
 // CHECK-SAME: problem <P = 128, N = 4, num_q_heads = 8, num_kv_heads = 2, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>
 // CHECK-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
-// CHECK-SAME: arch "sm_80" {
+// CHECK-SAME: arch "sm_80" schedule <mma_sync> {
 // CHECK: dualkv.load_q
 // CHECK: dualkv.store_output
 dualkv.kernel @bound kind <fwd>
     problem <P = 128, N = 4, num_q_heads = 8, num_kv_heads = 2, head_dim = 64,
              dtype = f16, scale = 0.125, causal = true>
     tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
-    arch "sm_80" {
+    arch "sm_80" schedule <mma_sync> {
   %q = dualkv.load_q : !dualkv.q_tile
   %acc = dualkv.init_acc : !dualkv.acc
   %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
@@ -465,7 +465,7 @@ dualkv.kernel @kv_major kind <bwd> {
 // A query loop without iter_args (bwd_kv, bound), with discardable attributes: no
 // results, the implicit yield not printed.
 // CHECK-LABEL: dualkv.kernel @q_loop_without_iter_args kind <bwd_kv>
-// CHECK-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+// CHECK-SAME: tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 // CHECK: dualkv.q_loop part <all> attributes {tag} {
 // CHECK-NEXT: ^bb0(%[[I:[a-z0-9_#]+]]: index):
 // CHECK-NEXT: dualkv.load_q_block <grad_output> %[[I]] : !dualkv.q_block
@@ -476,7 +476,7 @@ dualkv.kernel @q_loop_without_iter_args kind <bwd_kv>
     problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 2, head_dim = 128,
              dtype = bf16, scale = 0.08838834764831845, causal = true>
     tiling <block_m = 64, block_n = 64, warps = 4, stages = 1>
-    arch "sm_80" {
+    arch "sm_80" schedule <mma_sync> {
   %k = dualkv.load_kv_block <key> : !dualkv.kv_block
   dualkv.q_loop part <all> attributes {tag} {
   ^bb0(%i: index):

@@ -1,4 +1,4 @@
-// dualkv-bind-spec: fixes problem, tiling and arch of every unbound kernel; tiling
+// dualkv-bind-spec: fixes problem, tiling, arch and schedule of every unbound kernel; tiling
 // fields left at 0 take the defaults of dualkv::defaultTiling (the runtime's too),
 // which depend on the kernel's kind and arch. Forward on sm_90a (the default arch,
 // the warp-specialized schedule): 128:128:8:2, block_n 64 at head_dim 256; on sm_80:
@@ -15,7 +15,7 @@
 // D128-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D128-SAME: problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.08838834764831{{[0-9]*}} : f64, causal = true>
 // D128-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2>
-// D128-SAME: arch "sm_90a" {
+// D128-SAME: arch "sm_90a" schedule <warp_specialized> {
 // The body is untouched: the loops still cover all tiles.
 // D128: dualkv.kv_loop <shared> part <all>
 // D128: dualkv.kv_loop <response> part <all>
@@ -23,34 +23,43 @@
 // D64-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D64-SAME: head_dim = 64, dtype = bf16, scale = 1.250000e-01 : f64
 // D64-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2>
+// D64-SAME: arch "sm_90a" schedule <warp_specialized> {
 
 // D256-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // D256-SAME: head_dim = 256, dtype = bf16, scale = 6.250000e-02 : f64
 // D256-SAME: tiling <block_m = 128, block_n = 64, warps = 8, stages = 2>
+// D256-SAME: arch "sm_90a" schedule <warp_specialized> {
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 arch=sm_80" | FileCheck %s --check-prefix=D64-SM80
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=D256-SM80
 // D64-SM80: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
+// D64-SM80-SAME: arch "sm_80" schedule <mma_sync> {
 // D256-SM80: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
+// D256-SM80-SAME: arch "sm_80" schedule <mma_sync> {
 
 // EXPLICIT-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // EXPLICIT-SAME: problem <P = 512, N = 8, num_q_heads = 16, num_kv_heads = 16, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>
 // EXPLICIT-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 1>
-// EXPLICIT-SAME: arch "sm_80" {
+// EXPLICIT-SAME: arch "sm_80" schedule <mma_sync> {
 
 // Explicit fields win, the rest keep their defaults; "fp16" spells f16.
 // PARTIAL-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // PARTIAL-SAME: head_dim = 128, dtype = f16,
 // PARTIAL-SAME: tiling <block_m = 128, block_n = 64, warps = 8, stages = 2>
+// PARTIAL-SAME: schedule <wgmma>
+
+// The warpgroup (wgmma, cp.async) schedule by name: its own default tiling.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=wgmma" | FileCheck %s --check-prefix=WGMMA
+// WGMMA: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a" schedule <wgmma> {
 
 // Every unbound kernel of the module is bound, each with its kind's default tiling
 // (the backward kinds': see BWD-* below).
 // CHECK-LABEL: dualkv.kernel @bwd_post_kernel kind <bwd_post>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1, head_dim = 128, dtype = bf16,
-// CHECK-SAME: tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a"
+// CHECK-SAME: tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a" schedule <mma_sync>
 // CHECK-LABEL: dualkv.kernel @fwd_kernel kind <fwd>
 // CHECK-SAME: problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 1,
-// CHECK-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a"
+// CHECK-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a" schedule <warp_specialized>
 dualkv.kernel @bwd_post_kernel kind <bwd_post> {
   dualkv.convert_grads
 }
@@ -74,7 +83,10 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=dtype=f32 2>&1 | FileCheck %s --check-prefix=ERR-DTYPE
 // ERR-DTYPE: error: dualkv-bind-spec: dtype must be bf16 or f16, got 'f32'
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=gfx90a 2>&1 | FileCheck %s --check-prefix=ERR-ARCH
-// ERR-ARCH: error: dualkv-bind-spec: arch must look like sm_80 or sm_90a, got 'gfx90a'
+// ERR-ARCH: error: dualkv-bind-spec: arch 'gfx90a' is not supported; supported: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_103, sm_110, sm_120, sm_121
+// Archs before sm_80 (no cp.async, no bf16 mma.sync) are refused, not handed to LLVM.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=sm_75 2>&1 | FileCheck %s --check-prefix=ERR-ARCH75
+// ERR-ARCH75: error: dualkv-bind-spec: arch 'sm_75' is not supported; supported: sm_80,
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=96 2>&1 | FileCheck %s --check-prefix=ERR-HEAD-DIM
 // ERR-HEAD-DIM: error: head_dim must be 64, 128 or 256, got 96
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=12 num-kv-heads=8" 2>&1 | FileCheck %s --check-prefix=ERR-HEADS
@@ -126,15 +138,16 @@ func.func @no_kernel() {
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
 // Change these checks with defaultTiling.
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1"
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1"
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
 // BWD-KV-SAME: tiling <[[TILING]]>
+// BWD-KV-SAME: schedule <[[SCHED]]>
 // The query loop is still `all`: binding does not tile.
 // BWD-KV: dualkv.q_loop part <all>
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128
@@ -142,16 +155,19 @@ func.func @no_kernel() {
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
 // BWD-DQ-SAME: head_dim = [[D]],
 // BWD-DQ-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
+// BWD-DQ-SAME: schedule <mma_sync>
 // RUN: dualkv-opt %templates/attention_bwd_pre.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-EW -DKIND=bwd_pre -DD=128
 // RUN: dualkv-opt %templates/attention_bwd_post.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-EW -DKIND=bwd_post -DD=64
 // BWD-EW: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-EW-SAME: head_dim = [[D]],
 // BWD-EW-SAME: tiling <block_m = 64, block_n = 16, warps = 4, stages = 1>
+// BWD-EW-SAME: schedule <mma_sync>
 
 // Explicit fields win over the kind's defaults as they do for the forward.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="block-n=32" | FileCheck %s --check-prefix=BWD-PARTIAL
 // BWD-PARTIAL: dualkv.kernel @attention_bwd kind <bwd>
 // BWD-PARTIAL-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 1>
+// BWD-PARTIAL-SAME: schedule <mma_sync>
 
 // The KV-major defaults do not fit head_dim 256: 2 * 128 * 256 / 256 (bwd) and
 // 2 * 64 * 256 / 128 (bwd_kv) = 256 registers.
@@ -160,3 +176,40 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
 // ERR-BWD-D256: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256
+
+// === the schedule: chosen once (resolveSpec), recorded on the kernel ===
+// auto (the default) takes wgmma exactly where it fits: sm_90a, head_dim 128, the
+// forward at block_m = 16 x warps (whole warpgroups) and block_n a multiple of 16 up
+// to 256, bwd and bwd_kv at 128:64:8; mma_sync everywhere else, newer archs included.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-m=64 block-n=64 warps=4" | FileCheck %s --check-prefix=SCHED -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-m=128 block-n=32 warps=4" | FileCheck %s --check-prefix=SCHED -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_90" | FileCheck %s --check-prefix=SCHED -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_100" | FileCheck %s --check-prefix=SCHED -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_120 schedule=mma_sync" | FileCheck %s --check-prefix=SCHED -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="block-m=64 block-n=64 warps=4" | FileCheck %s --check-prefix=SCHED -DSCHED=mma_sync
+// SCHED: dualkv.kernel @attention_{{[a-z_]+}} kind
+// SCHED-SAME: schedule <[[SCHED]]> {
+// An explicit mma_sync on sm_90a at head_dim 128 takes the mma.sync default tiling.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=mma_sync" | FileCheck %s --check-prefix=SCHED-MMA
+// SCHED-MMA: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_90a" schedule <mma_sync> {
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="schedule=wgmma" | FileCheck %s --check-prefix=SCHED -DSCHED=wgmma
+
+// A schedule the spec cannot use is an error naming why, never a fallback.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-ARCH
+// ERR-WGMMA-ARCH: error: 'dualkv.kernel' op the wgmma schedule cannot compute this fwd kernel: it needs sm_90a, not sm_80
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-D
+// ERR-WGMMA-D: error: 'dualkv.kernel' op the wgmma schedule cannot compute this fwd kernel: it has head_dim 128 only, not 64
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-m=128 block-n=32 warps=4 schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-TILING
+// ERR-WGMMA-TILING: error: 'dualkv.kernel' op the wgmma schedule cannot compute this fwd kernel: its forward needs block_m = 16 x warps, warps a multiple of 4 and block_n a multiple of 16 up to 256
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="block-n=32 schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-BWD
+// ERR-WGMMA-BWD: error: 'dualkv.kernel' op the wgmma schedule cannot compute this bwd kernel: its backward needs block_m 128, block_n 64 and 8 warps
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-KIND
+// ERR-WGMMA-KIND: error: 'dualkv.kernel' op the wgmma schedule cannot compute this bwd_dq kernel: it has no bwd_dq kernel
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS
+// ERR-WS: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs sm_90a, not sm_80
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-n=32 warps=4 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-TILING
+// ERR-WS-TILING: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs block_m 128, 8 (consumer) warps, 2 stages and block_n 16, 32, 64 or 128
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
+// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: it has no bwd kernel
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=fast" 2>&1 | FileCheck %s --check-prefix=ERR-SCHED
+// ERR-SCHED: error: dualkv-bind-spec: schedule must be auto, mma_sync, wgmma or warp_specialized, got 'fast'

@@ -10,7 +10,7 @@
 // Q, K and V tensor maps are arguments 16-18 (grid constants after the NVVM
 // lowering), the plan's forward work order ({segment, tile} pairs) argument 19. Shared memory: Q (128 rows) and two stages of K and V (128 rows each)
 // at 256 bytes a row, nine 8-byte mbarriers, 1 KB of alignment.
-// CHECK-LABEL: gpu.func @attention_fwd(
+// CHECK-LABEL: gpu.func @attention_fwd_warp_specialized(
 // CHECK-SAME: %arg16: !llvm.ptr, %arg17: !llvm.ptr, %arg18: !llvm.ptr, %arg19: memref<2147483647xi32, #gpu.address_space<global>>)
 // CHECK-SAME: dualkv.grid_constants = array<i64: 16, 17, 18>, dualkv.shared_bytes = 164936 : i64, known_block_size = array<i32: 384, 1, 1>, nvvm.maxnreg = 168 : i32
 // Q full, then K full, V full, K empty, V empty of each of the two stages; the
@@ -50,7 +50,7 @@
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm > %t.ll
 // RUN: FileCheck %s --check-prefix=LLVM < %t.ll
 // RUN: grep -c "wgmma.mma_async" %t.ll | FileCheck %s --check-prefix=WGMMA32
-// LLVM: llvm.func @attention_fwd(
+// LLVM: llvm.func @attention_fwd_warp_specialized(
 // LLVM-SAME: %arg16: !llvm.ptr {llvm.align = 64 : i64, llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant}
 // LLVM-SAME: %arg18: !llvm.ptr {llvm.align = 64 : i64, llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant}
 // LLVM-NOT: dualkv.grid_constants

@@ -1,7 +1,7 @@
 // dualkv-lower-to-nvgpu: a bound, tiled kernel becomes one gpu.func (sm_80 schedule:
 // cp.async -> ldmatrix -> mma.sync m16n8k16, exp2 online softmax with quad
 // shuffles). Q stays in shared memory; shared memory holds Q, one K and one V tile,
-// rows padded to head_dim + 8 elements of 2 bytes (LowerToNVGPU.cpp, sharedBytes):
+// rows padded to head_dim + 8 elements of 2 bytes (Common/QueryMajor.h, sharedBytes):
 //   (block_m + 2 * block_n) * (head_dim + 8) * 2
 //   head_dim 128, block_m 128, block_n 32: (128 + 64) * 136 * 2 = 52224
 //   head_dim  64, block_m 128, block_n 32: (128 + 64) *  72 * 2 = 27648
@@ -22,8 +22,8 @@
 // CHECK-NOT: dualkv.kernel
 // CHECK-LABEL: gpu.module @dualkv_kernels
 // Bare global pointers q, k, v, o (element type), lse (f32), segments (i32); strides; scale.
-// BF16: gpu.func @attention_fwd(%{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf32, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>,
-// F16: gpu.func @attention_fwd(%{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf32, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>,
+// BF16: gpu.func @attention_fwd_mma_sync(%{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xbf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf32, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>,
+// F16: gpu.func @attention_fwd_mma_sync(%{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf16, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xf32, #gpu.address_space<global>>, %{{.*}}: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>,
 // CHECK-SAME: %{{.*}}: f32) kernel attributes {dualkv.block_m = 128 : i64, dualkv.shared_bytes = 52224 : i64, known_block_size = array<i32: 256, 1, 1>
 // CHECK: gpu.dynamic_shared_memory
 //
@@ -123,7 +123,7 @@
 // next one right after the scores (guarded by j + 1 < ub), and the loop's last
 // prefetch is waited for before the next loop reuses the buffer. Full loops still
 // carry no mask: only tile-level guards, no key-level comparison.
-// PREFETCH: gpu.func @attention_fwd
+// PREFETCH: gpu.func @attention_fwd_mma_sync
 // PREFETCH-SAME: dualkv.block_m = 128 : i64, dualkv.shared_bytes = 52224 : i64, known_block_size = array<i32: 256, 1, 1>
 // PREFETCH: nvgpu.device_async_wait %{{.*}} {numGroups = 0 : i32}
 // PREFETCH: %[[FIRST:[0-9]+]] = arith.cmpi ult, %c0{{.*}}, %[[UB:[0-9]+]] : index
@@ -149,15 +149,15 @@
 // PREFETCH-NEXT: }
 // PREFETCH-NEXT: nvgpu.device_async_wait %{{.*}} {numGroups = 0 : i32}
 
-// D64: gpu.func @attention_fwd
+// D64: gpu.func @attention_fwd_mma_sync
 // D64-SAME: kernel attributes {dualkv.block_m = 128 : i64, dualkv.shared_bytes = 27648 : i64, known_block_size = array<i32: 128, 1, 1>
 // D64: nvgpu.ldmatrix {{.*}} : memref<128x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 // D64: nvgpu.ldmatrix {{.*}} : memref<32x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
-// D256: gpu.func @attention_fwd
+// D256: gpu.func @attention_fwd_mma_sync
 // D256-SAME: kernel attributes {dualkv.block_m = 64 : i64, dualkv.shared_bytes = 67584 : i64, known_block_size = array<i32: 128, 1, 1>
 // D256: nvgpu.ldmatrix {{.*}} : memref<64x264xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 // D256: nvgpu.ldmatrix {{.*}} : memref<32x264xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
-// WIDE: gpu.func @attention_fwd
+// WIDE: gpu.func @attention_fwd_mma_sync
 // WIDE-SAME: kernel attributes {dualkv.block_m = 256 : i64, dualkv.shared_bytes = 55296 : i64, known_block_size = array<i32: 512, 1, 1>
 // WIDE: nvgpu.ldmatrix {{.*}} : memref<256x72xbf16, #gpu.address_space<workgroup>> -> vector<4x2xbf16>
 
@@ -197,7 +197,7 @@ dualkv.kernel @unbound kind <fwd> {
 
 // -----
 
-dualkv.kernel @untiled kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @untiled kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
   %q = dualkv.load_q : !dualkv.q_tile
   %acc0 = dualkv.init_acc : !dualkv.acc
   %m0, %l0 = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
@@ -213,7 +213,7 @@ dualkv.kernel @untiled kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv
 
 // -----
 
-dualkv.kernel @foreign_op kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @foreign_op kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
   %q = dualkv.load_q : !dualkv.q_tile
   // expected-error @+1 {{'arith.constant' op has no sm_80 lowering}}
   %c0 = arith.constant 0 : index
@@ -224,15 +224,33 @@ dualkv.kernel @foreign_op kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num
 
 // -----
 
+// The lowering dispatches on the schedule the kernel records and never
+// re-derives it: a schedule without a lowering of the kernel's kind is an error.
+// expected-error @+1 {{'dualkv.kernel' op has no warp_specialized lowering}}
+dualkv.kernel @not_wired kind <bwd_dq> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a" schedule <warp_specialized> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  %acc = dualkv.init_acc : !dualkv.acc
+  dualkv.store_dq %acc : !dualkv.acc
+}
+
+// -----
+
+// expected-error @+1 {{'dualkv.kernel' op has no wgmma lowering}}
+dualkv.kernel @no_wgmma_post kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a" schedule <wgmma> {
+  dualkv.convert_grads
+}
+
+// -----
+
 // A bound kernel of a few ops lowers without loops; the module's other ops stay.
 // SPLIT: module attributes {gpu.container_module}
 // SPLIT-NEXT: func.func @host_side
 // SPLIT-LABEL: gpu.module @dualkv_kernels
-// SPLIT: gpu.func @minimal
+// SPLIT: gpu.func @minimal_mma_sync(
 // SPLIT-SAME: dualkv.block_m = 64 : i64, dualkv.shared_bytes = 27648 : i64
 // SPLIT-NOT: scf.for
 // SPLIT: gpu.return
-dualkv.kernel @minimal kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" {
+dualkv.kernel @minimal kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
   %q = dualkv.load_q : !dualkv.q_tile
   %acc = dualkv.init_acc : !dualkv.acc
   %m, %l = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats

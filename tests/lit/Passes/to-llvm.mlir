@@ -10,7 +10,7 @@
 // Dynamic shared memory is one extern array in address space 3.
 // CHECK-NEXT: llvm.mlir.global internal @__dynamic_shmem__0() {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
 // Bare pointers for q, k, v, o, lse, segments; then strides and the scale.
-// CHECK-NEXT: llvm.func @attention_fwd(%arg0: !llvm.ptr<1>, %arg1: !llvm.ptr<1>, %arg2: !llvm.ptr<1>, %arg3: !llvm.ptr<1>, %arg4: !llvm.ptr<1>, %arg5: !llvm.ptr<1>, %arg6: i64, %arg7: i64, %arg8: i64, %arg9: i64, %arg10: i64, %arg11: i64, %arg12: i64, %arg13: i64, %arg14: i64, %arg15: f32) attributes {
+// CHECK-NEXT: llvm.func @attention_fwd_mma_sync(%arg0: !llvm.ptr<1>, %arg1: !llvm.ptr<1>, %arg2: !llvm.ptr<1>, %arg3: !llvm.ptr<1>, %arg4: !llvm.ptr<1>, %arg5: !llvm.ptr<1>, %arg6: i64, %arg7: i64, %arg8: i64, %arg9: i64, %arg10: i64, %arg11: i64, %arg12: i64, %arg13: i64, %arg14: i64, %arg15: f32) attributes {
 // D128-SAME: dualkv.block_m = 128 : i64, dualkv.shared_bytes = 52224 : i64,
 // WIDE-SAME: dualkv.block_m = 256 : i64, dualkv.shared_bytes = 55296 : i64,
 // CHECK-SAME: nvvm.kernel,

@@ -12,6 +12,7 @@
 #include "dualkv/Export.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,43 @@ enum class DType { BF16, FP16 };
 
 DUALKV_API const char *toString(KernelKind kind);
 DUALKV_API const char *toString(DType dtype);
+
+/// How a kernel is computed, each in a folder of compiler/lib: MmaSync
+/// (mma.sync, sm_80 and later; also bwd_pre and bwd_post, which are the same
+/// everywhere), Wgmma (sm_90a, head_dim 128: the forward and the KV-major
+/// backward), WarpSpecialized (sm_90a TMA forward; not available yet). Auto
+/// means the default for the spec (resolveSpec).
+enum class Schedule { Auto, MmaSync, Wgmma, WarpSpecialized };
+/// "auto", "mma_sync", "wgmma", "warp_specialized".
+DUALKV_API const char *toString(Schedule schedule);
+/// The schedule spelled `text`, or nullopt.
+DUALKV_API std::optional<Schedule> parseSchedule(const std::string &text);
+
+/// A GPU target, sm_<number>[a], parsed once from its spelling.
+struct DUALKV_API Arch {
+  int number = 0;            ///< 80 for sm_80, 90 for sm_90a
+  bool archSpecific = false; ///< the "a": features of this arch only (wgmma)
+  /// `text` as an Arch if the compiler supports it; otherwise nullopt, with
+  /// *error (if given) naming the supported archs.
+  static std::optional<Arch> parse(const std::string &text,
+                                   std::string *error = nullptr);
+  /// The target of a GPU of compute capability major.minor: sm_90a on 9.0
+  /// (wgmma), else sm_<major><minor>, which parse() may refuse.
+  static Arch forComputeCapability(int major, int minor);
+  /// "sm_80", "sm_90a".
+  std::string str() const;
+  /// Whether wgmma exists: sm_90a only.
+  bool hasWgmma() const { return number == 90 && archSpecific; }
+  /// The PTX ISA version emitted for this arch, times ten: 81 up to sm_90a
+  /// (any CUDA 12.1+ driver reads it), the first version that knows the arch
+  /// after that.
+  int ptxVersion() const;
+  bool operator==(const Arch &o) const {
+    return number == o.number && archSpecific == o.archSpecific;
+  }
+};
+/// The archs Arch::parse accepts, for messages: "sm_80, sm_86, ...".
+DUALKV_API std::string supportedArchs();
 
 /// Tile shape and schedule. Zero fields mean "the default for this spec".
 struct Tiling {
@@ -55,18 +93,25 @@ struct KernelSpec {
   DType dtype = DType::BF16;
   std::string arch = "sm_90a";
   Tiling tiling;
+  /// Auto: the default for the rest of the spec (resolveSpec fills it in).
+  Schedule schedule = Schedule::Auto;
 };
 
-/// The tiling the compiler uses when the spec leaves it open.
+/// The tiling the compiler uses when the spec leaves it open (for the
+/// spec's schedule when one is asked for).
 DUALKV_API Tiling defaultTiling(const KernelSpec &spec);
-/// `spec` with its tiling completed by defaultTiling.
+/// `spec` with its tiling completed by defaultTiling and, with Schedule::Auto,
+/// its schedule chosen: the one place that choice is made.
 DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
-/// Whether `spec` (resolved) compiles to the warp-specialized TMA forward of
-/// sm_90a: a producer warpgroup beside the tiling's consumer warps, and Q, K
-/// and V tensor maps after the forward's parameters.
+/// Whether `spec` compiles to the warp-specialized TMA forward of sm_90a: a
+/// producer warpgroup beside the tiling's consumer warps, Q, K and V tensor
+/// maps and the plan's work order after the forward's parameters.
 DUALKV_API bool usesWarpSpecializedForward(const KernelSpec &spec);
-/// Threads per CTA of `spec` (resolved).
+/// Threads per CTA of `spec`.
 DUALKV_API int threadsPerBlock(const KernelSpec &spec);
+/// Why the resolved `spec` cannot be compiled as it stands (an arch outside
+/// the supported set, a schedule it cannot use), or an empty string.
+DUALKV_API std::string checkSpec(const KernelSpec &spec);
 
 /// What a launch needs to know about a compiled kernel.
 struct KernelInfo {

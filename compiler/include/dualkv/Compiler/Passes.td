@@ -6,11 +6,15 @@
 include "mlir/Pass/PassBase.td"
 
 def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
-  let summary = "Bind a kernel template to one spec: problem, tiling and arch";
+  let summary = "Bind a kernel template to one spec: problem, tiling, arch, schedule";
   let description = [{
-    Sets the `problem`, `tiling` and `arch` of every unbound `dualkv.kernel` in the
-    module from the pass options. Tiling fields left at 0 take the defaults for the
-    spec's head_dim. A kernel already bound is an error: templates are bound once.
+    Sets the `problem`, `tiling`, `arch` and `schedule` of every unbound
+    `dualkv.kernel` in the module from the pass options. Tiling fields left at 0 take
+    the defaults for the spec's head_dim; `schedule=auto` takes the default schedule
+    for kind, arch, head_dim and tiling (`resolveSpec`, compiler/lib/KernelSpec.cpp,
+    the one place it is chosen). An arch outside the supported set, or a schedule the
+    spec cannot use, is an error naming why, never a fallback. A kernel already bound
+    is an error: templates are bound once.
 
     ```
     dualkv-opt --dualkv-bind-spec="head-dim=128 num-q-heads=32 num-kv-heads=8 dtype=bf16 arch=sm_90a"
@@ -24,6 +28,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     Option<"headDim", "head-dim", "int64_t", "128", "head size: 64, 128 or 256">,
     Option<"dtype", "dtype", "std::string", "\"bf16\"", "bf16 or f16">,
     Option<"arch", "arch", "std::string", "\"sm_90a\"", "target, e.g. sm_80, sm_90a">,
+    Option<"schedule", "schedule", "std::string", "\"auto\"",
+           "auto, mma_sync, wgmma or warp_specialized">,
     Option<"blockM", "block-m", "int64_t", "0", "query rows per CTA (0: default)">,
     Option<"blockN", "block-n", "int64_t", "0", "keys per KV tile (0: default)">,
     Option<"warps", "warps", "int64_t", "0", "warps per CTA (0: default)">,
@@ -44,15 +50,19 @@ def DualKVTileRegions : Pass<"dualkv-tile-regions", "::mlir::ModuleOp"> {
 }
 
 def DualKVLowerToNVGPU : Pass<"dualkv-lower-to-nvgpu", "::mlir::ModuleOp"> {
-  let summary = "Lower bound, tiled dualkv kernels to gpu/nvgpu/vector/scf (sm_80 schedule)";
+  let summary = "Lower bound, tiled dualkv kernels to gpu/nvgpu/vector/scf";
   let description = [{
-    Each `dualkv.kernel` becomes a `gpu.func` kernel in a `gpu.module`. The sm_80
-    schedule: per-thread register fragments of `mma.sync.m16n8k16` (`nvvm.mma.sync`),
+    Each `dualkv.kernel` becomes a `gpu.func` kernel in a `gpu.module`, named
+    `<kernel>_<schedule>` and emitted by the schedule the kernel records
+    (compiler/lib/MmaSync, compiler/lib/Wgmma). The `mma_sync` schedule: per-thread register fragments of `mma.sync.m16n8k16` (`nvvm.mma.sync`),
     Q, K and V tiles staged in padded shared memory with `cp.async`
     (`nvgpu.device_async_copy`, zero-fill past the region end) and read with
     `ldmatrix` (transposed for V); with `stages = 2` the next key tile is prefetched
     while softmax and P·V run. An exp2 online softmax with row reductions over
     `gpu.shuffle xor`, fp32 accumulation. Runs on sm_80 and newer, sm_90a included.
+    The `wgmma` schedule (sm_90a, head_dim 128: the forward and the KV-major
+    backward) keeps those register layouts and moves the products to
+    `wgmma.mma_async` over tiles in the 128-byte swizzle.
   }];
   let dependentDialects = [
     "::mlir::gpu::GPUDialect", "::mlir::nvgpu::NVGPUDialect",

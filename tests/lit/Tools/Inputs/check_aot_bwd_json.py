@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks dualkv-aot's JSON reports of backward kernels against the spec they name,
-independently of the compiler: file name, entry point, launch geometry, dynamic
-shared memory (docs/backward-abi.md and the buffer layouts of LowerBackward.cpp and
-LowerToNVGPU.cpp), and, with --ptxas, a cubin and a spill-free ptxas log.
+independently of the compiler: file name, schedule and entry point, launch geometry, dynamic
+shared memory (docs/backward-abi.md and the buffer layouts of compiler/lib/Common/KVMajor.h
+and Common/QueryMajor.h), and, with --ptxas, a cubin and a spill-free ptxas log.
 
 usage: check_aot_bwd_json.py [--ptxas] DIR
 (prints one line per kernel, then a summary; exit 1 if any kernel is bad)
@@ -13,14 +13,20 @@ import os
 import re
 import sys
 
-ENTRY = {"bwd_pre": "attention_bwd_pre", "bwd": "attention_bwd",
-         "bwd_post": "attention_bwd_post", "bwd_kv": "attention_bwd_kv",
-         "bwd_dq": "attention_bwd_dq"}
+KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
+
+
+def schedule(kind, d, bm, bn, warps, arch):
+    """The warpgroup schedule for bwd and bwd_kv on sm_90a at head_dim 128 and
+    128:64:8; mma_sync for everything else."""
+    if (kind in ("bwd", "bwd_kv") and arch == "sm_90a" and d == 128
+            and (bm, bn, warps) == (128, 64, 8)):
+        return "wgmma"
+    return "mma_sync"
 
 
 def shared_bytes(kind, d, bm, bn, warps, arch):
-    if (kind in ("bwd", "bwd_kv") and arch == "sm_90a" and d == 128
-            and (bm, bn, warps) == (128, 64, 8)):
+    if schedule(kind, d, bm, bn, warps, arch) == "wgmma":
         # The warpgroup schedule: K, V, Q and dO (double buffered) unpadded in
         # the 128-byte swizzle, dS^T (block_m x block_n, bwd only), LSE and
         # Delta, and 1024 bytes to align the buffers to the swizzle period.
@@ -55,10 +61,13 @@ def main():
         name = "dualkv_{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}".format(
             kind, d, j["num_q_heads"], j["num_kv_heads"], j["dtype"], j["arch"],
             t["block_m"], t["block_n"], t["warps"], t["stages"])
-        if kind not in ENTRY:
+        sched = schedule(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"])
+        entry = "attention_%s_%s" % (kind, sched)
+        if kind not in KINDS:
             problems.append("not a backward kind: %s" % kind)
-        elif j["entry"] != ENTRY[kind]:
-            problems.append("entry %s != %s" % (j["entry"], ENTRY[kind]))
+        elif j["entry"] != entry or j["schedule"] != sched:
+            problems.append("entry %s, schedule %s != %s, %s" % (
+                j["entry"], j["schedule"], entry, sched))
         if os.path.basename(path) != name + ".json":
             problems.append("file name does not spell the spec (%s)" % name)
         if j["threads"] != 32 * t["warps"]:

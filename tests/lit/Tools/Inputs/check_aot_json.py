@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks dualkv-aot's JSON reports against the spec they name, independently of
-the compiler: launch geometry, shared memory, and a spill-free ptxas log.
+the compiler: schedule and entry point, launch geometry, shared memory, and a
+spill-free ptxas log.
 
 usage: check_aot_json.py DIR   (prints one line per kernel, then a summary)
 """
@@ -37,19 +38,23 @@ def main():
         # Q tile plus one K and one V tile, rows padded by 8 elements of 2 bytes;
         # the warpgroup schedule (sm_90a, head_dim 128, one m16 block a warp)
         # unpadded in the 128-byte swizzle, plus 1 KB to align the tiles.
+        wgmma = (not ws and j["arch"] == "sm_90a" and d == 128
+                 and t["block_m"] == 16 * t["warps"] and t["warps"] % 4 == 0
+                 and t["block_n"] % 16 == 0 and t["block_n"] <= 256)
         if ws:
             stages = t["stages"]
             smem = ((t["block_m"] + 2 * stages * t["block_n"]) * d * 2
                     + 8 * (1 + 4 * stages) + 1024)
-        elif (j["arch"] == "sm_90a" and d == 128
-                and t["block_m"] == 16 * t["warps"] and t["warps"] % 4 == 0):
+        elif wgmma:
             smem = (t["block_m"] + 2 * t["block_n"]) * d * 2 + 1024
         else:
             smem = (t["block_m"] + 2 * t["block_n"]) * (d + 8) * 2
         if j["shared_bytes"] != smem:
             problems.append("shared_bytes %d != %d" % (j["shared_bytes"], smem))
-        if j["entry"] != "attention_fwd" or j["kind"] != "fwd":
-            problems.append("entry/kind")
+        sched = "warp_specialized" if ws else "wgmma" if wgmma else "mma_sync"
+        if (j["entry"] != "attention_fwd_" + sched or j["kind"] != "fwd"
+                or j["schedule"] != sched):
+            problems.append("entry/kind/schedule")
         log = j["ptxas_log"]
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
         if not spills:

@@ -67,6 +67,29 @@ def DualKV_KernelKindAttr : EnumAttr<DualKV_Dialect, DualKV_KernelKind, "kind"> 
   let assemblyFormat = "`<` $value `>`";
 }
 
+def DualKV_ScheduleMmaSync : I32EnumAttrCase<"mma_sync", 0>;
+def DualKV_ScheduleWgmma : I32EnumAttrCase<"wgmma", 1>;
+def DualKV_ScheduleWarpSpecialized : I32EnumAttrCase<"warp_specialized", 2>;
+def DualKV_Schedule : I32EnumAttr<"Schedule",
+    "how a kernel is computed on the GPU",
+    [DualKV_ScheduleMmaSync, DualKV_ScheduleWgmma, DualKV_ScheduleWarpSpecialized]> {
+  let genSpecializedAttr = 0;
+  let cppNamespace = "::mlir::dualkv";
+}
+def DualKV_ScheduleAttr : EnumAttr<DualKV_Dialect, DualKV_Schedule, "schedule"> {
+  let summary = "the arch schedule a kernel is lowered with: `mma_sync` (sm_80 and "
+                "later), `wgmma` (sm_90a warpgroup MMAs), `warp_specialized` "
+                "(sm_90a TMA producer/consumer; not available yet)";
+  let description = [{
+    Chosen once, by `dualkv-bind-spec` from the spec (`resolveSpec` in
+    compiler/lib/KernelSpec.cpp), and only read after that:
+    `dualkv-lower-to-nvgpu` dispatches on it to compiler/lib/MmaSync,
+    compiler/lib/Wgmma or compiler/lib/WarpSpecialized, and the kernel's entry
+    point is named after it (`attention_fwd_wgmma`).
+  }];
+  let assemblyFormat = "`<` $value `>`";
+}
+
 def DualKV_OperandK : I32EnumAttrCase<"key", 0>;
 def DualKV_OperandV : I32EnumAttrCase<"value", 1>;
 def DualKV_KVOperand : I32EnumAttr<"KVOperand", "keys or values",

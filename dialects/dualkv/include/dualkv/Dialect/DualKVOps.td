@@ -84,8 +84,9 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
     segment; for `bwd` and `bwd_kv` a (KV block, KV head) of one work item, whose query
     tiles a `dualkv.q_loop` walks; for `bwd_pre` and `bwd_post` a block of rows of one
     head (docs/backward-abi.md). Before
-    `dualkv-bind-spec` the problem, tiling and arch are absent (a template); after it
-    they are set and every pass below reads shapes from them.
+    `dualkv-bind-spec` the problem, tiling, arch and schedule are absent (a template);
+    after it they are set and every pass below reads shapes from them, and the
+    lowering dispatches on the schedule (`#dualkv.schedule`).
 
     ```mlir
     dualkv.kernel @attention_fwd kind <fwd> {
@@ -97,17 +98,20 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
   let arguments = (ins SymbolNameAttr:$sym_name, DualKV_KernelKindAttr:$kind,
                        OptionalAttr<DualKV_ProblemAttr>:$problem,
                        OptionalAttr<DualKV_TilingAttr>:$tiling,
-                       OptionalAttr<StrAttr>:$arch);
+                       OptionalAttr<StrAttr>:$arch,
+                       OptionalAttr<DualKV_ScheduleAttr>:$schedule);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $sym_name `kind` $kind (`problem` $problem^)? (`tiling` $tiling^)?
-    (`arch` $arch^)? attr-dict-with-keyword $body
+    (`arch` $arch^)? (`schedule` $schedule^)? attr-dict-with-keyword $body
   }];
   let hasVerifier = 1;
   let hasRegionVerifier = 1;
   let extraClassDeclaration = [{
-    /// True once dualkv-bind-spec has fixed problem, tiling and arch.
-    bool isBound() { return getProblem() && getTiling() && getArch(); }
+    /// True once dualkv-bind-spec has fixed problem, tiling, arch and schedule.
+    bool isBound() {
+      return getProblem() && getTiling() && getArch() && getSchedule();
+    }
   }];
 }
 

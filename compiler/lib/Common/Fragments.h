@@ -1,16 +1,18 @@
 //===- Fragments.h - register fragments of mma.sync and tile copies -------===//
 //
-// What every DualKV kernel emitter builds with: index arithmetic, fragments of
-// mma.sync.m16n8k16 held as flat vectors (each op unpacks the fragments it
+// What every DualKV kernel emitter builds with, whatever its schedule: index
+// arithmetic, the kernel function (its parameters from KernelAbi.h), fragments
+// of mma.sync.m16n8k16 held as flat vectors (each op unpacks the fragments it
 // reads into scalars and packs what it writes, so LLVM keeps everything in
-// registers), ldmatrix, and cp.async tile copies into padded shared memory.
-// Within a warp, lane = 4 * g + t: a C fragment holds rows g and g + 8,
-// columns 2t and 2t + 1 of its 16 x 8 tile.
+// registers), ldmatrix, cp.async tile copies into padded shared memory or the
+// 128-byte swizzle that wgmma reads. Within a warp, lane = 4 * g + t: a C
+// fragment holds rows g and g + 8, columns 2t and 2t + 1 of its 16 x 8 tile.
 //
 //===----------------------------------------------------------------------===//
-#ifndef DUALKV_COMPILER_FRAGMENTS_H
-#define DUALKV_COMPILER_FRAGMENTS_H
+#ifndef DUALKV_COMPILER_COMMON_FRAGMENTS_H
+#define DUALKV_COMPILER_COMMON_FRAGMENTS_H
 
+#include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/Compiler/Passes.h"
 
 #include <limits>
@@ -28,8 +30,27 @@ constexpr int64_t kRowPad = 8;
 /// log2(e): the kernels compute exp(x) as exp2(x * log2(e)).
 constexpr float kLog2e = 1.4426950408889634f;
 
-/// Whether `arch` has wgmma (the warpgroup schedules): sm_90a only.
-inline bool hasWgmma(StringRef arch) { return arch == "sm_90a"; }
+/// Volatile inline PTX with `results` f32 results (returned); ties between
+/// results and operands are spelled in `constraints`.
+inline SmallVector<Value> inlinePtxF32(OpBuilder &b, Location loc,
+                                       StringRef code, std::string constraints,
+                                       ValueRange operands, int64_t results) {
+  Type resType;
+  if (results) {
+    SmallVector<Type> fields(results, b.getF32Type());
+    resType = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
+  }
+  auto op = LLVM::InlineAsmOp::create(
+      b, loc, resType, operands, code, constraints,
+      /*has_side_effects=*/true, /*is_align_stack=*/false,
+      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+      ArrayAttr());
+  SmallVector<Value> out;
+  for (int64_t i = 0; i < results; ++i)
+    out.push_back(LLVM::ExtractValueOp::create(b, loc, op.getResult(0),
+                                               ArrayRef<int64_t>{i}));
+  return out;
+}
 
 /// The builders shared by the kernel emitters.
 class FragmentBuilder {
@@ -225,13 +246,46 @@ protected:
     return MemRefType::get({kUnboundedElements}, e, MemRefLayoutAttrInterface(),
                            global);
   }
-  /// Creates kernel `name` taking `args` and positions the builder in its
-  /// entry block. known_block_size becomes .maxntid, so ptxas may use up to
-  /// 255 registers a thread; without .maxnreg it may trade registers for
-  /// occupancy and spill, while one CTA of these tiles a scheduler is the
-  /// design point, so the full register file is allowed.
-  Block &createFunc(gpu::GPUModuleOp gpuModule, StringRef name,
-                    ArrayRef<Type> args) {
+  /// The type of a kernel parameter of type `t` (KernelAbi.h).
+  Type paramType(::dualkv::abi::ParamType t) {
+    using ::dualkv::abi::ParamType;
+    switch (t) {
+    case ParamType::ElemPtr:
+      return gmem(elemType);
+    case ParamType::F32Ptr:
+      return gmem(b.getF32Type());
+    case ParamType::I32Ptr:
+      return gmem(b.getI32Type());
+    case ParamType::F32Addr:
+      return LLVM::LLVMPointerType::get(b.getContext(), 1);
+    case ParamType::I64:
+      return b.getI64Type();
+    case ParamType::F32:
+      return b.getF32Type();
+    case ParamType::TensorMap:
+      // Its generic address: dualkv-grid-constant-params makes it a 128-byte
+      // byval grid-constant parameter.
+      return LLVM::LLVMPointerType::get(b.getContext());
+    }
+    llvm_unreachable("unknown parameter type");
+  }
+  /// Creates kernel `name` of `kind`, its parameters from KernelAbi.h, and
+  /// positions the builder in its entry block. known_block_size becomes
+  /// .maxntid, so ptxas may use up to 255 registers a thread; without
+  /// .maxnreg it may trade registers for occupancy and spill, while one CTA
+  /// of these tiles a scheduler is the design point, so the full register
+  /// file is allowed.
+  Block &createFunc(gpu::GPUModuleOp gpuModule, StringRef name, KernelKind kind,
+                    ::dualkv::Schedule schedule = ::dualkv::Schedule::Auto) {
+    params = ::dualkv::abi::kernelParams(
+        static_cast<::dualkv::KernelKind>(kind), schedule);
+    SmallVector<Type> args;
+    SmallVector<int64_t> gridConstants;
+    for (const ::dualkv::abi::Param &p : params) {
+      if (p.type == ::dualkv::abi::ParamType::TensorMap)
+        gridConstants.push_back(int64_t(args.size()));
+      args.push_back(paramType(p.type));
+    }
     b.setInsertionPointToEnd(gpuModule.getBody());
     auto func =
         gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(args, {}));
@@ -239,15 +293,25 @@ protected:
     func.setKnownBlockSizeAttr(
         b.getDenseI32ArrayAttr({int32_t(threads()), 1, 1}));
     func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(255));
-    Block &entry = func.getBody().front();
-    b.setInsertionPointToStart(&entry);
-    return entry;
+    if (!gridConstants.empty())
+      func->setAttr("dualkv.grid_constants",
+                    b.getDenseI64ArrayAttr(gridConstants));
+    entryBlock = &func.getBody().front();
+    b.setInsertionPointToStart(entryBlock);
+    return *entryBlock;
   }
-  /// Kernel argument `i` (an i64) as an index.
-  Value indexArg(Block &entry, unsigned i) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(),
-                                      entry.getArgument(i));
+  /// Kernel parameter `name` of the function createFunc made.
+  Value param(const char *name) {
+    int i = params.indexOf(name);
+    assert(i >= 0 && "no such kernel parameter");
+    return entryBlock->getArgument(i);
   }
+  /// Kernel parameter `name` (an i64) as an index.
+  Value indexParam(const char *name) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(), param(name));
+  }
+  ::dualkv::abi::ParamTable params{nullptr, 0};
+  Block *entryBlock = nullptr;
 
   // ---- tiles ---------------------------------------------------------------
   int64_t threads() const { return warps * 32; }
@@ -278,7 +342,7 @@ protected:
   Value copyTile(Value buf, Value base, int64_t rows, Value start, Value first,
                  Value limit, Value strideT, Value headOffset, bool predicated,
                  Value tileValid = {}, bool swizzled = false);
-  // ---- wgmma (sm_90a) ------------------------------------------------------
+  // ---- the 128-byte swizzle (wgmma operands) -------------------------------
   // Operands in shared memory use the 128-byte swizzle: a tile of R rows x D
   // columns is stored as D / 64 atoms of R rows x 64 elements (128 bytes a
   // row), the atom of columns 64a..64a+63 at byte 128 R a; inside an atom the
@@ -310,141 +374,15 @@ protected:
   Value swizzledTile(Value smem, int64_t offset, int64_t rows) {
     return sharedTile(smem, offset, rows * headDim / 64, 64);
   }
-  /// Volatile inline PTX with `results` f32 results (returned); ties between
-  /// results and operands are spelled in `constraints`.
+  /// Volatile inline PTX (inlinePtxF32).
   SmallVector<Value> asmF32(StringRef code, std::string constraints,
                             ValueRange operands, int64_t results) {
-    Type resType;
-    if (results) {
-      SmallVector<Type> fields(results, b.getF32Type());
-      resType = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
-    }
-    auto op = LLVM::InlineAsmOp::create(
-        b, loc, resType, operands, code, constraints,
-        /*has_side_effects=*/true, /*is_align_stack=*/false,
-        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-        ArrayAttr());
-    SmallVector<Value> out;
-    for (int64_t i = 0; i < results; ++i)
-      out.push_back(LLVM::ExtractValueOp::create(b, loc, op.getResult(0),
-                                                 ArrayRef<int64_t>{i}));
-    return out;
+    return inlinePtxF32(b, loc, code, std::move(constraints), operands,
+                        results);
   }
-  void wgmmaFence() { asmF32("wgmma.fence.sync.aligned;", "", {}, 0); }
-  void wgmmaCommit() { asmF32("wgmma.commit_group.sync.aligned;", "", {}, 0); }
   /// Makes this thread's generic-proxy shared-memory writes (st.shared,
   /// cp.async) visible to wgmma's reads.
   void proxyFence() { asmF32("fence.proxy.async.shared::cta;", "", {}, 0); }
-  /// Waits until at most `pending` wgmma groups are in flight. `regs` (fp32
-  /// accumulators of those groups) pass through the wait, so nothing reads
-  /// them before it.
-  void wgmmaWait(int64_t pending, MutableArrayRef<Value> regs) {
-    std::string constraints;
-    for (size_t i = 0; i < regs.size(); ++i)
-      constraints += "=f,";
-    for (size_t i = 0; i < regs.size(); ++i)
-      constraints += std::to_string(i) + ",";
-    if (!constraints.empty())
-      constraints.pop_back();
-    auto out =
-        asmF32("wgmma.wait_group.sync.aligned " + std::to_string(pending) + ";",
-               constraints, regs, regs.size());
-    std::copy(out.begin(), out.end(), regs.begin());
-  }
-  /// Shared-memory matrix descriptor of the 128-byte swizzle for the operand
-  /// at shared address `addr` (1024-byte aligned atoms): leading and stride
-  /// byte offsets `lbo`, `sbo`.
-  Value wgmmaDesc(Value addr, int64_t lbo, int64_t sbo) {
-    Type i64 = b.getI64Type();
-    Value a = arith::IndexCastOp::create(b, loc, i64, addr);
-    a = arith::ShRUIOp::create(b, loc, a,
-                               arith::ConstantIntOp::create(b, loc, i64, 4));
-    a = arith::AndIOp::create(
-        b, loc, a, arith::ConstantIntOp::create(b, loc, i64, 0x3FFF));
-    uint64_t fields = (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
-                      (uint64_t(1) << 62);
-    return arith::OrIOp::create(
-        b, loc, a, arith::ConstantIntOp::create(b, loc, i64, int64_t(fields)));
-  }
-  /// The descriptor `desc` moved `bytes` further (a multiple of 16; the
-  /// address field does not overflow inside the 228 KB of shared memory).
-  Value descPlus(Value desc, int64_t bytes) {
-    if (!bytes)
-      return desc;
-    Type i64 = b.getI64Type();
-    return arith::AddIOp::create(
-        b, loc, desc, arith::ConstantIntOp::create(b, loc, i64, bytes >> 4));
-  }
-  /// acc (m64 x n fp32, n / 2 registers a thread; empty: start from zero) +=
-  /// A B for one k16 step of a warpgroup. A is `aDesc` (shared memory,
-  /// M-major when tnspA) or, when aDesc is null, the four registers `aRegs`
-  /// (the m16n8k16 A fragment of the warp's 16 rows); B is `bDesc` (N-major
-  /// when tnspB).
-  SmallVector<Value> wgmmaStep(ArrayRef<Value> acc, int64_t n, Value aDesc,
-                               ArrayRef<Value> aRegs, Value bDesc, bool tnspA,
-                               bool tnspB) {
-    int64_t cnt = n / 2;
-    std::string constraints, regs;
-    SmallVector<Value> operands;
-    for (int64_t i = 0; i < cnt; ++i) {
-      constraints += "=f,";
-      regs += (i ? ", $" : "$") + std::to_string(i);
-    }
-    if (!acc.empty()) {
-      for (int64_t i = 0; i < cnt; ++i)
-        constraints += std::to_string(i) + ",";
-      operands.append(acc.begin(), acc.end());
-    }
-    int64_t next = cnt + int64_t(operands.size());
-    std::string aText;
-    if (aDesc) {
-      constraints += "l,";
-      operands.push_back(aDesc);
-      aText = "$" + std::to_string(next++);
-    } else {
-      constraints += "r,r,r,r,";
-      operands.append(aRegs.begin(), aRegs.end());
-      aText = "{$" + std::to_string(next) + ", $" + std::to_string(next + 1) +
-              ", $" + std::to_string(next + 2) + ", $" +
-              std::to_string(next + 3) + "}";
-      next += 4;
-    }
-    constraints += "l,r";
-    operands.push_back(bDesc);
-    operands.push_back(i32c(acc.empty() ? 0 : 1));
-    std::string type = elemType.isBF16() ? "bf16" : "f16";
-    std::string code =
-        "{ .reg .pred p; setp.ne.b32 p, $" + std::to_string(next + 1) +
-        ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) +
-        "k16.f32." + type + "." + type + " {" + regs + "}, " + aText + ", $" +
-        std::to_string(next) + ", p, 1, 1" +
-        (aDesc ? std::string(", ") + (tnspA ? "1" : "0") : std::string()) +
-        ", " + (tnspB ? "1" : "0") + "; }";
-    return asmF32(code, constraints, operands, cnt);
-  }
-
-  /// acc (empty: from zero) += A Bᵀ over the head dimension: A (m64, `aDesc`)
-  /// and B (n rows, `bDesc`) K-major swizzled tiles of `aRows` and `bRows`
-  /// rows; D / 16 k-steps of 32 bytes, the next atom every 4.
-  SmallVector<Value> wgmmaOverHeadDim(SmallVector<Value> acc, int64_t n,
-                                      Value aDesc, int64_t aRows, Value bDesc,
-                                      int64_t bRows) {
-    for (int64_t kt = 0; kt < headDim / 16; ++kt) {
-      int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
-      acc = wgmmaStep(acc, n, descPlus(aDesc, off * aRows + in), {},
-                      descPlus(bDesc, off * bRows + in), false, false);
-    }
-    return acc;
-  }
-  /// acc (m64 x D) += A B with A the packed A fragments `aRegs` (four a
-  /// k-step) and B (`bDesc`, rows x D) N-major, 16 rows a k-step.
-  SmallVector<Value> wgmmaRegsA(SmallVector<Value> acc, ArrayRef<Value> aRegs,
-                                Value bDesc) {
-    for (int64_t kk = 0; kk < int64_t(aRegs.size()) / 4; ++kk)
-      acc = wgmmaStep(acc, headDim, Value(), aRegs.slice(kk * 4, 4),
-                      descPlus(bDesc, kk * 16 * 128), false, true);
-    return acc;
-  }
 
   /// Waits until the copy group that filled `tile` has landed, then syncs the
   /// CTA.
@@ -523,6 +461,17 @@ inline void FragmentBuilder::waitFor(Value tile) {
   if (wgmmaReadsTiles)
     proxyFence();
   gpu::BarrierOp::create(b, loc);
+}
+
+/// Emits `kernel` into `gpuModule` with an emitter of type `E` (built from
+/// the kernel and the builder; sharedBytes() and emit()) and sets
+/// *sharedBytes: the body of every schedule's entry point.
+template <typename E>
+LogicalResult emitWith(KernelOp kernel, OpBuilder &b,
+                       gpu::GPUModuleOp gpuModule, int64_t *sharedBytes) {
+  E emitter(kernel, b);
+  *sharedBytes = emitter.sharedBytes();
+  return emitter.emit(gpuModule);
 }
 
 } // namespace mlir::dualkv

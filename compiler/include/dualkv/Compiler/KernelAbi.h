@@ -1,0 +1,146 @@
+//===- KernelAbi.h - the parameters of every kernel kind, in launch order -===//
+//
+// One table per kernel kind, read by the emitters (which build the gpu.func
+// signature from it and find each argument by name) and by the runtime
+// (which fills a launch's parameters by name: LaunchParams,
+// runtime/lib/Validate.h). docs/backward-abi.md explains them. Needs no MLIR:
+// the runtime-only library includes it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUALKV_COMPILER_KERNELABI_H
+#define DUALKV_COMPILER_KERNELABI_H
+
+#include "dualkv/Compiler/Compiler.h"
+
+#include <cstddef>
+#include <cstring>
+
+namespace dualkv::abi {
+
+/// How a parameter is passed. Pointers are 64-bit device addresses.
+enum class ParamType {
+  ElemPtr,   ///< E* (bf16 or fp16 tensor)
+  F32Ptr,    ///< f32*
+  I32Ptr,    ///< i32*
+  F32Addr,   ///< f32*, a raw global pointer inside the kernel (vector
+             ///< reductions are written against it)
+  I64,       ///< int64_t
+  F32,       ///< float
+  TensorMap, ///< CUtensorMap, 128 bytes by value (a grid constant)
+};
+
+struct Param {
+  const char *name;
+  ParamType type;
+};
+
+constexpr ParamType E = ParamType::ElemPtr, F32P = ParamType::F32Ptr,
+                    I32P = ParamType::I32Ptr, F32A = ParamType::F32Addr,
+                    I64 = ParamType::I64, F32 = ParamType::F32,
+                    TMAP = ParamType::TensorMap;
+
+// clang-format off
+/// fwd: grid (ceil(max segment / blockM), segments, Hq).
+inline constexpr Param kFwdParams[] = {
+    {"q", E},           {"k", E},           {"v", E},
+    {"o", E},           {"lse", F32P},      {"segs", I32P},
+    {"qStrideT", I64},  {"qStrideH", I64},  {"kStrideT", I64},
+    {"kStrideH", I64},  {"vStrideT", I64},  {"vStrideH", I64},
+    {"oStrideT", I64},  {"oStrideH", I64},  {"lseStrideH", I64},
+    {"scaleLog2", F32}};
+
+/// fwd in the warp-specialized schedule: the forward's parameters, then the
+/// tensor maps of Q, K and V (head_dim, heads, tokens; boxes of 64 columns x
+/// 1 head x block_m or block_n rows, 128-byte swizzle) and the plan's work
+/// order (Plan::forwardTable). Grid (work items, 1, Hq).
+inline constexpr Param kFwdWarpSpecializedParams[] = {
+    {"q", E},           {"k", E},           {"v", E},
+    {"o", E},           {"lse", F32P},      {"segs", I32P},
+    {"qStrideT", I64},  {"qStrideH", I64},  {"kStrideT", I64},
+    {"kStrideH", I64},  {"vStrideT", I64},  {"vStrideH", I64},
+    {"oStrideT", I64},  {"oStrideH", I64},  {"lseStrideH", I64},
+    {"scaleLog2", F32}, {"qMap", TMAP},     {"kMap", TMAP},
+    {"vMap", TMAP},     {"order", I32P}};
+
+/// bwd_pre: grid (ceil(T / blockM), Hq).
+inline constexpr Param kBwdPreParams[] = {
+    {"o", E},          {"dout", E},          {"delta", F32P},
+    {"oStrideT", I64}, {"oStrideH", I64},    {"doStrideT", I64},
+    {"doStrideH", I64}, {"deltaStrideH", I64}, {"numTokens", I64}};
+
+/// bwd and bwd_kv: grid (work items, Hkv).
+inline constexpr Param kBwdParams[] = {
+    {"q", E},           {"k", E},            {"v", E},
+    {"dout", E},        {"dk", E},           {"dv", E},
+    {"lse", F32P},      {"delta", F32P},     {"dqacc", F32A},
+    {"dkacc", F32P},    {"dvacc", F32P},     {"items", I32P},
+    {"qStrideT", I64},  {"qStrideH", I64},   {"kStrideT", I64},
+    {"kStrideH", I64},  {"vStrideT", I64},   {"vStrideH", I64},
+    {"doStrideT", I64}, {"doStrideH", I64},  {"dkStrideT", I64},
+    {"dkStrideH", I64}, {"dvStrideT", I64},  {"dvStrideH", I64},
+    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
+    {"scaleLog2", F32}};
+
+/// bwd_post: grid (ceil(max(T, accRows) / blockM), Hq + Hkv).
+inline constexpr Param kBwdPostParams[] = {
+    {"dqacc", F32P},    {"dkacc", F32P},     {"dvacc", F32P},
+    {"dq", E},          {"dk", E},           {"dv", E},
+    {"accTokens", I32P}, {"dqStrideT", I64}, {"dqStrideH", I64},
+    {"dkStrideT", I64}, {"dkStrideH", I64},  {"dvStrideT", I64},
+    {"dvStrideH", I64}, {"numTokens", I64},  {"numAccRows", I64}};
+
+/// bwd_dq: grid as the forward's.
+inline constexpr Param kBwdDQParams[] = {
+    {"q", E},           {"k", E},            {"v", E},
+    {"dout", E},        {"dq", E},           {"lse", F32P},
+    {"delta", F32P},    {"segs", I32P},      {"qStrideT", I64},
+    {"qStrideH", I64},  {"kStrideT", I64},   {"kStrideH", I64},
+    {"vStrideT", I64},  {"vStrideH", I64},   {"doStrideT", I64},
+    {"doStrideH", I64}, {"dqStrideT", I64},  {"dqStrideH", I64},
+    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
+    {"scaleLog2", F32}};
+// clang-format on
+
+/// A kernel's parameters in launch order.
+struct ParamTable {
+  const Param *params;
+  size_t size;
+  const Param *begin() const { return params; }
+  const Param *end() const { return params + size; }
+  /// The position of parameter `name`, or -1.
+  int indexOf(const char *name) const {
+    for (size_t i = 0; i < size; ++i)
+      if (std::strcmp(params[i].name, name) == 0)
+        return static_cast<int>(i);
+    return -1;
+  }
+};
+
+template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
+  return {p, N};
+}
+
+/// The parameter table of `kind` in `schedule` (resolved).
+inline ParamTable kernelParams(KernelKind kind,
+                               Schedule schedule = Schedule::Auto) {
+  switch (kind) {
+  case KernelKind::Fwd:
+    if (schedule == Schedule::WarpSpecialized)
+      return tableOf(kFwdWarpSpecializedParams);
+    return tableOf(kFwdParams);
+  case KernelKind::BwdPre:
+    return tableOf(kBwdPreParams);
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    return tableOf(kBwdParams);
+  case KernelKind::BwdPost:
+    return tableOf(kBwdPostParams);
+  case KernelKind::BwdDQ:
+    return tableOf(kBwdDQParams);
+  }
+  return tableOf(kFwdParams);
+}
+
+} // namespace dualkv::abi
+
+#endif

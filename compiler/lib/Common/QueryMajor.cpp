@@ -1,0 +1,502 @@
+//===- QueryMajor.cpp - the query-major kernels' shared emission ----------===//
+//
+// Everything of the forward and the deterministic dQ kernel that does not
+// depend on the schedule (QueryMajor.h): the kernel's arguments, the loop
+// bounds of the two KV regions, tile copies, masks, the online softmax and
+// the epilogues.
+//
+//===----------------------------------------------------------------------===//
+#include "Common/QueryMajor.h"
+
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
+    : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
+                      kernel.getProblem()->getHeadDim(),
+                      kernel.getTiling()->getWarps()),
+      kernel(kernel) {
+  ProblemAttr p = *kernel.getProblem();
+  TilingAttr t = *kernel.getTiling();
+  blockM = t.getBlockM();
+  blockN = t.getBlockN();
+  groupSize = p.getNumQHeads() / p.getNumKvHeads();
+  mTiles = blockM / (16 * warps);
+  kTiles = headDim / 16;
+  nTiles = blockN / 8;
+  dTiles = headDim / 8;
+  rowStride = headDim + kRowPad;
+  stages = t.getStages();
+  isDq = kernel.getKind() == KernelKind::bwd_dq;
+}
+
+LogicalResult QueryMajorEmitter::emitLoadQ(LoadQOp op) {
+  Value group = copyTile(qBuf, qPtr, blockM, segStart, qRow0, segLen, qStrideT,
+                         mul(head, qStrideH), /*predicated=*/true, Value(),
+                         /*swizzled=*/swizzledTiles);
+  waitAll(group);
+  // Q stays in shared memory for the whole kernel: its A fragments are re-read
+  // per k-step, which keeps ~32-64 registers a thread free for the accumulator.
+  map.map(op.getResult(), qBuf);
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitInitAcc(InitAccOp op) {
+  map.map(op.getResult(), splat(mTiles * dTiles * 4, 0.0f));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitInitStats(InitStatsOp op) {
+  map.map(op.getMax(),
+          splat(mTiles * 2, -std::numeric_limits<float>::infinity()));
+  map.map(op.getSum(), splat(mTiles * 2, 0.0f));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
+  Value lb, ub;
+  switch (op.getPart()) {
+  case LoopPart::all:
+    return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
+  case LoopPart::full:
+    lb = idx(0);
+    ub = op.getRegion() == KVRegion::shared ? divu(sharedLen, blockN)
+                                            : divu(qRow0, blockN);
+    break;
+  case LoopPart::tail:
+    lb = divu(sharedLen, blockN);
+    ub = ceilDiv(sharedLen, blockN);
+    break;
+  case LoopPart::diagonal: {
+    lb = divu(qRow0, blockN);
+    Value qEnd = add(qRow0, idx(blockM));
+    Value end =
+        select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
+    ub = ceilDiv(end, blockN);
+    break;
+  }
+  }
+  SmallVector<Value> inits;
+  for (Value v : op.getInits())
+    inits.push_back(map.lookup(v));
+  loopUpper = ub;
+  prefetchedKey = Value();
+  if (stages >= 2)
+    prefetchedKey =
+        issueKeyCopy(op, lb, cmp(arith::CmpIPredicate::ult, lb, ub));
+  auto loop = scf::ForOp::create(b, loc, lb, ub, idx(1), inits);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    map.map(op.getTileIndex(), loop.getInductionVar());
+    for (auto [from, to] :
+         llvm::zip(op.getRegionIterArgs(), loop.getRegionIterArgs()))
+      map.map(from, to);
+    pending.clear();
+    beginKVIteration();
+    for (Operation &inner : op.getBody().front().without_terminator())
+      if (failed(emitOp(&inner)))
+        return failure();
+    // Every warp must be done reading this iteration's tiles before the next
+    // iteration's copies overwrite them.
+    gpu::BarrierOp::create(b, loc);
+    SmallVector<Value> yielded;
+    for (Value v : op.getBody().front().getTerminator()->getOperands())
+      yielded.push_back(map.lookup(v));
+    scf::YieldOp::create(b, loc, yielded);
+  }
+  for (auto [from, to] : llvm::zip(op.getResults(), loop.getResults()))
+    map.map(from, to);
+  if (prefetchedKey) {
+    // The last iteration's prefetch (zero-filled) must land before the next
+    // loop's prologue writes the same buffer.
+    nvgpu::DeviceAsyncWaitOp::create(b, loc, prefetchedKey,
+                                     b.getI32IntegerAttr(0));
+    prefetchedKey = Value();
+  }
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
+  auto loop = op->getParentOfType<KVLoopOp>();
+  bool shared = loop.getRegion() == KVRegion::shared;
+  bool isKey = op.getOperand() == KVOperand::key;
+  Value buf = isKey ? kBuf : vBuf;
+  if (isKey && prefetchedKey) {
+    // Issued by the loop prologue or the previous iteration; it is the oldest
+    // group.
+    pending.insert(pending.begin(), {op.getResult(), prefetchedKey});
+    map.map(op.getResult(), buf);
+    return success();
+  }
+  Value first = mul(map.lookup(op.getTile()), idx(blockN));
+  Value group = copyTile(
+      buf, isKey ? kPtr : vPtr, blockN, shared ? sharedStart : segStart, first,
+      shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
+      mul(kvHead, isKey ? kStrideH : vStrideH),
+      /*predicated=*/loop.getPart() != LoopPart::full, Value(),
+      /*swizzled=*/swizzledTiles);
+  pending.push_back({op.getResult(), group});
+  map.map(op.getResult(), buf);
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitQK(QKOp op) {
+  waitFor(op.getK());
+  map.map(op.getResult(), pack(computeScores(op)));
+  // The dQ kernel reads K again (dS K) after its scores: no key prefetch there.
+  if (stages >= 2 && !isDq)
+    prefetchNextKey(op);
+  return success();
+}
+
+void QueryMajorEmitter::prefetchNextKey(QKOp op) {
+  // Every warp is done with this key tile: load the next one while softmax and
+  // P·V run.
+  auto loop = op->getParentOfType<KVLoopOp>();
+  gpu::BarrierOp::create(b, loc);
+  Value next = add(map.lookup(loop.getTileIndex()), idx(1));
+  Value group =
+      issueKeyCopy(loop, next, cmp(arith::CmpIPredicate::ult, next, loopUpper));
+  pending.push_back({Value(), group});
+}
+
+Value QueryMajorEmitter::issueKeyCopy(KVLoopOp loop, Value tile,
+                                      Value tileValid) {
+  bool shared = loop.getRegion() == KVRegion::shared;
+  // Every row of a full tile is inside its region: only the tile index needs a
+  // check.
+  Value limit = shared ? sharedLen : segLen;
+  if (loop.getPart() == LoopPart::full)
+    limit = Value();
+  return copyTile(kBuf, kPtr, blockN, shared ? sharedStart : segStart,
+                  mul(tile, idx(blockN)), limit, kStrideT,
+                  mul(kvHead, kStrideH), /*predicated=*/true, tileValid,
+                  /*swizzled=*/swizzledTiles);
+}
+
+LogicalResult QueryMajorEmitter::emitMask(MaskOp op) {
+  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
+  Value keyBase = mul(map.lookup(op.getTile()), idx(blockN));
+  Value ninf = f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value key = add(keyBase, add(idx(nt * 8 + (c % 2)), mul(t, idx(2))));
+        Value drop;
+        if (op.getKind() == MaskKind::causal) {
+          Value row = add(add(qRow0, mul(warp, idx(16 * mTiles))),
+                          add(idx(mt * 16 + (c / 2) * 8), g));
+          drop = cmp(arith::CmpIPredicate::ugt, key, row);
+        } else {
+          drop = cmp(arith::CmpIPredicate::uge, key, sharedLen);
+        }
+        Value &v = s[(mt * nTiles + nt) * 4 + c];
+        v = select(drop, ninf, v);
+      }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitOnlineSoftmax(OnlineSoftmaxOp op) {
+  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
+  SmallVector<Value> mOld = unpack(map.lookup(op.getMax()));
+  SmallVector<Value> lOld = unpack(map.lookup(op.getSum()));
+  SmallVector<Value> mNew(mOld.size()), lNew(lOld.size()), alpha(mOld.size());
+  SmallVector<Value> p(s.size());
+  Value ninf = f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t r = mt * 2 + h;
+      auto at = [&](int64_t nt, int64_t e) -> Value & {
+        return s[(mt * nTiles + nt) * 4 + h * 2 + e];
+      };
+      Value mx = at(0, 0);
+      for (int64_t nt = 0; nt < nTiles; ++nt)
+        for (int64_t e = 0; e < 2; ++e)
+          if (nt || e)
+            mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
+      // The four lanes of a quad hold the same row.
+      mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 1));
+      mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 2));
+      Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
+      mNew[r] = arith::MaximumFOp::create(b, loc, mOld[r], scaled);
+      // A row with no allowed key yet keeps max -inf; subtract 0 so exp2 gives
+      // 0, not NaN.
+      Value isNinf = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ,
+                                           mNew[r], ninf);
+      Value mUse = select(isNinf, f32c(0.0f), mNew[r]);
+      alpha[r] = exp2(arith::SubFOp::create(b, loc, mOld[r], mUse));
+      Value negM = arith::NegFOp::create(b, loc, mUse);
+      Value rowSum = f32c(0.0f);
+      for (int64_t nt = 0; nt < nTiles; ++nt)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value x = LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM);
+          Value pe = exp2(x);
+          p[(mt * nTiles + nt) * 4 + h * 2 + e] = pe;
+          rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
+        }
+      // The running sum stays a per-lane partial; store_output reduces the
+      // quad.
+      lNew[r] = LLVM::FMAOp::create(b, loc, lOld[r], alpha[r], rowSum);
+    }
+  map.map(op.getProbs(), packAFragments(p));
+  map.map(op.getNewMax(), pack(mNew));
+  map.map(op.getNewSum(), pack(lNew));
+  map.map(op.getAlpha(), pack(alpha));
+  return success();
+}
+
+Value QueryMajorEmitter::packAFragments(ArrayRef<Value> p) {
+  return pack(FragmentBuilder::packAFragments(p, mTiles, nTiles));
+}
+
+LogicalResult QueryMajorEmitter::emitLoadDout(LoadDoutOp op) {
+  Value group = copyTile(doBuf, doPtr, blockM, segStart, qRow0, segLen,
+                         doStrideT, mul(head, doStrideH), /*predicated=*/true);
+  waitAll(group);
+  map.map(op.getResult(), doBuf);
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitLoadRowStats(LoadRowStatsOp op) {
+  bool isLse = op.getStat() == StatKind::lse;
+  Value ptr = isLse ? lsePtr : deltaPtr;
+  Value headBase = mul(head, isLse ? lseStrideH : deltaStrideH);
+  // Rows past the segment: LSE +inf (so P = 0), Delta 0.
+  Value fill = f32c(isLse ? std::numeric_limits<float>::infinity() : 0.0f);
+  SmallVector<Value> out;
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row = fragmentRow(mt, h);
+      Value valid = cmp(arith::CmpIPredicate::ult, row, segLen);
+      Value at = add(headBase, add(segStart, select(valid, row, idx(0))));
+      Value v = memref::LoadOp::create(b, loc, ptr, ValueRange{at});
+      // LSE moves to the log2 domain of the kernels' exp2.
+      if (isLse)
+        v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));
+      out.push_back(select(valid, v, fill));
+    }
+  map.map(op.getResult(), pack(out));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitRecomputeProbs(RecomputeProbsOp op) {
+  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
+  SmallVector<Value> lse = unpack(map.lookup(op.getLse()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value &v = s[(mt * nTiles + nt) * 4 + c];
+        Value negLse = arith::NegFOp::create(b, loc, lse[mt * 2 + c / 2]);
+        v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse));
+      }
+  map.map(op.getResult(), pack(s));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
+  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
+  SmallVector<Value> dp = unpack(map.lookup(op.getDprobs()));
+  SmallVector<Value> delta = unpack(map.lookup(op.getDelta()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t nt = 0; nt < nTiles; ++nt)
+      for (int64_t c = 0; c < 4; ++c) {
+        int64_t i = (mt * nTiles + nt) * 4 + c;
+        Value diff =
+            arith::SubFOp::create(b, loc, dp[i], delta[mt * 2 + c / 2]);
+        Value ps = arith::MulFOp::create(b, loc, p[i], scale);
+        p[i] = arith::MulFOp::create(b, loc, ps, diff);
+      }
+  map.map(op.getResult(), packAFragments(p));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitStoreDq(StoreDqOp op) {
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row = fragmentRow(mt, h);
+      auto inRange =
+          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
+                            /*withElseRegion=*/false);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(inRange.thenBlock());
+      Value rowBase =
+          add(mul(add(segStart, row), oStrideT), mul(head, oStrideH));
+      for (int64_t dt = 0; dt < dTiles; ++dt) {
+        Value narrow = arith::TruncFOp::create(
+            b, loc, VectorType::get({2}, elemType),
+            pack({acc[(mt * dTiles + dt) * 4 + h * 2],
+                  acc[(mt * dTiles + dt) * 4 + h * 2 + 1]}));
+        Value col = add(idx(dt * 8), mul(t, idx(2)));
+        vector::StoreOp::create(b, loc, narrow, dqPtr,
+                                ValueRange{add(rowBase, col)});
+      }
+    }
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitRescale(RescaleOp op) {
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  SmallVector<Value> alpha = unpack(map.lookup(op.getAlpha()));
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t dt = 0; dt < dTiles; ++dt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value &v = acc[(mt * dTiles + dt) * 4 + c];
+        v = arith::MulFOp::create(b, loc, v, alpha[mt * 2 + c / 2]);
+      }
+  map.map(op.getResult(), pack(acc));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitPV(PVOp op) {
+  waitFor(op.getV());
+  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  acc = accumulatePV(p, std::move(acc), map.lookup(op.getV()));
+  map.map(op.getResult(), pack(acc));
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  SmallVector<Value> m = unpack(map.lookup(op.getMax()));
+  SmallVector<Value> l = unpack(map.lookup(op.getSum()));
+  Value ln2 = f32c(0.6931471805599453f);
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t r = mt * 2 + h;
+      Value sum = l[r];
+      sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
+      sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
+      Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
+      Value row = add(add(qRow0, mul(warp, idx(16 * mTiles))),
+                      add(idx(mt * 16 + h * 8), g));
+      auto inRange =
+          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
+                            /*withElseRegion=*/false);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(inRange.thenBlock());
+      Value token = add(segStart, row);
+      Value rowBase = add(mul(token, oStrideT), mul(head, oStrideH));
+      for (int64_t dt = 0; dt < dTiles; ++dt) {
+        Value lo = arith::MulFOp::create(
+            b, loc, acc[(mt * dTiles + dt) * 4 + h * 2], inv);
+        Value hi = arith::MulFOp::create(
+            b, loc, acc[(mt * dTiles + dt) * 4 + h * 2 + 1], inv);
+        Value narrow = arith::TruncFOp::create(
+            b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+        Value col = add(idx(dt * 8), mul(t, idx(2)));
+        vector::StoreOp::create(b, loc, narrow, oPtr,
+                                ValueRange{add(rowBase, col)});
+      }
+      auto lead =
+          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
+                            /*withElseRegion=*/false);
+      b.setInsertionPointToStart(lead.thenBlock());
+      // LSE in natural log: m is kept in the log2 domain of scaled scores.
+      Value lse = arith::MulFOp::create(
+          b, loc, arith::AddFOp::create(b, loc, m[r], log2(sum)), ln2);
+      memref::StoreOp::create(b, loc, lse, lsePtr,
+                              ValueRange{add(mul(head, lseStrideH), token)});
+    }
+  return success();
+}
+
+LogicalResult QueryMajorEmitter::emitOp(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](LoadQOp o) { return emitLoadQ(o); })
+      .Case([&](InitAccOp o) { return emitInitAcc(o); })
+      .Case([&](InitStatsOp o) { return emitInitStats(o); })
+      .Case([&](KVLoopOp o) { return emitKVLoop(o); })
+      .Case([&](LoadKVOp o) { return emitLoadKV(o); })
+      .Case([&](QKOp o) { return emitQK(o); })
+      .Case([&](MaskOp o) { return emitMask(o); })
+      .Case([&](OnlineSoftmaxOp o) { return emitOnlineSoftmax(o); })
+      .Case([&](RescaleOp o) { return emitRescale(o); })
+      .Case([&](PVOp o) { return emitPV(o); })
+      .Case([&](StoreOutputOp o) { return emitStoreOutput(o); })
+      .Case([&](LoadDoutOp o) { return emitLoadDout(o); })
+      .Case([&](LoadRowStatsOp o) { return emitLoadRowStats(o); })
+      .Case([&](RecomputeProbsOp o) { return emitRecomputeProbs(o); })
+      .Case([&](SoftmaxGradOp o) { return emitSoftmaxGrad(o); })
+      .Case([&](StoreDqOp o) { return emitStoreDq(o); })
+      .Default([&](Operation *o) {
+        return o->emitOpError() << "has no sm_80 lowering";
+      });
+}
+
+LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
+  MLIRContext *ctx = b.getContext();
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
+  createFunc(gpuModule, kernel.getSymName(), kernel.getKind());
+  qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),
+  lsePtr = param("lse"), segPtr = param("segs");
+  if (isDq) {
+    // dq takes the output's place (oPtr, oStride*).
+    doPtr = param("dout"), oPtr = param("dq"), deltaPtr = param("delta");
+    qStrideT = indexParam("qStrideT"), qStrideH = indexParam("qStrideH"),
+    kStrideT = indexParam("kStrideT"), kStrideH = indexParam("kStrideH"),
+    vStrideT = indexParam("vStrideT"), vStrideH = indexParam("vStrideH"),
+    doStrideT = indexParam("doStrideT"), doStrideH = indexParam("doStrideH"),
+    oStrideT = indexParam("dqStrideT"), oStrideH = indexParam("dqStrideH"),
+    lseStrideH = indexParam("lseStrideH"),
+    deltaStrideH = indexParam("deltaStrideH");
+    scale = param("scale");
+    dqPtr = oPtr;
+  } else {
+    oPtr = param("o");
+    qStrideT = indexParam("qStrideT"), qStrideH = indexParam("qStrideH"),
+    kStrideT = indexParam("kStrideT"), kStrideH = indexParam("kStrideH"),
+    vStrideT = indexParam("vStrideT"), vStrideH = indexParam("vStrideH"),
+    oStrideT = indexParam("oStrideT"), oStrideH = indexParam("oStrideH"),
+    lseStrideH = indexParam("lseStrideH");
+  }
+  scaleLog2 = param("scaleLog2");
+
+  emitThreadIds();
+  Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
+  kvHead = divu(head, groupSize);
+  auto segField = [&](int64_t f) {
+    Value v = memref::LoadOp::create(b, loc, segPtr,
+                                     ValueRange{add(mul(seg, idx(4)), idx(f))});
+    return toIndex(v);
+  };
+  segStart = segField(0), segLen = segField(1), sharedStart = segField(2),
+  sharedLen = segField(3);
+
+  // The grid covers the longest segment; heaviest (last) tiles go first.
+  Value tilesHere = ceilDiv(segLen, blockM);
+  auto live = scf::IfOp::create(
+      b, loc, cmp(arith::CmpIPredicate::ult, tileId, tilesHere),
+      /*withElseRegion=*/false);
+  b.setInsertionPointToStart(live.thenBlock());
+  Value m = arith::SubIOp::create(
+      b, loc, arith::SubIOp::create(b, loc, tilesHere, idx(1)), tileId);
+  qRow0 = mul(m, idx(blockM));
+
+  auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                               MemRefLayoutAttrInterface(), workgroup);
+  Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
+  // [Q: block_m rows][dO: block_m rows, bwd_dq][K: block_n rows][V: block_n
+  // rows], each row padded.
+  int64_t qBytes = blockM * rowStride * 2;
+  int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
+  layoutTiles(smem, qBytes, kvOffset);
+
+  for (Operation &op : kernel.getBody().front())
+    if (failed(emitOp(&op)))
+      return failure();
+
+  b.setInsertionPointToEnd(entryBlock);
+  gpu::ReturnOp::create(b, loc);
+  return success();
+}

@@ -1,0 +1,94 @@
+//===- Forward.cpp - the warpgroup schedule of the forward ----------------===//
+//
+// sm_90a, head_dim 128, one m16 block a warp (block_m = 16 warps, warps a
+// multiple of 4; the default 128:128:8:2). The register layouts of
+// Common/QueryMajor.h stay: warp w holds rows 16w + g and 16w + g + 8, the
+// m64nN accumulator layout of warpgroup w / 4. Q, K and V sit unpadded in the
+// 128-byte swizzle (Fragments.h); S = Q Kᵀ reads both K-major (m64nBNk16,
+// D / 16 k-steps) and O += P V takes P from registers and V N-major
+// (m64n128k16, BN / 16 k-steps); each waits for its own group.
+//
+//===----------------------------------------------------------------------===//
+#include "Common/QueryMajor.h"
+#include "Wgmma/Wgmma.h"
+#include "Wgmma/WgmmaBuilder.h"
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+namespace {
+
+class WgmmaForwardEmitter : public QueryMajorEmitter {
+public:
+  WgmmaForwardEmitter(KernelOp kernel, OpBuilder &b)
+      : QueryMajorEmitter(kernel, b), wg(b, loc, elemType, headDim) {
+    rowStride = headDim;
+    swizzledTiles = true;
+    wgmmaReadsTiles = true;
+  }
+
+  /// 1 KB more, to align the buffers to the swizzle's 1024 bytes.
+  int64_t sharedBytes() const override {
+    return QueryMajorEmitter::sharedBytes() + 1024;
+  }
+
+private:
+  void layoutTiles(Value smem, int64_t qBytes, int64_t kvOffset) override {
+    // Unpadded swizzled tiles from a 1024-byte aligned base.
+    smemAddr = alignToSwizzle(smem, sharedBytes());
+    qBuf = swizzledTile(smem, 0, blockM);
+    kBuf = swizzledTile(smem, kvOffset, blockN);
+    vBuf = swizzledTile(smem, kvOffset + blockN * rowStride * 2, blockN);
+  }
+  void beginKVIteration() override {
+    Value base = opaque(smemAddr);
+    int64_t kvOffset = blockM * rowStride * 2;
+    qAddr = base;
+    kAddr = add(base, idx(kvOffset));
+    vAddr = add(base, idx(kvOffset + blockN * rowStride * 2));
+  }
+  SmallVector<Value> computeScores(QKOp op) override;
+  SmallVector<Value> accumulatePV(ArrayRef<Value> p, SmallVector<Value> acc,
+                                  Value vTile) override;
+
+  WgmmaBuilder wg;
+  // The aligned shared base and, per KV iteration (an opaque copy, so that
+  // LLVM keeps each k-step's descriptor as base + immediate instead of
+  // hoisting them all into registers), the addresses of Q, K and V.
+  Value smemAddr, qAddr, kAddr, vAddr;
+};
+
+SmallVector<Value> WgmmaForwardEmitter::computeScores(QKOp) {
+  // S = Q Kᵀ: warpgroup w owns query rows 64w..64w+63; both operands K-major
+  // in the swizzled tiles.
+  Value aDesc =
+      wg.desc(add(qAddr, mul(divu(warp, 4), idx(64 * 128))), 16, 1024);
+  Value bDesc = wg.desc(kAddr, 16, 1024);
+  wg.fence();
+  SmallVector<Value> s =
+      wg.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
+  wg.commit();
+  wg.wait(0, s);
+  return s;
+}
+
+SmallVector<Value> WgmmaForwardEmitter::accumulatePV(ArrayRef<Value> p,
+                                                     SmallVector<Value> acc,
+                                                     Value) {
+  // O += P V: P (the packed probabilities) from registers as A, V N-major
+  // from its swizzled tile, block_n / 16 k-steps of 16 keys.
+  Value bDesc = wg.desc(vAddr, blockN * 128, 1024);
+  wg.fence();
+  acc = wg.regsA(acc, p, bDesc);
+  wg.commit();
+  wg.wait(0, acc);
+  return acc;
+}
+
+} // namespace
+
+LogicalResult mlir::dualkv::emitWgmmaForward(KernelOp kernel, OpBuilder &b,
+                                             gpu::GPUModuleOp gpuModule,
+                                             int64_t *sharedBytes) {
+  return emitWith<WgmmaForwardEmitter>(kernel, b, gpuModule, sharedBytes);
+}

@@ -1,0 +1,222 @@
+//===- KVMajor.cpp - the warpgroup schedule of the KV-major backward ------===//
+//
+// sm_90a, BM = 128, BN = 64, 8 warps, D = 128 (the default there, for bwd and
+// bwd_kv). It keeps the one-m16-block register layout of Common/KVMajor.h
+// (MT = 1: warp w holds keys 16w + g and 16w + g + 8, the wgmma m64nN
+// accumulator layout of warpgroup w / 4) and moves every product to
+// wgmma.mma_async: K, V, Q and dO sit in shared memory in the 128-byte
+// swizzle (Fragments.h), no padding. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ read both
+// operands K-major from shared memory (m64n64k16, 8 k-steps); dV += Pᵀ dO and
+// dK += dSᵀ Q take A from registers (Pᵀ, dSᵀ packed as for mma.sync) and B
+// N-major from the tile (m64n128k16, 4 k-steps), committed but not waited for
+// until the next product needs its registers; dQ = dS K reads dSᵀ (stored
+// swizzled, keys x queries) M-major and K N-major, each warpgroup 64 queries x
+// 64 columns. cp.async and st.shared writes reach wgmma through
+// fence.proxy.async before the barrier that publishes them.
+//
+//===----------------------------------------------------------------------===//
+#include "Common/KVMajor.h"
+#include "Wgmma/Wgmma.h"
+#include "Wgmma/WgmmaBuilder.h"
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+namespace {
+
+class WgmmaKVMajorEmitter : public KVMajorEmitter {
+public:
+  WgmmaKVMajorEmitter(KernelOp kernel, OpBuilder &b)
+      : KVMajorEmitter(kernel, b), wg(b, loc, elemType, headDim) {
+    rowStride = headDim;
+    dsRowStride = blockN;
+    swizzledTiles = true;
+    waitOncePerTile = true;
+    wgmmaReadsTiles = true;
+  }
+
+  /// 1 KB more, to align the buffers to the swizzle's 1024 bytes.
+  int64_t sharedBytes() const override {
+    return KVMajorEmitter::sharedBytes() + 1024;
+  }
+
+private:
+  void layoutTiles() override {
+    int64_t blockBytes = blockM * rowStride * 2;
+    smemAddr = alignToSwizzle(smem, sharedBytes());
+    warpGroup = divu(warp, 4);
+    kBuf = swizzledTile(smem, 0, blockM);
+    vBuf = swizzledTile(smem, blockBytes, blockM);
+    if (withDq)
+      dsBuf = sharedTile(smem, dsOffset(), blockM, blockN);
+  }
+  void beginQIteration(Value parity) override {
+    // As aLane: an opaque base each iteration keeps LLVM from hoisting every
+    // k-step's descriptor into registers of its own.
+    Value base = opaque(smemAddr);
+    kAddr = base;
+    vAddr = add(base, idx(blockM * rowStride * 2));
+    dsAddr = add(base, idx(dsOffset()));
+    qAddrCur = add(base, add(idx(qOffset()), mul(parity, idx(tileBytes()))));
+    doAddrCur = add(base, add(idx(doOffset()), mul(parity, idx(tileBytes()))));
+  }
+  void endQIteration() override {
+    if (!inFlight.empty())
+      waitWgmma(Value());
+  }
+  LogicalResult emitQKT(QKTOp op) override;
+  LogicalResult emitAccumulate(AccumulateOp op) override;
+  LogicalResult emitAccumulateDq(AccumulateDqOp op) override {
+    SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
+    Value tile = map.lookup(op->getParentOfType<QLoopOp>().getTileIndex());
+    SmallVector<Value> acc = dqWgmma(ds);
+    reduceDqTile(acc, 1, 8, mul(remu(warp, 4), idx(16)),
+                 mul(warpGroup, idx(64)), 0, mul(tile, idx(blockN)));
+    return success();
+  }
+
+  WgmmaBuilder wg;
+  // Warpgroup w (warps 4w..4w+3) owns keys 64w..64w+63; its warps hold the
+  // same C fragments as the one-m16-block layout (keys 16 warp + g, + 8), so
+  // masking, softmax and the stores are shared with it. Shared addresses of
+  // the buffers for the descriptors:
+  Value smemAddr, kAddr, vAddr, dsAddr, qAddrCur, doAddrCur;
+  Value warpGroup;
+  /// wgmma groups committed but not waited for, oldest first: the dialect
+  /// value each computes and its accumulator registers. A wait takes the
+  /// finished ones along and remaps their values.
+  SmallVector<std::pair<Value, SmallVector<Value>>> inFlight;
+  /// Commits the wgmma group just issued, which computes `result` into
+  /// `regs`, and maps `result` to them (to be read once waited for).
+  void commitWgmma(Value result, ArrayRef<Value> regs) {
+    wg.commit();
+    map.map(result, pack(regs));
+    inFlight.push_back({result, SmallVector<Value>(regs)});
+  }
+  /// Waits until the group computing `result` is done; with a null `result`
+  /// until every group is, `newest` (the registers of a group committed
+  /// outside inFlight) passing through the wait as well.
+  void waitWgmma(Value result, MutableArrayRef<Value> newest = {});
+  /// Issues Sᵀ = K Qᵀ (or dPᵀ = V dOᵀ) of `op` as one group.
+  void issueQKTWgmma(QKTOp op);
+  /// The shared address of buffer `buf` (kBuf, vBuf, qCur, doCur, dsBuf).
+  Value addrOf(Value buf) {
+    if (buf == kBuf)
+      return kAddr;
+    if (buf == vBuf)
+      return vAddr;
+    if (buf == qCur)
+      return qAddrCur;
+    if (buf == doCur)
+      return doAddrCur;
+    return dsAddr;
+  }
+  /// dQ = dS K with wgmma: dSᵀ to shared memory, each warpgroup 64 queries x
+  /// D/2; returns the warp's C fragments (rows 16 (warp % 4) + g, + 8).
+  SmallVector<Value> dqWgmma(ArrayRef<Value> ds);
+};
+
+void WgmmaKVMajorEmitter::waitWgmma(Value result,
+                                    MutableArrayRef<Value> newest) {
+  size_t done = inFlight.size();
+  if (result)
+    done = llvm::find_if(inFlight, [&](auto &f) { return f.first == result; }) -
+           inFlight.begin() + 1;
+  SmallVector<Value> regs(newest.begin(), newest.end());
+  for (size_t i = 0; i < done; ++i)
+    regs.append(inFlight[i].second);
+  wg.wait(int64_t(inFlight.size() - done), regs);
+  std::copy(regs.begin(), regs.begin() + newest.size(), newest.begin());
+  size_t at = newest.size();
+  for (size_t i = 0; i < done; ++i) {
+    ArrayRef<Value> out(&regs[at], inFlight[i].second.size());
+    map.map(inFlight[i].first, pack(out));
+    at += out.size();
+  }
+  inFlight.erase(inFlight.begin(), inFlight.begin() + done);
+}
+
+void WgmmaKVMajorEmitter::issueQKTWgmma(QKTOp op) {
+  // Each warpgroup 64 keys x BN queries, both operands K-major in shared
+  // memory.
+  Value aDesc = wg.desc(
+      add(addrOf(map.lookup(op.getKv())), mul(warpGroup, idx(64 * 128))), 16,
+      1024);
+  Value bDesc = wg.desc(addrOf(map.lookup(op.getQ())), 16, 1024);
+  commitWgmma(op.getResult(),
+              wg.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN));
+}
+
+LogicalResult WgmmaKVMajorEmitter::emitQKT(QKTOp op) {
+  // Sᵀ = K Qᵀ issues dPᵀ = V dOᵀ (the tile's next qk_t) right behind it, so
+  // the tensor cores compute dPᵀ while the warps turn Sᵀ into Pᵀ.
+  bool issued = llvm::any_of(
+      inFlight, [&](auto &f) { return f.first == op.getResult(); });
+  if (!issued) {
+    waitFor(map.lookup(op.getQ()));
+    wg.fence();
+    issueQKTWgmma(op);
+    for (Operation *next = op->getNextNode(); next; next = next->getNextNode())
+      if (auto dp = dyn_cast<QKTOp>(next)) {
+        issueQKTWgmma(dp);
+        break;
+      }
+  }
+  waitWgmma(op.getResult());
+  return success();
+}
+
+LogicalResult WgmmaKVMajorEmitter::emitAccumulate(AccumulateOp op) {
+  // acc (keys x D) += Xᵀ Y: X (Pᵀ or dSᵀ) from registers as A; Y (dO or Q,
+  // queries x D) N-major from shared memory, BN / 16 k-steps of 16 rows.
+  // Committed, not waited for: the next wait takes the accumulators along.
+  Value y = map.lookup(op.getY());
+  waitFor(y);
+  SmallVector<Value> x = unpack(map.lookup(op.getX()));
+  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
+  SmallVector<Value> xa = packAFragments(x, 1, nTiles);
+  Value bDesc = wg.desc(addrOf(y), blockN * 128, 1024);
+  wg.fence();
+  commitWgmma(op.getResult(), wg.regsA(acc, xa, bDesc));
+  return success();
+}
+
+SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
+  // dSᵀ (keys x queries) to shared memory in the swizzled layout: thread
+  // (g, t) of warp w holds keys 16w + g (+ 8), queries 8nt + 2t (+ 1); key %
+  // 8 = g.
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t i = nt * 4 + h * 2;
+      Value narrow = arith::TruncFOp::create(
+          b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
+      Value row = add(mul(warp, idx(16)), add(idx(h * 8), aG));
+      Value chunk = arith::XOrIOp::create(b, loc, idx(nt), aG);
+      Value col = add(mul(chunk, idx(8)), mul(aT, idx(2)));
+      vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
+    }
+  proxyFence();
+  gpu::BarrierOp::create(b, loc);
+  // dQ (queries x D) = dS (queries x keys, M-major: dSᵀ) K (keys x D,
+  // N-major); warpgroup w computes columns 64w..64w+63, BM / 16 k-steps of 16
+  // keys.
+  Value aDesc = wg.desc(dsAddr, blockM * 128, 1024);
+  Value bDesc = wg.desc(add(kAddr, mul(warpGroup, idx(blockM * 128))),
+                        blockM * 128, 1024);
+  SmallVector<Value> acc;
+  wg.fence();
+  for (int64_t kk = 0; kk < blockM / 16; ++kk)
+    acc = wg.step(acc, 64, wg.descPlus(aDesc, kk * 16 * 128), {},
+                  wg.descPlus(bDesc, kk * 16 * 128), true, true);
+  wg.commit();
+  waitWgmma(Value(), acc);
+  return acc;
+}
+
+} // namespace
+
+LogicalResult mlir::dualkv::emitWgmmaKVMajor(KernelOp kernel, OpBuilder &b,
+                                             gpu::GPUModuleOp gpuModule,
+                                             int64_t *sharedBytes) {
+  return emitWith<WgmmaKVMajorEmitter>(kernel, b, gpuModule, sharedBytes);
+}

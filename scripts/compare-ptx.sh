@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Snapshots the PTX of every shipped kernel with one dualkv-aot binary and
+# compares two snapshots byte for byte (refactors of the emitters must leave
+# generated code unchanged). Run with --help for usage.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/compare-ptx.sh snapshot AOT DIR    write the PTX of every kernel into DIR
+       scripts/compare-ptx.sh diff [--normalize-names] DIR_A DIR_B
+                                                  compare two snapshots byte for byte
+       scripts/compare-ptx.sh check AOT_A AOT_B [WORKDIR]
+                                                  snapshot with both binaries, then diff
+
+"Every shipped kernel" is what tests/lit/Tools/aot-ptxas*.test compile, with the
+default tilings (dualkv-aot --no-cubin, no ptxas needed):
+  fwd                          head_dim 64, 128, 256
+  the backward set (--kind bwd: bwd_pre, bwd, bwd_post, bwd and bwd_post of one
+  KV head, bwd_kv, bwd_dq)     head_dim 64, 128
+each for bf16 and fp16, sm_80 and sm_90a, heads 32:8 (68 kernels), plus a few
+non-default tilings that reach other paths of the emitters (forward without key
+prefetch, the sm_90a forward's warpgroup schedule at 64-key tiles, the sm_80
+backward in the two-dimensional warp layout, the sm_90a backward at 64-key
+blocks; 16 more kernels). A snapshot holds one
+<name>.ptx per kernel (dualkv-aot's file names) and list.txt.
+
+diff exits 0 when both snapshots hold the same kernels with identical bytes, 1
+otherwise, and names every kernel that differs or is missing. --normalize-names
+drops a schedule suffix from entry names (attention_fwd_wgmma -> attention_fwd)
+before comparing, for snapshots taken across the change that added it.
+EOF
+}
+
+# Every configuration: dualkv-aot arguments, one line each.
+configs() {
+  local d t
+  for t in bf16 fp16; do
+    for d in 64 128 256; do
+      echo "--kind fwd --head-dim $d --dtype $t --arch sm_80,sm_90a"
+    done
+    for d in 64 128; do
+      echo "--kind bwd --head-dim $d --dtype $t --arch sm_80,sm_90a"
+    done
+    # Extra paths (non-default tilings).
+    echo "--kind fwd --head-dim 128 --dtype $t --arch sm_80 --stages 1"
+    echo "--kind fwd --head-dim 128 --dtype $t --arch sm_90a --block-n 64"
+    echo "--kind bwd_kv --head-dim 64 --dtype $t --arch sm_80 --block-m 128 --block-n 64 --warps 8"
+    echo "--kind bwd_kv --head-dim 128 --dtype $t --arch sm_90a --block-m 64 --block-n 64 --warps 4"
+    echo "--kind bwd_dq --head-dim 64 --dtype $t --arch sm_90a --block-m 128 --block-n 64 --warps 8"
+  done
+  echo "--kind bwd --head-dim 64 --dtype bf16 --arch sm_80 --block-m 128 --block-n 64 --warps 8"
+  echo "--kind bwd --head-dim 128 --dtype bf16 --arch sm_90a --block-m 64 --block-n 32 --warps 4"
+}
+
+snapshot() {
+  local aot=$1 dir=$2 line tmp
+  [[ -x $aot ]] || { echo "compare-ptx: '$aot' is not an executable" >&2; exit 2; }
+  mkdir -p "$dir"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  while read -r line; do
+    # shellcheck disable=SC2086
+    if ! "$aot" --no-cubin --out "$tmp" $line >"$tmp/log" 2>&1; then
+      echo "compare-ptx: dualkv-aot $line failed:" >&2
+      cat "$tmp/log" >&2
+      exit 2
+    fi
+  done < <(configs)
+  rm -f "$tmp"/*.json "$tmp/log"
+  cp "$tmp"/*.ptx "$dir"/
+  (cd "$dir" && ls -- *.ptx | sort >list.txt)
+  echo "compare-ptx: $(wc -l <"$dir/list.txt") kernels in $dir"
+}
+
+normalize() {
+  sed -E 's/\b(attention_[a-z_]*[a-z])_(mma_sync|wgmma|warp_specialized)(_param_[0-9]+)?\b/\1\3/g' "$1"
+}
+
+diffdirs() {
+  local norm=0
+  if [[ ${1:-} == --normalize-names ]]; then
+    norm=1
+    shift
+  fi
+  local a=$1 b=$2 f bad=0 n=0
+  [[ -f $a/list.txt && -f $b/list.txt ]] ||
+    { echo "compare-ptx: $a and $b must both be snapshots" >&2; exit 2; }
+  if ! cmp -s "$a/list.txt" "$b/list.txt"; then
+    echo "compare-ptx: the snapshots hold different kernels:"
+    diff "$a/list.txt" "$b/list.txt" || true
+    bad=1
+  fi
+  while read -r f; do
+    [[ -f $b/$f ]] || continue
+    n=$((n + 1))
+    if ((norm)); then
+      cmp -s <(normalize "$a/$f") <(normalize "$b/$f") || { echo "differs: $f"; bad=1; }
+    else
+      cmp -s "$a/$f" "$b/$f" || { echo "differs: $f"; bad=1; }
+    fi
+  done <"$a/list.txt"
+  if ((bad)); then
+    echo "compare-ptx: $n kernels compared: NOT identical"
+    return 1
+  fi
+  echo "compare-ptx: $n kernels compared: identical"
+}
+
+case ${1:-} in
+-h | --help | help) usage ;;
+snapshot)
+  [[ $# == 3 ]] || { usage >&2; exit 2; }
+  snapshot "$2" "$3"
+  ;;
+diff)
+  shift
+  [[ $# == 2 || $# == 3 ]] || { usage >&2; exit 2; }
+  diffdirs "$@"
+  ;;
+check)
+  [[ $# == 3 || $# == 4 ]] || { usage >&2; exit 2; }
+  work=${4:-$(mktemp -d)}
+  snapshot "$2" "$work/a"
+  snapshot "$3" "$work/b"
+  diffdirs "$work/a" "$work/b"
+  ;;
+*)
+  usage >&2
+  exit 2
+  ;;
+esac
