@@ -35,6 +35,8 @@ struct TempDir {
         fs::temp_directory_path() /
         fmt::format("dualkv-runtime-test-{:08x}{:08x}", random(), random());
     REQUIRE(fs::create_directory(p));
+    // The user's alone whatever the umask: a cache root must be.
+    fs::permissions(p, fs::perms::owner_all);
     path = p.string();
   }
   ~TempDir() {

@@ -754,6 +754,43 @@ TEST_CASE("forward: launches the cached kernel with the documented ABI",
   CHECK(fake.cubinLoads == 1);
 }
 
+TEST_CASE("forward: an unusable cached entry is recompiled and rewritten",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  ScopedFakeDriver scoped;
+  resetCacheStats();
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  // "threads": -1 under a consistent checksum (issue 14, row 4).
+  CacheEntry bad = sampleEntry();
+  bad.info.threads = -1;
+  seedKernel(tmp.path, args, bad);
+
+  forward(args); // no throw: the entry is a miss and the kernel is recompiled
+  CHECK(cacheStats().compiles == 1);
+  REQUIRE(scoped.fake.launches == 1);
+  CHECK(scoped.fake.last.block[0] > 0);
+  std::optional<CacheEntry> rewritten = DiskCache(tmp.path).load(
+      CacheKey::fromSpec(specFor(args), compilerFingerprint()));
+  REQUIRE(rewritten);
+  CHECK(rewritten->info.threads == int(scoped.fake.last.block[0]));
+}
+
+TEST_CASE("forward: a negative scale is refused by name", "[runtime]") {
+  ScopedFakeDriver scoped;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  args.scale = -1.0f;
+  std::optional<Error> e = errorOf([&] { forward(args); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("scale (-1) is negative"));
+  CHECK(scoped.fake.launches == 0);
+}
+
 //===----------------------------------------------------------------------===//
 // C API
 //===----------------------------------------------------------------------===//
