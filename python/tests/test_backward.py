@@ -156,6 +156,24 @@ def test_edge_layouts_match_replicated_sequences(groups):
         check_close(name, g, r, torch.bfloat16)
 
 
+@pytest.mark.parametrize("scale", [-1.0, -0.125])
+def test_negative_scale_matches_reference(scale):
+    """Issue 14, row 12: a negative scale is valid mathematics; the result and
+    the gradients are the reference's (was NaN), through autograd and through
+    the functional forward/backward."""
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 4, 2, 64, torch.bfloat16, seed=12)
+    got = run(q, k, v, dout, plan, scale=scale)
+    ref = reference_masked(q, k, v, dout, GROUPS, scale)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(g).all(), name
+        check_close(name, g, r, torch.bfloat16)
+    o, lse = dualkv.forward(q, k, v, plan, scale=scale)
+    dq, dk, dv = dualkv.backward(q, k, v, o, dout, lse, plan, scale=scale)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), ref):
+        check_close(name, g, r, torch.bfloat16)
+
+
 def test_non_contiguous_dout_and_strided_inputs():
     plan = dualkv.Plan([(100, [30, 0, 70])])
     T, Hq, Hkv, D = plan.num_tokens, 4, 2, 128

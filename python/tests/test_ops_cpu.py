@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import unittest
+from decimal import Decimal
 
 PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, PYTHON_DIR)
@@ -54,6 +55,28 @@ class PlanKeyTest(unittest.TestCase):
                           ((1, 5, 0, 9), "past its last group")]:
             with self.assertRaisesRegex(ValueError, what):
                 groups_from_key(bad)
+
+    def test_keys_and_plans_take_only_integers(self):
+        # Issue 14, rows 10-11: no float truncated, no str, bool, bytes,
+        # Decimal, set, dict, None or inf accepted; always ValueError.
+        for bad in [3.7, 2.0, "12", b"1", True, None, Decimal("1"), {1},
+                    {1: 2}, float("inf"), float("nan"), -7, 2**31, 2**64]:
+            for groups in [[(bad, [2])], [(3, [bad])], [(3, [2, bad])]]:
+                with self.assertRaises(ValueError, msg=repr(groups)):
+                    dualkv.Plan(groups)
+                with self.assertRaises(ValueError, msg=repr(groups)):
+                    plan_key(groups)
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                groups_from_key((1, 4, 1, bad))
+        for bad in [None, 5, "ab", {(1, (2,))}, [(1, 2, 3)], [(1,)], [None],
+                    [(4, 2)], [(4, None)]]:
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                dualkv.Plan(bad)
+        for key in [(1, 4, 1, -7), (1, -4, 0), (True, 4, 0), (1.0, 4, 0),
+                    ("1", "4", "0"), None, 5, (1, 4, 1, 2**31)]:
+            with self.assertRaises(ValueError, msg=repr(key)):
+                groups_from_key(key)
+        self.assertEqual(dualkv.Plan([(3, [2])]).groups, [(3, [2])])
 
     def test_plan_key_attribute_rebuilds_the_same_plan(self):
         plan = dualkv.Plan(GROUPS)
@@ -159,6 +182,12 @@ class ValidationTest(unittest.TestCase):
         self.check("plan must be a dualkv.Plan", q, k, v, [(5, [3])])
         self.check("q must be a torch.Tensor", None, k, v, plan)
         self.check("scale must be nonzero", q, k, v, plan, scale=0.0)
+        self.check("scale must be a real number", q, k, v, plan, scale="1")
+        self.check("scale must be a real number", q, k, v, plan, scale=True)
+        self.check("scale must be finite", q, k, v, plan,
+                   scale=float("inf"))
+        self.check("scale must be finite", q, k, v, plan,
+                   scale=float("nan"))
         self.check("plan has 15", q[:-1], k[:-1], v[:-1], plan)
 
     def test_ops_refuse_cpu_tensors(self):
