@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deterministic mutation fuzzing of dualkv-opt.
+"""Deterministic mutation fuzzing of dualkv-opt (ctest fuzz:dualkv-opt).
 
 Takes the lit suite's .mlir files and the kernel template, cuts them into their
 `// -----` cases, derives mutants with a seeded RNG (delete / duplicate / swap
