@@ -363,8 +363,7 @@ DiskCache::openEntry(const CacheKey &key, bool create, std::string *why) const {
       *why = fmt::format("arch '{}' cannot name a cache folder", key.arch);
     return std::nullopt;
   }
-  OpenedDir dir =
-      openCacheDir(AT_FDCWD, root_, root_, /*isRoot=*/true, create);
+  OpenedDir dir = openCacheDir(AT_FDCWD, root_, root_, /*isRoot=*/true, create);
   std::string shown = root_;
   for (const std::string &name :
        {fmt::format("v{}", CacheKey::kSchemaVersion), key.arch, key.hash()}) {

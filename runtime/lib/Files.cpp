@@ -47,8 +47,8 @@ const char *fileTypeName(mode_t mode) {
 
 std::string untrustedReason(uid_t owner, mode_t mode) {
   if (owner != ::geteuid())
-    return fmt::format("it belongs to uid {}, not to this user (uid {})",
-                       owner, ::geteuid());
+    return fmt::format("it belongs to uid {}, not to this user (uid {})", owner,
+                       ::geteuid());
   if (mode & (S_IWGRP | S_IWOTH))
     return fmt::format("group or others may write it (mode {:04o})",
                        mode & 07777);
@@ -73,8 +73,8 @@ std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
     if (S_ISLNK(st.st_mode))
       return fail("is a symbolic link, which is not followed here");
     if (!S_ISREG(st.st_mode))
-      return fail(fmt::format("is {}, not a regular file",
-                              fileTypeName(st.st_mode)));
+      return fail(
+          fmt::format("is {}, not a regular file", fileTypeName(st.st_mode)));
   }
   int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
   if (rules.noFollow)
@@ -91,16 +91,16 @@ std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
   if (::fstat(fd.get(), &st) != 0)
     return fail(fmt::format("cannot be examined: {}", std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
-    return fail(fmt::format("is {}, not a regular file",
-                            fileTypeName(st.st_mode)));
+    return fail(
+        fmt::format("is {}, not a regular file", fileTypeName(st.st_mode)));
   if (rules.ownedOnly) {
     std::string reason = untrustedReason(st.st_uid, st.st_mode);
     if (!reason.empty())
       return fail("is not trusted: " + reason);
   }
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > rules.maxBytes)
-    return fail(fmt::format("is {} bytes, more than the {} allowed",
-                            st.st_size, rules.maxBytes));
+    return fail(fmt::format("is {} bytes, more than the {} allowed", st.st_size,
+                            rules.maxBytes));
   // Read one byte past the size: a file that grows meanwhile is refused
   // rather than read forever.
   const size_t size = static_cast<size_t>(st.st_size);

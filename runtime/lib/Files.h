@@ -52,11 +52,9 @@ struct FileRules {
 /// size, and with ownedOnly owner and mode) and read up to its size. Returns
 /// nullopt with *why set on any refusal; *missing says whether the file simply
 /// does not exist.
-DUALKV_API std::optional<std::string> readFileChecked(int dirFd,
-                                                      const std::string &path,
-                                                      const FileRules &rules,
-                                                      std::string *why,
-                                                      bool *missing = nullptr);
+DUALKV_API std::optional<std::string>
+readFileChecked(int dirFd, const std::string &path, const FileRules &rules,
+                std::string *why, bool *missing = nullptr);
 
 /// Why an fstat result is not a file or folder this user alone controls
 /// (another owner, or writable by group or others), or empty when it is.

@@ -142,8 +142,8 @@ TuningDb TuningDb::load(const std::string &path, std::string *error) {
   // be a regular file of sane size, or nothing is read.
   std::string why;
   bool missing = false;
-  std::optional<std::string> text = readFileChecked(
-      AT_FDCWD, path, FileRules{kMaxFileBytes}, &why, &missing);
+  std::optional<std::string> text =
+      readFileChecked(AT_FDCWD, path, FileRules{kMaxFileBytes}, &why, &missing);
   if (!text) {
     if (!missing)
       *error = fmt::format("tuning database {} ignored: {}", path, why);

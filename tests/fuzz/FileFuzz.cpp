@@ -122,8 +122,12 @@ void mutateJson(Rng &rng, json &doc) {
 /// Byte-level damage: flips, cuts, insertions of JSON punctuation and junk.
 std::string mutateBytes(Rng &rng, std::string text) {
   static const std::vector<std::string> inserts = {
-      "[", "]", "{", "}", ",", ":", "\"", "\\", std::string(1, '\0'),
-      "\xff", "\xc3", "1e999", "-", "null", "\n", "\\u0000", "\\ud800"};
+      "[",       "]",      "{",
+      "}",       ",",      ":",
+      "\"",      "\\",     std::string(1, '\0'),
+      "\xff",    "\xc3",   "1e999",
+      "-",       "null",   "\n",
+      "\\u0000", "\\ud800"};
   int edits = 1 + static_cast<int>(pick(rng, 4));
   for (int e = 0; e < edits; ++e) {
     size_t op = pick(rng, 4);
@@ -132,7 +136,8 @@ std::string mutateBytes(Rng &rng, std::string text) {
     else if (op == 1 && !text.empty())
       text.resize(pick(rng, text.size()));
     else if (op == 2)
-      text.insert(pick(rng, text.size() + 1), inserts[pick(rng, inserts.size())]);
+      text.insert(pick(rng, text.size() + 1),
+                  inserts[pick(rng, inserts.size())]);
     else
       text += inserts[pick(rng, inserts.size())];
   }
@@ -218,8 +223,7 @@ std::string fuzzTuning(Rng &rng, const std::string &dir, long n) {
     json doc = json::parse(valid);
     for (size_t i = 0, k = 1 + pick(rng, 3); i < k; ++i)
       mutateJson(rng, doc);
-    writeBytes(path, doc.dump(-1, ' ', false,
-                              json::error_handler_t::replace));
+    writeBytes(path, doc.dump(-1, ' ', false, json::error_handler_t::replace));
   } else if (kind < 8) {
     writeBytes(path, mutateBytes(rng, valid));
   } else if (!replaceWithOddFile(rng, path, copy)) {
@@ -241,8 +245,8 @@ std::string fuzzTuning(Rng &rng, const std::string &dir, long n) {
   }
   if (!error.empty()) {
     if (!db.entries().empty())
-      return fmt::format("input {}: refused ({}) but kept {} entries", n,
-                         error, db.entries().size());
+      return fmt::format("input {}: refused ({}) but kept {} entries", n, error,
+                         db.entries().size());
     if (error.rfind("tuning database ", 0) != 0)
       return fmt::format("input {}: unclear message '{}'", n, error);
     return {};
@@ -298,8 +302,8 @@ std::string fuzzCache(Rng &rng, const std::string &work, long n) {
   CacheEntry stored = sampleEntry();
   if (chance(rng, 0.15)) {
     // Consistent checksums around nonsense values.
-    static const std::vector<int> ints = {-1, 0, 1, 31, 32, 129, 1024, 2048,
-                                          1 << 20, 1 << 30};
+    static const std::vector<int> ints = {-1,  0,    1,    31,      32,
+                                          129, 1024, 2048, 1 << 20, 1 << 30};
     stored.info.threads = ints[pick(rng, ints.size())];
     stored.info.blockM = ints[pick(rng, ints.size())];
     stored.info.sharedBytes = ints[pick(rng, ints.size())];

@@ -196,7 +196,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aot", default="dualkv-aot")
     ap.add_argument("--work", required=True, help="folder for the inputs")
-    ap.add_argument("--count", type=int, default=300)
+    ap.add_argument("--count", type=int, default=10**9)
     ap.add_argument("--seconds", type=float, default=50.0,
                     help="stop generating inputs after this long")
     ap.add_argument("--seed", type=int, default=14)

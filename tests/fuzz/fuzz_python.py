@@ -144,14 +144,16 @@ def fuzz_pack(rng):
     packed, refused = expect_value_error(lambda: dualkv.pack(groups))
 
     def ok_ids(ids):
-        return isinstance(ids, list) and all(is_int(t) and 0 <= t < 2**63 for t in ids)
+        return isinstance(ids, (list, tuple)) and all(is_int(t) and 0 <= t < 2**63 for t in ids)
 
     valid = (isinstance(groups, list) and groups and
-             all(ok_ids(p) and p and all(ok_ids(r) for r in rs) for p, rs in groups))
+             all(isinstance(item, tuple) and len(item) == 2 and ok_ids(item[0]) and item[0]
+                 and isinstance(item[1], (list, tuple)) and all(ok_ids(r) for r in item[1])
+                 for item in groups))
     assert bool(valid) == (packed is not None), ("pack", groups, refused)
     if not packed:
         return
-    flat = [t for p, rs in groups for t in p + [x for r in rs for x in r]]
+    flat = [t for p, rs in groups for t in list(p) + [x for r in rs for x in r]]
     assert packed.input_ids == flat
     # Indices: in-range ints answer, anything else is refused.
     for _ in range(4):
@@ -171,7 +173,7 @@ def fuzz_pack(rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--count", type=int, default=20000)
+    ap.add_argument("--count", type=int, default=10**9)
     ap.add_argument("--seconds", type=float, default=50.0)
     ap.add_argument("--seed", type=int, default=14)
     args = ap.parse_args()

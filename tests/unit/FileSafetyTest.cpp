@@ -108,8 +108,7 @@ bool giveAway(const std::string &path) {
 
 } // namespace
 
-TEST_CASE("files: only regular files of a bounded size are read",
-          "[files]") {
+TEST_CASE("files: only regular files of a bounded size are read", "[files]") {
   TempDir tmp;
   const std::string file = tmp.path + "/f";
   std::string why;
@@ -119,8 +118,8 @@ TEST_CASE("files: only regular files of a bounded size are read",
   spit(file, "hello");
   CHECK(readFileChecked(AT_FDCWD, file, rules, &why) == "hello");
 
-  CHECK_FALSE(readFileChecked(AT_FDCWD, tmp.path + "/none", rules, &why,
-                              &missing));
+  CHECK_FALSE(
+      readFileChecked(AT_FDCWD, tmp.path + "/none", rules, &why, &missing));
   CHECK(missing);
 
   spit(file, std::string(101, 'x'));
@@ -171,7 +170,8 @@ TEST_CASE("files: only regular files of a bounded size are read",
 }
 
 TEST_CASE("files: JSON nesting is bounded before parsing", "[files]") {
-  CHECK_FALSE(jsonNestsDeeperThan(R"([{"a": [1, {"b": "[[[[[["}]}])", 3));
+  CHECK_FALSE(jsonNestsDeeperThan(R"([{"a": [1, {"b": "[[[[[["}]}])", 4));
+  CHECK(jsonNestsDeeperThan(R"([{"a": [1, {"b": "[[[[[["}]}])", 3));
   CHECK(jsonNestsDeeperThan("[[[[", 3));
   CHECK(jsonNestsDeeperThan(std::string(100000, '[') + std::string(100000, ']'),
                             kMaxJsonDepth));
@@ -298,7 +298,9 @@ TEST_CASE("disk cache: entry files that are not the user's own regular files "
     fs::remove(dir + "/kernel.cubin");
     REQUIRE(::mkfifo((dir + "/kernel.cubin").c_str(), 0600) == 0);
   }
-  SECTION("PTX a 4 GiB sparse file") { sparse(dir + "/kernel.ptx", off_t(4) << 30); }
+  SECTION("PTX a 4 GiB sparse file") {
+    sparse(dir + "/kernel.ptx", off_t(4) << 30);
+  }
   SECTION("meta.json a 4 GiB sparse file") {
     sparse(dir + "/meta.json", off_t(4) << 30);
   }
@@ -417,8 +419,7 @@ TEST_CASE("tuning: FIFOs, devices, folders, huge and deep files are refused "
   CHECK(boundedRun(10, [&] {
     std::string error;
     TuningDb db = TuningDb::load(path, &error);
-    return db.entries().empty() &&
-           error.find("ignored") != std::string::npos &&
+    return db.entries().empty() && error.find("ignored") != std::string::npos &&
            error.find(expected) != std::string::npos;
   }));
 }
