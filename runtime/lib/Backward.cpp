@@ -207,11 +207,13 @@ struct OwnedWorkspace {
   cuda::Driver *driver = nullptr;
   cuda::CUdeviceptr ptr = 0;
   int64_t bytes = 0;
+  uint64_t lastUse = 0; ///< Workspaces::uses at the last call
 };
 
 struct Workspaces {
   std::mutex mutex;
   std::map<std::pair<cuda::CUcontext, cuda::CUstream>, OwnedWorkspace> owned;
+  uint64_t uses = 0;
 };
 
 Workspaces &workspaces() {
@@ -221,6 +223,31 @@ Workspaces &workspaces() {
   return *w;
 }
 
+/// Before a new stream of `ctx` gets a workspace: when the context already
+/// holds kMaxOwnedWorkspaces, the least recently used one is freed, so that a
+/// program making a stream per step does not leak one workspace per stream.
+/// Its stream may be gone, so the whole context is synchronised first (rare:
+/// only past that many streams).
+void evictOldestWorkspace(Workspaces &w, cuda::CUcontext ctx,
+                          cuda::Driver &driver) {
+  auto oldest = w.owned.end();
+  size_t held = 0;
+  for (auto it = w.owned.begin(); it != w.owned.end(); ++it)
+    if (it->first.first == ctx) {
+      ++held;
+      if (oldest == w.owned.end() ||
+          it->second.lastUse < oldest->second.lastUse)
+        oldest = it;
+    }
+  if (held < kMaxOwnedWorkspaces)
+    return;
+  cuda::check(driver.ctxSynchronize(),
+              "cuCtxSynchronize (freeing a backward workspace)");
+  if (oldest->second.ptr)
+    driver.memFree(oldest->second.ptr);
+  w.owned.erase(oldest);
+}
+
 /// A workspace of at least `bytes` for `stream` in `ctx`, allocated or grown
 /// on demand and kept for the next call.
 cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
@@ -228,10 +255,13 @@ cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
   Workspaces &w = workspaces();
   std::lock_guard<std::mutex> lock(w.mutex);
   auto s = static_cast<cuda::CUstream>(stream);
+  cuda::Driver &driver = cuda::driver();
+  if (!w.owned.count({ctx, s}))
+    evictOldestWorkspace(w, ctx, driver);
   OwnedWorkspace &ws = w.owned[{ctx, s}];
+  ws.lastUse = ++w.uses;
   if (ws.ptr && ws.bytes >= bytes)
     return ws.ptr;
-  cuda::Driver &driver = cuda::driver();
   if (ws.ptr) {
     // Earlier launches on this stream may still read the old buffer.
     cuda::check(driver.streamSynchronize(s),
@@ -245,7 +275,7 @@ cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
   cuda::check(
       driver.memAlloc(&ptr, static_cast<size_t>(size)),
       fmt::format("cuMemAlloc ({} bytes of backward workspace)", size).c_str());
-  ws = OwnedWorkspace{&driver, ptr, size};
+  ws = OwnedWorkspace{&driver, ptr, size, ws.lastUse};
   return ptr;
 }
 

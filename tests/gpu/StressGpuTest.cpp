@@ -284,9 +284,10 @@ int64_t deviceUsedBytes() {
 
 /// `launches` forward or backward calls, each over a new random plan (a plan
 /// is created and destroyed per call, its segment table uploaded and freed),
-/// in preallocated buffers. After a warm-up that loads every kernel variant,
-/// device memory, host RSS and the number of loaded kernels must stay flat;
-/// every 1000th call is checked against the reference.
+/// in preallocated buffers, on a stream replaced every 50 calls. After a
+/// warm-up that loads every kernel variant, device memory, host RSS and the
+/// number of loaded kernels must stay flat; every 1000th call is checked
+/// against the reference.
 int testLeak(int launches) {
   std::mt19937_64 rng(20260216);
   const int64_t maxTokens = 3 * (300 + 4 * 200);
@@ -385,6 +386,13 @@ int testLeak(int launches) {
     }
     // The plan dies here: its device table must not outlive the launch.
     check(cudaStreamSynchronize(stream), "launch");
+    // A fresh stream now and then, as a program with a stream per step has:
+    // the runtime's per-stream workspaces must stay bounded too.
+    if (n % 50 == 49) {
+      check(cudaStreamDestroy(stream), "stream");
+      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            "stream");
+    }
   }
   check(cudaDeviceSynchronize(), "sync");
   const int64_t rssGrowth = residentBytes() - rss0;

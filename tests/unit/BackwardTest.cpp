@@ -883,3 +883,31 @@ TEST_CASE("backward: the deterministic sequence has no atomics",
                               bits(0.125f),
                               bits(float(0.125 * 1.4426950408889634))});
 }
+
+TEST_CASE("backward: a stream per call does not leak a workspace per stream",
+          "[runtime][backward]") {
+  FakeBackwardSetup setup;
+  FakeDriver &fake = setup.scoped.fake;
+  Plan plan({{100, {30, 40}}});
+  BackwardArgs a = validBackwardArgs(plan);
+  seedBackwardKernels(setup.tmp.path, a);
+  // The first call also uploads the plan's tables: count from after it.
+  a.stream = fakePointer(0x9000 + 1);
+  backward(a);
+  const int allocs = fake.allocs, frees = fake.frees;
+  // 99 more streams, each used once: the runtime keeps at most
+  // kMaxOwnedWorkspaces, freeing the least recently used after a context
+  // synchronisation (its stream may be gone).
+  for (uintptr_t s = 2; s <= 100; ++s) {
+    a.stream = fakePointer(0x9000 + s);
+    backward(a);
+  }
+  const int live = 1 + (fake.allocs - allocs) - (fake.frees - frees);
+  CHECK(live == int(kMaxOwnedWorkspaces));
+  CHECK(fake.ctxSyncs == 100 - int(kMaxOwnedWorkspaces));
+  // The streams still held keep their workspace: no new allocation.
+  const int before = fake.allocs;
+  a.stream = fakePointer(0x9000 + 100);
+  backward(a);
+  CHECK(fake.allocs == before);
+}

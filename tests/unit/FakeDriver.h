@@ -99,7 +99,7 @@ struct FakeDriver : cuda::Driver {
 
   // Observations.
   int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
-      allocs = 0, frees = 0, launches = 0, streamSyncs = 0;
+      allocs = 0, frees = 0, launches = 0, streamSyncs = 0, ctxSyncs = 0;
   std::vector<std::pair<int, int>> funcAttributes;
   std::vector<int32_t> uploaded; ///< bytes of the last cuMemcpyHtoD
   /// Every cuMemcpyHtoD by destination, as int32.
@@ -159,7 +159,10 @@ struct FakeDriver : cuda::Driver {
     *device = 0;
     return current ? cuda::CUDA_SUCCESS : 201; // CUDA_ERROR_INVALID_CONTEXT
   }
-  CUresult ctxSynchronize() override { return cuda::CUDA_SUCCESS; }
+  CUresult ctxSynchronize() override {
+    ++ctxSyncs;
+    return cuda::CUDA_SUCCESS;
+  }
   CUresult devicePrimaryCtxRetain(cuda::CUcontext *ctx,
                                   cuda::CUdevice) override {
     ++primaryRetains;
