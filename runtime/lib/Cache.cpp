@@ -122,13 +122,21 @@ OpenedDir openCacheDir(int parent, const std::string &name,
   const int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC |
                     (isRoot ? 0 : static_cast<int>(O_NOFOLLOW));
   r.fd = FileDescriptor(::openat(parent, name.c_str(), flags));
+  std::string createError;
   if (!r.fd && errno == ENOENT && create) {
-    if (isRoot)
-      llvm::sys::fs::create_directories(name, /*IgnoreExisting=*/true,
-                                        llvm::sys::fs::owner_all);
-    else
-      ::mkdirat(parent, name.c_str(), 0700);
+    if (isRoot) {
+      if (std::error_code ec = llvm::sys::fs::create_directories(
+              name, /*IgnoreExisting=*/true, llvm::sys::fs::owner_all))
+        createError = ec.message();
+    } else if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
+      createError = std::strerror(errno);
+    }
     r.fd = FileDescriptor(::openat(parent, name.c_str(), flags));
+  }
+  if (!r.fd && !createError.empty()) {
+    // A read-only or full file system: an error, not a miss.
+    r.why = fmt::format("cannot create {}: {}", shown, createError);
+    return r;
   }
   if (!r.fd) {
     int err = errno;

@@ -423,3 +423,22 @@ TEST_CASE("tuning: FIFOs, devices, folders, huge and deep files are refused "
            error.find(expected) != std::string::npos;
   }));
 }
+
+TEST_CASE("disk cache: a root that cannot be created is an error with a "
+          "reason, not a silent miss",
+          "[files]") {
+  std::string why;
+  // sysfs refuses new folders (EPERM), even to root.
+  DiskCache disk("/sys/dualkv-test-cache/cache");
+  CHECK_FALSE(disk.store(key(), entry(), &why));
+  CHECK_THAT(why, Contains("cannot create /sys/dualkv-test-cache/cache: "));
+  CHECK_FALSE(disk.refused());
+  CHECK_FALSE(disk.load(key()));
+  // A root below a regular file is no folder of this user's: refused.
+  TempDir tmp;
+  const std::string file = tmp.path + "/file";
+  spit(file, "x");
+  DiskCache onFile(file + "/cache");
+  CHECK_FALSE(onFile.store(key(), entry(), &why));
+  CHECK(onFile.refused());
+}
