@@ -134,6 +134,32 @@ class LibraryTest(unittest.TestCase):
                 with self.assertRaisesRegex(OSError, name + ".*rebuild"):
                     _lib.symbol(name)
 
+    def test_tiling_takes_four_integers(self):
+        self.assertIsNone(dualkv._tiling_array(None))
+        self.assertEqual(list(dualkv._tiling_array((64, 32, 4, 0))),
+                         [64, 32, 4, 0])
+        for bad, message in [([1.5, 0, 0, 0], "tiling\\[0\\] must be an integer"),
+                             ([64, True, 4, 1], "tiling\\[1\\] must be an integer"),
+                             ([64, 32, -4, 1], "tiling\\[2\\] = -4 is out of range"),
+                             ([64, 32, 4], "tiling must be 4 ints"),
+                             ("abcd", "tiling must be a sequence"),
+                             (7, "tiling must be a sequence")]:
+            with self.assertRaisesRegex(ValueError, message, msg=repr(bad)):
+                dualkv._tiling_array(bad)
+
+    def test_a_bad_dualkv_lib_is_an_os_error_naming_it(self):
+        for bad, message in [("/nonexistent/libdualkv.so", "is not a file"),
+                             ("/etc/hostname", "")]:
+            env = dict(os.environ, DUALKV_LIB=bad)
+            r = subprocess.run(
+                [sys.executable, "-c",
+                 "import dualkv\ntry:\n    dualkv.version()\n"
+                 "except OSError as e:\n    print('OSError:', e)"],
+                cwd=PYTHON_DIR, env=env, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("OSError:", r.stdout)
+            self.assertIn(message, r.stdout)
+
     def test_import_needs_neither_torch_nor_transformers(self):
         code = ("import sys; sys.path.insert(0, sys.argv[1]); import dualkv; "
                 "dualkv.Plan([(3, [1])]); "

@@ -779,6 +779,19 @@ TEST_CASE("forward: an unusable cached entry is recompiled and rewritten",
   CHECK(rewritten->info.threads == int(scoped.fake.last.block[0]));
 }
 
+TEST_CASE("forward: a tensor spanning more than 2^31 elements is refused",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  args.q.stride_t = int64_t(1) << 25; // 112 tokens x 2^25 > 2^31
+  std::optional<Error> e = errorOf([&] { forward(args); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("kernels address at most 2^31"));
+  CHECK(scoped.fake.launches == 0);
+}
+
 TEST_CASE("forward: a negative scale is refused by name", "[runtime]") {
   ScopedFakeDriver scoped;
   Plan plan({{40, {24, 0, 32}}, {8, {8}}});
