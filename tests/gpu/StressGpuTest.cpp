@@ -342,28 +342,22 @@ int testLeak(int launches) {
       continue;
     }
     Plan plan(c.groups);
-    const int64_t T = plan.numTokens();
     auto t = [&](DeviceBuffer &b, int heads) {
       return TensorArg{b.ptr, int64_t(heads) * c.d, c.d};
     };
     if (n % 2 == 0) {
       ForwardArgs a;
+      setProblem(a, c, plan);
       a.q = t(q, c.hq);
       a.k = t(k, c.hkv);
       a.v = t(v, c.hkv);
       a.o = t(o, c.hq);
       a.lse = static_cast<float *>(lse.ptr);
-      a.lse_stride_h = T;
-      a.num_tokens = T;
-      a.num_q_heads = c.hq;
-      a.num_kv_heads = c.hkv;
-      a.head_dim = c.d;
-      a.dtype = c.dtype;
-      a.plan = &plan;
       a.stream = stream;
       dualkv::forward(a);
     } else {
       BackwardArgs a;
+      setProblem(a, c, plan);
       a.q = t(q, c.hq);
       a.k = t(k, c.hkv);
       a.v = t(v, c.hkv);
@@ -373,14 +367,7 @@ int testLeak(int launches) {
       a.dk = t(dk, c.hkv);
       a.dv = t(dv, c.hkv);
       a.lse = static_cast<const float *>(lse.ptr);
-      a.lse_stride_h = T;
-      a.num_tokens = T;
-      a.num_q_heads = c.hq;
-      a.num_kv_heads = c.hkv;
-      a.head_dim = c.d;
-      a.dtype = c.dtype;
       a.deterministic = pct(rng) < 30;
-      a.plan = &plan;
       a.stream = stream;
       dualkv::backward(a);
     }

@@ -15,9 +15,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +66,47 @@ struct ScopedEnv {
       unsetenv(name.c_str());
   }
 };
+
+/// The bytes of a file the test wrote.
+inline std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+/// Replaces a file's bytes.
+inline void writeFile(const std::string &path, const std::string &bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  REQUIRE(out.good());
+}
+
+/// A cache key and an entry of a forward kernel for sm_90a, for cache tests.
+inline CacheKey sampleKey() {
+  CacheKey key;
+  key.kind = KernelKind::Fwd;
+  key.P = 0;
+  key.N = 0;
+  key.headDim = 128;
+  key.numQHeads = 32;
+  key.numKVHeads = 8;
+  key.dtype = DType::BF16;
+  key.arch = "sm_90a";
+  key.tiling = Tiling{128, 64, 8, 2};
+  key.compilerFingerprint = "test-fingerprint";
+  return key;
+}
+
+inline CacheEntry sampleEntry() {
+  CacheEntry entry;
+  entry.info = KernelInfo{"dualkv_fwd_test", 256, 96 * 1024, 128};
+  entry.ptx = "//\n// fake PTX\n.version 8.0\n.target sm_90a\n";
+  for (int i = 0; i < 1000; ++i)
+    entry.cubin.push_back(static_cast<char>(i * 7));
+  return entry;
+}
 
 /// The Error `body` throws, or nullopt if it returns.
 template <typename F> std::optional<Error> errorOf(F &&body) {

@@ -33,42 +33,10 @@ namespace {
 
 constexpr uid_t kOtherUid = 65534; // nobody
 
-std::string slurp(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-void spit(const std::string &path, const std::string &bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  REQUIRE(out.good());
-}
-
 mode_t modeOf(const std::string &path) {
   struct stat st;
   REQUIRE(::lstat(path.c_str(), &st) == 0);
   return st.st_mode & 07777;
-}
-
-CacheKey key() {
-  CacheKey k;
-  k.headDim = 128;
-  k.numQHeads = 32;
-  k.numKVHeads = 8;
-  k.arch = "sm_90a";
-  k.tiling = Tiling{128, 64, 8, 2};
-  k.compilerFingerprint = "file-safety-test";
-  return k;
-}
-
-CacheEntry entry() {
-  CacheEntry e;
-  e.info = KernelInfo{"dualkv_fwd_test", 128, 48 * 1024, 64};
-  e.ptx = "//\n// fake PTX\n.version 8.0\n.target sm_90a\n";
-  e.cubin.assign(300, '\x7f');
-  return e;
 }
 
 /// Runs `body` in a child process limited to `seconds` and 1 GiB of address
@@ -115,14 +83,14 @@ TEST_CASE("files: only regular files of a bounded size are read", "[files]") {
   bool missing = false;
   FileRules rules{100, /*noFollow=*/true, /*ownedOnly=*/true};
 
-  spit(file, "hello");
+  writeFile(file, "hello");
   CHECK(readFileChecked(AT_FDCWD, file, rules, &why) == "hello");
 
   CHECK_FALSE(
       readFileChecked(AT_FDCWD, tmp.path + "/none", rules, &why, &missing));
   CHECK(missing);
 
-  spit(file, std::string(101, 'x'));
+  writeFile(file, std::string(101, 'x'));
   CHECK_FALSE(readFileChecked(AT_FDCWD, file, rules, &why, &missing));
   CHECK_FALSE(missing);
   CHECK_THAT(why, Contains("101 bytes, more than the 100 allowed"));
@@ -158,7 +126,7 @@ TEST_CASE("files: only regular files of a bounded size are read", "[files]") {
   }));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 
-  spit(file, "x");
+  writeFile(file, "x");
   ::chmod(file.c_str(), 0666);
   CHECK_FALSE(readFileChecked(AT_FDCWD, file, rules, &why));
   CHECK_THAT(why, Contains("group or others may write it (mode 0666)"));
@@ -183,14 +151,14 @@ TEST_CASE("disk cache: folders are made 0700 and files 0600", "[files]") {
   TempDir tmp;
   const std::string root = tmp.path + "/new/cache";
   DiskCache disk(root);
-  REQUIRE(disk.store(key(), entry()));
-  const std::string dir = disk.entryDir(key());
+  REQUIRE(disk.store(sampleKey(), sampleEntry()));
+  const std::string dir = disk.entryDir(sampleKey());
   CHECK(modeOf(root) == 0700);
   for (std::string d = dir; d != root; d = fs::path(d).parent_path().string())
     CHECK(modeOf(d) == 0700);
   for (const char *name : {"kernel.ptx", "kernel.cubin", "meta.json"})
     CHECK(modeOf(dir + "/" + name) == 0600);
-  CHECK(disk.load(key()));
+  CHECK(disk.load(sampleKey()));
 }
 
 TEST_CASE("disk cache: a root others can write or do not own is refused",
@@ -201,7 +169,7 @@ TEST_CASE("disk cache: a root others can write or do not own is refused",
   // lasts for the process).
   SECTION("mode 0777") {
     DiskCache good(root);
-    REQUIRE(good.store(key(), entry()));
+    REQUIRE(good.store(sampleKey(), sampleEntry()));
     ::chmod(root.c_str(), 0777);
   }
   SECTION("group-writable") {
@@ -225,22 +193,22 @@ TEST_CASE("disk cache: a root others can write or do not own is refused",
   SECTION("a folder below the root is a link") {
     const std::string elsewhere = tmp.path + "/elsewhere";
     DiskCache there(elsewhere);
-    REQUIRE(there.store(key(), entry()));
+    REQUIRE(there.store(sampleKey(), sampleEntry()));
     fs::create_directory(root);
     ::chmod(root.c_str(), 0700);
     fs::create_symlink(elsewhere + "/v1", root + "/v1");
   }
   SECTION("an entry folder owned by another user") {
     DiskCache good(root);
-    REQUIRE(good.store(key(), entry()));
-    if (!giveAway(good.entryDir(key())))
+    REQUIRE(good.store(sampleKey(), sampleEntry()));
+    if (!giveAway(good.entryDir(sampleKey())))
       return;
   }
   DiskCache disk(root);
-  CHECK_FALSE(disk.load(key()));
+  CHECK_FALSE(disk.load(sampleKey()));
   CHECK(disk.refused());
   std::string why;
-  CHECK_FALSE(disk.store(key(), entry(), &why));
+  CHECK_FALSE(disk.store(sampleKey(), sampleEntry(), &why));
   CHECK_THAT(why, Contains("not in use"));
 }
 
@@ -252,8 +220,8 @@ TEST_CASE("disk cache: a link to the user's own folder is a usable root",
   ::chmod(real.c_str(), 0700);
   fs::create_symlink(real, tmp.path + "/link");
   DiskCache disk(tmp.path + "/link");
-  REQUIRE(disk.store(key(), entry()));
-  CHECK(disk.load(key()));
+  REQUIRE(disk.store(sampleKey(), sampleEntry()));
+  CHECK(disk.load(sampleKey()));
   CHECK_FALSE(disk.refused());
 }
 
@@ -262,8 +230,8 @@ TEST_CASE("disk cache: entry files that are not the user's own regular files "
           "[files]") {
   TempDir tmp;
   DiskCache disk(tmp.path + "/cache");
-  REQUIRE(disk.store(key(), entry()));
-  const std::string dir = disk.entryDir(key());
+  REQUIRE(disk.store(sampleKey(), sampleEntry()));
+  const std::string dir = disk.entryDir(sampleKey());
 
   SECTION("PTX planted by another user") {
     // Same bytes, so every checksum still matches: only the owner is wrong.
@@ -274,7 +242,7 @@ TEST_CASE("disk cache: entry files that are not the user's own regular files "
     ::chmod((dir + "/kernel.ptx").c_str(), 0666);
   }
   SECTION("PTX a link to a file with the same bytes") {
-    spit(tmp.path + "/copy.ptx", entry().ptx);
+    writeFile(tmp.path + "/copy.ptx", sampleEntry().ptx);
     fs::remove(dir + "/kernel.ptx");
     fs::create_symlink(tmp.path + "/copy.ptx", dir + "/kernel.ptx");
   }
@@ -310,20 +278,20 @@ TEST_CASE("disk cache: entry files that are not the user's own regular files "
   }
 
   auto start = std::chrono::steady_clock::now();
-  CHECK(boundedRun(10, [&] { return !disk.load(key()); }));
+  CHECK(boundedRun(10, [&] { return !disk.load(sampleKey()); }));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK_FALSE(disk.refused());
   // The store after the recompile replaces the file (a folder in its place
   // cannot be replaced: the store then fails and says why).
   std::string why;
   if (fs::is_directory(fs::symlink_status(dir + "/kernel.ptx"))) {
-    CHECK_FALSE(disk.store(key(), entry(), &why));
+    CHECK_FALSE(disk.store(sampleKey(), sampleEntry(), &why));
     return;
   }
-  REQUIRE(disk.store(key(), entry(), &why));
-  std::optional<CacheEntry> back = disk.load(key());
+  REQUIRE(disk.store(sampleKey(), sampleEntry(), &why));
+  std::optional<CacheEntry> back = disk.load(sampleKey());
   REQUIRE(back);
-  CHECK(back->ptx == entry().ptx);
+  CHECK(back->ptx == sampleEntry().ptx);
   CHECK(fs::is_regular_file(fs::symlink_status(dir + "/kernel.ptx")));
 }
 
@@ -332,20 +300,20 @@ TEST_CASE("disk cache: the checksum covers the launch geometry and every "
           "[files]") {
   TempDir tmp;
   DiskCache disk(tmp.path);
-  REQUIRE(disk.store(key(), entry()));
-  const std::string metaPath = disk.entryDir(key()) + "/meta.json";
-  const nlohmann::json meta = nlohmann::json::parse(slurp(metaPath));
+  REQUIRE(disk.store(sampleKey(), sampleEntry()));
+  const std::string metaPath = disk.entryDir(sampleKey()) + "/meta.json";
+  const nlohmann::json meta = nlohmann::json::parse(readFile(metaPath));
   REQUIRE(meta.contains("sha256"));
 
   std::vector<std::pair<const char *, std::function<void(nlohmann::json &)>>>
       edits = {
-          {"threads 128 -> 129",
-           [](nlohmann::json &m) { m["kernel"]["threads"] = 129; }},
-          {"threads 128 -> 256",
-           [](nlohmann::json &m) { m["kernel"]["threads"] = 256; }},
+          {"threads 256 -> 257",
+           [](nlohmann::json &m) { m["kernel"]["threads"] = 257; }},
+          {"threads 256 -> 128",
+           [](nlohmann::json &m) { m["kernel"]["threads"] = 128; }},
           {"shared bytes",
            [](nlohmann::json &m) { m["kernel"]["shared_bytes"] = 0; }},
-          {"block_m", [](nlohmann::json &m) { m["kernel"]["block_m"] = 128; }},
+          {"block_m", [](nlohmann::json &m) { m["kernel"]["block_m"] = 64; }},
           {"entry point",
            [](nlohmann::json &m) { m["kernel"]["name"] = "other"; }},
           {"checksum removed", [](nlohmann::json &m) { m.erase("sha256"); }},
@@ -355,11 +323,11 @@ TEST_CASE("disk cache: the checksum covers the launch geometry and every "
     INFO(what);
     nlohmann::json changed = meta;
     edit(changed);
-    spit(metaPath, changed.dump(2));
-    CHECK_FALSE(disk.load(key()));
+    writeFile(metaPath, changed.dump(2));
+    CHECK_FALSE(disk.load(sampleKey()));
   }
-  spit(metaPath, meta.dump(2));
-  CHECK(disk.load(key()));
+  writeFile(metaPath, meta.dump(2));
+  CHECK(disk.load(sampleKey()));
 }
 
 TEST_CASE("disk cache: an entry with an unusable launch shape is a miss",
@@ -373,15 +341,15 @@ TEST_CASE("disk cache: an entry with an unusable launch shape is a miss",
         std::tuple{128, 0, 0, "k"}, std::tuple{128, 64, -4, "k"},
         std::tuple{128, 64, 1 << 30, "k"}, std::tuple{128, 64, 0, ""},
         std::tuple{128, 64, 0, "a b"}}) {
-    CacheEntry bad = entry();
+    CacheEntry bad = sampleEntry();
     bad.info = KernelInfo{name, threads, shared, blockM};
     INFO(fmt::format("{} threads, block_m {}, {} B, '{}'", threads, blockM,
                      shared, name));
-    REQUIRE(disk.store(key(), bad));
-    CHECK_FALSE(disk.load(key()));
+    REQUIRE(disk.store(sampleKey(), bad));
+    CHECK_FALSE(disk.load(sampleKey()));
   }
-  REQUIRE(disk.store(key(), entry()));
-  CHECK(disk.load(key()));
+  REQUIRE(disk.store(sampleKey(), sampleEntry()));
+  CHECK(disk.load(sampleKey()));
 }
 
 TEST_CASE("tuning: FIFOs, devices, folders, huge and deep files are refused "
@@ -407,13 +375,13 @@ TEST_CASE("tuning: FIFOs, devices, folders, huge and deep files are refused "
     expected = "more than the";
   }
   SECTION("deeply nested") {
-    spit(path, std::string(100000, '[') + std::string(100000, ']'));
+    writeFile(path, std::string(100000, '[') + std::string(100000, ']'));
     expected = "nests deeper than 32 levels";
   }
   SECTION("deep value inside an entry") {
-    spit(path, R"({"schema": "dualkv-tuning", "version": 1, "entries": )"
-               R"([{"kind": "fwd", "P": )" +
-                   std::string(40, '[') + std::string(40, ']') + "}]}");
+    writeFile(path, R"({"schema": "dualkv-tuning", "version": 1, "entries": )"
+                    R"([{"kind": "fwd", "P": )" +
+                        std::string(40, '[') + std::string(40, ']') + "}]}");
     expected = "nests deeper than 32 levels";
   }
   CHECK(boundedRun(10, [&] {
@@ -430,15 +398,15 @@ TEST_CASE("disk cache: a root that cannot be created is an error with a "
   std::string why;
   // sysfs refuses new folders (EPERM), even to root.
   DiskCache disk("/sys/dualkv-test-cache/cache");
-  CHECK_FALSE(disk.store(key(), entry(), &why));
+  CHECK_FALSE(disk.store(sampleKey(), sampleEntry(), &why));
   CHECK_THAT(why, Contains("cannot create /sys/dualkv-test-cache/cache: "));
   CHECK_FALSE(disk.refused());
-  CHECK_FALSE(disk.load(key()));
+  CHECK_FALSE(disk.load(sampleKey()));
   // A root below a regular file is no folder of this user's: refused.
   TempDir tmp;
   const std::string file = tmp.path + "/file";
-  spit(file, "x");
+  writeFile(file, "x");
   DiskCache onFile(file + "/cache");
-  CHECK_FALSE(onFile.store(key(), entry(), &why));
+  CHECK_FALSE(onFile.store(sampleKey(), sampleEntry(), &why));
   CHECK(onFile.refused());
 }
