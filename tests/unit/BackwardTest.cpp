@@ -911,3 +911,33 @@ TEST_CASE("backward: a stream per call does not leak a workspace per stream",
   backward(a);
   CHECK(fake.allocs == before);
 }
+
+TEST_CASE("backward: a workspace whose call is still launching is never "
+          "evicted",
+          "[runtime][backward]") {
+  FakeBackwardSetup setup;
+  FakeDriver &fake = setup.scoped.fake;
+  Plan plan({{100, {30, 40}}});
+  BackwardArgs a = validBackwardArgs(plan);
+  seedBackwardKernels(setup.tmp.path, a);
+  a.stream = fakePointer(0x9001);
+  // While the first call has launched only its first kernel, 20 calls on
+  // other streams (other threads, in a real program) take workspaces and
+  // evict the least recently used ones: never the first call's.
+  fake.onLaunch = [&] {
+    for (uintptr_t s = 2; s <= 21; ++s) {
+      BackwardArgs b = a;
+      b.stream = fakePointer(0x9000 + s);
+      backward(b);
+    }
+  };
+  const size_t first = fake.events.size();
+  backward(a);
+  REQUIRE(fake.events.size() > first);
+  REQUIRE(fake.events[first].name == "attention_bwd_pre");
+  const cuda::CUdeviceptr mine = fake.events[first].params[2]; // its base
+  CHECK(std::find(fake.freed.begin(), fake.freed.end(), mine) ==
+        fake.freed.end());
+  // Others were evicted meanwhile.
+  CHECK(fake.ctxSyncs > 0);
+}

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -144,6 +145,9 @@ struct FakeDriver : cuda::Driver {
   int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
       allocs = 0, frees = 0, launches = 0, streamSyncs = 0, ctxSyncs = 0;
   std::vector<std::pair<int, int>> funcAttributes;
+  std::vector<cuda::CUdeviceptr> freed; ///< every memFree, in order
+  /// Runs once, inside the next recorded launch (a call in flight).
+  std::function<void()> onLaunch;
   std::vector<int32_t> uploaded; ///< bytes of the last cuMemcpyHtoD
   /// Every cuMemcpyHtoD by destination, as int32.
   std::map<cuda::CUdeviceptr, std::vector<int32_t>> copies;
@@ -266,6 +270,12 @@ struct FakeDriver : cuda::Driver {
         e.params.push_back(value);
       }
       events.push_back(std::move(e));
+      if (onLaunch) {
+        // Once: what runs here may launch again.
+        std::function<void()> hook = std::move(onLaunch);
+        onLaunch = nullptr;
+        hook();
+      }
       return cuda::CUDA_SUCCESS;
     }
     last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0};
@@ -282,8 +292,9 @@ struct FakeDriver : cuda::Driver {
     allocSizes[*ptr] = bytes;
     return cuda::CUDA_SUCCESS;
   }
-  CUresult memFree(cuda::CUdeviceptr) override {
+  CUresult memFree(cuda::CUdeviceptr ptr) override {
     ++frees;
+    freed.push_back(ptr);
     return cuda::CUDA_SUCCESS;
   }
   CUresult memcpyHtoD(cuda::CUdeviceptr dst, const void *src,
