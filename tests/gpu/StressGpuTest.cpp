@@ -7,7 +7,8 @@
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
-#include "Cache.h" // clearKernelCache
+#include "Backward.h" // kMaxOwnedWorkspaces
+#include "Cache.h"    // clearKernelCache
 
 #include <chrono>
 #include <cstdio>
@@ -77,7 +78,11 @@ uint64_t fingerprint(const Outputs &o) {
 struct StreamRunner {
   BackwardDeviceCase dc;
   cudaStream_t stream;
-  StreamRunner(const Case &c, cudaStream_t s) : dc(c), stream(s) {}
+  StreamRunner(const Case &c, cudaStream_t s) : dc(c), stream(s) {
+    // The uploads ran on the legacy default stream, which a non-blocking
+    // stream does not wait for.
+    check(cudaDeviceSynchronize(), "upload");
+  }
 
   void poison(DeviceBuffer &b) {
     check(cudaMemsetAsync(b.ptr, 0xff, b.bytes, stream), "poison");
@@ -121,8 +126,9 @@ std::vector<Outputs> baseline(const std::vector<Case> &cases, int *failures) {
 }
 
 /// 8 threads, each on a stream of its own, run every case (each thread in
-/// its own order) `rounds` times; the kernels are unloaded first, so the
-/// threads also race to load them.
+/// its own order) `rounds` times, the deterministic backward and the default
+/// one in turn; the kernels are unloaded first, so the threads also race to
+/// load them.
 int testThreads(int rounds) {
   std::vector<Case> cases = stressCases(20260214, 16);
   int failures = 0;
@@ -143,14 +149,28 @@ int testThreads(int rounds) {
           runners.push_back(std::make_unique<StreamRunner>(c, stream));
         for (int r = 0; r < rounds; ++r)
           for (size_t k = 0; k < cases.size(); ++k) {
-            size_t i = (k * (t + 1) + t + r) % cases.size();
-            Outputs got = runners[i]->run();
+            // Each thread its own order: rotated, reversed on odd threads.
+            const size_t n = cases.size();
+            size_t i = ((t % 2 ? n - 1 - k : k) + size_t(t) + size_t(r)) % n;
+            // Odd rounds take the default (atomic) backward, whose dK and dV
+            // bits depend on the order of atomics: those are checked
+            // against the reference instead.
+            const bool deterministic = r % 2 == 0;
+            Outputs got = runners[i]->run(deterministic);
             ++runs;
-            if (!(got == alone[i])) {
+            std::string error;
+            if (deterministic && !(got == alone[i]))
+              error = "differs from the same case run alone";
+            if (!deterministic &&
+                (bitwiseMismatches(got.fwd.o, alone[i].fwd.o) != 0 ||
+                 bitwiseMismatches(got.fwd.lse, alone[i].fwd.lse) != 0))
+              error = "forward differs from the same case run alone";
+            if (!deterministic && error.empty())
+              error = backwardReferenceError(cases[i], got.fwd, got.bwd);
+            if (!error.empty()) {
               std::lock_guard<std::mutex> lock(mutex);
-              fmt::print("FAIL thread {} round {}: {} differs from the same "
-                         "case run alone\n",
-                         t, r, cases[i].describe());
+              fmt::print("FAIL thread {} round {}: {}: {}\n", t, r,
+                         cases[i].describe(), error);
               ++failures;
             }
           }
@@ -282,29 +302,135 @@ int64_t deviceUsedBytes() {
   return int64_t(total - free);
 }
 
+/// Preallocated buffers for the largest problem testLeak draws, and the
+/// launch of one random problem in them.
+struct LeakRig {
+  static constexpr int64_t kMaxPrompt = 300, kMaxResponse = 200;
+  static constexpr int kMaxGroups = 3, kMaxResponses = 4;
+  static constexpr int64_t kMaxTokens =
+      kMaxGroups * (kMaxPrompt + kMaxResponses * kMaxResponse);
+  static constexpr size_t kBytes = size_t(kMaxTokens) * 8 * 128 * 2;
+  DeviceBuffer q{kBytes}, k{kBytes}, v{kBytes}, o{kBytes}, dout{kBytes},
+      dq{kBytes}, dk{kBytes}, dv{kBytes}, lse{size_t(kMaxTokens) * 8 * 4};
+  std::mt19937_64 rng{20260216};
+  std::uniform_int_distribution<int> pct{0, 99};
+
+  LeakRig() {
+    for (DeviceBuffer *b : {&q, &k, &v, &dout})
+      check(cudaMemset(b->ptr, 0x3c, b->bytes), "fill"); // ~1 in 16 bits
+    check(cudaDeviceSynchronize(), "fill");
+  }
+
+  /// A random problem: 1-3 groups, P 1-300, 0-4 responses of 0-200, heads
+  /// 4:1 or 8:2, head_dim 64 or 128, bf16 or fp16.
+  Case randomProblem() {
+    Case c;
+    for (int g = 1 + pct(rng) % kMaxGroups; g > 0; --g) {
+      PlanGroup grp{logUniform(rng, 1, kMaxPrompt), {}};
+      for (int r = pct(rng) % (kMaxResponses + 1); r > 0; --r)
+        grp.response_lens.push_back(
+            pct(rng) < 15 ? 0 : logUniform(rng, 1, kMaxResponse));
+      c.groups.push_back(grp);
+    }
+    c.hkv = 1 + pct(rng) % 2;
+    c.hq = c.hkv * 4;
+    c.d = pct(rng) % 2 ? 64 : 128;
+    c.dtype = pct(rng) % 2 ? DType::BF16 : DType::FP16;
+    return c;
+  }
+
+  BackwardArgs backwardArgs(const Case &c, const Plan &plan,
+                            cudaStream_t stream) {
+    auto t = [&](DeviceBuffer &b, int heads) {
+      return TensorArg{b.ptr, int64_t(heads) * c.d, c.d};
+    };
+    BackwardArgs a;
+    setProblem(a, c, plan);
+    a.q = t(q, c.hq);
+    a.k = t(k, c.hkv);
+    a.v = t(v, c.hkv);
+    a.o = t(o, c.hq);
+    a.dout = t(dout, c.hq);
+    a.dq = t(dq, c.hq);
+    a.dk = t(dk, c.hkv);
+    a.dv = t(dv, c.hkv);
+    a.lse = static_cast<const float *>(lse.ptr);
+    a.stream = stream;
+    return a;
+  }
+
+  /// A forward (even n) or backward (odd n) of `c` over a plan that lives
+  /// for this call only, synchronised.
+  void launch(const Case &c, int n, cudaStream_t stream, bool deterministic) {
+    Plan plan(c.groups);
+    BackwardArgs b = backwardArgs(c, plan, stream);
+    if (n % 2 == 0) {
+      ForwardArgs a;
+      setProblem(a, c, plan);
+      a.q = b.q;
+      a.k = b.k;
+      a.v = b.v;
+      a.o = b.o;
+      a.lse = static_cast<float *>(lse.ptr);
+      a.stream = stream;
+      dualkv::forward(a);
+    } else {
+      b.deterministic = deterministic;
+      dualkv::backward(b);
+    }
+    // The plan dies here: its device table must not outlive the launch.
+    check(cudaStreamSynchronize(stream), "launch");
+  }
+
+  /// The largest runtime workspace any problem here needs.
+  int64_t maxWorkspaceBytes() {
+    Case c;
+    c.groups.assign(kMaxGroups,
+                    PlanGroup{kMaxPrompt, std::vector<int64_t>(kMaxResponses,
+                                                               kMaxResponse)});
+    c.hq = 8;
+    c.hkv = 2;
+    c.d = 128;
+    Plan plan(c.groups);
+    BackwardArgs b = backwardArgs(c, plan, nullptr);
+    int64_t bytes = backwardWorkspaceBytes(b);
+    b.deterministic = true;
+    return std::max(bytes, backwardWorkspaceBytes(b));
+  }
+};
+
 /// `launches` forward or backward calls, each over a new random plan (a plan
 /// is created and destroyed per call, its segment table uploaded and freed),
-/// in preallocated buffers, on a stream replaced every 50 calls. After a
-/// warm-up that loads every kernel variant, device memory, host RSS and the
-/// number of loaded kernels must stay flat; every 1000th call is checked
-/// against the reference.
+/// in preallocated buffers on one stream: after a warm-up that loads every
+/// kernel variant and grows the stream's workspace to its largest, device
+/// memory, host RSS and the number of loaded kernels must stay flat; every
+/// 1000th call is checked against the reference. Then 400 calls on a new
+/// stream every 10: the runtime's per-stream workspaces stay bounded
+/// (kMaxOwnedWorkspaces).
 int testLeak(int launches) {
-  std::mt19937_64 rng(20260216);
-  const int64_t maxTokens = 3 * (300 + 4 * 200);
-  const int maxHeads = 8, maxD = 128;
-  const size_t qBytes = size_t(maxTokens) * maxHeads * maxD * 2;
-  DeviceBuffer q(qBytes), k(qBytes), v(qBytes), o(qBytes), dout(qBytes),
-      dq(qBytes), dk(qBytes), dv(qBytes), lse(size_t(maxTokens) * maxHeads * 4);
-  for (DeviceBuffer *b : {&q, &k, &v, &dout})
-    check(cudaMemset(b->ptr, 0x3c, b->bytes), "fill"); // 1.0-ish in 16 bits
+  LeakRig rig;
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const int64_t maxWorkspace = rig.maxWorkspaceBytes();
+  {
+    // The largest problem in both modes: the stream's workspace at its
+    // largest from the start.
+    Case c;
+    c.groups.assign(LeakRig::kMaxGroups,
+                    PlanGroup{LeakRig::kMaxPrompt,
+                              std::vector<int64_t>(LeakRig::kMaxResponses,
+                                                   LeakRig::kMaxResponse)});
+    c.hq = 8;
+    c.hkv = 2;
+    c.d = 128;
+    rig.launch(c, 1, stream, false);
+    rig.launch(c, 1, stream, true);
+  }
 
   const int warmup = std::min(1000, launches / 2);
   int64_t rss0 = 0, dev0 = 0;
   CacheStats stats0;
   int failures = 0;
-  std::uniform_int_distribution<int> pct(0, 99);
   for (int n = 0; n < launches; ++n) {
     if (n == warmup) {
       check(cudaDeviceSynchronize(), "sync");
@@ -312,26 +438,14 @@ int testLeak(int launches) {
       dev0 = deviceUsedBytes();
       stats0 = cacheStats();
     }
-    Case c;
-    int groups = 1 + pct(rng) % 3;
-    for (int g = 0; g < groups; ++g) {
-      PlanGroup grp{logUniform(rng, 1, 300), {}};
-      for (int r = pct(rng) % 5; r > 0; --r)
-        grp.response_lens.push_back(pct(rng) < 15 ? 0
-                                                  : logUniform(rng, 1, 200));
-      c.groups.push_back(grp);
-    }
-    c.hkv = 1 + pct(rng) % 2;
-    c.hq = c.hkv * 4;
-    c.d = pct(rng) % 2 ? 64 : 128;
-    c.dtype = pct(rng) % 2 ? DType::BF16 : DType::FP16;
-    const bool checked = n % 1000 == 999;
-    if (checked) {
+    Case c = rig.randomProblem();
+    const bool deterministic = rig.pct(rig.rng) < 30;
+    if (n % 1000 == 999) {
       // A real case through the harness, checked against the reference.
       std::mt19937_64 fillRng{uint64_t(n)};
       c.fill(fillRng);
       c.fillGrad(fillRng);
-      Outputs got = StreamRunner(c, stream).run(n % 2 == 0);
+      Outputs got = StreamRunner(c, stream).run(deterministic);
       std::string error = forwardReferenceError(c, got.fwd);
       if (error.empty())
         error = backwardReferenceError(c, got.fwd, got.bwd);
@@ -341,49 +455,12 @@ int testLeak(int launches) {
       }
       continue;
     }
-    Plan plan(c.groups);
-    auto t = [&](DeviceBuffer &b, int heads) {
-      return TensorArg{b.ptr, int64_t(heads) * c.d, c.d};
-    };
-    if (n % 2 == 0) {
-      ForwardArgs a;
-      setProblem(a, c, plan);
-      a.q = t(q, c.hq);
-      a.k = t(k, c.hkv);
-      a.v = t(v, c.hkv);
-      a.o = t(o, c.hq);
-      a.lse = static_cast<float *>(lse.ptr);
-      a.stream = stream;
-      dualkv::forward(a);
-    } else {
-      BackwardArgs a;
-      setProblem(a, c, plan);
-      a.q = t(q, c.hq);
-      a.k = t(k, c.hkv);
-      a.v = t(v, c.hkv);
-      a.o = t(o, c.hq);
-      a.dout = t(dout, c.hq);
-      a.dq = t(dq, c.hq);
-      a.dk = t(dk, c.hkv);
-      a.dv = t(dv, c.hkv);
-      a.lse = static_cast<const float *>(lse.ptr);
-      a.deterministic = pct(rng) < 30;
-      a.stream = stream;
-      dualkv::backward(a);
-    }
-    // The plan dies here: its device table must not outlive the launch.
-    check(cudaStreamSynchronize(stream), "launch");
-    // A fresh stream now and then, as a program with a stream per step has:
-    // the runtime's per-stream workspaces must stay bounded too.
-    if (n % 50 == 49) {
-      check(cudaStreamDestroy(stream), "stream");
-      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-            "stream");
-    }
+    rig.launch(c, n, stream, deterministic);
   }
   check(cudaDeviceSynchronize(), "sync");
   const int64_t rssGrowth = residentBytes() - rss0;
-  const int64_t devGrowth = deviceUsedBytes() - dev0;
+  const int64_t dev1 = deviceUsedBytes();
+  const int64_t devGrowth = dev1 - dev0;
   const CacheStats stats = cacheStats();
   const int64_t loads =
       int64_t(stats.compiles + stats.diskHits + stats.aotHits) -
@@ -393,7 +470,7 @@ int testLeak(int launches) {
              "loaded {:+}\n",
              launches, warmup, devGrowth, rssGrowth, loads);
   // Flat: a few MiB of slack for the driver's and allocator's own pools; a
-  // leak of one segment table or workspace per launch would be far more.
+  // leak of one segment table per launch would be far more.
   if (devGrowth > (8 << 20)) {
     fmt::print("FAIL device memory grew by {} B\n", devGrowth);
     ++failures;
@@ -406,6 +483,29 @@ int testLeak(int launches) {
     fmt::print("FAIL {} kernels loaded after the warm-up: the kernel cache "
                "grows with plans\n",
                loads);
+    ++failures;
+  }
+
+  // A stream per 10 calls: at most kMaxOwnedWorkspaces workspaces (each at
+  // most the largest, with the runtime's headroom) are ever held.
+  for (int n = 0; n < 400; ++n) {
+    if (n % 10 == 0) {
+      check(cudaStreamDestroy(stream), "stream");
+      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            "stream");
+    }
+    rig.launch(rig.randomProblem(), 2 * n + 1, stream, n % 3 == 0);
+  }
+  check(cudaDeviceSynchronize(), "sync");
+  const int64_t churn = deviceUsedBytes() - dev1;
+  const int64_t bound = int64_t(kMaxOwnedWorkspaces) *
+                            (maxWorkspace + maxWorkspace / 8 + (2 << 20)) +
+                        (8 << 20);
+  fmt::print("stress_leak: 400 backward calls on 40 streams: device memory "
+             "{:+} B (bound {} B)\n",
+             churn, bound);
+  if (churn > bound) {
+    fmt::print("FAIL device memory grew by {} B over 40 streams\n", churn);
     ++failures;
   }
   check(cudaStreamDestroy(stream), "stream");
