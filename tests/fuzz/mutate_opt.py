@@ -203,7 +203,7 @@ def main():
     pool = [c for f in files for c in cases(f)]
     template = cases(args.template)
     if not pool or not template:
-        sys.exit("mutate.py: no input cases")
+        sys.exit("mutate_opt.py: no input cases")
     # The template after binding and tiling: mutants of it go through the lowering.
     tiled = subprocess.run([args.opt, args.template, "--dualkv-bind-spec=arch=sm_80 head-dim=64",
                             "--dualkv-tile-regions"], check=True, stdout=subprocess.PIPE).stdout
