@@ -352,6 +352,16 @@ void DiskCache::refuse(const std::string &why) const {
                        root_, why));
 }
 
+bool DiskCache::usable() const {
+  if (root_.empty() || refused())
+    return false;
+  OpenedDir dir = openCacheDir(AT_FDCWD, root_, root_, /*isRoot=*/true,
+                               /*create=*/false);
+  if (dir.untrusted)
+    refuse(dir.why);
+  return !dir.untrusted;
+}
+
 bool DiskCache::refused() const {
   RefusedRoots &r = refusedRoots();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -671,6 +681,13 @@ namespace {
 /// once).
 const TuningDb &tuningDb() {
   static const TuningDb db = [] {
+    // The default database lives in the cache root: not read from a root
+    // the cache refuses (an explicit $DUALKV_TUNING_DB may be shared).
+    if (!env("DUALKV_TUNING_DB")) {
+      DiskCache disk(DiskCache::defaultRoot());
+      if (!disk.root().empty() && !disk.usable())
+        return TuningDb();
+    }
     std::string error;
     TuningDb loaded = TuningDb::load(TuningDb::defaultPath(), &error);
     if (!error.empty())

@@ -107,6 +107,9 @@ public:
 
   /// Whether this root was refused (not the user's alone) in this process.
   bool refused() const;
+  /// False when the root is refused now or was before (reported once); a
+  /// root that does not exist yet is usable.
+  bool usable() const;
 
 private:
   struct EntryFolder {
