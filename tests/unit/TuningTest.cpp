@@ -429,19 +429,7 @@ TEST_CASE("tuning: the default database is not read from a cache root the "
 
   ScopedFakeDriver scoped;
   Plan plan({{40, {24, 0, 32}}, {8, {8}}});
-  ForwardArgs a;
-  const int64_t T = plan.numTokens();
-  a.q = {fakePointer(0x100000), 8 * 128, 128};
-  a.k = {fakePointer(0x200000), 2 * 128, 128};
-  a.v = {fakePointer(0x300000), 2 * 128, 128};
-  a.o = {fakePointer(0x400000), 8 * 128, 128};
-  a.lse = static_cast<float *>(fakePointer(0x500000));
-  a.lse_stride_h = T;
-  a.num_tokens = T;
-  a.num_q_heads = 8;
-  a.num_kv_heads = 2;
-  a.head_dim = 128;
-  a.plan = &plan;
+  ForwardArgs a = fakeForwardArgs(plan, 128);
   forward(a);
   REQUIRE(scoped.fake.launches == 1);
   CHECK(scoped.fake.last.block[0] != 128); // the default, not the tuned
