@@ -27,8 +27,9 @@ import math
 import sys
 
 from . import _lib
+from ._checks import integer, scale_value as _scale_value, sequence
 from .packing import PackedGroups, pack
-from .plans import plan_key
+from .plans import groups_from_key, plan_key
 
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
@@ -107,7 +108,9 @@ class Plan:
     """
 
     def __init__(self, groups):
-        groups = [(int(p), [int(r) for r in rs]) for p, rs in groups]
+        # Strict: every length an integer in [0, 2^31 - 1] (ValueError naming
+        # it otherwise); the C API checks the rest (a prompt of 0, ...).
+        groups = groups_from_key(plan_key(groups))
         prompts = [p for p, _ in groups]
         counts = [len(rs) for _, rs in groups]
         resps = [r for _, rs in groups for r in rs]
@@ -224,7 +227,8 @@ def _tiling_array(tiling):
     """None, or the 4 int32 {block_m, block_n, warps, stages} of the C API."""
     if tiling is None:
         return None
-    tiling = [int(x) for x in tiling]
+    tiling = [integer(x, f"tiling[{i}]", 0, 2**31 - 1)
+              for i, x in enumerate(sequence(tiling, "tiling"))]
     if len(tiling) != 4:
         raise ValueError("dualkv: tiling must be 4 ints (block_m, block_n, "
                          "warps, stages)")
@@ -304,7 +308,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
             strides free, multiples of 8 elements, 16-byte aligned).
         k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
         plan: a ``Plan`` with ``plan.num_tokens == T``.
-        scale: softmax scale; None means 1/sqrt(D).
+        scale: softmax scale, any finite nonzero real (negative runs as a
+            positive scale on -q); None means 1/sqrt(D).
         out: optional output [T, Hq, D] like q; allocated if None.
         lse: optional float32 [Hq, T] (token stride 1) for the natural-log
             log-sum-exp; allocated if None.
@@ -331,7 +336,11 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
         _check_lse(torch, "lse", lse, device, Hq, T)
 
     tiling_arr = _tiling_array(tiling)
-    scale_value = 0.0 if scale is None else float(scale)
+    scale_value = _scale_value(scale)
+    if scale_value < 0:
+        # The kernels take a positive scale: scale * (q . k) is the same as
+        # -scale * (-q . k), and negating bf16/fp16 is exact.
+        q, scale_value = -q, -scale_value
     with torch.cuda.device(device):
         # current_stream() of the tensors' device; the library launches on it.
         stream = torch.cuda.current_stream(device).cuda_stream
@@ -394,7 +403,11 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         _check_like(torch, "dv", dv, "v", v, device)
 
     tiling_arr = _tiling_array(tiling)
-    scale_value = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale_value = _scale_value(scale) or 1.0 / math.sqrt(D)
+    negated = scale_value < 0
+    if negated:
+        # As the forward: a positive scale on -q, whose gradient is -dq.
+        q, scale_value = -q, -scale_value
     det = 1 if deterministic else 0
     workspace_size = _lib.symbol("dualkv_backward_workspace_size")
     run_backward = _lib.symbol("dualkv_backward")
@@ -421,5 +434,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
             T, Hq, Hkv, D, code, scale_value, det,
             workspace.data_ptr() if ws_bytes.value else None, ws_bytes.value,
             plan._handle, stream, tiling_arr))
+        if negated:
+            dq.neg_()
     plan._devices.add(device.index)
     return dq, dk, dv

@@ -160,6 +160,11 @@ def lib():
         return _handle
     with _lock:
         if _handle is None:
+            env = os.environ.get("DUALKV_LIB")
+            if env and not Path(env).is_file():
+                # An explicit choice is never swapped for another library.
+                raise OSError(f"DUALKV_LIB={env} is not a file; point it at "
+                              "libdualkv.so or unset it")
             tried = candidates()
             found = next((p for p in tried if p.is_file()), None)
             if found is None:

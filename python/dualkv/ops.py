@@ -41,7 +41,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from . import Plan, _check_qkv_shapes, backward, forward
+from . import Plan, _check_qkv_shapes, _checks, backward, forward
 from .plans import PlanCache, groups_from_key
 
 __all__ = ["attention", "PLAN_CACHE", "plan_descriptor", "plan_for"]
@@ -193,7 +193,8 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             strides free: slices of a fused qkv projection work).
         k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
         plan: the ``dualkv.Plan`` of the packed micro-batch (T tokens).
-        scale: softmax scale; None means 1/sqrt(D). Must not be 0.
+        scale: softmax scale, a finite nonzero real (negative too); None
+            means 1/sqrt(D).
         deterministic: True makes dk/dv bitwise reproducible (fixed-order
             reduction of the prompt gradients in the backward).
         return_lse: also return the natural-log LSE, fp32 [Hq, T] (not
@@ -208,13 +209,14 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     Raises ValueError naming the argument at fault.
     """
     _check_inputs(q, k, v, plan)
-    if scale is None:
-        scale_value = 0.0
-    else:
-        scale_value = float(scale)
-        if scale_value == 0.0:
-            raise ValueError("dualkv: scale must be nonzero (None means "
-                             "1/sqrt(head_dim))")
+    scale_value = _checks.scale_value(scale)
+    if scale is not None and scale_value == 0.0:
+        raise ValueError("dualkv: scale must be nonzero (None means "
+                         "1/sqrt(head_dim))")
+    if scale_value < 0:
+        # The kernels take a positive scale: scale * (q . k) = -scale * (-q . k);
+        # autograd carries the sign back into dq.
+        q, scale_value = -q, -scale_value
     if not torch.compiler.is_compiling():
         # Eager: the token count is checked here with a clear message (under
         # torch.compile the op's implementation checks it at run time) ...

@@ -12,8 +12,9 @@ Works on plain Python lists; torch is only needed for ``to_torch``.
 """
 
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import List, Sequence, Tuple
+
+from ._checks import INT64_MAX, integer, sequence
 
 __all__ = ["PackedGroups", "pack"]
 
@@ -38,7 +39,7 @@ class PackedGroups:
 
     def token_range(self, group, response=None):
         """[start, stop) of a group's prompt (response=None) or of one response."""
-        self._check_index(group, response)
+        group, response = self._check_index(group, response)
         if response is None:
             start = self.group_starts[group]
             return start, start + self.groups[group][0]
@@ -50,6 +51,7 @@ class PackedGroups:
         order: the first response token is predicted by the prompt's last position
         (not by the previous response's last token), every later one by its
         predecessor."""
+        group, response = self._check_index(group, response, need_response=True)
         _, prompt_stop = self.token_range(group)
         start, stop = self.token_range(group, response)
         return [prompt_stop - 1] + list(range(start, stop - 1)) if stop > start else []
@@ -57,12 +59,16 @@ class PackedGroups:
     def unpack(self, values, group, response):
         """The rows of a per-token ``values`` (list or tensor indexed by packed token)
         that belong to one response."""
+        group, response = self._check_index(group, response, need_response=True)
         start, stop = self.token_range(group, response)
         return values[start:stop]
 
     def allowed(self, i, j):
         """DESIGN.md §1: query i sees key j (same group, j <= i, prompt or same
         response)."""
+        last = self.num_tokens - 1
+        i = integer(i, "i", 0, last)
+        j = integer(j, "j", 0, last)
         return (self.group_ids[i] == self.group_ids[j] and j <= i and
                 (self.response_ids[j] == -1 or self.response_ids[j] == self.response_ids[i]))
 
@@ -79,38 +85,42 @@ class PackedGroups:
             "position_ids": torch.tensor(self.position_ids, dtype=torch.int64, device=device),
         }
 
-    def _check_index(self, group, response):
-        if not 0 <= group < len(self.groups):
-            raise ValueError(f"group {group} is out of range (0..{len(self.groups) - 1})")
-        if response is not None and not 0 <= response < len(self.groups[group][1]):
-            raise ValueError(f"response {response} of group {group} is out of range "
-                             f"(0..{len(self.groups[group][1]) - 1})")
+    def _check_index(self, group, response, need_response=False):
+        """(group, response) as ints in range, or ValueError naming the one at
+        fault; response None means the prompt unless ``need_response``."""
+        group = integer(group, "group", 0, len(self.groups) - 1)
+        if response is None and not need_response:
+            return group, None
+        if response is None:
+            raise ValueError(f"dualkv: response must be an integer index into "
+                             f"group {group}'s responses, got None")
+        response = integer(response, f"response (of group {group})", 0,
+                           len(self.groups[group][1]) - 1)
+        return group, response
 
 
 def _token_list(ids, what):
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise ValueError(f"{what} must be a sequence of token ids, got {type(ids).__name__}")
-    for k, t in enumerate(ids):
-        if not isinstance(t, Integral) or isinstance(t, bool):
-            raise ValueError(f"{what}[{k}] = {t!r} is not an integer token id")
-    return [int(t) for t in ids]
+    ids = sequence(ids, what)
+    return [integer(t, f"{what}[{k}]", 0, INT64_MAX) for k, t in enumerate(ids)]
 
 
 def pack(groups: Sequence[Tuple[Sequence[int], Sequence[Sequence[int]]]]) -> PackedGroups:
     """Packs ``groups``, each ``(prompt_ids, [response_ids, ...])``; responses may be
     empty (they then add no tokens). Raises ValueError naming the argument at fault."""
-    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
-        raise ValueError("groups must be a non-empty sequence of (prompt_ids, responses)")
+    groups = sequence(groups, "groups")
+    if not groups:
+        raise ValueError("dualkv: groups must be a non-empty sequence of "
+                         "(prompt_ids, responses)")
     out = PackedGroups(groups=[])
     for g, item in enumerate(groups):
-        if not isinstance(item, Sequence) or len(item) != 2:
-            raise ValueError(f"groups[{g}] must be a pair (prompt_ids, responses)")
+        item = sequence(item, f"groups[{g}]")
+        if len(item) != 2:
+            raise ValueError(f"dualkv: groups[{g}] must be a pair (prompt_ids, responses)")
         prompt = _token_list(item[0], f"groups[{g}] prompt")
         if not prompt:
-            raise ValueError(f"groups[{g}] prompt is empty: every group needs a prompt")
-        responses_in = item[1]
-        if isinstance(responses_in, (str, bytes)) or not isinstance(responses_in, Sequence):
-            raise ValueError(f"groups[{g}] responses must be a sequence of token-id lists")
+            raise ValueError(f"dualkv: groups[{g}] prompt is empty: every group needs a "
+                             "prompt")
+        responses_in = sequence(item[1], f"groups[{g}] responses")
         responses = [_token_list(r, f"groups[{g}] response {n}")
                      for n, r in enumerate(responses_in)]
         p = len(prompt)
@@ -129,5 +139,6 @@ def pack(groups: Sequence[Tuple[Sequence[int], Sequence[Sequence[int]]]]) -> Pac
             out.response_ids += [n] * len(r)
         out.response_starts.append(starts)
     if out.num_tokens >= 2 ** 31:
-        raise ValueError(f"the batch has {out.num_tokens} tokens; at most 2^31 - 1 fit")
+        raise ValueError(f"dualkv: the batch has {out.num_tokens} tokens; at most 2^31 - 1 "
+                         "fit")
     return out

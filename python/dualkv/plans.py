@@ -16,23 +16,43 @@ stored, so ``plan.upload()`` before a CUDA graph capture is honoured.
 import threading
 from collections import OrderedDict
 
+from ._checks import INT32_MAX, integer, sequence
+
 __all__ = ["plan_key", "groups_from_key", "PlanCache"]
 
 
 def plan_key(groups):
     """The flat key of ``groups`` (a sequence of ``(prompt_len, [response
-    lens])``), as a tuple of ints."""
+    lens])``), as a tuple of ints. Raises ValueError naming the entry at fault
+    (a length that is not an integer in [0, 2^31 - 1], a group that is not a
+    pair)."""
+    return tuple(_flat_lengths(groups))
+
+
+def _flat_lengths(groups):
+    groups = sequence(groups, "groups")
     key = [len(groups)]
-    for prompt_len, responses in groups:
-        key.append(int(prompt_len))
+    for g, item in enumerate(groups):
+        item = sequence(item, f"groups[{g}]")
+        if len(item) != 2:
+            raise ValueError(f"dualkv: groups[{g}] must be a pair (prompt_len, "
+                             f"[response lengths]), got {len(item)} items")
+        prompt_len, responses = item
+        key.append(integer(prompt_len, f"groups[{g}] prompt length", 0,
+                           INT32_MAX))
+        responses = sequence(responses, f"groups[{g}] responses")
         key.append(len(responses))
-        key.extend(int(r) for r in responses)
-    return tuple(key)
+        key.extend(integer(r, f"groups[{g}] response {n} length", 0, INT32_MAX)
+                   for n, r in enumerate(responses))
+    return key
 
 
 def groups_from_key(key):
-    """Inverse of ``plan_key``. Raises ValueError if ``key`` is malformed."""
-    key = [int(x) for x in key]
+    """Inverse of ``plan_key``. Raises ValueError if ``key`` is malformed: not
+    a sequence of integers, a negative or too large length or count, or
+    values missing or left over."""
+    key = [integer(x, f"plan descriptor[{i}]")
+           for i, x in enumerate(sequence(key, "plan descriptor"))]
     if not key or key[0] < 0:
         raise ValueError("dualkv: plan descriptor is empty or has a negative "
                          "group count")
@@ -42,10 +62,18 @@ def groups_from_key(key):
             raise ValueError(f"dualkv: plan descriptor ends inside group {g}")
         prompt_len, count = key[at], key[at + 1]
         at += 2
+        if not 0 <= prompt_len <= INT32_MAX:
+            raise ValueError(f"dualkv: plan descriptor has a bad prompt length "
+                             f"{prompt_len} in group {g}")
         if count < 0 or at + count > len(key):
             raise ValueError(f"dualkv: plan descriptor has a bad response "
                              f"count {count} in group {g}")
-        groups.append((prompt_len, key[at:at + count]))
+        responses = key[at:at + count]
+        for n, r in enumerate(responses):
+            if not 0 <= r <= INT32_MAX:
+                raise ValueError(f"dualkv: plan descriptor has a bad length {r} "
+                                 f"for response {n} of group {g}")
+        groups.append((prompt_len, responses))
         at += count
     if at != len(key):
         raise ValueError(f"dualkv: plan descriptor has {len(key) - at} "
@@ -61,6 +89,7 @@ class PlanCache:
     """
 
     def __init__(self, capacity=64):
+        capacity = integer(capacity, "PlanCache capacity")
         if capacity < 1:
             raise ValueError("dualkv: PlanCache capacity must be >= 1")
         self.capacity = capacity

@@ -156,6 +156,24 @@ def test_edge_layouts_match_replicated_sequences(groups):
         check_close(name, g, r, torch.bfloat16)
 
 
+@pytest.mark.parametrize("scale", [-1.0, -0.125])
+def test_negative_scale_matches_reference(scale):
+    """Issue 14, row 12: a negative scale is valid mathematics; the result and
+    the gradients are the reference's (was NaN), through autograd and through
+    the functional forward/backward."""
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 4, 2, 64, torch.bfloat16, seed=12)
+    got = run(q, k, v, dout, plan, scale=scale)
+    ref = reference_masked(q, k, v, dout, GROUPS, scale)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(g).all(), name
+        check_close(name, g, r, torch.bfloat16)
+    o, lse = dualkv.forward(q, k, v, plan, scale=scale)
+    dq, dk, dv = dualkv.backward(q, k, v, o, dout, lse, plan, scale=scale)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), ref):
+        check_close(name, g, r, torch.bfloat16)
+
+
 def test_non_contiguous_dout_and_strided_inputs():
     plan = dualkv.Plan([(100, [30, 0, 70])])
     T, Hq, Hkv, D = plan.num_tokens, 4, 2, 128
@@ -356,3 +374,36 @@ def test_transformers_model_matches_replicated_sequences():
                 got = torch.cat([logits[p0:p1], logits[start:stop]])
                 err = (got - ref).abs().max().item()
                 assert err <= 3e-2 * ref.abs().max().item() + 1e-2, err
+
+
+def test_many_random_plans_keep_the_plan_cache_bounded_and_memory_flat():
+    """Issue 14, deliverable 5, through Python: 2000 forward+backward calls,
+    each over a new random plan, keep the op's plan cache at its capacity and
+    torch's device memory flat after a warm-up; a sample of them matches the
+    fp64 reference."""
+    import random
+    from dualkv import ops
+
+    rng = random.Random(14)
+    ops.PLAN_CACHE.clear()
+    dtype = torch.bfloat16
+    baseline = None
+    for n in range(2000):
+        groups = [(rng.randint(1, 200), [rng.choice([0, 1, 7, 64, 130])
+                                         for _ in range(rng.randint(0, 4))])
+                  for _ in range(rng.randint(1, 3))]
+        plan = dualkv.Plan(groups)
+        q, k, v, dout = make_inputs(groups, 4, 2, 64, dtype, seed=n)
+        got = run(q, k, v, dout, plan)
+        if n % 250 == 0:
+            ref = reference_masked(q, k, v, dout, groups, 1 / math.sqrt(64))
+            for name, g, r in zip(("o", "dq", "dk", "dv"), got, ref):
+                check_close(name, g, r, dtype)
+        del plan, q, k, v, dout, got
+        assert len(ops.PLAN_CACHE) <= ops.PLAN_CACHE.capacity
+        if n == 500:
+            torch.cuda.synchronize()
+            baseline = torch.cuda.memory_allocated()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - baseline < 8 << 20
+    assert len(ops.PLAN_CACHE) == ops.PLAN_CACHE.capacity

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import unittest
+from decimal import Decimal
 
 PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, PYTHON_DIR)
@@ -54,6 +55,28 @@ class PlanKeyTest(unittest.TestCase):
                           ((1, 5, 0, 9), "past its last group")]:
             with self.assertRaisesRegex(ValueError, what):
                 groups_from_key(bad)
+
+    def test_keys_and_plans_take_only_integers(self):
+        # Issue 14, rows 10-11: no float truncated, no str, bool, bytes,
+        # Decimal, set, dict, None or inf accepted; always ValueError.
+        for bad in [3.7, 2.0, "12", b"1", True, None, Decimal("1"), {1},
+                    {1: 2}, float("inf"), float("nan"), -7, 2**31, 2**64]:
+            for groups in [[(bad, [2])], [(3, [bad])], [(3, [2, bad])]]:
+                with self.assertRaises(ValueError, msg=repr(groups)):
+                    dualkv.Plan(groups)
+                with self.assertRaises(ValueError, msg=repr(groups)):
+                    plan_key(groups)
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                groups_from_key((1, 4, 1, bad))
+        for bad in [None, 5, "ab", {(1, (2,))}, [(1, 2, 3)], [(1,)], [None],
+                    [(4, 2)], [(4, None)]]:
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                dualkv.Plan(bad)
+        for key in [(1, 4, 1, -7), (1, -4, 0), (True, 4, 0), (1.0, 4, 0),
+                    ("1", "4", "0"), None, 5, (1, 4, 1, 2**31)]:
+            with self.assertRaises(ValueError, msg=repr(key)):
+                groups_from_key(key)
+        self.assertEqual(dualkv.Plan([(3, [2])]).groups, [(3, [2])])
 
     def test_plan_key_attribute_rebuilds_the_same_plan(self):
         plan = dualkv.Plan(GROUPS)
@@ -111,6 +134,32 @@ class LibraryTest(unittest.TestCase):
                 with self.assertRaisesRegex(OSError, name + ".*rebuild"):
                     _lib.symbol(name)
 
+    def test_tiling_takes_four_integers(self):
+        self.assertIsNone(dualkv._tiling_array(None))
+        self.assertEqual(list(dualkv._tiling_array((64, 32, 4, 0))),
+                         [64, 32, 4, 0])
+        for bad, message in [([1.5, 0, 0, 0], "tiling\\[0\\] must be an integer"),
+                             ([64, True, 4, 1], "tiling\\[1\\] must be an integer"),
+                             ([64, 32, -4, 1], "tiling\\[2\\] = -4 is out of range"),
+                             ([64, 32, 4], "tiling must be 4 ints"),
+                             ("abcd", "tiling must be a sequence"),
+                             (7, "tiling must be a sequence")]:
+            with self.assertRaisesRegex(ValueError, message, msg=repr(bad)):
+                dualkv._tiling_array(bad)
+
+    def test_a_bad_dualkv_lib_is_an_os_error_naming_it(self):
+        for bad, message in [("/nonexistent/libdualkv.so", "is not a file"),
+                             ("/etc/hostname", "")]:
+            env = dict(os.environ, DUALKV_LIB=bad)
+            r = subprocess.run(
+                [sys.executable, "-c",
+                 "import dualkv\ntry:\n    dualkv.version()\n"
+                 "except OSError as e:\n    print('OSError:', e)"],
+                cwd=PYTHON_DIR, env=env, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("OSError:", r.stdout)
+            self.assertIn(message, r.stdout)
+
     def test_import_needs_neither_torch_nor_transformers(self):
         code = ("import sys; sys.path.insert(0, sys.argv[1]); import dualkv; "
                 "dualkv.Plan([(3, [1])]); "
@@ -159,6 +208,12 @@ class ValidationTest(unittest.TestCase):
         self.check("plan must be a dualkv.Plan", q, k, v, [(5, [3])])
         self.check("q must be a torch.Tensor", None, k, v, plan)
         self.check("scale must be nonzero", q, k, v, plan, scale=0.0)
+        self.check("scale must be a real number", q, k, v, plan, scale="1")
+        self.check("scale must be a real number", q, k, v, plan, scale=True)
+        self.check("scale must be finite", q, k, v, plan,
+                   scale=float("inf"))
+        self.check("scale must be finite", q, k, v, plan,
+                   scale=float("nan"))
         self.check("plan has 15", q[:-1], k[:-1], v[:-1], plan)
 
     def test_ops_refuse_cpu_tensors(self):

@@ -5,6 +5,8 @@ import os
 import random
 import sys
 import unittest
+from decimal import Decimal
+from fractions import Fraction
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dualkv.packing import pack  # noqa: E402
@@ -77,7 +79,7 @@ class PackingTest(unittest.TestCase):
             ([], "groups must be a non-empty sequence"),
             ([([], [[1]])], "groups[0] prompt is empty"),
             ([([1, 2], [[3], "ab"])], "groups[0] response 1 must be a sequence"),
-            ([([1, 2.5], [])], "groups[0] prompt[1] = 2.5 is not an integer"),
+            ([([1, 2.5], [])], "groups[0] prompt[1] must be an integer, got float 2.5"),
             ([([1], [[2]]), ([3], 5)], "groups[1] responses must be a sequence"),
             ([([1], [[2]], 9)], "groups[0] must be a pair"),
         ]
@@ -88,7 +90,61 @@ class PackingTest(unittest.TestCase):
         packed = pack([([1], [[2]])])
         with self.assertRaises(ValueError) as err:
             packed.token_range(0, 3)
-        self.assertIn("response 3 of group 0 is out of range", str(err.exception))
+        self.assertIn("response (of group 0) = 3 is out of range", str(err.exception))
+
+
+class StrictIntegerTest(unittest.TestCase):
+    """Issue 14, rows 10-11: token ids and indices are integers in range, or one
+    exception type (ValueError) naming the argument."""
+
+    NOT_INTEGERS = [3.7, 2.0, "12", b"1", True, False, None, Decimal("1"),
+                    Fraction(1, 1), {1}, {1: 2}, [1], float("inf"), float("nan"),
+                    1 + 0j]
+
+    def test_token_ids_must_be_integers_in_int64_range(self):
+        for bad in self.NOT_INTEGERS + [-5, -1, 2**63, 2**64]:
+            for groups, name in [([([bad], [])], "groups[0] prompt[0]"),
+                                 ([([1], [[2, bad]])], "groups[0] response 0[1]")]:
+                with self.assertRaises(ValueError, msg=repr(bad)) as err:
+                    pack(groups)
+                self.assertIn(name, str(err.exception))
+        self.assertEqual(pack([([0, 2**63 - 1], [])]).input_ids, [0, 2**63 - 1])
+
+    def test_containers_must_be_sequences(self):
+        for bad in [None, 5, "ab", b"ab", {1, 2}, {1: 2}, 2.5]:
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                pack(bad)
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                pack([(bad, [])])
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                pack([([1], bad)])
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                pack([([1], [bad])])
+        # Tuples are sequences too.
+        self.assertEqual(pack((((1, 2), ((3,),)),)).input_ids, [1, 2, 3])
+
+    def test_indices_are_checked(self):
+        packed = pack([([1, 2, 3], [[4, 5], [], [6]]), ([7], [[8, 9, 10]])])
+        calls = {
+            "token_range": lambda g, r: packed.token_range(g, r),
+            "logit_positions": lambda g, r: packed.logit_positions(g, r),
+            "unpack": lambda g, r: packed.unpack(list(range(10)), g, r),
+        }
+        for name, call in calls.items():
+            for g, r in [(True, 0), (0, True), (0.0, 0), (0, 1.0), ("0", 0),
+                         (0, "1"), (None, 0), (-1, 0), (2, 0), (0, -1), (0, 3),
+                         (Decimal(0), 0), (0, 2**70)]:
+                with self.assertRaises(ValueError, msg=f"{name}{(g, r)}"):
+                    call(g, r)
+        with self.assertRaisesRegex(ValueError, "response must be an integer"):
+            packed.logit_positions(0, None)
+        with self.assertRaisesRegex(ValueError, "response must be an integer"):
+            packed.unpack([], 0, None)
+        self.assertEqual(packed.token_range(0), (0, 3))  # None: the prompt
+        for i, j in [(True, 0), (0, 1.0), (-1, 0), (0, 10), (None, 0)]:
+            with self.assertRaises(ValueError, msg=f"allowed{(i, j)}"):
+                packed.allowed(i, j)
+        self.assertTrue(packed.allowed(4, 0))
 
 
 if __name__ == "__main__":

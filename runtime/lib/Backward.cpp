@@ -207,11 +207,15 @@ struct OwnedWorkspace {
   cuda::Driver *driver = nullptr;
   cuda::CUdeviceptr ptr = 0;
   int64_t bytes = 0;
+  uint64_t lastUse = 0; ///< Workspaces::uses at the last call
+  int users = 0;        ///< calls between taking it and enqueuing their last
+                        ///< kernel: never freed meanwhile
 };
 
 struct Workspaces {
   std::mutex mutex;
   std::map<std::pair<cuda::CUcontext, cuda::CUstream>, OwnedWorkspace> owned;
+  uint64_t uses = 0;
 };
 
 Workspaces &workspaces() {
@@ -221,23 +225,84 @@ Workspaces &workspaces() {
   return *w;
 }
 
+/// Before a new stream of `ctx` gets a workspace: when the context already
+/// holds kMaxOwnedWorkspaces, the least recently used one is freed, so that a
+/// program making a stream per step does not leak one workspace per stream.
+/// Its stream may be gone, so the whole context is synchronised first (rare:
+/// only past that many streams).
+void evictOldestWorkspace(Workspaces &w, cuda::CUcontext ctx,
+                          cuda::Driver &driver) {
+  auto oldest = w.owned.end();
+  size_t held = 0;
+  for (auto it = w.owned.begin(); it != w.owned.end(); ++it)
+    if (it->first.first == ctx) {
+      ++held;
+      // One a call is still enqueuing kernels on is not a candidate: the
+      // synchronisation below would not cover what it has yet to enqueue.
+      if (it->second.users == 0 &&
+          (oldest == w.owned.end() ||
+           it->second.lastUse < oldest->second.lastUse))
+        oldest = it;
+    }
+  if (held < kMaxOwnedWorkspaces || oldest == w.owned.end())
+    return;
+  cuda::check(driver.ctxSynchronize(),
+              "cuCtxSynchronize (freeing a backward workspace)");
+  if (oldest->second.ptr)
+    driver.memFree(oldest->second.ptr);
+  w.owned.erase(oldest);
+}
+
+/// The workspace of one call, held from ownedWorkspace() until the call has
+/// enqueued its last kernel (then a later eviction's synchronisation covers
+/// its use).
+class WorkspaceLease {
+public:
+  WorkspaceLease() = default;
+  WorkspaceLease(const WorkspaceLease &) = delete;
+  WorkspaceLease &operator=(const WorkspaceLease &) = delete;
+  ~WorkspaceLease() {
+    if (!held_)
+      return;
+    Workspaces &w = workspaces();
+    std::lock_guard<std::mutex> lock(w.mutex);
+    auto it = w.owned.find(key_);
+    if (it != w.owned.end())
+      --it->second.users;
+  }
+  void hold(std::pair<cuda::CUcontext, cuda::CUstream> key) {
+    key_ = key;
+    held_ = true;
+  }
+
+private:
+  std::pair<cuda::CUcontext, cuda::CUstream> key_{};
+  bool held_ = false;
+};
+
 /// A workspace of at least `bytes` for `stream` in `ctx`, allocated or grown
-/// on demand and kept for the next call.
+/// on demand and kept for the next call; `lease` holds it until it dies.
 cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
-                                 int64_t bytes) {
+                                 int64_t bytes, WorkspaceLease &lease) {
   Workspaces &w = workspaces();
   std::lock_guard<std::mutex> lock(w.mutex);
   auto s = static_cast<cuda::CUstream>(stream);
+  cuda::Driver &driver = cuda::driver();
+  if (!w.owned.count({ctx, s}))
+    evictOldestWorkspace(w, ctx, driver);
   OwnedWorkspace &ws = w.owned[{ctx, s}];
+  ws.lastUse = ++w.uses;
+  ++ws.users;
+  lease.hold({ctx, s});
   if (ws.ptr && ws.bytes >= bytes)
     return ws.ptr;
-  cuda::Driver &driver = cuda::driver();
   if (ws.ptr) {
     // Earlier launches on this stream may still read the old buffer.
     cuda::check(driver.streamSynchronize(s),
                 "cuStreamSynchronize (growing the backward workspace)");
     driver.memFree(ws.ptr);
-    ws = OwnedWorkspace();
+    ws.ptr = 0;
+    ws.bytes = 0;
   }
   // A little headroom, so that a batch a few tokens longer reuses it.
   int64_t size = alignUp(bytes + bytes / 8, int64_t(2) << 20);
@@ -245,7 +310,9 @@ cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
   cuda::check(
       driver.memAlloc(&ptr, static_cast<size_t>(size)),
       fmt::format("cuMemAlloc ({} bytes of backward workspace)", size).c_str());
-  ws = OwnedWorkspace{&driver, ptr, size};
+  ws.driver = &driver;
+  ws.ptr = ptr;
+  ws.bytes = size;
   return ptr;
 }
 
@@ -357,9 +424,10 @@ void backward(const BackwardArgs &args) {
                             table.numAccRows, accBound));
 
   cuda::CUcontext ctx = cuda::currentContext();
-  const uint64_t base = args.workspace
-                            ? address(args.workspace)
-                            : ownedWorkspace(ctx, args.stream, layout.bytes);
+  WorkspaceLease lease;
+  const uint64_t base =
+      args.workspace ? address(args.workspace)
+                     : ownedWorkspace(ctx, args.stream, layout.bytes, lease);
   auto at = [&](int64_t offset) -> uint64_t {
     return offset < 0 ? 0 : base + static_cast<uint64_t>(offset);
   };

@@ -58,6 +58,10 @@ DUALKV_API int64_t backwardAccRowsBound(const Plan &plan);
 /// goes in one launch.
 constexpr int64_t kBwdMinItemsPerLaunch = 264;
 
+/// The most workspaces backward() keeps per CUDA context (one per stream it
+/// was called on); past that, the least recently used is freed.
+constexpr size_t kMaxOwnedWorkspaces = 8;
+
 /// KV heads per launch of the main kernel: 1 or numKVHeads (see
 /// kBwdMinItemsPerLaunch); numKVHeads in the deterministic mode, which has no
 /// accumulator. A function of the plan alone, so that the workspace size is

@@ -3,6 +3,7 @@
 #define DUALKV_RUNTIME_CACHE_H
 
 #include "CudaDriver.h"
+#include "Files.h"
 
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Export.h"
@@ -58,11 +59,32 @@ struct CacheEntry {
   std::vector<char> cubin; ///< empty when ptxas was not available
 };
 
-/// The on-disk cache: `<root>/v1/<arch>/<hash>/{kernel.ptx, kernel.cubin,
-/// meta.json}`. meta.json holds the key, the KernelInfo and SHA-256 sums of
-/// the PTX and cubin. Every file is written to a uniquely named temp file in
-/// the entry's folder and renamed into place, meta.json last, so readers see
-/// a complete entry or none even while several processes store the same key.
+/// The most dynamic shared memory any kernel may ask for (the sm_90 limit is
+/// 227 KiB).
+constexpr int kMaxSharedBytes = 256 * 1024;
+
+/// Why `info` cannot be launched (an entry point that is not an identifier,
+/// threads not a whole number of warps up to 1024, block_m or shared memory
+/// out of range), or empty when it can.
+DUALKV_API std::string unusableLaunchShape(const KernelInfo &info);
+
+/// The on-disk cache: `<root>/v<schema>/<arch>/<hash>/{kernel.ptx,
+/// kernel.cubin, meta.json}`. meta.json holds the key, the KernelInfo, SHA-256
+/// sums of the PTX and cubin and a SHA-256 of all of that, so no part of an
+/// entry can change unnoticed. Every file is written to a uniquely named temp
+/// file in the entry's folder and renamed into place, meta.json last, so
+/// readers see a complete entry or none even while several processes store the
+/// same key.
+///
+/// The cache trusts only what the user owns: folders are created 0700 and
+/// files 0600; the root (which may be reached through a symbolic link) and
+/// every folder below it must belong to the current user with no group or
+/// other write permission, and no link is followed below the root. A folder
+/// that fails this is reported once and the cache at that root is not used
+/// again in this process (kernels are then cached in memory only). A file
+/// that is a link, not a regular file, not the user's own, larger than the
+/// cap or inconsistent with its checksums makes the entry a miss, rewritten
+/// after the recompile.
 class DUALKV_API DiskCache {
 public:
   explicit DiskCache(std::string root);
@@ -85,7 +107,25 @@ public:
   bool store(const CacheKey &key, const CacheEntry &entry,
              std::string *why = nullptr) const;
 
+  /// Whether this root was refused (not the user's alone) in this process.
+  bool refused() const;
+  /// False when the root is refused now or was before (reported once); a
+  /// root that does not exist yet is usable.
+  bool usable() const;
+
 private:
+  struct EntryFolder {
+    FileDescriptor fd;
+    std::string path;
+  };
+  /// The entry folder of `key`, walked from the root without following links
+  /// below it and created (0700) with `create`. nullopt with *why empty on an
+  /// ordinary miss; an untrusted folder refuses the root.
+  std::optional<EntryFolder> openEntry(const CacheKey &key, bool create,
+                                       std::string *why) const;
+  /// Reports `why` once and stops using this root in this process.
+  void refuse(const std::string &why) const;
+
   std::string root_;
 };
 

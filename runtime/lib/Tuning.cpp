@@ -2,6 +2,7 @@
 #include "dualkv/Tuning.h"
 
 #include "Cache.h"
+#include "Files.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include <random>
 #include <sstream>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace dualkv {
@@ -21,6 +23,9 @@ namespace {
 using nlohmann::json;
 
 constexpr const char *kSchema = "dualkv-tuning";
+/// A database of every kernel kind, shape class and arch is a few hundred
+/// kilobytes; nothing larger is read.
+constexpr size_t kMaxFileBytes = 64u << 20;
 
 std::optional<KernelKind> kindFromString(const std::string &name) {
   for (KernelKind k :
@@ -131,13 +136,26 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
 TuningDb TuningDb::load(const std::string &path, std::string *error) {
   error->clear();
   TuningDb db;
-  std::ifstream in(path);
-  if (!in)
+  if (path.empty())
+    return db;
+  // The path may be a link (a shared database, say); what it leads to must
+  // be a regular file of sane size, or nothing is read.
+  std::string why;
+  bool missing = false;
+  std::optional<std::string> text =
+      readFileChecked(AT_FDCWD, path, FileRules{kMaxFileBytes}, &why, &missing);
+  if (!text) {
+    if (!missing)
+      *error = fmt::format("tuning database {} ignored: {}", path, why);
     return db; // no database is not an error
-  std::stringstream text;
-  text << in.rdbuf();
-  json doc = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  }
+  json doc;
+  if (!jsonNestsDeeperThan(*text, kMaxJsonDepth))
+    doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   try {
+    if (jsonNestsDeeperThan(*text, kMaxJsonDepth))
+      throw std::runtime_error(
+          fmt::format("nests deeper than {} levels", kMaxJsonDepth));
     if (doc.is_discarded())
       throw std::runtime_error("not valid JSON (truncated?)");
     if (!doc.is_object() || doc.value("schema", "") != kSchema)

@@ -118,6 +118,14 @@ void checkLse(const char *name, const float *lse, int64_t strideH,
 void checkScaleAndTiling(float scale, const Tiling &t) {
   if (!std::isfinite(scale))
     invalid(fmt::format("scale ({}) must be finite", scale));
+  // The kernels find each row's maximum before scaling, which a negative
+  // scale turns into the minimum (and the result into NaN).
+  if (scale < 0)
+    invalid(fmt::format("scale ({}) is negative: the kernels take a positive "
+                        "scale; pass -scale with q negated (and negate the dq "
+                        "that the backward gives), which is the same "
+                        "attention",
+                        scale));
   for (auto [field, value] : {std::pair{"blockM", t.blockM},
                               {"blockN", t.blockN},
                               {"warps", t.warps},

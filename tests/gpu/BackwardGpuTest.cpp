@@ -549,6 +549,24 @@ int testDeterministic(uint64_t seed) {
 
 } // namespace
 
+std::string dualkv::testing::backwardReferenceError(const Case &c,
+                                                    const ForwardResult &fwd,
+                                                    const BackwardResult &r) {
+  auto p = c.problem();
+  auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v),
+       dout = c.widen(c.dout);
+  std::vector<double> o(fwd.o.begin(), fwd.o.end()),
+      lse(fwd.lse.begin(), fwd.lse.end());
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  reference::backward(p, q.data(), k.data(), v.data(), o.data(), lse.data(),
+                      dout.data(), dq.data(), dk.data(), dv.data());
+  GradErrors e = compareGrads(r, dq, dk, dv);
+  if (within(e, toleranceFor(c.dtype)))
+    return {};
+  return fmt::format("backward of {}: rel-L2 dq {:.3g} dk {:.3g} dv {:.3g}",
+                     c.describe(), e.dq.relL2, e.dk.relL2, e.dv.relL2);
+}
+
 int dualkv::testing::backwardTest(const std::string &which, int count) {
   if (which == "random")
     return testRandom(count, 20261130);

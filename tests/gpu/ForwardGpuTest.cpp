@@ -238,6 +238,23 @@ int testGraph(uint64_t seed) {
 
 } // namespace
 
+std::string dualkv::testing::forwardReferenceError(const Case &c,
+                                                   const ForwardResult &r) {
+  auto p = c.problem();
+  auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v);
+  std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
+  reference::forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());
+  Errors e = compare(r, o, lse);
+  Tolerance tol = toleranceFor(c.dtype);
+  if (e.finite && e.maxAbsO <= tol.maxAbsO && e.relL2O <= tol.relL2O &&
+      e.maxAbsLse <= tol.maxAbsLse)
+    return {};
+  return fmt::format("forward of {}: max|dO| {:.3g} rel-L2 {:.3g} max|dLSE| "
+                     "{:.3g}{}",
+                     c.describe(), e.maxAbsO, e.relL2O, e.maxAbsLse,
+                     e.finite ? "" : " (not finite)");
+}
+
 int dualkv::testing::forwardTest(const std::string &which, int count) {
   if (which == "random")
     return testRandom(count, 20261129);

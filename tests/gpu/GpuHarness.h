@@ -259,6 +259,19 @@ struct ForwardResult {
   std::vector<float> lse; // [Hq][T]
 };
 
+/// The fields forward and backward arguments share: `c`'s heads, head_dim
+/// and dtype over `plan`, with an LSE of the tightest token stride.
+template <typename Args>
+void setProblem(Args &a, const Case &c, const Plan &plan) {
+  a.lse_stride_h = plan.numTokens();
+  a.num_tokens = plan.numTokens();
+  a.num_q_heads = c.hq;
+  a.num_kv_heads = c.hkv;
+  a.head_dim = c.d;
+  a.dtype = c.dtype;
+  a.plan = &plan;
+}
+
 /// A case on the device: its plan, q/k/v uploaded, o and lse poisoned with NaN.
 struct DeviceCase {
   const Case &c;
@@ -282,13 +295,7 @@ struct DeviceCase {
     a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
     a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
     a.lse = static_cast<float *>(lse.ptr);
-    a.lse_stride_h = c.tokens();
-    a.num_tokens = c.tokens();
-    a.num_q_heads = c.hq;
-    a.num_kv_heads = c.hkv;
-    a.head_dim = c.d;
-    a.dtype = c.dtype;
-    a.plan = &plan;
+    setProblem(a, c, plan);
     a.tiling = tiling;
     // DUALKV_TEST_FWD_TILING_D128=M:N:W:S runs the head_dim 128 cases of the
     // forward tests on another tiling than the default (e.g. the sm_90a
@@ -354,14 +361,8 @@ struct BackwardDeviceCase : DeviceCase {
     a.dk = {dk.ptr, int64_t(c.hkv) * c.d, c.d};
     a.dv = {dv.ptr, int64_t(c.hkv) * c.d, c.d};
     a.lse = static_cast<const float *>(lse.ptr);
-    a.lse_stride_h = c.tokens();
-    a.num_tokens = c.tokens();
-    a.num_q_heads = c.hq;
-    a.num_kv_heads = c.hkv;
-    a.head_dim = c.d;
-    a.dtype = c.dtype;
+    setProblem(a, c, plan);
     a.deterministic = options.deterministic;
-    a.plan = &plan;
     a.tiling = options.tiling;
     // DUALKV_TEST_BWD_TILING=M:N:W runs the backward tests on another tiling of
     // the main kernel than the default (e.g. sm_80's 128:32:8 layout on sm_90).

@@ -7,14 +7,19 @@ using namespace dualkv::testing;
 
 int main(int argc, char **argv) {
   std::string which = argc > 1 ? argv[1] : "random";
-  int count = argc > 2 ? std::atoi(argv[2]) : 200;
+  const std::string stress = "stress-";
+  const bool isStress = which.rfind(stress, 0) == 0;
+  // The stress tests have their own defaults (0 asks for them).
+  int count = argc > 2 ? std::atoi(argv[2]) : isStress ? 0 : 200;
   if (!haveGpu()) {
     fmt::print("no GPU: skipping {}\n", which);
     return kSkip;
   }
   const std::string bwd = "backward-";
   try {
-    int status = which.rfind(bwd, 0) == 0
+    int status = isStress ? stressTest(which.substr(stress.size()), count,
+                                       argc > 3 ? argv + 3 : nullptr)
+                 : which.rfind(bwd, 0) == 0
                      ? backwardTest(which.substr(bwd.size()), count)
                      : forwardTest(which, count);
     if (status != kUnknownTest)
@@ -22,7 +27,8 @@ int main(int argc, char **argv) {
     fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | "
                        "equivalence | graph | backward-random [count] | "
                        "backward-edges | backward-equivalence | "
-                       "backward-deterministic\n");
+                       "backward-deterministic | stress-threads [rounds] | "
+                       "stress-processes [rounds] | stress-leak [launches]\n");
     return 2;
   } catch (const std::exception &e) {
     fmt::print("error: {}\n", e.what());

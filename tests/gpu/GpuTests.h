@@ -6,6 +6,10 @@
 
 namespace dualkv::testing {
 
+struct Case;
+struct ForwardResult;
+struct BackwardResult;
+
 /// Returned for a test name a suite does not have.
 constexpr int kUnknownTest = -1;
 
@@ -14,6 +18,17 @@ int forwardTest(const std::string &which, int count);
 /// Backward: random [count] | edges | equivalence | deterministic
 /// (BackwardGpuTest.cpp).
 int backwardTest(const std::string &which, int count);
+/// Many callers at once and many launches: threads | processes | leak
+/// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
+int stressTest(const std::string &which, int count, char **argv);
+
+/// Why the forward's result `r` of `c` is outside the forward tests' fp64
+/// reference tolerance, or empty when it is within.
+std::string forwardReferenceError(const Case &c, const ForwardResult &r);
+/// The same for the backward's result `r` given the forward's `fwd` (whose O
+/// and LSE the reference backward takes); `c` needs its dout.
+std::string backwardReferenceError(const Case &c, const ForwardResult &fwd,
+                                   const BackwardResult &r);
 
 } // namespace dualkv::testing
 

@@ -883,3 +883,57 @@ TEST_CASE("backward: the deterministic sequence has no atomics",
                               bits(0.125f),
                               bits(float(0.125 * 1.4426950408889634))});
 }
+
+TEST_CASE("backward: the runtime's workspaces stay bounded with a stream "
+          "per call, and one still in use is never freed",
+          "[runtime][backward]") {
+  FakeBackwardSetup setup;
+  FakeDriver &fake = setup.scoped.fake;
+  Plan plan({{100, {30, 40}}});
+  BackwardArgs a = validBackwardArgs(plan);
+  seedBackwardKernels(setup.tmp.path, a);
+  a.stream = fakePointer(0x9000 + 1);
+
+  SECTION("a stream per call") {
+    // The first call also uploads the plan's tables: count from after it.
+    backward(a);
+    const int allocs = fake.allocs, frees = fake.frees;
+    // 99 more streams, each used once: the runtime keeps at most
+    // kMaxOwnedWorkspaces, freeing the least recently used after a context
+    // synchronisation (its stream may be gone).
+    for (uintptr_t s = 2; s <= 100; ++s) {
+      a.stream = fakePointer(0x9000 + s);
+      backward(a);
+    }
+    const int live = 1 + (fake.allocs - allocs) - (fake.frees - frees);
+    CHECK(live == int(kMaxOwnedWorkspaces));
+    CHECK(fake.ctxSyncs == 100 - int(kMaxOwnedWorkspaces));
+    // The streams still held keep their workspace: no new allocation.
+    const int before = fake.allocs;
+    a.stream = fakePointer(0x9000 + 100);
+    backward(a);
+    CHECK(fake.allocs == before);
+  }
+
+  SECTION("a call still launching") {
+    // While the first call has launched only its first kernel, 20 calls on
+    // other streams (other threads, in a real program) take workspaces and
+    // evict the least recently used ones: never the first call's.
+    fake.onLaunch = [&] {
+      for (uintptr_t s = 2; s <= 21; ++s) {
+        BackwardArgs b = a;
+        b.stream = fakePointer(0x9000 + s);
+        backward(b);
+      }
+    };
+    const size_t first = fake.events.size();
+    backward(a);
+    REQUIRE(fake.events.size() > first);
+    REQUIRE(fake.events[first].name == "attention_bwd_pre");
+    const cuda::CUdeviceptr mine = fake.events[first].params[2]; // its base
+    CHECK(std::find(fake.freed.begin(), fake.freed.end(), mine) ==
+          fake.freed.end());
+    // Others were evicted meanwhile.
+    CHECK(fake.ctxSyncs > 0);
+  }
+}

@@ -15,9 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +38,8 @@ struct TempDir {
         fs::temp_directory_path() /
         fmt::format("dualkv-runtime-test-{:08x}{:08x}", random(), random());
     REQUIRE(fs::create_directory(p));
+    // The user's alone whatever the umask: a cache root must be.
+    fs::permissions(p, fs::perms::owner_all);
     path = p.string();
   }
   ~TempDir() {
@@ -62,6 +67,48 @@ struct ScopedEnv {
       unsetenv(name.c_str());
   }
 };
+
+/// The bytes of a file the test wrote.
+inline std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+/// Replaces a file's bytes.
+inline void writeFile(const std::string &path, const std::string &bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  REQUIRE(out.good());
+}
+
+/// A cache key and an entry of a forward kernel for sm_90a, for cache tests.
+inline CacheKey sampleKey() {
+  CacheKey key;
+  key.kind = KernelKind::Fwd;
+  key.P = 0;
+  key.N = 0;
+  key.headDim = 128;
+  key.numQHeads = 32;
+  key.numKVHeads = 8;
+  key.dtype = DType::BF16;
+  key.arch = "sm_90a";
+  key.tiling = Tiling{128, 64, 8, 2};
+  key.schedule = Schedule::Wgmma;
+  key.compilerFingerprint = "test-fingerprint";
+  return key;
+}
+
+inline CacheEntry sampleEntry() {
+  CacheEntry entry;
+  entry.info = KernelInfo{"dualkv_fwd_test", 256, 96 * 1024, 128};
+  entry.ptx = "//\n// fake PTX\n.version 8.0\n.target sm_90a\n";
+  for (int i = 0; i < 1000; ++i)
+    entry.cubin.push_back(static_cast<char>(i * 7));
+  return entry;
+}
 
 /// The Error `body` throws, or nullopt if it returns.
 template <typename F> std::optional<Error> errorOf(F &&body) {
@@ -97,8 +144,11 @@ struct FakeDriver : cuda::Driver {
 
   // Observations.
   int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
-      allocs = 0, frees = 0, launches = 0, streamSyncs = 0;
+      allocs = 0, frees = 0, launches = 0, streamSyncs = 0, ctxSyncs = 0;
   std::vector<std::pair<int, int>> funcAttributes;
+  std::vector<cuda::CUdeviceptr> freed; ///< every memFree, in order
+  /// Runs once, inside the next recorded launch (a call in flight).
+  std::function<void()> onLaunch;
   std::vector<int32_t> uploaded; ///< bytes of the last cuMemcpyHtoD
   /// Every cuMemcpyHtoD by destination, as int32.
   std::map<cuda::CUdeviceptr, std::vector<int32_t>> copies;
@@ -160,7 +210,10 @@ struct FakeDriver : cuda::Driver {
     *device = 0;
     return current ? cuda::CUDA_SUCCESS : 201; // CUDA_ERROR_INVALID_CONTEXT
   }
-  CUresult ctxSynchronize() override { return cuda::CUDA_SUCCESS; }
+  CUresult ctxSynchronize() override {
+    ++ctxSyncs;
+    return cuda::CUDA_SUCCESS;
+  }
   CUresult devicePrimaryCtxRetain(cuda::CUcontext *ctx,
                                   cuda::CUdevice) override {
     ++primaryRetains;
@@ -221,6 +274,12 @@ struct FakeDriver : cuda::Driver {
         e.params.push_back(value);
       }
       events.push_back(std::move(e));
+      if (onLaunch) {
+        // Once: what runs here may launch again.
+        std::function<void()> hook = std::move(onLaunch);
+        onLaunch = nullptr;
+        hook();
+      }
       return cuda::CUDA_SUCCESS;
     }
     last = Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, {}, {}, 0, 0};
@@ -239,8 +298,9 @@ struct FakeDriver : cuda::Driver {
     allocSizes[*ptr] = bytes;
     return cuda::CUDA_SUCCESS;
   }
-  CUresult memFree(cuda::CUdeviceptr) override {
+  CUresult memFree(cuda::CUdeviceptr ptr) override {
     ++frees;
+    freed.push_back(ptr);
     return cuda::CUDA_SUCCESS;
   }
   CUresult memcpyHtoD(cuda::CUdeviceptr dst, const void *src,

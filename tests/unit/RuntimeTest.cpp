@@ -35,51 +35,12 @@ namespace {
 // Helpers
 //===----------------------------------------------------------------------===//
 
-std::string readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-void writeFile(const std::string &path, const std::string &bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  REQUIRE(out.good());
-}
-
 std::vector<std::string> listDir(const std::string &dir) {
   std::vector<std::string> names;
   for (const fs::directory_entry &entry : fs::directory_iterator(dir))
     names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-CacheKey sampleKey() {
-  CacheKey key;
-  key.kind = KernelKind::Fwd;
-  key.P = 0;
-  key.N = 0;
-  key.headDim = 128;
-  key.numQHeads = 32;
-  key.numKVHeads = 8;
-  key.dtype = DType::BF16;
-  key.arch = "sm_90a";
-  key.tiling = Tiling{128, 64, 8, 2};
-  key.schedule = Schedule::Wgmma;
-  key.compilerFingerprint = "test-fingerprint";
-  return key;
-}
-
-CacheEntry sampleEntry() {
-  CacheEntry entry;
-  entry.info = KernelInfo{"dualkv_fwd_test", 256, 96 * 1024, 128};
-  entry.ptx = "//\n// fake PTX\n.version 8.0\n.target sm_90a\n";
-  for (int i = 0; i < 1000; ++i)
-    entry.cubin.push_back(static_cast<char>(i * 7));
-  return entry;
 }
 
 void requireSameEntry(const CacheEntry &a, const CacheEntry &b) {
@@ -880,6 +841,55 @@ TEST_CASE("launch parameters are filled by name from the kernel's table",
     CHECK(e->code() == ErrorCode::Internal);
     CHECK_THAT(e->what(), Contains("of that type"));
   }
+}
+
+TEST_CASE("forward: an unusable cached entry is recompiled and rewritten",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  ScopedFakeDriver scoped;
+  resetCacheStats();
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  // "threads": -1 under a consistent checksum (issue 14, row 4).
+  CacheEntry bad = sampleEntry();
+  bad.info.threads = -1;
+  seedKernel(tmp.path, args, bad);
+
+  forward(args); // no throw: the entry is a miss and the kernel is recompiled
+  CHECK(cacheStats().compiles == 1);
+  REQUIRE(scoped.fake.launches == 1);
+  CHECK(scoped.fake.last.block[0] > 0);
+  std::optional<CacheEntry> rewritten = DiskCache(tmp.path).load(
+      CacheKey::fromSpec(specFor(args), compilerFingerprint()));
+  REQUIRE(rewritten);
+  CHECK(rewritten->info.threads == int(scoped.fake.last.block[0]));
+}
+
+TEST_CASE("forward: a 2^31-element span and a negative scale are refused by "
+          "name",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  using Mutator = std::function<void(ForwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      // 112 tokens x 2^25 elements apart > 2^31.
+      {[](ForwardArgs &a) { a.q.stride_t = int64_t(1) << 25; },
+       "kernels address at most 2^31"},
+      // Issue 14, row 12: the kernels would return NaN.
+      {[](ForwardArgs &a) { a.scale = -1.0f; }, "scale (-1) is negative"},
+  };
+  for (auto &[mutate, message] : cases) {
+    ForwardArgs args = validArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { forward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(message));
+  }
+  CHECK(scoped.fake.launches == 0);
 }
 
 //===----------------------------------------------------------------------===//

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace dualkv;
@@ -401,4 +402,37 @@ TEST_CASE("tuning: a backward launched a KV head at a time takes the tiling "
     }
   CHECK(launches == 2);
   CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("tuning: the default database is not read from a cache root the "
+          "cache refuses",
+          "[tuning]") {
+  if (ptxasPath({}).empty())
+    return; // the kernel is compiled for real here
+  // The database is read once per process, at the first launch: this test
+  // runs in a process of its own (one ctest entry per test case).
+  TempDir tmp;
+  const std::string root = tmp.path + "/cache";
+  std::filesystem::create_directory(root);
+  TuningDb db;
+  // 4 warps; the default on sm_90a at head_dim 128 has 8.
+  TunedEntry e = sample(128, "sm_90a", {128, 32, 4, 2});
+  e.spec.numQHeads = 8;
+  e.spec.numKVHeads = 2;
+  db.put(e);
+  std::string error;
+  REQUIRE(db.save(root + "/tuning.json", &error));
+  ::chmod(root.c_str(), 0777); // anyone could have written that database
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", root);
+  ScopedEnv dbPath("DUALKV_TUNING_DB", std::nullopt);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+
+  ScopedFakeDriver scoped;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs a = fakeForwardArgs(plan, 128);
+  forward(a);
+  REQUIRE(scoped.fake.launches == 1);
+  CHECK(scoped.fake.last.block[0] != 128); // the default, not the tuned
+  CHECK(DiskCache(root).refused());
+  CHECK_FALSE(DiskCache(root).usable());
 }

@@ -5,6 +5,7 @@
 // GPU.
 //
 //===----------------------------------------------------------------------===//
+#include "Files.h"
 #include "common/CommandLine.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Tuning.h"
@@ -22,6 +23,11 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -314,6 +320,16 @@ Args parseArgs(int argc, char **argv) {
   return a;
 }
 
+/// The most bytes a spec file may have (a spec is about a hundred).
+constexpr size_t kMaxSpecFileBytes = 16u << 20;
+
+/// `v` as JSON for a message, cut short when long.
+std::string brief(const nlohmann::json &v) {
+  std::string text =
+      v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
+
 [[noreturn]] void specError(const std::string &msg) {
   fmt::print(stderr, "dualkv-aot: {}\n", msg);
   std::exit(2);
@@ -322,11 +338,18 @@ Args parseArgs(int argc, char **argv) {
 /// Reads --spec-file: every field is checked and a bad one named with its
 /// value.
 std::vector<Job> readSpecFile(const Args &a) {
-  std::ifstream in(a.specFile);
-  if (!in)
-    specError(fmt::format("cannot read --spec-file '{}'", a.specFile));
+  // A regular file of sane size (not a folder, FIFO or device), and no deeper
+  // than a spec file can be: parsing and printing recurse per level.
+  std::string why;
+  std::optional<std::string> text = dualkv::readFileChecked(
+      AT_FDCWD, a.specFile, dualkv::FileRules{kMaxSpecFileBytes}, &why);
+  if (!text)
+    specError(fmt::format("cannot read --spec-file: {}", why));
+  if (dualkv::jsonNestsDeeperThan(*text, dualkv::kMaxJsonDepth))
+    specError(fmt::format("--spec-file '{}' nests deeper than {} levels",
+                          a.specFile, dualkv::kMaxJsonDepth));
   nlohmann::json doc =
-      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     specError(fmt::format("--spec-file '{}' is not valid JSON", a.specFile));
   if (!doc.is_array())
@@ -339,7 +362,7 @@ std::vector<Job> readSpecFile(const Args &a) {
       return fmt::format("spec[{}].{}", i, field);
     };
     if (!o.is_object())
-      specError(fmt::format("spec[{}] must be an object, got {}", i, o.dump()));
+      specError(fmt::format("spec[{}] must be an object, got {}", i, brief(o)));
     Job job{a.spec, a.archs, a.tuned};
     auto integer = [&](const char *field, int64_t lo, int64_t hi,
                        int64_t dflt) {
@@ -349,7 +372,7 @@ std::vector<Job> readSpecFile(const Args &a) {
       if (!v.is_number_integer() || v.get<int64_t>() < lo ||
           v.get<int64_t>() > hi)
         specError(fmt::format("{} must be an integer in [{}, {}], got {}",
-                              where(field), lo, hi, v.dump()));
+                              where(field), lo, hi, brief(v)));
       return v.get<int64_t>();
     };
     auto text = [&](const char *field) -> std::optional<std::string> {
@@ -357,7 +380,7 @@ std::vector<Job> readSpecFile(const Args &a) {
         return std::nullopt;
       if (!o[field].is_string())
         specError(fmt::format("{} must be a string, got {}", where(field),
-                              o[field].dump()));
+                              brief(o[field])));
       return o[field].get<std::string>();
     };
     for (auto &[key, value] : o.items())
@@ -403,14 +426,14 @@ std::vector<Job> readSpecFile(const Args &a) {
                                  : o["arch"];
       if (!archs.is_array() || archs.empty())
         specError(fmt::format("{} must be an arch or a list of archs, got {}",
-                              where("arch"), o["arch"].dump()));
+                              where("arch"), brief(o["arch"])));
       job.archs.clear();
       for (const auto &arch : archs) {
         std::string why = "it is not a string";
         if (!arch.is_string() ||
             !dualkv::Arch::parse(arch.get<std::string>(), &why))
           specError(
-              fmt::format("{} entry {}: {}", where("arch"), arch.dump(), why));
+              fmt::format("{} entry {}: {}", where("arch"), brief(arch), why));
         job.archs.push_back(arch.get<std::string>());
       }
     }
@@ -423,13 +446,14 @@ std::vector<Job> readSpecFile(const Args &a) {
     }
     if (o.contains("tiling")) {
       const auto &t = o["tiling"];
-      if (t.is_string() && t.get<std::string>() == "tuned")
-        specError(fmt::format(
-            "{} \"tuned\" needs a tuning database (dualkv-tune), which "
-            "this build does not have",
-            where("tiling")));
-      if (t.is_string() && t.get<std::string>() == "default") {
+      if (t.is_string() && t.get<std::string>() == "tuned") {
+        // As --tuned: each arch's tiling from --tuning-db (or the default
+        // database) when the kernels are built.
         job.spec.tiling = {};
+        job.tuned = true;
+      } else if (t.is_string() && t.get<std::string>() == "default") {
+        job.spec.tiling = {};
+        job.tuned = false;
       } else if (t.is_object()) {
         for (auto &[key, value] : t.items()) {
           int *field = key == "block_m"   ? &job.spec.tiling.blockM
@@ -444,13 +468,13 @@ std::vector<Job> readSpecFile(const Args &a) {
               value.get<int64_t>() > 4096)
             specError(
                 fmt::format("{}.{} must be an integer in [0, 4096], got {}",
-                            where("tiling"), key, value.dump()));
+                            where("tiling"), key, brief(value)));
           *field = static_cast<int>(value.get<int64_t>());
         }
       } else {
         specError(fmt::format(
             "{} must be \"default\", \"tuned\" or an object, got {}",
-            where("tiling"), t.dump()));
+            where("tiling"), brief(t)));
       }
     }
     expandKinds(job, kinds, jobs);
@@ -477,6 +501,23 @@ struct Built {
   std::string base; ///< DIR/<name>
 };
 
+/// Runs `argv` (argv[0] a path) without a shell and waits for it: no
+/// argument is ever interpreted, whatever characters it holds.
+bool runProgram(const std::vector<std::string> &argv) {
+  std::vector<char *> args;
+  for (const std::string &a : argv)
+    args.push_back(const_cast<char *>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0)
+    return false;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR)
+      return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 /// Runs `fatbinary` (beside ptxas) over every arch's cubin plus the lowest
 /// arch's PTX.
 bool writeFatbin(const std::vector<Built> &builds, const std::string &path) {
@@ -485,16 +526,17 @@ bool writeFatbin(const std::vector<Built> &builds, const std::string &path) {
     return false;
   std::filesystem::path tool =
       std::filesystem::path(ptxas).parent_path() / "fatbinary";
-  std::string cmd = fmt::format("'{}' -64 --create='{}'", tool.string(), path);
+  std::vector<std::string> argv = {tool.string(), "-64", "--create=" + path};
   for (const Built &b : builds) {
     std::string sm = b.spec.arch.substr(3);
     if (!b.cubin.empty())
-      cmd +=
-          fmt::format(" --image3=kind=elf,sm={},file='{}.cubin'", sm, b.base);
+      argv.push_back(
+          fmt::format("--image3=kind=elf,sm={},file={}.cubin", sm, b.base));
   }
-  cmd += fmt::format(" --image3=kind=ptx,sm={},file='{}.ptx'",
-                     builds.front().spec.arch.substr(3), builds.front().base);
-  return std::system(cmd.c_str()) == 0;
+  argv.push_back(fmt::format("--image3=kind=ptx,sm={},file={}.ptx",
+                             builds.front().spec.arch.substr(3),
+                             builds.front().base));
+  return runProgram(argv);
 }
 
 void writeBytes(std::ofstream &os, const std::string &name, const char *data,

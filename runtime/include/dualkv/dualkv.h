@@ -52,7 +52,8 @@ struct ForwardArgs {
   int num_kv_heads = 0;
   int head_dim = 0; ///< 64, 128 or 256
   DType dtype = DType::BF16;
-  float scale = 0; ///< 0 means 1/sqrt(head_dim)
+  float scale = 0; ///< 0 means 1/sqrt(head_dim); finite, not negative (negate
+                   ///< q for a negative scale)
   const Plan *plan = nullptr;
   void *stream = nullptr; ///< CUstream; null is the legacy default stream
   Tiling tiling = {};     ///< optional override; zero fields take defaults

@@ -67,7 +67,8 @@ DUALKV_API int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
 
 /**
  * The forward pass (dualkv::forward). Strides count elements. dtype is a
- * dualkv_dtype; scale 0 means 1/sqrt(head_dim); stream is a CUstream (null:
+ * dualkv_dtype; scale 0 means 1/sqrt(head_dim) (finite and >= 0: negate q
+ * for a negative scale); stream is a CUstream (null:
  * the default stream); tiling is null or 4 int32 {block_m, block_n, warps,
  * stages} (0 = default).
  */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deterministic mutation fuzzing of dualkv-opt.
+"""Deterministic mutation fuzzing of dualkv-opt (ctest fuzz:dualkv-opt).
 
 Takes the lit suite's .mlir files and the kernel template, cuts them into their
 `// -----` cases, derives mutants with a seeded RNG (delete / duplicate / swap
@@ -203,7 +203,7 @@ def main():
     pool = [c for f in files for c in cases(f)]
     template = cases(args.template)
     if not pool or not template:
-        sys.exit("mutate.py: no input cases")
+        sys.exit("mutate_opt.py: no input cases")
     # The template after binding and tiling: mutants of it go through the lowering.
     tiled = subprocess.run([args.opt, args.template, "--dualkv-bind-spec=arch=sm_80 head-dim=64",
                             "--dualkv-tile-regions"], check=True, stdout=subprocess.PIPE).stdout

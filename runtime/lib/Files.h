@@ -1,0 +1,78 @@
+// Reading files the library did not just write: nothing but a regular file of
+// bounded size is ever read, and no open or read can block.
+#ifndef DUALKV_RUNTIME_FILES_H
+#define DUALKV_RUNTIME_FILES_H
+
+#include "dualkv/Export.h"
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace dualkv {
+
+/// An open file descriptor, closed when the handle dies.
+class DUALKV_API FileDescriptor {
+public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(FileDescriptor &&o) noexcept : fd_(o.release()) {}
+  FileDescriptor &operator=(FileDescriptor &&o) noexcept;
+  FileDescriptor(const FileDescriptor &) = delete;
+  FileDescriptor &operator=(const FileDescriptor &) = delete;
+  ~FileDescriptor();
+
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+private:
+  int fd_ = -1;
+};
+
+/// How readFileChecked opens and vets a file.
+struct FileRules {
+  size_t maxBytes = 0;   ///< larger files are refused before any read
+  bool noFollow = false; ///< a symbolic link is refused (O_NOFOLLOW)
+  /// The file must belong to this process's effective user and nobody else
+  /// may write it (mode without 022).
+  bool ownedOnly = false;
+};
+
+/// The whole regular file `path` (relative to the directory `dirFd`, or to
+/// the working directory with AT_FDCWD). It is opened non-blocking (a FIFO
+/// cannot hang the open), checked with fstat on the opened descriptor (type,
+/// size, and with ownedOnly owner and mode) and read up to its size. Returns
+/// nullopt with *why set on any refusal; *missing says whether the file simply
+/// does not exist.
+DUALKV_API std::optional<std::string>
+readFileChecked(int dirFd, const std::string &path, const FileRules &rules,
+                std::string *why, bool *missing = nullptr);
+
+/// Why an fstat result is not a file or folder this user alone controls
+/// (another owner, or writable by group or others), or empty when it is.
+DUALKV_API std::string untrustedReason(uid_t owner, mode_t mode);
+
+/// A short name for a file type ("a FIFO", "a directory", ...) for messages.
+DUALKV_API const char *fileTypeName(mode_t mode);
+
+/// True when the JSON text `text` nests arrays and objects more than
+/// `maxDepth` deep (brackets inside strings do not count). Checked before
+/// parsing, since printing or destroying a deep document recurses once per
+/// level.
+DUALKV_API bool jsonNestsDeeperThan(std::string_view text, int maxDepth);
+
+/// The deepest nesting any DualKV JSON file (cache entry, tuning database,
+/// spec file) may have; theirs is 3 or less.
+constexpr int kMaxJsonDepth = 32;
+
+} // namespace dualkv
+
+#endif

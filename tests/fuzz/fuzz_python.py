@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Seeded fuzzing of the Python binding's plain-data entry points: dualkv.Plan,
+dualkv.pack, PackedGroups' index methods and the plan keys (plan_key,
+groups_from_key). Needs libdualkv.so (DUALKV_LIB), not torch or a GPU.
+
+Inputs are random structures built from integers of every size and sign, and
+from what must be refused: bool, float (inf, nan), str, bytes, Decimal,
+Fraction, complex, None, sets, dicts, nested lists. A call passes when it
+returns a result that agrees with an independent computation (token counts,
+packed ids, round-tripped keys) or raises ValueError with a message starting
+"dualkv:"; any other exception, or a wrong result, fails. The last line is a
+summary with the number of inputs tried.
+"""
+import argparse
+import os
+import random
+import sys
+import time
+import traceback
+from decimal import Decimal
+from fractions import Fraction
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "python"))
+import dualkv  # noqa: E402
+from dualkv.plans import groups_from_key, plan_key  # noqa: E402
+
+INT32_MAX = 2**31 - 1
+
+
+def scalar(rng):
+    r = rng.random()
+    if r < 0.55:
+        return rng.choice([0, 1, 2, 3, 7, 16, 17, 64, 129])
+    if r < 0.65:
+        return rng.choice([-1, -7, 2**31 - 1, 2**31, 2**63, 2**64, -2**63])
+    return rng.choice([True, False, 1.0, 3.7, float("inf"), float("nan"), "12", "", b"1",
+                       Decimal("2"), Fraction(3, 1), 1 + 0j, None, {1}, {1: 2}, [1], (),
+                       object()])
+
+
+def lengths(rng, n):
+    return [scalar(rng) for _ in range(n)]
+
+
+def groups_value(rng):
+    """Something shaped like [(P, [R...]), ...], or not."""
+    r = rng.random()
+    if r < 0.05:
+        return scalar(rng)
+    groups = []
+    for _ in range(rng.randint(0, 3)):
+        if rng.random() < 0.05:
+            groups.append(scalar(rng))
+            continue
+        item = [scalar(rng), lengths(rng, rng.randint(0, 3))]
+        if rng.random() < 0.05:
+            item.append(scalar(rng))
+        if rng.random() < 0.05:
+            item[1] = scalar(rng)
+        groups.append(tuple(item) if rng.random() < 0.5 else item)
+    return groups if rng.random() < 0.9 else tuple(groups)
+
+
+def is_int(x):
+    return type(x) is int
+
+
+def valid_lengths(groups, min_prompt):
+    """The reference: groups as (int, [int]) when every length is a plain int
+    in range, else None."""
+    if not isinstance(groups, (list, tuple)):
+        return None
+    out = []
+    for item in groups:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            return None
+        p, rs = item
+        if not isinstance(rs, (list, tuple)):
+            return None
+        if not is_int(p) or not min_prompt <= p <= INT32_MAX:
+            return None
+        if not all(is_int(r) and 0 <= r <= INT32_MAX for r in rs):
+            return None
+        out.append((p, list(rs)))
+    return out
+
+
+def expect_value_error(call):
+    """Runs call; returns (result, None) or (None, 'refused'); raises
+    AssertionError for anything but a 'dualkv:' ValueError."""
+    try:
+        return call(), None
+    except ValueError as e:
+        if not str(e).startswith("dualkv:"):
+            raise AssertionError("ValueError without 'dualkv:': %s" % e)
+        return None, "refused"
+
+
+def fuzz_plan(rng):
+    groups = groups_value(rng)
+    ref = valid_lengths(groups, 1)
+    plan, refused = expect_value_error(lambda: dualkv.Plan(groups))
+    if ref is not None and ref and sum(p + sum(rs) for p, rs in ref) < 2**31:
+        assert plan is not None, "valid groups refused: %r" % (groups,)
+        assert plan.num_tokens == sum(p + sum(rs) for p, rs in ref)
+        assert plan.groups == ref
+    elif ref is None and valid_lengths(groups, 0) is None:
+        assert refused, "invalid groups accepted: %r" % (groups,)
+
+
+def fuzz_keys(rng):
+    groups = groups_value(rng)
+    key, refused = expect_value_error(lambda: plan_key(groups))
+    ref = valid_lengths(groups, 0)
+    if ref is None:
+        assert refused, "plan_key accepted %r" % (groups,)
+        return
+    assert key is not None and groups_from_key(key) == ref
+    # A damaged key: refused or decoded to lengths in range.
+    bad = list(key)
+    if bad:
+        bad[rng.randrange(len(bad))] = scalar(rng)
+    if rng.random() < 0.3 and bad:
+        del bad[rng.randrange(len(bad)):]
+    back, refused = expect_value_error(lambda: groups_from_key(tuple(bad)))
+    if back is not None:
+        assert plan_key(back) == tuple(bad), (bad, back)
+
+
+def token_list(rng):
+    r = rng.random()
+    if r < 0.05:
+        return scalar(rng)
+    return [rng.randrange(50000) if rng.random() < 0.9 else scalar(rng)
+            for _ in range(rng.randint(0, 4))]
+
+
+def fuzz_pack(rng):
+    groups = [(token_list(rng), [token_list(rng) for _ in range(rng.randint(0, 3))])
+              for _ in range(rng.randint(0, 3))]
+    if rng.random() < 0.05:
+        groups = scalar(rng)
+    packed, refused = expect_value_error(lambda: dualkv.pack(groups))
+
+    def ok_ids(ids):
+        return isinstance(ids, (list, tuple)) and all(is_int(t) and 0 <= t < 2**63 for t in ids)
+
+    valid = (isinstance(groups, list) and groups and
+             all(isinstance(item, tuple) and len(item) == 2 and ok_ids(item[0]) and item[0]
+                 and isinstance(item[1], (list, tuple)) and all(ok_ids(r) for r in item[1])
+                 for item in groups))
+    assert bool(valid) == (packed is not None), ("pack", groups, refused)
+    if not packed:
+        return
+    flat = [t for p, rs in groups for t in list(p) + [x for r in rs for x in r]]
+    assert packed.input_ids == flat
+    # Indices: in-range ints answer, anything else is refused.
+    for _ in range(4):
+        g, r = scalar(rng), scalar(rng) if rng.random() < 0.8 else None
+        res, refused = expect_value_error(lambda: packed.token_range(g, r))
+        g_ok = is_int(g) and 0 <= g < len(groups)
+        r_ok = r is None or (g_ok and is_int(r) and 0 <= r < len(groups[g][1]))
+        assert (res is not None) == (g_ok and r_ok), ("token_range", g, r, res)
+        res, refused = expect_value_error(lambda: packed.logit_positions(g, r))
+        assert (res is not None) == (g_ok and r_ok and r is not None), \
+            ("logit_positions", g, r, res)
+        i, j = scalar(rng), scalar(rng)
+        res, refused = expect_value_error(lambda: packed.allowed(i, j))
+        in_range = all(is_int(x) and 0 <= x < packed.num_tokens for x in (i, j))
+        assert (res is not None) == in_range, ("allowed", i, j, res)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=10**9)
+    ap.add_argument("--seconds", type=float, default=50.0)
+    ap.add_argument("--seed", type=int, default=14)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    start = time.monotonic()
+    tried, failures = 0, []
+    targets = [fuzz_plan, fuzz_keys, fuzz_pack]
+    for n in range(args.count):
+        if time.monotonic() - start > args.seconds:
+            break
+        target = targets[n % len(targets)]
+        state = rng.getstate()
+        try:
+            target(rng)
+        except Exception:  # noqa: BLE001 -- every other exception is a finding
+            failures.append((target.__name__, n, traceback.format_exc()))
+            rng.setstate(state)
+            rng.random()
+        tried += 1
+    for name, n, tb in failures[:20]:
+        print("FAIL: %s input %d:\n%s" % (name, n, tb))
+    print("fuzz python: %d inputs (seed %d, %.0f s), %d failures"
+          % (tried, args.seed, time.monotonic() - start, len(failures)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
