@@ -15,6 +15,7 @@
 #include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/Compiler/Passes.h"
 
+#include <array>
 #include <limits>
 
 namespace mlir::dualkv {
@@ -227,6 +228,145 @@ protected:
           }
         }
       }
+  }
+
+  // ---- the rows of query-major tiles -----------------------------------
+  // C fragments of mTiles x nTiles (m16 x n8) score tiles; row (mt, h) of this
+  // thread is qRow0 + 16 mTiles warp + 16 mt + 8 h + g, relative to the
+  // segment start (qRow0: the CTA's first query row).
+
+  /// The scores `s` with key column j of tile `keyBase` (the tile's first key,
+  /// relative to its region) dropped to -inf where `kind` says: causal, key >
+  /// row; bound, key >= `bound` (the shared prompt's length).
+  void maskScores(MutableArrayRef<Value> s, MaskKind kind, Value keyBase,
+                  Value qRow0, Value bound, int64_t mTiles, int64_t nTiles) {
+    Value ninf = f32c(-std::numeric_limits<float>::infinity());
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t nt = 0; nt < nTiles; ++nt)
+        for (int64_t c = 0; c < 4; ++c) {
+          Value key = add(keyBase, add(idx(nt * 8 + (c % 2)), mul(t, idx(2))));
+          Value drop;
+          if (kind == MaskKind::causal) {
+            Value row = add(add(qRow0, mul(warp, idx(16 * mTiles))),
+                            add(idx(mt * 16 + (c / 2) * 8), g));
+            drop = cmp(arith::CmpIPredicate::ugt, key, row);
+          } else {
+            drop = cmp(arith::CmpIPredicate::uge, key, bound);
+          }
+          Value &v = s[(mt * nTiles + nt) * 4 + c];
+          v = select(drop, ninf, v);
+        }
+  }
+  /// One online-softmax step: the new running max `m` (log2 domain of the
+  /// scaled scores) and per-lane partial sum `l` of every row, the factor
+  /// `alpha` the accumulator is rescaled by, and the fp32 probabilities of
+  /// `s` (C fragments, returned).
+  SmallVector<Value> onlineSoftmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
+                                   MutableArrayRef<Value> l,
+                                   MutableArrayRef<Value> alpha,
+                                   Value scaleLog2, int64_t mTiles,
+                                   int64_t nTiles) {
+    SmallVector<Value> p(s.size());
+    Value ninf = f32c(-std::numeric_limits<float>::infinity());
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t h = 0; h < 2; ++h) {
+        int64_t r = mt * 2 + h;
+        auto at = [&](int64_t nt, int64_t e) {
+          return s[(mt * nTiles + nt) * 4 + h * 2 + e];
+        };
+        Value mx = at(0, 0);
+        for (int64_t nt = 0; nt < nTiles; ++nt)
+          for (int64_t e = 0; e < 2; ++e)
+            if (nt || e)
+              mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
+        // The four lanes of a quad hold the same row.
+        mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 1));
+        mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 2));
+        Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
+        Value mNew = arith::MaximumFOp::create(b, loc, m[r], scaled);
+        // A row with no allowed key yet keeps max -inf; subtract 0 so exp2
+        // gives 0, not NaN.
+        Value isNinf = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ,
+                                             mNew, ninf);
+        Value mUse = select(isNinf, f32c(0.0f), mNew);
+        alpha[r] = exp2(arith::SubFOp::create(b, loc, m[r], mUse));
+        Value negM = arith::NegFOp::create(b, loc, mUse);
+        Value rowSum = f32c(0.0f);
+        for (int64_t nt = 0; nt < nTiles; ++nt)
+          for (int64_t e = 0; e < 2; ++e) {
+            Value x = LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM);
+            Value pe = exp2(x);
+            p[(mt * nTiles + nt) * 4 + h * 2 + e] = pe;
+            rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
+          }
+        // The running sum stays a per-lane partial; storeRows reduces the
+        // quad.
+        l[r] = LLVM::FMAOp::create(b, loc, l[r], alpha[r], rowSum);
+        m[r] = mNew;
+      }
+    return p;
+  }
+  /// Where storeRows writes: O (element type) and LSE (fp32, natural log)
+  /// of one head of one segment.
+  struct OutputRows {
+    Value qRow0, segStart, segLen, head;
+    Value oPtr, oStrideT, oStrideH;
+    Value lsePtr, lseStrideH;
+  };
+  /// O = acc / l (mTiles x dTiles C fragments) and LSE = m + log2(l) (in
+  /// natural log) of the rows inside the segment.
+  void storeRows(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l,
+                 const OutputRows &out, int64_t mTiles, int64_t dTiles) {
+    Value ln2 = f32c(0.6931471805599453f);
+    for (int64_t mt = 0; mt < mTiles; ++mt)
+      for (int64_t h = 0; h < 2; ++h) {
+        int64_t r = mt * 2 + h;
+        Value sum = l[r];
+        sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
+        sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
+        Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
+        Value row = add(add(out.qRow0, mul(warp, idx(16 * mTiles))),
+                        add(idx(mt * 16 + h * 8), g));
+        auto inRange = scf::IfOp::create(
+            b, loc, cmp(arith::CmpIPredicate::ult, row, out.segLen),
+            /*withElseRegion=*/false);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(inRange.thenBlock());
+        Value token = add(out.segStart, row);
+        Value rowBase =
+            add(mul(token, out.oStrideT), mul(out.head, out.oStrideH));
+        for (int64_t dt = 0; dt < dTiles; ++dt) {
+          Value lo = arith::MulFOp::create(
+              b, loc, acc[(mt * dTiles + dt) * 4 + h * 2], inv);
+          Value hi = arith::MulFOp::create(
+              b, loc, acc[(mt * dTiles + dt) * 4 + h * 2 + 1], inv);
+          Value narrow = arith::TruncFOp::create(
+              b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+          Value col = add(idx(dt * 8), mul(t, idx(2)));
+          vector::StoreOp::create(b, loc, narrow, out.oPtr,
+                                  ValueRange{add(rowBase, col)});
+        }
+        auto lead =
+            scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
+                              /*withElseRegion=*/false);
+        b.setInsertionPointToStart(lead.thenBlock());
+        // LSE in natural log: m is kept in the log2 domain of scaled scores.
+        Value lse = arith::MulFOp::create(
+            b, loc, arith::AddFOp::create(b, loc, m[r], log2(sum)), ln2);
+        memref::StoreOp::create(
+            b, loc, lse, out.lsePtr,
+            ValueRange{add(mul(out.head, out.lseStrideH), token)});
+      }
+  }
+
+  /// {start, length, shared_start, shared_len} of segment `seg` in the plan's
+  /// segment table `segPtr` (int32 [segments][4]), as indices.
+  std::array<Value, 4> segmentFields(Value segPtr, Value seg) {
+    std::array<Value, 4> fields;
+    for (int64_t f = 0; f < 4; ++f)
+      fields[f] = toIndex(memref::LoadOp::create(
+          b, loc, segPtr, ValueRange{add(mul(seg, idx(4)), idx(f))}));
+    return fields;
   }
 
   /// A vector of `n` fp32 values all equal to `v` (fresh accumulators and

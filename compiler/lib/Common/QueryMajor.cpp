@@ -182,71 +182,21 @@ Value QueryMajorEmitter::issueKeyCopy(KVLoopOp loop, Value tile,
 LogicalResult QueryMajorEmitter::emitMask(MaskOp op) {
   SmallVector<Value> s = unpack(map.lookup(op.getScores()));
   Value keyBase = mul(map.lookup(op.getTile()), idx(blockN));
-  Value ninf = f32c(-std::numeric_limits<float>::infinity());
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
-      for (int64_t c = 0; c < 4; ++c) {
-        Value key = add(keyBase, add(idx(nt * 8 + (c % 2)), mul(t, idx(2))));
-        Value drop;
-        if (op.getKind() == MaskKind::causal) {
-          Value row = add(add(qRow0, mul(warp, idx(16 * mTiles))),
-                          add(idx(mt * 16 + (c / 2) * 8), g));
-          drop = cmp(arith::CmpIPredicate::ugt, key, row);
-        } else {
-          drop = cmp(arith::CmpIPredicate::uge, key, sharedLen);
-        }
-        Value &v = s[(mt * nTiles + nt) * 4 + c];
-        v = select(drop, ninf, v);
-      }
+  maskScores(s, op.getKind(), keyBase, qRow0, sharedLen, mTiles, nTiles);
   map.map(op.getResult(), pack(s));
   return success();
 }
 
 LogicalResult QueryMajorEmitter::emitOnlineSoftmax(OnlineSoftmaxOp op) {
   SmallVector<Value> s = unpack(map.lookup(op.getScores()));
-  SmallVector<Value> mOld = unpack(map.lookup(op.getMax()));
-  SmallVector<Value> lOld = unpack(map.lookup(op.getSum()));
-  SmallVector<Value> mNew(mOld.size()), lNew(lOld.size()), alpha(mOld.size());
-  SmallVector<Value> p(s.size());
-  Value ninf = f32c(-std::numeric_limits<float>::infinity());
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t h = 0; h < 2; ++h) {
-      int64_t r = mt * 2 + h;
-      auto at = [&](int64_t nt, int64_t e) -> Value & {
-        return s[(mt * nTiles + nt) * 4 + h * 2 + e];
-      };
-      Value mx = at(0, 0);
-      for (int64_t nt = 0; nt < nTiles; ++nt)
-        for (int64_t e = 0; e < 2; ++e)
-          if (nt || e)
-            mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
-      // The four lanes of a quad hold the same row.
-      mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 1));
-      mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 2));
-      Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
-      mNew[r] = arith::MaximumFOp::create(b, loc, mOld[r], scaled);
-      // A row with no allowed key yet keeps max -inf; subtract 0 so exp2 gives
-      // 0, not NaN.
-      Value isNinf = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ,
-                                           mNew[r], ninf);
-      Value mUse = select(isNinf, f32c(0.0f), mNew[r]);
-      alpha[r] = exp2(arith::SubFOp::create(b, loc, mOld[r], mUse));
-      Value negM = arith::NegFOp::create(b, loc, mUse);
-      Value rowSum = f32c(0.0f);
-      for (int64_t nt = 0; nt < nTiles; ++nt)
-        for (int64_t e = 0; e < 2; ++e) {
-          Value x = LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM);
-          Value pe = exp2(x);
-          p[(mt * nTiles + nt) * 4 + h * 2 + e] = pe;
-          rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
-        }
-      // The running sum stays a per-lane partial; store_output reduces the
-      // quad.
-      lNew[r] = LLVM::FMAOp::create(b, loc, lOld[r], alpha[r], rowSum);
-    }
+  SmallVector<Value> m = unpack(map.lookup(op.getMax()));
+  SmallVector<Value> l = unpack(map.lookup(op.getSum()));
+  SmallVector<Value> alpha(m.size());
+  SmallVector<Value> p =
+      onlineSoftmax(s, m, l, alpha, scaleLog2, mTiles, nTiles);
   map.map(op.getProbs(), packAFragments(p));
-  map.map(op.getNewMax(), pack(mNew));
-  map.map(op.getNewSum(), pack(lNew));
+  map.map(op.getNewMax(), pack(m));
+  map.map(op.getNewSum(), pack(l));
   map.map(op.getAlpha(), pack(alpha));
   return success();
 }
@@ -367,44 +317,10 @@ LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   SmallVector<Value> m = unpack(map.lookup(op.getMax()));
   SmallVector<Value> l = unpack(map.lookup(op.getSum()));
-  Value ln2 = f32c(0.6931471805599453f);
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t h = 0; h < 2; ++h) {
-      int64_t r = mt * 2 + h;
-      Value sum = l[r];
-      sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
-      sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
-      Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
-      Value row = add(add(qRow0, mul(warp, idx(16 * mTiles))),
-                      add(idx(mt * 16 + h * 8), g));
-      auto inRange =
-          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
-                            /*withElseRegion=*/false);
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(inRange.thenBlock());
-      Value token = add(segStart, row);
-      Value rowBase = add(mul(token, oStrideT), mul(head, oStrideH));
-      for (int64_t dt = 0; dt < dTiles; ++dt) {
-        Value lo = arith::MulFOp::create(
-            b, loc, acc[(mt * dTiles + dt) * 4 + h * 2], inv);
-        Value hi = arith::MulFOp::create(
-            b, loc, acc[(mt * dTiles + dt) * 4 + h * 2 + 1], inv);
-        Value narrow = arith::TruncFOp::create(
-            b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
-        Value col = add(idx(dt * 8), mul(t, idx(2)));
-        vector::StoreOp::create(b, loc, narrow, oPtr,
-                                ValueRange{add(rowBase, col)});
-      }
-      auto lead =
-          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
-                            /*withElseRegion=*/false);
-      b.setInsertionPointToStart(lead.thenBlock());
-      // LSE in natural log: m is kept in the log2 domain of scaled scores.
-      Value lse = arith::MulFOp::create(
-          b, loc, arith::AddFOp::create(b, loc, m[r], log2(sum)), ln2);
-      memref::StoreOp::create(b, loc, lse, lsePtr,
-                              ValueRange{add(mul(head, lseStrideH), token)});
-    }
+  storeRows(acc, m, l,
+            {qRow0, segStart, segLen, head, oPtr, oStrideT, oStrideH, lsePtr,
+             lseStrideH},
+            mTiles, dTiles);
   return success();
 }
 
@@ -465,13 +381,9 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
   kvHead = divu(head, groupSize);
-  auto segField = [&](int64_t f) {
-    Value v = memref::LoadOp::create(b, loc, segPtr,
-                                     ValueRange{add(mul(seg, idx(4)), idx(f))});
-    return toIndex(v);
-  };
-  segStart = segField(0), segLen = segField(1), sharedStart = segField(2),
-  sharedLen = segField(3);
+  auto [start, length, promptStart, promptLen] = segmentFields(segPtr, seg);
+  segStart = start, segLen = length, sharedStart = promptStart,
+  sharedLen = promptLen;
 
   // The grid covers the longest segment; heaviest (last) tiles go first.
   Value tilesHere = ceilDiv(segLen, blockM);

@@ -177,7 +177,6 @@ private:
                              MutableArrayRef<Value> l,
                              MutableArrayRef<Value> alpha);
   void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
-  void storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
 
   /// wgmma.wait_group 0 with the accumulators `acc` and the A registers `a`
   /// of the retiring group tied through it, so nothing redefines them while
@@ -339,21 +338,7 @@ void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
 SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
                                                 MaskKind kind, Value tile) {
   SmallVector<Value> s(sIn);
-  Value keyBase = mul(tile, idx(blockN));
-  Value ninf = f32c(-std::numeric_limits<float>::infinity());
-  for (int64_t nt = 0; nt < nTiles; ++nt)
-    for (int64_t c = 0; c < 4; ++c) {
-      Value key = add(keyBase, add(idx(nt * 8 + (c % 2)), mul(t, idx(2))));
-      Value drop;
-      if (kind == MaskKind::causal) {
-        Value row =
-            add(add(qRow0, mul(warp, idx(16))), add(idx((c / 2) * 8), g));
-        drop = cmp(arith::CmpIPredicate::ugt, key, row);
-      } else {
-        drop = cmp(arith::CmpIPredicate::uge, key, sharedLen);
-      }
-      s[nt * 4 + c] = select(drop, ninf, s[nt * 4 + c]);
-    }
+  maskScores(s, kind, mul(tile, idx(blockN)), qRow0, sharedLen, 1, nTiles);
   return s;
 }
 
@@ -382,80 +367,11 @@ SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
 }
 
 SmallVector<Value>
-WarpSpecializedForward::softmax(ArrayRef<Value> sIn, MutableArrayRef<Value> m,
+WarpSpecializedForward::softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
                                 MutableArrayRef<Value> l,
                                 MutableArrayRef<Value> alpha) {
-  SmallVector<Value> s(sIn), p(s.size());
-  Value ninf = f32c(-std::numeric_limits<float>::infinity());
-  for (int64_t h = 0; h < 2; ++h) {
-    auto at = [&](int64_t nt, int64_t e) { return s[nt * 4 + h * 2 + e]; };
-    Value mx = at(0, 0);
-    for (int64_t nt = 0; nt < nTiles; ++nt)
-      for (int64_t e = 0; e < 2; ++e)
-        if (nt || e)
-          mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
-    // The four lanes of a quad hold the same row.
-    mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 1));
-    mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 2));
-    Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
-    Value mNew = arith::MaximumFOp::create(b, loc, m[h], scaled);
-    // A row with no allowed key yet keeps max -inf; subtract 0 so exp2 gives
-    // 0, not NaN.
-    Value isNinf =
-        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, mNew, ninf);
-    Value mUse = select(isNinf, f32c(0.0f), mNew);
-    alpha[h] = exp2(arith::SubFOp::create(b, loc, m[h], mUse));
-    Value negM = arith::NegFOp::create(b, loc, mUse);
-    Value rowSum = f32c(0.0f);
-    for (int64_t nt = 0; nt < nTiles; ++nt)
-      for (int64_t e = 0; e < 2; ++e) {
-        Value pe =
-            exp2(LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM));
-        p[nt * 4 + h * 2 + e] = pe;
-        rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
-      }
-    // The running sum stays a per-lane partial; storeOutput reduces the quad.
-    l[h] = LLVM::FMAOp::create(b, loc, l[h], alpha[h], rowSum);
-    m[h] = mNew;
-  }
-  return packAFragments(p, 1, nTiles);
-}
-
-void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
-                                         ArrayRef<Value> l) {
-  Value ln2 = f32c(0.6931471805599453f);
-  for (int64_t h = 0; h < 2; ++h) {
-    Value sum = l[h];
-    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
-    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
-    Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
-    Value row = add(add(qRow0, mul(warp, idx(16))), add(idx(h * 8), g));
-    auto inRange =
-        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
-                          /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(inRange.thenBlock());
-    Value token = add(segStart, row);
-    Value rowBase = add(mul(token, oStrideT), mul(head, oStrideH));
-    for (int64_t dt = 0; dt < dTiles; ++dt) {
-      Value lo = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2], inv);
-      Value hi = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2 + 1], inv);
-      Value narrow = arith::TruncFOp::create(
-          b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
-      Value col = add(idx(dt * 8), mul(t, idx(2)));
-      vector::StoreOp::create(b, loc, narrow, oPtr,
-                              ValueRange{add(rowBase, col)});
-    }
-    auto lead =
-        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
-                          /*withElseRegion=*/false);
-    b.setInsertionPointToStart(lead.thenBlock());
-    // LSE in natural log: m is kept in the log2 domain of scaled scores.
-    Value lse = arith::MulFOp::create(
-        b, loc, arith::AddFOp::create(b, loc, m[h], log2(sum)), ln2);
-    memref::StoreOp::create(b, loc, lse, lsePtr,
-                            ValueRange{add(mul(head, lseStrideH), token)});
-  }
+  return packAFragments(onlineSoftmax(s, m, l, alpha, scaleLog2, 1, nTiles), 1,
+                        nTiles);
 }
 
 void WarpSpecializedForward::emitConsumer() {
@@ -550,7 +466,10 @@ void WarpSpecializedForward::emitConsumer() {
   turnEndIf(0);
   mma.wait(0, acc);
   arrive(vEmpty(lastSlot));
-  storeOutput(acc, m, l);
+  storeRows(acc, m, l,
+            {qRow0, segStart, segLen, head, oPtr, oStrideT, oStrideH, lsePtr,
+             lseStrideH},
+            1, dTiles);
 }
 
 LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
@@ -592,13 +511,9 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   qRow0 = mul(workField(1), idx(blockM));
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
   kvHead = divu(head, groupSize);
-  auto segField = [&](int64_t f) {
-    Value v = memref::LoadOp::create(b, loc, segPtr,
-                                     ValueRange{add(mul(seg, idx(4)), idx(f))});
-    return toIndex(v);
-  };
-  segStart = segField(0), segLen = segField(1), sharedStart = segField(2),
-  sharedLen = segField(3);
+  auto [start, length, promptStart, promptLen] = segmentFields(segPtr, seg);
+  segStart = start, segLen = length, sharedStart = promptStart,
+  sharedLen = promptLen;
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
