@@ -12,7 +12,8 @@
 //     the tensor cores still multiply tile i (FlashAttention-3's
 //     intra-warpgroup overlap); the two warpgroups take turns to issue their
 //     GEMMs (named barriers 1 and 2), so one's softmax runs under the other's
-//     GEMMs (ping-pong).
+//     GEMMs (ping-pong); at the end each stages its O through its rows of the
+//     Q tile and stores whole rows (named barriers 3 and 4).
 // Every tile of the kernel's kv_loops (the shared prompt's full tiles and its
 // masked tail, the response's full tiles and its causal diagonal) is one
 // iteration of a single software pipeline, in the loops' order; the masks of
@@ -173,6 +174,9 @@ private:
   SmallVector<Value> maskEdges(SmallVector<Value> s, Value i);
   /// Online softmax of the scores `s` against the running max `m` and sum
   /// `l` (updated); returns P packed as A fragments, sets `alpha`.
+  /// O and LSE of the consumer's rows inside the segment (through shared
+  /// memory).
+  void storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
   SmallVector<Value> softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
                              MutableArrayRef<Value> l,
                              MutableArrayRef<Value> alpha);
@@ -213,7 +217,7 @@ private:
   Value qMap, kMap, vMap;
   Value oPtr, lsePtr, segPtr, oStrideT, oStrideH, lseStrideH, scaleLog2;
   Value head, kvHead, segStart, segLen, sharedStart, sharedLen, qRow0;
-  Value smemAddr, wgIdx;
+  Value smemAddr, wgIdx, qTile;
 };
 
 LogicalResult WarpSpecializedForward::collectLoops() {
@@ -466,10 +470,70 @@ void WarpSpecializedForward::emitConsumer() {
   turnEndIf(0);
   mma.wait(0, acc);
   arrive(vEmpty(lastSlot));
-  storeRows(acc, m, l,
-            {qRow0, segStart, segLen, head, oPtr, oStrideT, oStrideH, lsePtr,
-             lseStrideH},
-            1, dTiles);
+  storeOutput(acc, m, l);
+}
+
+void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
+                                         ArrayRef<Value> l) {
+  // O / l goes through this warpgroup's 64 rows of the Q tile (its last
+  // scores are done, so Q is free), in the same swizzle, then out as 16-byte
+  // row chunks: every warp of the group writes whole rows, coalesced.
+  Value ln2 = f32c(0.6931471805599453f);
+  proxyFence();
+  for (int64_t h = 0; h < 2; ++h) {
+    Value sum = l[h];
+    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
+    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
+    Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
+    Value r = add(mul(warp, idx(16)), add(idx(h * 8), g)); // row in the tile
+    for (int64_t dt = 0; dt < dTiles; ++dt) {
+      Value lo = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2], inv);
+      Value hi = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2 + 1], inv);
+      Value narrow = arith::TruncFOp::create(
+          b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+      SmallVector<Value, 2> at = swizzledIndex(r, idx(dt * 8), blockM);
+      vector::StoreOp::create(b, loc, narrow, qTile,
+                              ValueRange{at[0], add(at[1], mul(t, idx(2)))});
+    }
+    Value row = add(qRow0, r);
+    Value lead =
+        arith::AndIOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
+                              cmp(arith::CmpIPredicate::ult, row, segLen));
+    auto lseIf = scf::IfOp::create(b, loc, lead, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(lseIf.thenBlock());
+    // LSE in natural log: m is kept in the log2 domain of scaled scores.
+    Value lse = arith::MulFOp::create(
+        b, loc, arith::AddFOp::create(b, loc, m[h], log2(sum)), ln2);
+    memref::StoreOp::create(
+        b, loc, lse, lsePtr,
+        ValueRange{add(mul(head, lseStrideH), add(segStart, row))});
+  }
+  // The warpgroup's 128 threads (named barrier 3 + w) see each other's rows.
+  NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(3), wgIdx)),
+                          i32c(int32_t(kProducerThreads)),
+                          NVVM::BarrierReductionAttr(), Value());
+  int64_t chunks = headDim / 8;
+  int64_t rowsPerPass = kProducerThreads / chunks;
+  Value lt = remu(tid, kProducerThreads);
+  Value c = mul(remu(lt, chunks), idx(8));
+  auto vec8 = VectorType::get({8}, elemType);
+  for (int64_t pass = 0; pass * rowsPerPass < 64; ++pass) {
+    Value r = add(mul(wgIdx, idx(64)),
+                  add(idx(pass * rowsPerPass), divu(lt, chunks)));
+    SmallVector<Value, 2> at = swizzledIndex(r, c, blockM);
+    Value chunk =
+        vector::LoadOp::create(b, loc, vec8, qTile, ValueRange{at[0], at[1]});
+    Value row = add(qRow0, r);
+    auto inRange =
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
+                          /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(inRange.thenBlock());
+    Value token = add(segStart, row);
+    Value offset = add(add(mul(token, oStrideT), mul(head, oStrideH)), c);
+    vector::StoreOp::create(b, loc, chunk, oPtr, ValueRange{offset});
+  }
 }
 
 LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
@@ -521,6 +585,7 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
                                MemRefLayoutAttrInterface(), workgroup);
   Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
   smemAddr = alignToSwizzle(smem, sharedBytes());
+  qTile = swizzledTile(smem, 0, blockM);
   if (failed(collectLoops()))
     return failure();
 
