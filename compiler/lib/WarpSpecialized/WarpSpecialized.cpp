@@ -183,30 +183,9 @@ private:
   void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
 
   /// wgmma.wait_group 0 with the accumulators `acc` and the A registers `a`
-  /// of the retiring group tied through it, so nothing redefines them while
-  /// wgmma may still read them.
+  /// of the retiring group tied through it.
   void waitKeeping(MutableArrayRef<Value> acc, MutableArrayRef<Value> a) {
-    SmallVector<Value> regs(acc);
-    regs.append(a.begin(), a.end());
-    SmallVector<Type> types;
-    std::string constraints;
-    for (Value v : regs) {
-      types.push_back(v.getType());
-      constraints += v.getType().isF32() ? "=f," : "=r,";
-    }
-    for (size_t i = 0; i < regs.size(); ++i)
-      constraints += std::to_string(i) + (i + 1 < regs.size() ? "," : "");
-    auto op = LLVM::InlineAsmOp::create(
-        b, loc, LLVM::LLVMStructType::getLiteral(b.getContext(), types), regs,
-        "wgmma.wait_group.sync.aligned 0;", constraints,
-        /*has_side_effects=*/true, /*is_align_stack=*/false,
-        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-        ArrayAttr());
-    for (size_t i = 0; i < regs.size(); ++i) {
-      Value out = LLVM::ExtractValueOp::create(b, loc, op.getResult(0),
-                                               ArrayRef<int64_t>{int64_t(i)});
-      (i < acc.size() ? acc[i] : a[i - acc.size()]) = out;
-    }
+    mma.waitKeeping(0, acc, a);
   }
 
   WgmmaBuilder mma;

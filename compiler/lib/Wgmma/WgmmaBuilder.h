@@ -1,9 +1,10 @@
 //===- WgmmaBuilder.h - wgmma.mma_async and its fences as inline PTX ------===//
 //
-// The builders of the warpgroup schedule (sm_90a): shared-memory matrix
+// The builders of the warpgroup schedules (sm_90a): shared-memory matrix
 // descriptors of the 128-byte swizzle (Common/Fragments.h lays the tiles out),
-// wgmma.mma_async steps with A from shared memory or from registers, and the
-// fence/commit/wait around them. Accumulators are fp32 registers, m64nN
+// wgmma steps with A from shared memory or from registers, and the
+// fence/commit/wait around them, as dualkv.wgmma* ops (lowered to PTX by
+// dualkv-nvgpu-to-nvvm). Accumulators are fp32 registers, m64nN
 // layout: warp w of a warpgroup holds rows 16w + g and 16w + g + 8.
 //
 //===----------------------------------------------------------------------===//
@@ -21,23 +22,24 @@ public:
   WgmmaBuilder(OpBuilder &b, Location loc, Type elemType, int64_t headDim)
       : b(b), loc(loc), elemType(elemType), headDim(headDim) {}
 
-  void fence() { asmF32("wgmma.fence.sync.aligned;", "", {}, 0); }
-  void commit() { asmF32("wgmma.commit_group.sync.aligned;", "", {}, 0); }
+  void fence() { WgmmaFenceOp::create(b, loc); }
+  void commit() { WgmmaCommitOp::create(b, loc); }
   /// Waits until at most `pending` wgmma groups are in flight. `regs` (fp32
   /// accumulators of those groups) pass through the wait, so nothing reads
   /// them before it.
   void wait(int64_t pending, MutableArrayRef<Value> regs) {
-    std::string constraints;
-    for (size_t i = 0; i < regs.size(); ++i)
-      constraints += "=f,";
-    for (size_t i = 0; i < regs.size(); ++i)
-      constraints += std::to_string(i) + ",";
-    if (!constraints.empty())
-      constraints.pop_back();
-    auto out =
-        asmF32("wgmma.wait_group.sync.aligned " + std::to_string(pending) + ";",
-               constraints, regs, regs.size());
-    std::copy(out.begin(), out.end(), regs.begin());
+    waitKeeping(pending, regs, {});
+  }
+  /// wait(), with also the A registers `aRegs` of the retiring groups passed
+  /// through, so nothing redefines them while wgmma may still read them.
+  void waitKeeping(int64_t pending, MutableArrayRef<Value> regs,
+                   MutableArrayRef<Value> aRegs) {
+    SmallVector<Value> values(regs);
+    values.append(aRegs.begin(), aRegs.end());
+    auto op = WgmmaWaitOp::create(b, loc, ValueRange(values).getTypes(),
+                                  b.getI64IntegerAttr(pending), values);
+    for (size_t i = 0; i < values.size(); ++i)
+      (i < regs.size() ? regs[i] : aRegs[i - regs.size()]) = op.getResult(i);
   }
   /// Shared-memory matrix descriptor of the 128-byte swizzle for the operand
   /// at shared address `addr` (1024-byte aligned atoms): leading and stride
@@ -71,44 +73,13 @@ public:
   SmallVector<Value> step(ArrayRef<Value> acc, int64_t n, Value aDesc,
                           ArrayRef<Value> aRegs, Value bDesc, bool tnspA,
                           bool tnspB) {
-    int64_t cnt = n / 2;
-    std::string constraints, regs;
-    SmallVector<Value> operands;
-    for (int64_t i = 0; i < cnt; ++i) {
-      constraints += "=f,";
-      regs += (i ? ", $" : "$") + std::to_string(i);
-    }
-    if (!acc.empty()) {
-      for (int64_t i = 0; i < cnt; ++i)
-        constraints += std::to_string(i) + ",";
-      operands.append(acc.begin(), acc.end());
-    }
-    int64_t next = cnt + int64_t(operands.size());
-    std::string aText;
-    if (aDesc) {
-      constraints += "l,";
-      operands.push_back(aDesc);
-      aText = "$" + std::to_string(next++);
-    } else {
-      constraints += "r,r,r,r,";
-      operands.append(aRegs.begin(), aRegs.end());
-      aText = "{$" + std::to_string(next) + ", $" + std::to_string(next + 1) +
-              ", $" + std::to_string(next + 2) + ", $" +
-              std::to_string(next + 3) + "}";
-      next += 4;
-    }
-    constraints += "l,r";
-    operands.push_back(bDesc);
-    operands.push_back(i32c(acc.empty() ? 0 : 1));
-    std::string type = elemType.isBF16() ? "bf16" : "f16";
-    std::string code =
-        "{ .reg .pred p; setp.ne.b32 p, $" + std::to_string(next + 1) +
-        ", 0; wgmma.mma_async.sync.aligned.m64n" + std::to_string(n) +
-        "k16.f32." + type + "." + type + " {" + regs + "}, " + aText + ", $" +
-        std::to_string(next) + ", p, 1, 1" +
-        (aDesc ? std::string(", ") + (tnspA ? "1" : "0") : std::string()) +
-        ", " + (tnspB ? "1" : "0") + "; }";
-    return asmF32(code, constraints, operands, cnt);
+    SmallVector<Type> results(n / 2, b.getF32Type());
+    auto op = WgmmaOp::create(b, loc, results, acc, aDesc,
+                              aDesc ? ArrayRef<Value>() : aRegs, bDesc,
+                              b.getI64IntegerAttr(n), TypeAttr::get(elemType),
+                              tnspA ? b.getUnitAttr() : UnitAttr(),
+                              tnspB ? b.getUnitAttr() : UnitAttr());
+    return SmallVector<Value>(op.getResult());
   }
 
   /// acc (empty: from zero) += A Bᵀ over the head dimension: A (m64, `aDesc`)
@@ -134,13 +105,6 @@ public:
   }
 
 private:
-  SmallVector<Value> asmF32(StringRef code, std::string constraints,
-                            ValueRange operands, int64_t results) {
-    return inlinePtxF32(b, loc, code, std::move(constraints), operands,
-                        results);
-  }
-  Value i32c(int32_t v) { return arith::ConstantIntOp::create(b, loc, v, 32); }
-
   OpBuilder &b;
   Location loc;
   Type elemType;

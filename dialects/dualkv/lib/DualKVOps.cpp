@@ -535,3 +535,30 @@ LogicalResult SoftmaxGradOp::verify() {
 
 #define GET_OP_CLASSES
 #include "dualkv/Dialect/DualKVOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Warpgroup machine ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult WgmmaOp::verify() {
+  int64_t n = getN();
+  if (n < 8 || n > 256 || n % 8)
+    return emitOpError() << "n must be a multiple of 8 in [8, 256], got " << n;
+  if (int64_t(getResult().size()) != n / 2)
+    return emitOpError() << "has " << getResult().size() << " results; an m64n"
+                         << n << " step gives " << n / 2 << " a thread";
+  if (!getAcc().empty() && getAcc().size() != getResult().size())
+    return emitOpError() << "takes " << getAcc().size()
+                         << " accumulators; it needs none or " << n / 2;
+  bool regs = !getARegs().empty();
+  if (regs == bool(getADesc()))
+    return emitOpError() << "takes A either as a_desc or as four a_regs";
+  if (regs && getARegs().size() != 4)
+    return emitOpError() << "takes four a_regs, got " << getARegs().size();
+  if (regs && getTransA())
+    return emitOpError() << "trans_a applies to a_desc only";
+  Type e = getElemType();
+  if (!e.isBF16() && !e.isF16())
+    return emitOpError() << "elem_type must be bf16 or f16";
+  return success();
+}

@@ -1230,3 +1230,60 @@ func.func @enum_bad_q_operand() attributes {x = #dualkv.q_operand<key>} { return
 // expected-error @+2 {{expected ::mlir::dualkv::StatKind to be one of: lse, delta}}
 // expected-error @+1 {{failed to parse DualKV_StatKindAttr parameter 'value'}}
 func.func @enum_bad_stat() attributes {x = #dualkv.stat<max>} { return }
+
+// -----
+
+// === the warpgroup machine ops ===
+func.func @wgmma_results(%a: i64, %b: i64) {
+  // expected-error @+1 {{'dualkv.wgmma' op has 2 results; an m64n8 step gives 4 a thread}}
+  %d:2 = dualkv.wgmma m64n 8 k16 bf16 a_desc(%a) b_desc(%b) : f32, f32
+  return
+}
+
+// -----
+
+func.func @wgmma_n(%a: i64, %b: i64) {
+  // expected-error @+1 {{'dualkv.wgmma' op n must be a multiple of 8 in [8, 256], got 12}}
+  %d:6 = dualkv.wgmma m64n 12 k16 bf16 a_desc(%a) b_desc(%b) : f32, f32, f32, f32, f32, f32
+  return
+}
+
+// -----
+
+func.func @wgmma_acc(%a: i64, %b: i64, %x: f32) {
+  // expected-error @+1 {{'dualkv.wgmma' op takes 1 accumulators; it needs none or 4}}
+  %d:4 = dualkv.wgmma m64n 8 k16 bf16 acc(%x) a_desc(%a) b_desc(%b) : f32, f32, f32, f32
+  return
+}
+
+// -----
+
+func.func @wgmma_two_as(%a: i64, %b: i64, %r: i32) {
+  // expected-error @+1 {{'dualkv.wgmma' op takes A either as a_desc or as four a_regs}}
+  %d:4 = dualkv.wgmma m64n 8 k16 bf16 a_desc(%a) a_regs(%r, %r, %r, %r) b_desc(%b) : f32, f32, f32, f32
+  return
+}
+
+// -----
+
+func.func @wgmma_three_regs(%b: i64, %r: i32) {
+  // expected-error @+1 {{'dualkv.wgmma' op takes four a_regs, got 3}}
+  %d:4 = dualkv.wgmma m64n 8 k16 bf16 a_regs(%r, %r, %r) b_desc(%b) : f32, f32, f32, f32
+  return
+}
+
+// -----
+
+func.func @wgmma_trans_regs(%b: i64, %r: i32) {
+  // expected-error @+1 {{'dualkv.wgmma' op trans_a applies to a_desc only}}
+  %d:4 = dualkv.wgmma m64n 8 k16 bf16 a_regs(%r, %r, %r, %r) b_desc(%b) trans_a : f32, f32, f32, f32
+  return
+}
+
+// -----
+
+func.func @wgmma_type(%a: i64, %b: i64) {
+  // expected-error @+1 {{'dualkv.wgmma' op elem_type must be bf16 or f16}}
+  %d:4 = dualkv.wgmma m64n 8 k16 f32 a_desc(%a) b_desc(%b) : f32, f32, f32, f32
+  return
+}

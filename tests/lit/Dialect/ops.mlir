@@ -531,3 +531,22 @@ dualkv.kernel @query_major_dq kind <bwd_dq> {
   }
   dualkv.store_dq %acc1 : !dualkv.acc
 }
+
+// -----
+
+// The warpgroup machine ops: a k-step from descriptors, one with A from
+// registers, and the fence, commit and a wait passing values through.
+// CHECK-LABEL: func.func @wgmma_ops
+// CHECK: dualkv.wgmma_fence
+// CHECK: %[[D:.*]]:4 = dualkv.wgmma m64n 8 k16 bf16 a_desc(%{{.*}}) b_desc(%{{.*}}) : f32, f32, f32, f32
+// CHECK: dualkv.wgmma m64n 8 k16 f16 acc(%[[D]]#0, %[[D]]#1, %[[D]]#2, %[[D]]#3) a_regs(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) b_desc(%{{.*}}) trans_b : f32, f32, f32, f32
+// CHECK: dualkv.wgmma_commit
+// CHECK: dualkv.wgmma_wait 1(%{{.*}}, %{{.*}}) : f32, i32
+func.func @wgmma_ops(%a: i64, %b: i64, %r: i32) {
+  dualkv.wgmma_fence
+  %d:4 = dualkv.wgmma m64n 8 k16 bf16 a_desc(%a) b_desc(%b) : f32, f32, f32, f32
+  %e:4 = dualkv.wgmma m64n 8 k16 f16 acc(%d#0, %d#1, %d#2, %d#3) a_regs(%r, %r, %r, %r) b_desc(%b) trans_b : f32, f32, f32, f32
+  dualkv.wgmma_commit
+  %w:2 = dualkv.wgmma_wait 1(%e#0, %r) : f32, i32
+  return
+}

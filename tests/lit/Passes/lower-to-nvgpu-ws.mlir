@@ -41,6 +41,23 @@
 // CHECK: scf.if %{{.*}} -> (vector<64xf32>)
 // CHECK: scf.if %{{.*}} -> (vector<64xf32>)
 
+// The products are dualkv.wgmma ops (lowered to PTX by dualkv-nvgpu-to-nvvm): per
+// tile 8 k-steps of S = Q Kᵀ from descriptors and 8 of O += P V with P in registers and
+// V N-major, in the prologue, the loop and the epilogue (32); the loop waits for the
+// scores with one group (P V) still in flight, and for P V with P tied through.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions --dualkv-lower-to-nvgpu > %t.ops
+// RUN: grep -c "dualkv.wgmma m64n 128 k16 bf16" %t.ops | FileCheck %s --check-prefix=WGMMA32
+// RUN: grep -c "a_regs(.*) b_desc(.*) trans_b" %t.ops | FileCheck %s --check-prefix=PV16
+// PV16: {{^}}16{{$}}
+// RUN: FileCheck %s --check-prefix=OPS < %t.ops
+// OPS: dualkv.wgmma_fence
+// OPS: dualkv.wgmma m64n 128 k16 bf16 a_desc(
+// OPS: dualkv.wgmma_commit
+// OPS: dualkv.wgmma m64n 128 k16 bf16 acc({{.*}}) a_regs(
+// OPS: dualkv.wgmma_commit
+// OPS: dualkv.wgmma_wait 1(
+// OPS: dualkv.wgmma_wait 0({{.*}}) : f32, {{.*}}, f32, i32,
+
 // No cp.async, ldmatrix or mma.sync: every tile arrives by TMA, every product is wgmma.
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions --dualkv-lower-to-nvgpu | not grep -E "nvgpu.device_async_copy|nvgpu.ldmatrix|nvvm.mma.sync"
 

@@ -543,4 +543,82 @@ def DualKV_ConvertGradsOp : DualKV_Op<"convert_grads", [HasParent<"KernelOp">]> 
   let assemblyFormat = "attr-dict";
 }
 
+//===----------------------------------------------------------------------===//
+// Warpgroup machine ops (sm_90a): what the wgmma and warp-specialized
+// schedules emit, lowered to PTX in one place (dualkv-nvgpu-to-nvvm)
+//===----------------------------------------------------------------------===//
+
+def DualKV_WgmmaOp : DualKV_Op<"wgmma", [AttrSizedOperandSegments,
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "One k16 step of a warpgroup's wgmma.mma_async: acc += A B";
+  let description = [{
+    `wgmma.mma_async.sync.aligned.m64n<n>k16.f32.<type>.<type>` for the
+    executing warpgroup. `acc` holds this thread's n / 2 fp32 accumulators of
+    the m64 x n product (empty: start from zero, scale-d 0); A is either the
+    shared-memory descriptor `a_desc` (M-major with `trans_a`) or the four
+    registers `a_regs` of the thread's m16n8k16 A fragment (P or dS from
+    registers); B is the descriptor `b_desc` (N-major with `trans_b`). The
+    result is asynchronous: it may be read only after a `dualkv.wgmma_wait`
+    that passes it through. Unlike upstream's `nvvm.wgmma.mma_async`, A may
+    come from registers, and unlike `nvgpu.warpgroup.mma` no fence, commit or
+    wait is implied, so the next tile's scores can be issued before the
+    softmax of this one.
+
+    ```mlir
+    %d:64 = dualkv.wgmma m64n128k16 bf16 acc(%c#0, ...) a_regs(%p0, %p1, %p2, %p3) b_desc(%bd) trans_b : ...
+    ```
+  }];
+  let arguments = (ins Variadic<F32>:$acc, Optional<I64>:$a_desc,
+                       Variadic<I32>:$a_regs, I64:$b_desc, I64Attr:$n,
+                       TypeAttr:$elem_type, UnitAttr:$trans_a,
+                       UnitAttr:$trans_b);
+  let results = (outs Variadic<F32>:$result);
+  let assemblyFormat = [{
+    `m64n` $n `k16` $elem_type (`acc` `(` $acc^ `)`)? (`a_desc` `(` $a_desc^ `)`)?
+    (`a_regs` `(` $a_regs^ `)`)? `b_desc` `(` $b_desc `)` (`trans_a` $trans_a^)?
+    (`trans_b` $trans_b^)? attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def DualKV_WgmmaFenceOp : DualKV_Op<"wgmma_fence",
+    [MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "wgmma.fence: orders register and shared-memory writes before the next wgmma";
+  let description = [{
+    ```mlir
+    dualkv.wgmma_fence
+    ```
+  }];
+  let assemblyFormat = "attr-dict";
+}
+
+def DualKV_WgmmaCommitOp : DualKV_Op<"wgmma_commit",
+    [MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "wgmma.commit_group: closes the group of the wgmma steps issued since the last";
+  let description = [{
+    ```mlir
+    dualkv.wgmma_commit
+    ```
+  }];
+  let assemblyFormat = "attr-dict";
+}
+
+def DualKV_WgmmaWaitOp : DualKV_Op<"wgmma_wait", [AllTypesMatch<["values", "results"]>,
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "wgmma.wait_group: at most `pending` groups in flight, values passed through";
+  let description = [{
+    Waits until at most `pending` wgmma groups of the warpgroup are in flight.
+    `values` — the accumulators of the groups that retire (f32) and the A
+    registers they read (i32) — come out as `results`, so nothing reads the
+    former or redefines the latter before the wait.
+
+    ```mlir
+    %s:64 = dualkv.wgmma_wait 1 (%d#0, ...) : f32, ...
+    ```
+  }];
+  let arguments = (ins I64Attr:$pending, Variadic<AnyTypeOf<[F32, I32]>>:$values);
+  let results = (outs Variadic<AnyTypeOf<[F32, I32]>>:$results);
+  let assemblyFormat = "$pending (`(` $values^ `)` `:` type($values))? attr-dict";
+}
+
 #endif // DUALKV_OPS_TD
