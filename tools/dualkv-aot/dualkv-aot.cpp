@@ -38,7 +38,7 @@ Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
 launch geometry, schedule and ptxas register/spill report); a spec asked for several
 archs with one tiling (launch geometry) for all of them also gets <name>.fatbin
 holding every arch's cubin and the PTX (default tilings can differ by arch: the
-forward's on sm_90a at head_dim 128 is the warpgroup schedule's). No GPU is
+forward's on sm_90a is the warp-specialized schedule's). No GPU is
 needed.
 
 options:
@@ -58,7 +58,7 @@ options:
                    mma_sync schedule, compile-tested only); repeat or
                    comma-separate for several (default sm_90a)
   --schedule S     auto (default: the compiler's choice for each spec),
-                   mma_sync, wgmma or warp_specialized (not available yet);
+                   mma_sync, wgmma or warp_specialized (the sm_90a forward);
                    one that a spec cannot use is an error. bwd_pre and
                    bwd_post always take mma_sync
   --block-m M      query rows per CTA (default: the compiler's choice)
