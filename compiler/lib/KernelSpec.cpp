@@ -163,8 +163,7 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
       128 % t.blockN)
     return "it needs block_m 128, 8 (consumer) warps, 2 stages and block_n "
            "16, 32, 64 or 128";
-  // Q, two stages of K and V, nine mbarriers, 1 KB of alignment.
-  if ((128 + 4 * t.blockN) * spec.headDim * 2 + 72 + 1024 > 227 * 1024)
+  if (warpSpecializedSharedBytes(t, spec.headDim) > 227 * 1024)
     return "its tiles exceed 227 KB of shared memory at block_n " +
            std::to_string(t.blockN);
   return {};
@@ -245,10 +244,6 @@ Tiling defaultTiling(const KernelSpec &spec) {
   return t;
 }
 
-bool usesWarpSpecializedForward(const KernelSpec &spec) {
-  return resolveSpec(spec).schedule == Schedule::WarpSpecialized;
-}
-
 int threadsPerBlock(const KernelSpec &spec) {
   KernelSpec r = resolveSpec(spec);
   return r.tiling.warps * 32 +
@@ -269,6 +264,11 @@ KernelSpec resolveSpec(KernelSpec spec) {
   if (spec.schedule == Schedule::Auto)
     spec.schedule = defaultSchedule(spec);
   return spec;
+}
+
+int64_t warpSpecializedSharedBytes(const Tiling &t, int headDim) {
+  return int64_t(t.blockM + 2 * t.stages * t.blockN) * headDim * 2 +
+         8 * (1 + 4 * t.stages) + 1024;
 }
 
 std::string checkSpec(const KernelSpec &specIn) {

@@ -29,22 +29,15 @@ void validate(const ForwardArgs &a) {
 /// columns (128 bytes, the swizzle's width) of one head and `rows` tokens,
 /// in the 128-byte swizzle the warp-specialized kernels read; tokens past
 /// the tensor read as zeros.
-cuda::CUtensorMap tensorMap(const char *name, const TensorArg &t,
-                            int64_t numTokens, int heads, int headDim,
-                            DType dtype, int rows) {
+cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens, int heads,
+                            int headDim, DType dtype, int rows) {
+  // validate() has checked the pointer (16-byte aligned) and the strides
+  // (multiples of 8 elements), which TMA needs too. A size-1 dimension's
+  // stride is never used (PyTorch gives such dimensions odd strides): any
+  // multiple of 16 bytes serves the tensor map.
   const uint64_t elem = 2;
-  uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
-  // A size-1 dimension's stride is never used (PyTorch gives such dimensions
-  // odd strides): any multiple of 16 bytes serves the tensor map.
   int64_t strideH = heads == 1 ? headDim : t.stride_h;
   int64_t strideT = numTokens == 1 ? int64_t(heads) * strideH : t.stride_t;
-  if (base % 16 || (strideT * elem) % 16 || (strideH * elem) % 16)
-    invalid(fmt::format(
-        "{}: the warp-specialized forward (sm_90a) loads by TMA, which needs "
-        "a 16-byte aligned pointer and token and head strides that are "
-        "multiples of 8 elements (got pointer {:#x}, stride_t {}, stride_h "
-        "{}); pass a tiling of another schedule to run such tensors",
-        name, base, t.stride_t, t.stride_h));
   uint64_t dims[3] = {uint64_t(headDim), uint64_t(heads), uint64_t(numTokens)};
   uint64_t strides[2] = {uint64_t(strideH) * elem, uint64_t(strideT) * elem};
   uint32_t box[3] = {64, 1, uint32_t(rows)};
@@ -112,12 +105,12 @@ void forward(const ForwardArgs &args) {
     // pointers and strides for this launch; one CTA per item of the plan's
     // forward order (heaviest first), per head.
     const Tiling &t = kernel.spec.tiling;
-    qMap = tensorMap("q", args.q, args.num_tokens, args.num_q_heads,
-                     args.head_dim, args.dtype, t.blockM);
-    kMap = tensorMap("k", args.k, args.num_tokens, args.num_kv_heads,
-                     args.head_dim, args.dtype, t.blockN);
-    vMap = tensorMap("v", args.v, args.num_tokens, args.num_kv_heads,
-                     args.head_dim, args.dtype, t.blockN);
+    qMap = tensorMap(args.q, args.num_tokens, args.num_q_heads, args.head_dim,
+                     args.dtype, t.blockM);
+    kMap = tensorMap(args.k, args.num_tokens, args.num_kv_heads, args.head_dim,
+                     args.dtype, t.blockN);
+    vMap = tensorMap(args.v, args.num_tokens, args.num_kv_heads, args.head_dim,
+                     args.dtype, t.blockN);
     params.tensorMap("qMap", qMap)
         .tensorMap("kMap", kMap)
         .tensorMap("vMap", vMap);

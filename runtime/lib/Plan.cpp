@@ -3,6 +3,7 @@
 
 #include "Backward.h"
 #include "CudaDriver.h"
+#include "Validate.h"
 
 #include "dualkv/dualkv.h"
 
@@ -215,10 +216,7 @@ cuda::CUdeviceptr copyToDevice(cuda::Driver &driver,
 } // namespace
 
 BackwardTable Plan::backwardTable(int blockM, int64_t chunk) const {
-  upload(); // fixes the plan's context
-  if (cuda::currentContext() != deviceContext())
-    invalid("the plan's segment table lives in another CUDA context than the "
-            "current one; build one plan per device");
+  detail::requirePlanInCurrentContext(*this); // uploads: fixes the context
   std::lock_guard<std::mutex> lock(device_->mutex);
   auto found = device_->backward.find({blockM, chunk});
   if (found != device_->backward.end())
@@ -273,10 +271,7 @@ std::vector<int32_t> Plan::forwardOrder(int blockM) const {
 }
 
 ForwardTable Plan::forwardTable(int blockM) const {
-  upload(); // fixes the plan's context
-  if (cuda::currentContext() != deviceContext())
-    invalid("the plan's segment table lives in another CUDA context than the "
-            "current one; build one plan per device");
+  detail::requirePlanInCurrentContext(*this); // uploads: fixes the context
   std::lock_guard<std::mutex> lock(device_->mutex);
   return forwardTableLocked(blockM);
 }

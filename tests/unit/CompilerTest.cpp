@@ -45,11 +45,11 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
         // The warp-specialized schedule: two consumer warpgroups of 64 rows
         // (and a producer warpgroup), 128-key tiles, 64 at head_dim 256.
         CHECK(t == Tiling{128, d == 256 ? 64 : 128, 8, 2});
-        CHECK(usesWarpSpecializedForward(resolveSpec(spec)));
+        CHECK(resolveSpec(spec).schedule == Schedule::WarpSpecialized);
         CHECK(threadsPerBlock(resolveSpec(spec)) == 384);
         continue;
       }
-      CHECK_FALSE(usesWarpSpecializedForward(resolveSpec(spec)));
+      CHECK(resolveSpec(spec).schedule != Schedule::WarpSpecialized);
       CHECK(t.blockM == 128);
       CHECK(t.blockN == 32);
       CHECK(t.warps == (d == 256 ? 8 : 4));

@@ -753,7 +753,7 @@ TEST_CASE("forward: the warp-specialized kernel takes tensor maps and the "
   FakeDriver &fake = scoped.fake;
   Plan plan({{300, {200, 0}}, {10, {129}}});
   ForwardArgs args = validArgs(plan); // default tiling: 128:128:8:2 on sm_90a
-  REQUIRE(usesWarpSpecializedForward(specFor(args)));
+  REQUIRE(specFor(args).schedule == Schedule::WarpSpecialized);
   CacheEntry entry = sampleEntry();
   entry.info.threads = 384;
   seedKernel(tmp.path, args, entry);

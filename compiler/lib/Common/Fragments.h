@@ -17,6 +17,8 @@
 
 #include <array>
 #include <limits>
+#include <optional>
+#include <utility>
 
 namespace mlir::dualkv {
 
@@ -357,6 +359,38 @@ protected:
             b, loc, lse, out.lsePtr,
             ValueRange{add(mul(out.head, out.lseStrideH), token)});
       }
+  }
+
+  /// Tiles [lb, ub) of `block_n` keys that kv_loop `part` of `region` walks
+  /// for the query tile at `qRow0` (block_m rows) of a segment of `segLen`
+  /// tokens that sees `sharedLen` prompt tokens: the prompt's full tiles and
+  /// its tail, the segment's full tiles below the tile and its causal
+  /// diagonal. None for an untiled loop (part <all>).
+  std::optional<std::pair<Value, Value>>
+  kvLoopBounds(LoopPart part, KVRegion region, Value qRow0, Value segLen,
+               Value sharedLen, int64_t blockM, int64_t blockN) {
+    switch (part) {
+    case LoopPart::all:
+      return std::nullopt;
+    case LoopPart::full: {
+      Value lb = idx(0);
+      return std::make_pair(lb, region == KVRegion::shared
+                                    ? divu(sharedLen, blockN)
+                                    : divu(qRow0, blockN));
+    }
+    case LoopPart::tail: {
+      Value lb = divu(sharedLen, blockN);
+      return std::make_pair(lb, ceilDiv(sharedLen, blockN));
+    }
+    case LoopPart::diagonal: {
+      Value lb = divu(qRow0, blockN);
+      Value qEnd = add(qRow0, idx(blockM));
+      Value end =
+          select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
+      return std::make_pair(lb, ceilDiv(end, blockN));
+    }
+    }
+    return std::nullopt;
   }
 
   /// {start, length, shared_start, shared_len} of segment `seg` in the plan's

@@ -58,28 +58,11 @@ LogicalResult QueryMajorEmitter::emitInitStats(InitStatsOp op) {
 }
 
 LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
-  Value lb, ub;
-  switch (op.getPart()) {
-  case LoopPart::all:
+  auto bounds = kvLoopBounds(op.getPart(), op.getRegion(), qRow0, segLen,
+                             sharedLen, blockM, blockN);
+  if (!bounds)
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
-  case LoopPart::full:
-    lb = idx(0);
-    ub = op.getRegion() == KVRegion::shared ? divu(sharedLen, blockN)
-                                            : divu(qRow0, blockN);
-    break;
-  case LoopPart::tail:
-    lb = divu(sharedLen, blockN);
-    ub = ceilDiv(sharedLen, blockN);
-    break;
-  case LoopPart::diagonal: {
-    lb = divu(qRow0, blockN);
-    Value qEnd = add(qRow0, idx(blockM));
-    Value end =
-        select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
-    ub = ceilDiv(end, blockN);
-    break;
-  }
-  }
+  auto [lb, ub] = *bounds;
   SmallVector<Value> inits;
   for (Value v : op.getInits())
     inits.push_back(map.lookup(v));

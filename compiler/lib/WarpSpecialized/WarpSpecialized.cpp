@@ -32,14 +32,15 @@
 #include "Wgmma/WgmmaBuilder.h"
 
 #include <limits>
+#include <tuple>
 
 using namespace mlir;
 using namespace mlir::dualkv;
 
 namespace {
 
-/// Threads of the producer warpgroup, after the consumers'.
-constexpr int64_t kProducerThreads = 128;
+/// Threads of a warpgroup; the producer warpgroup follows the consumers.
+constexpr int64_t kWarpgroupThreads = 128;
 /// Registers a thread after setmaxnreg: 128 x 24 + 256 x 240 = 384 x 168.
 constexpr int32_t kProducerRegs = 24;
 constexpr int32_t kConsumerRegs = 240;
@@ -69,7 +70,8 @@ public:
 
   /// [Q][K x stages][V x stages][mbarriers], 1 KB spare for the alignment.
   int64_t sharedBytes() const {
-    return barrierOffset() + 8 * numBarriers() + 1024;
+    return ::dualkv::warpSpecializedSharedBytes(
+        {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim));
   }
 
 private:
@@ -89,7 +91,6 @@ private:
   int64_t kOffset(int64_t s) const { return qBytes() + s * kvBytes(); }
   int64_t vOffset(int64_t s) const { return kOffset(stages) + s * kvBytes(); }
   int64_t barrierOffset() const { return vOffset(stages); }
-  int64_t numBarriers() const { return 1 + 4 * stages; }
   // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
   Value barrier(int64_t index) {
     return sharedPtr(add(smemAddr, idx(barrierOffset() + 8 * index)));
@@ -172,21 +173,15 @@ private:
   SmallVector<Value> mask(ArrayRef<Value> s, MaskKind kind, Value tile);
   /// Applies the mask of every masked loop whose iterations include `i`.
   SmallVector<Value> maskEdges(SmallVector<Value> s, Value i);
-  /// Online softmax of the scores `s` against the running max `m` and sum
-  /// `l` (updated); returns P packed as A fragments, sets `alpha`.
   /// O and LSE of the consumer's rows inside the segment (through shared
   /// memory).
   void storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
+  /// Online softmax of the scores `s` against the running max `m` and sum
+  /// `l` (updated); returns P packed as A fragments, sets `alpha`.
   SmallVector<Value> softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
                              MutableArrayRef<Value> l,
                              MutableArrayRef<Value> alpha);
   void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
-
-  /// wgmma.wait_group 0 with the accumulators `acc` and the A registers `a`
-  /// of the retiring group tied through it.
-  void waitKeeping(MutableArrayRef<Value> acc, MutableArrayRef<Value> a) {
-    mma.waitKeeping(0, acc, a);
-  }
 
   WgmmaBuilder mma;
   KernelOp kernel;
@@ -208,28 +203,12 @@ LogicalResult WarpSpecializedForward::collectLoops() {
     Loop l;
     l.region = loop.getRegion();
     loop.getBody().walk([&](MaskOp m) { l.mask = m.getKind(); });
-    switch (loop.getPart()) {
-    case LoopPart::all:
+    auto bounds = kvLoopBounds(loop.getPart(), l.region, qRow0, segLen,
+                               sharedLen, blockM, blockN);
+    if (!bounds)
       return loop.emitOpError()
              << "is not tiled: run dualkv-tile-regions first";
-    case LoopPart::full:
-      l.lb = idx(0);
-      l.ub = l.region == KVRegion::shared ? divu(sharedLen, blockN)
-                                          : divu(qRow0, blockN);
-      break;
-    case LoopPart::tail:
-      l.lb = divu(sharedLen, blockN);
-      l.ub = ceilDiv(sharedLen, blockN);
-      break;
-    case LoopPart::diagonal: {
-      l.lb = divu(qRow0, blockN);
-      Value qEnd = add(qRow0, idx(blockM));
-      Value end =
-          select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
-      l.ub = ceilDiv(end, blockN);
-      break;
-    }
-    }
+    std::tie(l.lb, l.ub) = *bounds;
     l.count = arith::SubIOp::create(b, loc, l.ub, l.lb);
     l.offset = offset;
     offset = add(offset, l.count);
@@ -420,7 +399,7 @@ void WarpSpecializedForward::emitConsumer() {
     SmallVector<Value> pNext = softmax(maskEdges(s, i), m, l, alpha);
     // P passes through the wait too: the P V group reads its registers until
     // it retires, and LLVM would otherwise give them to the next tile's P.
-    waitKeeping(acc, p);
+    mma.waitKeeping(0, acc, p);
     arrive(vEmpty(prevSlot));
     for (int64_t dt = 0; dt < dTiles; ++dt)
       for (int64_t c = 0; c < 4; ++c) {
@@ -490,11 +469,11 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
   }
   // The warpgroup's 128 threads (named barrier 3 + w) see each other's rows.
   NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(3), wgIdx)),
-                          i32c(int32_t(kProducerThreads)),
+                          i32c(int32_t(kWarpgroupThreads)),
                           NVVM::BarrierReductionAttr(), Value());
   int64_t chunks = headDim / 8;
-  int64_t rowsPerPass = kProducerThreads / chunks;
-  Value lt = remu(tid, kProducerThreads);
+  int64_t rowsPerPass = kWarpgroupThreads / chunks;
+  Value lt = remu(tid, kWarpgroupThreads);
   Value c = mul(remu(lt, chunks), idx(8));
   auto vec8 = VectorType::get({8}, elemType);
   for (int64_t pass = 0; pass * rowsPerPass < 64; ++pass) {
@@ -532,7 +511,7 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   Block &entry = createFunc(gpuModule, kernel.getSymName(), KernelKind::fwd,
                             ::dualkv::Schedule::WarpSpecialized);
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
-  int64_t total = threads() + kProducerThreads;
+  int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
   oPtr = param("o"), lsePtr = param("lse"), segPtr = param("segs");

@@ -103,12 +103,14 @@ DUALKV_API Tiling defaultTiling(const KernelSpec &spec);
 /// `spec` with its tiling completed by defaultTiling and, with Schedule::Auto,
 /// its schedule chosen: the one place that choice is made.
 DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
-/// Whether `spec` compiles to the warp-specialized TMA forward of sm_90a: a
-/// producer warpgroup beside the tiling's consumer warps, Q, K and V tensor
-/// maps and the plan's work order after the forward's parameters.
-DUALKV_API bool usesWarpSpecializedForward(const KernelSpec &spec);
-/// Threads per CTA of `spec`.
+/// Threads per CTA of `spec`: the tiling's warps, and the producer warpgroup
+/// of the warp-specialized schedule.
 DUALKV_API int threadsPerBlock(const KernelSpec &spec);
+/// Dynamic shared memory of the warp-specialized forward at `tiling`: Q, a
+/// ring of `stages` K and V tiles (unpadded, 128-byte swizzle), an 8-byte
+/// mbarrier for Q and four a stage, and 1 KB to align the tiles.
+DUALKV_API int64_t warpSpecializedSharedBytes(const Tiling &tiling,
+                                              int headDim);
 /// Why the resolved `spec` cannot be compiled as it stands (an arch outside
 /// the supported set, a schedule it cannot use), or an empty string.
 DUALKV_API std::string checkSpec(const KernelSpec &spec);
