@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Attention forward and forward+backward: DualKV (packed) against
 FlexAttention (packed, block mask) and FA2 and cuDNN (replicated SDPA) on the
-standard configs of ../shared/BENCHMARKS.md (Qwen3-8B heads: Hq=32, Hkv=8,
+standard configs of benchmarks/README.md (Qwen3-8B heads: Hq=32, Hkv=8,
 D=128, bf16, one group each), plus P=65536 for DualKV alone, then issue 12's
 other targets: head_dim 64 (32:8) and 256 (16:8) at P=8192, N=16, R=1024,
 and 4 groups of P=2048, N=8, R 64..4096 in one launch (--set targets).
