@@ -1,5 +1,6 @@
 // dualkv-gpu-tests: runs one GPU test, `<test> [count]` for the forward and
-// `backward-<test> [count]` for the backward; exits 77 (skipped) without a GPU.
+// `backward-<test> [count]` for the backward, `sanitize` for the sanitizer
+// workload; exits 77 (skipped) without a GPU.
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -17,6 +18,8 @@ int main(int argc, char **argv) {
   }
   const std::string bwd = "backward-";
   try {
+    if (which == "sanitize")
+      return sanitizeTest();
     int status = isStress ? stressTest(which.substr(stress.size()), count,
                                        argc > 3 ? argv + 3 : nullptr)
                  : which.rfind(bwd, 0) == 0
@@ -24,11 +27,12 @@ int main(int argc, char **argv) {
                      : forwardTest(which, count);
     if (status != kUnknownTest)
       return status;
-    fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | "
-                       "equivalence | graph | backward-random [count] | "
-                       "backward-edges | backward-equivalence | "
-                       "backward-deterministic | stress-threads [rounds] | "
-                       "stress-processes [rounds] | stress-leak [launches]\n");
+    fmt::print(stderr,
+               "usage: dualkv-gpu-tests random [count] | edges | "
+               "equivalence | graph | backward-random [count] | "
+               "backward-edges | backward-equivalence | "
+               "backward-deterministic | sanitize | stress-threads [rounds] | "
+               "stress-processes [rounds] | stress-leak [launches]\n");
     return 2;
   } catch (const std::exception &e) {
     fmt::print("error: {}\n", e.what());

@@ -143,10 +143,12 @@ int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   case KernelKind::BwdKV:
     // K, V (block_m rows); Q and dO double buffered (2 x 2 x block_n rows);
     // dSᵀ, block_m rows of block_n + 8 (bwd only: dQ); LSE and Delta of the
-    // two query tiles in flight (4 x block_n fp32).
+    // two query tiles in flight (4 arrays of block_n fp32, or of one a thread
+    // when there are more threads: each thread copies into a slot of its
+    // own).
     return 2 * t.blockM * row + 4 * t.blockN * row +
            (kind == KernelKind::Bwd ? t.blockM * (t.blockN + 8) * 2 : 0) +
-           4 * t.blockN * 4;
+           4 * std::max(t.blockN, 32 * t.warps) * 4;
   case KernelKind::BwdDQ:
     // Q, dO (block_m rows), K, V (block_n rows).
     return (2 * t.blockM + 2 * t.blockN) * row;
@@ -241,9 +243,9 @@ TEST_CASE("compiler: backward KernelInfo follows an explicit tiling",
   CHECK(r.info.name == "attention_bwd_mma_sync");
   CHECK(r.info.threads == 128);
   CHECK(r.info.blockM == 64);
-  // 2 * 64 * (64 + 8) * 2 + 4 * 32 * (64 + 8) * 2 + 64 * (32 + 8) * 2 + 4 * 32
-  // * 4
-  CHECK(r.info.sharedBytes == 18432 + 18432 + 5120 + 512);
+  // 2 * 64 * (64 + 8) * 2 + 4 * 32 * (64 + 8) * 2 + 64 * (32 + 8) * 2, then
+  // LSE and Delta of two tiles, a slot for each of the 128 threads: 4 * 128 * 4
+  CHECK(r.info.sharedBytes == 18432 + 18432 + 5120 + 2048);
 
   spec.kind = KernelKind::BwdDQ;
   spec.tiling = {128, 64, 8, 1};

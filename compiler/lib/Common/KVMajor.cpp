@@ -150,7 +150,7 @@ SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
                                         MemRefLayoutAttrInterface(), workgroup)
                       : MemRefType::get({blockN, rowStride}, elemType,
                                         MemRefLayoutAttrInterface(), workgroup);
-  auto statType = MemRefType::get({blockN}, b.getF32Type(),
+  auto statType = MemRefType::get({statSlots()}, b.getF32Type(),
                                   MemRefLayoutAttrInterface(), workgroup);
   auto view = [&](MemRefType type, int64_t base, int64_t stride) {
     return memref::ViewOp::create(b, loc, type, smem,
@@ -158,7 +158,7 @@ SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
                                   ValueRange{})
         .getResult();
   };
-  int64_t statBytes = blockN * 4;
+  int64_t statBytes = statSlots() * 4;
   return {view(tileType, qOffset(), tileBytes()),
           view(tileType, doOffset(), tileBytes()),
           view(statType, statsOffset(), statBytes),
@@ -181,14 +181,18 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
   // LSE and Delta, 4 bytes a query (rows need not be 16-byte aligned).
   // Queries past the item read as 0: their Q and dO rows are zero too, so
   // P = 1 meets dO = 0 and dP - Delta = 0, and they add nothing.
-  // With more threads than queries, threads j and j + BN copy the same value
-  // to the same place (harmless), which keeps every copy unconditional.
+  // With more threads than queries, thread j >= BN zero-fills slot j of the
+  // arrays' tails (statSlots), a slot of its own: every copy stays
+  // unconditional, and no two threads write the same word.
   SmallVector<Value> tokens;
   for (int64_t j0 = 0; j0 < blockN; j0 += threads()) {
-    Value j = threads() >= blockN ? remu(tid, blockN) : add(tid, idx(j0));
+    Value j = add(tid, idx(j0));
     Value col = add(first, j);
     Value ok = arith::AndIOp::create(b, loc, valid,
                                      cmp(arith::CmpIPredicate::ult, col, qLen));
+    if (threads() > blockN)
+      ok = arith::AndIOp::create(
+          b, loc, ok, cmp(arith::CmpIPredicate::ult, j, idx(blockN)));
     Value token = add(qBegin, select(ok, col, idx(0)));
     Value count = select(ok, idx(1), idx(0));
     for (auto [dst, src, strideH] :

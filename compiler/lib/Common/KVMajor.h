@@ -87,8 +87,13 @@ public:
   /// [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] rows of rowStride elements (query
   /// tiles double buffered), dSᵀ (BM x dsRowStride) when the kernel computes
   /// dQ (grid2d: P and dS, BN x (BM+8) each), then LSE and Delta of the two
-  /// query tiles in flight (fp32).
-  virtual int64_t sharedBytes() const { return statsOffset() + 4 * blockN * 4; }
+  /// query tiles in flight (fp32, statSlots() each).
+  virtual int64_t sharedBytes() const {
+    return statsOffset() + 4 * statSlots() * 4;
+  }
+  /// Floats of each LSE or Delta array: BN, or one a thread when there are
+  /// more threads than queries (issueTileCopies).
+  int64_t statSlots() const { return std::max(blockN, threads()); }
   int64_t tileBytes() const { return blockN * rowStride * 2; }
   int64_t qOffset() const { return 2 * blockM * rowStride * 2; }
   int64_t doOffset() const { return qOffset() + 2 * tileBytes(); }

@@ -25,23 +25,29 @@ def schedule(kind, d, bm, bn, warps, arch):
     return "mma_sync"
 
 
+def stat_slots(bn, warps):
+    """Floats of each LSE or Delta array: block_n, or one a thread when there
+    are more threads (each copies into a slot of its own)."""
+    return max(bn, 32 * warps)
+
+
 def shared_bytes(kind, d, bm, bn, warps, arch):
     if schedule(kind, d, bm, bn, warps, arch) == "wgmma":
         # The warpgroup schedule: K, V, Q and dO (double buffered) unpadded in
         # the 128-byte swizzle, dS^T (block_m x block_n, bwd only), LSE and
         # Delta, and 1024 bytes to align the buffers to the swizzle period.
         ds = bm * bn * 2 if kind == "bwd" else 0
-        return 2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * bn * 4 + 1024
+        return 2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4 + 1024
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
     # (128 keys, 64-query tiles, 8 warps), P and dS (2 x block_n x (block_m + 8)),
-    # then LSE and Delta of the two query tiles in flight (4 x block_n fp32).
+    # then LSE and Delta of the two query tiles in flight (4 arrays of fp32).
     if kind in ("bwd", "bwd_kv"):
         ds = bm * (bn + 8) * 2 if kind == "bwd" else 0
         if (bm, bn, warps) == (128, 64, 8):
             ds = 2 * bn * (bm + 8) * 2
-        return 2 * bm * row + 4 * bn * row + ds + 4 * bn * 4
+        return 2 * bm * row + 4 * bn * row + ds + 4 * stat_slots(bn, warps) * 4
     if kind == "bwd_dq":  # Q, dO (block_m rows), K, V (block_n rows)
         return (2 * bm + 2 * bn) * row
     return 0  # bwd_pre, bwd_post: registers only

@@ -1,0 +1,89 @@
+// The sanitizer workload: every kernel kind the library ships (fwd, bwd_pre,
+// bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 128 and 256, bf16 and fp16,
+// in the device's default schedules and in the mma.sync schedule at sm_80's
+// default tilings, on one small packed batch, each result checked against
+// the fp64 reference. tests/gpu/sanitize.sh runs it under compute-sanitizer
+// (memcheck, racecheck, synccheck, initcheck; ctest label `sanitize`), which
+// fails on any report; the checks keep a kernel that does nothing from
+// passing.
+#include "GpuHarness.h"
+#include "GpuTests.h"
+
+using namespace dualkv;
+using namespace dualkv::testing;
+
+namespace {
+
+/// One way of running the kernels: the default tilings (and so the device's
+/// default schedules), or sm_80's defaults, which resolve to the mma.sync
+/// schedule on every arch.
+struct Variant {
+  const char *name;
+  Tiling fwd, bwd, bwdKV;
+};
+
+/// sm_80's defaults (KernelSpec.cpp defaultTiling): forward 128:32:4:2
+/// (8 warps at head_dim 256), bwd 128:32:8, bwd_kv 64:64:4.
+Variant mmaSyncVariant(int headDim) {
+  return {"mma_sync (sm_80 tilings)",
+          {128, 32, headDim >= 256 ? 8 : 4, 2},
+          {128, 32, 8, 1},
+          {64, 64, 4, 1}};
+}
+
+/// Two groups: partial tiles everywhere, an empty and a one-token response,
+/// and a group longer than one backward query chunk (1024 tokens), so one
+/// prompt tile is split over several CTAs and reduced through the fp32
+/// accumulators; GQA with two query heads a KV head.
+Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
+  Case c;
+  c.d = headDim;
+  c.dtype = dtype;
+  c.hq = 4;
+  c.hkv = 2;
+  c.groups = {PlanGroup{150, {40, 1, 0}}, PlanGroup{65, {1000, 30}}};
+  c.fill(rng);
+  c.fillGrad(rng);
+  return c;
+}
+
+} // namespace
+
+int dualkv::testing::sanitizeTest() {
+  std::mt19937_64 rng(20261201);
+  int failures = 0, checks = 0;
+  auto record = [&](const std::string &what, const std::string &error) {
+    ++checks;
+    if (error.empty())
+      return;
+    ++failures;
+    fmt::print("FAIL {}: {}\n", what, error);
+  };
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::BF16, DType::FP16}) {
+      Case c = sanitizeCase(d, t, rng);
+      for (const Variant &v :
+           {Variant{"default", {}, {}, {}}, mmaSyncVariant(d)}) {
+        std::string what = fmt::format("{} [{}]", c.describe(), v.name);
+        try {
+          BackwardDeviceCase dc(c);
+          dualkv::forward(dc.args(v.fwd));
+          check(cudaDeviceSynchronize(), "forward");
+          ForwardResult fwd = dc.download();
+          record(what + " fwd", forwardReferenceError(c, fwd));
+          for (bool deterministic : {false, true}) {
+            BackwardOptions o;
+            o.deterministic = deterministic;
+            o.tiling = deterministic ? v.bwdKV : v.bwd;
+            BackwardResult r = dc.runBackward(o);
+            record(what + (deterministic ? " bwd deterministic" : " bwd"),
+                   backwardReferenceError(c, fwd, r));
+          }
+        } catch (const std::exception &e) {
+          record(what, e.what());
+        }
+      }
+    }
+  fmt::print("sanitize workload: {} checks, {} failed\n", checks, failures);
+  return failures ? 1 : 0;
+}
