@@ -6,17 +6,18 @@
 // rows padded by 8 elements, Common/KVMajor.h sharedBytes):
 //   bwd:    [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] rows of (D + 8) (query tiles
 //           double buffered), dSᵀ BM x (BN + 8), then LSE and Delta of the two
-//           query tiles in flight (4 x BN fp32):
-//           2 * BM * (D + 8) * 2 + 4 * BN * (D + 8) * 2 + BM * (BN + 8) * 2 + 16 * BN
+//           query tiles in flight (4 x S fp32, S = max(BN, threads): a slot
+//           a thread):
+//           2 * BM * (D + 8) * 2 + 4 * BN * (D + 8) * 2 + BM * (BN + 8) * 2 + 16 * S
 //   bwd_kv: the same without dSᵀ (no dQ):
-//           2 * BM * (D + 8) * 2 + 4 * BN * (D + 8) * 2 + 16 * BN
+//           2 * BM * (D + 8) * 2 + 4 * BN * (D + 8) * 2 + 16 * S
 //   bwd_dq: [Q: BM][dO: BM][K: BN][V: BN] (Common/QueryMajor.h sharedBytes):
 //           (2 * BM + 2 * BN) * (D + 8) * 2
 //   bwd_pre, bwd_post: none (a warp per row, registers only).
 // With BM = block_m, BN = block_n, D = head_dim:
-//   bwd    D 64,  BM 64, BN 32: 18432 + 18432 + 64 * 40 * 2 + 512 = 42496
-//   bwd    D 128, BM 64, BN 64: 34816 + 69632 + 64 * 72 * 2 + 1024 = 114688
-//   bwd_kv D 128, BM 64, BN 64: 34816 + 69632 + 1024 = 105472
+//   bwd    D 64,  BM 64, BN 32: 18432 + 18432 + 64 * 40 * 2 + 2048 = 44032
+//   bwd    D 128, BM 64, BN 64: 34816 + 69632 + 64 * 72 * 2 + 2048 = 115712
+//   bwd_kv D 128, BM 64, BN 64: 34816 + 69632 + 2048 = 106496
 //   bwd_dq D 128, BM 64, BN 32: (128 + 64) * 136 * 2 = 52224
 // The tilings are spelled out; Passes/bind-spec.mlir pins the defaults. The checks
 // follow the structure (which ops, in which loop, on which buffer), not instruction
