@@ -184,28 +184,22 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
 } // namespace
 
 Tiling defaultTiling(const KernelSpec &spec) {
+  // head_dim 256, bwd and bwd_kv: dK and dV of a key block are 2 x 256 fp32
+  // columns a key, so 128 keys need 256 registers a thread even in 8 warps;
+  // 64 keys in 8 warps need 128, with the head dimension split across the
+  // warps (the two-dimensional layout of MmaSync/KVMajor.cpp: 2 x 4 warps of
+  // 32 keys x 64 columns). Query tiles of 64 rows on sm_90 and later (K, V,
+  // Q and dO double buffered, P and dS: 217 KB of 227); 32 rows on sm_80,
+  // whose 163 KB a CTA hold 141.5 KB. No spills at sm_80 or sm_90a, bf16 or
+  // fp16 (tests/lit/Tools/aot-ptxas-bwd.test).
+  if (spec.headDim == 256 &&
+      (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV))
+    return {64, archNumber(spec.arch) >= 90 ? 64 : 32, 8, 1};
   switch (spec.kind) {
   case KernelKind::BwdPre:
   case KernelKind::BwdPost:
     // Elementwise: 4 warps, each a row at a time, 64 rows a CTA.
     return {64, 16, 4, 1};
-  case KernelKind::Bwd:
-  case KernelKind::BwdKV:
-    // head_dim 256 (both kinds): dK and dV of a key block are 2 x 256 fp32
-    // columns a key, so 128 keys need 256 registers a thread even in 8 warps;
-    // 64 keys in 8 warps need 128, with the head dimension split across the
-    // warps (the two-dimensional layout of MmaSync/KVMajor.cpp: 2 x 4 warps of
-    // 32 keys x 64 columns). Query tiles of 64 rows on sm_90 and later (K, V,
-    // Q and dO double buffered, P and dS: 217 KB of 227); 32 rows on sm_80,
-    // whose 163 KB a CTA hold 141.5 KB. No spills at sm_80 or sm_90a, bf16 or
-    // fp16 (tests/lit/Tools/aot-ptxas-bwd.test).
-    if (spec.headDim == 256)
-      return {64, archNumber(spec.arch) >= 90 ? 64 : 32, 8, 1};
-    break;
-  default:
-    break;
-  }
-  switch (spec.kind) {
   case KernelKind::Bwd:
     // 128 keys and values a CTA in 8 warps (dK and dV take 2 x 64 fp32
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
