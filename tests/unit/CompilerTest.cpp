@@ -151,10 +151,9 @@ int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
     // two-dimensional warp layout (8 warps: 128 keys and 64-query tiles, or
     // 64 keys at head_dim 256) P and dS, 2 x block_n rows of block_m + 8;
     // LSE and Delta of the two query tiles in flight (4 x block_n fp32).
-    bool grid2d =
-        t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
-                         (d == 256 && t.blockM == 64));
-    int scores = grid2d                 ? 2 * t.blockN * (t.blockM + 8) * 2
+    bool grid2d = t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
+                                   (d == 256 && t.blockM == 64));
+    int scores = grid2d                    ? 2 * t.blockN * (t.blockM + 8) * 2
                  : kind == KernelKind::Bwd ? t.blockM * (t.blockN + 8) * 2
                                            : 0;
     return 2 * t.blockM * row + 4 * t.blockN * row + scores + 4 * t.blockN * 4;

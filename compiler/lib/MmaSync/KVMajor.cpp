@@ -220,8 +220,8 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
   // B (queries x D) by ldmatrix.trans: (q 0-7, d 0-7), (q 8-15, d 0-7),
   // (q 0-7, d 8-15), (q 8-15, d 8-15).
   Value bQuery = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
-  Value bCol = add(mul(remu(warp, gcw), idx(headDim / gcw)),
-                   mul(divu(quad, 2), idx(8)));
+  Value bCol =
+      add(mul(remu(warp, gcw), idx(headDim / gcw)), mul(divu(quad, 2), idx(8)));
   for (int64_t kk = 0; kk < blockN / 16; ++kk) {
     SmallVector<Value, 4> aFrags[2];
     for (int64_t mt = 0; mt < 2; ++mt)
