@@ -121,8 +121,7 @@ func.func @no_kernel() {
 
 // === backward: per-kind default tilings ===
 // dualkv::defaultTiling (compiler/lib/KernelSpec.cpp) gives the backward kinds
-// tilings of their own, the same for every head_dim (64 and 128 are the backward's;
-// 256 does not fit, below):
+// tilings of their own, the same for head_dim 64 and 128 (256: below):
 // - bwd: block_m = 128 keys and values a CTA in 8 warps, stages 1 (twice the keys
 //   of bwd_kv halve the dQ reductions); query tiles of block_n = 64 on sm_90a (the
 //   two-dimensional warp layout), 32 on sm_80 (its 171 KB of shared memory at
@@ -137,6 +136,9 @@ func.func @no_kernel() {
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
+// - head_dim 256, bwd and bwd_kv on every arch: 64 keys in 8 warps (2 * 64 * 256 /
+//   256 = 128 registers, dK and dV split across the warps by head dimension, so the
+//   warps need not own whole m16 blocks of keys), 32-query tiles, mma_sync.
 // Change these checks with defaultTiling.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
@@ -144,6 +146,10 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
 // BWD-KV-SAME: tiling <[[TILING]]>
@@ -152,6 +158,7 @@ func.func @no_kernel() {
 // BWD-KV: dualkv.q_loop part <all>
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
 // BWD-DQ-SAME: head_dim = [[D]],
 // BWD-DQ-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
