@@ -176,13 +176,17 @@ func.func @no_kernel() {
 // BWD-PARTIAL-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 1>
 // BWD-PARTIAL-SAME: schedule <mma_sync>
 
-// The KV-major defaults do not fit head_dim 256: 2 * 128 * 256 / 256 (bwd) and
-// 2 * 64 * 256 / 128 (bwd_kv) = 256 registers.
-// The dQ kernel holds one accumulator (64 * 256 / 128 = 128) and binds.
-// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
-// RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
+// head_dim 64 and 128's KV-major tilings do not fit head_dim 256: 2 * 128 * 256 /
+// 256 (bwd's 128:32:8) and 2 * 64 * 256 / 128 (sm_80 bwd_kv's 64:64:4) = 256
+// registers. 64 keys in 4 warps leave the warps whole m16 blocks, so only the
+// register count stops it.
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128 block-n=32 warps=8" 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
+// RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 block-m=64 block-n=64 warps=4" 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
 // ERR-BWD-D256: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256
+// The 64-key, 8-warp exception is the KV-major backward's at head_dim 256 only:
+// the forward keeps its whole m16 blocks a warp.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=64 block-n=32 warps=8" 2>&1 | FileCheck %s --check-prefix=ERR-FWD-ROWS
+// ERR-FWD-ROWS: error: block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks
 
 // === the schedule: chosen once (resolveSpec), recorded on the kernel ===
 // auto (the default) takes wgmma exactly where it fits: sm_90a, head_dim 128, the
