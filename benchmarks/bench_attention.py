@@ -166,7 +166,7 @@ def target_configs():
 
 CONFIG_SETS = ("standard", "targets", "all")
 # --quick: a smoke run of each set (the new ones cover several groups per
-# launch, per-config heads and head_dim 256's missing backward).
+# launch, per-config heads and head_dim 256).
 QUICK_CONFIGS = ("P4096_N16_R1024", "P16384_N16_R1024",
                  "P8192_N16_R1024_D256", "G4_P2048_N8_Rvar")
 
@@ -259,8 +259,9 @@ class NotAvailable(Exception):
 class DualKV:
     """dualkv.attention (autograd) on the packed layout; falls back to
     dualkv.forward + dualkv.backward when the autograd function does not
-    load. Where the library has no backward for the config (head_dim 256
-    today), only the forward is timed."""
+    load. Where the library has no backward for the config (none of the
+    shipped ones since the head_dim 256 backward), only the forward is
+    timed."""
 
     def __init__(self, torch, dualkv, name, deterministic):
         self.torch, self.dualkv = torch, dualkv
@@ -270,7 +271,7 @@ class DualKV:
         """None when the library has a backward for this config's shape,
         else its reason, asked without a GPU call:
         dualkv_backward_workspace_size checks the shape as the backward
-        does (and refuses head_dim 256 today). Probing through the binding's
+        does. Probing through the binding's
         internals; if the probe itself is unavailable, None (the backward
         then speaks for itself)."""
         import ctypes
@@ -784,10 +785,10 @@ def parse_args(argv=None, defaults=None):
                     for c in target_configs())
         + "; all = both, standard first (default). --configs takes any of "
         "these names, whatever --set says. --quick: "
-        + ", ".join(QUICK_CONFIGS) + " (those of the chosen set). Head_dim "
-        "256 has no DualKV backward yet: with --mode fwdbwd its DualKV "
-        "forward is timed and its forward+backward reported n/a (DualKV "
-        "det.: n/a). Methods: " + ", ".join(METHODS)
+        + ", ".join(QUICK_CONFIGS) + " (those of the chosen set). Where "
+        "the library has no backward for a config, with --mode fwdbwd its "
+        "DualKV forward is timed and its forward+backward reported n/a "
+        "(DualKV det.: n/a). Methods: " + ", ".join(METHODS)
         + " (all by default; --methods takes names or prefixes, case-insensitive: DualKV selects both "
         f"DualKV rows, Flex both Flex columns; flex-static = {FLEX_STATIC}, "
         f"flex-dynamic = {FLEX_DYNAMIC}). Configs in "

@@ -88,7 +88,9 @@ struct BindSpecPass
       spec = ::dualkv::resolveSpec(spec);
       const ::dualkv::Tiling &t = spec.tiling;
       if (failed(TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps,
-                                    t.stages)))
+                                    t.stages)) ||
+          failed(verifyWarpRows(emitErr, kernel.getKind(), headDim, t.blockM,
+                                t.warps)))
         return std::nullopt;
       if (std::string why = ::dualkv::checkSpec(spec); !why.empty()) {
         kernel.emitOpError() << why;

@@ -184,6 +184,19 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
 } // namespace
 
 Tiling defaultTiling(const KernelSpec &spec) {
+  // head_dim 256, bwd and bwd_kv, every arch: dK and dV of a key block are
+  // 2 x 256 fp32 columns a key, so 128 keys need 256 registers a thread even
+  // in 8 warps; 64 keys in 8 warps need 128, with the head dimension split
+  // across the warps (the two-dimensional layout of MmaSync/KVMajor.cpp: 2 x 4
+  // warps of 32 keys x 64 columns). 32-query tiles: K, V, Q and dO double
+  // buffered, P and dS take 141.5 KB, within sm_80's 163 KB a CTA; ptxas fits
+  // them without spills (fused: 243 registers on sm_80, 255 on sm_90a).
+  // 64-query tiles (217 KB) fit sm_90a's 227 KB but the fused kernel spills
+  // 8 bytes at 255 registers there (bwd_kv does not). tests/lit/Tools/
+  // aot-ptxas-bwd.test checks every kind for spills.
+  if (spec.headDim == 256 &&
+      (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV))
+    return {64, 32, 8, 1};
   switch (spec.kind) {
   case KernelKind::BwdPre:
   case KernelKind::BwdPost:
@@ -209,7 +222,9 @@ Tiling defaultTiling(const KernelSpec &spec) {
       return {128, 64, 8, 1};
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
-    // The forward's loops with P, dP and dS live at once: 64 query rows.
+    // The forward's loops with P, dP and dS live at once: 64 query rows. At
+    // head_dim 256 too: each warp's 16 rows x 256 columns of dQ are 128
+    // registers a thread, and ptxas fits the kernel in 255 without spills.
     return {64, 32, 4, 1};
   case KernelKind::Fwd:
     break;

@@ -375,7 +375,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         tiling: optional (block_m, block_n, warps, stages), 0 = default.
 
     Returns:
-        (dq, dk, dv). D must be 64 or 128 (the library refuses 256).
+        (dq, dk, dv). D must be 64, 128 or 256.
 
     The library's workspace is allocated here with torch (caching allocator,
     CUDA-graph pools). Raises ValueError naming the argument at fault,

@@ -18,7 +18,8 @@ transformers builds no mask for an attention implementation it does not know,
 and any ``attention_mask`` that still arrives (older versions build a plain
 causal one) is ignored. Not supported, and refused with ValueError: dropout,
 sliding windows shorter than the sequence, logit soft-capping, attention
-sinks, batch size > 1 (pack instead).
+sinks, batch size > 1 (pack instead). Head dims 64, 128 and 256, forward and
+backward.
 
 Importing this module does not import transformers; ``register()`` does.
 """

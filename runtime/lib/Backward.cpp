@@ -148,8 +148,6 @@ int64_t alignUp(int64_t bytes, int64_t to) {
 void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
                 int numKVHeads, int headDim, DType dtype) {
   checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype);
-  if (headDim == 256)
-    invalid("head_dim 256 is not supported by the backward yet (64, 128)");
   if (int64_t(numQHeads) + numKVHeads > kMaxGridYZ)
     invalid(fmt::format("num_q_heads + num_kv_heads ({} + {}) exceeds the "
                         "grid limit ({})",

@@ -360,11 +360,10 @@ TEST_CASE("backward workspace: sizes by hand and through the C API",
   CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 1, tiling,
                                        &bytes) == DUALKV_OK);
   CHECK(bytes == delta);
+  // head_dim 256: dQ and the prompt accumulators twice as wide.
   CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 256, 0, nullptr,
-                                       &bytes) ==
-        DUALKV_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(dualkv_last_error(),
-             Contains("head_dim 256 is not supported by the backward yet"));
+                                       &bytes) == DUALKV_OK);
+  CHECK(bytes == delta + 2 * dqacc + 4 * accOne);
   CHECK(dualkv_backward_workspace_size(cplan, 2000, 8, 2, 128, 0, nullptr,
                                        &bytes) ==
         DUALKV_ERROR_INVALID_ARGUMENT);
@@ -412,14 +411,6 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
        "num_q_heads + num_kv_heads (65535 + 5) exceeds the grid limit"},
       {[](BackwardArgs &a) { a.head_dim = 96; },
        "head_dim 96 is not supported"},
-      {[](BackwardArgs &a) {
-         a.head_dim = 256;
-         for (TensorArg *t : {&a.q, &a.o, &a.dout, &a.dq})
-           *t = {t->data, 8 * 256, 256};
-         for (TensorArg *t : {&a.k, &a.v, &a.dk, &a.dv})
-           *t = {t->data, 2 * 256, 256};
-       },
-       "head_dim 256 is not supported by the backward yet"},
       {[](BackwardArgs &a) { a.dtype = static_cast<DType>(3); }, "dtype (3)"},
       {[](BackwardArgs &a) { a.num_tokens = 111; },
        "num_tokens (111) differs from the plan's token count (112)"},

@@ -69,24 +69,29 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
   // compiler/lib/KernelSpec.cpp: the KV-major kernels (fused and deterministic
   // dK/dV) 128 keys in 8 warps with 64-query tiles from sm_90 on; before it
   // the fused kernel streams 32-query tiles (an sm_80 SM's shared memory is
-  // smaller) and the dK/dV one holds 64 keys in 4 warps; dQ 64 rows x 32 keys;
-  // elementwise 64 rows; one stage each; any head_dim.
+  // smaller) and the dK/dV one holds 64 keys in 4 warps; at head_dim 256 both
+  // hold 64 keys in 8 warps (dK and dV split across them) and stream 32-query
+  // tiles on every arch; dQ 64 rows x 32 keys; elementwise 64 rows; one stage
+  // each.
   KernelSpec spec;
   for (int d : {64, 128, 256}) {
     spec.headDim = d;
     for (const char *arch : {"sm_80", "sm_86", "sm_89", "", "compute_90"}) {
       spec.arch = arch;
       spec.kind = KernelKind::Bwd;
-      CHECK(defaultTiling(spec) == Tiling{128, 32, 8, 1});
+      CHECK(defaultTiling(spec) ==
+            (d == 256 ? Tiling{64, 32, 8, 1} : Tiling{128, 32, 8, 1}));
       spec.kind = KernelKind::BwdKV;
-      CHECK(defaultTiling(spec) == Tiling{64, 64, 4, 1});
+      CHECK(defaultTiling(spec) ==
+            (d == 256 ? Tiling{64, 32, 8, 1} : Tiling{64, 64, 4, 1}));
     }
     for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"}) {
       spec.arch = arch;
       spec.kind = KernelKind::Bwd;
-      CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
+      Tiling kvMajor = d == 256 ? Tiling{64, 32, 8, 1} : Tiling{128, 64, 8, 1};
+      CHECK(defaultTiling(spec) == kvMajor);
       spec.kind = KernelKind::BwdKV;
-      CHECK(defaultTiling(spec) == Tiling{128, 64, 8, 1});
+      CHECK(defaultTiling(spec) == kvMajor);
     }
     spec.kind = KernelKind::BwdDQ;
     CHECK(defaultTiling(spec) == Tiling{64, 32, 4, 1});
@@ -140,15 +145,22 @@ int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   const int row = (d + 8) * 2;
   switch (kind) {
   case KernelKind::Bwd:
-  case KernelKind::BwdKV:
+  case KernelKind::BwdKV: {
     // K, V (block_m rows); Q and dO double buffered (2 x 2 x block_n rows);
-    // dSᵀ, block_m rows of block_n + 8 (bwd only: dQ); LSE and Delta of the
-    // two query tiles in flight (4 arrays of block_n fp32, or of one a thread
-    // when there are more threads: each thread copies into a slot of its
-    // own).
-    return 2 * t.blockM * row + 4 * t.blockN * row +
-           (kind == KernelKind::Bwd ? t.blockM * (t.blockN + 8) * 2 : 0) +
+    // dSᵀ, block_m rows of block_n + 8 (bwd only: dQ), or in the
+    // two-dimensional warp layout (8 warps: 128 keys and 64-query tiles, or
+    // 64 keys at head_dim 256) P and dS, 2 x block_n rows of block_m + 8;
+    // LSE and Delta of the two query tiles in flight (4 arrays of block_n
+    // fp32, or of one a thread when there are more threads: each thread
+    // copies into a slot of its own).
+    bool grid2d = t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
+                                   (d == 256 && t.blockM == 64));
+    int scores = grid2d                    ? 2 * t.blockN * (t.blockM + 8) * 2
+                 : kind == KernelKind::Bwd ? t.blockM * (t.blockN + 8) * 2
+                                           : 0;
+    return 2 * t.blockM * row + 4 * t.blockN * row + scores +
            4 * std::max(t.blockN, 32 * t.warps) * 4;
+  }
   case KernelKind::BwdDQ:
     // Q, dO (block_m rows), K, V (block_n rows).
     return (2 * t.blockM + 2 * t.blockN) * row;
@@ -185,7 +197,7 @@ TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
       {KernelKind::BwdKV, "attention_bwd_kv_mma_sync"},
       {KernelKind::BwdDQ, "attention_bwd_dq_mma_sync"}};
   for (auto [kind, entry] : kinds)
-    for (int d : {64, 128})
+    for (int d : {64, 128, 256})
       for (DType t : {DType::BF16, DType::FP16}) {
         KernelSpec spec;
         spec.kind = kind;
@@ -298,12 +310,12 @@ TEST_CASE("compiler: a bad spec fails with the field and value", "[compiler]") {
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("accumulator registers") != std::string::npos);
 
-  // The KV-major backward holds two accumulators (dK, dV): its default 128-key
-  // block in 8 warps at head_dim 256 needs 2 * 128 * 256 / 256 = 256 registers
-  // a thread.
+  // The KV-major backward holds two accumulators (dK, dV): a 128-key block in
+  // 8 warps at head_dim 256 (head_dim 128's default) needs 2 * 128 * 256 /
+  // 256 = 256 registers a thread.
   spec.kind = KernelKind::Bwd;
   spec.headDim = 256;
-  spec.tiling = {};
+  spec.tiling = {128, 64, 8, 1};
   r = compile(spec, {false, "", ""});
   CHECK_FALSE(r.ok);
   CHECK(r.error.find("tiling gives each thread 256 accumulator registers") !=

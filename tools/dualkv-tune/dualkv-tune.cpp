@@ -60,7 +60,7 @@ serves every shape of a head configuration.
 
 options:
   --kind K         fwd, bwd or bwd_kv (default fwd)
-  --head-dim D     64, 128 or 256 (default 128; the backward: 64 or 128)
+  --head-dim D     64, 128 or 256 (default 128)
   --heads HQ:HKV   query and key/value heads (default 32:8)
   --dtype T        bf16 or fp16 (default bf16)
   --P P --N N --R R  the timing shape: one group, N responses of R tokens
@@ -170,10 +170,6 @@ Args parseArgs(int argc, char **argv) {
   if (a.spec.numQHeads % a.spec.numKVHeads != 0)
     usageError(fmt::format("--heads {}:{}: HQ must be a multiple of HKV",
                            a.spec.numQHeads, a.spec.numKVHeads));
-  if (isBackward(a.spec.kind) && a.spec.headDim != 64 && a.spec.headDim != 128)
-    usageError(fmt::format(
-        "--head-dim {} with --kind {}: the backward supports 64 and 128",
-        a.spec.headDim, toString(a.spec.kind)));
   return a;
 }
 

@@ -220,7 +220,7 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
   SmallVector<Value> out;
   if (grid2d) {
     // Per query row of the S layout: rows g and g + 8 of each m16 block.
-    for (int64_t mt = 0; mt < 2; ++mt)
+    for (int64_t mt = 0; mt < scoreMTiles(); ++mt)
       for (int64_t h = 0; h < 2; ++h) {
         Value v =
             memref::LoadOp::create(b, loc, buf, ValueRange{sQuery(mt, h)});
@@ -455,6 +455,12 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   if (blockN % 16 != 0)
     return kernel.emitOpError()
            << "block_n (" << blockN << ") must be a multiple of 16";
+  if (grid2d && (blockN % 32 != 0 || blockM % 64 != 0))
+    return kernel.emitOpError()
+           << "the two-dimensional warp layout needs block_m a multiple of 64 "
+              "and block_n a multiple of 32 (2 x 4 warps of whole m16 x n16 "
+              "blocks of scores), got "
+           << blockM << " and " << blockN;
   createFunc(gpuModule, kernel.getSymName(), kernel.getKind());
   qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),
   doPtr = param("dout"), dkPtr = param("dk"), dvPtr = param("dv"),

@@ -13,14 +13,17 @@
 //   col_stats   vector<NT*2 x f32>, queries 2t and 2t + 1 of each n8 tile
 //   grad_acc    vector<MT*DT*4 x f32>, C fragments of dK or dV
 //
-// The two-dimensional layout (grid2d: BM = 128, BN = 64, 8 warps; the fused
-// kernel's default from sm_90 on in the mma.sync schedule) reads a third less
-// shared memory a query. S = Q Kᵀ and dP = dO Vᵀ (queries x keys, not
-// transposed) are 2 x 4 warps of 32 queries x 32 keys: scores_t holds 2 x 4 C
-// fragments, queries g and g + 8, keys 2t and 2t + 1, and col_stats the 4
-// statistics of the thread's query rows; dK and dV are 4 x 2 warps of 32
-// keys x D/2 (grad_acc: 2 x D/16 C fragments). MmaSync/KVMajor.cpp says how
-// the products are computed.
+// The two-dimensional layout (grid2d: 8 warps, BM = 128 and BN = 64, the
+// fused kernel's default from sm_90 on in the mma.sync schedule, or at head_dim
+// 256 BM = 64 and BN = 32 or 64) reads a third less shared memory a query and
+// splits the head dimension of dK and dV across warps. S = Q Kᵀ and dP = dO Vᵀ
+// (queries x keys, not transposed) are 2 x 4 warps of BN/2 queries x BM/4
+// keys: scores_t holds BN/32 x BM/32 C fragments, queries g and g + 8, keys 2t
+// and 2t + 1, and col_stats the BN/16 statistics of the thread's query rows;
+// dK and dV are BM/32 x GC warps of 32 keys x D/GC, GC = 8 / (BM/32) (grad_acc:
+// 2 x D/(8 GC) C fragments): 4 x 2 warps of 32 keys x D/2 at BM = 128, 2 x 4
+// of 32 keys x 64 at BM = 64 and D = 256. MmaSync/KVMajor.cpp says how the
+// products are computed.
 //
 // KVMajorEmitter emits what every schedule shares: the work item, the loops
 // over query heads and query tiles (the causal ones first), the double
@@ -138,10 +141,11 @@ protected:
     return add(idx(nt * 8 + e), mul(t, idx(2)));
   }
   Value sQuery(int64_t mt, int64_t h) { // S layout: query row in the tile
-    return add(mul(divu(warp, 4), idx(32)), add(idx(mt * 16 + h * 8), g));
+    return add(mul(divu(warp, 4), idx(blockN / 2)),
+               add(idx(mt * 16 + h * 8), g));
   }
   Value sKey(int64_t nt, int64_t e) { // S layout: key row in the block
-    return add(mul(remu(warp, 4), idx(32)),
+    return add(mul(remu(warp, 4), idx(blockM / 4)),
                add(idx(nt * 8 + e), mul(t, idx(2))));
   }
   /// Rows and columns of the dK/dV accumulators: key row of half `h` of m16
@@ -149,21 +153,30 @@ protected:
   Value gradRow(int64_t mt, int64_t h) {
     if (!grid2d)
       return keyRow(mt, h);
-    return add(mul(divu(warp, 2), idx(32)), add(idx(mt * 16 + h * 8), g));
+    return add(mul(divu(warp, gradColWarps()), idx(32)),
+               add(idx(mt * 16 + h * 8), g));
   }
   Value gradCol(int64_t dt) {
     Value col = add(idx(dt * 8), mul(t, idx(2)));
-    return grid2d ? add(mul(remu(warp, 2), idx(headDim / 2)), col) : col;
+    return grid2d ? add(mul(remu(warp, gradColWarps()),
+                            idx(headDim / gradColWarps())),
+                        col)
+                  : col;
   }
+  /// grid2d: the warps that split the columns of dK and dV (each warp 32
+  /// keys).
+  int64_t gradColWarps() const { return warps / (blockM / 32); }
   int64_t gradMTiles() const { return grid2d ? 2 : mTiles; }
-  int64_t scoreMTiles() const { return grid2d ? 2 : mTiles; }
-  int64_t scoreNTiles() const { return grid2d ? 4 : nTiles; }
+  int64_t scoreMTiles() const { return grid2d ? blockN / 32 : mTiles; }
+  int64_t scoreNTiles() const { return grid2d ? blockM / 32 : nTiles; }
   /// The statistic (LSE, Delta) of score element `c` of tile (mt, nt): per
   /// query column in Sᵀ, per query row in S (grid2d).
   int64_t statIndex(int64_t mt, int64_t nt, int64_t c) const {
     return grid2d ? mt * 2 + c / 2 : nt * 2 + c % 2;
   }
-  int64_t gradDTiles() const { return grid2d ? headDim / 16 : dTiles; }
+  int64_t gradDTiles() const {
+    return grid2d ? headDim / gradColWarps() / 8 : dTiles;
+  }
   /// With waitOncePerTile: once per query tile, before its first use, waits
   /// for all of the tile's copies (Q, dO, LSE, Delta; the next tile's stay
   /// in flight) and syncs the CTA, so later uses in the iteration need no

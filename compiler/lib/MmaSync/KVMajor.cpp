@@ -13,11 +13,17 @@
 // sm_90 and later, scalar atomics before.
 //
 // The two-dimensional layout (grid2d) computes S and dP as queries x keys
-// (2 x 4 warps of 32 x 32), puts P and dS in shared memory (BN x (BM+8)
-// each), computes dV += Pᵀ dO and dK += dSᵀ Q as 4 x 2 warps of 32 keys x D/2
-// with A read back by ldmatrix.trans, and dQ = dS K as 2 x 4 warps of 32
-// queries x D/4 with A read straight from dS (bwd only). Each query tile is
-// waited for once (one barrier for Q, dO, LSE and Delta).
+// (2 x 4 warps of BN/2 x BM/4), puts P and dS in shared memory (BN x (BM+8)
+// each), computes dV += Pᵀ dO and dK += dSᵀ Q as BM/32 x GC warps of 32 keys
+// x D/GC (GC = 8 / (BM/32): 4 x 2 warps of 32 keys x D/2 at BM = 128) with A
+// read back by ldmatrix.trans, and dQ = dS K as 2 x 4 warps of BN/2 queries x
+// D/4 with A read straight from dS (bwd only). Each query tile is waited for
+// once (one barrier for Q, dO, LSE and Delta).
+//
+// head_dim 256 takes it at BM = 64 (BN = 32 or 64, 8 warps): dK and dV of 64
+// keys x 256 columns are 128 fp32 registers a thread only when all 8 warps
+// share them, 2 x 4 warps of 32 keys x 64 columns; the one-block layout would
+// give each of 4 warps 16 keys x 256 columns of each, 256 registers.
 //
 //===----------------------------------------------------------------------===//
 #include "Common/KVMajor.h"
@@ -39,8 +45,9 @@ public:
   MmaSyncKVMajorEmitter(KernelOp kernel, OpBuilder &b)
       : KVMajorEmitter(kernel, b) {
     // 128 keys, 64-query tiles and 8 warps take the two-dimensional warp
-    // layout (see the file comment).
-    grid2d = blockM == 128 && blockN == 64 && warps == 8;
+    // layout (see the file comment), as do 64 keys in 8 warps at head_dim 256.
+    grid2d = warps == 8 && ((blockM == 128 && blockN == 64) ||
+                            (headDim == 256 && blockM == 64));
     waitOncePerTile = grid2d;
   }
 
@@ -154,33 +161,35 @@ LogicalResult MmaSyncKVMajorEmitter::emitQKT2d(QKTOp op) {
   Value aBuf = map.lookup(op.getQ());
   Value bBuf = map.lookup(op.getKv());
   waitFor(aBuf);
-  SmallVector<Value> s(2 * 4 * 4, f32c(0.0f));
+  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
+  SmallVector<Value> s(sm * sn * 4, f32c(0.0f));
   Value quad = divu(aLane, 8);
   // A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
   // (rows 8-15, k 8-15). B: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys
   // 8-15, k 0-7), (keys 8-15, k 8-15).
-  Value aRow = add(mul(divu(warp, 4), idx(32)),
+  Value aRow = add(mul(divu(warp, 4), idx(blockN / 2)),
                    add(remu(aLane, 8), mul(remu(quad, 2), idx(8))));
   Value aCol = mul(divu(quad, 2), idx(8));
-  Value bRow = add(mul(remu(warp, 4), idx(32)),
+  Value bRow = add(mul(remu(warp, 4), idx(blockM / 4)),
                    add(remu(aLane, 8), mul(divu(quad, 2), idx(8))));
   Value bCol = mul(remu(quad, 2), idx(8));
   for (int64_t kt = 0; kt < kTiles; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
-    for (int64_t mt = 0; mt < 2; ++mt)
+    for (int64_t mt = 0; mt < sm; ++mt)
       aFrags.push_back(ldmatrix4(aBuf, add(aRow, idx(mt * 16)),
                                  add(aCol, idx(kt * 16)), /*transpose=*/false));
-    mmaRowsB(s, aFrags, bBuf, bRow, bCol, kt, /*nTotal=*/4);
+    mmaRowsB(s, aFrags, bBuf, bRow, bCol, kt, /*nTotal=*/sn);
   }
   map.map(op.getResult(), pack(s));
   return success();
 }
 
 void MmaSyncKVMajorEmitter::storeScores2d(ArrayRef<Value> x, Value buf) {
-  for (int64_t mt = 0; mt < 2; ++mt)
-    for (int64_t nt = 0; nt < 4; ++nt)
+  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
+  for (int64_t mt = 0; mt < sm; ++mt)
+    for (int64_t nt = 0; nt < sn; ++nt)
       for (int64_t h = 0; h < 2; ++h) {
-        int64_t i = (mt * 4 + nt) * 4 + h * 2;
+        int64_t i = (mt * sn + nt) * 4 + h * 2;
         Value narrow = arith::TruncFOp::create(
             b, loc, VectorType::get({2}, elemType), pack({x[i], x[i + 1]}));
         vector::StoreOp::create(b, loc, narrow, buf,
@@ -192,7 +201,7 @@ void MmaSyncKVMajorEmitter::storeScores2d(ArrayRef<Value> x, Value buf) {
 LogicalResult MmaSyncKVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
   // acc (keys x D) += Xᵀ Y: X (P or dS, queries x keys) goes to shared memory
   // and comes back transposed as A fragments (ldmatrix.trans); Y (dO or Q,
-  // queries x D) is B, transposed. Each warp: 32 keys x D/2.
+  // queries x D) is B, transposed. Each warp: 32 keys x D/GC.
   Value y = map.lookup(op.getY());
   waitFor(y);
   Value xv = map.lookup(op.getX());
@@ -202,17 +211,17 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
     storedScores[xv] = buf;
   }
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
-  const int64_t gdt = headDim / 16;
+  const int64_t gdt = gradDTiles(), gcw = gradColWarps();
   Value quad = divu(aLane, 8);
   // A (keys x queries) from X (queries x keys) by ldmatrix.trans: matrix j
   // holds keys + 8 (j % 2), queries + 8 (j / 2).
   Value aQuery = add(remu(aLane, 8), mul(divu(quad, 2), idx(8)));
-  Value aKey = add(mul(divu(warp, 2), idx(32)), mul(remu(quad, 2), idx(8)));
+  Value aKey = add(mul(divu(warp, gcw), idx(32)), mul(remu(quad, 2), idx(8)));
   // B (queries x D) by ldmatrix.trans: (q 0-7, d 0-7), (q 8-15, d 0-7),
   // (q 0-7, d 8-15), (q 8-15, d 8-15).
   Value bQuery = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
   Value bCol =
-      add(mul(remu(warp, 2), idx(headDim / 2)), mul(divu(quad, 2), idx(8)));
+      add(mul(remu(warp, gcw), idx(headDim / gcw)), mul(divu(quad, 2), idx(8)));
   for (int64_t kk = 0; kk < blockN / 16; ++kk) {
     SmallVector<Value, 4> aFrags[2];
     for (int64_t mt = 0; mt < 2; ++mt)
@@ -264,8 +273,8 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   int64_t rowBlocks = blockN / 16;
   int64_t qmTiles = std::max<int64_t>(rowBlocks / warps, 1);
   int64_t colSplit = std::max<int64_t>(warps / rowBlocks, 1);
-  if (grid2d) // 2 x 4 warps of 32 queries x D/4
-    qmTiles = 2, colSplit = 4;
+  if (grid2d) // 2 x 4 warps of BN/2 queries x D/4
+    qmTiles = blockN / 32, colSplit = 4;
   int64_t warpCols = headDim / colSplit;
   int64_t chunkCols = std::min<int64_t>(warpCols, kDqChunkCols);
   Value warpRow0 = colSplit == 1 ? mul(warp, idx(16 * qmTiles))
@@ -273,7 +282,7 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   Value warpCol0 =
       colSplit == 1 ? idx(0) : mul(divu(warp, rowBlocks), idx(warpCols));
   if (grid2d) {
-    warpRow0 = mul(divu(warp, 4), idx(32));
+    warpRow0 = mul(divu(warp, 4), idx(blockN / 2));
     warpCol0 = mul(remu(warp, 4), idx(warpCols));
   }
   int64_t kSteps = blockM / 16;

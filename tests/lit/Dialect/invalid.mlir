@@ -120,8 +120,19 @@ func.func @tiling_warps_zero() attributes {x = #dualkv.tiling<block_m = 64, bloc
 
 // -----
 
-// expected-error @+1 {{block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks}}
-func.func @tiling_warps_do_not_cover_block_m() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 8, stages = 1>} { return }
+// Warps own whole m16 row blocks of block_m: a kernel's check, as the KV-major
+// backward at head_dim 256 splits the head dimension instead (below).
+// expected-error @+1 {{'dualkv.kernel' op block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks}}
+dualkv.kernel @tiling_warps_do_not_cover_block_m kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 8, stages = 1> arch "sm_80" schedule <mma_sync> {
+}
+
+// -----
+
+// The KV-major backward's exception is head_dim 256 only (its two-dimensional
+// warp layout of 64 keys in 8 warps): at head_dim 128 bwd_kv needs whole blocks.
+// expected-error @+1 {{'dualkv.kernel' op block_m (64) must be a multiple of 16 * warps (128)}}
+dualkv.kernel @bwd_kv_warps_do_not_cover_block_m kind <bwd_kv> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 8, stages = 1> arch "sm_80" schedule <mma_sync> {
+}
 
 // -----
 
@@ -703,8 +714,8 @@ dualkv.kernel @bwd_acc_registers kind <bwd> problem <P = 0, N = 0, num_q_heads =
 
 // -----
 
-// bwd_kv counts two accumulators too: the default 64-key block at head_dim 256 gives
-// 2 * 64 * 256 / 128 = 256.
+// bwd_kv counts two accumulators too: sm_80's 64:64:4 of head_dim 64 and 128 gives
+// 2 * 64 * 256 / 128 = 256 at head_dim 256 (whose default is 64 keys in 8 warps).
 // expected-error @+1 {{tiling gives each thread 256 accumulator registers}}
 dualkv.kernel @bwd_kv_acc_registers kind <bwd_kv> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 }

@@ -121,8 +121,7 @@ func.func @no_kernel() {
 
 // === backward: per-kind default tilings ===
 // dualkv::defaultTiling (compiler/lib/KernelSpec.cpp) gives the backward kinds
-// tilings of their own, the same for every head_dim (64 and 128 are the backward's;
-// 256 does not fit, below):
+// tilings of their own, the same for head_dim 64 and 128 (256: below):
 // - bwd: block_m = 128 keys and values a CTA in 8 warps, stages 1 (twice the keys
 //   of bwd_kv halve the dQ reductions); query tiles of block_n = 64 on sm_90a (the
 //   two-dimensional warp layout), 32 on sm_80 (its 171 KB of shared memory at
@@ -137,6 +136,9 @@ func.func @no_kernel() {
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
+// - head_dim 256, bwd and bwd_kv on every arch: 64 keys in 8 warps (2 * 64 * 256 /
+//   256 = 128 registers, dK and dV split across the warps by head dimension, so the
+//   warps need not own whole m16 blocks of keys), 32-query tiles, mma_sync.
 // Change these checks with defaultTiling.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
@@ -144,6 +146,10 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
 // BWD-KV-SAME: tiling <[[TILING]]>
@@ -152,6 +158,7 @@ func.func @no_kernel() {
 // BWD-KV: dualkv.q_loop part <all>
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
 // BWD-DQ-SAME: head_dim = [[D]],
 // BWD-DQ-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
@@ -169,13 +176,17 @@ func.func @no_kernel() {
 // BWD-PARTIAL-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 1>
 // BWD-PARTIAL-SAME: schedule <mma_sync>
 
-// The KV-major defaults do not fit head_dim 256: 2 * 128 * 256 / 256 (bwd) and
-// 2 * 64 * 256 / 128 (bwd_kv) = 256 registers.
-// The dQ kernel holds one accumulator (64 * 256 / 128 = 128) and binds.
-// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
-// RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
+// head_dim 64 and 128's KV-major tilings do not fit head_dim 256: 2 * 128 * 256 /
+// 256 (bwd's 128:32:8) and 2 * 64 * 256 / 128 (sm_80 bwd_kv's 64:64:4) = 256
+// registers. 64 keys in 4 warps leave the warps whole m16 blocks, so only the
+// register count stops it.
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128 block-n=32 warps=8" 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
+// RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 block-m=64 block-n=64 warps=4" 2>&1 | FileCheck %s --check-prefix=ERR-BWD-D256
 // ERR-BWD-D256: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256
+// The 64-key, 8-warp exception is the KV-major backward's at head_dim 256 only:
+// the forward keeps its whole m16 blocks a warp.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=64 block-n=32 warps=8" 2>&1 | FileCheck %s --check-prefix=ERR-FWD-ROWS
+// ERR-FWD-ROWS: error: block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks
 
 // === the schedule: chosen once (resolveSpec), recorded on the kernel ===
 // auto (the default) takes wgmma exactly where it fits: sm_90a, head_dim 128, the

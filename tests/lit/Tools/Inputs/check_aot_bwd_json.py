@@ -41,11 +41,12 @@ def shared_bytes(kind, d, bm, bn, warps, arch):
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
-    # (128 keys, 64-query tiles, 8 warps), P and dS (2 x block_n x (block_m + 8)),
-    # then LSE and Delta of the two query tiles in flight (4 arrays of fp32).
+    # (8 warps: 128 keys and 64-query tiles, or 64 keys at head_dim 256), P and
+    # dS (2 x block_n x (block_m + 8)), then LSE and Delta of the two query
+    # tiles in flight (4 arrays of fp32, stat_slots each).
     if kind in ("bwd", "bwd_kv"):
         ds = bm * (bn + 8) * 2 if kind == "bwd" else 0
-        if (bm, bn, warps) == (128, 64, 8):
+        if warps == 8 and ((bm, bn) == (128, 64) or (d == 256 and bm == 64)):
             ds = 2 * bn * (bm + 8) * 2
         return 2 * bm * row + 4 * bn * row + ds + 4 * stat_slots(bn, warps) * 4
     if kind == "bwd_dq":  # Q, dO (block_m rows), K, V (block_n rows)
