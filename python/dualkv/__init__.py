@@ -38,7 +38,8 @@ __all__ = [
 
 
 def __getattr__(name):
-    # dualkv.attention and dualkv.ops import torch, so they load on first use:
+    # dualkv.attention, dualkv.ops and dualkv.distributed import torch, so they
+    # load on first use:
     # `import dualkv` alone needs neither torch nor transformers.
     if name == "attention":
         from .ops import attention
@@ -46,6 +47,9 @@ def __getattr__(name):
     if name == "ops":
         from . import ops
         return ops
+    if name == "distributed":
+        from . import distributed
+        return distributed
     raise AttributeError(f"module 'dualkv' has no attribute {name!r}")
 
 
