@@ -180,6 +180,34 @@ def _uses_nccl(group, tensor):
     return "nccl" in backend
 
 
+def _wire(t):
+    """t on the CPU as raw bytes (uint8, last dimension times the element
+    size) for a non-NCCL all_gather: pure data movement, so every dtype
+    travels, whatever dtypes the backend supports (gloo and bf16)."""
+    t = t.detach()
+    if t.is_cuda:
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def _gather_parts(x, group, world):
+    """[x of rank 0, x of rank 1, ...], on x's device."""
+    if _uses_nccl(group, x):
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x, group=group)
+        return parts
+    wire = _wire(x)
+    parts = [torch.empty_like(wire) for _ in range(world)]
+    dist.all_gather(parts, wire, group=group)
+    if x.dtype != torch.uint8:
+        parts = [p.view(x.dtype) for p in parts]
+    return [p.reshape(x.shape).to(x.device) for p in parts]
+
+
 def _all_to_all(send, group):
     """send [W, ...] (chunk j goes to rank j) -> recv [W, ...] (chunk i came
     from rank i). Equal chunks."""
@@ -193,33 +221,29 @@ def _all_to_all(send, group):
         dist.all_to_all_single(recv, send, group=group)
         return recv
     # gloo and others: all_gather every rank's chunks, keep the ones for us.
-    device = send.device
-    staged = send.cpu() if send.is_cuda else send
-    parts = [torch.empty_like(staged) for _ in range(world)]
-    dist.all_gather(parts, staged, group=group)
-    recv = torch.stack([p[rank] for p in parts])
-    return recv.to(device) if recv.device != device else recv
+    parts = _gather_parts(send, group, world)
+    return torch.stack([p[rank] for p in parts])
 
 
 def _all_gather(x, group):
     """[W * n, ...]: every rank's x concatenated along dim 0 in rank order."""
     world, _ = _world_and_rank(group)
-    x = x.contiguous()
-    device = x.device
-    staged = x if _uses_nccl(group, x) or not x.is_cuda else x.cpu()
-    parts = [torch.empty_like(staged) for _ in range(world)]
-    dist.all_gather(parts, staged, group=group)
-    out = torch.cat(parts, dim=0)
-    return out.to(device) if out.device != device else out
+    return torch.cat(_gather_parts(x, group, world), dim=0)
 
 
 def _all_reduce_sum(x, group):
-    """A new tensor: the sum of x over the ranks."""
-    device = x.device
-    staged = (x.clone() if _uses_nccl(group, x) or not x.is_cuda
-              else x.cpu()).contiguous()
+    """A new tensor: the sum of x over the ranks (on a non-NCCL backend on
+    the CPU, half precision summed in float32)."""
+    if _uses_nccl(group, x):
+        out = x.detach().clone().contiguous()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+    staged = x.detach().cpu()
+    if staged.dtype in (torch.float16, torch.bfloat16):
+        staged = staged.float()
+    staged = staged.clone().contiguous()
     dist.all_reduce(staged, op=dist.ReduceOp.SUM, group=group)
-    return staged.to(device) if staged.device != device else staged
+    return staged.to(device=x.device, dtype=x.dtype)
 
 
 def _seq_to_head(x, group):
