@@ -776,7 +776,7 @@ def make_policy(torch, W):
 
 
 def dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args, sp_group, sp_rank):
-    """One GRPO step of the policy on several ranks. With --sp S > 1: the packed
+    """One GRPO step of the policy on several ranks. With --sp S: the packed
     micro-batch's tokens sharded over the S ranks of sp_group (shard_packed, padding at
     the end), Ulysses attention (dualkv.distributed.ulysses_attention), the last hidden
     states gathered back (gather_packed, differentiable) so that every rank of the group
@@ -787,7 +787,7 @@ def dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args, sp_group, 
     sp = args.sp or 1
 
     def step(Wd):
-        if sp > 1:
+        if args.sp is not None:   # --sp 1 too: the Ulysses plumbing on one rank
             ids = dd.shard_packed(batch.packed_ids[0], sp_rank, sp)[None]    # [1, L]
             pos = dd.shard_packed(batch.packed_pos[0], sp_rank, sp)[None]
 
