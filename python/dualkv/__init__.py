@@ -44,12 +44,11 @@ def __getattr__(name):
     if name == "attention":
         from .ops import attention
         return attention
-    if name == "ops":
-        from . import ops
-        return ops
-    if name == "distributed":
-        from . import distributed
-        return distributed
+    if name in ("ops", "distributed"):
+        # import_module, not `from . import name`: the latter asks this
+        # __getattr__ for the submodule first and would recurse forever.
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'dualkv' has no attribute {name!r}")
 
 
