@@ -47,6 +47,20 @@ Run (GPU, PyTorch >= 2.5; from the repository root, after building build/libdual
   python3 examples/grpo_policy_update.py --lib build/libdualkv.so            # ~3-5 min on an H200
   python3 examples/grpo_policy_update.py --lib build/libdualkv.so --quick    # one small config
 Writes benchmarks/results/<today>/grpo_policy_update.{md,json,png} (--out DIR to change).
+
+Several GPUs (one process each, under torchrun; packed-DualKV only):
+  torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --sp 4
+  torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --fsdp
+  torchrun --nproc-per-node 8 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --sp 4 --fsdp
+--sp S shards each packed micro-batch's tokens over S ranks (dualkv.distributed: Ulysses
+all-to-all around dualkv.attention, the hidden states gathered before the loss); the
+processes form world/S data-parallel replicas, each with its own micro-batch (replica 0's
+is the one-GPU run's). --fsdp shards the weights with FSDP2's fully_shard over all ranks;
+without it the gradients are all-reduced. Each config is checked against the one-GPU
+packed-DualKV step of the same micro-batch (gradients averaged over the ranks likewise;
+--logp-tol/--grad-tol) and timed; rank 0 prints the results and writes
+grpo_policy_update_distributed.json in the output folder. Without --sp and --fsdp the
+example runs on one GPU exactly as described above.
 """
 
 import argparse
@@ -720,6 +734,275 @@ def environment(torch, dualkv):
     return env
 
 
+# ------------------------------------------------------------------- several GPUs
+
+class _Grad:
+    """What compare() reads of a parameter: .grad (full, not sharded) and .device."""
+
+    def __init__(self, grad):
+        self.grad = grad
+        self.device = grad.device
+
+
+def _fully_shard():
+    """FSDP2's fully_shard (torch >= 2.6 in torch.distributed.fsdp, 2.4-2.5 under
+    torch.distributed._composable.fsdp)."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def make_policy(torch, W):
+    """The weights W (copied) as an nn.Module whose forward(fn) calls fn(weights dict),
+    so that FSDP's hooks gather the parameters around the whole model step."""
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.names = list(W)
+            for name, w in W.items():
+                self.register_parameter(name.replace(".", "__"),
+                                        torch.nn.Parameter(w.detach().clone()))
+
+        def forward(self, fn):
+            return fn({n: getattr(self, n.replace(".", "__")) for n in self.names})
+
+        def named_weights(self):
+            return [(n, getattr(self, n.replace(".", "__"))) for n in self.names]
+
+    return Policy()
+
+
+def dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args, sp_group, sp_rank):
+    """One GRPO step of the policy on several ranks. With --sp S: the packed
+    micro-batch's tokens sharded over the S ranks of sp_group (shard_packed, padding at
+    the end), Ulysses attention (dualkv.distributed.ulysses_attention), the last hidden
+    states gathered back (gather_packed, differentiable) so that every rank of the group
+    computes the same log-probs and loss. Gradients are then averaged over all ranks
+    (FSDP's reduce-scatter with --fsdp, an all-reduce otherwise): with gather_packed's
+    sum semantics that is the mean over the data-parallel replicas of dLoss/dparam."""
+    plan = dualkv.Plan(batch.groups)   # the whole micro-batch's plan, on every rank
+    sp = args.sp or 1
+
+    def step(Wd):
+        if args.sp is not None:   # --sp 1 too: the Ulysses plumbing on one rank
+            ids = dd.shard_packed(batch.packed_ids[0], sp_rank, sp)[None]    # [1, L]
+            pos = dd.shard_packed(batch.packed_pos[0], sp_rank, sp)[None]
+
+            def attn(q, k, v):   # [1, L, H, D] -> [1, L, Hq, D]
+                return dd.ulysses_attention(q[0], k[0], v[0], plan,
+                                            group=sp_group).unsqueeze(0)
+
+            h = hidden_states(torch, cfg, Wd, ids, pos, attn)                 # [1, L, hidden]
+            h = dd.gather_packed(h[0], batch.packed_tokens, group=sp_group)[None]
+        else:
+            def attn(q, k, v):
+                return dualkv.attention(q[0], k[0], v[0], plan).unsqueeze(0)
+
+            h = hidden_states(torch, cfg, Wd, batch.packed_ids, batch.packed_pos, attn)
+        return response_logprobs(torch, cfg, Wd, h, batch.packed_index, batch.targets)
+
+    logp = model(step)
+    loss = grpo_loss(torch, logp, logp.detach(), batch.advantages, args.clip_eps)
+    loss.backward()
+    if not args.fsdp:
+        world = dist.get_world_size()
+        for _, w in model.named_weights():
+            if w.grad is not None:
+                dist.all_reduce(w.grad)
+                w.grad.div_(world)
+    return loss.detach(), logp.detach()
+
+
+def main_distributed(args):
+    """--sp and/or --fsdp, under torchrun: packed-DualKV only, checked against the
+    one-GPU packed-DualKV step of the same micro-batch (gradients averaged over the
+    ranks like the distributed ones)."""
+    started = time.perf_counter()
+    dualkv = import_dualkv(args.lib)
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        sys.exit("PyTorch is not installed: this example needs torch >= 2.5 and CUDA GPUs")
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU: --sp/--fsdp need one per process")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        sys.exit("--sp/--fsdp run one process per GPU: launch with "
+                 "torchrun --nproc-per-node N examples/grpo_policy_update.py --sp N ...")
+    from dualkv import distributed as dd
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl")
+    try:
+        return _run_distributed(args, torch, dist, dd, dualkv, device, started)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_distributed(args, torch, dist, dd, dualkv, device, started):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ModelConfig(args.layers, args.vocab)
+    sp = args.sp or 1
+    if world % sp:
+        sys.exit(f"--sp {sp} does not divide the {world} processes")
+    try:
+        dd.kv_replication(cfg.heads, cfg.kv_heads, sp)
+    except ValueError as e:
+        sys.exit(f"--sp {sp}: {e}")
+    dp, dp_index, sp_rank = world // sp, rank // sp, rank % sp
+    sp_group = None
+    for d in range(dp):   # every rank creates every group, in the same order
+        g = dist.new_group(list(range(d * sp, (d + 1) * sp)))
+        if d == dp_index:
+            sp_group = g
+    lead = rank == 0
+
+    def say(text):
+        if lead:
+            print(text, flush=True)
+
+    env = environment(torch, dualkv) if lead else {}
+    out_dir = Path(args.out) if args.out else (
+        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+    if lead:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    W = init_weights(torch, cfg, device, torch.bfloat16, args.seed)
+    n_params = sum(w.numel() for w in W.values())
+    layout = (f"{world} ranks: {dp} data-parallel replica(s) x Ulysses over {sp}"
+              + (", FSDP (fully_shard)" if args.fsdp else ", replicated weights"))
+    say(f"# {env.get('gpu')}, torch {env.get('torch')}, dualkv {env.get('dualkv')}")
+    say(f"# model: Qwen3-8B layer sizes, {cfg.layers} layers, vocab {cfg.vocab}, "
+        f"{n_params / 1e6:.0f}M parameters, bf16; G = {args.groups} group(s) per "
+        f"micro-batch; {layout}")
+
+    model = make_policy(torch, W)
+    if args.fsdp:
+        _fully_shard()(model)
+
+    def full_grads():
+        grads = {}
+        for name, w in model.named_weights():
+            g = w.grad
+            if g is not None and hasattr(g, "full_tensor"):   # FSDP2: a sharded DTensor
+                g = g.full_tensor()
+            grads[name] = _Grad(g.detach() if g is not None
+                                else torch.zeros(W[name].shape, device=device))
+        return grads
+
+    def max_over_ranks(x):
+        t = torch.tensor([float(x)], device=device, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    results, problems = [], []
+    for ci, (P, N, R) in enumerate(args.configs):
+        groups = [(P, [R] * N)] * args.groups
+        # Replica d gets its own micro-batch (replica 0 the one-GPU run's).
+        batch = Batch(torch, dualkv, groups, cfg.vocab, args.seed + 1 + ci + 1000 * dp_index,
+                      device)
+        res = {"P": P, "N": N, "R": R, "G": args.groups, "world": world, "sp": sp,
+               "dp": dp, "fsdp": bool(args.fsdp), "packed_tokens": batch.packed_tokens,
+               "shard_tokens": dd.shard_length(batch.packed_tokens, sp),
+               "response_tokens": batch.num_response_tokens * dp}
+        say(f"\n## P={P} N={N} R={R} G={args.groups}: packed {batch.packed_tokens} tokens "
+            f"per replica, {res['shard_tokens']} per rank")
+
+        # The reference: the one-GPU packed-DualKV step of this rank's micro-batch,
+        # gradients averaged over all ranks (so over the replicas' micro-batches).
+        clear_grads(W)
+        ref_loss, ref_logp = train_step(torch, cfg, W, PackedDualKV(torch, cfg, dualkv),
+                                        batch, args.clip_eps)
+        ref_grads = {}
+        for name, w in W.items():
+            g = w.grad.detach().float()
+            dist.all_reduce(g)
+            ref_grads[name] = (g / world).to(torch.bfloat16)
+        clear_grads(W)
+        ref = {"name": "packed-DualKV on one GPU", "logp": ref_logp,
+               "loss": ref_loss.item(), "grads": ref_grads}
+        free_memory(torch)
+
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args, sp_group, sp_rank)
+        torch.cuda.synchronize()
+        res["first_step_ms"] = (time.perf_counter() - t0) * 1e3
+        for _ in range(args.warmup - 1):
+            model.zero_grad(set_to_none=True)
+            dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args, sp_group,
+                            sp_rank)
+
+        # The measured step: peak memory and the checks.
+        model.zero_grad(set_to_none=True)
+        free_memory(torch)
+        torch.cuda.reset_peak_memory_stats()
+        loss, logp = dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args,
+                                     sp_group, sp_rank)
+        torch.cuda.synchronize()
+        res["peak_gib_max_rank"] = max_over_ranks(torch.cuda.max_memory_allocated() / 2**30)
+        chk = compare(torch, full_grads(), logp, loss.item(), ref)
+        res["loss"] = loss.item()
+        res["logp_max_abs_diff"] = max_over_ranks(chk["logp_max_abs_diff"])
+        res["grad_rel_worst"] = chk["grad_rel_worst"]        # same on every rank
+        res["grad_rel_worst_param"] = chk["grad_rel_worst_param"]
+        res["grad_rel_by_group"] = chk["grad_rel_by_group"]
+        del ref, ref_grads, ref_logp
+        model.zero_grad(set_to_none=True)
+        free_memory(torch)
+
+        times = []
+        for _ in range(args.reps):
+            model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            dist.barrier()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            dist_train_step(torch, dist, dd, dualkv, cfg, model, batch, args, sp_group,
+                            sp_rank)
+            end.record()
+            end.synchronize()
+            times.append(max_over_ranks(start.elapsed_time(end)))
+        model.zero_grad(set_to_none=True)
+        res["step_ms"] = statistics.median(times)
+        res["times_ms"] = times
+        res["response_tokens_per_s"] = res["response_tokens"] / (res["step_ms"] / 1e3)
+        ok = (res["logp_max_abs_diff"] <= args.logp_tol
+              and res["grad_rel_worst"] <= args.grad_tol)
+        res["within_tolerance"] = ok
+        if not ok:
+            problems.append(f"P={P} N={N}: logp max|Δ| {res['logp_max_abs_diff']:.2e}, "
+                            f"worst grad rel {res['grad_rel_worst']:.2e} "
+                            f"({res['grad_rel_worst_param']}); limits {args.logp_tol:.2e}, "
+                            f"{args.grad_tol:.2e} (--logp-tol/--grad-tol)")
+        say(f"  packed-DualKV {layout}: {res['step_ms']:9.1f} ms  "
+            f"{res['response_tokens_per_s']:12,.0f} resp tok/s  peak {res['peak_gib_max_rank']:6.1f} "
+            f"GiB (worst rank)  first step {res['first_step_ms'] / 1e3:.1f} s, logp max|Δ| "
+            f"{res['logp_max_abs_diff']:.2e}, worst grad rel {res['grad_rel_worst']:.2e} vs "
+            "packed-DualKV on one GPU")
+        results.append(res)
+        del batch
+        free_memory(torch)
+
+    wall = time.perf_counter() - started
+    say("\nChecks: " + ("all within tolerance" if not problems
+                        else "PROBLEMS:\n  " + "\n  ".join(problems)))
+    if lead:
+        path = out_dir / "grpo_policy_update_distributed.json"
+        with open(path, "w") as f:
+            json.dump({"env": env, "model": cfg.as_dict(), "parameters": n_params,
+                       "args": dict(vars(args)), "layout": layout, "results": results,
+                       "problems": problems, "wall_s": wall}, f, indent=2, default=str)
+            f.write("\n")
+        print(f"wrote {path}; wall time {wall:.0f} s", flush=True)
+    return 1 if problems else 0
+
+
 # ------------------------------------------------------------------- arguments
 
 def parse_configs(text, parser):
@@ -779,6 +1062,14 @@ def parse_args(argv=None):
     ap.add_argument("--no-noise-floor", action="store_true",
                     help="skip the noise-floor step (replicated layout on SDPA's "
                     "memory-efficient kernel, checked against replicated-FA2)")
+    ap.add_argument("--sp", type=int, metavar="S",
+                    help="several GPUs, under torchrun: Ulysses sequence parallelism over "
+                    "groups of S ranks (dualkv.distributed; S must divide the process "
+                    "count and the 32 query heads); packed-DualKV only, checked against "
+                    "its one-GPU step")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="several GPUs, under torchrun: shard the weights with FSDP2 "
+                    "(fully_shard) over all ranks; alone or with --sp")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="no GPU run: combine the results of earlier runs (their "
                     "grpo_policy_update.json files, in order) into one report in --out")
@@ -792,6 +1083,10 @@ def parse_args(argv=None):
                         ("vocab", 2)):
         if getattr(args, name) < least:
             ap.error(f"--{name} = {getattr(args, name)}; it must be >= {least}")
+    if args.sp is not None and args.sp < 1:
+        ap.error(f"--sp = {args.sp}; it must be >= 1")
+    if (args.sp is not None or args.fsdp) and args.merge:
+        ap.error("--merge runs no GPU step: drop --sp/--fsdp")
     if not 0.0 < args.clip_eps < 1.0:
         ap.error(f"--clip-eps = {args.clip_eps}; it must be in (0, 1)")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -849,6 +1144,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.merge:
         return merge_reports(args)
+    if args.sp is not None or args.fsdp:
+        return main_distributed(args)
     started = time.perf_counter()
     dualkv = import_dualkv(args.lib)
     try:

@@ -38,14 +38,17 @@ __all__ = [
 
 
 def __getattr__(name):
-    # dualkv.attention and dualkv.ops import torch, so they load on first use:
+    # dualkv.attention, dualkv.ops and dualkv.distributed import torch, so they
+    # load on first use:
     # `import dualkv` alone needs neither torch nor transformers.
     if name == "attention":
         from .ops import attention
         return attention
-    if name == "ops":
-        from . import ops
-        return ops
+    if name in ("ops", "distributed"):
+        # import_module, not `from . import name`: the latter asks this
+        # __getattr__ for the submodule first and would recurse forever.
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'dualkv' has no attribute {name!r}")
 
 

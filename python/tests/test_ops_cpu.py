@@ -160,6 +160,23 @@ class LibraryTest(unittest.TestCase):
             self.assertIn("OSError:", r.stdout)
             self.assertIn(message, r.stdout)
 
+    def test_submodules_load_by_attribute_and_by_from_import(self):
+        # dualkv.ops / dualkv.distributed through the lazy __getattr__ and
+        # `from dualkv import ...` (once a RecursionError): the module, or an
+        # ImportError when torch is missing, never anything else.
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import dualkv\n"
+                "for name in ('ops', 'distributed'):\n"
+                "    try:\n"
+                "        getattr(dualkv, name)\n"
+                "        exec('from dualkv import ' + name)\n"
+                "    except ImportError:\n"
+                "        pass\n"
+                "print('ok')")
+        run = subprocess.run([sys.executable, "-c", code, PYTHON_DIR],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr[-2000:])
+        self.assertIn("ok", run.stdout)
+
     def test_import_needs_neither_torch_nor_transformers(self):
         code = ("import sys; sys.path.insert(0, sys.argv[1]); import dualkv; "
                 "dualkv.Plan([(3, [1])]); "
