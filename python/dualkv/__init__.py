@@ -26,10 +26,12 @@ import ctypes
 import math
 import sys
 
-from . import _lib
+from . import _lib, _version
 from ._checks import integer, scale_value as _scale_value, sequence
 from .packing import PackedGroups, pack
 from .plans import groups_from_key, plan_key
+
+__version__ = _version.version()
 
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
@@ -70,7 +72,8 @@ def _check(status):
 
 
 def version():
-    """The library's version, "major.minor.patch"."""
+    """The loaded library's version, "major.minor.patch" (``__version__`` is
+    the package's; both come from the top-level CMakeLists.txt)."""
     return _lib.lib().dualkv_version().decode()
 
 

@@ -5,6 +5,7 @@
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Export.h"
 #include "dualkv/Plan.h"
+#include "dualkv/Version.h"
 
 #include <cstdint>
 #include <stdexcept>
@@ -138,8 +139,7 @@ DUALKV_API CacheStats cacheStats();
 /// Sets every counter back to zero.
 DUALKV_API void resetCacheStats();
 
-/// The library version, "major.minor.patch".
-DUALKV_API const char *version();
+// dualkv::version(), the library's "major.minor.patch": dualkv/Version.h.
 
 } // namespace dualkv
 
