@@ -3,9 +3,10 @@
 A micro-batch is G groups back to back; group g is a prompt of ``P_g`` tokens
 followed by ``N_g`` responses, packed as ``[prompt | resp_1 | ... | resp_N]``
 ("THD" layout). Query i attends key j iff both are in the same group, j <= i,
-and j is a prompt token or lies in i's own response (DESIGN.md §1), so every
-token gets exactly what N separate causal sequences ``[prompt | resp_n]``
-would give, while the prompt is stored and processed once.
+and j is a prompt token or lies in i's own response (docs/architecture.md §1),
+so every token gets exactly what N separate causal sequences
+``[prompt | resp_n]`` would give, while the prompt is stored and processed
+once.
 
     import dualkv
     plan = dualkv.Plan([(4096, [1024] * 16)])      # one group

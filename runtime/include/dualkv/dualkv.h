@@ -42,8 +42,8 @@ struct TensorArg {
   int64_t stride_h = 0; ///< between consecutive heads
 };
 
-/// Arguments of one forward call (DESIGN.md §1): q [T][Hq][D], k and v
-/// [T][Hkv][D], o like q, lse [Hq][T] fp32 (natural log).
+/// Arguments of one forward call (docs/architecture.md §1): q [T][Hq][D], k and
+/// v [T][Hkv][D], o like q, lse [Hq][T] fp32 (natural log).
 struct ForwardArgs {
   TensorArg q, k, v, o;
   float *lse = nullptr;
