@@ -81,7 +81,8 @@ class Sequence:
 
 class Config:
     """One benchmark configuration: groups [(P, [R_1 .. R_N]), ...] packed
-    back to back ([prompt_0 | r_0_1 .. | prompt_1 | ...], DESIGN.md §1),
+    back to back ([prompt_0 | r_0_1 .. | prompt_1 | ...],
+    docs/architecture.md §1),
     heads (hq query, hkv key/value) and head_dim d, the --set it belongs to,
     and the seed of its drawn lengths (None: none drawn). Pure Python: the
     layout and the FLOP accounting need no torch."""
@@ -480,8 +481,8 @@ class Flex:
     contiguous [1, H, T, D] tensors (copied once from the packed [T, H, D]
     inputs in prepare(), outside the timing: transposed views are slower, and
     a model that runs Flex keeps this layout), with a block mask whose
-    mask_mod is allowed(i, j) of DESIGN.md §1, read from per-token group-id,
-    segment-id and is-prompt tensors; GQA on. dynamic=False: a kernel
+    mask_mod is allowed(i, j) of docs/architecture.md §1, read from per-token
+    group-id, segment-id and is-prompt tensors; GQA on. dynamic=False: a kernel
     specialised per shape (the headline peer); dynamic=True: one compile for
     every shape (what an RL loop with changing shapes runs)."""
 

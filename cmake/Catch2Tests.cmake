@@ -5,6 +5,5 @@ target_compile_options(dualkv-unit-tests PRIVATE ${DUALKV_WARNINGS})
 target_include_directories(dualkv-unit-tests PRIVATE ${PROJECT_SOURCE_DIR}/runtime/lib)
 target_link_libraries(dualkv-unit-tests PRIVATE dualkv Catch2::Catch2 fmt::fmt-header-only
                       nlohmann_json::nlohmann_json)
-set_target_properties(dualkv-unit-tests PROPERTIES BUILD_RPATH "$<TARGET_FILE_DIR:dualkv>")
 include(Catch)
 catch_discover_tests(dualkv-unit-tests TEST_PREFIX "unit: " PROPERTIES LABELS "cpu;unit")

@@ -1,4 +1,4 @@
-# The static MLIR and LLVM archives that go inside libdualkv.so (DESIGN.md §3).
+# The static MLIR and LLVM archives that go inside libdualkv.so (docs/architecture.md §3).
 file(GLOB _mlir_archives ${DUALKV_LLVM_ROOT}/lib/libMLIR*.a)
 set(DUALKV_MLIR_ARCHIVES)
 foreach(a ${_mlir_archives})

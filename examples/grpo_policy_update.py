@@ -11,7 +11,7 @@ The same model (same weights) computes the same GRPO loss on the same tokens in 
                   cannot reach the real tokens; padded positions are not in the loss).
   packed-Flex     each group packed once, [prompt | r_1 | ... | r_N], groups back to back
                   (batch 1); torch.compile(flex_attention, dynamic=True) with a block mask whose
-                  mask_mod is allowed(i, j) of DESIGN.md section 1 (group-id, segment-id and
+                  mask_mod is allowed(i, j) of docs/architecture.md section 1 (group-id, segment-id and
                   is-prompt tensors). The block mask is built in every step (timed).
   packed-DualKV   the same packed layout; dualkv.attention with a dualkv.Plan built in every
                   step (timed).
@@ -372,7 +372,7 @@ class PackedFlex:
         is_prompt = torch.tensor(batch.segment_is_prompt, device=device)[seg]
         seg_id = seg.to(torch.int32)
 
-        def allowed(b, h, q_idx, kv_idx):    # DESIGN.md section 1
+        def allowed(b, h, q_idx, kv_idx):    # docs/architecture.md section 1
             same_group = group_id[q_idx] == group_id[kv_idx]
             causal = kv_idx <= q_idx
             visible = is_prompt[kv_idx] | (seg_id[q_idx] == seg_id[kv_idx])

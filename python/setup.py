@@ -6,10 +6,15 @@ libdualkv.so, <repo>/build/libdualkv.so. With none, the build stops and says to
 build the library first (or set DUALKV_SKIP_LIB=1 to install the bare package,
 which then needs DUALKV_LIB at run time). An editable install (`pip install -e`)
 copies nothing: its dualkv/_lib.py finds <repo>/build/libdualkv.so itself.
-Metadata lives in pyproject.toml.
+
+The version is the top-level CMakeLists.txt's project(dualkv VERSION ...) (the
+one place it is written); the installed dualkv/_version.py carries it.
+Other metadata lives in pyproject.toml.
 """
 
+import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +23,25 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import FileError
 
 HERE = Path(__file__).resolve().parent
+
+
+def project_version():
+    """project(dualkv VERSION ...) of <repo>/CMakeLists.txt, read with the
+    package's own reader (dualkv/_version.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "_dualkv_version", HERE / "dualkv" / "_version.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    version = module.from_cmake(HERE.parent / "CMakeLists.txt")
+    if version is None:
+        raise FileError(
+            f"dualkv: no project(dualkv VERSION x.y.z) in "
+            f"{HERE.parent / 'CMakeLists.txt'}; build the package from a "
+            "DualKV checkout (pip install ./python)")
+    return version
+
+
+VERSION = project_version()
 
 
 def library_candidates():
@@ -40,6 +64,16 @@ class BuildPyWithLibrary(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
+        # The installed package has no CMakeLists.txt beside it: write the
+        # number into its copy of _version.py.
+        version_py = Path(self.build_lib) / "dualkv" / "_version.py"
+        text = version_py.read_text()
+        text, n = re.subn(r"^VERSION = .*$", f"VERSION = {VERSION!r}", text,
+                          count=1, flags=re.MULTILINE)
+        if n != 1:
+            raise FileError(f"dualkv: no 'VERSION = ' line in {version_py}")
+        version_py.unlink()  # never write through a link to the source
+        version_py.write_text(text)
         if os.environ.get("DUALKV_SKIP_LIB") == "1":
             return
         tried = library_candidates()
@@ -65,4 +99,4 @@ class BuildPyWithLibrary(build_py):
         return outputs
 
 
-setup(cmdclass={"build_py": BuildPyWithLibrary})
+setup(version=VERSION, cmdclass={"build_py": BuildPyWithLibrary})

@@ -1,4 +1,5 @@
-// fp64 reference of DualKV attention (DESIGN.md §1), packed and replicated.
+// fp64 reference of DualKV attention (docs/architecture.md §1), packed and
+// replicated.
 #include "dualkv/Reference.h"
 
 #include <fmt/format.h>

@@ -2,6 +2,7 @@
 //--------------===//
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
+#include "dualkv/Version.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/IR/MLIRContext.h"
@@ -242,8 +243,8 @@ static std::string ptxasVersion() {
 std::string compilerFingerprint() {
   static const std::string fingerprint = [] {
     llvm::SHA256 h;
-    h.update(fmt::format("dualkv {} llvm {} sources {} {}\n", DUALKV_VERSION,
-                         DUALKV_LLVM_VERSION,
+    h.update(fmt::format("dualkv {} llvm {} sources {} {}\n",
+                         DUALKV_VERSION_STRING, DUALKV_LLVM_VERSION,
 #include "dualkv/Compiler/SourceHash.inc"
                          , ptxasVersion()));
     for (const auto &[name, text] : templates()) {

@@ -1,6 +1,6 @@
 // Checks sampled rows of a forward result against fp64 over the allowed keys of
-// DESIGN.md §1: what the examples use to verify their runs without the full
-// (quadratic) reference.
+// docs/architecture.md §1: what the examples use to verify their runs without
+// the full (quadratic) reference.
 #ifndef DUALKV_EXAMPLES_CHECK_ROWS_H
 #define DUALKV_EXAMPLES_CHECK_ROWS_H
 

@@ -3,9 +3,10 @@
 A micro-batch is G groups back to back; group g is a prompt of ``P_g`` tokens
 followed by ``N_g`` responses, packed as ``[prompt | resp_1 | ... | resp_N]``
 ("THD" layout). Query i attends key j iff both are in the same group, j <= i,
-and j is a prompt token or lies in i's own response (DESIGN.md §1), so every
-token gets exactly what N separate causal sequences ``[prompt | resp_n]``
-would give, while the prompt is stored and processed once.
+and j is a prompt token or lies in i's own response (docs/architecture.md §1),
+so every token gets exactly what N separate causal sequences
+``[prompt | resp_n]`` would give, while the prompt is stored and processed
+once.
 
     import dualkv
     plan = dualkv.Plan([(4096, [1024] * 16)])      # one group
@@ -26,10 +27,12 @@ import ctypes
 import math
 import sys
 
-from . import _lib
+from . import _lib, _version
 from ._checks import integer, scale_value as _scale_value, sequence
 from .packing import PackedGroups, pack
 from .plans import groups_from_key, plan_key
+
+__version__ = _version.version()
 
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
@@ -73,7 +76,8 @@ def _check(status):
 
 
 def version():
-    """The library's version, "major.minor.patch"."""
+    """The loaded library's version, "major.minor.patch" (``__version__`` is
+    the package's; both come from the top-level CMakeLists.txt)."""
     return _lib.lib().dualkv_version().decode()
 
 

@@ -186,7 +186,8 @@ def _check_inputs(q, k, v, plan):
 
 def attention(q, k, v, plan, scale=None, deterministic=False,
               return_lse=False):
-    """Differentiable DualKV attention (DESIGN.md §1) on packed THD tensors.
+    """Differentiable DualKV attention (docs/architecture.md §1) on packed
+    THD tensors.
 
     Args:
         q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other

@@ -64,8 +64,8 @@ class PackedGroups:
         return values[start:stop]
 
     def allowed(self, i, j):
-        """DESIGN.md §1: query i sees key j (same group, j <= i, prompt or same
-        response)."""
+        """docs/architecture.md §1: query i sees key j (same group, j <= i,
+        prompt or same response)."""
         last = self.num_tokens - 1
         i = integer(i, "i", 0, last)
         j = integer(j, "j", 0, last)

@@ -1,6 +1,6 @@
 """dualkv.attention's gradients (the dualkv::backward op through autograd)
-against float64 references of DESIGN.md §1, and the binding's promises:
-deterministic bits, torch.compile without graph breaks, non-default streams,
+against float64 references of docs/architecture.md §1, and the binding's
+promises: deterministic bits, torch.compile without graph breaks, non-default streams,
 CUDA graph capture, opcheck. Needs torch and a CUDA GPU (skipped otherwise).
 
 Tolerances: inputs are rounded to bf16/fp16 once and the references compute
@@ -146,8 +146,9 @@ def test_gradients_match_reference(D, dtype, heads):
     [(130, [7] * 12)],           # many short responses share a long prompt
 ])
 def test_edge_layouts_match_replicated_sequences(groups):
-    """DESIGN.md §1's equivalence, checked directly: DualKV's o and gradients
-    equal those of N separate causal sequences [prompt | response_n]."""
+    """docs/architecture.md §1's equivalence, checked directly: DualKV's o
+    and gradients equal those of N separate causal sequences
+    [prompt | response_n]."""
     plan = dualkv.Plan(groups)
     q, k, v, dout = make_inputs(groups, 4, 2, 64, torch.bfloat16, seed=3)
     got = run(q, k, v, dout, plan, scale=0.07)

@@ -5,7 +5,7 @@ the sharding round trip and the all-to-alls exactly (integers, float64,
 forward and backward), gather_packed's gradient semantics, and Ulysses
 attention (forward and the gradients of q, k, v, GQA with fewer KV heads than
 ranks, T not divisible by the world size) against single-process attention,
-with a float64 reference of DESIGN.md section 1 injected as the per-rank
+with a float64 reference of docs/architecture.md §1 injected as the per-rank
 attention, so the distributed plumbing and its autograd are checked against
 one-process reference attention + autograd.
 
@@ -206,7 +206,7 @@ def test_needs_an_initialised_group():
 
 
 def test_reference_matches_replicated_sequences():
-    """The injected reference is DESIGN.md section 1: each response sees the
+    """The injected reference is docs/architecture.md §1: each response sees the
     prompt and itself causally, like its own sequence [prompt | response]."""
     g = torch.Generator().manual_seed(0)
     groups = [(3, [2, 0, 2]), (2, [1])]

@@ -1,5 +1,5 @@
-"""dualkv.forward against a dense fp32 reference of DESIGN.md §1, and the
-binding's argument checks. Needs torch and a CUDA GPU (skipped otherwise)."""
+"""dualkv.forward against a dense fp32 reference of docs/architecture.md §1,
+and the binding's argument checks. Needs torch and a CUDA GPU (skipped otherwise)."""
 
 import math
 import sys
@@ -16,7 +16,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def allowed_mask(groups, device):
-    """[T, T] bool: allowed(i, j) of DESIGN.md §1."""
+    """[T, T] bool: allowed(i, j) of docs/architecture.md §1."""
     group, seg, prompt = [], [], []
     s = 0
     for g, (P, Rs) in enumerate(groups):

@@ -16,7 +16,7 @@
 
 namespace dualkv {
 
-/// Every input that changes a kernel's code (DESIGN.md §4). Bump
+/// Every input that changes a kernel's code (docs/architecture.md §4). Bump
 /// kSchemaVersion whenever a field is added, removed or spelled differently:
 /// it names the disk cache's top folder, so old entries are never misread.
 struct DUALKV_API CacheKey {

@@ -122,9 +122,9 @@ inline int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
   return std::clamp<int64_t>(int64_t(std::exp(u(rng))), lo, hi);
 }
 
-/// A random packed problem (DESIGN.md §6): 1-3 groups, P 1-5000 and R 1-2000
-/// log-uniform, N 0-16, 15% of the responses empty, 1-2 KV heads with GQA
-/// ratio 1, 4 or 8, head_dim from `dims`, bf16 or fp16. Lengths are scaled
+/// A random packed problem (docs/architecture.md §6): 1-3 groups, P 1-5000 and
+/// R 1-2000 log-uniform, N 0-16, 15% of the responses empty, 1-2 KV heads with
+/// GQA ratio 1, 4 or 8, head_dim from `dims`, bf16 or fp16. Lengths are scaled
 /// down until the reference's work (Case::work) is at most `budget`, which
 /// bounds the test's run time. Inputs are not filled.
 inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
@@ -158,8 +158,8 @@ inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
   return c;
 }
 
-/// One sequence of a packed case's replicated layout (DESIGN.md §1): a
-/// group's prompt followed by one of its non-empty responses, or the prompt
+/// One sequence of a packed case's replicated layout (docs/architecture.md §1):
+/// a group's prompt followed by one of its non-empty responses, or the prompt
 /// alone for a group with no non-empty response.
 struct ReplicaCopy {
   PlanGroup group;             ///< {P, {R_n}} or {P, {}}

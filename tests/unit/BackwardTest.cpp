@@ -1,6 +1,6 @@
 // Backward runtime tests without a GPU: work items against a brute-force
-// enumeration of DESIGN.md §1, workspace sizes, validation, and the launch
-// sequence of docs/backward-abi.md through the fake driver.
+// enumeration of docs/architecture.md §1, workspace sizes, validation, and the
+// launch sequence of docs/backward-abi.md through the fake driver.
 #include "FakeDriver.h"
 
 #include "dualkv/Reference.h"
@@ -46,9 +46,9 @@ int64_t tokensOf(const std::vector<PlanGroup> &groups) {
   return t;
 }
 
-/// Checks a work-item table against DESIGN.md §1 by brute force: every
-/// allowed (key, query) pair is visited by exactly one item, no other pair
-/// with key <= query is; tiles are disjoint, stay in one segment and cover
+/// Checks a work-item table against docs/architecture.md §1 by brute force:
+/// every allowed (key, query) pair is visited by exactly one item, no other
+/// pair with key <= query is; tiles are disjoint, stay in one segment and cover
 /// every token; accumulator rows map back to their keys; every split tile
 /// owns its rows, an unsplit tile is its keys' only item; chunks are at
 /// most `chunk` long; items are sorted longest first.

@@ -214,7 +214,7 @@ TEST_CASE("backward matches central finite differences", "[reference]") {
     }
 }
 
-TEST_CASE("allowed() matches a hand enumeration of DESIGN.md §1",
+TEST_CASE("allowed() matches a hand enumeration of docs/architecture.md §1",
           "[reference]") {
   // Group 0: prompt {0,1}, responses {2,3}, {}, {4}. Group 1: prompt {5},
   // response {6}.

@@ -1,4 +1,5 @@
-// fp64 reference of DualKV attention (DESIGN.md §1), packed and replicated.
+// fp64 reference of DualKV attention (docs/architecture.md §1), packed and
+// replicated.
 #pragma once
 
 #include "dualkv/Export.h"
@@ -50,8 +51,8 @@ struct TokenInfo {
 /// the problem is malformed.
 DUALKV_API std::vector<TokenInfo> token_info(const Problem &problem);
 
-/// allowed(i, j) of DESIGN.md §1: may query token \p i attend to key token
-/// \p j?
+/// allowed(i, j) of docs/architecture.md §1: may query token \p i attend to key
+/// token \p j?
 DUALKV_API bool allowed(const std::vector<TokenInfo> &info, int64_t i,
                         int64_t j);
 

@@ -5,6 +5,7 @@
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Export.h"
 #include "dualkv/Plan.h"
+#include "dualkv/Version.h"
 
 #include <cstdint>
 #include <stdexcept>
@@ -41,8 +42,8 @@ struct TensorArg {
   int64_t stride_h = 0; ///< between consecutive heads
 };
 
-/// Arguments of one forward call (DESIGN.md §1): q [T][Hq][D], k and v
-/// [T][Hkv][D], o like q, lse [Hq][T] fp32 (natural log).
+/// Arguments of one forward call (docs/architecture.md §1): q [T][Hq][D], k and
+/// v [T][Hkv][D], o like q, lse [Hq][T] fp32 (natural log).
 struct ForwardArgs {
   TensorArg q, k, v, o;
   float *lse = nullptr;
@@ -138,8 +139,7 @@ DUALKV_API CacheStats cacheStats();
 /// Sets every counter back to zero.
 DUALKV_API void resetCacheStats();
 
-/// The library version, "major.minor.patch".
-DUALKV_API const char *version();
+// dualkv::version(), the library's "major.minor.patch": dualkv/Version.h.
 
 } // namespace dualkv
 

@@ -3,6 +3,7 @@
 #define DUALKV_DUALKV_C_H
 
 #include "dualkv/Export.h"
+#include "dualkv/Version.h"
 
 #include <stdint.h>
 

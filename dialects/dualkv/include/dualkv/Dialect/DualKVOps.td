@@ -21,7 +21,7 @@ class DualKV_Op<string mnemonic, list<Trait> traits = []>
 def DualKV_AttentionFwdOp : DualKV_Op<"attention_fwd", [Pure]> {
   let summary = "Two-region attention forward over a packed group";
   let description = [{
-    Computes O and LSE of DESIGN.md §1 for packed THD tensors: `q` is
+    Computes O and LSE of docs/architecture.md §1 for packed THD tensors: `q` is
     `[T, num_q_heads, head_dim]`, `k` and `v` are `[T, num_kv_heads, head_dim]`, `o` is
     like `q` and `lse` is `[num_q_heads, T]` in fp32.
 

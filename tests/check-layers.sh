@@ -1,0 +1,43 @@
+#!/bin/sh
+# The layer rules of docs/architecture.md §3, checked on the sources: base/ includes
+# nothing of the project's but its own headers; the dialect, the compiler and base never
+# include the runtime; the runtime never includes MLIR; the compiler's public headers and
+# KernelSpec.cpp, which the runtime-only library links, include neither MLIR nor LLVM.
+set -eu
+root=$1
+status=0
+bad() {
+  echo "layers: $1:" >&2
+  echo "$2" >&2
+  status=1
+}
+
+# Runtime headers, public (dualkv/<name>.h) and internal (runtime/lib/<name>.h).
+for h in "$root"/runtime/include/dualkv/*.h "$root"/runtime/lib/*.h; do
+  name=$(basename "$h")
+  case $h in
+  */include/dualkv/*) pattern="#include \"dualkv/$name\"" ;;
+  *) pattern="#include \"$name\"" ;;
+  esac
+  for dir in base dialects compiler; do
+    if hits=$(grep -rnF "$pattern" "$root/$dir"); then
+      bad "$dir/ includes the runtime's $name" "$hits"
+    fi
+  done
+done
+if hits=$(grep -rnE '#include "dualkv/(Compiler|Dialect)/' "$root/base"); then
+  bad "base/ includes a higher layer" "$hits"
+fi
+if hits=$(grep -rnF '#include "dualkv/Compiler/' "$root/dialects"); then
+  bad "the dialect includes the compiler" "$hits"
+fi
+if hits=$(grep -rnE '#include [<"]mlir/' "$root/runtime"); then
+  bad "the runtime includes MLIR" "$hits"
+fi
+if hits=$(grep -nE '#include [<"](mlir|llvm)/|Passes\.h' \
+  "$root/compiler/include/dualkv/Compiler/Compiler.h" \
+  "$root/compiler/include/dualkv/Compiler/KernelAbi.h" "$root/compiler/lib/KernelSpec.cpp"); then
+  bad "what the runtime-only library links includes MLIR or LLVM" "$hits"
+fi
+[ $status -eq 0 ] && echo "layers: ok"
+exit $status
