@@ -22,7 +22,8 @@ log=$out/device.log
 cd "$root" || exit 1
 tar -xJf .device/build.tar.xz
 old=$(cat build/BUILD_DIR)
-sed -i "s|$old|$root/build|g" build/tests/gpu/CTestTestfile.cmake
+sed -i "s|$old|$root/build|g; s|$(dirname "$old")/tests/gpu/|$root/tests/gpu/|g" \
+  build/tests/gpu/CTestTestfile.cmake
 export DUALKV_CACHE_DIR=$root/.dualkv-cache DUALKV_TEST_REPORT_DIR=$reports
 export PYTHONUNBUFFERED=1
 DUALKV_GIT_COMMIT=$(cat build/GIT_COMMIT 2>/dev/null) && export DUALKV_GIT_COMMIT
@@ -40,8 +41,8 @@ step() { # step NAME CMD...: runs CMD with its output in the log; failures set s
 }
 if wants ctest tests; then
   # shellcheck disable=SC2086
-  step "ctest -L gpu (forward and backward GPU tests)" \
-    bash -c "cd build/tests/gpu && ctest --output-on-failure -L gpu ${CTEST_ARGS:-}"
+  step "ctest -L gpu -LE sanitize (GPU tests; the sanitizers are their own step)" \
+    bash -c "cd build/tests/gpu && ctest --output-on-failure -L gpu -LE sanitize ${CTEST_ARGS:-}"
 fi
 if wants examples tests; then
   # The examples check themselves against fp64; 02 runs AOT kernels without a compiler.
@@ -54,12 +55,14 @@ if wants pytest tests && python3 -c "import torch, pytest" 2>/dev/null; then
     python3 -m pytest -q python/tests
 fi
 if [[ ,$what, == *,sanitize,* ]]; then
-  # compute-sanitizer on the forward kernels (not part of "all"): every tool over the
-  # forward equivalence test (head_dim 64/128/256, bf16 and fp16, packed and
-  # replicated layouts); any report fails the step. SANITIZE_TESTS overrides the test.
+  # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every shipped
+  # kernel kind, head_dim, dtype and schedule: ctest's label sanitize (not part of
+  # "all"); any report fails. SANITIZE_TESTS names other dualkv-gpu-tests workloads
+  # to run under every tool as well.
+  step "ctest -L sanitize" bash -c "cd build/tests/gpu && ctest --output-on-failure -L sanitize"
   san=/usr/local/cuda/bin/compute-sanitizer
-  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
-    for t in ${SANITIZE_TESTS:-equivalence}; do
+  for t in ${SANITIZE_TESTS:-}; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
       step "compute-sanitizer --tool $tool dualkv-gpu-tests $t" \
         "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
         build/tests/gpu/dualkv-gpu-tests $t
