@@ -23,10 +23,16 @@ struct Variant {
 };
 
 /// sm_80's defaults (KernelSpec.cpp defaultTiling): forward 128:32:4:2
-/// (8 warps at head_dim 256), bwd 128:32:8, bwd_kv 64:64:4.
+/// (8 warps at head_dim 256), bwd 128:32:8 and bwd_kv 64:64:4 (both 64:32:8
+/// at head_dim 256).
 Variant mmaSyncVariant(int headDim) {
+  if (headDim == 256)
+    return {"mma_sync (sm_80 tilings)",
+            {128, 32, 8, 2},
+            {64, 32, 8, 1},
+            {64, 32, 8, 1}};
   return {"mma_sync (sm_80 tilings)",
-          {128, 32, headDim >= 256 ? 8 : 4, 2},
+          {128, 32, 4, 2},
           {128, 32, 8, 1},
           {64, 64, 4, 1}};
 }
