@@ -496,6 +496,7 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))
       return failure();
+  endKernel();
   gpu::ReturnOp::create(b, loc);
   return success();
 }

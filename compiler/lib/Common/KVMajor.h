@@ -116,6 +116,8 @@ protected:
   /// barrier.
   virtual void beginQIteration(Value parity) {}
   virtual void endQIteration() {}
+  /// Called once after the last op of the kernel, before it returns.
+  virtual void endKernel() {}
   virtual LogicalResult emitQKT(QKTOp op) = 0;
   virtual LogicalResult emitAccumulate(AccumulateOp op) = 0;
   virtual LogicalResult emitAccumulateDq(AccumulateDqOp op) = 0;

@@ -14,6 +14,14 @@
 // 64 columns. cp.async and st.shared writes reach wgmma through
 // fence.proxy.async before the barrier that publishes them.
 //
+// dQ leaves through shared memory: the warps store their fp32 C fragments in
+// a BN x D buffer (rows padded by 8 floats, conflict-free), and one thread a
+// query row adds the row to the fp32 dQ accumulator with one bulk reduction
+// (cp.reduce.async.bulk .add.f32, 4 D bytes) instead of D / 4 vector atomics
+// spread over every thread. The issuing threads wait until the bulk copies
+// have read the buffer before the iteration ends (so its next write, and the
+// kernel's exit, find it free).
+//
 //===----------------------------------------------------------------------===//
 #include "Common/KVMajor.h"
 #include "Wgmma/Wgmma.h"
@@ -35,10 +43,16 @@ public:
     wgmmaReadsTiles = true;
   }
 
-  /// 1 KB more, to align the buffers to the swizzle's 1024 bytes.
+  /// The dQ staging buffer (bwd), then 1 KB more, to align the buffers to
+  /// the swizzle's 1024 bytes.
   int64_t sharedBytes() const override {
-    return KVMajorEmitter::sharedBytes() + 1024;
+    return dqOffset() + (withDq ? blockN * dqRowBytes() : 0) + 1024;
   }
+  int64_t dqOffset() const { return KVMajorEmitter::sharedBytes(); }
+  /// A dQ row: D floats and 8 of padding, so that the 8 rows of a C fragment
+  /// store fall in different banks; a multiple of 16 bytes, as bulk copies
+  /// need.
+  int64_t dqRowBytes() const { return (headDim + 8) * 4; }
 
 private:
   void layoutTiles() override {
@@ -63,6 +77,13 @@ private:
   void endQIteration() override {
     if (!inFlight.empty())
       waitWgmma(Value());
+    if (withDq)
+      onDqIssuers([&] { bulkWait("cp.async.bulk.wait_group.read 0;"); });
+  }
+  void endKernel() override {
+    // Every bulk reduction has reached global memory before the CTA ends.
+    if (withDq)
+      onDqIssuers([&] { bulkWait("cp.async.bulk.wait_group 0;"); });
   }
   LogicalResult emitQKT(QKTOp op) override;
   LogicalResult emitAccumulate(AccumulateOp op) override;
@@ -70,10 +91,20 @@ private:
     SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
     Value tile = map.lookup(op->getParentOfType<QLoopOp>().getTileIndex());
     SmallVector<Value> acc = dqWgmma(ds);
-    reduceDqTile(acc, 1, 8, mul(remu(warp, 4), idx(16)),
-                 mul(warpGroup, idx(64)), 0, mul(tile, idx(blockN)));
+    reduceDqBulk(acc, mul(tile, idx(blockN)));
     return success();
   }
+  /// Runs `body` on the threads that issue dQ's bulk reductions: thread r
+  /// for query row r of the tile.
+  template <typename Fn> void onDqIssuers(Fn body) {
+    emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)), body);
+  }
+  /// Volatile PTX without operands (the bulk-group waits and commit).
+  void bulkWait(StringRef code) { asmF32(code, "", {}, 0); }
+  /// Stores the warp's dQ C fragments (dqWgmma's) in the staging buffer and
+  /// adds each query row of the tile starting at query `first` to the fp32
+  /// dQ accumulator with one bulk reduction.
+  void reduceDqBulk(ArrayRef<Value> acc, Value first);
 
   WgmmaBuilder wg;
   // Warpgroup w (warps 4w..4w+3) owns keys 64w..64w+63; its warps hold the
@@ -211,6 +242,56 @@ SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
   wg.commit();
   waitWgmma(Value(), acc);
   return acc;
+}
+
+void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
+  // Thread (g, t) of warp w holds rows 16 (w % 4) + g (+ 8), columns
+  // 64 (w / 4) + 8 nt + 2t (+ 1) (dqWgmma).
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
+  int64_t rowFloats = dqRowBytes() / 4;
+  auto type = MemRefType::get({blockN, rowFloats}, b.getF32Type(),
+                              MemRefLayoutAttrInterface(), workgroup);
+  Value buf =
+      memref::ViewOp::create(b, loc, type, smem, idx(dqOffset()), ValueRange{});
+  for (int64_t nt = 0; nt < 8; ++nt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t i = nt * 4 + h * 2;
+      Value row = add(mul(remu(warp, 4), idx(16)), add(idx(h * 8), aG));
+      Value col =
+          add(mul(warpGroup, idx(64)), add(idx(nt * 8), mul(aT, idx(2))));
+      vector::StoreOp::create(b, loc, pack({acc[i], acc[i + 1]}), buf,
+                              ValueRange{row, col});
+    }
+  // The rows reach the bulk copies (async proxy) through the fence and the
+  // barrier.
+  proxyFence();
+  gpu::BarrierOp::create(b, loc);
+  onDqIssuers([&] {
+    Value row = tid;
+    Value q = add(first, row);
+    emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
+      // [T][Hq][D] fp32: the row of token qBegin + q, head `head`.
+      Value element =
+          mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim));
+      auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
+      Value dst = LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
+                                      ValueRange{arith::IndexCastOp::create(
+                                          b, loc, b.getI64Type(), element)});
+      Value src = arith::IndexCastOp::create(
+          b, loc, b.getI32Type(),
+          add(smemAddr, add(idx(dqOffset()), mul(row, idx(dqRowBytes())))));
+      LLVM::InlineAsmOp::create(
+          b, loc, Type(), ValueRange{dst, src},
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], "
+          "[$1], " +
+              std::to_string(headDim * 4) + ";",
+          "l,r", /*has_side_effects=*/true, /*is_align_stack=*/false,
+          LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+          ArrayAttr());
+    });
+    bulkWait("cp.async.bulk.commit_group;");
+  });
 }
 
 } // namespace

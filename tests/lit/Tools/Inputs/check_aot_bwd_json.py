@@ -35,9 +35,13 @@ def shared_bytes(kind, d, bm, bn, warps, arch):
     if schedule(kind, d, bm, bn, warps, arch) == "wgmma":
         # The warpgroup schedule: K, V, Q and dO (double buffered) unpadded in
         # the 128-byte swizzle, dS^T (block_m x block_n, bwd only), LSE and
-        # Delta, and 1024 bytes to align the buffers to the swizzle period.
+        # Delta, and 1024 bytes to align the buffers to the swizzle period;
+        # bwd also stages dQ (block_n rows of d + 8 fp32) for its bulk
+        # reductions.
         ds = bm * bn * 2 if kind == "bwd" else 0
-        return 2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4 + 1024
+        dq = bn * (d + 8) * 4 if kind == "bwd" else 0
+        return (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
+                + dq + 1024)
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
