@@ -40,8 +40,8 @@ LogicalResult emitKernel(KernelOp kernel, OpBuilder &b,
       return emitMmaSyncKVMajor(kernel, b, gpuModule, sharedBytes);
     return emitElementwiseKernel(kernel, b, gpuModule, sharedBytes);
   case Schedule::wgmma:
-    if (kind == KernelKind::fwd)
-      return emitWgmmaForward(kernel, b, gpuModule, sharedBytes);
+    if (queryMajor)
+      return emitWgmmaQueryMajor(kernel, b, gpuModule, sharedBytes);
     if (kvMajor)
       return emitWgmmaKVMajor(kernel, b, gpuModule, sharedBytes);
     break;

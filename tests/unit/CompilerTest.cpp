@@ -495,9 +495,13 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}, W),
        "the wgmma schedule cannot compute this bwd_kv kernel: its backward "
        "needs block_m 128, block_n 64 and 8 warps"},
-      {specOf(K::BwdDQ, "sm_90a", 128, {}, W),
-       "the wgmma schedule cannot compute this bwd_dq kernel: it has no "
-       "bwd_dq kernel"},
+      {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 8, 1}, W),
+       "the wgmma schedule cannot compute this bwd_dq kernel: its dQ kernel "
+       "needs block_m = 16 x warps, warps a multiple of 4 and block_n a "
+       "multiple of 16 up to 256"},
+      {specOf(K::BwdPre, "sm_90a", 128, {}, W),
+       "the wgmma schedule cannot compute this bwd_pre kernel: it has no "
+       "bwd_pre kernel"},
       {specOf(K::Fwd, "sm_80", 128, {}, S),
        "the warp_specialized schedule cannot compute this fwd kernel: it "
        "needs sm_90a, not sm_80"},

@@ -190,7 +190,8 @@ Value QueryMajorEmitter::packAFragments(ArrayRef<Value> p) {
 
 LogicalResult QueryMajorEmitter::emitLoadDout(LoadDoutOp op) {
   Value group = copyTile(doBuf, doPtr, blockM, segStart, qRow0, segLen,
-                         doStrideT, mul(head, doStrideH), /*predicated=*/true);
+                         doStrideT, mul(head, doStrideH), /*predicated=*/true,
+                         Value(), /*swizzled=*/swizzledTiles);
   waitAll(group);
   map.map(op.getResult(), doBuf);
   return success();

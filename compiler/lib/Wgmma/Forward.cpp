@@ -8,6 +8,10 @@
 // D / 16 k-steps) and O += P V takes P from registers and V N-major
 // (m64n128k16, BN / 16 k-steps); each waits for its own group.
 //
+// The deterministic dQ kernel (bwd_dq) runs the same two products on other
+// tiles: S = Q Kᵀ and dP = dO Vᵀ (A = Q or dO, B = K or V, both K-major), and
+// dQ += dS K (dS from registers, K N-major).
+//
 //===----------------------------------------------------------------------===//
 #include "Common/QueryMajor.h"
 #include "Wgmma/Wgmma.h"
@@ -37,15 +41,29 @@ private:
     // Unpadded swizzled tiles from a 1024-byte aligned base.
     smemAddr = alignToSwizzle(smem, sharedBytes());
     qBuf = swizzledTile(smem, 0, blockM);
+    if (isDq)
+      doBuf = swizzledTile(smem, qBytes, blockM);
     kBuf = swizzledTile(smem, kvOffset, blockN);
     vBuf = swizzledTile(smem, kvOffset + blockN * rowStride * 2, blockN);
   }
   void beginKVIteration() override {
     Value base = opaque(smemAddr);
-    int64_t kvOffset = blockM * rowStride * 2;
+    int64_t qBytes = blockM * rowStride * 2;
+    int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
     qAddr = base;
+    doAddr = add(base, idx(qBytes));
     kAddr = add(base, idx(kvOffset));
     vAddr = add(base, idx(kvOffset + blockN * rowStride * 2));
+  }
+  /// The shared address of tile `buf` (qBuf, doBuf, kBuf or vBuf).
+  Value addrOf(Value buf) {
+    if (buf == doBuf)
+      return doAddr;
+    if (buf == kBuf)
+      return kAddr;
+    if (buf == vBuf)
+      return vAddr;
+    return qAddr;
   }
   SmallVector<Value> computeScores(QKOp op) override;
   SmallVector<Value> accumulatePV(ArrayRef<Value> p, SmallVector<Value> acc,
@@ -55,15 +73,16 @@ private:
   // The aligned shared base and, per KV iteration (an opaque copy, so that
   // LLVM keeps each k-step's descriptor as base + immediate instead of
   // hoisting them all into registers), the addresses of Q, K and V.
-  Value smemAddr, qAddr, kAddr, vAddr;
+  Value smemAddr, qAddr, doAddr, kAddr, vAddr;
 };
 
-SmallVector<Value> WgmmaForwardEmitter::computeScores(QKOp) {
-  // S = Q Kᵀ: warpgroup w owns query rows 64w..64w+63; both operands K-major
-  // in the swizzled tiles.
-  Value aDesc =
-      wg.desc(add(qAddr, mul(divu(warp, 4), idx(64 * 128))), 16, 1024);
-  Value bDesc = wg.desc(kAddr, 16, 1024);
+SmallVector<Value> WgmmaForwardEmitter::computeScores(QKOp op) {
+  // S = Q Kᵀ (dP = dO Vᵀ): warpgroup w owns query rows 64w..64w+63; both
+  // operands K-major in the swizzled tiles.
+  Value aDesc = wg.desc(
+      add(addrOf(map.lookup(op.getQ())), mul(divu(warp, 4), idx(64 * 128))), 16,
+      1024);
+  Value bDesc = wg.desc(addrOf(map.lookup(op.getK())), 16, 1024);
   wg.fence();
   SmallVector<Value> s =
       wg.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
@@ -74,10 +93,10 @@ SmallVector<Value> WgmmaForwardEmitter::computeScores(QKOp) {
 
 SmallVector<Value> WgmmaForwardEmitter::accumulatePV(ArrayRef<Value> p,
                                                      SmallVector<Value> acc,
-                                                     Value) {
-  // O += P V: P (the packed probabilities) from registers as A, V N-major
-  // from its swizzled tile, block_n / 16 k-steps of 16 keys.
-  Value bDesc = wg.desc(vAddr, blockN * 128, 1024);
+                                                     Value vTile) {
+  // O += P V (dQ += dS K): P from registers as A, V (K) N-major from its
+  // swizzled tile, block_n / 16 k-steps of 16 keys.
+  Value bDesc = wg.desc(addrOf(vTile), blockN * 128, 1024);
   wg.fence();
   acc = wg.regsA(acc, p, bDesc);
   wg.commit();
@@ -87,8 +106,8 @@ SmallVector<Value> WgmmaForwardEmitter::accumulatePV(ArrayRef<Value> p,
 
 } // namespace
 
-LogicalResult mlir::dualkv::emitWgmmaForward(KernelOp kernel, OpBuilder &b,
-                                             gpu::GPUModuleOp gpuModule,
-                                             int64_t *sharedBytes) {
+LogicalResult mlir::dualkv::emitWgmmaQueryMajor(KernelOp kernel, OpBuilder &b,
+                                                gpu::GPUModuleOp gpuModule,
+                                                int64_t *sharedBytes) {
   return emitWith<WgmmaForwardEmitter>(kernel, b, gpuModule, sharedBytes);
 }

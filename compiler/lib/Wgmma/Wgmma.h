@@ -11,11 +11,11 @@
 
 namespace mlir::dualkv {
 
-/// Emits the gpu.func of a bound, tiled fwd kernel into `gpuModule`; sets
-/// *sharedBytes to its dynamic shared memory.
-LogicalResult emitWgmmaForward(KernelOp kernel, OpBuilder &b,
-                               gpu::GPUModuleOp gpuModule,
-                               int64_t *sharedBytes);
+/// Emits the gpu.func of a bound, tiled fwd or bwd_dq kernel into
+/// `gpuModule`; sets *sharedBytes to its dynamic shared memory.
+LogicalResult emitWgmmaQueryMajor(KernelOp kernel, OpBuilder &b,
+                                  gpu::GPUModuleOp gpuModule,
+                                  int64_t *sharedBytes);
 /// The same for a bwd or bwd_kv kernel.
 LogicalResult emitWgmmaKVMajor(KernelOp kernel, OpBuilder &b,
                                gpu::GPUModuleOp gpuModule,

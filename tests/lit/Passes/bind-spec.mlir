@@ -214,8 +214,8 @@ func.func @no_kernel() {
 // ERR-WGMMA-TILING: error: 'dualkv.kernel' op the wgmma schedule cannot compute this fwd kernel: its forward needs block_m = 16 x warps, warps a multiple of 4 and block_n a multiple of 16 up to 256
 // RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="block-n=32 schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-BWD
 // ERR-WGMMA-BWD: error: 'dualkv.kernel' op the wgmma schedule cannot compute this bwd kernel: its backward needs block_m 128, block_n 64 and 8 warps
-// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-KIND
-// ERR-WGMMA-KIND: error: 'dualkv.kernel' op the wgmma schedule cannot compute this bwd_dq kernel: it has no bwd_dq kernel
+// RUN: not dualkv-opt %templates/attention_bwd_pre.mlir --dualkv-bind-spec="schedule=wgmma" 2>&1 | FileCheck %s --check-prefix=ERR-WGMMA-KIND
+// ERR-WGMMA-KIND: error: 'dualkv.kernel' op the wgmma schedule cannot compute this bwd_pre kernel: it has no bwd_pre kernel
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS
 // ERR-WS: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs sm_90a, not sm_80
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-n=32 warps=4 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-TILING

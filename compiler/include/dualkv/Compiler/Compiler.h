@@ -34,8 +34,9 @@ DUALKV_API const char *toString(DType dtype);
 
 /// How a kernel is computed, each in a folder of compiler/lib: MmaSync
 /// (mma.sync, sm_80 and later; also bwd_pre and bwd_post, which are the same
-/// everywhere), Wgmma (sm_90a, head_dim 128: the forward and the KV-major
-/// backward), WarpSpecialized (the sm_90a TMA forward, head_dim 64/128/256).
+/// everywhere), Wgmma (sm_90a, head_dim 128: the forward, the KV-major
+/// backward, and the deterministic dQ kernel when asked for by name),
+/// WarpSpecialized (the sm_90a TMA forward, head_dim 64/128/256).
 /// Auto means the default for the spec (resolveSpec).
 enum class Schedule { Auto, MmaSync, Wgmma, WarpSpecialized };
 /// "auto", "mma_sync", "wgmma", "warp_specialized".
