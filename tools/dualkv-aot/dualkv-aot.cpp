@@ -34,6 +34,8 @@ namespace {
 constexpr const char *kUsage = R"(usage: dualkv-aot [options] --out DIR
 
 Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
+(<name>: dualkv_<kind>_d<D>_h<Hq>x<Hkv>_<dtype>_<arch>_m<M>n<N>w<W>s<S>, plus
+_<schedule> when --schedule names another than the compiler's choice)
 <name>.ptx, <name>.cubin (when ptxas is available) and <name>.json (the spec,
 launch geometry, schedule and ptxas register/spill report); a spec asked for several
 archs with one tiling (launch geometry) for all of them also gets <name>.fatbin
@@ -483,13 +485,20 @@ std::vector<Job> readSpecFile(const Args &a) {
 }
 
 /// "dualkv_fwd_d128_h32x8_bf16_sm_90a_m128n32w4s2"; without an arch for
-/// fatbins.
+/// fatbins. A schedule other than the one the compiler picks for the spec
+/// is appended ("..._m128n128w8s2_wgmma"), so that two schedules of one
+/// tiling never write the same files.
 std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
-  return fmt::format("dualkv_{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}",
-                     dualkv::toString(s.kind), s.headDim, s.numQHeads,
-                     s.numKVHeads, dualkv::toString(s.dtype),
-                     withArch ? "_" + s.arch : std::string(), s.tiling.blockM,
-                     s.tiling.blockN, s.tiling.warps, s.tiling.stages);
+  dualkv::KernelSpec automatic = s;
+  automatic.schedule = dualkv::Schedule::Auto;
+  bool chosen = s.schedule == dualkv::Schedule::Auto ||
+                s.schedule == dualkv::resolveSpec(automatic).schedule;
+  return fmt::format(
+      "dualkv_{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
+      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
+      withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
+      s.tiling.warps, s.tiling.stages,
+      chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 
 /// One compiled kernel, for the fatbin and the registration source.
