@@ -303,11 +303,7 @@ void KVMajorEmitter::reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles,
                                   Value warpCol0, int64_t c0, Value first) {
   {
     // Add to the fp32 dQ of the queries inside the item, [T][Hq][D].
-    auto rowBase = [&](Value q) {
-      return add(
-          mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim)),
-          warpCol0);
-    };
+    auto rowBase = [&](Value q) { return add(dqAccRow(q), warpCol0); };
     for (int64_t qm = 0; qm < qmTiles; ++qm) {
       Value row0 = add(first, add(warpRow0, idx(qm * 16)));
       if (!vectorRed) {
@@ -360,13 +356,9 @@ void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values, Value enabled) {
   SmallVector<Value> operands = {ptr};
   operands.append(values.begin(), values.end());
   operands.push_back(arith::ExtUIOp::create(b, loc, b.getI32Type(), enabled));
-  LLVM::InlineAsmOp::create(
-      b, loc, Type(), operands,
-      "{ .reg .pred p; setp.ne.b32 p, $5, 0; "
-      "@p red.global.add.v4.f32 [$0], {$1, $2, $3, $4}; }",
-      "l,f,f,f,f,r", /*has_side_effects=*/true, /*is_align_stack=*/false,
-      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-      ArrayAttr());
+  asmF32("{ .reg .pred p; setp.ne.b32 p, $5, 0; "
+         "@p red.global.add.v4.f32 [$0], {$1, $2, $3, $4}; }",
+         "l,f,f,f,f,r", operands, 0);
 }
 
 LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {

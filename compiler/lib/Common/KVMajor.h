@@ -208,6 +208,11 @@ protected:
   /// query `first`) to global dQ.
   void reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles, int64_t cTiles,
                     Value warpRow0, Value warpCol0, int64_t c0, Value first);
+  /// The first element of query `q`'s row (relative to the item) of the
+  /// current head in the fp32 dQ accumulator, [T][Hq][D].
+  Value dqAccRow(Value q) {
+    return mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim));
+  }
   /// Field `f` of the CTA's work item, read from global memory.
   Value itemField(int64_t f, bool fresh = false);
   Value itemIndex;

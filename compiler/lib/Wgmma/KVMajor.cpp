@@ -78,12 +78,13 @@ private:
     if (!inFlight.empty())
       waitWgmma(Value());
     if (withDq)
-      onDqIssuers([&] { bulkWait("cp.async.bulk.wait_group.read 0;"); });
+      onDqIssuers(
+          [&] { asmF32("cp.async.bulk.wait_group.read 0;", "", {}, 0); });
   }
   void endKernel() override {
     // Every bulk reduction has reached global memory before the CTA ends.
     if (withDq)
-      onDqIssuers([&] { bulkWait("cp.async.bulk.wait_group 0;"); });
+      onDqIssuers([&] { asmF32("cp.async.bulk.wait_group 0;", "", {}, 0); });
   }
   LogicalResult emitQKT(QKTOp op) override;
   LogicalResult emitAccumulate(AccumulateOp op) override;
@@ -99,8 +100,6 @@ private:
   template <typename Fn> void onDqIssuers(Fn body) {
     emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)), body);
   }
-  /// Volatile PTX without operands (the bulk-group waits and commit).
-  void bulkWait(StringRef code) { asmF32(code, "", {}, 0); }
   /// Stores the warp's dQ C fragments (dqWgmma's) in the staging buffer and
   /// adds each query row of the tile starting at query `first` to the fp32
   /// dQ accumulator with one bulk reduction.
@@ -271,26 +270,20 @@ void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
     Value row = tid;
     Value q = add(first, row);
     emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
-      // [T][Hq][D] fp32: the row of token qBegin + q, head `head`.
-      Value element =
-          mul(add(mul(add(qBegin, q), idx(numQHeads)), head), idx(headDim));
       auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
-      Value dst = LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
-                                      ValueRange{arith::IndexCastOp::create(
-                                          b, loc, b.getI64Type(), element)});
+      Value dst =
+          LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
+                              ValueRange{arith::IndexCastOp::create(
+                                  b, loc, b.getI64Type(), dqAccRow(q))});
       Value src = arith::IndexCastOp::create(
           b, loc, b.getI32Type(),
           add(smemAddr, add(idx(dqOffset()), mul(row, idx(dqRowBytes())))));
-      LLVM::InlineAsmOp::create(
-          b, loc, Type(), ValueRange{dst, src},
-          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], "
-          "[$1], " +
-              std::to_string(headDim * 4) + ";",
-          "l,r", /*has_side_effects=*/true, /*is_align_stack=*/false,
-          LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-          ArrayAttr());
+      asmF32("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
+             "[$0], [$1], " +
+                 std::to_string(headDim * 4) + ";",
+             "l,r", ValueRange{dst, src}, 0);
     });
-    bulkWait("cp.async.bulk.commit_group;");
+    asmF32("cp.async.bulk.commit_group;", "", {}, 0);
   });
 }
 
