@@ -248,7 +248,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
       (spec.schedule == Schedule::Auto ||
        spec.schedule == Schedule::WarpSpecialized))
     return {128, spec.headDim == 256 ? 64 : 128, 8, 2};
-  // The warpgroup schedule (Wgmma/Forward.cpp), asked for by name: 128 query
+  // The warpgroup schedule (Wgmma/QueryMajor.cpp), asked for by name: 128 query
   // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:
   // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2.
   if (sm90a && spec.headDim == 128 && spec.schedule == Schedule::Wgmma)

@@ -1,7 +1,8 @@
 //===- Wgmma.h - the warpgroup schedule (sm_90a, head_dim 128) ------------===//
 //
-// The forward and the KV-major backward with every product a
-// wgmma.mma_async over tiles in the 128-byte swizzle, loaded by cp.async.
+// The query-major kernels (the forward, the deterministic dQ kernel;
+// QueryMajor.cpp) and the KV-major backward (KVMajor.cpp) with every product
+// a wgmma.mma_async over tiles in the 128-byte swizzle, loaded by cp.async.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WGMMA_WGMMA_H

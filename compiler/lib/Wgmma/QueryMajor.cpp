@@ -1,4 +1,4 @@
-//===- Forward.cpp - the warpgroup schedule of the forward ----------------===//
+//===- QueryMajor.cpp - the warpgroup schedule of the query-major kernels -===//
 //
 // sm_90a, head_dim 128, one m16 block a warp (block_m = 16 warps, warps a
 // multiple of 4; the default 128:128:8:2). The register layouts of
@@ -22,9 +22,9 @@ using namespace mlir::dualkv;
 
 namespace {
 
-class WgmmaForwardEmitter : public QueryMajorEmitter {
+class WgmmaQueryMajorEmitter : public QueryMajorEmitter {
 public:
-  WgmmaForwardEmitter(KernelOp kernel, OpBuilder &b)
+  WgmmaQueryMajorEmitter(KernelOp kernel, OpBuilder &b)
       : QueryMajorEmitter(kernel, b), wg(b, loc, elemType, headDim) {
     rowStride = headDim;
     swizzledTiles = true;
@@ -39,21 +39,22 @@ public:
 private:
   void layoutTiles(Value smem, int64_t qBytes, int64_t kvOffset) override {
     // Unpadded swizzled tiles from a 1024-byte aligned base.
+    doOffset = qBytes;
+    kOffset = kvOffset;
+    vOffset = kvOffset + blockN * rowStride * 2;
     smemAddr = alignToSwizzle(smem, sharedBytes());
     qBuf = swizzledTile(smem, 0, blockM);
     if (isDq)
-      doBuf = swizzledTile(smem, qBytes, blockM);
-    kBuf = swizzledTile(smem, kvOffset, blockN);
-    vBuf = swizzledTile(smem, kvOffset + blockN * rowStride * 2, blockN);
+      doBuf = swizzledTile(smem, doOffset, blockM);
+    kBuf = swizzledTile(smem, kOffset, blockN);
+    vBuf = swizzledTile(smem, vOffset, blockN);
   }
   void beginKVIteration() override {
     Value base = opaque(smemAddr);
-    int64_t qBytes = blockM * rowStride * 2;
-    int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
     qAddr = base;
-    doAddr = add(base, idx(qBytes));
-    kAddr = add(base, idx(kvOffset));
-    vAddr = add(base, idx(kvOffset + blockN * rowStride * 2));
+    doAddr = add(base, idx(doOffset));
+    kAddr = add(base, idx(kOffset));
+    vAddr = add(base, idx(vOffset));
   }
   /// The shared address of tile `buf` (qBuf, doBuf, kBuf or vBuf).
   Value addrOf(Value buf) {
@@ -74,9 +75,11 @@ private:
   // LLVM keeps each k-step's descriptor as base + immediate instead of
   // hoisting them all into registers), the addresses of Q, K and V.
   Value smemAddr, qAddr, doAddr, kAddr, vAddr;
+  /// Where layoutTiles placed dO, K and V (bytes from the aligned base).
+  int64_t doOffset = 0, kOffset = 0, vOffset = 0;
 };
 
-SmallVector<Value> WgmmaForwardEmitter::computeScores(QKOp op) {
+SmallVector<Value> WgmmaQueryMajorEmitter::computeScores(QKOp op) {
   // S = Q Kᵀ (dP = dO Vᵀ): warpgroup w owns query rows 64w..64w+63; both
   // operands K-major in the swizzled tiles.
   Value aDesc = wg.desc(
@@ -91,9 +94,9 @@ SmallVector<Value> WgmmaForwardEmitter::computeScores(QKOp op) {
   return s;
 }
 
-SmallVector<Value> WgmmaForwardEmitter::accumulatePV(ArrayRef<Value> p,
-                                                     SmallVector<Value> acc,
-                                                     Value vTile) {
+SmallVector<Value> WgmmaQueryMajorEmitter::accumulatePV(ArrayRef<Value> p,
+                                                        SmallVector<Value> acc,
+                                                        Value vTile) {
   // O += P V (dQ += dS K): P from registers as A, V (K) N-major from its
   // swizzled tile, block_n / 16 k-steps of 16 keys.
   Value bDesc = wg.desc(addrOf(vTile), blockN * 128, 1024);
@@ -109,5 +112,5 @@ SmallVector<Value> WgmmaForwardEmitter::accumulatePV(ArrayRef<Value> p,
 LogicalResult mlir::dualkv::emitWgmmaQueryMajor(KernelOp kernel, OpBuilder &b,
                                                 gpu::GPUModuleOp gpuModule,
                                                 int64_t *sharedBytes) {
-  return emitWith<WgmmaForwardEmitter>(kernel, b, gpuModule, sharedBytes);
+  return emitWith<WgmmaQueryMajorEmitter>(kernel, b, gpuModule, sharedBytes);
 }
