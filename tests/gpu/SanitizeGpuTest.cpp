@@ -22,19 +22,19 @@ struct Variant {
   Tiling fwd, bwd, bwdKV;
 };
 
-/// sm_80's defaults (KernelSpec.cpp defaultTiling): forward 128:32:4:2
-/// (8 warps at head_dim 256), bwd 128:32:8 and bwd_kv 64:64:4 (both 64:32:8
-/// at head_dim 256).
-Variant mmaSyncVariant(int headDim) {
-  if (headDim == 256)
-    return {"mma_sync (sm_80 tilings)",
-            {128, 32, 8, 2},
-            {64, 32, 8, 1},
-            {64, 32, 8, 1}};
-  return {"mma_sync (sm_80 tilings)",
-          {128, 32, 4, 2},
-          {128, 32, 8, 1},
-          {64, 64, 4, 1}};
+/// sm_80's default tilings (defaultTiling with arch sm_80): mma.sync on every
+/// arch, since they fit neither the wgmma nor the warp-specialized schedule.
+Variant mmaSyncVariant(int headDim, DType dtype) {
+  auto sm80 = [&](KernelKind kind) {
+    KernelSpec spec;
+    spec.kind = kind;
+    spec.headDim = headDim;
+    spec.dtype = dtype;
+    spec.arch = "sm_80";
+    return defaultTiling(spec);
+  };
+  return {"mma_sync (sm_80 tilings)", sm80(KernelKind::Fwd),
+          sm80(KernelKind::Bwd), sm80(KernelKind::BwdKV)};
 }
 
 /// Two groups: partial tiles everywhere, an empty and a one-token response,
@@ -69,7 +69,7 @@ int dualkv::testing::sanitizeTest() {
     for (DType t : {DType::BF16, DType::FP16}) {
       Case c = sanitizeCase(d, t, rng);
       for (const Variant &v :
-           {Variant{"default", {}, {}, {}}, mmaSyncVariant(d)}) {
+           {Variant{"default", {}, {}, {}}, mmaSyncVariant(d, t)}) {
         std::string what = fmt::format("{} [{}]", c.describe(), v.name);
         try {
           BackwardDeviceCase dc(c);
