@@ -132,7 +132,7 @@ class Config:
 
 
 def standard_configs():
-    """BENCHMARKS.md's standard configs (Qwen3-8B heads, one group each),
+    """The standard configs of benchmarks/README.md (Qwen3-8B heads, one group each),
     then DualKV's own P=65536: the set "standard", in its historical order."""
     configs = [Config(f"P{P}_N16_R1024", [(P, [1024] * 16)])
                for P in (4096, 8192, 16384, 32768)]
@@ -147,8 +147,8 @@ def standard_configs():
 
 def target_configs():
     """The configs of issue 12's targets besides the standard ones (the set
-    "targets"): head_dim 64 (Hq 32, Hkv 8) and head_dim 256 (Hq 16, Hkv 8,
-    as BENCHMARKS.md's table) at P=8192, N=16, R=1024; and 4 groups in one
+    "targets"): head_dim 64 (Hq 32, Hkv 8) and head_dim 256 (Hq 16, Hkv 8)
+    at P=8192, N=16, R=1024; and 4 groups in one
     launch, each P=2048 with 8 responses of lengths drawn from 64..4096
     (seed GROUPS_SEED), Qwen3-8B heads."""
     configs = [
@@ -815,7 +815,7 @@ def parse_args(argv=None, defaults=None):
                     "bench_forward.py)")
     ap.add_argument("--set", choices=CONFIG_SETS, default="all",
                     dest="config_set",
-                    help="which configs: standard (BENCHMARKS.md's, Qwen3-8B "
+                    help="which configs: standard (benchmarks/README.md's, Qwen3-8B "
                     "heads, one group each, and P=65536 for DualKV), targets "
                     "(issue 12's others: head_dim 64 and 256 at P=8192 N=16 "
                     "R=1024, 4 groups of P=2048 N=8 R 64..4096), or all "
@@ -1061,7 +1061,7 @@ def main(argv=None, defaults=None):
     # limits (never lower them) so that every config is measured on its
     # compiled kernel, not on the fallback after 8 shapes, which
     # materialises the full score matrix (the shape stream cost is
-    # compile_cost.py's and BENCHMARKS.md's subject). Old and new names;
+    # compile_cost.py's subject). Old and new names;
     # those this torch lacks are skipped.
     import torch._dynamo
     dynamo_limits = {}

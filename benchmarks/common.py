@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 #: Useful forward+backward FLOPs per useful forward FLOP (backward = 2.5x the
-#: forward, the usual FlashAttention accounting; BENCHMARKS.md).
+#: forward, the usual FlashAttention accounting; benchmarks/README.md).
 FWD_BWD_FACTOR = 3.5
 
 
@@ -25,7 +25,7 @@ def setup_dualkv(lib):
 
 
 def useful_pairs(P, Rs):
-    """Allowed (query, key) pairs of one group (BENCHMARKS.md)."""
+    """Allowed (query, key) pairs of one group (benchmarks/README.md)."""
     return P * (P + 1) // 2 + sum(R * P + R * (R + 1) // 2 for R in Rs)
 
 

@@ -10,7 +10,7 @@
    config: the database keys on kind, heads, head_dim, dtype and arch but not
    the shape (the kernels are shape-generic, P = N = 0), so one tiling per kind
    is all the runtime can hold; it also keeps the run within ~6 minutes of GPU.
-2. dualkv-backward-bench over the standard configurations of BENCHMARKS.md,
+2. dualkv-backward-bench over the standard configurations of benchmarks/README.md,
    forward and forward+backward with open tilings, alternately with an empty
    database (the compiler's defaults) and with DIR/tuning.json (the runtime
    takes the tuned tilings): order default, tuned, tuned, default (ABBA, so a
@@ -132,12 +132,12 @@ def main():
                     help="timed runs per candidate (dualkv-tune --reps, >= 10)")
     ap.add_argument("--reps", type=int, default=5,
                     help="timed runs per config and mode in each benchmark "
-                         "run (default 5, BENCHMARKS.md's minimum)")
+                         "run (default 5)")
     ap.add_argument("--rounds", type=int, default=2,
                     help="default/tuned benchmark pairs, ABBA order "
                          "(default 2: 4 runs)")
     ap.add_argument("--configs", default=None,
-                    help="P:N:R,... (default: BENCHMARKS.md's standard five)")
+                    help="P:N:R,... (default: the standard five of benchmarks/README.md)")
     ap.add_argument("--timeout", type=int, default=240,
                     help="seconds allowed to each subprocess (default 240)")
     args = ap.parse_args()
@@ -304,7 +304,7 @@ def markdown(r):
         f"{', '.join(r['order'])} (default: an empty tuning database; tuned: "
         f"this run's); each run the median of {r['reps']} timed calls after 2 "
         "warm-ups; below, the mean of the runs' medians. Useful TFLOP/s as in "
-        "BENCHMARKS.md (fwd+bwd = 3.5 x the forward's FLOPs). A fwd+bwd row "
+        "benchmarks/README.md (fwd+bwd = 3.5 x the forward's FLOPs). A fwd+bwd row "
         "runs the tuned forward and the tuned backward together; "
         "speedup = default ms / tuned ms.",
         "",

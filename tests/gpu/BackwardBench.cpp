@@ -71,7 +71,7 @@ int usage(std::FILE *to = stderr) {
              "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
              "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...]\n"
-             "Defaults: the standard configs of BENCHMARKS.md plus "
+             "Defaults: the standard configs of benchmarks/README.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
              "rotating input sets, every mode, the default backward tiling "
              "(--bwd-tilings times each listed block_m:block_n:warps of the "

@@ -621,7 +621,7 @@ int main(int argc, char **argv) {
                base.numKVHeads, toString(base.dtype), base.arch);
     std::vector<Candidate> cands = enumerate(base);
     Tiling dflt = defaultTiling(base);
-    // Useful FLOPs (BENCHMARKS.md): the forward 4 * D * Hq * pairs, the
+    // Useful FLOPs (benchmarks/README.md): the forward 4 * D * Hq * pairs, the
     // backward 2.5 times that.
     double pairs =
         args.P * (args.P + 1) / 2.0 +
