@@ -22,12 +22,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
-#include <functional>
-#include <future>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -724,8 +724,8 @@ CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
           warnOnce(fmt::format("cannot write the kernel cache: {}", why));
       }
     } catch (const std::exception &e) {
-      done->error = fmt::format("compiling the {} failed: {}", key.describe(),
-                                e.what());
+      done->error =
+          fmt::format("compiling the {} failed: {}", key.describe(), e.what());
     }
     if (!done->ok) {
       std::lock_guard<std::mutex> lock(table.mutex);
@@ -918,8 +918,7 @@ std::vector<SetMember> backwardSet(const KernelSpec &base, bool deterministic,
     return m;
   };
   const int hq = base.numQHeads, hkv = base.numKVHeads;
-  std::vector<SetMember> set = {
-      member(KernelKind::BwdPre, hq, hkv, {}, false)};
+  std::vector<SetMember> set = {member(KernelKind::BwdPre, hq, hkv, {}, false)};
   if (!deterministic || both) {
     set.push_back(member(KernelKind::Bwd, hq, hkv, tiling, true));
     set.push_back(member(KernelKind::BwdPost, hq, hkv, {}, false));

@@ -14,14 +14,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <algorithm>
-#include <atomic>
 #include <map>
 #include <optional>
 #include <string>
@@ -821,8 +821,9 @@ int main(int argc, char **argv) {
                      name);
           ++failures;
         } else if (!cache->store(key, {r.info, r.ptx, r.cubin}, &why)) {
-          fmt::print(stderr, "dualkv-aot: {}: cannot write the kernel cache: "
-                             "{}\n",
+          fmt::print(stderr,
+                     "dualkv-aot: {}: cannot write the kernel cache: "
+                     "{}\n",
                      name, why);
           ++failures;
         } else {
@@ -855,9 +856,8 @@ int main(int argc, char **argv) {
                  "their entry points\n",
                  schedules);
     } else if (builds.size() > 1 && args.cubin) {
-      std::string fatbin = outDir + "/" +
-                           kernelFileName(builds.front().spec, false) +
-                           ".fatbin";
+      std::string fatbin =
+          outDir + "/" + kernelFileName(builds.front().spec, false) + ".fatbin";
       if (writeFatbin(builds, fatbin)) {
         fmt::print("{}\n  fatbin of {} archs + PTX\n", fatbin, builds.size());
       } else {

@@ -141,10 +141,11 @@ struct PrecompileArgs {
   int num_q_heads = 0;
   int num_kv_heads = 0;
   DType dtype = DType::BF16;
-  std::string arch; ///< e.g. "sm_90a"; empty: the current device's (needs a GPU)
+  std::string
+      arch; ///< e.g. "sm_90a"; empty: the current device's (needs a GPU)
   bool backward = true;
   bool deterministic = false; ///< the deterministic backward's kernels
-  Tiling tiling = {}; ///< as ForwardArgs::tiling / BackwardArgs::tiling
+  Tiling tiling = {};         ///< as ForwardArgs::tiling / BackwardArgs::tiling
 };
 
 /// What precompile() found: one count per kernel of the set.

@@ -144,7 +144,7 @@ struct CompileResult {
   std::string ptxasLog; ///< ptxas -v output (registers, spills)
   double compileMs = 0.0; ///< template to PTX: mlirMs + llvmMs
   double mlirMs = 0.0;    ///< parse, bind and the MLIR pass pipeline
-  double llvmMs = 0.0; ///< translation to LLVM IR, LLVM -O3 and NVPTX codegen
+  double llvmMs = 0.0;  ///< translation to LLVM IR, LLVM -O3 and NVPTX codegen
   double ptxasMs = 0.0; ///< the ptxas subprocess (PTX to cubin)
 };
 
