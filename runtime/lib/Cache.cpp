@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <system_error>
 #include <future>
 #include <map>
 #include <memory>
