@@ -23,13 +23,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <system_error>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
