@@ -676,6 +676,19 @@ bool compileKnown(const std::string &hash) {
   return table.byHash.count(hash) != 0;
 }
 
+/// Keeps `entry` (read from disk for `hash`) in the compile table, so that
+/// the launches after a precompile take it without reading the disk again.
+void rememberEntry(const std::string &hash, const CacheEntry &entry) {
+  auto done = std::make_shared<Compiled>();
+  done->ok = true;
+  done->entry = entry;
+  std::promise<CompiledPtr> ready;
+  ready.set_value(std::move(done));
+  CompileTable &table = compileTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  table.byHash.emplace(hash, ready.get_future().share());
+}
+
 /// The compiled entry of `key` (`spec` resolved): joins a compile of the same
 /// key already under way or done in this process, else compiles it here
 /// (IR dumped to $DUALKV_DUMP_IR if set) and stores it in `disk` when given.
@@ -977,7 +990,9 @@ std::string ensureSet(const std::vector<SetMember> &set, bool probeOnly,
                                                               : &disk);
             return;
           }
-          findOrCompile(spec, key, hash, &origins[i]);
+          CacheEntry entry = findOrCompile(spec, key, hash, &origins[i]);
+          if (origins[i] == Origin::Disk)
+            rememberEntry(hash, entry);
           return;
         } catch (const Error &e) {
           if (e.code() != ErrorCode::Compile || t + 1 == tries.size())
