@@ -740,6 +740,9 @@ CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
     } catch (const std::exception &e) {
       done->error =
           fmt::format("compiling the {} failed: {}", key.describe(), e.what());
+    } catch (...) {
+      done->error =
+          fmt::format("compiling the {} failed: unknown error", key.describe());
     }
     if (!done->ok) {
       std::lock_guard<std::mutex> lock(table.mutex);
@@ -1006,6 +1009,8 @@ std::string ensureSet(const std::vector<SetMember> &set, bool probeOnly,
       }
     } catch (const std::exception &e) {
       errors[i] = e.what();
+    } catch (...) {
+      errors[i] = "unknown error";
     }
   });
   if (report)
