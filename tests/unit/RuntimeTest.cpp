@@ -998,7 +998,7 @@ TEST_CASE("forward: an open tiling takes the tuned one; an unbuildable tuned "
         unsigned((fallback.blockM + 2 * fallback.blockN) * (64 + 8) * 2));
 }
 
-TEST_CASE("precompile: an explicit arch fills the disk cache without a GPU; "
+TEST_CASE("precompile: an explicit arch fills the disk cache without a GPU, "
           "a second run is all disk hits",
           "[runtime][precompile]") {
   TempDir tmp;
