@@ -1173,6 +1173,13 @@ PrecompileReport precompile(const PrecompileArgs &args) {
                 "a tiling field is negative (0 takes the default)");
   std::string arch = args.arch;
   if (arch.empty()) {
+    if (!gpuAvailable())
+      throw Error(ErrorCode::NoGpu,
+                  "nothing to take the arch from: give precompile an arch "
+                  "(e.g. sm_90a), which needs no GPU");
+    // The current context's device, as a launch takes it (the primary
+    // context of device 0 when none is current).
+    cuda::currentContext();
     arch = cuda::currentDeviceArch();
     std::string why;
     if (!Arch::parse(arch, &why))

@@ -1102,3 +1102,25 @@ TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
         DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("dtype (7)"));
 }
+
+TEST_CASE("precompile: without an arch it takes the current GPU's",
+          "[runtime][precompile]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  ScopedFakeDriver scoped;
+  scoped.fake.ccMajor = 8; // an A100: sm_80
+  scoped.fake.ccMinor = 0;
+  PrecompileArgs args;
+  args.head_dim = 64;
+  args.num_q_heads = 2;
+  args.num_kv_heads = 1;
+  args.backward = false;
+  PrecompileReport r = precompile(args);
+  CHECK(r.kernels == 1);
+  CHECK(fs::is_directory(tmp.path + "/v2/sm_80"));
+  // It loads nothing onto the GPU.
+  CHECK(scoped.fake.cubinLoads + scoped.fake.ptxLoads == 0);
+  clearKernelCache();
+}
