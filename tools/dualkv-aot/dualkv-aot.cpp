@@ -728,6 +728,26 @@ int main(int argc, char **argv) {
         }
         spec.tiling = *tuned;
       }
+      if (args.intoCache && !job.tuned && spec.tiling == dualkv::Tiling{}) {
+        // A launch with an open tiling takes the tuned one when the database
+        // has it: the default's entry would then never be read.
+        if (!db) {
+          std::string error;
+          db = dualkv::TuningDb::load(dbPath, &error);
+        }
+        dualkv::KernelSpec key = spec;
+        if (job.tunedKVHeads) {
+          key.numQHeads = job.tunedQHeads;
+          key.numKVHeads = job.tunedKVHeads;
+        }
+        if (std::optional<dualkv::Tiling> tuned = db->find(key))
+          fmt::print(stderr,
+                     "dualkv-aot: note: '{}' has the tiling {},{},{},{} for "
+                     "{} {}, which launches take: add --tuned to cache that "
+                     "one\n",
+                     dbPath, tuned->blockM, tuned->blockN, tuned->warps,
+                     tuned->stages, dualkv::toString(key.kind), key.arch);
+      }
       spec = dualkv::resolveSpec(spec);
       Task t{j, spec, kernelFileName(spec), {}, {}};
       t.options.emitCubin = args.cubin;
