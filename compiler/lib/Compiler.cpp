@@ -124,9 +124,10 @@ std::string runPtxas(const std::string &ptxas, const std::string &arch,
   return error;
 }
 
-/// LLVM dialect (inside gpu.module) -> optimised LLVM IR -> PTX text.
-std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
-                    const std::string &dumpDir, std::string &error) {
+/// LLVM's process-wide state, set once before any compile: the NVPTX target
+/// and the command-line options it reads. Afterwards compiles only read it,
+/// so they may run on several threads.
+void initializeLLVMOnce() {
   static std::once_flag init;
   std::call_once(init, [] {
     LLVMInitializeNVPTXTargetInfo();
@@ -137,7 +138,14 @@ std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
     // addresses.
     const char *args[] = {"dualkv", "-nvptx-short-ptr"};
     llvm::cl::ParseCommandLineOptions(2, args, "", &llvm::errs());
+    // The pass registry is global too: fill it before any thread reads it.
+    mlir::dualkv::registerKernelPipeline();
   });
+}
+
+/// LLVM dialect (inside gpu.module) -> optimised LLVM IR -> PTX text.
+std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
+                    const std::string &dumpDir, std::string &error) {
   llvm::LLVMContext llvmCtx;
   std::unique_ptr<llvm::Module> module =
       mlir::translateModuleToLLVMIR(gpuModule, llvmCtx);
@@ -257,9 +265,15 @@ std::string compilerFingerprint() {
 }
 
 CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
-  // LLVM's command-line options and target registry are process-wide.
-  static std::mutex compileMutex;
-  std::lock_guard<std::mutex> lock(compileMutex);
+  // LLVM's command-line options, target and pass registries are
+  // process-wide: set up once, then only read. Each compile has its own
+  // MLIRContext and LLVMContext, so compiles run in parallel; one that dumps
+  // IR is serialised, since the files of two would collide.
+  initializeLLVMOnce();
+  static std::mutex dumpMutex;
+  std::unique_lock<std::mutex> dumpLock(dumpMutex, std::defer_lock);
+  if (!options.dumpDir.empty())
+    dumpLock.lock();
 
   CompileResult result;
   KernelSpec spec = resolveSpec(specIn);
@@ -346,7 +360,9 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   result.info.blockM = static_cast<int>(
       func->getAttrOfType<mlir::IntegerAttr>("dualkv.block_m").getInt());
   result.info.threads = threadsPerBlock(spec);
+  result.mlirMs = msSince(start);
 
+  auto llvmStart = std::chrono::steady_clock::now();
   result.ptx = emitPTX(gpuModule, arch, options.dumpDir, result.error);
   if (result.ptx.empty()) {
     if (result.error.empty())
@@ -355,6 +371,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     return result;
   }
   writeFile(options.dumpDir, "kernel.ptx", result.ptx);
+  result.llvmMs = msSince(llvmStart);
   result.compileMs = msSince(start);
 
   if (options.emitCubin) {

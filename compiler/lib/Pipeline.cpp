@@ -32,7 +32,7 @@ namespace mlir::dualkv {
 /// LLVM dialect. Indices are 32-bit inside kernels (the runtime checks every
 /// offset fits).
 static constexpr const char *kToLLVM =
-    "canonicalize,cse,convert-scf-to-cf,"
+    "canonicalize{top-down=false},cse,convert-scf-to-cf,"
     "gpu.module(dualkv-nvgpu-to-nvvm{index-bitwidth=32},"
     "convert-gpu-to-nvvm{index-bitwidth=32 use-bare-ptr-memref-call-conv=1},"
     "dualkv-grid-constant-params),"

@@ -37,6 +37,7 @@ __version__ = _version.version()
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
     "cache_stats", "gpu_available", "library_path", "pack", "PackedGroups",
+    "precompile",
 ]
 
 
@@ -98,6 +99,54 @@ def cache_stats():
     stats = _lib.CacheStats()
     _check(_lib.lib().dualkv_cache_stats(ctypes.byref(stats)))
     return {name: getattr(stats, name) for name, _ in stats._fields_}
+
+
+def _precompile_dtype(dtype):
+    """0 (bf16) or 1 (fp16) from a string or a torch dtype (torch is not
+    imported for this)."""
+    name = str(dtype).replace("torch.", "")
+    codes = {"bf16": _lib.BF16, "bfloat16": _lib.BF16,
+             "fp16": _lib.FP16, "f16": _lib.FP16, "float16": _lib.FP16,
+             "half": _lib.FP16}
+    if name not in codes:
+        raise ValueError(f"dualkv: dtype {dtype!r} is neither bf16 nor fp16")
+    return codes[name]
+
+
+def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
+               backward=True, deterministic=False, tiling=None):
+    """Compiles, in parallel, every kernel a forward (and with ``backward`` a
+    backward, ``deterministic`` or not) of this configuration needs and
+    writes them into the kernel cache (``$DUALKV_CACHE_DIR``), so that later
+    calls, in this process or another (a container built from this image),
+    compile nothing. Shapes never matter: the kernels are shape-generic.
+
+    ``dtype``: "bf16"/"fp16" or torch.bfloat16/torch.float16. ``arch``: e.g.
+    "sm_90a"; None for the current GPU's (then a GPU is needed; with an arch
+    neither a GPU nor torch is). ``tiling``: None or (block_m, block_n, warps,
+    stages), as for the kernels' launches. Returns a dict: kernels, compiles,
+    disk_hits, memory_hits, aot_hits, wall_ms."""
+    ints = [integer(value, name, 0, 2**31 - 1) for name, value in
+            (("head_dim", head_dim), ("num_q_heads", num_q_heads),
+             ("num_kv_heads", num_kv_heads))]
+    code = _precompile_dtype(dtype)
+    if arch is not None and not isinstance(arch, str):
+        raise ValueError(f"dualkv: arch must be a string like 'sm_90a' or "
+                         f"None, got {arch!r}")
+    tiles = None
+    if tiling is not None:
+        tiling = sequence(tiling, "tiling")
+        if len(tiling) != 4:
+            raise ValueError("dualkv: tiling must be (block_m, block_n, "
+                             "warps, stages)")
+        values = [integer(t, "tiling", 0, 2**31 - 1) for t in tiling]
+        tiles = (ctypes.c_int32 * 4)(*values)
+    report = _lib.PrecompileReport()
+    fn = _lib.symbol("dualkv_precompile")
+    _check(fn(ints[0], ints[1], ints[2], code,
+              arch.encode() if arch else None, int(bool(backward)),
+              int(bool(deterministic)), tiles, ctypes.byref(report)))
+    return {name: getattr(report, name) for name, _ in report._fields_}
 
 
 class Plan:

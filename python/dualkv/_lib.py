@@ -55,6 +55,19 @@ _handle = None
 _path = None
 
 
+class PrecompileReport(ctypes.Structure):
+    """dualkv_precompile_report_t."""
+
+    _fields_ = [
+        ("kernels", ctypes.c_int32),
+        ("compiles", ctypes.c_int32),
+        ("disk_hits", ctypes.c_int32),
+        ("memory_hits", ctypes.c_int32),
+        ("aot_hits", ctypes.c_int32),
+        ("wall_ms", ctypes.c_double),
+    ]
+
+
 def candidates():
     """The paths tried, in order (the first one that exists is loaded)."""
     here = Path(__file__).resolve().parent
@@ -124,6 +137,10 @@ def _optional_signatures():
             ctypes.c_int),
         "dualkv_backward_workspace_size": (
             [vp, i64, i32, i32, i32, i32, i32p, i64p],
+            ctypes.c_int),
+        "dualkv_precompile": (
+            [i32, i32, i32, i32, ctypes.c_char_p, i32, i32, i32p,
+             ctypes.POINTER(PrecompileReport)],
             ctypes.c_int),
     }
 

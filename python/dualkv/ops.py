@@ -36,6 +36,7 @@ dLSE input. Importing this module registers the ops; ``dualkv.attention``
 does it on first use.
 """
 
+import os
 from typing import Tuple
 
 import torch
@@ -184,6 +185,34 @@ def _check_inputs(q, k, v, plan):
     _check_qkv_shapes(torch, q, k, v)
 
 
+_PRECOMPILED = set()
+
+
+def _precompile_backward(q, k, deterministic):
+    """Before the first forward of a configuration that autograd will
+    differentiate, compiles (or reads from the disk cache) its forward and
+    backward kernels together, in parallel (dualkv.precompile): the first
+    step then waits for one parallel compile instead of the forward's and the
+    backward's in turn. Once per (device, head_dim, heads, dtype, mode);
+    DUALKV_PRECOMPILE=0 turns it off. A failure is left for the calls, which
+    report it."""
+    if os.environ.get("DUALKV_PRECOMPILE", "1") == "0":
+        return
+    key = (q.device.index, q.shape[2], q.shape[1], k.shape[1], q.dtype,
+           bool(deterministic))
+    if key in _PRECOMPILED:
+        return
+    _PRECOMPILED.add(key)
+    from . import precompile
+    try:
+        with torch.cuda.device(q.device):
+            precompile(head_dim=q.shape[2], num_q_heads=q.shape[1],
+                       num_kv_heads=k.shape[1], dtype=q.dtype,
+                       backward=True, deterministic=bool(deterministic))
+    except (OSError, RuntimeError, ValueError):
+        pass
+
+
 def attention(q, k, v, plan, scale=None, deterministic=False,
               return_lse=False):
     """Differentiable DualKV attention (docs/architecture.md §1) on packed
@@ -232,6 +261,9 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
         if cached is not plan and (cached is None or plan.is_uploaded(index)
                                    or not cached.is_uploaded(index)):
             PLAN_CACHE.put(index, plan.key, plan)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                        or v.requires_grad):
+            _precompile_backward(q, k, deterministic)
     o, lse = torch.ops.dualkv.forward(q, k, v, plan_descriptor(plan),
                                       scale_value, bool(deterministic))
     return (o, lse) if return_lse else o

@@ -204,4 +204,25 @@ int dualkv_cache_stats(dualkv_cache_stats_t *out) {
   });
 }
 
+int dualkv_precompile(int32_t head_dim, int32_t num_q_heads,
+                      int32_t num_kv_heads, int32_t dtype, const char *arch,
+                      int32_t backward, int32_t deterministic,
+                      const int32_t *tiling, dualkv_precompile_report_t *out) {
+  return guarded([&] {
+    dualkv::PrecompileArgs a;
+    a.head_dim = head_dim;
+    a.num_q_heads = num_q_heads;
+    a.num_kv_heads = num_kv_heads;
+    a.dtype = toDType(dtype);
+    a.arch = arch ? arch : "";
+    a.backward = backward != 0;
+    a.deterministic = deterministic != 0;
+    a.tiling = toTiling(tiling);
+    dualkv::PrecompileReport r = dualkv::precompile(a);
+    if (out)
+      *out = {r.kernels,    r.compiles, r.diskHits,
+              r.memoryHits, r.aotHits,  r.wallMs};
+  });
+}
+
 } // extern "C"

@@ -22,11 +22,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <tuple>
 
 #include <fcntl.h>
@@ -619,6 +623,9 @@ struct KernelCache {
       kernels;
   std::map<FastKey, const LoadedKernel *> byRequest;
   std::map<cuda::CUcontext, std::string> archs;
+  // The counters have their own lock: compile workers update them while a
+  // launch holds `mutex` waiting for those workers.
+  std::mutex statsMutex;
   CacheStats stats;
 };
 
@@ -632,6 +639,144 @@ KernelCache &kernelCache() {
 const std::string &fingerprint() {
   static const std::string value = compilerFingerprint();
   return value;
+}
+
+template <typename F> void updateStats(F &&update) {
+  KernelCache &cache = kernelCache();
+  std::lock_guard<std::mutex> lock(cache.statsMutex);
+  update(cache.stats);
+}
+
+/// One compile's outcome, shared by every thread that asked for its key.
+struct Compiled {
+  bool ok = false;
+  CacheEntry entry;
+  std::string error;
+};
+using CompiledPtr = std::shared_ptr<const Compiled>;
+
+/// This process's compiles by key hash, in flight or done: a thread asking
+/// for a key another thread is compiling waits for that compile instead of
+/// repeating it, and a kernel set compiled together on worker threads is
+/// handed to its launches without a disk round trip (nor lost when the disk
+/// cache is off). A failed compile is forgotten, so a later request retries
+/// and reports its error. clearKernelCache() empties it.
+struct CompileTable {
+  std::mutex mutex;
+  std::map<std::string, std::shared_future<CompiledPtr>> byHash;
+};
+CompileTable &compileTable() {
+  static CompileTable *table = new CompileTable(); // leaked, as kernelCache()
+  return *table;
+}
+
+bool compileKnown(const std::string &hash) {
+  CompileTable &table = compileTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return table.byHash.count(hash) != 0;
+}
+
+/// Keeps `entry` (read from disk for `hash`) in the compile table, so that
+/// the launches after a precompile take it without reading the disk again.
+void rememberEntry(const std::string &hash, const CacheEntry &entry) {
+  auto done = std::make_shared<Compiled>();
+  done->ok = true;
+  done->entry = entry;
+  std::promise<CompiledPtr> ready;
+  ready.set_value(std::move(done));
+  CompileTable &table = compileTable();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  table.byHash.emplace(hash, ready.get_future().share());
+}
+
+/// The compiled entry of `key` (`spec` resolved): joins a compile of the same
+/// key already under way or done in this process, else compiles it here
+/// (IR dumped to $DUALKV_DUMP_IR if set) and stores it in `disk` when given.
+/// Throws Error (Compile) when the compiler fails.
+CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
+                       const std::string &hash, const DiskCache *disk) {
+  CompileTable &table = compileTable();
+  std::promise<CompiledPtr> promise;
+  std::shared_future<CompiledPtr> future;
+  bool mine = false;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    auto it = table.byHash.find(hash);
+    if (it != table.byHash.end()) {
+      future = it->second;
+    } else {
+      future = promise.get_future().share();
+      table.byHash.emplace(hash, future);
+      mine = true;
+    }
+  }
+  if (mine) {
+    auto done = std::make_shared<Compiled>();
+    try {
+      CompileOptions options;
+      if (std::optional<std::string> dump = env("DUALKV_DUMP_IR"))
+        options.dumpDir = *dump;
+      auto start = std::chrono::steady_clock::now();
+      CompileResult result = compile(spec, options);
+      double ms = std::chrono::duration<double, std::milli>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+      updateStats([&](CacheStats &stats) {
+        ++stats.compiles;
+        stats.lastCompileMs = ms;
+        stats.totalCompileMs += ms;
+      });
+      if (!result.ok) {
+        done->error = fmt::format("compiling the {} failed:\n{}",
+                                  key.describe(), result.error);
+      } else {
+        done->entry = CacheEntry{result.info, std::move(result.ptx),
+                                 std::move(result.cubin)};
+        done->ok = true;
+        std::string why;
+        if (disk && !disk->store(key, done->entry, &why) && !disk->refused())
+          warnOnce(fmt::format("cannot write the kernel cache: {}", why));
+      }
+    } catch (const std::exception &e) {
+      done->error =
+          fmt::format("compiling the {} failed: {}", key.describe(), e.what());
+    } catch (...) {
+      done->error =
+          fmt::format("compiling the {} failed: unknown error", key.describe());
+    }
+    if (!done->ok) {
+      std::lock_guard<std::mutex> lock(table.mutex);
+      table.byHash.erase(hash);
+    }
+    promise.set_value(done);
+  }
+  CompiledPtr compiled = future.get();
+  if (!compiled->ok)
+    throw Error(ErrorCode::Compile, compiled->error);
+  return compiled->entry;
+}
+
+/// Runs work(i) for every i below n, on up to min(n, cores) threads (the
+/// caller's among them). `work` must not throw.
+void parallelFor(size_t n, const std::function<void(size_t)> &work) {
+  std::atomic<size_t> next{0};
+  auto drain = [&] {
+    for (size_t i; (i = next++) < n;)
+      work(i);
+  };
+  const size_t width =
+      std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < width; ++t) {
+    try {
+      threads.emplace_back(drain);
+    } catch (const std::system_error &) {
+      break; // no more threads: the ones we have share the rest
+    }
+  }
+  drain();
+  for (std::thread &t : threads)
+    t.join();
 }
 
 } // namespace
@@ -700,8 +845,203 @@ const TuningDb &tuningDb() {
   return db;
 }
 
+/// Where an entry came from.
+enum class Origin { Aot, Memory, Disk, Compiled };
+
+/// The entry of `spec` (resolved; `key` and `hash` its): the AOT registry,
+/// this process's compiles (joining one under way), the disk cache (unless
+/// DUALKV_ALWAYS_COMPILE=1), else a compile stored on disk. Counts what it
+/// does in the cache stats; throws Error (Compile).
+CacheEntry findOrCompile(const KernelSpec &spec, const CacheKey &key,
+                         const std::string &hash, Origin *origin = nullptr) {
+  auto from = [&](Origin o) {
+    if (origin)
+      *origin = o;
+  };
+  if (std::optional<CacheEntry> aot = findAot(spec)) {
+    updateStats([](CacheStats &stats) { ++stats.aotHits; });
+    from(Origin::Aot);
+    return *aot;
+  }
+  DiskCache disk(DiskCache::defaultRoot());
+  const bool useDisk = !disk.root().empty() && !disk.refused();
+  const DiskCache *store = useDisk ? &disk : nullptr;
+  if (compileKnown(hash)) {
+    from(Origin::Memory);
+    return compileOnce(spec, key, hash, store);
+  }
+  if (useDisk && !envFlag("DUALKV_ALWAYS_COMPILE")) {
+    std::optional<CacheEntry> entry = disk.load(key);
+    updateStats([&](CacheStats &stats) {
+      ++(entry ? stats.diskHits : stats.diskMisses);
+    });
+    if (entry) {
+      from(Origin::Disk);
+      return std::move(*entry);
+    }
+  }
+  // Memory if another thread started this key's compile meanwhile.
+  from(compileKnown(hash) ? Origin::Memory : Origin::Compiled);
+  return compileOnce(spec, key, hash, store);
+}
+
+/// `spec` (arch set) with its open tiling replaced by the tuned one when
+/// dualkv-tune recorded one (under `tunedQHeads`:`tunedKVHeads` if given),
+/// as a launch resolves it.
+std::optional<KernelSpec> tunedSpec(const KernelSpec &spec, int tunedQHeads,
+                                    int tunedKVHeads) {
+  if (!(spec.tiling == Tiling{}))
+    return std::nullopt;
+  KernelSpec tunedKey = spec;
+  if (tunedKVHeads > 0) {
+    tunedKey.numQHeads = tunedQHeads;
+    tunedKey.numKVHeads = tunedKVHeads;
+  }
+  std::optional<Tiling> tuned = tuningDb().find(tunedKey);
+  if (!tuned)
+    return std::nullopt;
+  KernelSpec s = spec;
+  s.tiling = *tuned;
+  return s;
+}
+
+/// One kernel of a set, with the heads its tiling is tuned under.
+struct SetMember {
+  KernelSpec spec;
+  int tunedQHeads = 0, tunedKVHeads = 0;
+};
+
+/// The kernels a backward of these heads may launch (docs/backward-abi.md):
+/// bwd_pre; bwd and bwd_post for every KV head and, with several, for one KV
+/// head (long batches); with `deterministic` bwd_kv and bwd_dq instead of the
+/// atomics pair. `both` gives both modes' kernels.
+std::vector<SetMember> backwardSet(const KernelSpec &base, bool deterministic,
+                                   bool both, const Tiling &tiling) {
+  auto member = [&](KernelKind kind, int hq, int hkv, const Tiling &t,
+                    bool tunedWhole) {
+    SetMember m;
+    m.spec = base;
+    m.spec.kind = kind;
+    m.spec.P = 0;
+    m.spec.N = 0;
+    m.spec.numQHeads = hq;
+    m.spec.numKVHeads = hkv;
+    m.spec.tiling = t;
+    m.spec.schedule = Schedule::Auto;
+    if (tunedWhole) {
+      m.tunedQHeads = base.numQHeads;
+      m.tunedKVHeads = base.numKVHeads;
+    }
+    return m;
+  };
+  const int hq = base.numQHeads, hkv = base.numKVHeads;
+  std::vector<SetMember> set = {member(KernelKind::BwdPre, hq, hkv, {}, false)};
+  if (!deterministic || both) {
+    set.push_back(member(KernelKind::Bwd, hq, hkv, tiling, true));
+    set.push_back(member(KernelKind::BwdPost, hq, hkv, {}, false));
+    if (hkv > 1 && hq % hkv == 0) {
+      set.push_back(member(KernelKind::Bwd, hq / hkv, 1, tiling, true));
+      set.push_back(member(KernelKind::BwdPost, hq / hkv, 1, {}, false));
+    }
+  }
+  if (deterministic || both) {
+    set.push_back(member(KernelKind::BwdKV, hq, hkv, tiling, false));
+    set.push_back(member(KernelKind::BwdDQ, hq, hkv, {}, false));
+  }
+  return set;
+}
+
+/// Makes every member's entry available (counted in `report`, if given),
+/// compiling the missing ones in parallel on worker threads; a member whose
+/// tuned tiling does not build takes the default, as a launch does. Returns
+/// the first error (empty when none). `probeOnly` leaves the stats alone for
+/// entries the disk or the AOT registry already holds (the launch that
+/// needs them reads them, and counts, itself).
+std::string ensureSet(const std::vector<SetMember> &set, bool probeOnly,
+                      PrecompileReport *report) {
+  std::vector<std::string> errors(set.size());
+  std::vector<Origin> origins(set.size(), Origin::Compiled);
+  parallelFor(set.size(), [&](size_t i) {
+    const SetMember &m = set[i];
+    try {
+      std::vector<KernelSpec> tries;
+      if (std::optional<KernelSpec> tuned =
+              tunedSpec(m.spec, m.tunedQHeads, m.tunedKVHeads))
+        tries.push_back(*tuned);
+      tries.push_back(m.spec);
+      for (size_t t = 0; t < tries.size(); ++t) {
+        KernelSpec spec = resolveSpec(tries[t]);
+        if (std::string bad = checkSpec(spec); !bad.empty())
+          throw Error(ErrorCode::InvalidArgument, bad);
+        CacheKey key = CacheKey::fromSpec(spec, fingerprint());
+        std::string hash = key.hash();
+        try {
+          if (probeOnly && !compileKnown(hash)) {
+            if (findAot(spec)) {
+              origins[i] = Origin::Aot;
+              return;
+            }
+            DiskCache disk(DiskCache::defaultRoot());
+            if (!disk.root().empty() && !disk.refused() &&
+                !envFlag("DUALKV_ALWAYS_COMPILE") && disk.load(key)) {
+              origins[i] = Origin::Disk;
+              return;
+            }
+            // Nothing to read: compile it now, for the launch to take.
+            compileOnce(spec, key, hash,
+                        disk.root().empty() || disk.refused() ? nullptr
+                                                              : &disk);
+            return;
+          }
+          CacheEntry entry = findOrCompile(spec, key, hash, &origins[i]);
+          if (origins[i] == Origin::Disk)
+            rememberEntry(hash, entry);
+          return;
+        } catch (const Error &e) {
+          if (e.code() != ErrorCode::Compile || t + 1 == tries.size())
+            throw;
+          warnOnce(fmt::format("the tuned tiling {},{},{},{} does not build; "
+                               "using the default: {}",
+                               spec.tiling.blockM, spec.tiling.blockN,
+                               spec.tiling.warps, spec.tiling.stages,
+                               e.what()));
+        }
+      }
+    } catch (const std::exception &e) {
+      errors[i] = e.what();
+    } catch (...) {
+      errors[i] = "unknown error";
+    }
+  });
+  if (report)
+    for (size_t i = 0; i < set.size(); ++i) {
+      if (!errors[i].empty())
+        continue;
+      ++report->kernels;
+      switch (origins[i]) {
+      case Origin::Aot:
+        ++report->aotHits;
+        break;
+      case Origin::Memory:
+        ++report->memoryHits;
+        break;
+      case Origin::Disk:
+        ++report->diskHits;
+        break;
+      case Origin::Compiled:
+        ++report->compiles;
+        break;
+      }
+    }
+  for (const std::string &e : errors)
+    if (!e.empty())
+      return e;
+  return {};
+}
+
 /// Finds, loads or compiles the kernel of `spec` (arch set, tiling maybe open)
-/// in the current context; the cache mutex is held.
+/// in the current context; the cache mutex is held (compile workers never
+/// take it).
 const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
                                const FastKey &fast, KernelSpec spec) {
   spec = resolveSpec(spec);
@@ -710,42 +1050,27 @@ const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
 
   auto loaded = cache.kernels.find({ctx, hash});
   if (loaded != cache.kernels.end()) {
-    ++cache.stats.memoryHits;
+    updateStats([](CacheStats &stats) { ++stats.memoryHits; });
     cache.byRequest.emplace(fast, loaded->second.get());
     return *loaded->second;
   }
 
-  DiskCache disk(DiskCache::defaultRoot());
-  std::optional<CacheEntry> entry = findAot(spec);
-  if (entry)
-    ++cache.stats.aotHits;
-  const bool useDisk = !disk.root().empty() && !disk.refused();
-  if (!entry && useDisk && !envFlag("DUALKV_ALWAYS_COMPILE")) {
-    entry = disk.load(key);
-    ++(entry ? cache.stats.diskHits : cache.stats.diskMisses);
+  // A backward asks for bwd_pre first: when it is not cached, neither is the
+  // rest of its set, so every kernel a backward of these heads may launch is
+  // compiled now, in parallel (both modes and the one-KV-head variants; what
+  // the disk holds is left for the launches to read). Errors are left for
+  // the launch that needs the kernel, which retries and reports them.
+  if (spec.kind == KernelKind::BwdPre && !compileKnown(hash) &&
+      !findAot(spec) && !envFlag("DUALKV_NO_PARALLEL_COMPILE")) {
+    DiskCache disk(DiskCache::defaultRoot());
+    bool onDisk = !disk.root().empty() && !disk.refused() &&
+                  !envFlag("DUALKV_ALWAYS_COMPILE") && disk.load(key);
+    if (!onDisk)
+      ensureSet(backwardSet(spec, false, /*both=*/true, Tiling{}),
+                /*probeOnly=*/true, nullptr);
   }
-  if (!entry) {
-    CompileOptions options;
-    if (std::optional<std::string> dump = env("DUALKV_DUMP_IR"))
-      options.dumpDir = *dump;
-    auto start = std::chrono::steady_clock::now();
-    CompileResult result = compile(spec, options);
-    double ms = std::chrono::duration<double, std::milli>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
-    ++cache.stats.compiles;
-    cache.stats.lastCompileMs = ms;
-    cache.stats.totalCompileMs += ms;
-    if (!result.ok)
-      throw Error(ErrorCode::Compile,
-                  fmt::format("compiling the {} failed:\n{}", key.describe(),
-                              result.error));
-    entry =
-        CacheEntry{result.info, std::move(result.ptx), std::move(result.cubin)};
-    std::string why;
-    if (useDisk && !disk.store(key, *entry, &why) && !disk.refused())
-      warnOnce(fmt::format("cannot write the kernel cache: {}", why));
-  }
+
+  std::optional<CacheEntry> entry = findOrCompile(spec, key, hash);
   // A disk entry was checked on load; this catches a compiler or an AOT image
   // that reports nonsense.
   if (std::string bad = unusableLaunchShape(entry->info); !bad.empty())
@@ -787,7 +1112,7 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
 
   FastKey fast = fastKey(ctx, requested, tunedQHeads, tunedKVHeads);
   if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
-    ++cache.stats.memoryHits;
+    updateStats([](CacheStats &stats) { ++stats.memoryHits; });
     return *it->second;
   }
 
@@ -831,23 +1156,84 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
   return loadKernel(cache, ctx, fast, spec);
 }
 
+PrecompileReport precompile(const PrecompileArgs &args) {
+  auto start = std::chrono::steady_clock::now();
+  const int D = args.head_dim, Hq = args.num_q_heads, Hkv = args.num_kv_heads;
+  if (D != 64 && D != 128 && D != 256)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("head_dim ({}) must be 64, 128 or 256", D));
+  if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("num_q_heads ({}) must be a positive multiple of "
+                            "num_kv_heads ({})",
+                            Hq, Hkv));
+  if (args.tiling.blockM < 0 || args.tiling.blockN < 0 ||
+      args.tiling.warps < 0 || args.tiling.stages < 0)
+    throw Error(ErrorCode::InvalidArgument,
+                "a tiling field is negative (0 takes the default)");
+  std::string arch = args.arch;
+  if (arch.empty()) {
+    if (!gpuAvailable())
+      throw Error(ErrorCode::NoGpu,
+                  "nothing to take the arch from: give precompile an arch "
+                  "(e.g. sm_90a), which needs no GPU");
+    // The current context's device, as a launch takes it (the primary
+    // context of device 0 when none is current).
+    cuda::currentContext();
+    arch = cuda::currentDeviceArch();
+    std::string why;
+    if (!Arch::parse(arch, &why))
+      throw Error(ErrorCode::NoGpu,
+                  fmt::format("the current GPU ({}) cannot run DualKV "
+                              "kernels: {}",
+                              arch, why));
+  } else if (std::string why; !Arch::parse(arch, &why)) {
+    throw Error(ErrorCode::InvalidArgument, "arch: " + why);
+  }
+  KernelSpec base;
+  base.kind = KernelKind::Fwd;
+  base.headDim = D;
+  base.numQHeads = Hq;
+  base.numKVHeads = Hkv;
+  base.dtype = args.dtype;
+  base.arch = arch;
+  base.tiling = args.tiling;
+  std::vector<SetMember> set = {SetMember{base}};
+  if (args.backward) {
+    std::vector<SetMember> bwd =
+        backwardSet(base, args.deterministic, /*both=*/false, args.tiling);
+    set.insert(set.end(), bwd.begin(), bwd.end());
+  }
+  PrecompileReport report;
+  std::string error = ensureSet(set, /*probeOnly=*/false, &report);
+  if (!error.empty())
+    throw Error(ErrorCode::Compile, error);
+  report.wallMs = std::chrono::duration<double, std::milli>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  return report;
+}
+
 void clearKernelCache() {
   KernelCache &cache = kernelCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   cache.byRequest.clear();
   cache.kernels.clear();
   cache.archs.clear();
+  CompileTable &table = compileTable();
+  std::lock_guard<std::mutex> tableLock(table.mutex);
+  table.byHash.clear();
 }
 
 CacheStats cacheStats() {
   KernelCache &cache = kernelCache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
+  std::lock_guard<std::mutex> lock(cache.statsMutex);
   return cache.stats;
 }
 
 void resetCacheStats() {
   KernelCache &cache = kernelCache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
+  std::lock_guard<std::mutex> lock(cache.statsMutex);
   cache.stats = CacheStats();
 }
 

@@ -16,3 +16,7 @@ config.substitutions.append(("%templates", os.path.join(config.dualkv_src_root, 
 config.substitutions.append(("%python", "python3"))
 if os.path.exists(os.path.join(config.cuda_root, "bin", "ptxas")):
     config.available_features.add("ptxas")
+# The library and the Python package, for tests that check what a later
+# process finds (dualkv-aot --into-cache).
+config.substitutions.append(("%dualkv_lib", os.path.join(os.path.dirname(config.dualkv_tools_dir), "libdualkv.so")))
+config.substitutions.append(("%dualkv_python", os.path.join(config.dualkv_src_root, "python")))

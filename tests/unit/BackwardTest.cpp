@@ -928,3 +928,36 @@ TEST_CASE("backward: the runtime's workspaces stay bounded with a stream "
     CHECK(fake.ctxSyncs > 0);
   }
 }
+
+TEST_CASE("backward: a missing kernel brings its whole set, compiled in "
+          "parallel, each kernel once",
+          "[runtime][backward][precompile]") {
+  FakeBackwardSetup setup;
+  FakeDriver &fake = setup.scoped.fake;
+  fake.ccMajor = 8; // sm_80: every kernel on the mma_sync schedule
+  fake.ccMinor = 0;
+  // The compiled kernels' entry points carry their schedule.
+  for (auto &[name, sig] : backwardSignatures())
+    fake.signatures[name + "_mma_sync"] = sig;
+  clearKernelCache();
+  resetCacheStats();
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  BackwardArgs a = validBackwardArgs(plan);
+  backward(a);
+  // bwd_pre; bwd and bwd_post for both KV heads and for one; bwd_kv, bwd_dq.
+  CHECK(cacheStats().compiles == 7);
+  CHECK(fake.launches == 3);
+  a.deterministic = true;
+  backward(a);
+  CHECK(cacheStats().compiles == 7);
+  CHECK(cacheStats().diskHits == 0);
+  CHECK(fake.launches == 6);
+
+  // A new process finds the set on disk: no compile, one read per kernel.
+  clearKernelCache();
+  resetCacheStats();
+  backward(a);
+  CHECK(cacheStats().compiles == 0);
+  CHECK(cacheStats().diskHits == 3);
+  clearKernelCache();
+}

@@ -5,6 +5,7 @@
 // GPU.
 //
 //===----------------------------------------------------------------------===//
+#include "Cache.h"
 #include "Files.h"
 #include "common/CommandLine.h"
 #include "dualkv/Compiler/Compiler.h"
@@ -13,6 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +25,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fcntl.h>
@@ -32,6 +36,7 @@
 namespace {
 
 constexpr const char *kUsage = R"(usage: dualkv-aot [options] --out DIR
+       dualkv-aot [options] --into-cache [DIR]
 
 Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
 (<name>: dualkv_<kind>_d<D>_h<Hq>x<Hkv>_<dtype>_<arch>_m<M>n<N>w<W>s<S>, plus
@@ -82,7 +87,17 @@ options:
                    <kernel cache>/tuning.json)
   --no-cubin       write PTX only, do not run ptxas
   --dump-ir DIR    also write every stage's IR into DIR/<name>/
-  --out DIR        output directory (created if missing); required
+  --out DIR        output directory (created if missing); required unless
+                   --into-cache is given
+  --into-cache [DIR]
+                   also write every kernel into the runtime's kernel cache at
+                   DIR (default: $DUALKV_CACHE_DIR, else $XDG_CACHE_HOME/dualkv,
+                   else ~/.cache/dualkv) under the key a launch asks for, so
+                   a later process (a container built from this image) finds
+                   it on disk. The runtime asks for shape-generic kernels
+                   (--P 0 --N 0) with the default tiling, or the tuned one when
+                   the tuning database has one (then pass --tuned)
+  -j, --jobs N     kernels compiled in parallel (default: the CPU count)
   -h, --help       show this help
 
 exit status: 0 success, 1 compile error, 2 bad arguments.
@@ -196,6 +211,9 @@ struct Args {
   std::string out;
   std::string dumpIR;
   bool cubin = true;
+  bool intoCache = false;
+  std::string cacheDir; ///< --into-cache's DIR; empty: the runtime's default
+  int jobsParallel = 0; ///< 0: the CPU count
   std::vector<Job> jobs;
   std::vector<dualkv::KernelKind> kinds = {dualkv::KernelKind::Fwd};
 };
@@ -239,6 +257,16 @@ Args parseArgs(int argc, char **argv) {
     }
     if (flag == "--tuned") {
       a.tuned = true;
+      continue;
+    }
+    if (flag == "--into-cache") {
+      a.intoCache = true;
+      // DIR is optional: the next argument, unless it is another option.
+      if (i + 1 < argc && argv[i + 1][0] != '-') {
+        a.cacheDir = argv[++i];
+        if (a.cacheDir.empty())
+          usageError("--into-cache DIR is empty");
+      }
       continue;
     }
     if (i + 1 >= argc)
@@ -311,12 +339,24 @@ Args parseArgs(int argc, char **argv) {
       a.out = v;
     } else if (flag == "--dump-ir") {
       a.dumpIR = v;
+    } else if (flag == "-j" || flag == "--jobs") {
+      a.jobsParallel = static_cast<int>(parseInt(flag, v));
+      if (a.jobsParallel < 1)
+        usageError(fmt::format("{} needs at least 1, got '{}'", flag, v));
     } else {
       usageError(fmt::format("unknown option '{}'", flag));
     }
   }
-  if (a.out.empty())
-    usageError("--out DIR is required");
+  if (a.out.empty() && !a.intoCache)
+    usageError("--out DIR is required (or --into-cache [DIR])");
+  if (a.intoCache && a.cacheDir.empty()) {
+    a.cacheDir = dualkv::DiskCache::defaultRoot();
+    if (a.cacheDir.empty())
+      usageError("--into-cache: no kernel cache folder: set DUALKV_CACHE_DIR "
+                 "or HOME, or give DIR");
+  }
+  if (a.intoCache && !a.registration.empty() && a.out.empty())
+    usageError("--emit-registration needs --out DIR");
   if (a.archs.empty())
     a.archs.push_back("sm_90a");
   return a;
@@ -626,17 +666,48 @@ int main(int argc, char **argv) {
   std::string dbPath =
       args.tuningDb.empty() ? dualkv::TuningDb::defaultPath() : args.tuningDb;
   std::optional<dualkv::TuningDb> db;
+  // --out may be absent with --into-cache: the kernels then go to the cache
+  // only (the files are written to a temporary folder, for the fatbin).
+  std::string outDir = args.out;
+  std::filesystem::path scratch;
+  if (outDir.empty()) {
+    scratch = std::filesystem::temp_directory_path() /
+              fmt::format("dualkv-aot.{}", ::getpid());
+    outDir = scratch.string();
+  }
   std::error_code ec;
-  std::filesystem::create_directories(args.out, ec);
+  std::filesystem::create_directories(outDir, ec);
   if (ec) {
-    fmt::print(stderr, "dualkv-aot: cannot create --out '{}': {}\n", args.out,
+    fmt::print(stderr, "dualkv-aot: cannot create --out '{}': {}\n", outDir,
                ec.message());
     return 2;
   }
+  std::optional<dualkv::DiskCache> cache;
+  if (args.intoCache) {
+    cache.emplace(args.cacheDir);
+    if (!cache->usable()) {
+      fmt::print(stderr,
+                 "dualkv-aot: --into-cache: the kernel cache at '{}' is not "
+                 "usable (see the warning above)\n",
+                 args.cacheDir);
+      return 1;
+    }
+  }
   int failures = 0;
-  std::vector<Built> all;
-  for (const Job &job : jobs) {
-    std::vector<Built> builds;
+
+  // Every (spec, arch) to compile, in output order; the compiles run in
+  // parallel (each has its own MLIR and LLVM contexts), the files and the
+  // report are written in order afterwards.
+  struct Task {
+    size_t job;
+    dualkv::KernelSpec spec;
+    std::string name;
+    dualkv::CompileOptions options;
+    dualkv::CompileResult result;
+  };
+  std::vector<Task> tasks;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Job &job = jobs[j];
     for (const std::string &arch : job.archs) {
       dualkv::KernelSpec spec = job.spec;
       spec.arch = arch;
@@ -666,19 +737,67 @@ int main(int argc, char **argv) {
         }
         spec.tiling = *tuned;
       }
+      if (args.intoCache && !job.tuned && spec.tiling == dualkv::Tiling{}) {
+        // A launch with an open tiling takes the tuned one when the database
+        // has it: the default's entry would then never be read.
+        if (!db) {
+          std::string error;
+          db = dualkv::TuningDb::load(dbPath, &error);
+        }
+        dualkv::KernelSpec key = spec;
+        if (job.tunedKVHeads) {
+          key.numQHeads = job.tunedQHeads;
+          key.numKVHeads = job.tunedKVHeads;
+        }
+        if (std::optional<dualkv::Tiling> tuned = db->find(key))
+          fmt::print(stderr,
+                     "dualkv-aot: note: '{}' has the tiling {},{},{},{} for "
+                     "{} {}, which launches take: add --tuned to cache that "
+                     "one\n",
+                     dbPath, tuned->blockM, tuned->blockN, tuned->warps,
+                     tuned->stages, dualkv::toString(key.kind), key.arch);
+      }
       spec = dualkv::resolveSpec(spec);
-      std::string name = kernelFileName(spec);
-      dualkv::CompileOptions options;
-      options.emitCubin = args.cubin;
+      Task t{j, spec, kernelFileName(spec), {}, {}};
+      t.options.emitCubin = args.cubin;
       if (!args.dumpIR.empty())
-        options.dumpDir = args.dumpIR + "/" + name;
-      dualkv::CompileResult r = dualkv::compile(spec, options);
+        t.options.dumpDir = args.dumpIR + "/" + t.name;
+      tasks.push_back(std::move(t));
+    }
+  }
+  {
+    unsigned width = args.jobsParallel > 0
+                         ? static_cast<unsigned>(args.jobsParallel)
+                         : std::max(1u, std::thread::hardware_concurrency());
+    width = std::min<unsigned>(width, static_cast<unsigned>(tasks.size()));
+    std::atomic<size_t> next{0};
+    auto drain = [&] {
+      for (size_t i; (i = next++) < tasks.size();)
+        tasks[i].result = dualkv::compile(tasks[i].spec, tasks[i].options);
+    };
+    std::vector<std::thread> threads;
+    for (unsigned t = 1; t < width; ++t)
+      threads.emplace_back(drain);
+    drain();
+    for (std::thread &t : threads)
+      t.join();
+  }
+
+  std::vector<Built> all;
+  size_t nextTask = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    std::vector<Built> builds;
+    for (; nextTask < tasks.size() && tasks[nextTask].job == j; ++nextTask) {
+      Task &task = tasks[nextTask];
+      const dualkv::KernelSpec &spec = task.spec;
+      const std::string &name = task.name;
+      dualkv::CompileResult &r = task.result;
       if (!r.ok) {
         fmt::print(stderr, "dualkv-aot: {}: {}\n", name, r.error);
         ++failures;
         continue;
       }
-      std::string base = args.out + "/" + name;
+      std::string base = outDir + "/" + name;
       std::ofstream(base + ".ptx") << r.ptx;
       if (!r.cubin.empty())
         std::ofstream(base + ".cubin", std::ios::binary)
@@ -704,17 +823,42 @@ int main(int argc, char **argv) {
           {"shared_bytes", r.info.sharedBytes},
           {"compiler", dualkv::compilerFingerprint()},
           {"compile_ms", r.compileMs},
+          {"mlir_ms", r.mlirMs},
+          {"llvm_ms", r.llvmMs},
           {"ptxas_ms", r.ptxasMs},
           {"ptxas_log", r.ptxasLog},
       };
       std::ofstream(base + ".json") << meta.dump(2) << "\n";
       fmt::print(
           "{}\n  entry {}  threads {}  shared {} B  PTX {} B  cubin {} B  "
-          "compile {:.0f} ms + ptxas {:.0f} ms\n",
+          "compile {:.0f} ms (MLIR {:.0f} + LLVM {:.0f}) + ptxas {:.0f} ms\n",
           base, r.info.name, r.info.threads, r.info.sharedBytes, r.ptx.size(),
-          r.cubin.size(), r.compileMs, r.ptxasMs);
+          r.cubin.size(), r.compileMs, r.mlirMs, r.llvmMs, r.ptxasMs);
       if (!r.ptxasLog.empty())
         fmt::print("{}", r.ptxasLog);
+      if (cache) {
+        // The key a launch builds: the resolved spec under this library's
+        // compiler fingerprint (the same libdualkv a later process loads).
+        dualkv::CacheKey key =
+            dualkv::CacheKey::fromSpec(spec, dualkv::compilerFingerprint());
+        std::string why;
+        if (spec.P != 0 || spec.N != 0) {
+          fmt::print(stderr,
+                     "dualkv-aot: {}: --into-cache takes shape-generic "
+                     "kernels (P = N = 0), which are what the runtime asks "
+                     "for\n",
+                     name);
+          ++failures;
+        } else if (!cache->store(key, {r.info, r.ptx, r.cubin}, &why)) {
+          fmt::print(stderr,
+                     "dualkv-aot: {}: cannot write the kernel cache: "
+                     "{}\n",
+                     name, why);
+          ++failures;
+        } else {
+          fmt::print("  cached {}\n", cache->entryDir(key));
+        }
+      }
       builds.push_back(
           {spec, r.info, std::move(r.ptx), std::move(r.cubin), base});
     }
@@ -741,9 +885,8 @@ int main(int argc, char **argv) {
                  "their entry points\n",
                  schedules);
     } else if (builds.size() > 1 && args.cubin) {
-      std::string fatbin = args.out + "/" +
-                           kernelFileName(builds.front().spec, false) +
-                           ".fatbin";
+      std::string fatbin =
+          outDir + "/" + kernelFileName(builds.front().spec, false) + ".fatbin";
       if (writeFatbin(builds, fatbin)) {
         fmt::print("{}\n  fatbin of {} archs + PTX\n", fatbin, builds.size());
       } else {
@@ -758,5 +901,7 @@ int main(int argc, char **argv) {
     fmt::print("{}/{}.h, .cpp\n  registration of {} kernels: {}_register()\n",
                args.out, args.registration, all.size(), args.registration);
   }
+  if (!scratch.empty())
+    std::filesystem::remove_all(scratch, ec);
   return failures ? 1 : 0;
 }

@@ -127,6 +127,29 @@ typedef struct dualkv_cache_stats_t {
 /** Fills *out with the kernel cache counters of this process. */
 DUALKV_API int dualkv_cache_stats(dualkv_cache_stats_t *out);
 
+/** What dualkv_precompile found (dualkv::PrecompileReport). */
+typedef struct dualkv_precompile_report_t {
+  int32_t kernels;
+  int32_t compiles;
+  int32_t disk_hits;
+  int32_t memory_hits;
+  int32_t aot_hits;
+  double wall_ms;
+} dualkv_precompile_report_t;
+
+/**
+ * dualkv::precompile: compiles in parallel, and writes into the disk cache,
+ * every kernel a forward (and with backward != 0 a backward, deterministic or
+ * not) of this configuration needs. arch is null or "" for the current
+ * device (needs a GPU), else e.g. "sm_90a" (needs none). tiling is null or 4
+ * int32 as for dualkv_forward. out may be null.
+ */
+DUALKV_API int dualkv_precompile(int32_t head_dim, int32_t num_q_heads,
+                                 int32_t num_kv_heads, int32_t dtype,
+                                 const char *arch, int32_t backward,
+                                 int32_t deterministic, const int32_t *tiling,
+                                 dualkv_precompile_report_t *out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

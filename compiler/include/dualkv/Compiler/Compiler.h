@@ -143,12 +143,16 @@ struct CompileResult {
   std::vector<char>
       cubin;            ///< empty if no cubin was asked for or ptxas is absent
   std::string ptxasLog; ///< ptxas -v output (registers, spills)
-  double compileMs = 0.0; ///< template to PTX
-  double ptxasMs = 0.0;
+  double compileMs = 0.0; ///< template to PTX: mlirMs + llvmMs
+  double mlirMs = 0.0;    ///< parse, bind and the MLIR pass pipeline
+  double llvmMs = 0.0;  ///< translation to LLVM IR, LLVM -O3 and NVPTX codegen
+  double ptxasMs = 0.0; ///< the ptxas subprocess (PTX to cubin)
 };
 
 /// Compiles one kernel: template -> dualkv IR -> passes -> LLVM -> PTX ->
-/// cubin.
+/// cubin. Thread-safe: every call has its own MLIR and LLVM contexts, so
+/// several kernels compile in parallel (only a call with a dumpDir is
+/// serialised, as its files would collide).
 DUALKV_API CompileResult compile(const KernelSpec &spec,
                                  const CompileOptions &options = {});
 
