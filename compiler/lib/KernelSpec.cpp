@@ -149,15 +149,28 @@ std::string wgmmaUnfit(const KernelSpec &spec) {
 }
 
 /// Why the warp-specialized schedule cannot compute `spec` (tiling
-/// resolved), or an empty string: the forward on sm_90a, head_dim 64, 128 or
-/// 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
-/// that divide the 128 query rows and fit shared memory.
+/// resolved), or an empty string: on sm_90a, the forward at head_dim 64, 128
+/// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
+/// that divide the 128 query rows and fit shared memory; the KV-major
+/// backward (bwd, bwd_kv) at head_dim 128, 128 keys in two consumer
+/// warpgroups, 64-query tiles.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
-  if (spec.kind != KernelKind::Fwd)
+  bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
+  if (spec.kind != KernelKind::Fwd && !kvMajor)
     return std::string("it has no ") + toString(spec.kind) + " kernel";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
+  if (kvMajor) {
+    if (spec.headDim != 128)
+      return "its backward has head_dim 128, not " +
+             std::to_string(spec.headDim);
+    const Tiling &t = spec.tiling;
+    if (t.blockM != 128 || t.blockN != 64 || t.warps != 8)
+      return "its backward needs block_m 128, block_n 64 and 8 (consumer) "
+             "warps";
+    return {};
+  }
   if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
     return "it has head_dim 64, 128 and 256, not " +
            std::to_string(spec.headDim);
@@ -172,18 +185,21 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
   return {};
 }
 
-/// The schedule Auto stands for: for the forward the warp-specialized
-/// schedule at its measured tilings (defaultTiling's), the warpgroup one
-/// wherever it fits, mma.sync elsewhere. Other tilings of the
-/// warp-specialized schedule are asked for by name.
+/// The schedule Auto stands for: the warp-specialized one for the forward at
+/// its measured tilings (defaultTiling's) and for the KV-major backward
+/// wherever it fits, the warpgroup one wherever it fits, mma.sync elsewhere.
+/// Other tilings of the warp-specialized forward are asked for by name.
 Schedule defaultSchedule(const KernelSpec &resolved) {
   const Tiling &t = resolved.tiling;
+  bool kvMajor =
+      resolved.kind == KernelKind::Bwd || resolved.kind == KernelKind::BwdKV;
   if (warpSpecializedUnfit(resolved).empty() &&
-      t.blockN == (resolved.headDim == 256 ? 64 : 128))
+      (kvMajor || t.blockN == (resolved.headDim == 256 ? 64 : 128)))
     return Schedule::WarpSpecialized;
-  // The warpgroup dQ kernel is asked for by name until it has been measured
-  // against the mma.sync one.
-  if (resolved.kind == KernelKind::BwdDQ)
+  // The warpgroup dQ kernel at its own tiling (defaultTiling's); other
+  // tilings of it are asked for by name.
+  if (resolved.kind == KernelKind::BwdDQ &&
+      !(t.blockM == 128 && t.blockN == 64 && t.warps == 8))
     return Schedule::MmaSync;
   return wgmmaUnfit(resolved).empty() ? Schedule::Wgmma : Schedule::MmaSync;
 }
@@ -229,9 +245,16 @@ Tiling defaultTiling(const KernelSpec &spec) {
       return {128, 64, 8, 1};
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
-    // The forward's loops with P, dP and dS live at once: 64 query rows. At
-    // head_dim 256 too: each warp's 16 rows x 256 columns of dQ are 128
-    // registers a thread, and ptxas fits the kernel in 255 without spills.
+    // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
+    // 128 query rows in two warpgroups sharing each 64-key tile of K and V
+    // (185 registers, 97 KB of shared memory).
+    if (std::optional<Arch> a = Arch::parse(spec.arch);
+        a && a->hasWgmma() && spec.headDim == 128)
+      return {128, 64, 8, 1};
+    // Elsewhere the forward's loops with P, dP and dS live at once: 64 query
+    // rows. At head_dim 256 too: each warp's 16 rows x 256 columns of dQ are
+    // 128 registers a thread, and ptxas fits the kernel in 255 without
+    // spills.
     return {64, 32, 4, 1};
   case KernelKind::Fwd:
     break;

@@ -48,6 +48,8 @@ LogicalResult emitKernel(KernelOp kernel, OpBuilder &b,
   case Schedule::warp_specialized:
     if (kind == KernelKind::fwd)
       return emitWarpSpecializedForward(kernel, b, gpuModule, sharedBytes);
+    if (kvMajor)
+      return emitWarpSpecializedKVMajor(kernel, b, gpuModule, sharedBytes);
     break;
   }
   return kernel.emitOpError()

@@ -404,10 +404,10 @@ void backward(const BackwardArgs &args) {
   // error leaves the stream untouched. The tiling applies to the main kernel;
   // a slice's kernel takes the tiling tuned for the whole problem.
   const LoadedKernel &pre = getKernel(specOf(args, KernelKind::BwdPre, {}));
-  const LoadedKernel &main =
-      getKernel(genericSpec(det ? KernelKind::BwdKV : KernelKind::Bwd, D,
-                            sliceHq, slice, args.dtype, args.tiling),
-                Hq, Hkv);
+  const LoadedKernel &main = getKernel(
+      genericSpec(det ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq, slice,
+                  args.dtype, args.tiling, args.schedule),
+      Hq, Hkv);
   const LoadedKernel &last =
       det ? getKernel(specOf(args, KernelKind::BwdDQ, {}))
           : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,

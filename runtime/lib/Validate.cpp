@@ -143,7 +143,8 @@ void requirePlanInCurrentContext(const Plan &plan) {
 }
 
 KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
-                       int numKVHeads, DType dtype, Tiling tiling) {
+                       int numKVHeads, DType dtype, Tiling tiling,
+                       Schedule schedule) {
   KernelSpec spec;
   spec.kind = kind;
   spec.P = 0;
@@ -153,6 +154,7 @@ KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
   spec.numKVHeads = numKVHeads;
   spec.dtype = dtype;
   spec.tiling = tiling;
+  spec.schedule = schedule;
   return spec;
 }
 

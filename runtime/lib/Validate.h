@@ -48,7 +48,8 @@ void requirePlanInCurrentContext(const Plan &plan);
 /// from the plan, so one binary serves every batch and RL's changing shapes
 /// never recompile.
 KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
-                       int numKVHeads, DType dtype, Tiling tiling);
+                       int numKVHeads, DType dtype, Tiling tiling,
+                       Schedule schedule = Schedule::Auto);
 
 /// The softmax scale to use: `scale`, or 1/sqrt(head_dim) when it is 0.
 double effectiveScale(float scale, int headDim);

@@ -22,6 +22,7 @@ struct Options {
   DType dtype = DType::BF16;
   /// Tilings of the backward's main kernel to time; {} is the default.
   std::vector<Tiling> bwdTilings = {Tiling{}};
+  std::vector<Schedule> bwdSchedules = {Schedule::Auto};
 };
 
 /// Random 16-bit values on the device that the inputs are copied from at
@@ -70,12 +71,14 @@ int usage(std::FILE *to = stderr) {
   fmt::print(to,
              "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
-             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...]\n"
+             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...] "
+             "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized]\n"
              "Defaults: the standard configs of benchmarks/README.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
              "rotating input sets, every mode, the default backward tiling "
              "(--bwd-tilings times each listed block_m:block_n:warps of the "
-             "backward's main kernel in turn).\n");
+             "backward's main kernel in turn; --bwd-schedules likewise each "
+             "listed schedule of it).\n");
   return 2;
 }
 
@@ -137,6 +140,14 @@ int main(int argc, char **argv) {
             return usage();
           t.stages = 1;
           opt.bwdTilings.push_back(t);
+        }
+      } else if (a == "--bwd-schedules") {
+        opt.bwdSchedules.clear();
+        for (auto &c : split(value())) {
+          std::optional<Schedule> s = parseSchedule(c);
+          if (!s)
+            return usage();
+          opt.bwdSchedules.push_back(*s);
         }
       } else if (a == "--fp16") {
         opt.dtype = DType::FP16;
@@ -211,6 +222,7 @@ int main(int argc, char **argv) {
         return a;
       };
       Tiling bwdTiling;
+      Schedule bwdSchedule = Schedule::Auto;
       auto bwdArgs = [&](InputSet &s, bool deterministic) {
         ForwardArgs f = fwdArgs(s);
         BackwardArgs a;
@@ -232,6 +244,7 @@ int main(int argc, char **argv) {
         a.deterministic = deterministic;
         a.plan = &plan;
         a.tiling = bwdTiling;
+        a.schedule = bwdSchedule;
         return a;
       };
       // O and LSE of every set, so that a backward alone has its inputs.
@@ -243,44 +256,48 @@ int main(int argc, char **argv) {
       check(cudaEventCreate(&start), "event");
       check(cudaEventCreate(&stop), "event");
       for (size_t ti = 0; ti < opt.bwdTilings.size(); ++ti)
-        for (const std::string &mode : opt.modes) {
-          bwdTiling = opt.bwdTilings[ti];
-          if (ti > 0 && mode == "fwd")
-            continue; // the forward does not change with the backward's tiling
-          bool runFwd = mode != "bwd", runBwd = mode != "fwd",
-               det = mode == "fwd+bwd det";
-          double flops =
-              (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
-          auto once = [&](int i) {
-            InputSet &s = *sets[size_t(i) % sets.size()];
-            if (runFwd)
-              forward(fwdArgs(s));
-            if (runBwd)
-              backward(bwdArgs(s, det));
-          };
-          for (int i = 0; i < opt.warmup; ++i)
-            once(i);
-          check(cudaDeviceSynchronize(), "warm-up");
-          std::vector<float> ms;
-          for (int i = 0; i < opt.reps; ++i) {
-            check(cudaEventRecord(start), "record");
-            once(opt.warmup + i);
-            check(cudaEventRecord(stop), "record");
-            check(cudaEventSynchronize(stop), "timed run");
-            float m = 0;
-            check(cudaEventElapsedTime(&m, start, stop), "elapsed");
-            ms.push_back(m);
+        for (size_t si = 0; si < opt.bwdSchedules.size(); ++si)
+          for (const std::string &mode : opt.modes) {
+            bwdTiling = opt.bwdTilings[ti];
+            bwdSchedule = opt.bwdSchedules[si];
+            if ((ti > 0 || si > 0) && mode == "fwd")
+              continue; // the forward does not change with the backward's
+            bool runFwd = mode != "bwd", runBwd = mode != "fwd",
+                 det = mode == "fwd+bwd det";
+            double flops =
+                (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
+            auto once = [&](int i) {
+              InputSet &s = *sets[size_t(i) % sets.size()];
+              if (runFwd)
+                forward(fwdArgs(s));
+              if (runBwd)
+                backward(bwdArgs(s, det));
+            };
+            for (int i = 0; i < opt.warmup; ++i)
+              once(i);
+            check(cudaDeviceSynchronize(), "warm-up");
+            std::vector<float> ms;
+            for (int i = 0; i < opt.reps; ++i) {
+              check(cudaEventRecord(start), "record");
+              once(opt.warmup + i);
+              check(cudaEventRecord(stop), "record");
+              check(cudaEventSynchronize(stop), "timed run");
+              float m = 0;
+              check(cudaEventElapsedTime(&m, start, stop), "elapsed");
+              ms.push_back(m);
+            }
+            double med = median(ms);
+            std::string label = mode;
+            if (runBwd && bwdTiling.blockM)
+              label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
+                                   bwdTiling.blockN, bwdTiling.warps);
+            if (runBwd && bwdSchedule != Schedule::Auto)
+              label += fmt::format(" {}", toString(bwdSchedule));
+            fmt::print(
+                "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n", p, n,
+                r, label, med, *std::min_element(ms.begin(), ms.end()),
+                flops / (med * 1e-3) / 1e12);
           }
-          double med = median(ms);
-          std::string label = mode;
-          if (runBwd && bwdTiling.blockM)
-            label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
-                                 bwdTiling.blockN, bwdTiling.warps);
-          fmt::print("{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
-                     p, n, r, label, med,
-                     *std::min_element(ms.begin(), ms.end()),
-                     flops / (med * 1e-3) / 1e12);
-        }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     } catch (const std::exception &e) {

@@ -444,16 +444,25 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::Fwd, "sm_80", 128), M},
       {specOf(K::Fwd, "sm_100", 128), M},
       {specOf(K::Fwd, "sm_120", 128), M},
-      // The KV-major backward: wgmma at 128:64:8 on sm_90a, head_dim 128.
-      {specOf(K::Bwd, "sm_90a", 128), W},
-      {specOf(K::BwdKV, "sm_90a", 128), W},
+      // The KV-major backward: warp-specialized at 128:64:8 on sm_90a,
+      // head_dim 128 (wgmma by name).
+      {specOf(K::Bwd, "sm_90a", 128), S},
+      {specOf(K::BwdKV, "sm_90a", 128), S},
+      {specOf(K::Bwd, "sm_90a", 128, {}, W), W},
+      {specOf(K::BwdKV, "sm_90a", 128, {128, 64, 8, 1}, W), W},
       {specOf(K::Bwd, "sm_90a", 64), M},
       {specOf(K::Bwd, "sm_90a", 128, {128, 32, 8, 1}), M},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
       {specOf(K::Bwd, "sm_80", 128), M},
       {specOf(K::Bwd, "sm_90", 128), M},
-      // Never wgmma: the dQ kernel and the elementwise ones.
-      {specOf(K::BwdDQ, "sm_90a", 128), M},
+      // The dQ kernel: wgmma at its sm_90a default 128:64:8 at head_dim 128,
+      // mma.sync at other tilings and elsewhere.
+      {specOf(K::BwdDQ, "sm_90a", 128), W},
+      {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}), M},
+      {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}, W), W},
+      {specOf(K::BwdDQ, "sm_90a", 64), M},
+      {specOf(K::BwdDQ, "sm_80", 128), M},
+      // Never wgmma: the elementwise kernels.
       {specOf(K::BwdPre, "sm_90a", 128), M},
       {specOf(K::BwdPost, "sm_90a", 128), M},
       // An explicit schedule stays; mma_sync takes its own default tiling.
@@ -512,9 +521,18 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::Fwd, "sm_90a", 256, {128, 128, 8, 2}, S),
        "the warp_specialized schedule cannot compute this fwd kernel: its "
        "tiles exceed 227 KB of shared memory at block_n 128"},
-      {specOf(K::Bwd, "sm_90a", 128, {}, S),
-       "the warp_specialized schedule cannot compute this bwd kernel: it has "
-       "no bwd kernel"},
+      {specOf(K::BwdDQ, "sm_90a", 128, {}, S),
+       "the warp_specialized schedule cannot compute this bwd_dq kernel: it "
+       "has no bwd_dq kernel"},
+      {specOf(K::Bwd, "sm_90a", 64, {}, S),
+       "the warp_specialized schedule cannot compute this bwd kernel: its "
+       "backward has head_dim 128, not 64"},
+      {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}, S),
+       "the warp_specialized schedule cannot compute this bwd_kv kernel: its "
+       "backward needs block_m 128, block_n 64 and 8 (consumer) warps"},
+      {specOf(K::Bwd, "sm_80", 128, {}, S),
+       "the warp_specialized schedule cannot compute this bwd kernel: it "
+       "needs sm_90a, not sm_80"},
       {specOf(K::Fwd, "sm_75", 128),
        "arch 'sm_75' is not supported; supported: " + supportedArchs()},
   };

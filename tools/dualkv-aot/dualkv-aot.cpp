@@ -65,7 +65,8 @@ options:
                    mma_sync schedule, compile-tested only); repeat or
                    comma-separate for several (default sm_90a)
   --schedule S     auto (default: the compiler's choice for each spec),
-                   mma_sync, wgmma or warp_specialized (the sm_90a forward);
+                   mma_sync, wgmma or warp_specialized (sm_90a: the forward,
+                   the head_dim-128 bwd and bwd_kv);
                    one that a spec cannot use is an error. bwd_pre and
                    bwd_post always take mma_sync
   --block-m M      query rows per CTA (default: the compiler's choice)

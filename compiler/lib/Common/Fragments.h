@@ -567,8 +567,22 @@ protected:
     nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
     if (wgmmaReadsTiles)
       proxyFence();
-    gpu::BarrierOp::create(b, loc);
+    syncThreads();
   }
+  /// Syncs the threads that compute: the whole CTA (bar.sync 0), or, when
+  /// syncedThreads is set (a warp-specialized kernel, whose producer runs
+  /// apart), those threads only on named barrier 1.
+  void syncThreads() {
+    if (!syncedThreads) {
+      gpu::BarrierOp::create(b, loc);
+      return;
+    }
+    NVVM::BarrierOp::create(b, loc, Type(), i32c(1),
+                            i32c(int32_t(syncedThreads)),
+                            NVVM::BarrierReductionAttr(), Value());
+  }
+  /// Threads syncThreads() syncs; 0: the whole CTA.
+  int64_t syncedThreads = 0;
   /// Set by emitters whose tiles wgmma reads: waitFor and waitAll then make
   /// the landed copies visible to it (proxyFence) before the barrier.
   bool wgmmaReadsTiles = false;
@@ -634,7 +648,7 @@ inline void FragmentBuilder::waitFor(Value tile) {
                                    b.getI32IntegerAttr(younger));
   if (wgmmaReadsTiles)
     proxyFence();
-  gpu::BarrierOp::create(b, loc);
+  syncThreads();
 }
 
 /// Emits `kernel` into `gpuModule` with an emitter of type `E` (built from

@@ -23,6 +23,7 @@ KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
   rowStride = headDim + kRowPad;
   dsRowStride = blockN + kRowPad;
   withDq = kernel.getKind() == KernelKind::bwd;
+  statSlotCount = std::max(blockN, threads());
   // sm_90 and later add four fp32 values with one vector reduction.
   std::optional<::dualkv::Arch> arch =
       ::dualkv::Arch::parse(kernel.getArch()->str());
@@ -55,7 +56,7 @@ LogicalResult KVMajorEmitter::emitInitGrad(InitGradOp op) {
   return success();
 }
 
-LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
+LogicalResult KVMajorEmitter::qLoopBounds(QLoopOp op, Value &lb, Value &ub) {
   // Query tiles [0, diagEnd) meet the block's keys (qBegin >= kRow0): they
   // need the causal mask; the rest see every key of the block.
   Value numTiles = ceilDiv(qLen, blockN);
@@ -64,7 +65,6 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
   Value diagEnd = ceilDiv(reach, blockN);
   diagEnd = select(cmp(arith::CmpIPredicate::ult, diagEnd, numTiles), diagEnd,
                    numTiles);
-  Value lb, ub;
   switch (op.getPart()) {
   case LoopPart::all:
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
@@ -79,6 +79,13 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
     ub = numTiles;
     break;
   }
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
+  Value lb, ub;
+  if (failed(qLoopBounds(op, lb, ub)))
+    return failure();
   SmallVector<Value> inits;
   for (Value v : op.getInits())
     inits.push_back(map.lookup(v));
@@ -126,7 +133,7 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
       endQIteration();
       // Every warp must be done with this tile's shared memory before the
       // next iteration's copies overwrite it.
-      gpu::BarrierOp::create(b, loc);
+      syncThreads();
       SmallVector<Value> yielded;
       for (Value v : op.getBody().front().getTerminator()->getOperands())
         yielded.push_back(map.lookup(v));
@@ -485,10 +492,16 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
   layoutTiles();
 
+  if (failed(emitBody()))
+    return failure();
+  gpu::ReturnOp::create(b, loc);
+  return success();
+}
+
+LogicalResult KVMajorEmitter::emitBody() {
   for (Operation &op : kernel.getBody().front())
     if (failed(emitOp(&op)))
       return failure();
   endKernel();
-  gpu::ReturnOp::create(b, loc);
   return success();
 }

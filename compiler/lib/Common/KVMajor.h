@@ -96,7 +96,7 @@ public:
   }
   /// Floats of each LSE or Delta array: BN, or one a thread when there are
   /// more threads than queries (issueTileCopies).
-  int64_t statSlots() const { return std::max(blockN, threads()); }
+  int64_t statSlots() const { return statSlotCount; }
   int64_t tileBytes() const { return blockN * rowStride * 2; }
   int64_t qOffset() const { return 2 * blockM * rowStride * 2; }
   int64_t doOffset() const { return qOffset() + 2 * tileBytes(); }
@@ -118,6 +118,12 @@ protected:
   virtual void endQIteration() {}
   /// Called once after the last op of the kernel, before it returns.
   virtual void endKernel() {}
+  /// Waits until the current query tile (Q, dO, LSE, Delta) has landed
+  /// and is visible to every computing thread (waitOncePerTile).
+  virtual void waitTile() { FragmentBuilder::waitFor(lseCur); }
+  /// Emits the kernel body's ops after the set-up, then endKernel().
+  virtual LogicalResult emitBody();
+  virtual LogicalResult emitQLoop(QLoopOp op);
   virtual LogicalResult emitQKT(QKTOp op) = 0;
   virtual LogicalResult emitAccumulate(AccumulateOp op) = 0;
   virtual LogicalResult emitAccumulateDq(AccumulateDqOp op) = 0;
@@ -125,7 +131,6 @@ protected:
   LogicalResult emitOp(Operation *op);
   LogicalResult emitLoadKVBlock(LoadKVBlockOp op);
   LogicalResult emitInitGrad(InitGradOp op);
-  LogicalResult emitQLoop(QLoopOp op);
   LogicalResult emitLoadQBlock(LoadQBlockOp op);
   LogicalResult emitLoadColStats(LoadColStatsOp op);
   LogicalResult emitMask(MaskOp op);
@@ -189,12 +194,18 @@ protected:
       return FragmentBuilder::waitFor(tile);
     if (tileReady)
       return;
-    FragmentBuilder::waitFor(lseCur);
+    waitTile();
     tileReady = true;
   }
   bool tileReady = false;
 
+  /// The query tiles [lb, ub) of the item that loop part `op` walks:
+  /// the diagonal ones (which meet the block's keys) or the rest.
+  LogicalResult qLoopBounds(QLoopOp op, Value &lb, Value &ub);
+
   int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
+  /// Floats of each LSE or Delta array (statSlots()).
+  int64_t statSlotCount;
   /// Elements per row of dSᵀ in shared memory (one-block layouts).
   int64_t dsRowStride;
   bool withDq, grid2d = false, vectorRed = false;

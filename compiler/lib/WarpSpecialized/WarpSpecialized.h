@@ -2,7 +2,8 @@
 //
 // The forward as FlashAttention-3 builds it on Hopper: a producer warpgroup
 // loads Q, K and V by TMA into an mbarrier-guarded ring, two consumer
-// warpgroups (setmaxnreg) compute with wgmma (WarpSpecialized.cpp).
+// warpgroups (setmaxnreg) compute with wgmma (WarpSpecialized.cpp); the
+// KV-major backward in the same roles (KVMajor.cpp).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WARPSPECIALIZED_H
@@ -17,6 +18,12 @@ namespace mlir::dualkv {
 /// dynamic shared memory. Fails with a diagnostic on a spec the schedule does
 /// not cover.
 LogicalResult emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
+                                         gpu::GPUModuleOp gpuModule,
+                                         int64_t *sharedBytes);
+/// The same for the KV-major backward (bwd, bwd_kv) at head_dim 128
+/// (KVMajor.cpp): a cp.async producer warpgroup feeding two wgmma consumer
+/// warpgroups through an mbarrier ring.
+LogicalResult emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                                          gpu::GPUModuleOp gpuModule,
                                          int64_t *sharedBytes);
 

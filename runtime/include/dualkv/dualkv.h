@@ -92,6 +92,10 @@ struct BackwardArgs {
   /// Optional tiling of the main kernel (bwd, or bwd_kv when deterministic);
   /// zero fields take defaults. The pre/post steps use their defaults.
   Tiling tiling = {};
+  /// Optional schedule of the main kernel; Auto: the compiler's choice for
+  /// the tiling (resolveSpec). One that cannot compute the kernel is an
+  /// InvalidArgument naming why.
+  Schedule schedule = Schedule::Auto;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta

@@ -128,11 +128,12 @@ func.func @no_kernel() {
 //   head_dim 128 do not fit an sm_80 SM). dK and dV are two fp32 accumulators:
 //   2 * 128 * 128 / 256 threads = 128 registers a thread at head_dim 128, exactly
 //   the kernel verifier's limit.
-// - bwd_kv: as bwd from sm_90 on (128 keys, 64-query tiles, 8 warps; the warpgroup
-//   schedule on sm_90a at head_dim 128); on sm_80, with no dQ, 64 keys in 4 warps
-//   (2 * 64 * 128 / 128 = 128 again), 64-query tiles, stages 1.
+// - bwd_kv: as bwd from sm_90 on (128 keys, 64-query tiles, 8 warps; bwd and bwd_kv
+//   take the warp-specialized schedule on sm_90a at head_dim 128); on sm_80, with no
+//   dQ, 64 keys in 4 warps (2 * 64 * 128 / 128 = 128 again), 64-query tiles, stages 1.
 // - bwd_dq: the forward's loops with P, dP and dS live at once, so 64 query rows and
-//   32-key tiles, 4 warps, stages 1.
+//   32-key tiles, 4 warps, stages 1; on sm_90a at head_dim 128 the warpgroup schedule
+//   with 128 query rows in 8 warps and 64-key tiles.
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
@@ -140,10 +141,10 @@ func.func @no_kernel() {
 //   256 = 128 registers, dK and dV split across the warps by head dimension, so the
 //   warps need not own whole m16 blocks of keys), 32-query tiles, mma_sync.
 // Change these checks with defaultTiling.
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
@@ -156,13 +157,14 @@ func.func @no_kernel() {
 // BWD-KV-SAME: schedule <[[SCHED]]>
 // The query loop is still `all`: binding does not tile.
 // BWD-KV: dualkv.q_loop part <all>
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
 // BWD-DQ-SAME: head_dim = [[D]],
-// BWD-DQ-SAME: tiling <block_m = 64, block_n = 32, warps = 4, stages = 1>
-// BWD-DQ-SAME: schedule <mma_sync>
+// BWD-DQ-SAME: tiling <[[TILING]]>
+// BWD-DQ-SAME: schedule <[[SCHED]]>
 // RUN: dualkv-opt %templates/attention_bwd_pre.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-EW -DKIND=bwd_pre -DD=128
 // RUN: dualkv-opt %templates/attention_bwd_post.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-EW -DKIND=bwd_post -DD=64
 // BWD-EW: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
@@ -220,7 +222,9 @@ func.func @no_kernel() {
 // ERR-WS: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs sm_90a, not sm_80
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-n=32 warps=4 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-TILING
 // ERR-WS-TILING: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs block_m 128, 8 (consumer) warps, 2 stages and block_n 16, 32, 64 or 128
-// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
-// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: it has no bwd kernel
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=64" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
+// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: its backward has head_dim 128, not 64
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-DQ
+// ERR-WS-DQ: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_dq kernel: it has no bwd_dq kernel
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=fast" 2>&1 | FileCheck %s --check-prefix=ERR-SCHED
 // ERR-SCHED: error: dualkv-bind-spec: schedule must be auto, mma_sync, wgmma or warp_specialized, got 'fast'

@@ -17,12 +17,22 @@ KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 
 
 def schedule(kind, d, bm, bn, warps, arch):
-    """The warpgroup schedule for bwd and bwd_kv on sm_90a at head_dim 128 and
-    128:64:8; mma_sync for everything else."""
-    if (kind in ("bwd", "bwd_kv") and arch == "sm_90a" and d == 128
-            and (bm, bn, warps) == (128, 64, 8)):
-        return "wgmma"
+    """On sm_90a at head_dim 128 and 128:64:8: the warp-specialized schedule
+    for bwd and bwd_kv, the warpgroup one for bwd_dq; mma_sync for everything
+    else."""
+    if arch == "sm_90a" and d == 128 and (bm, bn, warps) == (128, 64, 8):
+        if kind in ("bwd", "bwd_kv"):
+            return "warp_specialized"
+        if kind == "bwd_dq":
+            return "wgmma"
     return "mma_sync"
+
+
+def threads(kind, d, bm, bn, warps, arch):
+    """32 a warp, and a producer warpgroup of 128 in the warp-specialized
+    schedule."""
+    ws = schedule(kind, d, bm, bn, warps, arch) == "warp_specialized"
+    return 32 * warps + (128 if ws else 0)
 
 
 def stat_slots(bn, warps):
@@ -32,7 +42,12 @@ def stat_slots(bn, warps):
 
 
 def shared_bytes(kind, d, bm, bn, warps, arch):
-    if schedule(kind, d, bm, bn, warps, arch) == "wgmma":
+    sched = schedule(kind, d, bm, bn, warps, arch)
+    if sched == "wgmma" and kind == "bwd_dq":
+        # Q and dO (block_m rows), K and V (block_n rows) unpadded in the
+        # 128-byte swizzle, and 1024 bytes to align them to its period.
+        return (2 * bm + 2 * bn) * d * 2 + 1024
+    if sched in ("wgmma", "warp_specialized"):
         # The warpgroup schedule: K, V, Q and dO (double buffered) unpadded in
         # the 128-byte swizzle, dS^T (block_m x block_n, bwd only), LSE and
         # Delta, and 1024 bytes to align the buffers to the swizzle period;
@@ -40,8 +55,11 @@ def shared_bytes(kind, d, bm, bn, warps, arch):
         # reductions.
         ds = bm * bn * 2 if kind == "bwd" else 0
         dq = bn * (d + 8) * 4 if kind == "bwd" else 0
+        # The warp-specialized schedule adds the ring's four mbarriers (a full
+        # and an empty one for each of the two query-tile slots).
+        ring = 4 * 8 if sched == "warp_specialized" else 0
         return (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
-                + dq + 1024)
+                + dq + ring + 1024)
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
@@ -81,8 +99,9 @@ def main():
                 j["entry"], j["schedule"], entry, sched))
         if os.path.basename(path) != name + ".json":
             problems.append("file name does not spell the spec (%s)" % name)
-        if j["threads"] != 32 * t["warps"]:
-            problems.append("threads %d != 32 * warps" % j["threads"])
+        want = threads(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"])
+        if j["threads"] != want:
+            problems.append("threads %d != %d" % (j["threads"], want))
         smem = shared_bytes(kind, d, t["block_m"], t["block_n"], t["warps"],
                             j["arch"])
         if j["shared_bytes"] != smem:
