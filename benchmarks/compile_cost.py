@@ -267,8 +267,8 @@ def cold_start(torch, dualkv):
             row["per_kernel_ms"] = (row["cold_minus_warm_ms"] / loaded
                                     if loaded else 0.0)
             before = dualkv.cache_stats()
-            for groups in NEW_SHAPE_GROUPS:
-                fwd_bwd_ms(torch, dualkv, dualkv.Plan(groups), D, dtype, det)
+            for group in NEW_SHAPE_GROUPS:
+                fwd_bwd_ms(torch, dualkv, dualkv.Plan([group]), D, dtype, det)
             after = dualkv.cache_stats()
             row["new_shape_compiles"] = after["compiles"] - before["compiles"]
             row["new_shape_disk_hits"] = (after["disk_hits"] -

@@ -5,24 +5,33 @@
 // dOᵀ from shared memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers,
 // dQ = dS K leaving by bulk reduction), with the query tiles' copies taken
 // off the warps that compute. A CTA has three warpgroups:
-//   warpgroup 2, the producer (setmaxnreg down to 24 registers): its 128
-//     threads copy Q, dO, LSE and Delta of every query tile the CTA walks
-//     (each query head of the KV head's group, the causal tiles first) into a
-//     ring of two slots by cp.async, zero-filling rows past the item as the
-//     other schedules do. Slot s has a "full" mbarrier (128 arrivals: each
-//     producer thread after its copies have landed and passed
-//     fence.proxy.async, so wgmma sees them) and an "empty" one (256
-//     arrivals: every consumer thread once its last product on the slot has
-//     retired);
+//   warpgroup 2, the producer (setmaxnreg down to 24 registers), for each
+//   query tile the CTA walks (each query head of the KV head's group, the
+//   causal tiles first):
+//   - copies Q, dO, LSE and Delta into a ring of two slots by cp.async,
+//     zero-filling rows past the item as the other schedules do. Slot s has a
+//     "full" mbarrier (128 arrivals: each producer thread after its copies
+//     have landed and passed fence.proxy.async, so wgmma sees them) and an
+//     "empty" one (256 arrivals: every consumer thread once its last product
+//     on the slot has retired);
+//   - in bwd, then writes the previous tile's dQ: it waits until the
+//     consumers have staged that tile's fp32 dQ in shared memory ("dq full",
+//     256 arrivals), adds each query row to the fp32 accumulator with one
+//     bulk reduction (cp.reduce.async.bulk, thread r row r), waits until they
+//     have read the buffer and hands it back ("dq empty", 128 arrivals). The
+//     consumers stage a tile's dQ at the end of its iteration, when the next
+//     tile's copies are long issued, and never wait for the reductions;
 //   warpgroups 0 and 1, the consumers (setmaxnreg up to 240): 64 keys each,
-//     dK and dV in registers, exactly the warpgroup schedule's iteration,
-//     waiting on the slot's full barrier instead of cp.async groups and a
-//     CTA barrier. Where the two warpgroups must meet (K and V loaded, dSᵀ
-//     stored for dQ, the dQ staging buffer written) they use named barrier 1
-//     of their 256 threads; the producer never waits for them except on the
-//     empty barriers.
+//     dK and dV in registers, the warpgroup schedule's products, waiting on
+//     the slot's full barrier instead of cp.async groups and a CTA barrier.
+//     They meet on named barrier 1 of their 256 threads once per tile, after
+//     storing dSᵀ (each computes dQ for all 128 keys). Before a warpgroup
+//     overwrites dSᵀ with the next tile's, it waits on "dq full" for the
+//     last tile: every consumer thread arrives there after its dQ product
+//     has retired, so the other warpgroup no longer reads the old dSᵀ.
 // Pipeline iteration `it` (a counter over both loop parts, every head, every
-// tile, the same on both sides) uses slot it % 2 in phase (it / 2) % 2.
+// tile, the same on all sides) uses slot it % 2 in phase (it / 2) % 2, and
+// the one dQ staging buffer in phase it % 2.
 //
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
@@ -50,12 +59,14 @@ public:
     syncedThreads = threads();
   }
 
-  /// The warpgroup schedule's buffers, then the ring's mbarriers.
+  /// The warpgroup schedule's buffers, then the mbarriers.
   int64_t sharedBytes() const override {
-    return barrierOffset() + 8 * 2 * kSlots + 1024;
+    return barrierOffset() + 8 * kBarriers + 1024;
   }
 
 private:
+  /// full and empty of each slot, dq full, dq empty.
+  static constexpr int64_t kBarriers = 2 * kSlots + 2;
   int64_t barrierOffset() const {
     return dqOffset() + (withDq ? blockN * dqRowBytes() : 0);
   }
@@ -65,6 +76,8 @@ private:
   }
   Value fullBarrier(Value slot) { return barrierAt(0, slot); }
   Value emptyBarrier(Value slot) { return barrierAt(kSlots, slot); }
+  Value dqFullBarrier() { return barrierAt(2 * kSlots, idx(0)); }
+  Value dqEmptyBarrier() { return barrierAt(2 * kSlots + 1, idx(0)); }
   Value sharedPtr(Value addr) {
     Value i32 = arith::IndexCastOp::create(b, loc, b.getI32Type(), addr);
     return LLVM::IntToPtrOp::create(
@@ -85,13 +98,41 @@ private:
 
   LogicalResult emitBody() override;
   LogicalResult emitProducer();
+  /// The producer's dQ duty for pipeline iteration `it`, whose tile starts
+  /// at query `first` of the item in query head `tileHead`.
+  void writeDq(Value it, Value first, Value tileHead);
   LogicalResult emitQLoop(QLoopOp op) override;
   void waitTile() override { waitParity(fullBarrier(curSlot), curPhase); }
+  /// The last tile's "dq full" phase (a fresh barrier passes the first
+  /// tile through).
+  void beforeDsStore() override {
+    waitParity(dqFullBarrier(),
+               arith::XOrIOp::create(b, loc, remu(curIter, 2), idx(1)));
+  }
+  /// Only the products retire here: the dQ writer waits for its own
+  /// reductions.
+  void endQIteration() override {
+    if (!inFlight.empty())
+      waitWgmma(Value());
+  }
+  void endKernel() override {}
+  LogicalResult emitAccumulateDq(AccumulateDqOp op) override {
+    SmallVector<Value> acc = dqWgmma(unpack(map.lookup(op.getDs())));
+    // The staging buffer is free once the writer has read the last tile's
+    // (a fresh barrier lets the first pass through); the writer may read it
+    // once all 256 consumer threads have stored their part.
+    Value phase = remu(curIter, 2);
+    waitParity(dqEmptyBarrier(), arith::XOrIOp::create(b, loc, phase, idx(1)));
+    stageDq(acc);
+    proxyFence();
+    arrive(dqFullBarrier());
+    return success();
+  }
 
   /// The consumers' pipeline iteration at the start of the next q_loop.
   Value ringIter;
-  /// The slot of the consumers' current tile and its phase.
-  Value curSlot, curPhase;
+  /// The consumers' current pipeline iteration, its slot and phase.
+  Value curIter, curSlot, curPhase;
 };
 
 LogicalResult WarpSpecializedKVMajor::emitBody() {
@@ -100,13 +141,19 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
       b.getDenseI32ArrayAttr({int32_t(threads() + kProducerThreads), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
 
-  // Thread 0 initialises the ring's barriers before anyone uses them.
+  // Thread 0 initialises the barriers before anyone uses them.
   emitIf(cmp(arith::CmpIPredicate::eq, tid, idx(0)), [&] {
     for (int64_t s = 0; s < kSlots; ++s) {
       NVVM::MBarrierInitOp::create(b, loc, fullBarrier(idx(s)),
                                    i32c(int32_t(kProducerThreads)), Value());
       NVVM::MBarrierInitOp::create(b, loc, emptyBarrier(idx(s)),
                                    i32c(int32_t(threads())), Value());
+    }
+    if (withDq) {
+      NVVM::MBarrierInitOp::create(b, loc, dqFullBarrier(),
+                                   i32c(int32_t(threads())), Value());
+      NVVM::MBarrierInitOp::create(b, loc, dqEmptyBarrier(),
+                                   i32c(int32_t(kProducerThreads)), Value());
     }
   });
   gpu::BarrierOp::create(b, loc);
@@ -116,8 +163,18 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
       /*withElseRegion=*/true);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(role.thenBlock());
+  NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
+                                 NVVM::SetMaxRegisterAction::decrease);
+  // Producer threads numbered from 0: the copies (copyTile,
+  // issueTileCopies) spread over threads() threads by tid.
+  Value consumerTid = tid;
+  int64_t consumerWarps = warps;
+  tid = arith::SubIOp::create(b, loc, tid, idx(threads()));
+  warps = kProducerThreads / 32;
   if (failed(emitProducer()))
     return failure();
+  tid = consumerTid;
+  warps = consumerWarps;
   b.setInsertionPointToStart(role.elseBlock());
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
@@ -126,15 +183,9 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
 }
 
 LogicalResult WarpSpecializedKVMajor::emitProducer() {
-  NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
-                                 NVVM::SetMaxRegisterAction::decrease);
-  // The copies (copyTile, issueTileCopies) spread over threads() threads by
-  // tid: here the producer's 128, numbered from 0.
-  Value consumerTid = tid;
-  int64_t consumerWarps = warps;
-  tid = arith::SubIOp::create(b, loc, tid, idx(threads()));
-  warps = kProducerThreads / 32;
-  Value it = idx(0);
+  // Pipeline iteration, and the previous tile's first query and head (for
+  // its dQ), across both loop parts and every head.
+  Value it = idx(0), prevFirst = idx(0), prevHead = idx(0);
   for (Operation &op : kernel.getBody().front()) {
     auto loop = dyn_cast<QLoopOp>(op);
     if (!loop)
@@ -143,40 +194,67 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
     if (failed(qLoopBounds(loop, lb, ub)))
       return failure();
     auto heads = scf::ForOp::create(b, loc, idx(0), idx(groupSize), idx(1),
-                                    ValueRange{it});
+                                    ValueRange{it, prevFirst, prevHead});
     {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(heads.getBody());
-      head = add(mul(kvHead, idx(groupSize)), heads.getInductionVar());
+      Value tileHead =
+          add(mul(kvHead, idx(groupSize)), heads.getInductionVar());
       auto tiles =
           scf::ForOp::create(b, loc, lb, ub, idx(1), heads.getRegionIterArgs());
       {
         OpBuilder::InsertionGuard inner(b);
         b.setInsertionPointToStart(tiles.getBody());
-        Value i = tiles.getInductionVar();
-        Value at = tiles.getRegionIterArgs()[0];
+        Value tile = tiles.getInductionVar();
+        auto args = tiles.getRegionIterArgs();
+        Value at = args[0];
         auto [slot, phase] = slotOf(at);
+        head = tileHead;
         // A fresh barrier completes phase "1" at once: the first pass over
         // the ring does not wait.
         waitParity(emptyBarrier(slot),
                    arith::XOrIOp::create(b, loc, phase, idx(1)));
         SmallVector<Value, 3> groups = issueTileCopies(
-            i, slot, arith::ConstantIntOp::create(b, loc, 1, 1));
+            tile, slot, arith::ConstantIntOp::create(b, loc, 1, 1));
         // This thread's copies land, then reach wgmma (async proxy) and the
         // consumers through the full barrier's release.
         nvgpu::DeviceAsyncWaitOp::create(b, loc, groups.back(),
                                          b.getI32IntegerAttr(0));
         proxyFence();
         arrive(fullBarrier(slot));
-        scf::YieldOp::create(b, loc, ValueRange{add(at, idx(1))});
+        if (withDq)
+          emitIf(cmp(arith::CmpIPredicate::ugt, at, idx(0)), [&] {
+            writeDq(arith::SubIOp::create(b, loc, at, idx(1)), args[1],
+                    args[2]);
+          });
+        scf::YieldOp::create(
+            b, loc,
+            ValueRange{add(at, idx(1)), mul(tile, idx(blockN)), tileHead});
       }
       scf::YieldOp::create(b, loc, tiles.getResults());
     }
-    it = heads.getResult(0);
+    it = heads.getResult(0), prevFirst = heads.getResult(1),
+    prevHead = heads.getResult(2);
   }
-  tid = consumerTid;
-  warps = consumerWarps;
+  if (withDq) {
+    // The last tile's dQ, then every reduction in global memory before the
+    // CTA ends.
+    emitIf(cmp(arith::CmpIPredicate::ugt, it, idx(0)), [&] {
+      writeDq(arith::SubIOp::create(b, loc, it, idx(1)), prevFirst, prevHead);
+    });
+    asmF32("cp.async.bulk.wait_group 0;", "", {}, 0);
+  }
   return success();
+}
+
+void WarpSpecializedKVMajor::writeDq(Value it, Value first, Value tileHead) {
+  head = tileHead;
+  waitParity(dqFullBarrier(), remu(it, 2));
+  emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)),
+         [&] { reduceDqRow(tid, first); });
+  asmF32("cp.async.bulk.commit_group;", "", {}, 0);
+  asmF32("cp.async.bulk.wait_group.read 0;", "", {}, 0);
+  arrive(dqEmptyBarrier());
 }
 
 LogicalResult WarpSpecializedKVMajor::emitQLoop(QLoopOp op) {
@@ -203,6 +281,7 @@ LogicalResult WarpSpecializedKVMajor::emitQLoop(QLoopOp op) {
       for (auto [from, to] : llvm::zip(op.getRegionIterArgs(), args))
         map.map(from, to);
       Value at = args.back();
+      curIter = at;
       std::tie(curSlot, curPhase) = slotOf(at);
       SmallVector<Value, 4> views = tileViews(curSlot);
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
@@ -238,6 +317,7 @@ LogicalResult
 mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                                          gpu::GPUModuleOp gpuModule,
                                          int64_t *sharedBytes) {
+  static_assert(kSlots == 2, "the tile views hold two buffers");
   if (kernel.getProblem()->getHeadDim() != 128 ||
       kernel.getTiling()->getBlockM() != 128 ||
       kernel.getTiling()->getBlockN() != 64 ||

@@ -95,6 +95,7 @@ LogicalResult WgmmaKVMajorEmitter::emitAccumulate(AccumulateOp op) {
 }
 
 SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
+  beforeDsStore();
   // dSᵀ (keys x queries) to shared memory in the swizzled layout: thread
   // (g, t) of warp w holds keys 16w + g (+ 8), queries 8nt + 2t (+ 1); key %
   // 8 = g.
@@ -126,7 +127,7 @@ SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
   return acc;
 }
 
-void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
+void WgmmaKVMajorEmitter::stageDq(ArrayRef<Value> acc) {
   // Thread (g, t) of warp w holds rows 16 (w % 4) + g (+ 8), columns
   // 64 (w / 4) + 8 nt + 2t (+ 1) (dqWgmma).
   auto workgroup =
@@ -145,27 +146,33 @@ void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
       vector::StoreOp::create(b, loc, pack({acc[i], acc[i + 1]}), buf,
                               ValueRange{row, col});
     }
+}
+
+void WgmmaKVMajorEmitter::reduceDqRow(Value row, Value first) {
+  Value q = add(first, row);
+  emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
+    auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
+    Value dst = LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
+                                    ValueRange{arith::IndexCastOp::create(
+                                        b, loc, b.getI64Type(), dqAccRow(q))});
+    Value src = arith::IndexCastOp::create(
+        b, loc, b.getI32Type(),
+        add(smemAddr, add(idx(dqOffset()), mul(row, idx(dqRowBytes())))));
+    asmF32("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
+           "[$0], [$1], " +
+               std::to_string(headDim * 4) + ";",
+           "l,r", ValueRange{dst, src}, 0);
+  });
+}
+
+void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
+  stageDq(acc);
   // The rows reach the bulk copies (async proxy) through the fence and the
   // barrier.
   proxyFence();
   syncThreads();
   onDqIssuers([&] {
-    Value row = tid;
-    Value q = add(first, row);
-    emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
-      auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
-      Value dst =
-          LLVM::GEPOp::create(b, loc, ptrType, b.getF32Type(), dqAccPtr,
-                              ValueRange{arith::IndexCastOp::create(
-                                  b, loc, b.getI64Type(), dqAccRow(q))});
-      Value src = arith::IndexCastOp::create(
-          b, loc, b.getI32Type(),
-          add(smemAddr, add(idx(dqOffset()), mul(row, idx(dqRowBytes())))));
-      asmF32("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
-             "[$0], [$1], " +
-                 std::to_string(headDim * 4) + ";",
-             "l,r", ValueRange{dst, src}, 0);
-    });
+    reduceDqRow(tid, first);
     asmF32("cp.async.bulk.commit_group;", "", {}, 0);
   });
 }

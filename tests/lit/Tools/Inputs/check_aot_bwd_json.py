@@ -55,11 +55,13 @@ def shared_bytes(kind, d, bm, bn, warps, arch):
         # reductions.
         ds = bm * bn * 2 if kind == "bwd" else 0
         dq = bn * (d + 8) * 4 if kind == "bwd" else 0
-        # The warp-specialized schedule adds the ring's four mbarriers (a full
-        # and an empty one for each of the two query-tile slots).
-        ring = 4 * 8 if sched == "warp_specialized" else 0
-        return (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
-                + dq + ring + 1024)
+        end = (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
+               + dq)
+        if sched == "warp_specialized":
+            # Six mbarriers: full and empty of the two query-tile slots, dQ
+            # staged and dQ read.
+            end += 6 * 8
+        return end + 1024
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
