@@ -30,7 +30,8 @@ import sys
 from . import _lib, _version
 from ._checks import integer, scale_value as _scale_value, sequence
 from .packing import PackedGroups, pack
-from .plans import groups_from_key, plan_key
+from .plans import (check_tree, groups_from_key, is_tree_key, plan_key,
+                    tree_from_key, tree_key)
 
 __version__ = _version.version()
 
@@ -153,7 +154,9 @@ class Plan:
     """The packed layout of one micro-batch (wraps the C ``dualkv_plan``).
 
     ``groups`` is a sequence of ``(prompt_len, [response_len, ...])``: prompt
-    lengths >= 1, response lengths >= 0 (0 adds no tokens). Build one plan per
+    lengths >= 1, response lengths >= 0 (0 adds no tokens); ``Plan.from_tree``
+    builds the plan of a forest (multi-turn and branching rollouts, every
+    common prefix shared), of which groups are the depth-1 case. Build one plan per
     micro-batch and reuse it for every layer; it lives on the device of the
     first forward call that uses it (one plan per device).
 
@@ -170,22 +173,47 @@ class Plan:
         prompts = [p for p, _ in groups]
         counts = [len(rs) for _, rs in groups]
         resps = [r for _, rs in groups for r in rs]
-
-        def array(values):
-            for x in values:
-                if not -2**31 <= x < 2**31:
-                    raise ValueError(f"dualkv: length {x} does not fit int32")
-            return (ctypes.c_int32 * max(len(values), 1))(*values)
-
-        handle = ctypes.c_void_p()
         self._handle = None
+        handle = ctypes.c_void_p()
         _check(_lib.lib().dualkv_plan_create(
-            array(prompts), array(counts), array(resps), len(groups),
+            _int32_array(prompts), _int32_array(counts), _int32_array(resps),
+            len(groups), ctypes.byref(handle)))
+        self._adopt(handle, groups, None, plan_key(groups))
+
+    @classmethod
+    def from_tree(cls, lengths, parents):
+        """The plan of a forest (docs/architecture.md §1): node n holds
+        ``lengths[n] >= 0`` tokens and has the parent ``parents[n]`` (-1 for
+        a root, else an earlier node; nodes listed and packed in pre-order).
+        Query token i sees key token j iff j <= i and j's node is i's node
+        or one of its ancestors. Raises ValueError naming the node and field
+        at fault (``dualkv.plans.check_tree``)."""
+        lengths, parents = check_tree(lengths, parents)
+        plan = cls.__new__(cls)
+        plan._handle = None
+        handle = ctypes.c_void_p()
+        _check(_lib.symbol("dualkv_plan_create_tree")(
+            _int32_array(lengths), _int32_array(parents), len(lengths),
             ctypes.byref(handle)))
+        plan._adopt(handle, None, (lengths, parents),
+                    tree_key(lengths, parents))
+        return plan
+
+    @classmethod
+    def from_key(cls, key):
+        """The plan of a key (``plan.key``): groups or a tree."""
+        if is_tree_key(key):
+            return cls.from_tree(*tree_from_key(key))
+        return cls(groups_from_key(key))
+
+    def _adopt(self, handle, groups, tree, key):
         self._handle = handle
         self._destroy = _lib.lib().dualkv_plan_destroy
+        #: ``[(prompt_len, [response lens])]`` (None for a tree plan).
         self.groups = groups
-        self.key = plan_key(groups)
+        #: ``(lengths, parents)`` of a tree plan (None for groups).
+        self.tree = tree
+        self.key = key
         # Devices (torch indices) whose copy of the segment table exists: set
         # by upload() and by every successful forward/backward call.
         self._devices = set()
@@ -248,9 +276,26 @@ class Plan:
         (after upload() or a forward/backward there)."""
         return device_index in self._devices
 
+    @property
+    def max_ancestor_ranges(self):
+        """The most disjoint ancestor ranges any segment sees (0 or 1 for
+        groups and chains of first children; more for branching trees)."""
+        return int(_lib.symbol("dualkv_plan_max_ancestor_ranges")(
+            self._handle))
+
     def __repr__(self):
+        if self.tree is not None:
+            return (f"dualkv.Plan(tree of {len(self.tree[0])} nodes, "
+                    f"{self.num_tokens} tokens, {self.num_segments} segments)")
         return (f"dualkv.Plan({len(self.groups)} groups, "
                 f"{self.num_tokens} tokens, {self.num_segments} segments)")
+
+
+def _int32_array(values):
+    for x in values:
+        if not -2**31 <= x < 2**31:
+            raise ValueError(f"dualkv: length {x} does not fit int32")
+    return (ctypes.c_int32 * max(len(values), 1))(*values)
 
 
 def _dtype_code(torch, dtype):

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from . import Plan, _check_qkv_shapes, _checks, backward, forward
-from .plans import PlanCache, groups_from_key
+from .plans import PlanCache
 
 __all__ = ["attention", "PLAN_CACHE", "plan_descriptor", "plan_for"]
 
@@ -70,7 +70,7 @@ def plan_for(descriptor, device):
     key = tuple(descriptor.tolist())
     index = device.index
     plan = PLAN_CACHE.get_or_create(index, key,
-                                    lambda k: Plan(groups_from_key(k)))
+                                    Plan.from_key)
     if not plan.is_uploaded(index) and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             f"dualkv: the plan {plan!r} has never been used on cuda:{index} "

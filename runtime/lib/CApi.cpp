@@ -75,6 +75,21 @@ int dualkv_plan_create(const int32_t *prompt_lens, const int32_t *num_responses,
   });
 }
 
+int dualkv_plan_create_tree(const int32_t *lengths, const int32_t *parents,
+                            int32_t num_nodes, dualkv_plan **out) {
+  return guarded([&] {
+    if (!out)
+      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument, "out is null");
+    *out = nullptr;
+    *out = new dualkv_plan{
+        dualkv::Plan::fromTreeArrays(lengths, parents, num_nodes)};
+  });
+}
+
+int32_t dualkv_plan_max_ancestor_ranges(const dualkv_plan *plan) {
+  return plan ? plan->plan.maxAncestorRanges() : -1;
+}
+
 void dualkv_plan_destroy(dualkv_plan *plan) { delete plan; }
 
 int dualkv_plan_upload(const dualkv_plan *plan) {

@@ -23,6 +23,7 @@ void validate(const ForwardArgs &a) {
   checkTensor("o", a.o, a.num_tokens, a.num_q_heads, a.head_dim, true);
   checkLse("lse", a.lse, a.lse_stride_h, a.num_tokens, a.num_q_heads);
   checkScaleAndTiling(a.scale, a.tiling);
+  checkSingleAncestorRange(*a.plan, "forward");
 }
 
 /// A 3-D tensor map (head_dim, heads, tokens) of `t` whose box is 64

@@ -33,6 +33,12 @@ void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
 void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
                   int numKVHeads, int headDim, DType dtype);
 
+/// Refuses a plan whose segments see more than one disjoint ancestor range
+/// (a branching tree) for the query-major kernels (`what`: "forward", "the
+/// deterministic backward"), which read one shared range per segment; names
+/// the first such segment and its node.
+void checkSingleAncestorRange(const Plan &plan, const char *what);
+
 /// Checks an fp32 [Hq][T] tensor such as lse.
 void checkLse(const char *name, const float *lse, int64_t strideH,
               int64_t numTokens, int numQHeads);
