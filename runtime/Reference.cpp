@@ -490,7 +490,7 @@ TreeLayout tree_layout(const TreeProblem &problem) {
   return l;
 }
 
-bool allowed(const TreeLayout &layout, int64_t i, int64_t j) {
+bool tree_allowed(const TreeLayout &layout, int64_t i, int64_t j) {
   if (j > i)
     return false;
   const int64_t target = layout.node.at(j);
@@ -530,25 +530,26 @@ std::vector<KeyRange> treeRanges(const TreeProblem &p, const TreeLayout &l,
 
 } // namespace
 
-void forward(const TreeProblem &problem, const double *q, const double *k,
-             const double *v, double *o, double *lse) {
+void tree_forward(const TreeProblem &problem, const double *q, const double *k,
+                  const double *v, double *o, double *lse) {
   const TreeLayout tl = tree_layout(problem);
   const Layout l = treeDims(problem, tl.node.size());
   packedForward(l, problem.scale, q, k, v, o, lse,
                 [&](int64_t i) { return treeRanges(problem, tl, i); });
 }
 
-void backward(const TreeProblem &problem, const double *q, const double *k,
-              const double *v, const double *o, const double *lse,
-              const double *dout, double *dq, double *dk, double *dv) {
+void tree_backward(const TreeProblem &problem, const double *q, const double *k,
+                   const double *v, const double *o, const double *lse,
+                   const double *dout, double *dq, double *dk, double *dv) {
   const TreeLayout tl = tree_layout(problem);
   const Layout l = treeDims(problem, tl.node.size());
   packedBackward(l, problem.scale, q, k, v, o, lse, dout, dq, dk, dv,
                  [&](int64_t i) { return treeRanges(problem, tl, i); });
 }
 
-void forward_paths(const TreeProblem &problem, const double *q, const double *k,
-                   const double *v, double *o, double *lse) {
+void tree_forward_paths(const TreeProblem &problem, const double *q,
+                        const double *k, const double *v, double *o,
+                        double *lse) {
   tree_layout(problem); // validates
   const Layout packed = treeDims(problem, problem.num_tokens());
   const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
@@ -573,10 +574,10 @@ void forward_paths(const TreeProblem &problem, const double *q, const double *k,
   }
 }
 
-void backward_paths(const TreeProblem &problem, const double *q,
-                    const double *k, const double *v, const double *o,
-                    const double *lse, const double *dout, double *dq,
-                    double *dk, double *dv) {
+void tree_backward_paths(const TreeProblem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv) {
   tree_layout(problem); // validates
   const Layout packed = treeDims(problem, problem.num_tokens());
   const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;

@@ -18,6 +18,8 @@ int forwardTest(const std::string &which, int count);
 /// Backward: random [count] | edges | equivalence | deterministic
 /// (BackwardGpuTest.cpp).
 int backwardTest(const std::string &which, int count);
+/// Prefix trees: random [count] | paths [count] (TreeGpuTest.cpp).
+int treeTest(const std::string &which, int count);
 /// Many callers at once and many launches: threads | processes | leak
 /// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
 int stressTest(const std::string &which, int count, char **argv);

@@ -124,41 +124,43 @@ struct TreeLayout {
 /// pre-order, bad heads or scale).
 DUALKV_API TreeLayout tree_layout(const TreeProblem &problem);
 
-/// allowed(i, j) of docs/architecture.md §1 for trees: j <= i and j's node is
-/// i's node or one of its ancestors (found by walking i's parents).
-DUALKV_API bool allowed(const TreeLayout &layout, int64_t i, int64_t j);
+/// tree_allowed(i, j): allowed(i, j) of docs/architecture.md §1 for trees: j <=
+/// i and j's node is i's node or one of its ancestors (found by walking i's
+/// parents).
+DUALKV_API bool tree_allowed(const TreeLayout &layout, int64_t i, int64_t j);
 
 /// The rotary position of every token: the total length of its node's
 /// ancestors plus its index in its node.
 DUALKV_API std::vector<int64_t> tree_positions(const TreeProblem &problem);
 
-/// Packed forward of a forest, through allowed(): o [T][Hq][D], lse [Hq][T].
-DUALKV_API void forward(const TreeProblem &problem, const double *q,
-                        const double *k, const double *v, double *o,
-                        double *lse);
+/// Packed forward of a forest, through tree_allowed(): o [T][Hq][D], lse
+/// [Hq][T].
+DUALKV_API void tree_forward(const TreeProblem &problem, const double *q,
+                             const double *k, const double *v, double *o,
+                             double *lse);
 
 /// Packed backward of a forest.
-DUALKV_API void backward(const TreeProblem &problem, const double *q,
-                         const double *k, const double *v, const double *o,
-                         const double *lse, const double *dout, double *dq,
-                         double *dk, double *dv);
+DUALKV_API void tree_backward(const TreeProblem &problem, const double *q,
+                              const double *k, const double *v, const double *o,
+                              const double *lse, const double *dout, double *dq,
+                              double *dk, double *dv);
 
-/// Path definition of forward(TreeProblem): for every leaf (a node without
+/// Path definition of tree_forward(): for every leaf (a node without
 /// children), ordinary causal attention on the tokens of its root-to-leaf
 /// path, run separately. Each token takes its o and lse from the first path
 /// through it (all of them agree).
-DUALKV_API void forward_paths(const TreeProblem &problem, const double *q,
-                              const double *k, const double *v, double *o,
-                              double *lse);
+DUALKV_API void tree_forward_paths(const TreeProblem &problem, const double *q,
+                                   const double *k, const double *v, double *o,
+                                   double *lse);
 
-/// Path definition of backward(TreeProblem): per-path causal backward where a
+/// Path definition of tree_backward(): per-path causal backward where a
 /// token's dout enters only the first path through it; every token's dq, dk,
 /// dv are summed over the paths through it (so a shared key's dk and dv are
 /// the sum over its paths).
-DUALKV_API void backward_paths(const TreeProblem &problem, const double *q,
-                               const double *k, const double *v,
-                               const double *o, const double *lse,
-                               const double *dout, double *dq, double *dk,
-                               double *dv);
+DUALKV_API void tree_backward_paths(const TreeProblem &problem, const double *q,
+                                    const double *k, const double *v,
+                                    const double *o, const double *lse,
+                                    const double *dout, double *dq, double *dk,
+                                    double *dv);
 
 } // namespace dualkv::reference
