@@ -29,7 +29,7 @@ import sys
 
 from . import _lib, _version
 from ._checks import integer, scale_value as _scale_value, sequence
-from .packing import PackedGroups, pack
+from .packing import PackedGroups, PackedTree, pack, pack_tree
 from .plans import (check_tree, groups_from_key, is_tree_key, plan_key,
                     tree_from_key, tree_key)
 
@@ -38,7 +38,7 @@ __version__ = _version.version()
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
     "cache_stats", "gpu_available", "library_path", "pack", "PackedGroups",
-    "precompile",
+    "precompile", "pack_tree", "PackedTree",
 ]
 
 

@@ -347,8 +347,6 @@ void validate(const BackwardArgs &a) {
   checkTensor("dv", a.dv, T, Hkv, D, true);
   checkLse("lse", a.lse, a.lse_stride_h, T, Hq);
   checkScaleAndTiling(a.scale, a.tiling);
-  if (a.deterministic)
-    checkSingleAncestorRange(*a.plan, "deterministic backward's dQ");
   if (a.workspace_bytes < 0)
     invalid(fmt::format("workspace_bytes ({}) is negative", a.workspace_bytes));
   auto address = reinterpret_cast<uintptr_t>(a.workspace);
@@ -401,8 +399,12 @@ void backward(const BackwardArgs &args) {
       getKernel(genericSpec(det ? KernelKind::BwdKV : KernelKind::Bwd, D,
                             sliceHq, slice, args.dtype, args.tiling),
                 Hq, Hkv);
+  // A branching tree's segments walk its chain table (KernelSpec::tree).
+  const bool tree = plan.maxAncestorRanges() > 1;
+  KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, {});
+  dqSpec.tree = tree;
   const LoadedKernel &last =
-      det ? getKernel(specOf(args, KernelKind::BwdDQ, {}))
+      det ? getKernel(dqSpec)
           : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
                                   args.dtype, {}));
 
@@ -525,10 +527,13 @@ void backward(const BackwardArgs &args) {
   if (det) {
     uint64_t q = address(args.q.data), k = address(args.k.data),
              v = address(args.v.data), dq = address(args.dq.data);
-    LaunchParams params(KernelKind::BwdDQ);
+    uint64_t chain = plan.deviceChainTable();
+    LaunchParams params(KernelKind::BwdDQ, last.spec.schedule, tree);
     params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", dout);
     params.ptr("dq", dq).ptr("lse", lse).ptr("delta", delta);
     params.ptr("segs", segs);
+    if (tree)
+      params.ptr("chain", chain);
     params.strides("q", qStrideT, qStrideH);
     params.strides("k", kStrideT, kStrideH);
     params.strides("v", vStrideT, vStrideH);

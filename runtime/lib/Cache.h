@@ -32,6 +32,9 @@ struct DUALKV_API CacheKey {
   std::string arch;
   Tiling tiling; ///< resolved: the tiling the compiler actually uses
   Schedule schedule = Schedule::Auto; ///< resolved, like the tiling
+  /// KernelSpec::tree; in the JSON only when true, so that every other key
+  /// is spelled as before it existed.
+  bool tree = false;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

@@ -264,8 +264,8 @@ void Plan::layout(std::vector<int64_t> lengths, std::vector<int64_t> parents) {
   }
   chain_.reserve(rows.size() * 4);
   for (const Row &r : rows)
-    chain_.insert(chain_.end(),
-                  {int32_t(r.start), int32_t(r.length), int32_t(r.next), 0});
+    chain_.insert(chain_.end(), {int32_t(r.start), int32_t(r.length),
+                                 int32_t(r.next), int32_t(r.ranges)});
   nodeLengths_ = std::move(lengths);
   nodeParents_ = std::move(parents);
 }

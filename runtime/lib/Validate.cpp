@@ -95,23 +95,6 @@ void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
                         plan->numSegments(), kMaxGridYZ));
 }
 
-void checkSingleAncestorRange(const Plan &plan, const char *what) {
-  if (plan.maxAncestorRanges() <= 1)
-    return;
-  const std::vector<int32_t> &chain = plan.chainTable();
-  for (int s = 0; s < plan.numSegments(); ++s) {
-    int ranges = 0;
-    for (int64_t row = s; row >= 0; row = chain[4 * row + 2])
-      ranges += chain[4 * row + 1] > 0;
-    if (ranges > 1)
-      invalid(fmt::format(
-          "segment {} (node {}) sees {} disjoint ancestor ranges; the {} "
-          "kernels read one shared range per segment, so this branching tree "
-          "cannot run there yet (chains of first children and groups can)",
-          s, plan.segmentNodes()[s], ranges, what));
-  }
-}
-
 void checkLse(const char *name, const float *lse, int64_t strideH,
               int64_t numTokens, int numQHeads) {
   if (!lse)
@@ -177,8 +160,8 @@ double effectiveScale(float scale, int headDim) {
   return scale != 0 ? scale : 1.0 / std::sqrt(headDim);
 }
 
-LaunchParams::LaunchParams(KernelKind kind, Schedule schedule)
-    : kind(kind), table(abi::kernelParams(kind, schedule)) {
+LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree)
+    : kind(kind), table(abi::kernelParams(kind, schedule, tree)) {
   if (table.size > slots.size())
     throw Error(ErrorCode::Internal, "a kernel takes too many parameters");
 }

@@ -33,12 +33,6 @@ void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
 void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
                   int numKVHeads, int headDim, DType dtype);
 
-/// Refuses a plan whose segments see more than one disjoint ancestor range
-/// (a branching tree) for the query-major kernels (`what`: "forward", "the
-/// deterministic backward"), which read one shared range per segment; names
-/// the first such segment and its node.
-void checkSingleAncestorRange(const Plan &plan, const char *what);
-
 /// Checks an fp32 [Hq][T] tensor such as lse.
 void checkLse(const char *name, const float *lse, int64_t strideH,
               int64_t numTokens, int numQHeads);
@@ -64,7 +58,8 @@ double effectiveScale(float scale, int headDim);
 /// Error (Internal). The values must outlive the launch.
 class DUALKV_API LaunchParams {
 public:
-  explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto);
+  explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
+                        bool tree = false);
   /// A device address (any pointer parameter).
   LaunchParams &ptr(const char *name, uint64_t &v);
   LaunchParams &i64(const char *name, int64_t &v);

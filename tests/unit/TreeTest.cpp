@@ -80,14 +80,18 @@ std::vector<int64_t> chainKeys(const Plan &plan, int s, int *ranges) {
   std::vector<int64_t> keys;
   *ranges = 0;
   int steps = 0;
+  // The kernels walk `ranges` rows (the first row's count); the rows' next
+  // pointers end at -1 after exactly that many non-empty ranges.
+  const int32_t count = chain[4 * s + 3];
   for (int64_t row = s; row >= 0; row = chain[4 * row + 2]) {
     REQUIRE(row < int64_t(chain.size() / 4));
     REQUIRE(++steps <= plan.numNodes() + 1); // no loop
-    CHECK(chain[4 * row + 3] == 0);
+    CHECK(chain[4 * row + 3] == count - *ranges);
     *ranges += chain[4 * row + 1] > 0;
     for (int32_t j = 0; j < chain[4 * row + 1]; ++j)
       keys.push_back(chain[4 * row] + j);
   }
+  CHECK(*ranges == count);
   return keys;
 }
 
@@ -146,14 +150,14 @@ TEST_CASE("tree plan: a hand-computed forest", "[runtime][tree]") {
   // [8,9) -> [5,6) (node 4).
   CHECK(branching.chainTable() == std::vector<int32_t>{
                                       0, 0, -1, 0, //
-                                      0, 2, -1, 0, //
-                                      0, 2, -1, 0, //
-                                      5, 1, 6,  0, //
-                                      5, 1, 6,  0, //
-                                      8, 1, 7,  0, //
-                                      0, 2, -1, 0, //
-                                      5, 1, 6,  0, //
-                                      8, 1, 7,  0, //
+                                      0, 2, -1, 1, //
+                                      0, 2, -1, 1, //
+                                      5, 1, 6,  2, //
+                                      5, 1, 6,  2, //
+                                      8, 1, 7,  3, //
+                                      0, 2, -1, 1, //
+                                      5, 1, 6,  2, //
+                                      8, 1, 7,  3, //
                                   });
   CHECK(branching.ancestorTokens() == std::vector<int64_t>{0, 2, 2, 3, 3, 4});
   CHECK(branching.subtreeEnds() == std::vector<int64_t>{12, 5, 12, 8, 12, 12});

@@ -126,12 +126,13 @@ public:
   /// that the segment table's shared range says everything; more for
   /// branching trees, whose segments also need the chain table.
   int maxAncestorRanges() const { return maxAncestorRanges_; }
-  /// The chain table, int32 [numChainRows][4] = {start, length, next, 0}:
-  /// row s < numSegments is segment s's nearest ancestor range (its shared
-  /// range; (0, 0) for a root) and `next` the row of the next range up the
-  /// path (-1 after the last); the rows past numSegments are the ranges the
-  /// segments' paths share. Walking from row s visits every ancestor range
-  /// of segment s once. O(nodes) rows.
+  /// The chain table, int32 [numChainRows][4] = {start, length, next,
+  /// ranges}: row s < numSegments is segment s's nearest ancestor range (its
+  /// shared range; (0, 0) for a root), `next` the row of the next range up
+  /// the path (-1 after the last) and `ranges` the number of ranges from this
+  /// row to the root (0 for a root segment); the rows past numSegments are
+  /// the ranges the segments' paths share. Walking `ranges` rows from row s
+  /// visits every ancestor range of segment s once. O(nodes) rows.
   const std::vector<int32_t> &chainTable() const { return chain_; }
   int numSegments() const { return static_cast<int>(segments_.size()); }
   int maxSegmentLen() const { return maxSegmentLen_; }
