@@ -3,8 +3,11 @@
 // brute-force enumeration of the mask, and the fp64 tree reference against
 // an independent per-path causal computation.
 #include "Backward.h"
+#include "Cache.h"
 #include "FakeDriver.h"
 
+#include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
 #include "dualkv/dualkv_c.h"
@@ -411,6 +414,208 @@ TEST_CASE("tree plan: the chain table is uploaded only for branching trees",
     CHECK(fake.allocs == 5);
   }
   CHECK(fake.frees == 5);
+}
+
+//===----------------------------------------------------------------------===//
+// Launches (fake driver)
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+ForwardArgs treeArgs(const Plan &plan) {
+  ForwardArgs a;
+  const int64_t T = plan.numTokens(), D = 128, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * D, D};
+  a.o = {fakePointer(0x400000), Hq * D, D};
+  a.lse = static_cast<float *>(fakePointer(0x500000));
+  a.lse_stride_h = T;
+  a.num_tokens = T;
+  a.num_q_heads = Hq;
+  a.num_kv_heads = Hkv;
+  a.head_dim = D;
+  a.dtype = DType::BF16;
+  a.plan = &plan;
+  return a;
+}
+
+/// The forward spec of `a` on the fake (sm_90a) device, tree or not.
+KernelSpec treeSpec(const ForwardArgs &a, bool tree) {
+  KernelSpec spec;
+  spec.kind = KernelKind::Fwd;
+  spec.headDim = a.head_dim;
+  spec.numQHeads = a.num_q_heads;
+  spec.numKVHeads = a.num_kv_heads;
+  spec.dtype = a.dtype;
+  spec.arch = "sm_90a";
+  spec.tiling = a.tiling;
+  spec.tree = tree;
+  return resolveSpec(spec);
+}
+
+} // namespace
+
+TEST_CASE("tree kernels: spec, schedule and cache key", "[runtime][tree]") {
+  ForwardArgs a = treeArgs(Plan({{4, {4}}}));
+  // sm_90a: the tree forward is not warp-specialized; at head_dim 128 Auto
+  // takes wgmma at its own tiling, elsewhere mma_sync.
+  KernelSpec tree = treeSpec(a, true), depth1 = treeSpec(a, false);
+  CHECK(depth1.schedule == Schedule::WarpSpecialized);
+  CHECK(tree.schedule == Schedule::Wgmma);
+  CHECK(tree.tiling == Tiling{128, 128, 8, 2});
+  CHECK(checkSpec(tree).empty());
+  a.head_dim = 64;
+  CHECK(treeSpec(a, true).schedule == Schedule::MmaSync);
+  KernelSpec ws = tree;
+  ws.schedule = Schedule::WarpSpecialized;
+  CHECK_THAT(checkSpec(ws), Contains("no forward of branching prefix trees"));
+  KernelSpec bwd = tree;
+  bwd.kind = KernelKind::Bwd;
+  bwd.schedule = Schedule::Auto;
+  bwd.tiling = {};
+  CHECK_THAT(checkSpec(bwd), Contains("a bwd kernel has no tree variant"));
+  // The key: "tree" only where set, so every other key is spelled as before.
+  CacheKey t = CacheKey::fromSpec(tree, "f"),
+           d = CacheKey::fromSpec(depth1, "f");
+  CHECK(t.toJson().at("tree") == true);
+  CHECK_FALSE(d.toJson().contains("tree"));
+  KernelSpec same = tree;
+  same.tree = false;
+  CHECK(CacheKey::fromSpec(same, "f").hash() != t.hash());
+  CHECK(t.spec().tree);
+  // The tree kernels' parameters: the depth-1 ones, then the chain table.
+  abi::ParamTable fwd = abi::kernelParams(KernelKind::Fwd, Schedule::Wgmma),
+                  fwdTree =
+                      abi::kernelParams(KernelKind::Fwd, Schedule::Wgmma, true);
+  REQUIRE(fwdTree.size == fwd.size + 1);
+  for (size_t i = 0; i < fwd.size; ++i)
+    CHECK(std::string(fwdTree.params[i].name) == fwd.params[i].name);
+  CHECK(fwdTree.indexOf("chain") == int(fwd.size));
+  abi::ParamTable dq = abi::kernelParams(KernelKind::BwdDQ),
+                  dqTree = abi::kernelParams(KernelKind::BwdDQ,
+                                             Schedule::MmaSync, true);
+  CHECK(dqTree.size == dq.size + 1);
+  CHECK(dqTree.indexOf("chain") == int(dq.size));
+}
+
+TEST_CASE("tree kernels: a branching plan launches the tree forward with its "
+          "chain table",
+          "[runtime][tree]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  resetCacheStats();
+
+  Plan branching(PlanTree{{40, 24, 8, 32, 8, 16}, {-1, 0, 0, 2, 2, 4}});
+  REQUIRE(branching.maxAncestorRanges() == 3);
+  Plan chain(PlanTree{{40, 24, 8}, {-1, 0, 1}});
+  REQUIRE(chain.maxAncestorRanges() == 1);
+  ForwardArgs tree = treeArgs(branching), depth1 = treeArgs(chain);
+
+  // Both kernels on disk under their own keys, so no compile runs.
+  CacheEntry treeEntry = sampleEntry(), depth1Entry = sampleEntry();
+  treeEntry.info = KernelInfo{"tree_fwd", 256, 64 * 1024, 16};
+  depth1Entry.info = KernelInfo{"depth1_fwd", 384, 64 * 1024, 128};
+  REQUIRE(DiskCache(tmp.path).store(
+      CacheKey::fromSpec(treeSpec(tree, true), compilerFingerprint()),
+      treeEntry));
+  REQUIRE(DiskCache(tmp.path).store(
+      CacheKey::fromSpec(treeSpec(depth1, false), compilerFingerprint()),
+      depth1Entry));
+  // kFwdTreeParams: 6 pointers, 10 int64, a float, the chain pointer.
+  std::vector<int> sig(17, 8);
+  sig[15] = 4;
+  fake.signatures["tree_fwd"] = sig;
+
+  forward(tree);
+  REQUIRE(fake.events.size() == 1);
+  const FakeDriver::Event &e = fake.events[0];
+  CHECK(e.name == "tree_fwd");
+  CHECK(e.grid[0] == 3); // ceil(40 / 16)
+  CHECK(e.grid[1] == 6); // segments
+  CHECK(e.grid[2] == 8); // query heads
+  REQUIRE(e.params.size() == 17);
+  CHECK(e.params[5] == branching.deviceTable());
+  REQUIRE(branching.deviceChainTable() != 0);
+  CHECK(e.params[16] == branching.deviceChainTable());
+  CHECK(fake.copies[branching.deviceChainTable()] == branching.chainTable());
+
+  // A chain of first children is one range a segment: the depth-1 kernel
+  // (here the warp-specialized one, with its work order), no chain table.
+  fake.captureWorkOrder = true;
+  forward(depth1);
+  CHECK(fake.lastFunctionName == "depth1_fwd");
+  CHECK(fake.launches == 2);
+  CHECK(fake.last.ptrs[5] == chain.deviceTable());
+  CHECK(chain.deviceChainTable() == 0);
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("tree kernels compile: the chain walk in every query-major "
+          "schedule that takes trees, ptxas-clean",
+          "[compiler][tree]") {
+  auto count = [](const std::string &text, const std::string &what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos;
+         at = text.find(what, at + what.size()))
+      ++n;
+    return n;
+  };
+  struct Case {
+    KernelKind kind;
+    const char *arch;
+    int headDim;
+    const char *entry;
+  };
+  const Case cases[] = {
+      {KernelKind::Fwd, "sm_80", 64, "attention_fwd_mma_sync"},
+      {KernelKind::Fwd, "sm_80", 128, "attention_fwd_mma_sync"},
+      {KernelKind::Fwd, "sm_80", 256, "attention_fwd_mma_sync"},
+      {KernelKind::Fwd, "sm_90a", 128, "attention_fwd_wgmma"},
+      {KernelKind::Fwd, "sm_90a", 64, "attention_fwd_mma_sync"},
+      {KernelKind::BwdDQ, "sm_80", 128, "attention_bwd_dq_mma_sync"},
+      {KernelKind::BwdDQ, "sm_90a", 256, "attention_bwd_dq_mma_sync"},
+  };
+  const bool ptxas = !ptxasPath({}).empty();
+  for (const Case &c : cases) {
+    KernelSpec spec;
+    spec.kind = c.kind;
+    spec.arch = c.arch;
+    spec.headDim = c.headDim;
+    spec.tree = true;
+    CompileOptions options;
+    options.emitCubin = ptxas;
+    CompileResult r = compile(spec, options);
+    INFO(toString(c.kind) << " " << c.arch << " head_dim " << c.headDim << ": "
+                          << r.error);
+    REQUIRE(r.ok);
+    CHECK(r.info.name == c.entry);
+    // One parameter more than the depth-1 kernel: the chain table.
+    const int n = int(abi::kernelParams(c.kind, Schedule::Auto, true).size);
+    const std::string param = std::string(c.entry) + "_param_";
+    CHECK(count(r.ptx, param + std::to_string(n - 1)) > 0);
+    CHECK(count(r.ptx, param + std::to_string(n) + "]") == 0);
+    // The same kernel without the tree flag has no such parameter.
+    spec.tree = false;
+    spec.schedule = resolveSpec([&] {
+                      KernelSpec t = spec;
+                      t.tree = true;
+                      return t;
+                    }())
+                        .schedule;
+    CompileResult d = compile(spec, {false, "", ""});
+    REQUIRE(d.ok);
+    CHECK(count(d.ptx, param + std::to_string(n - 1) + "]") == 0);
+    CHECK(d.ptx != r.ptx);
+    if (ptxas) {
+      CHECK(r.cubin.size() > 1000);
+      CHECK(count(r.ptxasLog, "0 bytes spill stores, 0 bytes spill loads") ==
+            1);
+    }
+  }
 }
 
 //===----------------------------------------------------------------------===//
