@@ -116,6 +116,9 @@ LogicalResult QueryMajorEmitter::emitChainLoop(ChainLoopOp op) {
         b, loc, chainPtr, ValueRange{add(mul(row, idx(4)), idx(f))}));
   };
   Value count = field(segIndex, 3);
+  // The segment table's shared range, restored after the walk: nothing past
+  // it may use a range of the loop body.
+  Value tableStart = sharedStart, tableLen = sharedLen;
   SmallVector<Value> inits{segIndex};
   for (Value v : op.getInits())
     inits.push_back(map.lookup(v));
@@ -142,6 +145,8 @@ LogicalResult QueryMajorEmitter::emitChainLoop(ChainLoopOp op) {
   for (auto [from, to] :
        llvm::zip(op.getResults(), loop.getResults().drop_front()))
     map.map(from, to);
+  sharedStart = tableStart;
+  sharedLen = tableLen;
   return success();
 }
 
