@@ -19,6 +19,7 @@ namespace dualkv {
 /// Every input that changes a kernel's code (docs/architecture.md §4). Bump
 /// kSchemaVersion whenever a field is added, removed or spelled differently:
 /// it names the disk cache's top folder, so old entries are never misread.
+/// (`tree` is written only when true, so it changes no other key.)
 struct DUALKV_API CacheKey {
   static constexpr int kSchemaVersion = 2;
 
