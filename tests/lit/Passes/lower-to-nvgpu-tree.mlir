@@ -8,31 +8,43 @@
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_80 head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,MMA
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_90a head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,WGMMA
+// The walk's trip count: the 8 lines before the walk.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_80 head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -B8 -m1 "iter_args(%arg[0-9]* = %block_id_y" | FileCheck %s --check-prefix=COUNT
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="tree=true arch=sm_80 head-dim=64" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=DQ
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=DEPTH1
 
-// The chain table is the 17th parameter, after scaleLog2.
+// The chain table is the 17th parameter (%arg16), after scaleLog2.
 // MMA: gpu.func @attention_fwd_mma_sync(
 // WGMMA: gpu.func @attention_fwd_wgmma(
-// CHECK-SAME: %{{.*}}: f32, %[[CHAIN:[a-z0-9]+]]: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>) kernel
-// CHECK: %[[SEG:[0-9]+]] = gpu.block_id  y
-// The number of ranges: field 3 of row `segment`.
-// CHECK: %[[C4:.*]] = arith.muli %[[SEG]], %c4
-// CHECK-NEXT: %[[F3:.*]] = arith.addi %[[C4]], %c3
-// CHECK-NEXT: %[[N32:.*]] = memref.load %[[CHAIN]][%[[F3]]]
-// CHECK-NEXT: %[[N:.*]] = arith.index_cast %[[N32]]
-// The walk: the row index is carried first, then O, m, l.
-// CHECK-NEXT: %[[W:.*]]:4 = scf.for %{{.*}} = %c0{{.*}} to %[[N]] step %c1{{.*}} iter_args(%[[ROW:[a-z0-9_]+]] = %[[SEG]], {{.*}}) -> (index, vector<
-// CHECK: memref.load %[[CHAIN]]
-// CHECK: memref.load %[[CHAIN]]
-// CHECK: %[[NEXT32:.*]] = memref.load %[[CHAIN]]
-// CHECK-NEXT: %[[NEXT:.*]] = arith.index_cast %[[NEXT32]]
-// The shared range's full tiles, then its tail tile, inside the walk.
+// CHECK-SAME: %arg15: f32, %arg16: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>) kernel
+// CHECK: %block_id_y = gpu.block_id  y
+// The walk carries the row index first (from the segment's own row), then O, m, l.
+// CHECK: %[[W:[0-9]+]]:4 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[ROW:arg[0-9]+]] = %block_id_y, {{.*}}) -> (index, vector<
+// Each iteration reads its row's start, length and next.
+// CHECK: arith.muli %[[ROW]], %c4
+// CHECK: memref.load %arg16
+// CHECK: arith.muli %[[ROW]], %c4
+// CHECK: memref.load %arg16
+// CHECK: arith.muli %[[ROW]], %c4
+// CHECK-NEXT: %{{[0-9]+}} = arith.addi %{{[0-9]+}}, %c2
+// CHECK-NEXT: %[[NEXT32:[0-9]+]] = memref.load %arg16
+// CHECK-NEXT: %[[NEXT:[0-9]+]] = arith.index_cast %[[NEXT32]]
+// The shared range's full tiles, then its tail tile, inside the walk; then the
+// next row is carried on.
 // CHECK: scf.for
 // CHECK: scf.for
-// CHECK: scf.yield %[[NEXT]],
+// CHECK: scf.yield %[[NEXT]], %{{[0-9]+}}#0, %{{[0-9]+}}#1, %{{[0-9]+}}#2 : index, vector<
 // The response region's loops start from the walk's results.
 // CHECK: scf.for {{.*}} iter_args({{.*}} = %[[W]]#1, {{.*}} = %[[W]]#2, {{.*}} = %[[W]]#3)
+// CHECK-NOT: memref.load %arg16
+
+// COUNT: %[[C3:.*]] = arith.constant 3 : index
+// COUNT-NEXT: %[[C4:.*]] = arith.constant 4 : index
+// COUNT-NEXT: %[[R:.*]] = arith.muli %block_id_y, %[[C4]] : index
+// COUNT-NEXT: %[[F:.*]] = arith.addi %[[R]], %[[C3]] : index
+// COUNT-NEXT: %[[N32:.*]] = memref.load %arg16[%[[F]]]
+// COUNT-NEXT: %[[N:.*]] = arith.index_cast %[[N32]] : i32 to index
+// COUNT: scf.for %{{.*}} = %{{.*}} to %[[N]] step %{{.*}} iter_args(%{{.*}} = %block_id_y,
 
 // DQ: gpu.func @attention_bwd_dq_mma_sync(
 // DQ-SAME: %{{.*}}: f32, %{{.*}}: f32, %[[CHAIN:[a-z0-9]+]]: memref<{{[0-9]+}}xi32, #gpu.address_space<global>>) kernel
