@@ -214,6 +214,55 @@ bool within(const TensorErrors &e, const BwdTolerance &t) {
 
 constexpr double kWorkBudget = 3e8;
 
+/// Runs `c` forward and backward (both modes, the deterministic one twice)
+/// and checks it against fp64 and the deterministic bits; the failures, or
+/// an empty string.
+std::string checkTree(const TreeCase &c) {
+  TreeDevice dev(c);
+  ForwardResult f = dev.forward();
+  BackwardResult atomic = dev.backward(false);
+  BackwardResult det = dev.backward(true);
+  BackwardResult det2 = dev.backward(true);
+  auto p = c.problem();
+  auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v),
+       dout = c.widen(c.dout);
+  std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
+  reference::tree_forward(p, q.data(), k.data(), v.data(), o.data(),
+                          lse.data());
+  Errors fe = compare(f, o, lse);
+  // The reference backward on the kernel's own O and LSE.
+  std::vector<double> ko(f.o.begin(), f.o.end()),
+      klse(f.lse.begin(), f.lse.end());
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  reference::tree_backward(p, q.data(), k.data(), v.data(), ko.data(),
+                           klse.data(), dout.data(), dq.data(), dk.data(),
+                           dv.data());
+  BwdTolerance bt = bwdTolerance(c.dtype);
+  std::string why;
+  if (!within(fe, fwdTolerance(c.dtype)))
+    why += fmt::format(" forward: o {:.2e}/{:.2e} lse {:.2e}", fe.maxAbsO,
+                       fe.relL2O, fe.maxAbsLse);
+  for (auto *r : {&atomic, &det}) {
+    TensorErrors eq = compareTensor(r->dq.data(), dq.data(), dq.size()),
+                 ek = compareTensor(r->dk.data(), dk.data(), dk.size()),
+                 ev = compareTensor(r->dv.data(), dv.data(), dv.size());
+    if (!within(eq, bt) || !within(ek, bt) || !within(ev, bt))
+      why += fmt::format(" {}: dq {:.2e}/{:.2e} dk {:.2e}/{:.2e} dv "
+                         "{:.2e}/{:.2e}",
+                         r == &det ? "deterministic" : "atomic", eq.maxAbsRel(),
+                         eq.relL2, ek.maxAbsRel(), ek.relL2, ev.maxAbsRel(),
+                         ev.relL2);
+  }
+  int64_t bits = bitwiseMismatches(det.dq, det2.dq) +
+                 bitwiseMismatches(det.dk, det2.dk) +
+                 bitwiseMismatches(det.dv, det2.dv);
+  if (bits)
+    why += fmt::format(" deterministic runs differ in {} values", bits);
+  if (!why.empty())
+    why = fmt::format("max ranges {}:{}", dev.plan.maxAncestorRanges(), why);
+  return why;
+}
+
 /// Forward and backward (both modes) of random forests against fp64; the
 /// deterministic backward twice, bitwise.
 int testRandom(int count, uint64_t seed) {
@@ -222,54 +271,10 @@ int testRandom(int count, uint64_t seed) {
   for (int i = 0; i < count; ++i) {
     TreeCase c = randomTreeCase(rng, {64, 128, 256}, 600, kWorkBudget);
     c.fill(rng);
-    TreeDevice dev(c);
-    ForwardResult f = dev.forward();
-    BackwardResult atomic = dev.backward(false);
-    BackwardResult det = dev.backward(true);
-    BackwardResult det2 = dev.backward(true);
-    auto p = c.problem();
-    auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v),
-         dout = c.widen(c.dout);
-    std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
-    reference::tree_forward(p, q.data(), k.data(), v.data(), o.data(),
-                            lse.data());
-    Errors fe = compare(f, o, lse);
-    // The reference backward on the kernel's own O and LSE.
-    std::vector<double> ko(f.o.begin(), f.o.end()),
-        klse(f.lse.begin(), f.lse.end());
-    std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
-    reference::tree_backward(p, q.data(), k.data(), v.data(), ko.data(),
-                             klse.data(), dout.data(), dq.data(), dk.data(),
-                             dv.data());
-    BwdTolerance bt = bwdTolerance(c.dtype);
-    bool pass = within(fe, fwdTolerance(c.dtype));
-    std::string why;
-    for (auto *r : {&atomic, &det}) {
-      TensorErrors eq = compareTensor(r->dq.data(), dq.data(), dq.size()),
-                   ek = compareTensor(r->dk.data(), dk.data(), dk.size()),
-                   ev = compareTensor(r->dv.data(), dv.data(), dv.size());
-      if (!within(eq, bt) || !within(ek, bt) || !within(ev, bt)) {
-        pass = false;
-        why += fmt::format(" {}: dq {:.2e}/{:.2e} dk {:.2e}/{:.2e} dv "
-                           "{:.2e}/{:.2e}",
-                           r == &det ? "deterministic" : "atomic",
-                           eq.maxAbsRel(), eq.relL2, ek.maxAbsRel(), ek.relL2,
-                           ev.maxAbsRel(), ev.relL2);
-      }
-    }
-    int64_t bits = bitwiseMismatches(det.dq, det2.dq) +
-                   bitwiseMismatches(det.dk, det2.dk) +
-                   bitwiseMismatches(det.dv, det2.dv);
-    if (bits) {
-      pass = false;
-      why += fmt::format(" deterministic runs differ in {} values", bits);
-    }
-    if (!pass) {
+    std::string why = checkTree(c);
+    if (!why.empty()) {
       ++failures;
-      fmt::print("FAIL tree case {} ({}, max ranges {}): o {:.2e}/{:.2e} lse "
-                 "{:.2e}{}\n",
-                 i, c.describe(), dev.plan.maxAncestorRanges(), fe.maxAbsO,
-                 fe.relL2O, fe.maxAbsLse, why);
+      fmt::print("FAIL tree case {} ({}): {}\n", i, c.describe(), why);
     }
   }
   fmt::print("tree random: {}/{} cases pass\n", count - failures, count);
@@ -383,6 +388,31 @@ int testPaths(int count, uint64_t seed) {
 }
 
 } // namespace
+
+int dualkv::testing::treeSanitizeWorkload() {
+  // A branching tree whose segments see up to three ancestor ranges, with an
+  // empty node, a one-token node, a subtree longer than a backward query
+  // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
+  std::mt19937_64 rng(20261215);
+  int failures = 0;
+  for (int d : {64, 128, 256})
+    for (DType t : {DType::BF16, DType::FP16}) {
+      TreeCase c;
+      c.tree = PlanTree{{70, 33, 1, 0, 64, 17, 1100, 5, 40, 9},
+                        {-1, 0, 0, 2, 3, 3, 5, -1, 7, 7}};
+      c.hq = 4;
+      c.hkv = 2;
+      c.d = d;
+      c.dtype = t;
+      c.fill(rng);
+      std::string why = checkTree(c);
+      if (!why.empty()) {
+        ++failures;
+        fmt::print("FAIL tree ({}): {}\n", c.describe(), why);
+      }
+    }
+  return failures;
+}
 
 int dualkv::testing::treeTest(const std::string &which, int count) {
   if (which == "random")
