@@ -85,3 +85,4 @@ dualkv.kernel @k kind <bwd_pre> {
   }
   dualkv.compute_delta
 }
+
