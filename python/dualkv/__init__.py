@@ -240,13 +240,16 @@ class Plan:
 
     @property
     def num_segments(self):
-        """Number of segments: each prompt and each non-empty response."""
+        """Number of segments: each prompt and each non-empty response (each
+        non-empty node of a tree)."""
         return int(_lib.lib().dualkv_plan_num_segments(self._handle))
 
     def segment_table(self):
         """The segment table as a list of ``(start, length, shared_start,
         shared_len)``: shared_* is the group's prompt for a response segment
-        and (0, 0) for a prompt segment."""
+        and (0, 0) for a prompt segment; in a tree, the segment's nearest
+        ancestor range (adjacent ancestors merged; more ranges, when
+        ``max_ancestor_ranges`` > 1, are in the plan's chain table)."""
         n = self.num_segments
         buf = (ctypes.c_int32 * (4 * n))()
         _check(_lib.lib().dualkv_plan_segment_table(self._handle, buf, 4 * n))

@@ -548,8 +548,7 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
       "dualkv_{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
       s.tree ? "_tree" : "", s.headDim, s.numQHeads, s.numKVHeads,
       dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
-      s.tiling.blockM, s.tiling.blockN,
-      s.tiling.warps, s.tiling.stages,
+      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 
