@@ -279,6 +279,18 @@ class Plan:
         (after upload() or a forward/backward there)."""
         return device_index in self._devices
 
+    def chain_table(self):
+        """The chain table as a list of ``(start, length, next, ranges)``
+        rows (docs/forward-abi.md): row s < num_segments is segment s's
+        nearest ancestor range, ``next`` the row of the next range up its
+        path (-1 after the last), ``ranges`` how many there are from the
+        row up."""
+        n = int(_lib.symbol("dualkv_plan_num_chain_rows")(self._handle))
+        buf = (ctypes.c_int32 * max(4 * n, 1))()
+        _check(_lib.symbol("dualkv_plan_chain_table")(self._handle, buf,
+                                                        4 * n))
+        return [tuple(buf[4 * i:4 * i + 4]) for i in range(n)]
+
     @property
     def max_ancestor_ranges(self):
         """The most disjoint ancestor ranges any segment sees (0 or 1 for

@@ -138,6 +138,8 @@ def _optional_signatures():
         "dualkv_plan_create_tree": ([i32p, i32p, i32, ctypes.POINTER(vp)],
                                     ctypes.c_int),
         "dualkv_plan_max_ancestor_ranges": ([vp], i32),
+        "dualkv_plan_num_chain_rows": ([vp], i32),
+        "dualkv_plan_chain_table": ([vp, i32p, i64], ctypes.c_int),
         "dualkv_backward_workspace_size": (
             [vp, i64, i32, i32, i32, i32, i32p, i64p],
             ctypes.c_int),

@@ -180,6 +180,12 @@ class TreePlanTest(unittest.TestCase):
         self.assertEqual(dualkv.Plan.from_key(plan.key).segment_table(),
                          plan.segment_table())
         self.assertEqual(plan.segment_table()[5], (9, 3, 8, 1))
+        # Segment 5 walks rows 5 -> 7 -> 6: [8,9), [5,6), [0,2).
+        chain = plan.chain_table()
+        self.assertEqual(len(chain), 9)
+        self.assertEqual(chain[5], (8, 1, 7, 3))
+        self.assertEqual(chain[7], (5, 1, 6, 2))
+        self.assertEqual(chain[6], (0, 2, -1, 1))
         # Groups are the depth-1 case: the same segment table.
         groups = dualkv.Plan([(3, [2, 0, 4])])
         tree = dualkv.Plan.from_tree([3, 2, 0, 4], [-1, 0, 0, 0])

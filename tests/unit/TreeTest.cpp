@@ -182,7 +182,16 @@ TEST_CASE("tree plan: a hand-computed forest", "[runtime][tree]") {
   CHECK(dualkv_plan_num_tokens(handle) == 12);
   CHECK(dualkv_plan_num_segments(handle) == 6);
   CHECK(dualkv_plan_max_ancestor_ranges(handle) == 3);
+  REQUIRE(dualkv_plan_num_chain_rows(handle) == 9);
+  std::vector<int32_t> rows(36, -7);
+  CHECK(dualkv_plan_chain_table(handle, rows.data(), 35) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(dualkv_last_error()),
+             Contains("capacity (35) is less than the chain table's 36"));
+  REQUIRE(dualkv_plan_chain_table(handle, rows.data(), 36) == DUALKV_OK);
+  CHECK(rows == branching.chainTable());
   dualkv_plan_destroy(handle);
+  CHECK(dualkv_plan_num_chain_rows(nullptr) == -1);
   CHECK(dualkv_plan_max_ancestor_ranges(nullptr) == -1);
 }
 

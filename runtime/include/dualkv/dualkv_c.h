@@ -64,6 +64,15 @@ DUALKV_API int dualkv_plan_create_tree(const int32_t *lengths,
  * for groups and chains of first children), or -1 for a null plan.
  */
 DUALKV_API int32_t dualkv_plan_max_ancestor_ranges(const dualkv_plan *plan);
+/** Rows of the plan's chain table (dualkv::Plan::chainTable), or -1. */
+DUALKV_API int32_t dualkv_plan_num_chain_rows(const dualkv_plan *plan);
+/**
+ * Copies the chain table (4 int32 per row: start, length, next, ranges; row
+ * s < num_segments is segment s's nearest ancestor range) into out, which
+ * holds capacity int32.
+ */
+DUALKV_API int dualkv_plan_chain_table(const dualkv_plan *plan, int32_t *out,
+                                       int64_t capacity);
 /** Frees a plan and its device table; null is ignored. */
 DUALKV_API void dualkv_plan_destroy(dualkv_plan *plan);
 /**
