@@ -214,15 +214,30 @@ bool within(const TensorErrors &e, const BwdTolerance &t) {
 
 constexpr double kWorkBudget = 3e8;
 
-/// Runs `c` forward and backward (both modes, the deterministic one twice)
-/// and checks it against fp64 and the deterministic bits; the failures, or
-/// an empty string.
-std::string checkTree(const TreeCase &c) {
+/// What the kernels gave for one case: the forward, the backward in both
+/// modes, the deterministic one twice.
+struct TreeRun {
+  ForwardResult f;
+  BackwardResult atomic, det, det2;
+  int maxRanges = 0;
+};
+
+TreeRun runTree(const TreeCase &c) {
   TreeDevice dev(c);
-  ForwardResult f = dev.forward();
-  BackwardResult atomic = dev.backward(false);
-  BackwardResult det = dev.backward(true);
-  BackwardResult det2 = dev.backward(true);
+  TreeRun r;
+  r.f = dev.forward();
+  r.atomic = dev.backward(false);
+  r.det = dev.backward(true);
+  r.det2 = dev.backward(true);
+  r.maxRanges = dev.plan.maxAncestorRanges();
+  return r;
+}
+
+/// Checks a run of `c` against fp64 and the deterministic bits; the
+/// failures, or an empty string.
+std::string verifyTree(const TreeCase &c, const TreeRun &run) {
+  const ForwardResult &f = run.f;
+  const BackwardResult &atomic = run.atomic, &det = run.det, &det2 = run.det2;
   auto p = c.problem();
   auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v),
        dout = c.widen(c.dout);
@@ -259,24 +274,36 @@ std::string checkTree(const TreeCase &c) {
   if (bits)
     why += fmt::format(" deterministic runs differ in {} values", bits);
   if (!why.empty())
-    why = fmt::format("max ranges {}:{}", dev.plan.maxAncestorRanges(), why);
+    why = fmt::format("max ranges {}:{}", run.maxRanges, why);
   return why;
 }
+
+std::string checkTree(const TreeCase &c) { return verifyTree(c, runTree(c)); }
 
 /// Forward and backward (both modes) of random forests against fp64; the
 /// deterministic backward twice, bitwise.
 int testRandom(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  int failures = 0;
+  // The GPU runs every case in turn, the fp64 references on every core.
+  std::vector<TreeCase> cases;
+  std::vector<TreeRun> runs;
   for (int i = 0; i < count; ++i) {
-    TreeCase c = randomTreeCase(rng, {64, 128, 256}, 600, kWorkBudget);
-    c.fill(rng);
-    std::string why = checkTree(c);
-    if (!why.empty()) {
-      ++failures;
-      fmt::print("FAIL tree case {} ({}): {}\n", i, c.describe(), why);
-    }
+    cases.push_back(randomTreeCase(rng, {64, 128, 256}, 600, kWorkBudget));
+    cases.back().fill(rng);
+    runs.push_back(runTree(cases.back()));
   }
+  std::vector<std::string> why(cases.size());
+  parallelFor(cases.size(), [&](size_t i) {
+    why[i] = verifyTree(cases[i], runs[i]);
+    runs[i] = {};
+  });
+  int failures = 0;
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (!why[i].empty()) {
+      ++failures;
+      fmt::print("FAIL tree case {} ({}): {}\n", i, cases[i].describe(),
+                 why[i]);
+    }
   fmt::print("tree random: {}/{} cases pass\n", count - failures, count);
   return failures ? 1 : 0;
 }
