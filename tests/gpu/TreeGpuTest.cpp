@@ -284,26 +284,28 @@ std::string checkTree(const TreeCase &c) { return verifyTree(c, runTree(c)); }
 /// deterministic backward twice, bitwise.
 int testRandom(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  // The GPU runs every case in turn, the fp64 references on every core.
-  std::vector<TreeCase> cases;
-  std::vector<TreeRun> runs;
-  for (int i = 0; i < count; ++i) {
-    cases.push_back(randomTreeCase(rng, {64, 128, 256}, 600, kWorkBudget));
-    cases.back().fill(rng);
-    runs.push_back(runTree(cases.back()));
-  }
-  std::vector<std::string> why(cases.size());
-  parallelFor(cases.size(), [&](size_t i) {
-    why[i] = verifyTree(cases[i], runs[i]);
-    runs[i] = {};
-  });
+  // The GPU runs the cases in turn, the fp64 references on every core, a
+  // batch at a time (the results of a batch are held on the host).
+  constexpr int kBatch = 16;
   int failures = 0;
-  for (size_t i = 0; i < cases.size(); ++i)
-    if (!why[i].empty()) {
-      ++failures;
-      fmt::print("FAIL tree case {} ({}): {}\n", i, cases[i].describe(),
-                 why[i]);
+  for (int first = 0; first < count; first += kBatch) {
+    std::vector<TreeCase> cases;
+    std::vector<TreeRun> runs;
+    for (int i = first; i < std::min(count, first + kBatch); ++i) {
+      cases.push_back(randomTreeCase(rng, {64, 128, 256}, 600, kWorkBudget));
+      cases.back().fill(rng);
+      runs.push_back(runTree(cases.back()));
     }
+    std::vector<std::string> why(cases.size());
+    parallelFor(cases.size(),
+                [&](size_t i) { why[i] = verifyTree(cases[i], runs[i]); });
+    for (size_t i = 0; i < cases.size(); ++i)
+      if (!why[i].empty()) {
+        ++failures;
+        fmt::print("FAIL tree case {} ({}): {}\n", first + int(i),
+                   cases[i].describe(), why[i]);
+      }
+  }
   fmt::print("tree random: {}/{} cases pass\n", count - failures, count);
   return failures ? 1 : 0;
 }
