@@ -5,6 +5,8 @@
 // stay outside it. Without tree the IR is tile-regions.mlir's (no chain_loop).
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true head-dim=128 arch=sm_80" --dualkv-tile-regions | FileCheck %s
+// The chain_loop round-trips through the generic and the custom form.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true head-dim=128 arch=sm_80" --dualkv-tile-regions | dualkv-opt --mlir-print-op-generic | dualkv-opt | FileCheck %s
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="tree=true head-dim=64 arch=sm_80" --dualkv-tile-regions | FileCheck %s --check-prefix=DQ
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 arch=sm_80" --dualkv-tile-regions | FileCheck %s --check-prefix=DEPTH1
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true head-dim=128 arch=sm_90a schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=WS
