@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -190,6 +191,126 @@ std::vector<double> gatherLse(const double *lse,
   return out;
 }
 
+/// Packed forward through `rangesOf(i)`, the disjoint key ranges query i
+/// attends to.
+template <typename RangesOf>
+void packedForward(const Layout &l, double scale, const double *q,
+                   const double *k, const double *v, double *o, double *lse,
+                   RangesOf rangesOf) {
+  std::vector<double> s;
+  for (int64_t i = 0; i < l.tokens; ++i) {
+    const std::vector<KeyRange> ranges = rangesOf(i);
+    for (int64_t h = 0; h < l.hq; ++h) {
+      const int64_t kh = l.kvHead(h);
+      const double *qi = q + l.q(i, h);
+      // Max subtraction keeps exp() in range for any scale and input size.
+      s.clear();
+      double m = -std::numeric_limits<double>::infinity();
+      for (const KeyRange &r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          s.push_back(scale * dot(qi, k + l.kv(j, kh), l.d));
+          m = std::max(m, s.back());
+        }
+      double sum = 0;
+      for (double &x : s)
+        sum += x = std::exp(x - m);
+      double *oi = o + l.q(i, h);
+      std::fill(oi, oi + l.d, 0.0);
+      size_t idx = 0;
+      for (const KeyRange &r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j)
+          axpy(s[idx++] / sum, v + l.kv(j, kh), oi, l.d);
+      lse[l.lse(h, i)] = m + std::log(sum);
+    }
+  }
+}
+
+/// Packed backward through `rangesOf(i)`; overwrites dq, dk, dv.
+template <typename RangesOf>
+void packedBackward(const Layout &l, double scale, const double *q,
+                    const double *k, const double *v, const double *o,
+                    const double *lse, const double *dout, double *dq,
+                    double *dk, double *dv, RangesOf rangesOf) {
+  std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
+  std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
+  std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
+  for (int64_t i = 0; i < l.tokens; ++i) {
+    const std::vector<KeyRange> ranges = rangesOf(i);
+    for (int64_t h = 0; h < l.hq; ++h) {
+      const int64_t kh = l.kvHead(h);
+      const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
+      const double lsei = lse[l.lse(h, i)];
+      const double delta = dot(doi, o + l.q(i, h), l.d);
+      double *dqi = dq + l.q(i, h);
+      for (const KeyRange &r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j) {
+          const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
+          const double p = std::exp(scale * dot(qi, kj, l.d) - lsei);
+          const double ds = p * (dot(doi, vj, l.d) - delta);
+          axpy(p, doi, dv + l.kv(j, kh), l.d);
+          axpy(scale * ds, kj, dqi, l.d);
+          axpy(scale * ds, qi, dk + l.kv(j, kh), l.d);
+        }
+    }
+  }
+}
+
+/// Validates the heads, head size and scale of any problem.
+template <typename P> void validateHeads(const P &p) {
+  auto fail = [](const std::string &msg) { throw std::invalid_argument(msg); };
+  if (p.num_q_heads <= 0)
+    fail(fmt::format("num_q_heads ({}) must be positive", p.num_q_heads));
+  if (p.num_kv_heads <= 0)
+    fail(fmt::format("num_kv_heads ({}) must be positive", p.num_kv_heads));
+  if (p.num_q_heads % p.num_kv_heads != 0)
+    fail(fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads ({})",
+                     p.num_q_heads, p.num_kv_heads));
+  if (p.head_dim <= 0)
+    fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
+  if (!std::isfinite(p.scale))
+    fail(fmt::format("scale ({}) is not finite", p.scale));
+}
+
+Layout treeDims(const TreeProblem &p, int64_t tokens) {
+  Problem dims{{}, p.num_q_heads, p.num_kv_heads, p.head_dim, p.scale};
+  return Layout(dims, tokens);
+}
+
+/// One root-to-leaf path of a forest: the packed indices of its tokens, in
+/// order. Derived from the nodes directly (children lists, a depth-first
+/// walk), not from tree_layout(), so that it checks it.
+std::vector<std::vector<int64_t>> leafPaths(const TreeProblem &p) {
+  const size_t n = p.nodes.size();
+  std::vector<std::vector<size_t>> children(n);
+  std::vector<size_t> roots;
+  std::vector<int64_t> start(n);
+  int64_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    start[i] = offset;
+    offset += p.nodes[i].length;
+    if (p.nodes[i].parent < 0)
+      roots.push_back(i);
+    else
+      children[p.nodes[i].parent].push_back(i);
+  }
+  std::vector<std::vector<int64_t>> paths;
+  std::vector<int64_t> path;
+  // Recursion depth is the tree's depth; the reference's trees are small.
+  std::function<void(size_t)> visit = [&](size_t node) {
+    const size_t mark = path.size();
+    for (int64_t t = 0; t < p.nodes[node].length; ++t)
+      path.push_back(start[node] + t);
+    if (children[node].empty())
+      paths.push_back(path);
+    for (size_t c : children[node])
+      visit(c);
+    path.resize(mark);
+  };
+  for (size_t r : roots)
+    visit(r);
+  return paths;
+}
+
 } // namespace
 
 int64_t Problem::num_tokens() const {
@@ -233,32 +354,8 @@ void forward(const Problem &problem, const double *q, const double *k,
              const double *v, double *o, double *lse) {
   const std::vector<TokenInfo> info = token_info(problem);
   const Layout l(problem, info.size());
-  std::vector<double> s;
-  for (int64_t i = 0; i < l.tokens; ++i) {
-    const std::vector<KeyRange> ranges = keyRanges(info[i], i);
-    for (int64_t h = 0; h < l.hq; ++h) {
-      const int64_t kh = l.kvHead(h);
-      const double *qi = q + l.q(i, h);
-      // Max subtraction keeps exp() in range for any scale and input size.
-      s.clear();
-      double m = -std::numeric_limits<double>::infinity();
-      for (const KeyRange &r : ranges)
-        for (int64_t j = r.begin; j < r.end; ++j) {
-          s.push_back(problem.scale * dot(qi, k + l.kv(j, kh), l.d));
-          m = std::max(m, s.back());
-        }
-      double sum = 0;
-      for (double &x : s)
-        sum += x = std::exp(x - m);
-      double *oi = o + l.q(i, h);
-      std::fill(oi, oi + l.d, 0.0);
-      size_t idx = 0;
-      for (const KeyRange &r : ranges)
-        for (int64_t j = r.begin; j < r.end; ++j)
-          axpy(s[idx++] / sum, v + l.kv(j, kh), oi, l.d);
-      lse[l.lse(h, i)] = m + std::log(sum);
-    }
-  }
+  packedForward(l, problem.scale, q, k, v, o, lse,
+                [&](int64_t i) { return keyRanges(info[i], i); });
 }
 
 void backward(const Problem &problem, const double *q, const double *k,
@@ -266,28 +363,8 @@ void backward(const Problem &problem, const double *q, const double *k,
               const double *dout, double *dq, double *dk, double *dv) {
   const std::vector<TokenInfo> info = token_info(problem);
   const Layout l(problem, info.size());
-  std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
-  std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
-  std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
-  for (int64_t i = 0; i < l.tokens; ++i) {
-    const std::vector<KeyRange> ranges = keyRanges(info[i], i);
-    for (int64_t h = 0; h < l.hq; ++h) {
-      const int64_t kh = l.kvHead(h);
-      const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
-      const double lsei = lse[l.lse(h, i)];
-      const double delta = dot(doi, o + l.q(i, h), l.d);
-      double *dqi = dq + l.q(i, h);
-      for (const KeyRange &r : ranges)
-        for (int64_t j = r.begin; j < r.end; ++j) {
-          const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
-          const double p = std::exp(problem.scale * dot(qi, kj, l.d) - lsei);
-          const double ds = p * (dot(doi, vj, l.d) - delta);
-          axpy(p, doi, dv + l.kv(j, kh), l.d);
-          axpy(problem.scale * ds, kj, dqi, l.d);
-          axpy(problem.scale * ds, qi, dk + l.kv(j, kh), l.d);
-        }
-    }
-  }
+  packedBackward(l, problem.scale, q, k, v, o, lse, dout, dq, dk, dv,
+                 [&](int64_t i) { return keyRanges(info[i], i); });
 }
 
 void forward_replicated(const Problem &problem, const double *q,
@@ -348,6 +425,187 @@ void backward_replicated(const Problem &problem, const double *q,
                    cdv.data());
     for (int64_t r = 0; r < l.tokens; ++r) {
       const int64_t t = c.tokens[r];
+      for (int64_t x = 0; x < qw; ++x)
+        dq[t * qw + x] += cdq[r * qw + x];
+      for (int64_t x = 0; x < kvw; ++x) {
+        dk[t * kvw + x] += cdk[r * kvw + x];
+        dv[t * kvw + x] += cdv[r * kvw + x];
+      }
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Trees
+//===----------------------------------------------------------------------===//
+
+int64_t TreeProblem::num_tokens() const {
+  int64_t t = 0;
+  for (const Node &n : nodes)
+    t += n.length;
+  return t;
+}
+
+TreeProblem as_tree(const Problem &problem) {
+  validate(problem);
+  TreeProblem t{{},
+                problem.num_q_heads,
+                problem.num_kv_heads,
+                problem.head_dim,
+                problem.scale};
+  for (const Group &g : problem.groups) {
+    const int64_t root = static_cast<int64_t>(t.nodes.size());
+    t.nodes.push_back({g.prompt_len, -1});
+    for (int64_t r : g.response_lens)
+      t.nodes.push_back({r, root});
+  }
+  return t;
+}
+
+TreeLayout tree_layout(const TreeProblem &problem) {
+  auto fail = [](const std::string &msg) { throw std::invalid_argument(msg); };
+  validateHeads(problem);
+  if (problem.nodes.empty())
+    fail("nodes is empty: a problem needs at least one node");
+  TreeLayout l;
+  std::vector<int64_t> path; // the previous node and its ancestors
+  const int64_t n = static_cast<int64_t>(problem.nodes.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const Node &node = problem.nodes[i];
+    if (node.length < 0)
+      fail(fmt::format("nodes[{}].length ({}) is negative", i, node.length));
+    if (node.parent < -1 || node.parent >= i)
+      fail(fmt::format("nodes[{}].parent ({}) is not -1 or an earlier node", i,
+                       node.parent));
+    while (!path.empty() && path.back() != node.parent)
+      path.pop_back();
+    if (node.parent >= 0 && path.empty())
+      fail(fmt::format("nodes[{}].parent ({}) breaks the pre-order", i,
+                       node.parent));
+    path.push_back(i);
+    l.node_start.push_back(static_cast<int64_t>(l.node.size()));
+    l.parent.push_back(node.parent);
+    l.node.insert(l.node.end(), node.length, i);
+  }
+  return l;
+}
+
+bool tree_allowed(const TreeLayout &layout, int64_t i, int64_t j) {
+  if (j > i)
+    return false;
+  const int64_t target = layout.node.at(j);
+  for (int64_t x = layout.node.at(i); x >= 0; x = layout.parent[x])
+    if (x == target)
+      return true;
+  return false;
+}
+
+std::vector<int64_t> tree_positions(const TreeProblem &problem) {
+  const TreeLayout l = tree_layout(problem);
+  std::vector<int64_t> depthTokens(problem.nodes.size(), 0);
+  std::vector<int64_t> out(l.node.size());
+  for (size_t i = 0; i < problem.nodes.size(); ++i)
+    if (l.parent[i] >= 0)
+      depthTokens[i] =
+          depthTokens[l.parent[i]] + problem.nodes[l.parent[i]].length;
+  for (size_t t = 0; t < out.size(); ++t)
+    out[t] = depthTokens[l.node[t]] + int64_t(t) - l.node_start[l.node[t]];
+  return out;
+}
+
+namespace {
+
+/// The key ranges of query i of a forest: each ancestor's tokens, then its
+/// own node's up to i.
+std::vector<KeyRange> treeRanges(const TreeProblem &p, const TreeLayout &l,
+                                 int64_t i) {
+  std::vector<KeyRange> ranges;
+  const int64_t node = l.node[i];
+  for (int64_t a = l.parent[node]; a >= 0; a = l.parent[a])
+    if (p.nodes[a].length > 0)
+      ranges.push_back({l.node_start[a], l.node_start[a] + p.nodes[a].length});
+  ranges.push_back({l.node_start[node], i + 1});
+  return ranges;
+}
+
+} // namespace
+
+void tree_forward(const TreeProblem &problem, const double *q, const double *k,
+                  const double *v, double *o, double *lse) {
+  const TreeLayout tl = tree_layout(problem);
+  const Layout l = treeDims(problem, tl.node.size());
+  packedForward(l, problem.scale, q, k, v, o, lse,
+                [&](int64_t i) { return treeRanges(problem, tl, i); });
+}
+
+void tree_backward(const TreeProblem &problem, const double *q, const double *k,
+                   const double *v, const double *o, const double *lse,
+                   const double *dout, double *dq, double *dk, double *dv) {
+  const TreeLayout tl = tree_layout(problem);
+  const Layout l = treeDims(problem, tl.node.size());
+  packedBackward(l, problem.scale, q, k, v, o, lse, dout, dq, dk, dv,
+                 [&](int64_t i) { return treeRanges(problem, tl, i); });
+}
+
+void tree_forward_paths(const TreeProblem &problem, const double *q,
+                        const double *k, const double *v, double *o,
+                        double *lse) {
+  tree_layout(problem); // validates
+  const Layout packed = treeDims(problem, problem.num_tokens());
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  std::vector<bool> done(packed.tokens, false);
+  for (const std::vector<int64_t> &path : leafPaths(problem)) {
+    const Layout l = treeDims(problem, path.size());
+    const std::vector<double> cq = gather(q, path, qw),
+                              ck = gather(k, path, kvw),
+                              cv = gather(v, path, kvw);
+    std::vector<double> co(cq.size()), clse(l.hq * l.tokens);
+    causalForward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
+                  clse.data());
+    for (int64_t r = 0; r < l.tokens; ++r) {
+      const int64_t t = path[r];
+      if (done[t])
+        continue;
+      done[t] = true;
+      std::copy(co.begin() + r * qw, co.begin() + (r + 1) * qw, o + t * qw);
+      for (int64_t h = 0; h < l.hq; ++h)
+        lse[packed.lse(h, t)] = clse[l.lse(h, r)];
+    }
+  }
+}
+
+void tree_backward_paths(const TreeProblem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv) {
+  tree_layout(problem); // validates
+  const Layout packed = treeDims(problem, problem.num_tokens());
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  std::fill(dq, dq + packed.tokens * qw, 0.0);
+  std::fill(dk, dk + packed.tokens * kvw, 0.0);
+  std::fill(dv, dv + packed.tokens * kvw, 0.0);
+  std::vector<bool> counted(packed.tokens, false);
+  for (const std::vector<int64_t> &path : leafPaths(problem)) {
+    const Layout l = treeDims(problem, path.size());
+    const std::vector<double> cq = gather(q, path, qw),
+                              ck = gather(k, path, kvw),
+                              cv = gather(v, path, kvw),
+                              co = gather(o, path, qw),
+                              clse = gatherLse(lse, path, packed);
+    // A token's loss term is counted once: its dout enters the first path
+    // through it only.
+    std::vector<double> cdout = gather(dout, path, qw);
+    for (int64_t r = 0; r < l.tokens; ++r) {
+      if (counted[path[r]])
+        std::fill(cdout.begin() + r * qw, cdout.begin() + (r + 1) * qw, 0.0);
+      counted[path[r]] = true;
+    }
+    std::vector<double> cdq(cq.size()), cdk(ck.size()), cdv(cv.size());
+    causalBackward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
+                   clse.data(), cdout.data(), cdq.data(), cdk.data(),
+                   cdv.data());
+    for (int64_t r = 0; r < l.tokens; ++r) {
+      const int64_t t = path[r];
       for (int64_t x = 0; x < qw; ++x)
         dq[t * qw + x] += cdq[r * qw + x];
       for (int64_t x = 0; x < kvw; ++x) {

@@ -55,7 +55,7 @@ struct BindSpecPass
     double scale = 1.0 / std::sqrt(static_cast<double>(headDim));
     if (failed(ProblemAttr::verify(
             emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-            FloatAttr::get(Float64Type::get(ctx), scale), true)))
+            FloatAttr::get(Float64Type::get(ctx), scale), true, tree)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -72,9 +72,9 @@ struct BindSpecPass
       return signalPassFailure();
     }
 
-    auto problem =
-        ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-                         FloatAttr::get(Float64Type::get(ctx), scale), true);
+    auto problem = ProblemAttr::get(
+        ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
+        FloatAttr::get(Float64Type::get(ctx), scale), true, tree);
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
     auto resolve = [&](KernelOp kernel) -> std::optional<::dualkv::KernelSpec> {
@@ -85,6 +85,7 @@ struct BindSpecPass
       spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
                      static_cast<int>(warps), static_cast<int>(stages)};
       spec.schedule = *requested;
+      spec.tree = tree;
       spec = ::dualkv::resolveSpec(spec);
       const ::dualkv::Tiling &t = spec.tiling;
       if (failed(TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps,

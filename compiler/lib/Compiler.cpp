@@ -324,6 +324,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.blockN = spec.tiling.blockN;
   bind.warps = spec.tiling.warps;
   bind.stages = spec.tiling.stages;
+  bind.tree = spec.tree;
 
   mlir::PassManager pm(&ctx);
   std::string passLog;

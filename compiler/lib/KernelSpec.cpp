@@ -159,6 +159,9 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
   bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
   if (spec.kind != KernelKind::Fwd && !kvMajor)
     return std::string("it has no ") + toString(spec.kind) + " kernel";
+  if (spec.tree)
+    return "it has no forward of branching prefix trees (their segments' "
+           "ancestor chains run in the wgmma or mma_sync forward)";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
@@ -266,7 +269,9 @@ Tiling defaultTiling(const KernelSpec &spec) {
   // tiles, 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers
   // a thread: 620 useful TFLOP/s at P = 16384, head_dim 128, on the H200
   // (benchmarks/NOTES.md).
-  if (sm90a &&
+  // Prefix trees whose segments walk an ancestor chain have no
+  // warp-specialized forward: Auto takes the warpgroup one below.
+  if (sm90a && !spec.tree &&
       (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
       (spec.schedule == Schedule::Auto ||
        spec.schedule == Schedule::WarpSpecialized))
@@ -274,7 +279,9 @@ Tiling defaultTiling(const KernelSpec &spec) {
   // The warpgroup schedule (Wgmma/QueryMajor.cpp), asked for by name: 128 query
   // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:
   // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2.
-  if (sm90a && spec.headDim == 128 && spec.schedule == Schedule::Wgmma)
+  if (sm90a && spec.headDim == 128 &&
+      (spec.schedule == Schedule::Wgmma ||
+       (spec.tree && spec.schedule == Schedule::Auto)))
     return {128, 128, 8, 2};
   // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
   // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
@@ -321,6 +328,11 @@ std::string checkSpec(const KernelSpec &specIn) {
   std::string error;
   if (!Arch::parse(spec.arch, &error))
     return error;
+  if (spec.tree && spec.kind != KernelKind::Fwd &&
+      spec.kind != KernelKind::BwdDQ)
+    return std::string("a ") + toString(spec.kind) +
+           " kernel has no tree variant: only the query-major kernels (fwd, "
+           "bwd_dq) walk ancestor chains";
   switch (spec.schedule) {
   case Schedule::Auto:
   case Schedule::MmaSync:

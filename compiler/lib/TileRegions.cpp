@@ -78,10 +78,23 @@ struct TileRegionsPass
       }
       bool shared = loop.getRegion() == KVRegion::shared;
       OpBuilder b(loop);
+      // A tree kernel's segments see a chain of ancestor ranges: the shared
+      // region's loops run once per range, inside a dualkv.chain_loop.
+      auto kernel = loop->getParentOfType<KernelOp>();
+      bool chained = shared && kernel && kernel.getProblem() &&
+                     kernel.getProblem()->getTree() &&
+                     !loop->getParentOfType<ChainLoopOp>();
+      ChainLoopOp chain;
+      ValueRange inits = loop.getInits();
+      if (chained) {
+        chain = ChainLoopOp::create(b, loop.getLoc(), loop.getInits());
+        b.setInsertionPointToStart(&chain.getBody().front());
+        inits = chain.getRegionIterArgs();
+      }
       auto full = cloneLoop<KVLoopOp, QKOp>(
           b, loop,
           KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), LoopPart::full,
-                           loop.getInits()),
+                           inits),
           std::nullopt);
       auto edge = cloneLoop<KVLoopOp, QKOp>(
           b, loop,
@@ -89,7 +102,12 @@ struct TileRegionsPass
                            shared ? LoopPart::tail : LoopPart::diagonal,
                            full.getResults()),
           shared ? MaskKind::bound : MaskKind::causal);
-      loop.replaceAllUsesWith(edge.getResults());
+      if (chained) {
+        YieldOp::create(b, loop.getLoc(), edge.getResults());
+        loop.replaceAllUsesWith(chain.getResults());
+      } else {
+        loop.replaceAllUsesWith(edge.getResults());
+      }
       loop.erase();
     }
     // A backward query loop: the first query tiles meet the CTA's keys and

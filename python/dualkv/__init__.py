@@ -29,15 +29,16 @@ import sys
 
 from . import _lib, _version
 from ._checks import integer, scale_value as _scale_value, sequence
-from .packing import PackedGroups, pack
-from .plans import groups_from_key, plan_key
+from .packing import PackedGroups, PackedTree, pack, pack_tree
+from .plans import (check_tree, groups_from_key, is_tree_key, plan_key,
+                    tree_from_key, tree_key)
 
 __version__ = _version.version()
 
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
     "cache_stats", "gpu_available", "library_path", "pack", "PackedGroups",
-    "precompile",
+    "precompile", "pack_tree", "PackedTree",
 ]
 
 
@@ -153,7 +154,9 @@ class Plan:
     """The packed layout of one micro-batch (wraps the C ``dualkv_plan``).
 
     ``groups`` is a sequence of ``(prompt_len, [response_len, ...])``: prompt
-    lengths >= 1, response lengths >= 0 (0 adds no tokens). Build one plan per
+    lengths >= 1, response lengths >= 0 (0 adds no tokens); ``Plan.from_tree``
+    builds the plan of a forest (multi-turn and branching rollouts, every
+    common prefix shared), of which groups are the depth-1 case. Build one plan per
     micro-batch and reuse it for every layer; it lives on the device of the
     first forward call that uses it (one plan per device).
 
@@ -170,22 +173,47 @@ class Plan:
         prompts = [p for p, _ in groups]
         counts = [len(rs) for _, rs in groups]
         resps = [r for _, rs in groups for r in rs]
-
-        def array(values):
-            for x in values:
-                if not -2**31 <= x < 2**31:
-                    raise ValueError(f"dualkv: length {x} does not fit int32")
-            return (ctypes.c_int32 * max(len(values), 1))(*values)
-
-        handle = ctypes.c_void_p()
         self._handle = None
+        handle = ctypes.c_void_p()
         _check(_lib.lib().dualkv_plan_create(
-            array(prompts), array(counts), array(resps), len(groups),
+            _int32_array(prompts), _int32_array(counts), _int32_array(resps),
+            len(groups), ctypes.byref(handle)))
+        self._adopt(handle, groups, None, plan_key(groups))
+
+    @classmethod
+    def from_tree(cls, lengths, parents):
+        """The plan of a forest (docs/architecture.md §1): node n holds
+        ``lengths[n] >= 0`` tokens and has the parent ``parents[n]`` (-1 for
+        a root, else an earlier node; nodes listed and packed in pre-order).
+        Query token i sees key token j iff j <= i and j's node is i's node
+        or one of its ancestors. Raises ValueError naming the node and field
+        at fault (``dualkv.plans.check_tree``)."""
+        lengths, parents = check_tree(lengths, parents)
+        plan = cls.__new__(cls)
+        plan._handle = None
+        handle = ctypes.c_void_p()
+        _check(_lib.symbol("dualkv_plan_create_tree")(
+            _int32_array(lengths), _int32_array(parents), len(lengths),
             ctypes.byref(handle)))
+        plan._adopt(handle, None, (lengths, parents),
+                    tree_key(lengths, parents))
+        return plan
+
+    @classmethod
+    def from_key(cls, key):
+        """The plan of a key (``plan.key``): groups or a tree."""
+        if is_tree_key(key):
+            return cls.from_tree(*tree_from_key(key))
+        return cls(groups_from_key(key))
+
+    def _adopt(self, handle, groups, tree, key):
         self._handle = handle
         self._destroy = _lib.lib().dualkv_plan_destroy
+        #: ``[(prompt_len, [response lens])]`` (None for a tree plan).
         self.groups = groups
-        self.key = plan_key(groups)
+        #: ``(lengths, parents)`` of a tree plan (None for groups).
+        self.tree = tree
+        self.key = key
         # Devices (torch indices) whose copy of the segment table exists: set
         # by upload() and by every successful forward/backward call.
         self._devices = set()
@@ -212,13 +240,16 @@ class Plan:
 
     @property
     def num_segments(self):
-        """Number of segments: each prompt and each non-empty response."""
+        """Number of segments: each prompt and each non-empty response (each
+        non-empty node of a tree)."""
         return int(_lib.lib().dualkv_plan_num_segments(self._handle))
 
     def segment_table(self):
         """The segment table as a list of ``(start, length, shared_start,
         shared_len)``: shared_* is the group's prompt for a response segment
-        and (0, 0) for a prompt segment."""
+        and (0, 0) for a prompt segment; in a tree, the segment's nearest
+        ancestor range (adjacent ancestors merged; more ranges, when
+        ``max_ancestor_ranges`` > 1, are in the plan's chain table)."""
         n = self.num_segments
         buf = (ctypes.c_int32 * (4 * n))()
         _check(_lib.lib().dualkv_plan_segment_table(self._handle, buf, 4 * n))
@@ -248,9 +279,38 @@ class Plan:
         (after upload() or a forward/backward there)."""
         return device_index in self._devices
 
+    def chain_table(self):
+        """The chain table as a list of ``(start, length, next, ranges)``
+        rows (docs/forward-abi.md): row s < num_segments is segment s's
+        nearest ancestor range, ``next`` the row of the next range up its
+        path (-1 after the last), ``ranges`` how many there are from the
+        row up."""
+        n = int(_lib.symbol("dualkv_plan_num_chain_rows")(self._handle))
+        buf = (ctypes.c_int32 * max(4 * n, 1))()
+        _check(_lib.symbol("dualkv_plan_chain_table")(self._handle, buf,
+                                                        4 * n))
+        return [tuple(buf[4 * i:4 * i + 4]) for i in range(n)]
+
+    @property
+    def max_ancestor_ranges(self):
+        """The most disjoint ancestor ranges any segment sees (0 or 1 for
+        groups and chains of first children; more for branching trees)."""
+        return int(_lib.symbol("dualkv_plan_max_ancestor_ranges")(
+            self._handle))
+
     def __repr__(self):
+        if self.tree is not None:
+            return (f"dualkv.Plan(tree of {len(self.tree[0])} nodes, "
+                    f"{self.num_tokens} tokens, {self.num_segments} segments)")
         return (f"dualkv.Plan({len(self.groups)} groups, "
                 f"{self.num_tokens} tokens, {self.num_segments} segments)")
+
+
+def _int32_array(values):
+    for x in values:
+        if not -2**31 <= x < 2**31:
+            raise ValueError(f"dualkv: length {x} does not fit int32")
+    return (ctypes.c_int32 * max(len(values), 1))(*values)
 
 
 def _dtype_code(torch, dtype):

@@ -114,7 +114,7 @@ def _declare(lib):
 
 def _optional_signatures():
     """Symbols declared on first use, so that a library built before they
-    existed still loads (and its forward works): the backward."""
+    existed still loads (and its forward works): the backward, trees."""
     i32, i64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
     i32p = ctypes.POINTER(ctypes.c_int32)
     i64p = ctypes.POINTER(ctypes.c_int64)
@@ -135,6 +135,11 @@ def _optional_signatures():
              vp, i64,  # workspace, workspace_bytes
              vp, vp, i32p],  # plan, stream, tiling
             ctypes.c_int),
+        "dualkv_plan_create_tree": ([i32p, i32p, i32, ctypes.POINTER(vp)],
+                                    ctypes.c_int),
+        "dualkv_plan_max_ancestor_ranges": ([vp], i32),
+        "dualkv_plan_num_chain_rows": ([vp], i32),
+        "dualkv_plan_chain_table": ([vp, i32p, i64], ctypes.c_int),
         "dualkv_backward_workspace_size": (
             [vp, i64, i32, i32, i32, i32, i32p, i64p],
             ctypes.c_int),

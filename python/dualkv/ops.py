@@ -9,7 +9,8 @@ differentiable ``dualkv.attention`` built on them.
 How the plan crosses the op boundary. A ``dualkv.Plan`` wraps a C handle,
 which neither the dispatcher nor a tracer can carry. The ops take the plan's
 lengths instead, as ``plan.descriptor``: a small int32 *CPU* tensor
-``(G, P_0, N_0, R_0_1.., P_1, ...)`` (``dualkv.plans.plan_key``). The op's
+``(G, P_0, N_0, R_0_1.., P_1, ...)`` (``dualkv.plans.plan_key``), or a prefix
+tree's ``(-1, M, L_0, parent_0, ...)`` (``dualkv.plans.tree_key``). The op's
 implementation reads it on the host (no device sync) and looks the Plan up in
 ``PLAN_CACHE``, keyed by (device, lengths), building one on a miss;
 ``attention`` called eagerly stores the caller's own Plan there first, so a
@@ -19,7 +20,7 @@ Why a tensor and not an int id or a list of ints: torch.compile specialises
 on Python ints and lists, so an id or the lengths as ints would recompile the
 graph for every new micro-batch (and fall back to eager after the recompile
 limit). A tensor's *values* are not guarded on: a new plan reuses the
-compiled graph; only the descriptor's length (groups + responses) is a shape,
+compiled graph; only the descriptor's length (groups + responses, or nodes) is a shape,
 which automatic dynamic shapes make symbolic after one recompile, like T.
 The price: inductor's own CUDA graphs (mode="reduce-overhead") skip graphs
 with CPU tensor inputs, which is also what keeps a replay from silently using
@@ -43,7 +44,7 @@ import torch
 from torch import Tensor
 
 from . import Plan, _check_qkv_shapes, _checks, backward, forward
-from .plans import PlanCache, groups_from_key
+from .plans import PlanCache
 
 __all__ = ["attention", "PLAN_CACHE", "plan_descriptor", "plan_for"]
 
@@ -70,7 +71,7 @@ def plan_for(descriptor, device):
     key = tuple(descriptor.tolist())
     index = device.index
     plan = PLAN_CACHE.get_or_create(index, key,
-                                    lambda k: Plan(groups_from_key(k)))
+                                    Plan.from_key)
     if not plan.is_uploaded(index) and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             f"dualkv: the plan {plan!r} has never been used on cuda:{index} "

@@ -7,7 +7,12 @@ into a Plan through this cache. The key of a plan is the flat tuple
 
     (G, P_0, N_0, R_0_1 .. R_0_N0, P_1, N_1, R_1_1 .. , ...)
 
-(G groups; group g: prompt length P_g, N_g responses of lengths R_g_n), and the
+(G groups; group g: prompt length P_g, N_g responses of lengths R_g_n); a tree
+plan's key is
+
+    (-1, M, L_0, parent_0, .., L_{M-1}, parent_{M-1})
+
+(M nodes in pre-order, each its length and parent index, -1 for a root). The
 cache maps (device index, key) to a Plan, least recently used first out. A
 plan the user built and passed to ``dualkv.attention`` eagerly is the one
 stored, so ``plan.upload()`` before a CUDA graph capture is honoured.
@@ -18,7 +23,11 @@ from collections import OrderedDict
 
 from ._checks import INT32_MAX, integer, sequence
 
-__all__ = ["plan_key", "groups_from_key", "PlanCache"]
+__all__ = ["plan_key", "groups_from_key", "tree_key", "check_tree",
+           "tree_from_key", "is_tree_key", "PlanCache"]
+
+#: The first entry of a tree plan's key (a group count is never negative).
+TREE_KEY = -1
 
 
 def plan_key(groups):
@@ -79,6 +88,108 @@ def groups_from_key(key):
         raise ValueError(f"dualkv: plan descriptor has {len(key) - at} "
                          "values past its last group")
     return groups
+
+
+def check_tree(lengths, parents):
+    """Validates a forest given as node lengths and parent indices (-1 for a
+    root) in pre-order, as ``dualkv.Plan.from_tree`` and the C++ ``Plan``
+    do, and returns them as two lists of ints. Raises ValueError naming the
+    node and field at fault: a length or parent that is not an integer, a
+    negative length, a parent out of range, a cycle, a parent after its
+    child or not on the path of the node before it (not pre-order), no
+    tokens at all, more than 2^31 - 1 tokens. O(nodes)."""
+    lengths = sequence(lengths, "lengths")
+    parents = sequence(parents, "parents")
+    if not lengths:
+        raise ValueError("dualkv: the tree has no nodes: a batch needs at "
+                         "least one node")
+    if len(parents) != len(lengths):
+        raise ValueError(f"dualkv: the tree has {len(lengths)} lengths but "
+                         f"{len(parents)} parents; give one of each per node")
+    n = len(lengths)
+    lengths = [integer(x, f"node {i}: length") for i, x in enumerate(lengths)]
+    parents = [integer(x, f"node {i}: parent") for i, x in enumerate(parents)]
+    for i in range(n):
+        if lengths[i] < 0:
+            raise ValueError(f"dualkv: node {i}: length = {lengths[i]} is "
+                             "negative")
+        if not -1 <= parents[i] < n:
+            raise ValueError(f"dualkv: node {i}: parent = {parents[i]} is out "
+                             f"of range (-1 for a root, else a node index "
+                             f"below {n})")
+    state = [0] * n  # 0 unseen, 1 on the current walk, 2 done
+    for i in range(n):
+        walk, x = [], i
+        while x >= 0 and state[x] == 0:
+            state[x] = 1
+            walk.append(x)
+            x = parents[x]
+        if x >= 0 and state[x] == 1:
+            cycle, y = [x], parents[x]
+            while y != x:
+                cycle.append(y)
+                y = parents[y]
+            chain = " -> ".join(str(c) for c in cycle + [x])
+            raise ValueError(f"dualkv: node {x}: parent = {parents[x]} closes "
+                             f"a cycle ({chain}); a tree's parents end at a "
+                             "root (-1)")
+        for y in walk:
+            state[y] = 2
+    path = []
+    for i in range(n):
+        p = parents[i]
+        if p >= i:
+            raise ValueError(f"dualkv: node {i}: parent = {p} comes after its "
+                             "child; list every parent before its children "
+                             "(pre-order)")
+        while path and path[-1] != p:
+            path.pop()
+        if p >= 0 and not path:
+            raise ValueError(f"dualkv: node {i}: parent = {p} is not node "
+                             f"{i - 1} or one of its ancestors, so node {p}'s "
+                             "subtree would not be contiguous; list the nodes "
+                             "in pre-order (each subtree right after its "
+                             "root)")
+        path.append(i)
+    tokens = 0
+    for i, length in enumerate(lengths):
+        tokens += length
+        if tokens > INT32_MAX:
+            raise ValueError(f"dualkv: node {i} brings the batch to {tokens} "
+                             f"tokens, more than the kernels' int32 limit "
+                             f"({INT32_MAX})")
+    if tokens == 0:
+        raise ValueError(f"dualkv: the tree's {n} nodes hold no tokens; a "
+                         "batch needs at least one")
+    return lengths, parents
+
+
+def tree_key(lengths, parents):
+    """The flat key of a tree plan (after ``check_tree``)."""
+    lengths, parents = check_tree(lengths, parents)
+    key = [TREE_KEY, len(lengths)]
+    for length, parent in zip(lengths, parents):
+        key += [length, parent]
+    return tuple(key)
+
+
+def is_tree_key(key):
+    """True for a tree plan's key (its first entry is -1)."""
+    return len(key) > 0 and key[0] == TREE_KEY
+
+
+def tree_from_key(key):
+    """Inverse of ``tree_key``: (lengths, parents). Raises ValueError for a
+    malformed key (and for an invalid tree, by name)."""
+    key = [integer(x, f"plan descriptor[{i}]")
+           for i, x in enumerate(sequence(key, "plan descriptor"))]
+    if len(key) < 2 or key[0] != TREE_KEY or key[1] < 1:
+        raise ValueError("dualkv: a tree plan descriptor starts with -1 and "
+                         "a node count >= 1")
+    if len(key) != 2 + 2 * key[1]:
+        raise ValueError(f"dualkv: a tree plan descriptor of {key[1]} nodes "
+                         f"has {len(key)} values, not {2 + 2 * key[1]}")
+    return check_tree(key[2::2], key[3::2])
 
 
 class PlanCache:

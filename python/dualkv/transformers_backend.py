@@ -9,10 +9,17 @@
     out = model(input_ids=t["input_ids"][None], position_ids=t["position_ids"][None],
                 dualkv_plan=packed.plan())
 
+Prefix trees (multi-turn, branching rollouts) go the same way:
+``tree = dualkv.pack_tree(segments, parents)``, ``tree.to_torch("cuda")`` and
+``dualkv_plan=tree.plan()``; their ``position_ids`` continue along each
+root-to-leaf path, and ``tree.logit_positions(n)`` / ``tree.unpack_path(x, leaf)``
+read the logits back per node or per trajectory.
+
 The packed micro-batch is one sequence (batch size 1) of T tokens; the plan
 travels as the ``dualkv_plan`` keyword, which transformers' model forwards
 pass down to every attention call (``**kwargs``). ``position_ids`` must be the
-packed ones (each response continues its prompt's positions) for the rotary
+packed ones (each response continues its prompt's positions; each tree node its
+ancestors') for the rotary
 embedding to be right. The plan alone defines who attends to whom:
 transformers builds no mask for an attention implementation it does not know,
 and any ``attention_mask`` that still arrives (older versions build a plain

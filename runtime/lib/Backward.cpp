@@ -32,20 +32,19 @@ int64_t backwardChunk(int blockM, bool deterministic) {
 
 namespace {
 
-/// Calls fn(s, next, ps, promptEnd, ge) for every group of `plan`: segment s
-/// is its prompt [ps, promptEnd), segments (s, next) are the responses that
-/// share it, and the group ends at token ge.
-template <typename Fn> void forEachGroup(const Plan &plan, Fn fn) {
+/// Calls fn(start, end, subtreeEnd, splittable) for every segment of `plan`
+/// in order: its keys [start, end) are seen by the queries [start,
+/// subtreeEnd) (itself causally, its descendants, contiguous after it in
+/// pre-order, in full). Only a root's tiles, or those of a segment with
+/// tokens below it, are split into chunks; a leaf's (a response's) queries
+/// are its own.
+template <typename Fn> void forEachSegment(const Plan &plan, Fn fn) {
   const std::vector<Segment> &segs = plan.segments();
-  for (size_t s = 0; s < segs.size();) {
-    const int64_t ps = segs[s].start, promptEnd = ps + segs[s].length;
-    size_t next = s + 1;
-    while (next < segs.size() && segs[next].shared_len > 0 &&
-           segs[next].shared_start == ps)
-      ++next;
-    const int64_t ge = segs[next - 1].start + segs[next - 1].length;
-    fn(s, next, ps, promptEnd, ge);
-    s = next;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const int64_t start = segs[s].start, end = start + segs[s].length;
+    const int64_t subtreeEnd = plan.subtreeEnds()[s];
+    const bool root = plan.nodeParents()[plan.segmentNodes()[s]] < 0;
+    fn(start, end, subtreeEnd, root || subtreeEnd > end);
   }
 }
 
@@ -62,36 +61,31 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
   BackwardItems out;
   auto i32 = [](int64_t x) { return static_cast<int32_t>(x); };
 
-  const std::vector<Segment> &segs = plan.segments();
-  forEachGroup(plan, [&](size_t s, size_t next, int64_t ps, int64_t promptEnd,
-                         int64_t ge) {
-    // Prompt tiles: every later query of the group sees them (causal within
-    // the prompt, in full from the responses).
-    for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM) {
-      const int64_t queries = ge - k0;
-      const int64_t pieces = 1 + (queries - 1) / chunk; // no overflow
-      if (pieces == 1) {
-        items.push_back({i32(k0), i32(promptEnd), i32(k0), i32(ge), -1, 0});
-        continue;
-      }
-      const int64_t accRow = out.numAccRows();
-      for (int64_t r = k0; r < std::min(k0 + blockM, promptEnd); ++r)
-        out.accTokens.push_back(i32(r));
-      // Balanced pieces: sizes differ by at most one token.
-      for (int64_t p = 0; p < pieces; ++p) {
-        int64_t qb = k0 + queries * p / pieces;
-        int64_t qe = k0 + queries * (p + 1) / pieces;
-        items.push_back(
-            {i32(k0), i32(promptEnd), i32(qb), i32(qe), i32(accRow), 0});
-      }
-    }
-    // Response tiles: only their own response sees them.
-    for (size_t r = s + 1; r < next; ++r) {
-      const int64_t rs = segs[r].start, re = rs + segs[r].length;
-      for (int64_t k0 = rs; k0 < re; k0 += blockM)
-        items.push_back({i32(k0), i32(re), i32(k0), i32(re), -1, 0});
-    }
-  });
+  forEachSegment(
+      plan, [&](int64_t ps, int64_t promptEnd, int64_t ge, bool splittable) {
+        // A segment's tiles: every later query of its subtree sees them (causal
+        // within the segment, in full from its descendants): a group's prompt
+        // and its responses, or any node of a tree.
+        for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM) {
+          const int64_t queries = ge - k0;
+          const int64_t pieces =
+              splittable ? 1 + (queries - 1) / chunk : 1; // no overflow
+          if (pieces == 1) {
+            items.push_back({i32(k0), i32(promptEnd), i32(k0), i32(ge), -1, 0});
+            continue;
+          }
+          const int64_t accRow = out.numAccRows();
+          for (int64_t r = k0; r < std::min(k0 + blockM, promptEnd); ++r)
+            out.accTokens.push_back(i32(r));
+          // Balanced pieces: sizes differ by at most one token.
+          for (int64_t p = 0; p < pieces; ++p) {
+            int64_t qb = k0 + queries * p / pieces;
+            int64_t qe = k0 + queries * (p + 1) / pieces;
+            items.push_back(
+                {i32(k0), i32(promptEnd), i32(qb), i32(qe), i32(accRow), 0});
+          }
+        }
+      });
 
   // Longest first, so that the short items fill in behind the long ones.
   std::stable_sort(
@@ -105,11 +99,11 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
 
 int64_t backwardAccRowsBound(const Plan &plan) {
   int64_t rows = 0;
-  forEachGroup(plan,
-               [&](size_t, size_t, int64_t ps, int64_t promptEnd, int64_t ge) {
-                 if (ge - ps > kBwdChunkTokens)
-                   rows += promptEnd - ps;
-               });
+  forEachSegment(
+      plan, [&](int64_t ps, int64_t promptEnd, int64_t ge, bool splittable) {
+        if (splittable && ge - ps > kBwdChunkTokens)
+          rows += promptEnd - ps;
+      });
   return rows;
 }
 
@@ -121,14 +115,11 @@ int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads,
   // buildBackwardItems would build them.
   constexpr int64_t blockM = 128;
   int64_t items = 0;
-  const std::vector<Segment> &segs = plan.segments();
-  forEachGroup(plan, [&](size_t s, size_t next, int64_t ps, int64_t promptEnd,
-                         int64_t ge) {
-    for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM)
-      items += 1 + (ge - k0 - 1) / kBwdChunkTokens;
-    for (size_t r = s + 1; r < next; ++r)
-      items += ceilDiv(segs[r].length, blockM);
-  });
+  forEachSegment(
+      plan, [&](int64_t ps, int64_t promptEnd, int64_t ge, bool splittable) {
+        for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM)
+          items += splittable ? 1 + (ge - k0 - 1) / kBwdChunkTokens : 1;
+      });
   return items >= kBwdMinItemsPerLaunch ? 1 : numKVHeads;
 }
 
@@ -408,8 +399,12 @@ void backward(const BackwardArgs &args) {
       genericSpec(det ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq, slice,
                   args.dtype, args.tiling, args.schedule),
       Hq, Hkv);
+  // A branching tree's segments walk its chain table (KernelSpec::tree).
+  const bool tree = plan.maxAncestorRanges() > 1;
+  KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, {});
+  dqSpec.tree = tree;
   const LoadedKernel &last =
-      det ? getKernel(specOf(args, KernelKind::BwdDQ, {}))
+      det ? getKernel(dqSpec)
           : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
                                   args.dtype, {}));
 
@@ -532,10 +527,13 @@ void backward(const BackwardArgs &args) {
   if (det) {
     uint64_t q = address(args.q.data), k = address(args.k.data),
              v = address(args.v.data), dq = address(args.dq.data);
-    LaunchParams params(KernelKind::BwdDQ);
+    uint64_t chain = plan.deviceChainTable();
+    LaunchParams params(KernelKind::BwdDQ, last.spec.schedule, tree);
     params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", dout);
     params.ptr("dq", dq).ptr("lse", lse).ptr("delta", delta);
     params.ptr("segs", segs);
+    if (tree)
+      params.ptr("chain", chain);
     params.strides("q", qStrideT, qStrideH);
     params.strides("k", kStrideT, kStrideH);
     params.strides("v", vStrideT, vStrideH);

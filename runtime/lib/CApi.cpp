@@ -75,6 +75,41 @@ int dualkv_plan_create(const int32_t *prompt_lens, const int32_t *num_responses,
   });
 }
 
+int dualkv_plan_create_tree(const int32_t *lengths, const int32_t *parents,
+                            int32_t num_nodes, dualkv_plan **out) {
+  return guarded([&] {
+    if (!out)
+      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument, "out is null");
+    *out = nullptr;
+    *out = new dualkv_plan{
+        dualkv::Plan::fromTreeArrays(lengths, parents, num_nodes)};
+  });
+}
+
+int32_t dualkv_plan_max_ancestor_ranges(const dualkv_plan *plan) {
+  return plan ? plan->plan.maxAncestorRanges() : -1;
+}
+
+int32_t dualkv_plan_num_chain_rows(const dualkv_plan *plan) {
+  return plan ? static_cast<int32_t>(plan->plan.chainTable().size() / 4) : -1;
+}
+
+int dualkv_plan_chain_table(const dualkv_plan *plan, int32_t *out,
+                            int64_t capacity) {
+  return guarded([&] {
+    using dualkv::Error, dualkv::ErrorCode;
+    if (!plan)
+      throw Error(ErrorCode::InvalidArgument, "plan is null");
+    const std::vector<int32_t> &table = plan->plan.chainTable();
+    if (!out || capacity < static_cast<int64_t>(table.size()))
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("capacity ({}) is less than the chain table's "
+                              "{} entries (or out is null)",
+                              capacity, table.size()));
+    std::copy(table.begin(), table.end(), out);
+  });
+}
+
 void dualkv_plan_destroy(dualkv_plan *plan) { delete plan; }
 
 int dualkv_plan_upload(const dualkv_plan *plan) {

@@ -275,6 +275,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.arch = spec.arch;
   key.tiling = spec.tiling;
   key.schedule = spec.schedule;
+  key.tree = spec.tree;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -291,11 +292,12 @@ KernelSpec CacheKey::spec() const {
   spec.arch = arch;
   spec.tiling = tiling;
   spec.schedule = schedule;
+  spec.tree = tree;
   return spec;
 }
 
 json CacheKey::toJson() const {
-  return json{
+  json key{
       {"schema", kSchemaVersion},
       {"kind", kindName(kind)},
       {"P", P},
@@ -313,16 +315,20 @@ json CacheKey::toJson() const {
       {"schedule", toString(schedule)},
       {"compiler", compilerFingerprint},
   };
+  if (tree)
+    key["tree"] = true;
+  return key;
 }
 
 std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 
 std::string CacheKey::describe() const {
   return fmt::format("{} kernel (P={} N={} head_dim={} Hq={} Hkv={} {} {} "
-                     "tiling {}x{} warps={} stages={} schedule {})",
+                     "tiling {}x{} warps={} stages={} schedule {}{})",
                      kindName(kind), P, N, headDim, numQHeads, numKVHeads,
                      dtypeName(dtype), arch, tiling.blockM, tiling.blockN,
-                     tiling.warps, tiling.stages, toString(schedule));
+                     tiling.warps, tiling.stages, toString(schedule),
+                     tree ? ", tree" : "");
 }
 
 //===----------------------------------------------------------------------===//
@@ -604,14 +610,14 @@ namespace {
 /// heads its tuned tiling is looked up under: the launch path's lookup, which
 /// avoids resolving and hashing per launch.
 using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int, int,
-                           int, int, int, int, int, int, int, int>;
+                           int, int, int, int, int, int, int, int, bool>;
 
 FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s, int tunedQHeads,
                 int tunedKVHeads) {
   return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.headDim,
                  s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
                  s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-                 s.tiling.stages, tunedQHeads, tunedKVHeads);
+                 s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree);
 }
 
 struct KernelCache {
@@ -1131,13 +1137,14 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
   spec.arch = archIt->second;
   // An open tiling takes the tuned one when dualkv-tune measured this spec
   // (with the heads it was tuned for, if given); a tuned tiling that no
-  // longer builds falls back to the default with a warning.
+  // longer builds falls back to the default with a warning. The tree
+  // kernels (KernelSpec::tree) have not been tuned: their defaults.
   KernelSpec tunedKey = spec;
   if (tunedKVHeads > 0) {
     tunedKey.numQHeads = tunedQHeads;
     tunedKey.numKVHeads = tunedKVHeads;
   }
-  if (spec.tiling == Tiling{})
+  if (spec.tiling == Tiling{} && !spec.tree)
     if (std::optional<Tiling> tuned = tuningDb().find(tunedKey)) {
       KernelSpec tunedSpec = spec;
       tunedSpec.tiling = *tuned;

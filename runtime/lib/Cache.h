@@ -19,6 +19,7 @@ namespace dualkv {
 /// Every input that changes a kernel's code (docs/architecture.md §4). Bump
 /// kSchemaVersion whenever a field is added, removed or spelled differently:
 /// it names the disk cache's top folder, so old entries are never misread.
+/// (`tree` is written only when true, so it changes no other key.)
 struct DUALKV_API CacheKey {
   static constexpr int kSchemaVersion = 2;
 
@@ -32,6 +33,9 @@ struct DUALKV_API CacheKey {
   std::string arch;
   Tiling tiling; ///< resolved: the tiling the compiler actually uses
   Schedule schedule = Schedule::Auto; ///< resolved, like the tiling
+  /// KernelSpec::tree; in the JSON only when true, so that every other key
+  /// is spelled as before it existed.
+  bool tree = false;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

@@ -66,9 +66,14 @@ void forward(const ForwardArgs &args) {
   // before compiling so a wrong device fails fast.
   requirePlanInCurrentContext(plan);
 
-  const LoadedKernel &kernel =
-      getKernel(genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
-                            args.num_kv_heads, args.dtype, args.tiling));
+  // A branching tree's segments see several ancestor ranges: the tree
+  // kernel walks the plan's chain table (docs/forward-abi.md).
+  const bool tree = plan.maxAncestorRanges() > 1;
+  KernelSpec spec =
+      genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
+                  args.num_kv_heads, args.dtype, args.tiling);
+  spec.tree = tree;
+  const LoadedKernel &kernel = getKernel(spec);
 
   uint64_t q = reinterpret_cast<uintptr_t>(args.q.data);
   uint64_t k = reinterpret_cast<uintptr_t>(args.k.data);
@@ -85,7 +90,10 @@ void forward(const ForwardArgs &args) {
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
   bool warpSpecialized = kernel.spec.schedule == Schedule::WarpSpecialized;
-  LaunchParams params(KernelKind::Fwd, kernel.spec.schedule);
+  LaunchParams params(KernelKind::Fwd, kernel.spec.schedule, tree);
+  uint64_t chain = plan.deviceChainTable();
+  if (tree)
+    params.ptr("chain", chain);
   params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("o", o).ptr("lse", lse);
   params.ptr("segs", segs).f32("scaleLog2", scaleLog2);
   params.strides("q", qStrideT, qStrideH);

@@ -32,6 +32,8 @@ struct Plan::Device {
   cuda::Driver *driver = nullptr;
   cuda::CUcontext context = nullptr;
   cuda::CUdeviceptr table = 0;
+  /// The chain table (plans whose segments see several ancestor ranges).
+  cuda::CUdeviceptr chain = 0;
   /// Work-item tables by (blockM, chunk).
   std::map<std::pair<int, int64_t>, BackwardTable> backward;
   /// Forward work orders by blockM.
@@ -48,6 +50,8 @@ struct Plan::Device {
     if (previous != context)
       driver->ctxSetCurrent(context);
     driver->memFree(table);
+    if (chain)
+      driver->memFree(chain);
     for (const auto &entry : forward)
       driver->memFree(entry.second.items);
     for (const auto &entry : backward) {
@@ -60,29 +64,19 @@ struct Plan::Device {
   }
 };
 
-Plan::Plan(const std::vector<PlanGroup> &groups)
-    : device_(std::make_unique<Device>()) {
+Plan::Plan() : device_(std::make_unique<Device>()) {}
+
+Plan::Plan(const std::vector<PlanGroup> &groups) : Plan() {
   if (groups.empty())
     invalid("the plan has no groups: a batch needs at least one group");
   if (groups.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
     invalid(fmt::format("the plan has {} groups, more than INT32_MAX",
                         groups.size()));
   constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
-  int64_t next = 0; // first token of the next segment
-  // Adds tokens [next, next + length) as one segment; kernels index tokens
-  // with int32, so the running total is checked before every narrowing.
-  auto addSegment = [&](size_t g, int64_t length, int64_t sharedStart,
-                        int64_t sharedLen) {
-    if (next + length > kMaxTokens)
-      invalid(fmt::format("group {} brings the batch to {} tokens, more than "
-                          "the kernels' int32 limit ({})",
-                          g, next + length, kMaxTokens));
-    segments_.push_back(Segment{
-        static_cast<int32_t>(next), static_cast<int32_t>(length),
-        static_cast<int32_t>(sharedStart), static_cast<int32_t>(sharedLen)});
-    maxSegmentLen_ = std::max(maxSegmentLen_, static_cast<int>(length));
-    next += length;
-  };
+  // The shorthand's own checks (and messages), then its forest: each prompt a
+  // root, its responses (empty ones too) children of it.
+  std::vector<int64_t> lengths, parents;
+  int64_t tokens = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const PlanGroup &group = groups[g];
     if (group.prompt_len < 1)
@@ -96,21 +90,184 @@ Plan::Plan(const std::vector<PlanGroup> &groups)
     if (group.prompt_len > kMaxTokens)
       invalid(fmt::format("group {}: prompt_len = {} exceeds the int32 limit",
                           g, group.prompt_len));
-    // The prompt is causal over itself and sees no other region.
-    int64_t promptStart = next;
-    addSegment(g, group.prompt_len, 0, 0);
+    // Kernels index tokens with int32, so the running total is checked
+    // before every narrowing.
+    auto add = [&](int64_t length) {
+      if (tokens + length > kMaxTokens)
+        invalid(fmt::format("group {} brings the batch to {} tokens, more "
+                            "than the kernels' int32 limit ({})",
+                            g, tokens + length, kMaxTokens));
+      tokens += length;
+    };
+    add(group.prompt_len);
+    const int64_t root = static_cast<int64_t>(lengths.size());
+    lengths.push_back(group.prompt_len);
+    parents.push_back(-1);
     for (int64_t length : group.response_lens) {
       if (length > kMaxTokens)
         invalid(fmt::format("group {}: a response of {} tokens exceeds the "
                             "int32 limit",
                             g, length));
-      // A zero-length response has no queries, hence no segment.
-      if (length > 0)
-        addSegment(g, length, promptStart, group.prompt_len);
+      add(length);
+      lengths.push_back(length);
+      parents.push_back(root);
     }
   }
+  if (lengths.size() > static_cast<size_t>(kMaxTokens))
+    invalid(fmt::format("the plan has {} prompts and responses, more than "
+                        "INT32_MAX",
+                        lengths.size()));
+  layout(std::move(lengths), std::move(parents));
+}
+
+Plan::Plan(const PlanTree &tree) : Plan() {
+  constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+  const std::vector<int64_t> &lengths = tree.lengths, &parents = tree.parents;
+  if (lengths.empty())
+    invalid("the tree has no nodes: a batch needs at least one node");
+  if (parents.size() != lengths.size())
+    invalid(fmt::format("the tree has {} lengths but {} parents; give one "
+                        "of each per node",
+                        lengths.size(), parents.size()));
+  if (lengths.size() > static_cast<size_t>(kMaxTokens))
+    invalid(fmt::format("the tree has {} nodes, more than INT32_MAX",
+                        lengths.size()));
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (lengths[i] < 0)
+      invalid(fmt::format("node {}: length = {} is negative", i, lengths[i]));
+    if (parents[i] < -1 || parents[i] >= n)
+      invalid(fmt::format("node {}: parent = {} is out of range (-1 for a "
+                          "root, else a node index below {})",
+                          i, parents[i], n));
+  }
+  // Cycles first (each is also a parent at or after its child, but the
+  // cycle is what to report): colour every chain of parents once, O(nodes).
+  {
+    std::vector<int8_t> state(n, 0); // 0 unseen, 1 on the walk, 2 done
+    std::vector<int64_t> walk;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t x = i;
+      while (x >= 0 && state[x] == 0) {
+        state[x] = 1;
+        walk.push_back(x);
+        x = parents[x];
+      }
+      if (x >= 0 && state[x] == 1) {
+        std::string cycle = std::to_string(x);
+        for (int64_t y = parents[x]; y != x; y = parents[y])
+          cycle += " -> " + std::to_string(y);
+        invalid(fmt::format("node {}: parent = {} closes a cycle ({} -> {}); "
+                            "a tree's parents end at a root (-1)",
+                            x, parents[x], cycle, x));
+      }
+      for (int64_t y : walk)
+        state[y] = 2;
+      walk.clear();
+    }
+  }
+  // Pre-order: a node's parent is the node before it or one of that node's
+  // ancestors, i.e. on the path kept by this stack (amortised O(nodes)).
+  {
+    std::vector<int64_t> path;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = parents[i];
+      if (p >= i)
+        invalid(fmt::format("node {}: parent = {} comes after its child; list "
+                            "every parent before its children (pre-order)",
+                            i, p));
+      while (!path.empty() && path.back() != p)
+        path.pop_back();
+      if (p >= 0 && path.empty())
+        invalid(fmt::format(
+            "node {}: parent = {} is not node {} or one of its ancestors, so "
+            "node {}'s subtree would not be contiguous; list the nodes in "
+            "pre-order (each subtree right after its root)",
+            i, p, i - 1, p));
+      path.push_back(i);
+    }
+  }
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (lengths[i] > kMaxTokens - tokens)
+      invalid(fmt::format("node {} brings the batch to {} tokens, more than "
+                          "the kernels' int32 limit ({})",
+                          i, tokens + lengths[i], kMaxTokens));
+    tokens += lengths[i];
+  }
+  if (tokens == 0)
+    invalid(fmt::format("the tree's {} nodes hold no tokens; a batch needs at "
+                        "least one",
+                        n));
+  layout(lengths, parents);
+}
+
+void Plan::layout(std::vector<int64_t> lengths, std::vector<int64_t> parents) {
+  const size_t n = lengths.size();
+  nodeStarts_.resize(n);
+  int64_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    nodeStarts_[i] = next;
+    next += lengths[i];
+    if (parents[i] < 0)
+      ++numGroups_;
+  }
   numTokens_ = next;
-  numGroups_ = static_cast<int>(groups.size());
+  // Subtree ends: in pre-order a subtree ends where its last descendant does.
+  std::vector<int64_t> subtreeEnd(n);
+  for (size_t i = 0; i < n; ++i)
+    subtreeEnd[i] = nodeStarts_[i] + lengths[i];
+  for (size_t i = n; i-- > 0;)
+    if (parents[i] >= 0)
+      subtreeEnd[parents[i]] = std::max(subtreeEnd[parents[i]], subtreeEnd[i]);
+  // Chain rows of the nodes' own paths: pathRow[i] is the row holding the
+  // last range of [ancestors of i, i] (adjacent ranges merged), -1 if that
+  // path has no token. Shared rows follow the segments' rows, so they are
+  // numbered once the segments are counted.
+  size_t numSegments = 0;
+  for (size_t i = 0; i < n; ++i)
+    numSegments += lengths[i] > 0;
+  struct Row {
+    int64_t start, length, next, tokens, ranges;
+  };
+  std::vector<Row> rows(numSegments);
+  std::vector<int64_t> pathRow(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t up = parents[i] >= 0 ? pathRow[parents[i]] : -1;
+    if (lengths[i] == 0) {
+      pathRow[i] = up;
+    } else {
+      const int64_t s = nodeStarts_[i], e = s + lengths[i];
+      // The segment itself: its nearest ancestor range, then the rest.
+      const size_t seg = segments_.size();
+      Row own = up >= 0 ? rows[up] : Row{0, 0, -1, 0, 0};
+      rows[seg] = own;
+      segments_.push_back(Segment{int32_t(s), int32_t(lengths[i]),
+                                  int32_t(own.start), int32_t(own.length)});
+      segmentNodes_.push_back(int32_t(i));
+      subtreeEnds_.push_back(subtreeEnd[i]);
+      ancestorTokens_.push_back(own.tokens);
+      maxSegmentLen_ = std::max(maxSegmentLen_, int(lengths[i]));
+      maxAncestorRanges_ = std::max(maxAncestorRanges_, int(own.ranges));
+      // The path through i, for its descendants (leaves need none).
+      if (subtreeEnd[i] > e) {
+        if (up >= 0 && rows[up].start + rows[up].length == s)
+          rows.push_back(Row{rows[up].start, e - rows[up].start, rows[up].next,
+                             rows[up].tokens + lengths[i], rows[up].ranges});
+        else
+          rows.push_back(Row{s, lengths[i], up,
+                             (up >= 0 ? rows[up].tokens : 0) + lengths[i],
+                             (up >= 0 ? rows[up].ranges : 0) + 1});
+        pathRow[i] = int64_t(rows.size()) - 1;
+      }
+    }
+  }
+  chain_.reserve(rows.size() * 4);
+  for (const Row &r : rows)
+    chain_.insert(chain_.end(), {int32_t(r.start), int32_t(r.length),
+                                 int32_t(r.next), int32_t(r.ranges)});
+  nodeLengths_ = std::move(lengths);
+  nodeParents_ = std::move(parents);
 }
 
 Plan Plan::fromArrays(const int32_t *prompt_lens, const int32_t *num_responses,
@@ -136,6 +293,21 @@ Plan Plan::fromArrays(const int32_t *prompt_lens, const int32_t *num_responses,
       groups[g].response_lens.push_back(response_lens[flat++]);
   }
   return Plan(groups);
+}
+
+Plan Plan::fromTreeArrays(const int32_t *lengths, const int32_t *parents,
+                          int32_t num_nodes) {
+  if (num_nodes < 1)
+    invalid(fmt::format("num_nodes = {}; a tree needs at least one node",
+                        num_nodes));
+  if (!lengths)
+    invalid("lengths is null");
+  if (!parents)
+    invalid("parents is null");
+  PlanTree tree;
+  tree.lengths.assign(lengths, lengths + num_nodes);
+  tree.parents.assign(parents, parents + num_nodes);
+  return Plan(tree);
 }
 
 Plan::Plan(Plan &&) noexcept = default;
@@ -167,9 +339,24 @@ void Plan::upload() const {
     driver.memFree(ptr);
     cuda::check(r, "cuMemcpyHtoD (plan segment table)");
   }
+  cuda::CUdeviceptr chain = 0;
+  if (maxAncestorRanges_ > 1) {
+    size_t chainBytes = chain_.size() * sizeof(int32_t);
+    cuda::CUresult r = driver.memAlloc(&chain, chainBytes);
+    if (r == cuda::CUDA_SUCCESS) {
+      r = driver.memcpyHtoD(chain, chain_.data(), chainBytes);
+      if (r != cuda::CUDA_SUCCESS)
+        driver.memFree(chain);
+    }
+    if (r != cuda::CUDA_SUCCESS) {
+      driver.memFree(ptr);
+      cuda::check(r, "cuMemAlloc/cuMemcpyHtoD (plan chain table)");
+    }
+  }
   device_->driver = &driver;
   device_->context = ctx;
   device_->table = ptr;
+  device_->chain = chain;
   // The warp-specialized forward's order (128-row tiles) too, so a CUDA graph
   // captured after upload() never allocates or copies.
   forwardTableLocked(kForwardOrderBlockM);
@@ -194,6 +381,13 @@ void *Plan::deviceContext() const {
     return nullptr;
   std::lock_guard<std::mutex> lock(device_->mutex);
   return device_->context;
+}
+
+uint64_t Plan::deviceChainTable() const {
+  if (!device_)
+    return 0;
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  return device_->chain;
 }
 
 namespace {
@@ -255,7 +449,7 @@ std::vector<int32_t> Plan::forwardOrder(int blockM) const {
     int64_t count = (int64_t(seg.length) + blockM - 1) / blockM;
     for (int64_t m = 0; m < count; ++m)
       tiles.push_back(
-          {seg.shared_len + std::min<int64_t>((m + 1) * blockM, seg.length),
+          {ancestorTokens_[s] + std::min<int64_t>((m + 1) * blockM, seg.length),
            int32_t(s), int32_t(m)});
   }
   std::stable_sort(

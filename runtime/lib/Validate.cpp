@@ -162,8 +162,8 @@ double effectiveScale(float scale, int headDim) {
   return scale != 0 ? scale : 1.0 / std::sqrt(headDim);
 }
 
-LaunchParams::LaunchParams(KernelKind kind, Schedule schedule)
-    : kind(kind), table(abi::kernelParams(kind, schedule)) {
+LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree)
+    : kind(kind), table(abi::kernelParams(kind, schedule, tree)) {
   if (table.size > slots.size())
     throw Error(ErrorCode::Internal, "a kernel takes too many parameters");
 }

@@ -59,7 +59,8 @@ double effectiveScale(float scale, int headDim);
 /// Error (Internal). The values must outlive the launch.
 class DUALKV_API LaunchParams {
 public:
-  explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto);
+  explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
+                        bool tree = false);
   /// A device address (any pointer parameter).
   LaunchParams &ptr(const char *name, uint64_t &v);
   LaunchParams &i64(const char *name, int64_t &v);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Seeded fuzzing of the Python binding's plain-data entry points: dualkv.Plan,
-dualkv.pack, PackedGroups' index methods and the plan keys (plan_key,
-groups_from_key). Needs libdualkv.so (DUALKV_LIB), not torch or a GPU.
+dualkv.pack, PackedGroups' index methods, the plan keys (plan_key,
+groups_from_key), and prefix trees (dualkv.Plan.from_tree, dualkv.pack_tree,
+tree_key / tree_from_key). Needs libdualkv.so (DUALKV_LIB), not torch or a GPU.
 
 Inputs are random structures built from integers of every size and sign, and
 from what must be refused: bool, float (inf, nan), str, bytes, Decimal,
@@ -23,7 +24,7 @@ from fractions import Fraction
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "python"))
 import dualkv  # noqa: E402
-from dualkv.plans import groups_from_key, plan_key  # noqa: E402
+from dualkv.plans import groups_from_key, plan_key, tree_from_key, tree_key  # noqa: E402
 
 INT32_MAX = 2**31 - 1
 
@@ -171,6 +172,93 @@ def fuzz_pack(rng):
         assert (res is not None) == in_range, ("allowed", i, j, res)
 
 
+def tree_reference(lengths, parents):
+    """The forest's token count when (lengths, parents) is a valid pre-order
+    forest with at least one token, else None. Independent of check_tree: a
+    parent must be an earlier node and every node between it and its child
+    one of its descendants (O(n^2) ancestor walks)."""
+    if not isinstance(lengths, list) or not isinstance(parents, list):
+        return None
+    if not lengths or len(lengths) != len(parents):
+        return None
+    if not all(is_int(x) and 0 <= x <= INT32_MAX for x in lengths):
+        return None
+    if not all(is_int(p) and -1 <= p < len(parents) for p in parents):
+        return None
+
+    def descends(node, ancestor):
+        while node >= 0:
+            if node == ancestor:
+                return True
+            node = parents[node] if parents[node] < node else -2
+        return False
+
+    for i, p in enumerate(parents):
+        if p >= i:
+            return None
+        if p >= 0 and not all(descends(j, p) for j in range(p + 1, i)):
+            return None
+    total = sum(lengths)
+    return total if 0 < total <= INT32_MAX else None
+
+
+def tree_value(rng):
+    """(lengths, parents): mostly valid pre-order forests, some damaged."""
+    n = rng.randint(0, 8)
+    parents, path = [], []
+    for i in range(n):
+        while path and rng.random() < 0.4:
+            path.pop()
+        p = path[-1] if path and rng.random() < 0.85 else -1
+        parents.append(p)
+        path = [] if p == -1 else path
+        path.append(i)
+    lengths = [rng.choice([0, 0, 1, 2, 5, 64]) for _ in range(n)]
+    if rng.random() < 0.3 and n:
+        (lengths if rng.random() < 0.5 else parents)[rng.randrange(n)] = scalar(rng)
+    if rng.random() < 0.1 and n:
+        parents[rng.randrange(n)] = rng.randrange(-2, n + 2)
+    if rng.random() < 0.05:
+        parents = parents[:-1]
+    return lengths, parents
+
+
+def fuzz_tree(rng):
+    lengths, parents = tree_value(rng)
+    ref = tree_reference(lengths, parents)
+    plan, refused = expect_value_error(lambda: dualkv.Plan.from_tree(lengths, parents))
+    assert (plan is not None) == (ref is not None), ("from_tree", lengths, parents, refused)
+    if plan is not None:
+        assert plan.num_tokens == ref
+        assert plan.num_segments == sum(1 for x in lengths if x > 0)
+        assert tree_from_key(plan.key) == (lengths, parents)
+        assert dualkv.Plan.from_key(plan.key).segment_table() == plan.segment_table()
+    ids = [[rng.randrange(1000) for _ in range(x)] if is_int(x) and 0 <= x < 100 else x
+           for x in lengths]
+    packed, refused = expect_value_error(lambda: dualkv.pack_tree(ids, parents))
+
+    def seg_ok(x):
+        return isinstance(x, (list, tuple)) and all(is_int(t) and 0 <= t < 2**63 for t in x)
+
+    seg_ref = (tree_reference([len(x) for x in ids], parents)
+               if all(seg_ok(x) for x in ids) else None)
+    assert (packed is not None) == (seg_ref is not None), ("pack_tree", ids, parents)
+    if packed is not None:
+        assert packed.input_ids == [t for seg in ids for t in seg]
+        assert packed.num_tokens == seg_ref
+        for _ in range(3):
+            n = scalar(rng)
+            res, _ = expect_value_error(lambda: packed.path_positions(n))
+            assert (res is not None) == (is_int(n) and 0 <= n < len(lengths))
+    # A damaged tree key: refused or decoded to a valid tree.
+    if plan is not None:
+        bad = list(tree_key(lengths, parents))
+        bad[rng.randrange(len(bad))] = scalar(rng)
+        back, _ = expect_value_error(lambda: tree_from_key(tuple(bad)))
+        if back is not None:
+            assert tree_reference(*back) is not None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=10**9)
@@ -180,7 +268,7 @@ def main():
     rng = random.Random(args.seed)
     start = time.monotonic()
     tried, failures = 0, []
-    targets = [fuzz_plan, fuzz_keys, fuzz_pack]
+    targets = [fuzz_plan, fuzz_keys, fuzz_pack, fuzz_tree]
     for n in range(args.count):
         if time.monotonic() - start > args.seconds:
             break

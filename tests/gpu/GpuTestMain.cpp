@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
     fmt::print("no GPU: skipping {}\n", which);
     return kSkip;
   }
-  const std::string bwd = "backward-";
+  const std::string bwd = "backward-", tree = "tree-";
   try {
     if (which == "sanitize")
       return sanitizeTest();
@@ -24,6 +24,8 @@ int main(int argc, char **argv) {
                                        argc > 3 ? argv + 3 : nullptr)
                  : which.rfind(bwd, 0) == 0
                      ? backwardTest(which.substr(bwd.size()), count)
+                 : which.rfind(tree, 0) == 0
+                     ? treeTest(which.substr(tree.size()), count)
                      : forwardTest(which, count);
     if (status != kUnknownTest)
       return status;
@@ -31,7 +33,8 @@ int main(int argc, char **argv) {
                "usage: dualkv-gpu-tests random [count] | edges | "
                "equivalence | graph | backward-random [count] | "
                "backward-edges | backward-equivalence | "
-               "backward-deterministic | sanitize | stress-threads [rounds] | "
+               "backward-deterministic | tree-random [count] | "
+               "tree-paths [count] | sanitize | stress-threads [rounds] | "
                "stress-processes [rounds] | stress-leak [launches]\n");
     return 2;
   } catch (const std::exception &e) {

@@ -18,6 +18,12 @@ int forwardTest(const std::string &which, int count);
 /// Backward: random [count] | edges | equivalence | deterministic
 /// (BackwardGpuTest.cpp).
 int backwardTest(const std::string &which, int count);
+/// Prefix trees: random [count] | paths [count] (TreeGpuTest.cpp).
+int treeTest(const std::string &which, int count);
+/// The sanitizer workload's prefix trees: one branching forest through the
+/// tree kernels at head_dim 64, 128, 256, bf16 and fp16, both backward
+/// modes, checked against fp64; returns the number of failures.
+int treeSanitizeWorkload();
 /// Many callers at once and many launches: threads | processes | leak
 /// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
 int stressTest(const std::string &which, int count, char **argv);

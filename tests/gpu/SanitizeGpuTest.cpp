@@ -5,7 +5,8 @@
 // the fp64 reference. tests/gpu/sanitize.sh runs it under compute-sanitizer
 // (memcheck, racecheck, synccheck, initcheck; ctest label `sanitize`), which
 // fails on any report; the checks keep a kernel that does nothing from
-// passing.
+// passing. A branching prefix tree runs the tree kernels too
+// (treeSanitizeWorkload, TreeGpuTest.cpp).
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -90,6 +91,15 @@ int dualkv::testing::sanitizeTest() {
         }
       }
     }
+  // Prefix trees: the tree variants of fwd and bwd_dq (the chain walk) and
+  // the KV-major kernels on a forest's work items.
+  try {
+    const int treeFailures = treeSanitizeWorkload();
+    checks += 6;
+    failures += treeFailures;
+  } catch (const std::exception &e) {
+    record("prefix trees", e.what());
+  }
   fmt::print("sanitize workload: {} checks, {} failed\n", checks, failures);
   return failures ? 1 : 0;
 }

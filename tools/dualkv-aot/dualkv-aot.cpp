@@ -69,6 +69,9 @@ options:
                    the head_dim-128 bwd and bwd_kv);
                    one that a spec cannot use is an error. bwd_pre and
                    bwd_post always take mma_sync
+  --tree           the tree variants of the query-major kernels (fwd,
+                   bwd_dq) that branching prefix trees launch (with the
+                   chain table, docs/forward-abi.md); other kinds as usual
   --block-m M      query rows per CTA (default: the compiler's choice)
   --block-n N      keys per KV tile (default: the compiler's choice)
   --warps W        warps per CTA (default: the compiler's choice)
@@ -175,6 +178,10 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
   auto jobFor = [&](dualkv::KernelKind kind) {
     Job j = job;
     j.spec.kind = kind;
+    // --tree: the query-major kernels' tree variants; the KV-major ones
+    // have none (they take trees as they are).
+    j.spec.tree = job.spec.tree && (kind == dualkv::KernelKind::Fwd ||
+                                    kind == dualkv::KernelKind::BwdDQ);
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
       j.spec.tiling = {};
@@ -258,6 +265,10 @@ Args parseArgs(int argc, char **argv) {
     }
     if (flag == "--tuned") {
       a.tuned = true;
+      continue;
+    }
+    if (flag == "--tree") {
+      a.spec.tree = true;
       continue;
     }
     if (flag == "--into-cache") {
@@ -535,10 +546,10 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
-      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
-      withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
-      s.tiling.warps, s.tiling.stages,
+      "dualkv_{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
+      s.tree ? "_tree" : "", s.headDim, s.numQHeads, s.numKVHeads,
+      dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
+      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 
@@ -633,11 +644,13 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
              "k.spec.numKVHeads = {};\n    k.spec.dtype = dualkv::DType::{};\n "
              "   "
              "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
-             "    k.spec.schedule = dualkv::Schedule::{};\n",
+             "    k.spec.schedule = dualkv::Schedule::{};\n"
+             "    k.spec.tree = {};\n",
              kindEnumerator(s.kind), s.P, s.N, s.headDim, s.numQHeads,
              s.numKVHeads, s.dtype == dualkv::DType::BF16 ? "BF16" : "FP16",
              s.arch, s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-             s.tiling.stages, scheduleEnumerator(s.schedule))
+             s.tiling.stages, scheduleEnumerator(s.schedule),
+             s.tree ? "true" : "false")
       << fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,

@@ -450,9 +450,10 @@ protected:
   /// of these tiles a scheduler is the design point, so the full register
   /// file is allowed.
   Block &createFunc(gpu::GPUModuleOp gpuModule, StringRef name, KernelKind kind,
-                    ::dualkv::Schedule schedule = ::dualkv::Schedule::Auto) {
+                    ::dualkv::Schedule schedule = ::dualkv::Schedule::Auto,
+                    bool tree = false) {
     params = ::dualkv::abi::kernelParams(
-        static_cast<::dualkv::KernelKind>(kind), schedule);
+        static_cast<::dualkv::KernelKind>(kind), schedule, tree);
     SmallVector<Type> args;
     SmallVector<int64_t> gridConstants;
     for (const ::dualkv::abi::Param &p : params) {

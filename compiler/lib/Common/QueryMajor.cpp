@@ -104,6 +104,52 @@ LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
   return success();
 }
 
+LogicalResult QueryMajorEmitter::emitChainLoop(ChainLoopOp op) {
+  if (!chainPtr)
+    return op.emitOpError() << "needs a tree kernel (#dualkv.problem<..., "
+                               "tree = true>), which takes the chain table";
+  // Row r of the chain table: {start, length, next, ranges}; row `segment`
+  // is the segment's nearest ancestor range and `ranges` the number of
+  // ranges from a row up to its root (0 for a root segment's empty row).
+  auto field = [&](Value row, int64_t f) {
+    return toIndex(memref::LoadOp::create(
+        b, loc, chainPtr, ValueRange{add(mul(row, idx(4)), idx(f))}));
+  };
+  Value count = field(segIndex, 3);
+  // The segment table's shared range, restored after the walk: nothing past
+  // it may use a range of the loop body.
+  Value tableStart = sharedStart, tableLen = sharedLen;
+  SmallVector<Value> inits{segIndex};
+  for (Value v : op.getInits())
+    inits.push_back(map.lookup(v));
+  auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1), inits);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value row = loop.getRegionIterArgs()[0];
+    // The shared region of this iteration: one ancestor range.
+    sharedStart = field(row, 0);
+    sharedLen = field(row, 1);
+    Value next = field(row, 2);
+    for (auto [from, to] : llvm::zip(op.getRegionIterArgs(),
+                                     loop.getRegionIterArgs().drop_front()))
+      map.map(from, to);
+    for (Operation &inner : op.getBody().front().without_terminator())
+      if (failed(emitOp(&inner)))
+        return failure();
+    SmallVector<Value> yielded{next};
+    for (Value v : op.getBody().front().getTerminator()->getOperands())
+      yielded.push_back(map.lookup(v));
+    scf::YieldOp::create(b, loc, yielded);
+  }
+  for (auto [from, to] :
+       llvm::zip(op.getResults(), loop.getResults().drop_front()))
+    map.map(from, to);
+  sharedStart = tableStart;
+  sharedLen = tableLen;
+  return success();
+}
+
 LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
   auto loop = op->getParentOfType<KVLoopOp>();
   bool shared = loop.getRegion() == KVRegion::shared;
@@ -314,6 +360,7 @@ LogicalResult QueryMajorEmitter::emitOp(Operation *op) {
       .Case([&](InitAccOp o) { return emitInitAcc(o); })
       .Case([&](InitStatsOp o) { return emitInitStats(o); })
       .Case([&](KVLoopOp o) { return emitKVLoop(o); })
+      .Case([&](ChainLoopOp o) { return emitChainLoop(o); })
       .Case([&](LoadKVOp o) { return emitLoadKV(o); })
       .Case([&](QKOp o) { return emitQK(o); })
       .Case([&](MaskOp o) { return emitMask(o); })
@@ -335,9 +382,13 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   MLIRContext *ctx = b.getContext();
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
-  createFunc(gpuModule, kernel.getSymName(), kernel.getKind());
+  const bool tree = kernel.getProblem()->getTree();
+  createFunc(gpuModule, kernel.getSymName(), kernel.getKind(),
+             ::dualkv::Schedule::Auto, tree);
   qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),
   lsePtr = param("lse"), segPtr = param("segs");
+  if (tree)
+    chainPtr = param("chain");
   if (isDq) {
     // dq takes the output's place (oPtr, oStride*).
     doPtr = param("dout"), oPtr = param("dq"), deltaPtr = param("delta");
@@ -364,6 +415,7 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
+  segIndex = seg;
   kvHead = divu(head, groupSize);
   auto [start, length, promptStart, promptLen] = segmentFields(segPtr, seg);
   segStart = start, segLen = length, sharedStart = promptStart,

@@ -13,8 +13,9 @@
 //   acc        vector<MT*DT*4 x f32>  C fragments of O (or dQ)
 //   row_stats  vector<MT*2 x f32>     rows g and g+8 of each m16 block
 // QueryMajorEmitter emits everything but the two products and the tiles'
-// place in shared memory: the loop bounds of the two regions, the copies, the
-// masks, the online softmax, the epilogue. A schedule (MmaSync/, Wgmma/)
+// place in shared memory: the loop bounds of the two regions (in tree kernels
+// the walk over the segment's ancestor ranges, dualkv.chain_loop), the copies,
+// the masks, the online softmax, the epilogue. A schedule (MmaSync/, Wgmma/)
 // derives from it and fills in those hooks.
 //
 //===----------------------------------------------------------------------===//
@@ -60,6 +61,9 @@ protected:
   LogicalResult emitInitAcc(InitAccOp op);
   LogicalResult emitInitStats(InitStatsOp op);
   LogicalResult emitKVLoop(KVLoopOp op);
+  /// Tree kernels: the body once per ancestor range of the segment, the
+  /// shared region bound to it (docs/forward-abi.md, the chain table).
+  LogicalResult emitChainLoop(ChainLoopOp op);
   LogicalResult emitLoadKV(LoadKVOp op);
   LogicalResult emitQK(QKOp op);
   LogicalResult emitMask(MaskOp op);
@@ -100,11 +104,13 @@ protected:
 
   // Kernel arguments (fwd: o, lse; bwd_dq: dout, dq, lse, delta).
   Value qPtr, kPtr, vPtr, oPtr, lsePtr, segPtr, doPtr, dqPtr, deltaPtr;
+  /// The plan's chain table (tree kernels only).
+  Value chainPtr;
   Value qStrideT, qStrideH, kStrideT, kStrideH, vStrideT, vStrideH, oStrideT,
       oStrideH, lseStrideH, scaleLog2, doStrideT, doStrideH, deltaStrideH,
       scale;
   // Per-CTA values.
-  Value head, kvHead;
+  Value head, kvHead, segIndex;
   Value segStart, segLen, sharedStart, sharedLen, qRow0;
   Value kBuf, vBuf, qBuf, doBuf;
   IRMapping map;

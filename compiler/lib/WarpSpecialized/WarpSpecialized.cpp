@@ -498,6 +498,12 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   if (kernel.getKind() != KernelKind::fwd)
     return kernel.emitOpError() << "the warp-specialized schedule covers the "
                                    "forward only";
+  // Its pipeline is built from the kernel's top-level kv_loops: a tree
+  // kernel's dualkv.chain_loop would be skipped, so it is refused.
+  if (kernel.getProblem()->getTree())
+    return kernel.emitOpError() << "the warp-specialized schedule has no "
+                                   "forward of branching prefix trees (their "
+                                   "ancestor chains run in wgmma or mma_sync)";
   if (blockM != 128 || warps != 8 || headDim % 64 || headDim > 256 ||
       blockN % 16 || blockN > 256 || blockM % blockN)
     return kernel.emitOpError()

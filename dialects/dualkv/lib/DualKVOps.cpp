@@ -17,7 +17,8 @@ using namespace mlir::dualkv;
 LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t P, int64_t N, int64_t numQHeads,
                                   int64_t numKVHeads, int64_t headDim,
-                                  Type dtype, FloatAttr scale, bool causal) {
+                                  Type dtype, FloatAttr scale, bool causal,
+                                  bool tree) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -425,6 +426,58 @@ LogicalResult KVLoopOp::verifyRegions() {
     return failure();
   if (!getBody().getOps<KVLoopOp>().empty())
     return emitOpError() << "KV loops do not nest";
+  return success();
+}
+
+void ChainLoopOp::build(OpBuilder &builder, OperationState &state,
+                        ValueRange inits) {
+  state.addOperands(inits);
+  state.addTypes(inits.getTypes());
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  for (Value v : inits)
+    block->addArgument(v.getType(), state.location);
+}
+
+// Syntax: dualkv.chain_loop [iter_args(%a = %x, ...) : types] body
+void ChainLoopOp::print(OpAsmPrinter &p) { printLoopTail(p, *this, {}); }
+
+ParseResult ChainLoopOp::parse(OpAsmParser &parser, OperationState &result) {
+  return parseLoopTail<ChainLoopOp>(parser, result);
+}
+
+LogicalResult ChainLoopOp::verifyRegions() {
+  Block &block = getBody().front();
+  if (block.getNumArguments() != getInits().size())
+    return emitOpError() << "body must take the " << getInits().size()
+                         << " carried values, got " << block.getNumArguments()
+                         << " arguments";
+  for (auto [i, arg, init] : llvm::enumerate(block.getArguments(), getInits()))
+    if (arg.getType() != init.getType())
+      return emitOpError() << "carried value #" << i << " has type "
+                           << init.getType() << " but the body takes "
+                           << arg.getType();
+  auto yield = cast<YieldOp>(block.getTerminator());
+  if (yield.getValues().getTypes() != getResultTypes())
+    return emitOpError() << "yields " << yield.getValues().size()
+                         << " values whose types differ from the loop's "
+                            "results";
+  for (Operation &op : block.without_terminator()) {
+    auto loop = dyn_cast<KVLoopOp>(op);
+    if (!loop || loop.getRegion() != KVRegion::shared)
+      return op.emitOpError()
+             << "cannot be in a dualkv.chain_loop, whose body walks the "
+                "shared region's loops (dualkv.kv_loop <shared>) only";
+  }
+  auto kernel = (*this)->getParentOfType<KernelOp>();
+  if (kernel.getKind() != KernelKind::fwd &&
+      kernel.getKind() != KernelKind::bwd_dq)
+    return emitOpError() << "belongs to the query-major kernels (fwd, "
+                            "bwd_dq) only";
+  if (auto problem = kernel.getProblem(); problem && !problem->getTree())
+    return emitOpError() << "walks ancestor chains, which only tree kernels "
+                            "(#dualkv.problem<..., tree = true>) have";
   return success();
 }
 

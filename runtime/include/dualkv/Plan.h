@@ -17,13 +17,27 @@ struct PlanGroup {
   std::vector<int64_t> response_lens; ///< each at least 0; 0 adds no tokens
 };
 
-/// A contiguous run of query tokens that sees one causal region of its own
-/// and, for a response, its group's prompt in full.
+/// A forest of segments (docs/architecture.md §1): node n holds
+/// lengths[n] >= 0 tokens and has the parent parents[n] (-1 for a root).
+/// Nodes are listed, and their tokens packed, in pre-order: every parent
+/// before its children, every subtree contiguous. Query token i sees key
+/// token j iff j <= i and j's node is i's node or one of its ancestors.
+struct PlanTree {
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> parents;
+};
+
+/// A contiguous run of query tokens (one non-empty node of the tree: a
+/// prompt, a response) that sees one causal region of its own and, in full,
+/// the key ranges of its ancestors. `shared_*` is the nearest of those ranges
+/// (adjacent ancestors merged into one): for a response of a group, the
+/// prompt; (0, 0) for a root. A segment with more than one ancestor range
+/// finds the others through the plan's chain table (Plan::chainTable).
 struct Segment {
   int32_t start = 0;        ///< first packed token
   int32_t length = 0;       ///< tokens (> 0)
-  int32_t shared_start = 0; ///< first prompt token (responses); 0 for prompts
-  int32_t shared_len = 0;   ///< prompt length (responses); 0 for prompts
+  int32_t shared_start = 0; ///< first token of the nearest ancestor range
+  int32_t shared_len = 0;   ///< its length; 0 for a root
   bool operator==(const Segment &o) const {
     return start == o.start && length == o.length &&
            shared_start == o.shared_start && shared_len == o.shared_len;
@@ -46,11 +60,14 @@ struct ForwardTable {
   int64_t numItems = 0; ///< query tiles of every segment (CTAs per head)
 };
 
-/// The packed layout of a batch, built once per micro-batch on the host: the
-/// groups back to back, `[prompt | response_1 | ... | response_N]`, cut into
-/// segments (each prompt, each non-empty response). The segment table, int32
-/// [numSegments][4] = {start, length, shared_start, shared_len}, is copied to
-/// the device once (upload()) and read by every kernel.
+/// The packed layout of a batch, built once per micro-batch on the host: a
+/// forest of segments packed in pre-order (PlanTree), or its shorthand, the
+/// groups back to back, `[prompt | response_1 | ... | response_N]` (each
+/// group a root with its responses as children). It is cut into segments
+/// (each non-empty node). The segment table, int32 [numSegments][4] =
+/// {start, length, shared_start, shared_len}, is copied to the device once
+/// (upload()) and read by every kernel; a plan whose segments see more than
+/// one ancestor range also uploads its chain table (chainTable()).
 class DUALKV_API Plan {
 public:
   /// Validates and lays out `groups`. Throws Error (InvalidArgument) naming
@@ -68,6 +85,17 @@ public:
                          const int32_t *num_responses,
                          const int32_t *response_lens, int32_t num_groups);
 
+  /// Validates and lays out a forest (PlanTree). Throws Error
+  /// (InvalidArgument) naming the node and field at fault: no nodes,
+  /// lengths and parents of different sizes, a negative length, a parent
+  /// out of range, a cycle, a parent after its child or not on the path of
+  /// the node before it (not pre-order), no tokens at all, or more than
+  /// INT32_MAX tokens. Built in O(nodes).
+  explicit Plan(const PlanTree &tree);
+  /// The same from flat arrays (the C API's shape).
+  static Plan fromTreeArrays(const int32_t *lengths, const int32_t *parents,
+                             int32_t num_nodes);
+
   Plan(Plan &&) noexcept;
   Plan &operator=(Plan &&) noexcept;
   Plan(const Plan &) = delete;
@@ -76,7 +104,36 @@ public:
   ~Plan();
 
   int64_t numTokens() const { return numTokens_; }
+  /// Trees of the forest (groups of the shorthand).
   int numGroups() const { return numGroups_; }
+  /// The forest: per node its length, parent (-1 for a root) and first
+  /// token. A plan of groups has one root per prompt with its responses
+  /// (empty ones too) as children, in order.
+  int numNodes() const { return static_cast<int>(nodeLengths_.size()); }
+  const std::vector<int64_t> &nodeLengths() const { return nodeLengths_; }
+  const std::vector<int64_t> &nodeParents() const { return nodeParents_; }
+  const std::vector<int64_t> &nodeStarts() const { return nodeStarts_; }
+  /// The node of each segment.
+  const std::vector<int32_t> &segmentNodes() const { return segmentNodes_; }
+  /// One past the last token of each segment's subtree (its descendants
+  /// follow it contiguously in pre-order).
+  const std::vector<int64_t> &subtreeEnds() const { return subtreeEnds_; }
+  /// Keys each segment sees outside itself: the total length of its
+  /// ancestors.
+  const std::vector<int64_t> &ancestorTokens() const { return ancestorTokens_; }
+  /// The most disjoint ancestor ranges (after merging adjacent ones) any
+  /// segment sees: 0 or 1 for groups and for chains of first children, so
+  /// that the segment table's shared range says everything; more for
+  /// branching trees, whose segments also need the chain table.
+  int maxAncestorRanges() const { return maxAncestorRanges_; }
+  /// The chain table, int32 [numChainRows][4] = {start, length, next,
+  /// ranges}: row s < numSegments is segment s's nearest ancestor range (its
+  /// shared range; (0, 0) for a root), `next` the row of the next range up
+  /// the path (-1 after the last) and `ranges` the number of ranges from this
+  /// row to the root (0 for a root segment); the rows past numSegments are
+  /// the ranges the segments' paths share. Walking `ranges` rows from row s
+  /// visits every ancestor range of segment s once. O(nodes) rows.
+  const std::vector<int32_t> &chainTable() const { return chain_; }
   int numSegments() const { return static_cast<int>(segments_.size()); }
   int maxSegmentLen() const { return maxSegmentLen_; }
   const std::vector<Segment> &segments() const { return segments_; }
@@ -94,6 +151,9 @@ public:
   uint64_t deviceTable() const;
   /// The CUDA context (CUcontext) the table lives in, or null.
   void *deviceContext() const;
+  /// Device address of the chain table (0 before upload(), and for plans
+  /// with maxAncestorRanges() <= 1, which never upload it).
+  uint64_t deviceChainTable() const;
 
   /// The backward's work items for KV tiles of `blockM` keys and query
   /// chunks of at most `chunk` tokens (docs/backward-abi.md), built and
@@ -102,7 +162,7 @@ public:
   /// and copies synchronously; the current context must be the plan's.
   BackwardTable backwardTable(int blockM, int64_t chunk) const;
   /// The query tiles of `blockM` rows of every segment, ordered by the keys
-  /// they read (the prompt they see plus their causal part), longest first,
+  /// they read (their ancestors plus their causal part), longest first,
   /// so the last CTAs of a launch are the shortest; ties keep the segment
   /// order. Built in O(tiles log tiles) and copied on first use per blockM
   /// (by upload() for kForwardOrderBlockM), kept for the plan's life, like
@@ -116,12 +176,20 @@ public:
   static constexpr int kForwardOrderBlockM = 128;
 
 private:
+  Plan();
+  /// Lays out a validated forest.
+  void layout(std::vector<int64_t> lengths, std::vector<int64_t> parents);
   ForwardTable forwardTableLocked(int blockM) const;
   struct Device;
   int64_t numTokens_ = 0;
   int numGroups_ = 0;
   int maxSegmentLen_ = 0;
+  int maxAncestorRanges_ = 0;
   std::vector<Segment> segments_;
+  std::vector<int64_t> nodeLengths_, nodeParents_, nodeStarts_;
+  std::vector<int32_t> segmentNodes_;
+  std::vector<int64_t> subtreeEnds_, ancestorTokens_;
+  std::vector<int32_t> chain_;
   std::unique_ptr<Device> device_;
 };
 

@@ -85,4 +85,82 @@ DUALKV_API void backward_replicated(const Problem &problem, const double *q,
                                     const double *dout, double *dq, double *dk,
                                     double *dv);
 
+//===----------------------------------------------------------------------===//
+// Trees (docs/architecture.md §1): a forest of segments packed in pre-order.
+//===----------------------------------------------------------------------===//
+
+/// One node of a forest: `length` >= 0 tokens, `parent` -1 for a root, else
+/// an earlier node (the nodes are listed, and packed, in pre-order).
+struct Node {
+  int64_t length;
+  int64_t parent;
+};
+
+/// A packed forest, heads and head size.
+struct TreeProblem {
+  std::vector<Node> nodes;
+  int64_t num_q_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  double scale;
+  /// Sum of the nodes' lengths.
+  DUALKV_API int64_t num_tokens() const;
+};
+
+/// The forest of a group problem: each prompt a root, its responses (empty
+/// ones too) its children, in order.
+DUALKV_API TreeProblem as_tree(const Problem &problem);
+
+/// Per token of a forest: its node and that node's first token; per node its
+/// parent (from the problem).
+struct TreeLayout {
+  std::vector<int64_t> node;       ///< [T] node of each token
+  std::vector<int64_t> node_start; ///< [nodes] first token of each node
+  std::vector<int64_t> parent;     ///< [nodes] parent of each node
+};
+
+/// Lays out \p problem; throws std::invalid_argument if it is malformed (a
+/// negative length, a parent out of range or not earlier, nodes not in
+/// pre-order, bad heads or scale).
+DUALKV_API TreeLayout tree_layout(const TreeProblem &problem);
+
+/// tree_allowed(i, j): allowed(i, j) of docs/architecture.md §1 for trees: j <=
+/// i and j's node is i's node or one of its ancestors (found by walking i's
+/// parents).
+DUALKV_API bool tree_allowed(const TreeLayout &layout, int64_t i, int64_t j);
+
+/// The rotary position of every token: the total length of its node's
+/// ancestors plus its index in its node.
+DUALKV_API std::vector<int64_t> tree_positions(const TreeProblem &problem);
+
+/// Packed forward of a forest, through tree_allowed(): o [T][Hq][D], lse
+/// [Hq][T].
+DUALKV_API void tree_forward(const TreeProblem &problem, const double *q,
+                             const double *k, const double *v, double *o,
+                             double *lse);
+
+/// Packed backward of a forest.
+DUALKV_API void tree_backward(const TreeProblem &problem, const double *q,
+                              const double *k, const double *v, const double *o,
+                              const double *lse, const double *dout, double *dq,
+                              double *dk, double *dv);
+
+/// Path definition of tree_forward(): for every leaf (a node without
+/// children), ordinary causal attention on the tokens of its root-to-leaf
+/// path, run separately. Each token takes its o and lse from the first path
+/// through it (all of them agree).
+DUALKV_API void tree_forward_paths(const TreeProblem &problem, const double *q,
+                                   const double *k, const double *v, double *o,
+                                   double *lse);
+
+/// Path definition of tree_backward(): per-path causal backward where a
+/// token's dout enters only the first path through it; every token's dq, dk,
+/// dv are summed over the paths through it (so a shared key's dk and dv are
+/// the sum over its paths).
+DUALKV_API void tree_backward_paths(const TreeProblem &problem, const double *q,
+                                    const double *k, const double *v,
+                                    const double *o, const double *lse,
+                                    const double *dout, double *dq, double *dk,
+                                    double *dv);
+
 } // namespace dualkv::reference

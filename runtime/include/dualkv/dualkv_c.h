@@ -47,6 +47,32 @@ DUALKV_API int dualkv_plan_create(const int32_t *prompt_lens,
                                   const int32_t *num_responses,
                                   const int32_t *response_lens,
                                   int32_t num_groups, dualkv_plan **out);
+/**
+ * Builds the plan of a forest of num_nodes nodes (docs/architecture.md §1):
+ * node n holds lengths[n] (>= 0) tokens and has the parent parents[n] (-1
+ * for a root, else an earlier node: the nodes are listed, and their tokens
+ * packed, in pre-order). Query token i sees key token j iff j <= i and j's
+ * node is i's node or an ancestor of it. A group (prompt, responses) is the
+ * tree of a root and its leaves. Errors name the node and field at fault.
+ * On success *out owns the plan (free it with dualkv_plan_destroy).
+ */
+DUALKV_API int dualkv_plan_create_tree(const int32_t *lengths,
+                                       const int32_t *parents,
+                                       int32_t num_nodes, dualkv_plan **out);
+/**
+ * The most disjoint ancestor ranges any segment of the plan sees (0 or 1
+ * for groups and chains of first children), or -1 for a null plan.
+ */
+DUALKV_API int32_t dualkv_plan_max_ancestor_ranges(const dualkv_plan *plan);
+/** Rows of the plan's chain table (dualkv::Plan::chainTable), or -1. */
+DUALKV_API int32_t dualkv_plan_num_chain_rows(const dualkv_plan *plan);
+/**
+ * Copies the chain table (4 int32 per row: start, length, next, ranges; row
+ * s < num_segments is segment s's nearest ancestor range) into out, which
+ * holds capacity int32.
+ */
+DUALKV_API int dualkv_plan_chain_table(const dualkv_plan *plan, int32_t *out,
+                                       int64_t capacity);
 /** Frees a plan and its device table; null is ignored. */
 DUALKV_API void dualkv_plan_destroy(dualkv_plan *plan);
 /**

@@ -430,7 +430,7 @@ dualkv.kernel @load_q_in_bwd_post kind <bwd_post> {
 // -----
 
 func.func @kv_loop_outside_kernel() {
-  // expected-error @+1 {{'dualkv.kv_loop' op expects parent op 'dualkv.kernel'}}
+  // expected-error @+1 {{'dualkv.kv_loop' op expects parent op to be one of 'dualkv.kernel, dualkv.chain_loop'}}
   dualkv.kv_loop <shared> part <all> {
   ^bb0(%j: index):
   }
@@ -456,7 +456,7 @@ func.func @store_output_outside_kernel(%a: !dualkv.acc, %m: !dualkv.row_stats) {
 // -----
 
 dualkv.kernel @yield_outside_loop kind <bwd_post> {
-  // expected-error @+1 {{'dualkv.yield' op expects parent op to be one of 'dualkv.kv_loop, dualkv.q_loop'}}
+  // expected-error @+1 {{'dualkv.yield' op expects parent op to be one of 'dualkv.kv_loop, dualkv.q_loop, dualkv.chain_loop'}}
   dualkv.yield
 }
 
@@ -564,7 +564,7 @@ dualkv.kernel @carried_without_yield kind <bwd_post> {
 dualkv.kernel @nested_kv_loop kind <bwd_post> {
   dualkv.kv_loop <shared> part <all> {
   ^bb0(%j: index):
-    // expected-error @+1 {{'dualkv.kv_loop' op expects parent op 'dualkv.kernel'}}
+    // expected-error @+1 {{'dualkv.kv_loop' op expects parent op to be one of 'dualkv.kernel, dualkv.chain_loop'}}
     dualkv.kv_loop <response> part <all> {
     ^bb0(%i: index):
     }
@@ -876,7 +876,7 @@ dualkv.kernel @nested_q_loop kind <bwd> {
 dualkv.kernel @kv_loop_in_q_loop kind <bwd> {
   dualkv.q_loop part <all> {
   ^bb0(%i: index):
-    // expected-error @+1 {{'dualkv.kv_loop' op expects parent op 'dualkv.kernel'}}
+    // expected-error @+1 {{'dualkv.kv_loop' op expects parent op to be one of 'dualkv.kernel, dualkv.chain_loop'}}
     dualkv.kv_loop <shared> part <all> {
     ^bb0(%j: index):
     }

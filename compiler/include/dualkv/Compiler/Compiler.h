@@ -96,6 +96,11 @@ struct KernelSpec {
   Tiling tiling;
   /// Auto: the default for the rest of the spec (resolveSpec fills it in).
   Schedule schedule = Schedule::Auto;
+  /// Query-major kernels (fwd, bwd_dq) of prefix trees whose segments see
+  /// several disjoint ancestor ranges: they walk the plan's chain table
+  /// (an extra `chain` parameter, docs/forward-abi.md) instead of one shared
+  /// range. False for groups and chains of first children.
+  bool tree = false;
 };
 
 /// The tiling the compiler uses when the spec leaves it open (for the

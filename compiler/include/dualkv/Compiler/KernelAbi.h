@@ -62,6 +62,16 @@ inline constexpr Param kFwdWarpSpecializedParams[] = {
     {"scaleLog2", F32}, {"qMap", TMAP},     {"kMap", TMAP},
     {"vMap", TMAP},     {"order", I32P}};
 
+/// The forward of prefix trees (KernelSpec::tree; mma_sync, wgmma): the
+/// forward's parameters, then the plan's chain table.
+inline constexpr Param kFwdTreeParams[] = {
+    {"q", E},           {"k", E},          {"v", E},
+    {"o", E},           {"lse", F32P},     {"segs", I32P},
+    {"qStrideT", I64},  {"qStrideH", I64}, {"kStrideT", I64},
+    {"kStrideH", I64},  {"vStrideT", I64}, {"vStrideH", I64},
+    {"oStrideT", I64},  {"oStrideH", I64}, {"lseStrideH", I64},
+    {"scaleLog2", F32}, {"chain", I32P}};
+
 /// bwd_pre: grid (ceil(T / blockM), Hq).
 inline constexpr Param kBwdPreParams[] = {
     {"o", E},          {"dout", E},          {"delta", F32P},
@@ -99,6 +109,18 @@ inline constexpr Param kBwdDQParams[] = {
     {"doStrideH", I64}, {"dqStrideT", I64},  {"dqStrideH", I64},
     {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
     {"scaleLog2", F32}};
+
+/// bwd_dq of prefix trees (KernelSpec::tree): bwd_dq's parameters, then the
+/// plan's chain table.
+inline constexpr Param kBwdDQTreeParams[] = {
+    {"q", E},           {"k", E},            {"v", E},
+    {"dout", E},        {"dq", E},           {"lse", F32P},
+    {"delta", F32P},    {"segs", I32P},      {"qStrideT", I64},
+    {"qStrideH", I64},  {"kStrideT", I64},   {"kStrideH", I64},
+    {"vStrideT", I64},  {"vStrideH", I64},   {"doStrideT", I64},
+    {"doStrideH", I64}, {"dqStrideT", I64},  {"dqStrideH", I64},
+    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
+    {"scaleLog2", F32}, {"chain", I32P}};
 // clang-format on
 
 /// A kernel's parameters in launch order.
@@ -120,9 +142,15 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
   return {p, N};
 }
 
-/// The parameter table of `kind` in `schedule` (resolved).
+/// The parameter table of `kind` in `schedule` (resolved); `tree`: the
+/// query-major kernels of prefix trees (KernelSpec::tree).
 inline ParamTable kernelParams(KernelKind kind,
-                               Schedule schedule = Schedule::Auto) {
+                               Schedule schedule = Schedule::Auto,
+                               bool tree = false) {
+  if (tree && kind == KernelKind::Fwd)
+    return tableOf(kFwdTreeParams);
+  if (tree && kind == KernelKind::BwdDQ)
+    return tableOf(kBwdDQTreeParams);
   switch (kind) {
   case KernelKind::Fwd:
     if (schedule == Schedule::WarpSpecialized)

@@ -34,6 +34,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     Option<"blockN", "block-n", "int64_t", "0", "keys per KV tile (0: default)">,
     Option<"warps", "warps", "int64_t", "0", "warps per CTA (0: default)">,
     Option<"stages", "stages", "int64_t", "0", "shared-memory pipeline stages (0: default)">,
+    Option<"tree", "tree", "bool", "false",
+           "query-major kernels of branching prefix trees: segments walk an ancestor chain">,
   ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }
@@ -45,6 +47,9 @@ def DualKVTileRegions : Pass<"dualkv-tile-regions", "::mlir::ModuleOp"> {
     and a `tail` loop whose scores carry `dualkv.mask <bound>` (keys past the prompt).
     A loop over the response region becomes a `full` loop with no mask and a `diagonal`
     loop whose scores carry `dualkv.mask <causal>`. Only edge tiles pay for masking.
+    In a tree kernel (`#dualkv.problem<..., tree = true>`) the shared region's two
+    loops go into a `dualkv.chain_loop`, which runs them once per ancestor range of
+    the query's segment.
   }];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }

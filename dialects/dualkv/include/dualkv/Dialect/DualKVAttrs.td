@@ -141,7 +141,11 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     `P` prompt tokens and `N` responses (a shape class when the kernel is generic in
     them: `P = 0` means any prompt length), query and KV head counts, head size,
     element type, softmax scale and whether attention is causal (always true for the
-    semantics of DualKV; kept explicit so the IR states it).
+    semantics of DualKV; kept explicit so the IR states it). `tree = true` (printed
+    only when set) marks the query-major kernels of branching prefix trees: a
+    segment's ancestors are a chain of disjoint key ranges (the plan's chain table),
+    which `dualkv-tile-regions` walks with a `dualkv.chain_loop` around the shared
+    region's loops.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -152,7 +156,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
   let parameters = (ins "int64_t":$P, "int64_t":$N, "int64_t":$num_q_heads,
                         "int64_t":$num_kv_heads, "int64_t":$head_dim,
                         "::mlir::Type":$dtype, "::mlir::FloatAttr":$scale,
-                        "bool":$causal);
+                        "bool":$causal,
+                        DefaultValuedParameter<"bool", "false">:$tree);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

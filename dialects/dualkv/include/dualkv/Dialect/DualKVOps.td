@@ -145,7 +145,8 @@ def DualKV_InitStatsOp : DualKV_Op<"init_stats", [Pure]> {
 }
 
 def DualKV_KVLoopOp : DualKV_Op<"kv_loop", [RecursiveMemoryEffects,
-    SingleBlockImplicitTerminator<"YieldOp">, HasParent<"KernelOp">]> {
+    SingleBlockImplicitTerminator<"YieldOp">,
+    ParentOneOf<["KernelOp", "ChainLoopOp"]>]> {
   let summary = "Walk the KV tiles of one region";
   let description = [{
     The body runs once per KV tile index of `region`, carrying `iter_args`. `part`
@@ -183,9 +184,47 @@ def DualKV_KVLoopOp : DualKV_Op<"kv_loop", [RecursiveMemoryEffects,
   }];
 }
 
+def DualKV_ChainLoopOp : DualKV_Op<"chain_loop", [RecursiveMemoryEffects,
+    SingleBlockImplicitTerminator<"YieldOp">, HasParent<"KernelOp">]> {
+  let summary = "Walk the ancestor key ranges of a prefix tree's segment";
+  let description = [{
+    In the query-major kernels of branching prefix trees (`#dualkv.problem<...,
+    tree = true>`), a segment's ancestors are several disjoint key ranges: the
+    plan's chain table lists them (row `segment` holds the nearest range and the
+    number of ranges, each row's `next` the one after it). The body, the shared
+    region's `kv_loop`s, runs once per range with the shared region bound to it,
+    carrying `iter_args`. `dualkv-tile-regions` builds it around the shared
+    region's full and tail loops; depth-1 kernels have none (one range, the
+    segment table's).
+
+    ```mlir
+    %acc1, %m1, %l1 = dualkv.chain_loop iter_args(%acc = %acc0, %m = %m0, %l = %l0)
+        : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats {
+    ^bb0(%acc: !dualkv.acc, %m: !dualkv.row_stats, %l: !dualkv.row_stats):
+      %a:3 = dualkv.kv_loop <shared> part <full> iter_args(...) ...
+      %b:3 = dualkv.kv_loop <shared> part <tail> iter_args(...) ...
+      dualkv.yield %b#0, %b#1, %b#2 : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<AnyType>:$inits);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasRegionVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins "ValueRange":$inits)>];
+  let extraClassDeclaration = [{
+    /// The loop-carried values seen by the body.
+    Block::BlockArgListType getRegionIterArgs() {
+      return getBody().front().getArguments();
+    }
+  }];
+}
+
 def DualKV_YieldOp : DualKV_Op<"yield", [Pure, Terminator, ReturnLike,
-    ParentOneOf<["KVLoopOp", "QLoopOp"]>]> {
-  let summary = "The values a KV or query loop carries to its next iteration";
+    ParentOneOf<["KVLoopOp", "QLoopOp", "ChainLoopOp"]>]> {
+  let summary = "The values a KV, query or chain loop carries to its next iteration";
   let description = "```mlir\ndualkv.yield %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats\n```";
   let arguments = (ins Variadic<AnyType>:$values);
   let assemblyFormat = "attr-dict ($values^ `:` type($values))?";
