@@ -21,7 +21,7 @@ def schedule(kind, d, bm, bn, warps, arch):
     for bwd and bwd_kv, the warpgroup one for bwd_dq; mma_sync for everything
     else."""
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
-        if kind in ("bwd", "bwd_kv") and d in (64, 128):
+        if kind in ("bwd", "bwd_kv") and d == 128:
             return "warp_specialized"
         if kind == "bwd_dq" and d == 128:
             return "wgmma"
@@ -59,10 +59,7 @@ def shared_bytes(kind, d, bm, bn, warps, arch):
                + dq)
         if sched == "warp_specialized":
             # Six mbarriers: full and empty of the two query-tile slots, dQ
-            # staged and dQ read. At head_dim 64 bwd stages two partial dQ
-            # tiles (one a warpgroup).
-            if kind == "bwd" and d == 64:
-                end += dq
+            # staged and dQ read.
             end += 6 * 8
         return end + 1024
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
