@@ -334,19 +334,13 @@ LogicalResult WarpSpecializedKVMajor::emitQLoop(QLoopOp op) {
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
       beginQIteration(curSlot);
       tileReady = false;
-      aLane = opaque(lane);
-      aG = divu(aLane, 4);
-      aT = remu(aLane, 4);
-      for (Operation &inner : op.getBody().front().without_terminator())
-        if (failed(emitOp(&inner)))
-          return failure();
+      if (failed(emitQIterationOps(op)))
+        return failure();
       // endQIteration retires every product, so nothing reads the slot any
       // more when this thread hands it back.
       endQIteration();
       arrive(emptyBarrier(curSlot));
-      SmallVector<Value> yielded;
-      for (Value v : op.getBody().front().getTerminator()->getOperands())
-        yielded.push_back(map.lookup(v));
+      SmallVector<Value> yielded = qIterationYields(op);
       yielded.push_back(add(at, idx(1)));
       scf::YieldOp::create(b, loc, yielded);
     }
