@@ -578,9 +578,36 @@ protected:
       gpu::BarrierOp::create(b, loc);
       return;
     }
-    NVVM::BarrierOp::create(b, loc, Type(), i32c(1),
-                            i32c(int32_t(syncedThreads)),
+    namedBarrier(i32c(1), syncedThreads);
+  }
+  // ---- the warp-specialized schedules' synchronisation (sm_90a) -----------
+  /// An index as an i32.
+  Value i32Of(Value index) {
+    return arith::IndexCastOp::create(b, loc, b.getI32Type(), index);
+  }
+  /// bar.sync on named barrier `id` (an i32) of `count` threads.
+  void namedBarrier(Value id, int64_t count) {
+    NVVM::BarrierOp::create(b, loc, Type(), id, i32c(int32_t(count)),
                             NVVM::BarrierReductionAttr(), Value());
+  }
+  /// A shared-memory address (index) as an LLVM shared pointer.
+  Value sharedPtr(Value addr) {
+    return LLVM::IntToPtrOp::create(
+        b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3), i32Of(addr));
+  }
+  /// Waits until the phase of mbarrier `bar` with parity `parity` (an
+  /// index) has completed.
+  void waitParity(Value bar, Value parity) {
+    NVVM::MBarrierTryWaitParityOp::create(b, loc, bar, i32Of(parity),
+                                          i32c(0x989680));
+  }
+  /// Arrives on mbarrier `bar`.
+  void arrive(Value bar) {
+    NVVM::MBarrierArriveOp::create(b, loc, Type(), bar, Value());
+  }
+  /// Slot and phase parity of iteration `it` of a ring of `slots` slots.
+  std::pair<Value, Value> ringSlot(Value it, int64_t slots) {
+    return {remu(it, slots), remu(divu(it, slots), 2)};
   }
   /// Threads syncThreads() syncs; 0: the whole CTA.
   int64_t syncedThreads = 0;

@@ -90,23 +90,8 @@ private:
   Value emptyBarrier(Value slot) { return barrierAt(kSlots, slot); }
   Value dqFullBarrier() { return barrierAt(2 * kSlots, idx(0)); }
   Value dqEmptyBarrier() { return barrierAt(2 * kSlots + 1, idx(0)); }
-  Value sharedPtr(Value addr) {
-    Value i32 = arith::IndexCastOp::create(b, loc, b.getI32Type(), addr);
-    return LLVM::IntToPtrOp::create(
-        b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3), i32);
-  }
-  void waitParity(Value bar, Value parity) {
-    NVVM::MBarrierTryWaitParityOp::create(
-        b, loc, bar, arith::IndexCastOp::create(b, loc, b.getI32Type(), parity),
-        i32c(0x989680));
-  }
-  void arrive(Value bar) {
-    NVVM::MBarrierArriveOp::create(b, loc, Type(), bar, Value());
-  }
   /// Slot and phase parity of pipeline iteration `it`.
-  std::pair<Value, Value> slotOf(Value it) {
-    return {remu(it, kSlots), remu(divu(it, kSlots), 2)};
-  }
+  std::pair<Value, Value> slotOf(Value it) { return ringSlot(it, kSlots); }
 
   LogicalResult emitBody() override;
   LogicalResult emitProducer();
@@ -136,10 +121,7 @@ private:
     storeDsT(ds);
     proxyFence();
     // The warpgroup's 128 threads (named barrier 2 + w) see each other's rows.
-    NVVM::BarrierOp::create(b, loc, Type(),
-                            arith::IndexCastOp::create(b, loc, b.getI32Type(),
-                                                       add(idx(2), warpGroup)),
-                            i32c(128), NVVM::BarrierReductionAttr(), Value());
+    namedBarrier(i32Of(add(idx(2), warpGroup)), 128);
     // dQ (queries x D) = dS (queries x own keys, M-major: dSᵀ rows) K (own
     // keys x D, N-major), 4 k-steps of 16 keys.
     Value own = mul(warpGroup, idx(64 * 128));

@@ -104,22 +104,6 @@ private:
   Value kEmpty(Value s) { return barrierAt(3, s); }
   Value vEmpty(Value s) { return barrierAt(4, s); }
 
-  /// A shared-memory address (index) as an LLVM shared pointer.
-  Value sharedPtr(Value addr) {
-    Value i32 = arith::IndexCastOp::create(b, loc, b.getI32Type(), addr);
-    return LLVM::IntToPtrOp::create(
-        b, loc, LLVM::LLVMPointerType::get(b.getContext(), 3), i32);
-  }
-  Value i32Of(Value index) {
-    return arith::IndexCastOp::create(b, loc, b.getI32Type(), index);
-  }
-  void waitParity(Value bar, Value parity) {
-    NVVM::MBarrierTryWaitParityOp::create(b, loc, bar, i32Of(parity),
-                                          i32c(0x989680));
-  }
-  void arrive(Value bar) {
-    NVVM::MBarrierArriveOp::create(b, loc, Type(), bar, Value());
-  }
   /// TMA of `rows` x headDim elements at token `row`, head `head` of
   /// `tensorMap` into the swizzled tile at shared address `dst` (D / 64 boxes
   /// of 64 columns, one atom each).
@@ -142,11 +126,7 @@ private:
   /// under the other's GEMMs. Warpgroup 1 hands warpgroup 0 the first turn;
   /// each warpgroup takes as many turns as the other, and warpgroup 1 passes
   /// none on after its last, so both barriers end balanced.
-  void turnBegin() {
-    NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(1), wgIdx)),
-                            i32c(int32_t(threads())),
-                            NVVM::BarrierReductionAttr(), Value());
-  }
+  void turnBegin() { namedBarrier(i32Of(add(idx(1), wgIdx)), threads()); }
   void turnEnd() {
     NVVM::BarrierArriveOp::create(
         b, loc, i32Of(arith::SubIOp::create(b, loc, idx(2), wgIdx)),
@@ -163,9 +143,7 @@ private:
   }
 
   /// Slot and phase parity of pipeline iteration `i`.
-  std::pair<Value, Value> slotOf(Value i) {
-    return {remu(i, stages), remu(divu(i, stages), 2)};
-  }
+  std::pair<Value, Value> slotOf(Value i) { return ringSlot(i, stages); }
   /// The region start (a token) and tile index of pipeline iteration `i`.
   std::pair<Value, Value> tileOf(Value i);
 
@@ -468,9 +446,7 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
         ValueRange{add(mul(head, lseStrideH), add(segStart, row))});
   }
   // The warpgroup's 128 threads (named barrier 3 + w) see each other's rows.
-  NVVM::BarrierOp::create(b, loc, Type(), i32Of(add(idx(3), wgIdx)),
-                          i32c(int32_t(kWarpgroupThreads)),
-                          NVVM::BarrierReductionAttr(), Value());
+  namedBarrier(i32Of(add(idx(3), wgIdx)), kWarpgroupThreads);
   int64_t chunks = headDim / 8;
   int64_t rowsPerPass = kWarpgroupThreads / chunks;
   Value lt = remu(tid, kWarpgroupThreads);
