@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, profile, sanitize (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -83,6 +83,20 @@ if [[ ,$what, == *,profile,* ]]; then
   else
     echo "=== no ncu on this machine" | tee -a "$log"
   fi
+fi
+if [[ ,$what, == *,breakdown,* ]]; then
+  # Per-kernel GPU time of one call per mode (not part of "all"): Nsight Compute's
+  # gpu__time_duration for every launch of dualkv-backward-bench (1 warm-up, 1 rep, clocks
+  # left alone), summed per kernel name and config by scripts/ncu-breakdown.py.
+  # BREAKDOWN_RUNS: ";"-separated dualkv-backward-bench argument lists.
+  IFS=';' read -ra runs <<< "${BREAKDOWN_RUNS:---configs 16384:16:1024 --modes bwd,det}"
+  for r in "${runs[@]}"; do
+    # shellcheck disable=SC2086
+    step "ncu breakdown: $r" bash -c "set -o pipefail; ncu --clock-control none \
+      --metrics gpu__time_duration.sum --csv build/tests/gpu/dualkv-backward-bench $r \
+      --reps 1 --warmup 1 --sets 1 > '$reports/ncu_raw.csv' && \
+      python3 scripts/ncu-breakdown.py '$reports/ncu_raw.csv' | tee -a '$out/breakdown.txt'"
+  done
 fi
 if [[ ,$what, == *,grpo,* ]]; then
   # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
