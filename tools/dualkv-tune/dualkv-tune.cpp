@@ -131,7 +131,9 @@ std::vector<Shape> readShapes(const std::string &path) {
   std::string text((std::istreambuf_iterator<char>(in)),
                    std::istreambuf_iterator<char>());
   auto bad = [&](const std::string &where, const std::string &why) {
-    usageError(fmt::format("--shapes {}: {}: {}", path, where, why));
+    usageError(where.empty()
+                   ? fmt::format("--shapes {}: {}", path, why)
+                   : fmt::format("--shapes {}: {}: {}", path, where, why));
   };
   auto ranged = [&](const std::string &where, const char *name, int64_t v) {
     const int64_t lo = name[0] == 'P' ? 1 : 0;
