@@ -1187,8 +1187,10 @@ ClassState classKernelState(const KernelSpec &spec, const CacheKey &key,
   if (bg.pending.count(hash)) // another launch thread was quicker
     return ClassState::Pending;
   if (!bg.exitHandler) {
-    // Registered after this process's compiler state (the fingerprint is
-    // computed by now): the handler runs before it is torn down.
+    // Exit waits for the compiles: handlers run in reverse order of
+    // registration, so this one runs before the destructors of the statics
+    // constructed before it (the library's, LLVM's registries, the
+    // fingerprint computed above), which a compile reads.
     std::atexit([] { waitForBackgroundCompiles(); });
     bg.exitHandler = true;
   }
