@@ -17,7 +17,7 @@ namespace dualkv {
 /// A shape class (docs/architecture.md §4): power-of-two buckets of a group's
 /// prompt length P, response count N and response length R. All three zero
 /// is the generic class ("any shape"); a real class has all three non-zero.
-struct ShapeClass {
+struct DUALKV_API ShapeClass {
   int64_t P = 0, N = 0, R = 0;
 
   /// Whether this is the generic class (every field 0).
