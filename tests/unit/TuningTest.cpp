@@ -497,8 +497,8 @@ TEST_CASE("shape class: a plan's is its largest group's", "[tuning][class]") {
   CHECK(shapeClassOf(Plan(PlanTree{{2048, 128, 128}, {-1, 0, 1}})).any());
 }
 
-TEST_CASE("tuning: class entries round-trip and are looked up class, then "
-          "generic, then none",
+TEST_CASE("tuning: class entries round-trip and are looked up class then "
+          "generic then none",
           "[tuning][class]") {
   TunedEntry generic = sample(128, "sm_90a", {128, 64, 8, 2});
   TunedEntry small = generic;
@@ -586,7 +586,7 @@ TEST_CASE("tuning: an entry whose P, N, R are not a shape class is malformed",
   std::remove(path.c_str());
 }
 
-TEST_CASE("cache key: R is written only for a class, and changes the hash",
+TEST_CASE("cache key: R is written only for a class and changes the hash",
           "[runtime][class]") {
   KernelSpec spec;
   spec.arch = "sm_90a";
@@ -612,15 +612,15 @@ namespace {
 /// Puts a fake kernel for (kind, head_dim 128, heads 8:2, bf16, sm_90a,
 /// shape class `c`, tiling) into the disk cache at `root`.
 void seedClass(const std::string &root, KernelKind kind, const ShapeClass &c,
-               Tiling tiling, const std::string &name, int threads,
-               int shared) {
+               Tiling tiling, const std::string &name, int threads, int shared,
+               int qHeads = 8, int kvHeads = 2) {
   KernelSpec spec;
   spec.kind = kind;
   spec.P = c.P;
   spec.N = c.N;
   spec.R = c.R;
-  spec.numQHeads = 8;
-  spec.numKVHeads = 2;
+  spec.numQHeads = qHeads;
+  spec.numKVHeads = kvHeads;
   spec.arch = "sm_90a";
   spec.tiling = tiling;
   spec = resolveSpec(spec);
@@ -648,9 +648,12 @@ TunedEntry tunedFor(KernelKind kind, const ShapeClass &c, Tiling tiling,
 
 } // namespace
 
-TEST_CASE("tuning: the runtime takes the class's tiling, else the generic "
-          "one, else the default",
+TEST_CASE("tuning: the runtime takes the class's tiling else the generic "
+          "one else the default",
           "[tuning][runtime][class]") {
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
   const Tiling classTiling{64, 32, 4, 2}, genericTiling{64, 64, 4, 2};
   // Plan A's class has an entry; plan B's has none.
   Plan a({{1024, std::vector<int64_t>(8, 256)}});
@@ -658,8 +661,7 @@ TEST_CASE("tuning: the runtime takes the class's tiling, else the generic "
   const ShapeClass ca = shapeClassOf(a);
   REQUIRE(ca == ShapeClass{1024, 8, 256});
   TunedCache cache({tunedFor(KernelKind::Fwd, ca, classTiling),
-                    tunedFor(KernelKind::Fwd, {}, genericTiling),
-                    tunedFor(KernelKind::Bwd, ca, classTiling)});
+                    tunedFor(KernelKind::Fwd, {}, genericTiling)});
   // Every kernel a lookup could pick, told apart by shared bytes: the
   // class's kernel (on disk: no compile), the generic tuned one, the
   // default, and the class tiling's generic kernel (never the answer).
@@ -669,14 +671,6 @@ TEST_CASE("tuning: the runtime takes the class's tiling, else the generic "
   seedClass(root, KernelKind::Fwd, {}, {}, "attention_fwd", 128, 3);
   seedClass(root, KernelKind::Fwd, {}, classTiling, "attention_fwd", 128, 4);
   seed(root, KernelKind::Fwd, 64, {}, "attention_fwd", 128, 5);
-  seedClass(root, KernelKind::Bwd, ca, classTiling, "attention_bwd", 128, 11);
-  seedClass(root, KernelKind::Bwd, {}, {}, "attention_bwd", 128, 12);
-  seedClass(root, KernelKind::BwdPre, {}, {}, "attention_bwd_pre", 128, 0);
-  seedClass(root, KernelKind::BwdPost, {}, {}, "attention_bwd_post", 256, 0);
-
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
-  fake.signatures = backwardSignatures();
   resetCacheStats();
   forward(fakeForwardArgs(a, 128));
   CHECK(fake.last.shared == 1); // the class's entry
@@ -686,20 +680,60 @@ TEST_CASE("tuning: the runtime takes the class's tiling, else the generic "
   CHECK(fake.last.shared == 1); // and again, from memory
   forward(fakeForwardArgs(a, 64));
   CHECK(fake.last.shared == 5); // head_dim 64: no entry at all, the default
-  backward(fakeBackwardArgs(a, 128, false));
-  CHECK(sharedOf(fake, "attention_bwd") == 11);
-  backward(fakeBackwardArgs(b, 128, false));
-  CHECK(sharedOf(fake, "attention_bwd") == 12);
   // Nothing was compiled, so nothing went to the background.
   CHECK(cacheStats().compiles == 0);
   CHECK(backgroundCompilesStarted() == 0);
 }
 
+TEST_CASE("tuning: the backward's main kernel takes its class's tiling else "
+          "the generic one",
+          "[tuning][runtime][class][backward]") {
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  // As "a backward launched a KV head at a time": 8:2 heads tuned, 4:1
+  // kernels launched; two plans of different classes.
+  const Tiling tuned{64, 32, 4, 1};
+  Plan a({{8192, std::vector<int64_t>(16, 1024)}});
+  Plan b({{4096, std::vector<int64_t>(16, 1024)}});
+  REQUIRE(backwardKVHeadsPerLaunch(a, 2, false) == 1);
+  REQUIRE(backwardKVHeadsPerLaunch(b, 2, false) == 1);
+  const ShapeClass ca = shapeClassOf(a);
+  REQUIRE(ca == ShapeClass{8192, 16, 1024});
+  TunedCache cache({tunedFor(KernelKind::Bwd, ca, tuned)});
+  const std::string &root = cache.tmp.path;
+  seedClass(root, KernelKind::Bwd, ca, tuned, "attention_bwd", 128, 401, 4, 1);
+  seedClass(root, KernelKind::Bwd, {}, tuned, "attention_bwd", 128, 403, 4, 1);
+  seedClass(root, KernelKind::Bwd, {}, {}, "attention_bwd", 256, 402, 4, 1);
+  seedClass(root, KernelKind::BwdPost, {}, {}, "attention_bwd_post", 256, 0, 4,
+            1);
+  seedClass(root, KernelKind::BwdPre, {}, {}, "attention_bwd_pre", 128, 0);
+
+  fake.signatures = backwardSignatures();
+  resetCacheStats();
+  auto mainShared = [&](const Plan &plan) {
+    fake.events.clear();
+    backward(fakeBackwardArgs(plan, 128, false));
+    std::set<unsigned> shared;
+    for (const FakeDriver::Event &e : fake.events)
+      if (e.name == "attention_bwd")
+        shared.insert(e.shared);
+    return shared;
+  };
+  CHECK(mainShared(a) == std::set<unsigned>{401}); // the class's kernel
+  CHECK(mainShared(b) == std::set<unsigned>{402}); // no entry: the default
+  CHECK(mainShared(a) == std::set<unsigned>{401});
+  CHECK(cacheStats().compiles == 0);
+}
+
 TEST_CASE("tuning: a class's kernel is compiled in the background while the "
-          "generic kernel serves; its code is the generic code",
+          "generic kernel serves and its code is the generic code",
           "[tuning][runtime][class]") {
   if (ptxasPath({}).empty())
     return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
   const Tiling classTiling{128, 64, 8, 2}; // the default has another shape
   Plan a({{1024, std::vector<int64_t>(8, 256)}});
   const ShapeClass ca = shapeClassOf(a);
@@ -707,8 +741,6 @@ TEST_CASE("tuning: a class's kernel is compiled in the background while the "
   ScopedEnv background("DUALKV_BACKGROUND_COMPILE", std::nullopt);
   seedClass(cache.tmp.path, KernelKind::Fwd, {}, {}, "attention_fwd", 128, 3);
 
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
   resetCacheStats();
   forward(fakeForwardArgs(a, 128));
   REQUIRE(fake.launches == 1);
@@ -716,20 +748,25 @@ TEST_CASE("tuning: a class's kernel is compiled in the background while the "
   CHECK(backgroundCompilesStarted() == 1);
   waitForBackgroundCompiles();
   CHECK(cacheStats().compiles == 1);
-  forward(fakeForwardArgs(a, 128));
-  REQUIRE(fake.launches == 2);
-  CHECK(fake.last.block[0] == 256); // the class's 8 warps
-  CHECK(fake.last.shared == (128 + 2 * 64) * (128 + 8) * 2);
-  CHECK(backgroundCompilesStarted() == 1); // compiled once
-
-  // On disk under the class's key (with R), with exactly the PTX of the
-  // generic kernel at the same tiling, compiled here independently.
+  // The generic kernel at the class's tiling, compiled here independently:
+  // what the class's kernel must be.
   KernelSpec spec;
   spec.numQHeads = 8;
   spec.numKVHeads = 2;
   spec.arch = "sm_90a";
   spec.tiling = classTiling;
   spec = resolveSpec(spec);
+  CompileResult generic = compile(spec);
+  REQUIRE(generic.ok);
+  REQUIRE(generic.info.threads != 128); // unlike the seeded generic kernel
+  forward(fakeForwardArgs(a, 128));
+  REQUIRE(fake.launches == 2);
+  CHECK(fake.last.block[0] == unsigned(generic.info.threads)); // 8 warps
+  CHECK(fake.last.block[0] == 256);
+  CHECK(fake.last.shared == unsigned(generic.info.sharedBytes));
+  CHECK(backgroundCompilesStarted() == 1); // compiled once
+
+  // On disk under the class's key (with R), with exactly the generic PTX.
   KernelSpec classSpec = spec;
   classSpec.P = ca.P;
   classSpec.N = ca.N;
@@ -738,9 +775,8 @@ TEST_CASE("tuning: a class's kernel is compiled in the background while the "
       DiskCache(cache.tmp.path)
           .load(CacheKey::fromSpec(classSpec, compilerFingerprint()));
   REQUIRE(stored.has_value());
-  CompileResult generic = compile(spec);
-  REQUIRE(generic.ok);
   CHECK(stored->ptx == generic.ptx);
+  CHECK(stored->info.name == generic.info.name);
   CHECK_FALSE(DiskCache(cache.tmp.path)
                   .load(CacheKey::fromSpec(spec, compilerFingerprint()))
                   .has_value()); // the generic key was never written
@@ -751,34 +787,43 @@ TEST_CASE("tuning: DUALKV_BACKGROUND_COMPILE=0 compiles a class's kernel at "
           "[tuning][runtime][class]") {
   if (ptxasPath({}).empty())
     return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
   Plan a({{2048, std::vector<int64_t>(4, 128)}});
   TunedCache cache(
       {tunedFor(KernelKind::Fwd, shapeClassOf(a), Tiling{128, 64, 8, 2})});
   ScopedEnv sync("DUALKV_BACKGROUND_COMPILE", "0");
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
   resetCacheStats();
   forward(fakeForwardArgs(a, 128));
   REQUIRE(fake.launches == 1);
-  CHECK(fake.last.block[0] == 256);
-  CHECK(fake.last.shared == (128 + 2 * 64) * (128 + 8) * 2);
+  KernelSpec spec;
+  spec.numQHeads = 8;
+  spec.numKVHeads = 2;
+  spec.arch = "sm_90a";
+  spec.tiling = {128, 64, 8, 2};
+  CompileResult generic = compile(resolveSpec(spec)); // independently
+  REQUIRE(generic.ok);
+  CHECK(fake.last.block[0] == 256); // the class's 8 warps
+  CHECK(fake.last.shared == unsigned(generic.info.sharedBytes));
   CHECK(cacheStats().compiles == 1);
   CHECK(backgroundCompilesStarted() == 0);
 }
 
 TEST_CASE("tuning: a class tiling that does not build leaves the class to the "
-          "generic kernel, compiled once",
+          "generic kernel and is compiled once",
           "[tuning][runtime][class]") {
   if (ptxasPath({}).empty())
     return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
   Plan a({{1024, std::vector<int64_t>(8, 256)}});
   // head_dim 64: block_m 64 cannot hold 8 warps of 16 rows.
   TunedCache cache(
       {tunedFor(KernelKind::Fwd, shapeClassOf(a), Tiling{64, 16, 8, 2}, 64)});
   ScopedEnv background("DUALKV_BACKGROUND_COMPILE", std::nullopt);
   seed(cache.tmp.path, KernelKind::Fwd, 64, {}, "attention_fwd", 128, 7);
-  ScopedFakeDriver scoped;
-  FakeDriver &fake = scoped.fake;
   for (int i = 0; i < 3; ++i) {
     forward(fakeForwardArgs(a, 64));
     CHECK(fake.last.shared == 7);
