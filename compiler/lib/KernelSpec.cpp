@@ -152,7 +152,7 @@ std::string wgmmaUnfit(const KernelSpec &spec) {
 /// resolved), or an empty string: on sm_90a, the forward at head_dim 64, 128
 /// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
 /// that divide the 128 query rows and fit shared memory; the KV-major
-/// backward (bwd, bwd_kv) at head_dim 128, 128 keys in two consumer
+/// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
 /// warpgroups, 64-query tiles.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
@@ -165,8 +165,8 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
-    if (spec.headDim != 128)
-      return "its backward has head_dim 128, not " +
+    if (spec.headDim != 64 && spec.headDim != 128)
+      return "its backward has head_dim 64 and 128, not " +
              std::to_string(spec.headDim);
     const Tiling &t = spec.tiling;
     if (t.blockM != 128 || t.blockN != 64 || t.warps != 8)
@@ -189,15 +189,19 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
 }
 
 /// The schedule Auto stands for: the warp-specialized one for the forward at
-/// its measured tilings (defaultTiling's) and for the KV-major backward
-/// wherever it fits, the warpgroup one wherever it fits, mma.sync elsewhere.
+/// its measured tilings (defaultTiling's) and for the KV-major backward at
+/// head_dim 128, the warpgroup one wherever it fits, mma.sync elsewhere.
 /// Other tilings of the warp-specialized forward are asked for by name.
 Schedule defaultSchedule(const KernelSpec &resolved) {
   const Tiling &t = resolved.tiling;
   bool kvMajor =
       resolved.kind == KernelKind::Bwd || resolved.kind == KernelKind::BwdKV;
+  // The KV-major backward at head_dim 64 is warp-specialized by name only: it
+  // measured level with mma.sync (benchmarks/NOTES.md) and has not yet run
+  // under compute-sanitizer.
   if (warpSpecializedUnfit(resolved).empty() &&
-      (kvMajor || t.blockN == (resolved.headDim == 256 ? 64 : 128)))
+      (kvMajor ? resolved.headDim == 128
+               : t.blockN == (resolved.headDim == 256 ? 64 : 128)))
     return Schedule::WarpSpecialized;
   // The warpgroup dQ kernel at its own tiling (defaultTiling's); other
   // tilings of it are asked for by name.

@@ -703,9 +703,11 @@ void rememberEntry(const std::string &hash, const CacheEntry &entry) {
 /// The compiled entry of `key` (`spec` resolved): joins a compile of the same
 /// key already under way or done in this process, else compiles it here
 /// (IR dumped to $DUALKV_DUMP_IR if set) and stores it in `disk` when given.
-/// Throws Error (Compile) when the compiler fails.
+/// Throws Error (Compile) when the compiler fails. *compiledHere (if given)
+/// says whether this call compiled, rather than joined another's compile.
 CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
-                       const std::string &hash, const DiskCache *disk) {
+                       const std::string &hash, const DiskCache *disk,
+                       bool *compiledHere = nullptr) {
   CompileTable &table = compileTable();
   std::promise<CompiledPtr> promise;
   std::shared_future<CompiledPtr> future;
@@ -721,6 +723,8 @@ CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
       mine = true;
     }
   }
+  if (compiledHere)
+    *compiledHere = mine;
   if (mine) {
     auto done = std::make_shared<Compiled>();
     try {
@@ -896,9 +900,12 @@ CacheEntry findOrCompile(const KernelSpec &spec, const CacheKey &key,
       return std::move(*entry);
     }
   }
-  // Memory if another thread started this key's compile meanwhile.
-  from(compileKnown(hash) ? Origin::Memory : Origin::Compiled);
-  return compileOnce(spec, key, hash, store);
+  // Memory if another thread started this key's compile meanwhile (decided
+  // under the compile table's lock, where the compile is claimed).
+  bool compiledHere = false;
+  CacheEntry entry = compileOnce(spec, key, hash, store, &compiledHere);
+  from(compiledHere ? Origin::Compiled : Origin::Memory);
+  return entry;
 }
 
 /// `spec` (arch set) with its open tiling replaced by the tuned one when

@@ -25,7 +25,8 @@ fi
 version=$4 cmake=$5 generator=$6 cxx=$7
 rm -rf "$work"
 mkdir -p "$work/moved"
-"$cmake" --install "$build" --prefix "$work/installed/prefix" > "$work/install.log"
+"$cmake" --install "$build" --prefix "$work/installed/prefix" > "$work/install.log" 2>&1 ||
+  { cat "$work/install.log"; echo "FAILED: cmake --install" >&2; exit 1; }
 mv "$work/installed/prefix" "$prefix"
 rmdir "$work/installed"
 echo "installed, then moved to $prefix:"
@@ -39,13 +40,18 @@ if grep -rlF "$work/installed" "$prefix" > "$work/stale.txt"; then
   fail "these files name the prefix they were installed to: $(cat "$work/stale.txt")"
 fi
 for f in "$prefix"/lib/libdualkv.so "$prefix"/lib/libdualkv_runtime.so; do
-  readelf -d "$f" | grep -q 'R.*PATH.*\[\$ORIGIN\]' || fail "$f has no \$ORIGIN RUNPATH"
+  # Each tool's output is read whole before grep looks at it: with pipefail,
+  # `tool | grep -q` fails when grep exits first and the tool gets SIGPIPE.
+  dynamic=$(readelf -d "$f")
+  grep -q 'R.*PATH.*\[\$ORIGIN\]' <<< "$dynamic" || fail "$f has no \$ORIGIN RUNPATH"
 done
 
 # The installed tools run from the moved prefix and find libdualkv.so there.
 aot=$prefix/bin/dualkv-aot
-readelf -d "$aot" | grep -q 'R.*PATH.*\[\$ORIGIN/../lib\]' || fail "$aot: RUNPATH is not \$ORIGIN/../lib"
-ldd "$aot" | grep -q "$prefix/bin/../lib/libdualkv.so" ||
+dynamic=$(readelf -d "$aot")
+grep -q 'R.*PATH.*\[\$ORIGIN/../lib\]' <<< "$dynamic" || fail "$aot: RUNPATH is not \$ORIGIN/../lib"
+deps=$(ldd "$aot")
+grep -qF "$prefix/bin/../lib/libdualkv.so" <<< "$deps" ||
   fail "$aot does not load the moved prefix's libdualkv.so: $(ldd "$aot")"
 "$aot" --kind fwd --head-dim 64 --heads 4:2 --dtype bf16 --arch sm_80 --no-cubin \
   --out "$work/aot" > "$work/aot.log"

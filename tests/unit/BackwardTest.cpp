@@ -226,7 +226,7 @@ TEST_CASE("backward items: every allowed pair once, for random plans",
   }
 }
 
-TEST_CASE("backward items: long groups split their prompt tiles; the bound "
+TEST_CASE("backward items: long groups split their prompt tiles, the bound "
           "holds",
           "[runtime][backward]") {
   std::mt19937 rng(99);

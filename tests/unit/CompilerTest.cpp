@@ -451,6 +451,8 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::Bwd, "sm_90a", 128, {}, W), W},
       {specOf(K::BwdKV, "sm_90a", 128, {128, 64, 8, 1}, W), W},
       {specOf(K::Bwd, "sm_90a", 64), M},
+      {specOf(K::Bwd, "sm_90a", 64, {}, S), S}, // by name
+      {specOf(K::Bwd, "sm_90a", 256), M},
       {specOf(K::Bwd, "sm_90a", 128, {128, 32, 8, 1}), M},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
       {specOf(K::Bwd, "sm_80", 128), M},
@@ -524,9 +526,9 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::BwdDQ, "sm_90a", 128, {}, S),
        "the warp_specialized schedule cannot compute this bwd_dq kernel: it "
        "has no bwd_dq kernel"},
-      {specOf(K::Bwd, "sm_90a", 64, {}, S),
+      {specOf(K::Bwd, "sm_90a", 256, {}, S),
        "the warp_specialized schedule cannot compute this bwd kernel: its "
-       "backward has head_dim 128, not 64"},
+       "backward has head_dim 64 and 128, not 256"},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}, S),
        "the warp_specialized schedule cannot compute this bwd_kv kernel: its "
        "backward needs block_m 128, block_n 64 and 8 (consumer) warps"},

@@ -66,7 +66,7 @@ options:
                    comma-separate for several (default sm_90a)
   --schedule S     auto (default: the compiler's choice for each spec),
                    mma_sync, wgmma or warp_specialized (sm_90a: the forward,
-                   the head_dim-128 bwd and bwd_kv);
+                   bwd and bwd_kv at head_dim 64 and 128);
                    one that a spec cannot use is an error. bwd_pre and
                    bwd_post always take mma_sync
   --tree           the tree variants of the query-major kernels (fwd,

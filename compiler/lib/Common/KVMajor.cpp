@@ -124,20 +124,13 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
            issueTileCopies(next, arith::SubIOp::create(b, loc, idx(1), parity),
                            cmp(arith::CmpIPredicate::ult, next, ub)))
         pending.push_back({Value(), group});
-      aLane = opaque(lane);
-      aG = divu(aLane, 4);
-      aT = remu(aLane, 4);
-      for (Operation &inner : op.getBody().front().without_terminator())
-        if (failed(emitOp(&inner)))
-          return failure();
+      if (failed(emitQIterationOps(op)))
+        return failure();
       endQIteration();
       // Every warp must be done with this tile's shared memory before the
       // next iteration's copies overwrite it.
       syncThreads();
-      SmallVector<Value> yielded;
-      for (Value v : op.getBody().front().getTerminator()->getOperands())
-        yielded.push_back(map.lookup(v));
-      scf::YieldOp::create(b, loc, yielded);
+      scf::YieldOp::create(b, loc, qIterationYields(op));
     }
     // The last iteration's (empty) prefetch lands before the buffers are
     // written again.
@@ -147,6 +140,23 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
   for (auto [from, to] : llvm::zip(op.getResults(), heads.getResults()))
     map.map(from, to);
   return success();
+}
+
+LogicalResult KVMajorEmitter::emitQIterationOps(QLoopOp op) {
+  aLane = opaque(lane);
+  aG = divu(aLane, 4);
+  aT = remu(aLane, 4);
+  for (Operation &inner : op.getBody().front().without_terminator())
+    if (failed(emitOp(&inner)))
+      return failure();
+  return success();
+}
+
+SmallVector<Value> KVMajorEmitter::qIterationYields(QLoopOp op) {
+  SmallVector<Value> yielded;
+  for (Value v : op.getBody().front().getTerminator()->getOperands())
+    yielded.push_back(map.lookup(v));
+  return yielded;
 }
 
 SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {

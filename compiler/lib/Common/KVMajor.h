@@ -199,6 +199,11 @@ protected:
   }
   bool tileReady = false;
 
+  /// Emits the ops of q_loop `op`'s body for the current tile (its views
+  /// set, beginQIteration called).
+  LogicalResult emitQIterationOps(QLoopOp op);
+  /// What the body's yield yields, mapped.
+  SmallVector<Value> qIterationYields(QLoopOp op);
   /// The query tiles [lb, ub) of the item that loop part `op` walks:
   /// the diagonal ones (which meet the block's keys) or the rest.
   LogicalResult qLoopBounds(QLoopOp op, Value &lb, Value &ub);

@@ -1,8 +1,8 @@
 //===- KVMajor.cpp - the sm_90a warp-specialized KV-major backward --------===//
 //
-// bwd and bwd_kv at head_dim 128, block_m 128 keys, block_n 64 queries: the
-// products of the warpgroup schedule (Wgmma/KVMajor.h: Sᵀ = K Qᵀ and dPᵀ = V
-// dOᵀ from shared memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers,
+// bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries:
+// the products of the warpgroup schedule (Wgmma/KVMajor.h: Sᵀ = K Qᵀ and dPᵀ =
+// V dOᵀ from shared memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers,
 // dQ = dS K leaving by bulk reduction), with the query tiles' copies taken
 // off the warps that compute. A CTA has three warpgroups:
 //   warpgroup 2, the producer (setmaxnreg down to 24 registers), for each
@@ -24,8 +24,12 @@
 //   warpgroups 0 and 1, the consumers (setmaxnreg up to 240): 64 keys each,
 //     dK and dV in registers, the warpgroup schedule's products, waiting on
 //     the slot's full barrier instead of cp.async groups and a CTA barrier.
-//     They meet on named barrier 1 of their 256 threads once per tile, after
-//     storing dSᵀ (each computes dQ for all 128 keys). Before a warpgroup
+//     At head_dim 128 they meet on named barrier 1 of their 256 threads once
+//     per tile, after storing dSᵀ (each computes dQ for all 128 keys, 64 of
+//     the columns). At head_dim 64 (half of 64 columns is not a wgmma) each
+//     computes the dQ of its own 64 keys, all columns, meeting nobody: its
+//     partial tile has a staging buffer of its own, and the producer
+//     bulk-reduces both. Before a warpgroup
 //     overwrites dSᵀ with the next tile's, it waits on "dq full" for the
 //     last tile: every consumer thread arrives there after its dQ product
 //     has retired, so the other warpgroup no longer reads the old dSᵀ.
@@ -45,9 +49,11 @@ namespace {
 
 /// Threads of the producer warpgroup, which follows the consumers.
 constexpr int64_t kProducerThreads = 128;
-/// Registers a thread after setmaxnreg: 128 x 24 + 256 x 240 = 384 x 168.
-constexpr int32_t kProducerRegs = 24;
-constexpr int32_t kConsumerRegs = 240;
+/// Registers a thread after setmaxnreg, within 384 x 168: 128 x 24 + 256 x
+/// 240 at head_dim 128; 128 x 40 + 256 x 232 at head_dim 64, where the
+/// consumers need fewer and the producer's two dQ reductions a row more.
+constexpr int32_t kProducerRegs = 24, kProducerRegs64 = 40;
+constexpr int32_t kConsumerRegs = 240, kConsumerRegs64 = 232;
 constexpr int32_t kEntryRegs = 168;
 /// Slots of the query-tile ring (the tile views' two buffers).
 constexpr int64_t kSlots = 2;
@@ -68,8 +74,14 @@ private:
   /// full and empty of each slot, dq full, dq empty.
   static constexpr int64_t kBarriers = 2 * kSlots + 2;
   int64_t barrierOffset() const {
-    return dqOffset() + (withDq ? blockN * dqRowBytes() : 0);
+    return dqOffset() + (withDq ? dqBuffers() * blockN * dqRowBytes() : 0);
   }
+  /// head_dim 64: each warpgroup computes the dQ of its own 64 keys (a
+  /// warpgroup cannot take half of 64 columns), so the warpgroups share
+  /// nothing in a tile; their two partial dQ tiles have a staging buffer
+  /// each and are both bulk-reduced.
+  bool splitDq() const { return headDim == 64; }
+  int64_t dqBuffers() const { return splitDq() ? 2 : 1; }
   Value barrierAt(int64_t first, Value slot) {
     return sharedPtr(add(
         smemAddr, add(idx(barrierOffset() + 8 * first), mul(slot, idx(8)))));
@@ -106,6 +118,8 @@ private:
   /// The last tile's "dq full" phase (a fresh barrier passes the first
   /// tile through).
   void beforeDsStore() override {
+    if (splitDq())
+      return; // only this warpgroup reads its dSᵀ rows
     waitParity(dqFullBarrier(),
                arith::XOrIOp::create(b, loc, remu(curIter, 2), idx(1)));
   }
@@ -116,14 +130,43 @@ private:
       waitWgmma(Value());
   }
   void endKernel() override {}
+  /// head_dim 64: dQ of the warpgroup's own 64 keys, 64 queries x 64
+  /// columns (splitDq).
+  SmallVector<Value> dqOwnKeys(ArrayRef<Value> ds) {
+    storeDsT(ds);
+    proxyFence();
+    // The warpgroup's 128 threads (named barrier 2 + w) see each other's rows.
+    NVVM::BarrierOp::create(b, loc, Type(),
+                            arith::IndexCastOp::create(b, loc, b.getI32Type(),
+                                                       add(idx(2), warpGroup)),
+                            i32c(128), NVVM::BarrierReductionAttr(), Value());
+    // dQ (queries x D) = dS (queries x own keys, M-major: dSᵀ rows) K (own
+    // keys x D, N-major), 4 k-steps of 16 keys.
+    Value own = mul(warpGroup, idx(64 * 128));
+    Value aDesc = wg.desc(add(dsAddr, own), blockM * 128, 1024);
+    Value bDesc = wg.desc(add(kAddr, own), blockM * 128, 1024);
+    SmallVector<Value> acc;
+    wg.fence();
+    for (int64_t kk = 0; kk < 4; ++kk)
+      acc = wg.step(acc, headDim, wg.descPlus(aDesc, kk * 16 * 128), {},
+                    wg.descPlus(bDesc, kk * 16 * 128), true, true);
+    wg.commit();
+    waitWgmma(Value(), acc);
+    return acc;
+  }
   LogicalResult emitAccumulateDq(AccumulateDqOp op) override {
-    SmallVector<Value> acc = dqWgmma(unpack(map.lookup(op.getDs())));
+    SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
+    SmallVector<Value> acc = splitDq() ? dqOwnKeys(ds) : dqWgmma(ds);
     // The staging buffer is free once the writer has read the last tile's
     // (a fresh barrier lets the first pass through); the writer may read it
     // once all 256 consumer threads have stored their part.
     Value phase = remu(curIter, 2);
     waitParity(dqEmptyBarrier(), arith::XOrIOp::create(b, loc, phase, idx(1)));
-    stageDq(acc);
+    if (splitDq())
+      stageDq(acc, idx(0),
+              add(idx(dqOffset()), mul(warpGroup, idx(blockN * dqRowBytes()))));
+    else
+      stageDq(acc);
     proxyFence();
     arrive(dqFullBarrier());
     return success();
@@ -163,7 +206,8 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
       /*withElseRegion=*/true);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(role.thenBlock());
-  NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
+  NVVM::SetMaxRegisterOp::create(b, loc,
+                                 splitDq() ? kProducerRegs64 : kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
   // Producer threads numbered from 0: the copies (copyTile,
   // issueTileCopies) spread over threads() threads by tid.
@@ -176,7 +220,8 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
   tid = consumerTid;
   warps = consumerWarps;
   b.setInsertionPointToStart(role.elseBlock());
-  NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
+  NVVM::SetMaxRegisterOp::create(b, loc,
+                                 splitDq() ? kConsumerRegs64 : kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   ringIter = idx(0);
   return WgmmaKVMajorEmitter::emitBody();
@@ -250,8 +295,10 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
 void WarpSpecializedKVMajor::writeDq(Value it, Value first, Value tileHead) {
   head = tileHead;
   waitParity(dqFullBarrier(), remu(it, 2));
-  emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)),
-         [&] { reduceDqRow(tid, first); });
+  emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)), [&] {
+    for (int64_t buffer = 0; buffer < dqBuffers(); ++buffer)
+      reduceDqRow(tid, first, buffer);
+  });
   asmF32("cp.async.bulk.commit_group;", "", {}, 0);
   asmF32("cp.async.bulk.wait_group.read 0;", "", {}, 0);
   arrive(dqEmptyBarrier());
@@ -287,19 +334,13 @@ LogicalResult WarpSpecializedKVMajor::emitQLoop(QLoopOp op) {
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
       beginQIteration(curSlot);
       tileReady = false;
-      aLane = opaque(lane);
-      aG = divu(aLane, 4);
-      aT = remu(aLane, 4);
-      for (Operation &inner : op.getBody().front().without_terminator())
-        if (failed(emitOp(&inner)))
-          return failure();
+      if (failed(emitQIterationOps(op)))
+        return failure();
       // endQIteration retires every product, so nothing reads the slot any
       // more when this thread hands it back.
       endQIteration();
       arrive(emptyBarrier(curSlot));
-      SmallVector<Value> yielded;
-      for (Value v : op.getBody().front().getTerminator()->getOperands())
-        yielded.push_back(map.lookup(v));
+      SmallVector<Value> yielded = qIterationYields(op);
       yielded.push_back(add(at, idx(1)));
       scf::YieldOp::create(b, loc, yielded);
     }
@@ -318,12 +359,12 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                                          gpu::GPUModuleOp gpuModule,
                                          int64_t *sharedBytes) {
   static_assert(kSlots == 2, "the tile views hold two buffers");
-  if (kernel.getProblem()->getHeadDim() != 128 ||
-      kernel.getTiling()->getBlockM() != 128 ||
+  int64_t d = kernel.getProblem()->getHeadDim();
+  if ((d != 64 && d != 128) || kernel.getTiling()->getBlockM() != 128 ||
       kernel.getTiling()->getBlockN() != 64 ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
-           << "the warp-specialized backward needs head_dim 128, block_m 128, "
-              "block_n 64 and 8 consumer warps";
+           << "the warp-specialized backward needs head_dim 64 or 128, "
+              "block_m 128, block_n 64 and 8 consumer warps";
   return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
 }

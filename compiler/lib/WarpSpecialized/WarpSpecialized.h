@@ -20,7 +20,7 @@ namespace mlir::dualkv {
 LogicalResult emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
                                          gpu::GPUModuleOp gpuModule,
                                          int64_t *sharedBytes);
-/// The same for the KV-major backward (bwd, bwd_kv) at head_dim 128
+/// The same for the KV-major backward (bwd, bwd_kv) at head_dim 64 and 128
 /// (KVMajor.cpp): a cp.async producer warpgroup feeding two wgmma consumer
 /// warpgroups through an mbarrier ring.
 LogicalResult emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,

@@ -94,8 +94,7 @@ LogicalResult WgmmaKVMajorEmitter::emitAccumulate(AccumulateOp op) {
   return success();
 }
 
-SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
-  beforeDsStore();
+void WgmmaKVMajorEmitter::storeDsT(ArrayRef<Value> ds) {
   // dSᵀ (keys x queries) to shared memory in the swizzled layout: thread
   // (g, t) of warp w holds keys 16w + g (+ 8), queries 8nt + 2t (+ 1); key %
   // 8 = g.
@@ -109,6 +108,11 @@ SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
       Value col = add(mul(chunk, idx(8)), mul(aT, idx(2)));
       vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
     }
+}
+
+SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
+  beforeDsStore();
+  storeDsT(ds);
   proxyFence();
   syncThreads();
   // dQ (queries x D) = dS (queries x keys, M-major: dSᵀ) K (keys x D,
@@ -127,28 +131,30 @@ SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
   return acc;
 }
 
-void WgmmaKVMajorEmitter::stageDq(ArrayRef<Value> acc) {
+void WgmmaKVMajorEmitter::stageDq(ArrayRef<Value> acc, Value colBase,
+                                  Value offset) {
   // Thread (g, t) of warp w holds rows 16 (w % 4) + g (+ 8), columns
-  // 64 (w / 4) + 8 nt + 2t (+ 1) (dqWgmma).
+  // colBase + 8 nt + 2t (+ 1) (dqWgmma: colBase 64 (w / 4)).
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
   int64_t rowFloats = dqRowBytes() / 4;
   auto type = MemRefType::get({blockN, rowFloats}, b.getF32Type(),
                               MemRefLayoutAttrInterface(), workgroup);
-  Value buf =
-      memref::ViewOp::create(b, loc, type, smem, idx(dqOffset()), ValueRange{});
-  for (int64_t nt = 0; nt < 8; ++nt)
+  Value buf = memref::ViewOp::create(
+      b, loc, type, smem, offset ? offset : idx(dqOffset()), ValueRange{});
+  if (!colBase)
+    colBase = mul(warpGroup, idx(64));
+  for (int64_t nt = 0; nt < int64_t(acc.size()) / 4; ++nt)
     for (int64_t h = 0; h < 2; ++h) {
       int64_t i = nt * 4 + h * 2;
       Value row = add(mul(remu(warp, 4), idx(16)), add(idx(h * 8), aG));
-      Value col =
-          add(mul(warpGroup, idx(64)), add(idx(nt * 8), mul(aT, idx(2))));
+      Value col = add(colBase, add(idx(nt * 8), mul(aT, idx(2))));
       vector::StoreOp::create(b, loc, pack({acc[i], acc[i + 1]}), buf,
                               ValueRange{row, col});
     }
 }
 
-void WgmmaKVMajorEmitter::reduceDqRow(Value row, Value first) {
+void WgmmaKVMajorEmitter::reduceDqRow(Value row, Value first, int64_t buffer) {
   Value q = add(first, row);
   emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
     auto ptrType = LLVM::LLVMPointerType::get(b.getContext(), 1);
@@ -157,7 +163,8 @@ void WgmmaKVMajorEmitter::reduceDqRow(Value row, Value first) {
                                         b, loc, b.getI64Type(), dqAccRow(q))});
     Value src = arith::IndexCastOp::create(
         b, loc, b.getI32Type(),
-        add(smemAddr, add(idx(dqOffset()), mul(row, idx(dqRowBytes())))));
+        add(smemAddr, add(idx(dqOffset() + buffer * blockN * dqRowBytes()),
+                          mul(row, idx(dqRowBytes())))));
     asmF32("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
            "[$0], [$1], " +
                std::to_string(headDim * 4) + ";",

@@ -85,14 +85,19 @@ protected:
   /// adds each query row of the tile starting at query `first` to the fp32
   /// dQ accumulator with one bulk reduction.
   void reduceDqBulk(ArrayRef<Value> acc, Value first);
+  /// Stores the warp's dSᵀ rows (keys 16 warp + g, + 8) in dsBuf, swizzled.
+  void storeDsT(ArrayRef<Value> ds);
   /// Called in dqWgmma before this warp stores dSᵀ: whatever must precede
   /// overwriting the last tile's (a barrier in dqWgmma orders it here).
   virtual void beforeDsStore() {}
-  /// Stores the warp's dQ C fragments (dqWgmma's) in the staging buffer.
-  void stageDq(ArrayRef<Value> acc);
-  /// Issues the bulk reduction of staging row `row` (query `first` + row of
-  /// the item) into the fp32 dQ accumulator, if that query is in the item.
-  void reduceDqRow(Value row, Value first);
+  /// Stores the warp's dQ C fragments in a staging buffer: dqWgmma's by
+  /// default (columns from 64 (warp / 4), the buffer at dqOffset()), else
+  /// columns from `colBase` into the buffer at byte `offset`.
+  void stageDq(ArrayRef<Value> acc, Value colBase = {}, Value offset = {});
+  /// Issues the bulk reduction of row `row` of staging buffer `buffer` (query
+  /// `first` + row of the item) into the fp32 dQ accumulator, if that query
+  /// is in the item.
+  void reduceDqRow(Value row, Value first, int64_t buffer = 0);
 
   WgmmaBuilder wg;
   // Warpgroup w (warps 4w..4w+3) owns keys 64w..64w+63; its warps hold the

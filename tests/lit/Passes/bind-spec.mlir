@@ -222,8 +222,8 @@ func.func @no_kernel() {
 // ERR-WS: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs sm_90a, not sm_80
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-n=32 warps=4 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-TILING
 // ERR-WS-TILING: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs block_m 128, 8 (consumer) warps, 2 stages and block_n 16, 32, 64 or 128
-// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=64" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
-// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: its backward has head_dim 128, not 64
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
+// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: its backward has head_dim 64 and 128, not 256
 // RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-DQ
 // ERR-WS-DQ: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_dq kernel: it has no bwd_dq kernel
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=fast" 2>&1 | FileCheck %s --check-prefix=ERR-SCHED

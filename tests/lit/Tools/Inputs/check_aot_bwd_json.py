@@ -20,10 +20,10 @@ def schedule(kind, d, bm, bn, warps, arch):
     """On sm_90a at head_dim 128 and 128:64:8: the warp-specialized schedule
     for bwd and bwd_kv, the warpgroup one for bwd_dq; mma_sync for everything
     else."""
-    if arch == "sm_90a" and d == 128 and (bm, bn, warps) == (128, 64, 8):
-        if kind in ("bwd", "bwd_kv"):
+    if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
+        if kind in ("bwd", "bwd_kv") and d == 128:
             return "warp_specialized"
-        if kind == "bwd_dq":
+        if kind == "bwd_dq" and d == 128:
             return "wgmma"
     return "mma_sync"
 
