@@ -395,10 +395,11 @@ void backward(const BackwardArgs &args) {
   // error leaves the stream untouched. The tiling applies to the main kernel;
   // a slice's kernel takes the tiling tuned for the whole problem.
   const LoadedKernel &pre = getKernel(specOf(args, KernelKind::BwdPre, {}));
+  // ... and the one tuned for the batch's shape class first (getKernel).
   const LoadedKernel &main = getKernel(
       genericSpec(det ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq, slice,
                   args.dtype, args.tiling, args.schedule),
-      Hq, Hkv);
+      Hq, Hkv, shapeClassOf(plan));
   // A branching tree's segments walk its chain table (KernelSpec::tree).
   const bool tree = plan.maxAncestorRanges() > 1;
   KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, {});

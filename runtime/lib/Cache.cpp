@@ -268,6 +268,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.kind = spec.kind;
   key.P = spec.P;
   key.N = spec.N;
+  key.R = spec.R;
   key.headDim = spec.headDim;
   key.numQHeads = spec.numQHeads;
   key.numKVHeads = spec.numKVHeads;
@@ -285,6 +286,7 @@ KernelSpec CacheKey::spec() const {
   spec.kind = kind;
   spec.P = P;
   spec.N = N;
+  spec.R = R;
   spec.headDim = headDim;
   spec.numQHeads = numQHeads;
   spec.numKVHeads = numKVHeads;
@@ -317,18 +319,21 @@ json CacheKey::toJson() const {
   };
   if (tree)
     key["tree"] = true;
+  if (R != 0)
+    key["R"] = R;
   return key;
 }
 
 std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 
 std::string CacheKey::describe() const {
-  return fmt::format("{} kernel (P={} N={} head_dim={} Hq={} Hkv={} {} {} "
+  return fmt::format("{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
                      "tiling {}x{} warps={} stages={} schedule {}{})",
-                     kindName(kind), P, N, headDim, numQHeads, numKVHeads,
-                     dtypeName(dtype), arch, tiling.blockM, tiling.blockN,
-                     tiling.warps, tiling.stages, toString(schedule),
-                     tree ? ", tree" : "");
+                     kindName(kind), P, N,
+                     R ? fmt::format(" R={}", R) : std::string(), headDim,
+                     numQHeads, numKVHeads, dtypeName(dtype), arch,
+                     tiling.blockM, tiling.blockN, tiling.warps, tiling.stages,
+                     toString(schedule), tree ? ", tree" : "");
 }
 
 //===----------------------------------------------------------------------===//
@@ -609,12 +614,12 @@ namespace {
 /// The spec as requested (tiling possibly unresolved) in one context, and the
 /// heads its tuned tiling is looked up under: the launch path's lookup, which
 /// avoids resolving and hashing per launch.
-using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int, int,
-                           int, int, int, int, int, int, int, int, bool>;
+using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int64_t, int,
+                           int, int, int, int, int, int, int, int, int, bool>;
 
 FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s, int tunedQHeads,
                 int tunedKVHeads) {
-  return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.headDim,
+  return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.R, s.headDim,
                  s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
                  s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
                  s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree);
@@ -726,8 +731,13 @@ CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
       CompileOptions options;
       if (std::optional<std::string> dump = env("DUALKV_DUMP_IR"))
         options.dumpDir = *dump;
+      // A class's kernel is the generic kernel at the class's tiling: the
+      // kernels read exact lengths at run time, and the class (P, N, R)
+      // only keys its cache entry, so its code is the generic code.
+      KernelSpec generic = spec;
+      generic.P = generic.N = generic.R = 0;
       auto start = std::chrono::steady_clock::now();
-      CompileResult result = compile(spec, options);
+      CompileResult result = compile(generic, options);
       double ms = std::chrono::duration<double, std::milli>(
                       std::chrono::steady_clock::now() - start)
                       .count();
@@ -1115,15 +1125,159 @@ const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
   cache.byRequest.emplace(fast, result);
   return *result;
 }
+/// Class kernels (getKernel with a shape class) compiled on background
+/// threads, by key hash. The threads only compile (the compiler, ptxas, the
+/// disk cache and the compile table): loading a module, which needs the
+/// driver and a context, is left to the launch that next asks for the
+/// class, so no background thread ever touches a loaded kernel or a module
+/// that clearKernelCache() or exit frees. They are joined by
+/// waitForBackgroundCompiles(), which clearKernelCache() and an exit handler
+/// run. Leaked, like kernelCache().
+struct BackgroundCompiles {
+  std::mutex mutex;
+  std::set<std::string> pending; ///< being compiled
+  std::set<std::string> failed;  ///< did not build: the generic serves
+  std::vector<std::thread> threads;
+  int started = 0;
+  bool exitHandler = false;
+};
+BackgroundCompiles &backgroundCompiles() {
+  static BackgroundCompiles *bg = new BackgroundCompiles();
+  return *bg;
+}
+
+void markClassFailed(const std::string &hash, const std::string &what,
+                     const std::string &error) {
+  {
+    BackgroundCompiles &bg = backgroundCompiles();
+    std::lock_guard<std::mutex> lock(bg.mutex);
+    bg.failed.insert(hash);
+  }
+  warnOnce(fmt::format("the {} does not build; the generic kernel serves its "
+                       "shape class: {}",
+                       what, error));
+}
+
+/// Where a class's kernel stands for a launch.
+enum class ClassState { Ready, Pending, Failed };
+
+/// Whether the class kernel `spec` (resolved; `key`, `hash` its) can be had
+/// now without compiling (the compile table, the AOT registry or the disk,
+/// whose entry is then kept in the compile table), is being compiled in the
+/// background, or failed. When none of these and background compiles are on,
+/// starts its compile on a thread of its own and says Pending; with
+/// DUALKV_BACKGROUND_COMPILE=0 says Ready (the launch compiles it).
+ClassState classKernelState(const KernelSpec &spec, const CacheKey &key,
+                            const std::string &hash) {
+  BackgroundCompiles &bg = backgroundCompiles();
+  {
+    std::lock_guard<std::mutex> lock(bg.mutex);
+    if (bg.failed.count(hash))
+      return ClassState::Failed;
+    if (bg.pending.count(hash))
+      return ClassState::Pending;
+  }
+  if (compileKnown(hash) || findAot(spec))
+    return ClassState::Ready;
+  DiskCache disk(DiskCache::defaultRoot());
+  if (!disk.root().empty() && !disk.refused() &&
+      !envFlag("DUALKV_ALWAYS_COMPILE"))
+    if (std::optional<CacheEntry> entry = disk.load(key)) {
+      updateStats([](CacheStats &stats) { ++stats.diskHits; });
+      rememberEntry(hash, *entry);
+      return ClassState::Ready;
+    }
+  if (env("DUALKV_BACKGROUND_COMPILE") == std::optional<std::string>("0"))
+    return ClassState::Ready;
+
+  std::lock_guard<std::mutex> lock(bg.mutex);
+  if (bg.pending.count(hash)) // another launch thread was quicker
+    return ClassState::Pending;
+  if (!bg.exitHandler) {
+    // Exit waits for the compiles: handlers run in reverse order of
+    // registration, so this one runs before the destructors of the statics
+    // constructed before it (the library's, LLVM's registries, the
+    // fingerprint computed above), which a compile reads.
+    std::atexit([] { waitForBackgroundCompiles(); });
+    bg.exitHandler = true;
+  }
+  bg.pending.insert(hash);
+  try {
+    bg.threads.emplace_back([spec, key, hash] {
+      std::string error;
+      try {
+        Origin origin = Origin::Compiled;
+        CacheEntry entry = findOrCompile(spec, key, hash, &origin);
+        if (origin == Origin::Disk) // written meanwhile by another process
+          rememberEntry(hash, entry);
+      } catch (const std::exception &e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown error";
+      }
+      if (!error.empty())
+        markClassFailed(hash, key.describe(), error);
+      BackgroundCompiles &bg = backgroundCompiles();
+      std::lock_guard<std::mutex> lock(bg.mutex);
+      bg.pending.erase(hash);
+    });
+    ++bg.started;
+  } catch (const std::system_error &) {
+    // No thread to be had: the generic kernel serves this launch, and a
+    // later one tries again.
+    bg.pending.erase(hash);
+  }
+  return ClassState::Pending;
+}
+
+/// The generic kernel of `spec` (arch set; P = N = R = 0): by the request
+/// `fast`, else with the tuning database's generic tiling for `tunedKey`
+/// (falling back to the default, with a warning, when it does not build),
+/// else the default.
+const LoadedKernel &loadGeneric(KernelCache &cache, cuda::CUcontext ctx,
+                                const FastKey &fast, const KernelSpec &spec,
+                                const KernelSpec &tunedKey) {
+  if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
+    updateStats([](CacheStats &stats) { ++stats.memoryHits; });
+    return *it->second;
+  }
+  if (spec.tiling == Tiling{} && !spec.tree)
+    if (std::optional<Tiling> tuned = tuningDb().find(tunedKey)) {
+      KernelSpec tunedSpec = spec;
+      tunedSpec.tiling = *tuned;
+      try {
+        return loadKernel(cache, ctx, fast, tunedSpec);
+      } catch (const Error &e) {
+        if (e.code() != ErrorCode::Compile)
+          throw;
+        warnOnce(fmt::format(
+            "the tuned tiling {},{},{},{} does not build; using the "
+            "default: {}",
+            tuned->blockM, tuned->blockN, tuned->warps, tuned->stages,
+            e.what()));
+      }
+    }
+  return loadKernel(cache, ctx, fast, spec);
+}
 } // namespace
 
 const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
-                              int tunedKVHeads) {
+                              int tunedKVHeads, const ShapeClass &shape) {
   cuda::CUcontext ctx = cuda::currentContext();
   KernelCache &cache = kernelCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
 
-  FastKey fast = fastKey(ctx, requested, tunedQHeads, tunedKVHeads);
+  // Only an open tiling of a tuned kind has a class to look up; the tree
+  // kernels (KernelSpec::tree) are not tuned at all.
+  const bool classed =
+      !shape.any() && requested.tiling == Tiling{} && !requested.tree;
+  KernelSpec request = requested;
+  if (classed) {
+    request.P = shape.P;
+    request.N = shape.N;
+    request.R = shape.R;
+  }
+  FastKey fast = fastKey(ctx, request, tunedQHeads, tunedKVHeads);
   if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
     updateStats([](CacheStats &stats) { ++stats.memoryHits; });
     return *it->second;
@@ -1143,31 +1297,87 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
   KernelSpec spec = requested;
   spec.arch = archIt->second;
   // An open tiling takes the tuned one when dualkv-tune measured this spec
-  // (with the heads it was tuned for, if given); a tuned tiling that no
-  // longer builds falls back to the default with a warning. The tree
-  // kernels (KernelSpec::tree) have not been tuned: their defaults.
+  // (with the heads it was tuned for, if given): the class's entry first,
+  // then the generic one; a tuned tiling that no longer builds falls back
+  // to the generic kernel with a warning.
   KernelSpec tunedKey = spec;
   if (tunedKVHeads > 0) {
     tunedKey.numQHeads = tunedQHeads;
     tunedKey.numKVHeads = tunedKVHeads;
   }
-  if (spec.tiling == Tiling{} && !spec.tree)
-    if (std::optional<Tiling> tuned = tuningDb().find(tunedKey)) {
-      KernelSpec tunedSpec = spec;
-      tunedSpec.tiling = *tuned;
-      try {
-        return loadKernel(cache, ctx, fast, tunedSpec);
-      } catch (const Error &e) {
-        if (e.code() != ErrorCode::Compile)
-          throw;
-        warnOnce(fmt::format(
-            "the tuned tiling {},{},{},{} does not build; using the "
-            "default: {}",
-            tuned->blockM, tuned->blockN, tuned->warps, tuned->stages,
-            e.what()));
+  if (!classed)
+    return loadGeneric(cache, ctx, fast, spec, tunedKey);
+
+  const FastKey genericFast =
+      fastKey(ctx, requested, tunedQHeads, tunedKVHeads);
+  KernelSpec classKey = tunedKey;
+  classKey.P = shape.P;
+  classKey.N = shape.N;
+  classKey.R = shape.R;
+  if (std::optional<Tiling> tuned = tuningDb().find(classKey)) {
+    KernelSpec classSpec = spec;
+    classSpec.P = shape.P;
+    classSpec.N = shape.N;
+    classSpec.R = shape.R;
+    classSpec.tiling = *tuned;
+    KernelSpec resolved = resolveSpec(classSpec);
+    ClassState state = ClassState::Failed;
+    if (checkSpec(resolved).empty()) {
+      CacheKey key = CacheKey::fromSpec(resolved, fingerprint());
+      std::string hash = key.hash();
+      state = cache.kernels.count({ctx, hash})
+                  ? ClassState::Ready
+                  : classKernelState(resolved, key, hash);
+      if (state == ClassState::Ready) {
+        try {
+          return loadKernel(cache, ctx, fast, classSpec);
+        } catch (const Error &e) {
+          if (e.code() != ErrorCode::Compile)
+            throw;
+          markClassFailed(hash, key.describe(), e.what());
+          state = ClassState::Failed;
+        }
       }
+    } else {
+      warnOnce(fmt::format("the tuned tiling {},{},{},{} of shape class {} "
+                           "cannot be compiled here ({}); the generic kernel "
+                           "serves it",
+                           tuned->blockM, tuned->blockN, tuned->warps,
+                           tuned->stages, shape.name(), checkSpec(resolved)));
     }
-  return loadKernel(cache, ctx, fast, spec);
+    // Being compiled: the generic kernel serves this launch, under its own
+    // request only, so that a later launch of the class finds the class's.
+    if (state == ClassState::Pending)
+      return loadGeneric(cache, ctx, genericFast, spec, tunedKey);
+  }
+  // No entry for the class, or its kernel does not build: the generic kernel
+  // serves the class for good (the database is read once per process).
+  const LoadedKernel &kernel =
+      loadGeneric(cache, ctx, genericFast, spec, tunedKey);
+  cache.byRequest.emplace(fast, &kernel);
+  return kernel;
+}
+
+void waitForBackgroundCompiles() {
+  BackgroundCompiles &bg = backgroundCompiles();
+  for (;;) {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(bg.mutex);
+      threads.swap(bg.threads);
+    }
+    if (threads.empty())
+      return;
+    for (std::thread &t : threads)
+      if (t.joinable())
+        t.join();
+  }
+}
+
+int backgroundCompilesStarted() {
+  BackgroundCompiles &bg = backgroundCompiles();
+  std::lock_guard<std::mutex> lock(bg.mutex);
+  return bg.started;
 }
 
 PrecompileReport precompile(const PrecompileArgs &args) {
@@ -1229,6 +1439,9 @@ PrecompileReport precompile(const PrecompileArgs &args) {
 }
 
 void clearKernelCache() {
+  // A background compile fills the compile table: finish it first, so the
+  // table is empty afterwards. (It never holds a kernel or module freed here.)
+  waitForBackgroundCompiles();
   KernelCache &cache = kernelCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   cache.byRequest.clear();

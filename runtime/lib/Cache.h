@@ -7,6 +7,7 @@
 
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Export.h"
+#include "dualkv/Tuning.h"
 
 #include <nlohmann/json.hpp>
 
@@ -19,13 +20,15 @@ namespace dualkv {
 /// Every input that changes a kernel's code (docs/architecture.md §4). Bump
 /// kSchemaVersion whenever a field is added, removed or spelled differently:
 /// it names the disk cache's top folder, so old entries are never misread.
-/// (`tree` is written only when true, so it changes no other key.)
+/// (`tree` is written only when true and `R` only when non-zero, so neither
+/// changes any other key: a generic kernel's key is spelled as before.)
 struct DUALKV_API CacheKey {
   static constexpr int kSchemaVersion = 2;
 
   KernelKind kind = KernelKind::Fwd;
   int64_t P = 0; ///< shape class, 0 = any
   int64_t N = 0; ///< shape class, 0 = any
+  int64_t R = 0; ///< shape class, 0 = any; in the JSON only when non-zero
   int headDim = 0;
   int numQHeads = 0;
   int numKVHeads = 0;
@@ -172,10 +175,30 @@ struct LoadedKernel {
 /// clearKernelCache(). An open tiling takes the one dualkv-tune recorded for
 /// the spec, or, with `tunedKVHeads` > 0, for the spec with these heads (a
 /// kernel over a slice of a problem's heads takes the whole problem's).
-DUALKV_API const LoadedKernel &
-getKernel(const KernelSpec &spec, int tunedQHeads = 0, int tunedKVHeads = 0);
+///
+/// With a shape class (`shape` not any(); an open tiling; not a tree kernel)
+/// the tiling is looked up for that class first, then generically
+/// (TuningDb::findForClass). A class entry selects the class's kernel (the
+/// spec with P, N, R set to the class: its own cache key, the generic
+/// kernel's code at the tuned tiling). Until that kernel is compiled, the
+/// launch takes the generic kernel and the class's is compiled on a
+/// background thread, for the launches after it; with
+/// DUALKV_BACKGROUND_COMPILE=0 the launch compiles and waits for it instead.
+/// A class kernel that does not build is warned about once and the generic
+/// kernel serves the class from then on.
+DUALKV_API const LoadedKernel &getKernel(const KernelSpec &spec,
+                                         int tunedQHeads = 0,
+                                         int tunedKVHeads = 0,
+                                         const ShapeClass &shape = {});
 
-/// Unloads every cached module (tests; a context about to be destroyed).
+/// Waits until no background compile (getKernel) is running, and joins
+/// their threads. Also run at exit, so none outlives the process's statics.
+DUALKV_API void waitForBackgroundCompiles();
+/// Class kernels compiled in the background so far, failed ones included.
+DUALKV_API int backgroundCompilesStarted();
+
+/// Waits for the background compiles, then unloads every cached module
+/// (tests; a context about to be destroyed).
 DUALKV_API void clearKernelCache();
 
 /// Loads `entry` as a module: the cubin when there is one and it fits the

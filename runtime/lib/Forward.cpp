@@ -2,6 +2,7 @@
 #include "Cache.h"
 #include "Validate.h"
 
+#include "dualkv/Tuning.h"
 #include "dualkv/dualkv.h"
 
 #include <fmt/format.h>
@@ -73,7 +74,8 @@ void forward(const ForwardArgs &args) {
       genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
                   args.num_kv_heads, args.dtype, args.tiling);
   spec.tree = tree;
-  const LoadedKernel &kernel = getKernel(spec);
+  // The tiling tuned for the batch's shape class, if any (getKernel).
+  const LoadedKernel &kernel = getKernel(spec, 0, 0, shapeClassOf(plan));
 
   uint64_t q = reinterpret_cast<uintptr_t>(args.q.data);
   uint64_t k = reinterpret_cast<uintptr_t>(args.k.data);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -39,29 +40,33 @@ std::optional<KernelKind> kindFromString(const std::string &name) {
 /// Everything that selects an entry, the kernel kind included: the spec
 /// without its tiling.
 bool sameKey(const KernelSpec &a, const KernelSpec &b) {
-  return a.kind == b.kind && a.P == b.P && a.N == b.N &&
+  return a.kind == b.kind && a.P == b.P && a.N == b.N && a.R == b.R &&
          a.headDim == b.headDim && a.numQHeads == b.numQHeads &&
          a.numKVHeads == b.numKVHeads && a.dtype == b.dtype && a.arch == b.arch;
 }
 
 json toJsonEntry(const TunedEntry &e) {
   const KernelSpec &s = e.spec;
-  return {{"kind", toString(s.kind)},
-          {"P", s.P},
-          {"N", s.N},
-          {"head_dim", s.headDim},
-          {"num_q_heads", s.numQHeads},
-          {"num_kv_heads", s.numKVHeads},
-          {"dtype", toString(s.dtype)},
-          {"arch", s.arch},
-          {"tiling",
-           {{"block_m", s.tiling.blockM},
-            {"block_n", s.tiling.blockN},
-            {"warps", s.tiling.warps},
-            {"stages", s.tiling.stages}}},
-          {"ms", e.ms},
-          {"tflops", e.tflops},
-          {"shape", e.shape}};
+  json j = {{"kind", toString(s.kind)},
+            {"P", s.P},
+            {"N", s.N},
+            {"head_dim", s.headDim},
+            {"num_q_heads", s.numQHeads},
+            {"num_kv_heads", s.numKVHeads},
+            {"dtype", toString(s.dtype)},
+            {"arch", s.arch},
+            {"tiling",
+             {{"block_m", s.tiling.blockM},
+              {"block_n", s.tiling.blockN},
+              {"warps", s.tiling.warps},
+              {"stages", s.tiling.stages}}},
+            {"ms", e.ms},
+            {"tflops", e.tflops},
+            {"shape", e.shape}};
+  // Only a class entry has an R: a generic entry is spelled as before.
+  if (s.R != 0)
+    j["R"] = s.R;
+  return j;
 }
 
 /// Throws std::runtime_error naming the field when `j` is not a well-formed
@@ -104,6 +109,13 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
   s.kind = *known;
   s.P = integer(j, "P");
   s.N = integer(j, "N");
+  s.R = j.is_object() && j.contains("R") ? integer(j, "R") : 0;
+  if (!isShapeClass({s.P, s.N, s.R}))
+    throw std::runtime_error(fmt::format(
+        "{} (P {}, N {}, R {}) is not a shape class: all 0, or powers of two "
+        "with P >= {}, N >= {}, R >= {}",
+        where("P"), s.P, s.N, s.R, kShapeClassMinP, kShapeClassMinN,
+        kShapeClassMinR));
   s.headDim = static_cast<int>(integer(j, "head_dim"));
   s.numQHeads = static_cast<int>(integer(j, "num_q_heads"));
   s.numKVHeads = static_cast<int>(integer(j, "num_kv_heads"));
@@ -131,7 +143,70 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
   return e;
 }
 
+bool isPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
 } // namespace
+
+int64_t shapeBucket(int64_t x, int64_t floor) {
+  int64_t b = std::max<int64_t>(floor, 1);
+  while (b < x && b < kShapeClassMax)
+    b *= 2;
+  return std::min(b, kShapeClassMax);
+}
+
+ShapeClass shapeClassOf(int64_t P, int64_t N, int64_t R) {
+  return {shapeBucket(P, kShapeClassMinP), shapeBucket(N, kShapeClassMinN),
+          shapeBucket(R, kShapeClassMinR)};
+}
+
+ShapeClass shapeClassOf(const Plan &plan) {
+  const std::vector<int64_t> &len = plan.nodeLengths();
+  const std::vector<int64_t> &parent = plan.nodeParents();
+  // Per root: its prompt, its children's count and total length; a node
+  // below a child makes the plan a chain or tree: no class.
+  struct Group {
+    int64_t prompt = 0, responses = 0, responseTokens = 0;
+  };
+  std::vector<Group> groups;
+  std::vector<int64_t> groupOf(len.size(), -1);
+  for (size_t i = 0; i < len.size(); ++i) {
+    if (parent[i] < 0) {
+      groupOf[i] = static_cast<int64_t>(groups.size());
+      groups.push_back({len[i], 0, 0});
+      continue;
+    }
+    const size_t p = static_cast<size_t>(parent[i]);
+    if (parent[p] >= 0)
+      return {};
+    Group &g = groups[static_cast<size_t>(groupOf[p])];
+    ++g.responses;
+    g.responseTokens += len[i];
+  }
+  const Group *largest = nullptr;
+  for (const Group &g : groups)
+    if (!largest ||
+        g.prompt + g.responseTokens > largest->prompt + largest->responseTokens)
+      largest = &g;
+  if (!largest)
+    return {};
+  const int64_t n = largest->responses;
+  const int64_t r = n ? (largest->responseTokens + n - 1) / n : 0;
+  return shapeClassOf(largest->prompt, n, r);
+}
+
+bool isShapeClass(const ShapeClass &c) {
+  if (c.any())
+    return true;
+  auto bucket = [](int64_t x, int64_t floor) {
+    return isPowerOfTwo(x) && x >= floor && x <= kShapeClassMax;
+  };
+  return bucket(c.P, kShapeClassMinP) && bucket(c.N, kShapeClassMinN) &&
+         bucket(c.R, kShapeClassMinR);
+}
+
+std::string ShapeClass::name() const {
+  return any() ? std::string("any") : fmt::format("P{}_N{}_R{}", P, N, R);
+}
 
 TuningDb TuningDb::load(const std::string &path, std::string *error) {
   error->clear();
@@ -189,6 +264,26 @@ std::optional<Tiling> TuningDb::find(const KernelSpec &spec) const {
     if (sameKey(e.spec, spec))
       return e.spec.tiling;
   return std::nullopt;
+}
+
+std::optional<Tiling> TuningDb::findForClass(const KernelSpec &spec,
+                                             const ShapeClass &c,
+                                             bool *fromClass) const {
+  if (fromClass)
+    *fromClass = false;
+  KernelSpec key = spec;
+  if (!c.any()) {
+    key.P = c.P;
+    key.N = c.N;
+    key.R = c.R;
+    if (std::optional<Tiling> t = find(key)) {
+      if (fromClass)
+        *fromClass = true;
+      return t;
+    }
+  }
+  key.P = key.N = key.R = 0;
+  return find(key);
 }
 
 void TuningDb::put(const TunedEntry &entry) {

@@ -6,10 +6,14 @@
 #include "dualkv/Tuning.h"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -435,4 +439,396 @@ TEST_CASE("tuning: the default database is not read from a cache root the "
   CHECK(scoped.fake.last.block[0] != 128); // the default, not the tuned
   CHECK(DiskCache(root).refused());
   CHECK_FALSE(DiskCache(root).usable());
+}
+
+//===----------------------------------------------------------------------===//
+// Shape classes (docs/architecture.md §4)
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("shape class: power-of-two buckets with floors", "[tuning][class]") {
+  // Hand-computed: ceil to a power of two, at least 512 / 1 / 64.
+  CHECK(shapeBucket(1024, 512) == 1024);
+  CHECK(shapeBucket(1025, 512) == 2048);
+  CHECK(shapeBucket(3, 512) == 512);
+  CHECK(shapeBucket(0, 1) == 1);
+  CHECK(shapeBucket(-5, 64) == 64);
+  CHECK(shapeBucket(int64_t(1) << 40, 1) == kShapeClassMax);
+  CHECK(shapeClassOf(1024, 8, 256) == ShapeClass{1024, 8, 256});
+  CHECK(shapeClassOf(1000, 7, 200) == ShapeClass{1024, 8, 256});
+  CHECK(shapeClassOf(1025, 9, 257) == ShapeClass{2048, 16, 512});
+  CHECK(shapeClassOf(2048, 4, 128) == ShapeClass{2048, 4, 128});
+  CHECK(shapeClassOf(1, 0, 0) == ShapeClass{512, 1, 64});
+  CHECK(shapeClassOf(8192, 16, 1024).name() == "P8192_N16_R1024");
+  CHECK(ShapeClass{}.name() == "any");
+  // The standard and the small configurations are each a class of their own.
+  std::set<ShapeClass> classes;
+  for (auto [p, n, r] : std::vector<std::array<int64_t, 3>>{{4096, 16, 1024},
+                                                            {8192, 16, 1024},
+                                                            {16384, 16, 1024},
+                                                            {32768, 16, 1024},
+                                                            {8192, 32, 2048},
+                                                            {1024, 8, 256},
+                                                            {2048, 4, 128}})
+    CHECK(classes.insert(shapeClassOf(p, n, r)).second);
+  CHECK(isShapeClass({}));
+  CHECK(isShapeClass({512, 1, 64}));
+  CHECK_FALSE(isShapeClass({256, 1, 64}));   // below the floor
+  CHECK_FALSE(isShapeClass({1000, 8, 256})); // not a power of two
+  CHECK_FALSE(isShapeClass({1024, 0, 0}));   // part generic, part class
+}
+
+TEST_CASE("shape class: a plan's is its largest group's", "[tuning][class]") {
+  // Group 0: 40 + 56 tokens, 3 responses, mean 56 / 3 -> 19: (512, 4, 64).
+  CHECK(shapeClassOf(Plan({{40, {24, 0, 32}}, {8, {8}}})) ==
+        ShapeClass{512, 4, 64});
+  // Group 1 has more tokens (2010 > 1500): P 2000 -> 2048, N 1, R 10 -> 64.
+  CHECK(shapeClassOf(Plan({{1000, {300, 200}}, {2000, {10}}})) ==
+        ShapeClass{2048, 1, 64});
+  // The mean response length, rounded up: (1024, 8, 257 -> 512).
+  std::vector<int64_t> rs(8, 256);
+  rs[0] = 257;
+  CHECK(shapeClassOf(Plan({{1024, rs}})) == ShapeClass{1024, 8, 512});
+  // Equal groups: the first; a group without responses: N 1, R 64.
+  CHECK(shapeClassOf(Plan({{600, {}}, {300, {300}}})) ==
+        ShapeClass{1024, 1, 64});
+  // A forest of depth one is groups; a node below a response is not.
+  CHECK(shapeClassOf(Plan(PlanTree{{2048, 128, 128}, {-1, 0, 0}})) ==
+        ShapeClass{2048, 2, 128});
+  CHECK(shapeClassOf(Plan(PlanTree{{2048, 128, 128}, {-1, 0, 1}})).any());
+}
+
+TEST_CASE("tuning: class entries round-trip and are looked up class then "
+          "generic then none",
+          "[tuning][class]") {
+  TunedEntry generic = sample(128, "sm_90a", {128, 64, 8, 2});
+  TunedEntry small = generic;
+  small.spec.P = 1024;
+  small.spec.N = 8;
+  small.spec.R = 256;
+  small.spec.tiling = {64, 32, 4, 2};
+  TunedEntry other = small; // same P and N, another R: a key of its own
+  other.spec.R = 512;
+  other.spec.tiling = {64, 64, 4, 1};
+  TuningDb db;
+  db.put(generic);
+  db.put(small);
+  db.put(other);
+  REQUIRE(db.entries().size() == 3);
+  // A generic entry is spelled without "R", as before classes; a class
+  // entry has one.
+  nlohmann::json doc = nlohmann::json::parse(db.toJson());
+  CHECK_FALSE(doc["entries"][0].contains("R"));
+  CHECK(doc["entries"][1]["R"] == 256);
+  std::string path = tempPath("dualkv-tuning-class");
+  std::string error;
+  REQUIRE(db.save(path, &error));
+  TuningDb back = TuningDb::load(path, &error);
+  CHECK(error.empty());
+  REQUIRE(back.entries().size() == 3);
+
+  KernelSpec spec = generic.spec;
+  spec.tiling = {};
+  bool fromClass = true;
+  CHECK(back.findForClass(spec, {1024, 8, 256}, &fromClass) ==
+        Tiling{64, 32, 4, 2});
+  CHECK(fromClass);
+  CHECK(back.findForClass(spec, {1024, 8, 512}, &fromClass) ==
+        Tiling{64, 64, 4, 1});
+  CHECK(fromClass);
+  // A class without an entry takes the generic one; so does "any".
+  CHECK(back.findForClass(spec, {2048, 4, 128}, &fromClass) ==
+        Tiling{128, 64, 8, 2});
+  CHECK_FALSE(fromClass);
+  CHECK(back.findForClass(spec, {}, &fromClass) == Tiling{128, 64, 8, 2});
+  CHECK_FALSE(fromClass);
+  // No generic entry either: nothing (the compiler's default).
+  spec.headDim = 64;
+  CHECK_FALSE(back.findForClass(spec, {1024, 8, 256}).has_value());
+  // find() matches exactly: the class entry is not the generic one.
+  spec.headDim = 128;
+  spec.P = 1024;
+  spec.N = 8;
+  CHECK_FALSE(back.find(spec).has_value()); // R 0: no such class
+  std::remove(path.c_str());
+}
+
+TEST_CASE("tuning: an entry whose P, N, R are not a shape class is malformed",
+          "[tuning][class]") {
+  std::string path = tempPath("dualkv-tuning-badclass");
+  auto file = [](const std::string &pnr) {
+    return R"({"schema": "dualkv-tuning", "version": 1, "entries": [{"kind": )"
+           R"("fwd", )" +
+           pnr +
+           R"(, "head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, )"
+           R"("dtype": "bf16", "arch": "sm_90a", "tiling": {"block_m": 128, )"
+           R"("block_n": 64, "warps": 8, "stages": 2}}]})";
+  };
+  std::string error;
+  writeText(path, file(R"("P": 1024, "N": 8, "R": 256)"));
+  CHECK(TuningDb::load(path, &error).entries().size() == 1);
+  CHECK(error.empty());
+  writeText(path, file(R"("P": 0, "N": 0)")); // no R: generic, as before
+  CHECK(TuningDb::load(path, &error).entries().size() == 1);
+  CHECK(error.empty());
+  for (const char *bad :
+       {R"("P": 1000, "N": 8, "R": 256)", R"("P": 1024, "N": 0, "R": 0)",
+        R"("P": 1024, "N": 8)", R"("P": 256, "N": 8, "R": 256)",
+        R"("P": 1024, "N": 8, "R": -256)"}) {
+    INFO(bad);
+    writeText(path, file(bad));
+    TuningDb db = TuningDb::load(path, &error);
+    CHECK(db.entries().empty());
+    CHECK(error.find("entries[0]") != std::string::npos);
+  }
+  writeText(path, file(R"("P": 1000, "N": 8, "R": 256)"));
+  TuningDb::load(path, &error);
+  CHECK(error.find("is not a shape class") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("cache key: R is written only for a class and changes the hash",
+          "[runtime][class]") {
+  KernelSpec spec;
+  spec.arch = "sm_90a";
+  spec = resolveSpec(spec);
+  CacheKey generic = CacheKey::fromSpec(spec, "fp");
+  CHECK_FALSE(generic.toJson().contains("R"));
+  spec.P = 1024;
+  spec.N = 8;
+  spec.R = 256;
+  CacheKey cls = CacheKey::fromSpec(spec, "fp");
+  CHECK(cls.toJson()["R"] == 256);
+  CHECK(cls.spec().R == 256);
+  CacheKey otherR = cls;
+  otherR.R = 512;
+  std::set<std::string> hashes = {generic.hash(), cls.hash(), otherR.hash()};
+  CHECK(hashes.size() == 3);
+  CHECK(cls.describe().find("R=256") != std::string::npos);
+  CHECK(generic.describe().find("R=") == std::string::npos);
+}
+
+namespace {
+
+/// Puts a fake kernel for (kind, head_dim 128, heads 8:2, bf16, sm_90a,
+/// shape class `c`, tiling) into the disk cache at `root`.
+void seedClass(const std::string &root, KernelKind kind, const ShapeClass &c,
+               Tiling tiling, const std::string &name, int threads, int shared,
+               int qHeads = 8, int kvHeads = 2) {
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.P = c.P;
+  spec.N = c.N;
+  spec.R = c.R;
+  spec.numQHeads = qHeads;
+  spec.numKVHeads = kvHeads;
+  spec.arch = "sm_90a";
+  spec.tiling = tiling;
+  spec = resolveSpec(spec);
+  CacheEntry entry;
+  entry.info = {name, threads, shared, spec.tiling.blockM};
+  entry.ptx = fmt::format("// fake {}\n", name);
+  entry.cubin = {'c', 'u', 'b', 'i', 'n'};
+  REQUIRE(DiskCache(root).store(CacheKey::fromSpec(spec, compilerFingerprint()),
+                                entry));
+}
+
+TunedEntry tunedFor(KernelKind kind, const ShapeClass &c, Tiling tiling,
+                    int headDim = 128) {
+  TunedEntry e;
+  e.spec.kind = kind;
+  e.spec.P = c.P;
+  e.spec.N = c.N;
+  e.spec.R = c.R;
+  e.spec.headDim = headDim;
+  e.spec.numQHeads = 8;
+  e.spec.numKVHeads = 2;
+  e.spec.tiling = tiling;
+  return e;
+}
+
+} // namespace
+
+TEST_CASE("tuning: the runtime takes the class's tiling else the generic "
+          "one else the default",
+          "[tuning][runtime][class]") {
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  const Tiling classTiling{64, 32, 4, 2}, genericTiling{64, 64, 4, 2};
+  // Plan A's class has an entry; plan B's has none.
+  Plan a({{1024, std::vector<int64_t>(8, 256)}});
+  Plan b({{2048, std::vector<int64_t>(4, 128)}});
+  const ShapeClass ca = shapeClassOf(a);
+  REQUIRE(ca == ShapeClass{1024, 8, 256});
+  TunedCache cache({tunedFor(KernelKind::Fwd, ca, classTiling),
+                    tunedFor(KernelKind::Fwd, {}, genericTiling)});
+  // Every kernel a lookup could pick, told apart by shared bytes: the
+  // class's kernel (on disk: no compile), the generic tuned one, the
+  // default, and the class tiling's generic kernel (never the answer).
+  const std::string &root = cache.tmp.path;
+  seedClass(root, KernelKind::Fwd, ca, classTiling, "attention_fwd", 128, 1);
+  seedClass(root, KernelKind::Fwd, {}, genericTiling, "attention_fwd", 128, 2);
+  seedClass(root, KernelKind::Fwd, {}, {}, "attention_fwd", 128, 3);
+  seedClass(root, KernelKind::Fwd, {}, classTiling, "attention_fwd", 128, 4);
+  seed(root, KernelKind::Fwd, 64, {}, "attention_fwd", 128, 5);
+  resetCacheStats();
+  forward(fakeForwardArgs(a, 128));
+  CHECK(fake.last.shared == 1); // the class's entry
+  forward(fakeForwardArgs(b, 128));
+  CHECK(fake.last.shared == 2); // no class entry: the generic one
+  forward(fakeForwardArgs(a, 128));
+  CHECK(fake.last.shared == 1); // and again, from memory
+  forward(fakeForwardArgs(a, 64));
+  CHECK(fake.last.shared == 5); // head_dim 64: no entry at all, the default
+  // Nothing was compiled, so nothing went to the background.
+  CHECK(cacheStats().compiles == 0);
+  CHECK(backgroundCompilesStarted() == 0);
+}
+
+TEST_CASE("tuning: the backward's main kernel takes its class's tiling else "
+          "the generic one",
+          "[tuning][runtime][class][backward]") {
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  // As "a backward launched a KV head at a time": 8:2 heads tuned, 4:1
+  // kernels launched; two plans of different classes.
+  const Tiling tuned{64, 32, 4, 1};
+  Plan a({{8192, std::vector<int64_t>(16, 1024)}});
+  Plan b({{4096, std::vector<int64_t>(16, 1024)}});
+  REQUIRE(backwardKVHeadsPerLaunch(a, 2, false) == 1);
+  REQUIRE(backwardKVHeadsPerLaunch(b, 2, false) == 1);
+  const ShapeClass ca = shapeClassOf(a);
+  REQUIRE(ca == ShapeClass{8192, 16, 1024});
+  TunedCache cache({tunedFor(KernelKind::Bwd, ca, tuned)});
+  const std::string &root = cache.tmp.path;
+  seedClass(root, KernelKind::Bwd, ca, tuned, "attention_bwd", 128, 401, 4, 1);
+  seedClass(root, KernelKind::Bwd, {}, tuned, "attention_bwd", 128, 403, 4, 1);
+  seedClass(root, KernelKind::Bwd, {}, {}, "attention_bwd", 256, 402, 4, 1);
+  seedClass(root, KernelKind::BwdPost, {}, {}, "attention_bwd_post", 256, 0, 4,
+            1);
+  seedClass(root, KernelKind::BwdPre, {}, {}, "attention_bwd_pre", 128, 0);
+
+  fake.signatures = backwardSignatures();
+  resetCacheStats();
+  auto mainShared = [&](const Plan &plan) {
+    fake.events.clear();
+    backward(fakeBackwardArgs(plan, 128, false));
+    std::set<unsigned> shared;
+    for (const FakeDriver::Event &e : fake.events)
+      if (e.name == "attention_bwd")
+        shared.insert(e.shared);
+    return shared;
+  };
+  CHECK(mainShared(a) == std::set<unsigned>{401}); // the class's kernel
+  CHECK(mainShared(b) == std::set<unsigned>{402}); // no entry: the default
+  CHECK(mainShared(a) == std::set<unsigned>{401});
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("tuning: a class's kernel is compiled in the background while the "
+          "generic kernel serves and its code is the generic code",
+          "[tuning][runtime][class]") {
+  if (ptxasPath({}).empty())
+    return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  const Tiling classTiling{128, 64, 8, 2}; // the default has another shape
+  Plan a({{1024, std::vector<int64_t>(8, 256)}});
+  const ShapeClass ca = shapeClassOf(a);
+  TunedCache cache({tunedFor(KernelKind::Fwd, ca, classTiling)});
+  ScopedEnv background("DUALKV_BACKGROUND_COMPILE", std::nullopt);
+  seedClass(cache.tmp.path, KernelKind::Fwd, {}, {}, "attention_fwd", 128, 3);
+
+  resetCacheStats();
+  forward(fakeForwardArgs(a, 128));
+  REQUIRE(fake.launches == 1);
+  CHECK(fake.last.shared == 3); // the generic kernel, while the class compiles
+  CHECK(backgroundCompilesStarted() == 1);
+  waitForBackgroundCompiles();
+  CHECK(cacheStats().compiles == 1);
+  // The generic kernel at the class's tiling, compiled here independently:
+  // what the class's kernel must be.
+  KernelSpec spec;
+  spec.numQHeads = 8;
+  spec.numKVHeads = 2;
+  spec.arch = "sm_90a";
+  spec.tiling = classTiling;
+  spec = resolveSpec(spec);
+  CompileResult generic = compile(spec);
+  REQUIRE(generic.ok);
+  REQUIRE(generic.info.threads != 128); // unlike the seeded generic kernel
+  forward(fakeForwardArgs(a, 128));
+  REQUIRE(fake.launches == 2);
+  CHECK(fake.last.block[0] == unsigned(generic.info.threads)); // 8 warps
+  CHECK(fake.last.block[0] == 256);
+  CHECK(fake.last.shared == unsigned(generic.info.sharedBytes));
+  CHECK(backgroundCompilesStarted() == 1); // compiled once
+
+  // On disk under the class's key (with R), with exactly the generic PTX.
+  KernelSpec classSpec = spec;
+  classSpec.P = ca.P;
+  classSpec.N = ca.N;
+  classSpec.R = ca.R;
+  std::optional<CacheEntry> stored =
+      DiskCache(cache.tmp.path)
+          .load(CacheKey::fromSpec(classSpec, compilerFingerprint()));
+  REQUIRE(stored.has_value());
+  CHECK(stored->ptx == generic.ptx);
+  CHECK(stored->info.name == generic.info.name);
+  CHECK_FALSE(DiskCache(cache.tmp.path)
+                  .load(CacheKey::fromSpec(spec, compilerFingerprint()))
+                  .has_value()); // the generic key was never written
+}
+
+TEST_CASE("tuning: DUALKV_BACKGROUND_COMPILE=0 compiles a class's kernel at "
+          "its first launch",
+          "[tuning][runtime][class]") {
+  if (ptxasPath({}).empty())
+    return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan a({{2048, std::vector<int64_t>(4, 128)}});
+  TunedCache cache(
+      {tunedFor(KernelKind::Fwd, shapeClassOf(a), Tiling{128, 64, 8, 2})});
+  ScopedEnv sync("DUALKV_BACKGROUND_COMPILE", "0");
+  resetCacheStats();
+  forward(fakeForwardArgs(a, 128));
+  REQUIRE(fake.launches == 1);
+  KernelSpec spec;
+  spec.numQHeads = 8;
+  spec.numKVHeads = 2;
+  spec.arch = "sm_90a";
+  spec.tiling = {128, 64, 8, 2};
+  CompileResult generic = compile(resolveSpec(spec)); // independently
+  REQUIRE(generic.ok);
+  CHECK(fake.last.block[0] == 256); // the class's 8 warps
+  CHECK(fake.last.shared == unsigned(generic.info.sharedBytes));
+  CHECK(cacheStats().compiles == 1);
+  CHECK(backgroundCompilesStarted() == 0);
+}
+
+TEST_CASE("tuning: a class tiling that does not build leaves the class to the "
+          "generic kernel and is compiled once",
+          "[tuning][runtime][class]") {
+  if (ptxasPath({}).empty())
+    return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan a({{1024, std::vector<int64_t>(8, 256)}});
+  // head_dim 64: block_m 64 cannot hold 8 warps of 16 rows.
+  TunedCache cache(
+      {tunedFor(KernelKind::Fwd, shapeClassOf(a), Tiling{64, 16, 8, 2}, 64)});
+  ScopedEnv background("DUALKV_BACKGROUND_COMPILE", std::nullopt);
+  seed(cache.tmp.path, KernelKind::Fwd, 64, {}, "attention_fwd", 128, 7);
+  for (int i = 0; i < 3; ++i) {
+    forward(fakeForwardArgs(a, 64));
+    CHECK(fake.last.shared == 7);
+    waitForBackgroundCompiles();
+  }
+  CHECK(fake.launches == 3);
+  CHECK(backgroundCompilesStarted() == 1);
 }

@@ -25,10 +25,13 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,9 +57,22 @@ Candidates that the verifier rejects, that ptxas fails or that spill are dropped
 (listed with the reason); the rest are checked against the fp64 reference on a
 small problem with every edge (the GPU tests' tolerances), then timed (CUDA
 events, median of --reps after two warm-ups, three input sets in rotation so the
-L2 cache does not flatter) on a packed group of --P, --N, --R. The database keys
-on everything but the shape (the kernels are shape-generic), so one tuning
-serves every shape of a head configuration.
+L2 cache does not flatter) on a packed group of --P, --N, --R. Without --shapes
+the winner is the generic entry (shape class "any"): it serves every shape of
+the head configuration that has no entry of its own.
+
+With --shapes FILE (e.g. an RL trace of (P, N, R)), the kernel is tuned once
+per distinct shape class of the file's shapes instead: power-of-two buckets
+P' = max(512, 2^ceil(log2 P)), N' = max(1, 2^ceil(log2 N)), R' = max(64,
+2^ceil(log2 R)) (docs/architecture.md, section 4). Each class is timed on one
+group of P' prompt tokens and N' responses of R' tokens (the class's upper
+corner) and recorded under the class; the runtime takes a class's tiling for
+batches whose largest group falls in it, else the generic entry, else the
+compiler's default. The candidates are compiled and checked against the
+reference once, then timed per class. FILE is text, one shape a line as
+"P N R" (spaces or commas; '#' starts a comment), or JSON: an array of
+[P, N, R] or of {"P": .., "N": .., "R": ..}, or an object whose "shapes" is
+such an array. R is the (mean) response length.
 
 options:
   --kind K         fwd, bwd or bwd_kv (default fwd)
@@ -65,6 +81,10 @@ options:
   --dtype T        bf16 or fp16 (default bf16)
   --P P --N N --R R  the timing shape: one group, N responses of R tokens
                    (default 8192, 16, 1024)
+  --shapes FILE    tune every shape class of FILE's shapes (above) instead of
+                   the generic entry; --P/--N/--R are then not used
+  --list-classes   with --shapes: print each class and its shapes' count, and
+                   stop (no GPU, no compile)
   --reps K         timed runs per candidate, at least 10 (default 10)
   --db FILE        tuning database to update (default: $DUALKV_TUNING_DB, else
                    <kernel cache>/tuning.json)
@@ -76,8 +96,9 @@ options:
                    shared memory and spills, and stop
   -h, --help       show this help
 
-exit status: 0 success, 1 no candidate survived or a GPU/database error, 2 bad
-arguments.
+exit status: 0 success, 1 no candidate survived (for any class) or a
+GPU/database error, 2 bad arguments (a --shapes file that cannot be read or
+parsed included).
 )";
 
 [[noreturn]] void usageError(const std::string &msg) {
@@ -97,13 +118,126 @@ int64_t parseInt(const std::string &flag, const std::string &value, int64_t lo,
 
 bool isBackward(KernelKind k) { return k != KernelKind::Fwd; }
 
+/// One shape of a --shapes file.
+struct Shape {
+  int64_t P = 0, N = 0, R = 0;
+};
+
+/// A --shapes file's shapes; usageError() naming the line or index at fault.
+std::vector<Shape> readShapes(const std::string &path) {
+  std::ifstream in(path);
+  if (!in)
+    usageError(fmt::format("--shapes: cannot read '{}'", path));
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  auto bad = [&](const std::string &where, const std::string &why) {
+    usageError(where.empty()
+                   ? fmt::format("--shapes {}: {}", path, why)
+                   : fmt::format("--shapes {}: {}: {}", path, where, why));
+  };
+  auto ranged = [&](const std::string &where, const char *name, int64_t v) {
+    const int64_t lo = name[0] == 'P' ? 1 : 0;
+    const int64_t hi = name[0] == 'N' ? 1024 : (1 << 20);
+    if (v < lo || v > hi)
+      bad(where, fmt::format("{} = {} is not in [{}, {}]", name, v, lo, hi));
+    return v;
+  };
+  std::vector<Shape> shapes;
+  size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos &&
+      (text[first] == '[' || text[first] == '{')) {
+    nlohmann::json doc =
+        nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded())
+      bad("JSON", "not valid JSON");
+    if (doc.is_object()) {
+      if (!doc.contains("shapes"))
+        bad("JSON", "an object needs a \"shapes\" array");
+      doc = doc["shapes"];
+    }
+    if (!doc.is_array())
+      bad("JSON", "expected an array of shapes");
+    for (size_t i = 0; i < doc.size(); ++i) {
+      const nlohmann::json &e = doc[i];
+      std::string where = fmt::format("shapes[{}]", i);
+      auto field = [&](const nlohmann::json &v, const char *name) {
+        if (!v.is_number_integer())
+          bad(where, fmt::format("{} is not an integer: {}", name, v.dump()));
+        return ranged(where, name, v.get<int64_t>());
+      };
+      if (e.is_array() && e.size() == 3) {
+        shapes.push_back(
+            {field(e[0], "P"), field(e[1], "N"), field(e[2], "R")});
+      } else if (e.is_object() && e.contains("P") && e.contains("N") &&
+                 e.contains("R")) {
+        shapes.push_back(
+            {field(e["P"], "P"), field(e["N"], "N"), field(e["R"], "R")});
+      } else {
+        bad(where,
+            "expected [P, N, R] or {\"P\", \"N\", \"R\"}, got " + e.dump());
+      }
+    }
+  } else {
+    std::istringstream lines(text);
+    std::string line;
+    for (int number = 1; std::getline(lines, line); ++number) {
+      std::string where = fmt::format("line {}", number);
+      line = line.substr(0, line.find('#'));
+      std::replace(line.begin(), line.end(), ',', ' ');
+      std::istringstream fields(line);
+      std::vector<std::string> words;
+      for (std::string w; fields >> w;)
+        words.push_back(w);
+      if (words.empty())
+        continue;
+      if (words.size() != 3)
+        bad(where, fmt::format("expected three integers P N R, got {} fields",
+                               words.size()));
+      int64_t v[3];
+      const char *names[3] = {"P", "N", "R"};
+      for (int k = 0; k < 3; ++k) {
+        std::optional<int64_t> x =
+            dualkv::tools::parseInteger(words[size_t(k)]);
+        if (!x)
+          bad(where, fmt::format("{} '{}' is not an integer", names[k],
+                                 words[size_t(k)]));
+        v[k] = ranged(where, names[k], *x);
+      }
+      shapes.push_back({v[0], v[1], v[2]});
+    }
+  }
+  if (shapes.empty())
+    bad("", "no shapes");
+  return shapes;
+}
+
+/// One tuning: the timing shape and the class it is recorded under (any()
+/// for the generic entry).
+struct Job {
+  Shape shape;
+  ShapeClass cls;
+  size_t count = 0; ///< --shapes shapes in this class
+};
+
+/// Every distinct class of `shapes`, in ascending order, each timed at its
+/// upper corner.
+std::vector<Job> classJobs(const std::vector<Shape> &shapes) {
+  std::map<ShapeClass, size_t> counts;
+  for (const Shape &s : shapes)
+    ++counts[shapeClassOf(s.P, s.N, s.R)];
+  std::vector<Job> jobs;
+  for (const auto &[cls, count] : counts)
+    jobs.push_back({{cls.P, cls.N, cls.R}, cls, count});
+  return jobs;
+}
+
 struct Args {
   KernelSpec spec; ///< spec.kind: Fwd, Bwd or BwdKV
   int64_t P = 8192, N = 16, R = 1024;
   int reps = 10;
-  std::string db, report;
+  std::string db, report, shapes;
   std::string arch = "sm_90a";
-  bool dryRun = false;
+  bool dryRun = false, listClasses = false;
 };
 
 Args parseArgs(int argc, char **argv) {
@@ -116,6 +250,10 @@ Args parseArgs(int argc, char **argv) {
     }
     if (flag == "--dry-run") {
       a.dryRun = true;
+      continue;
+    }
+    if (flag == "--list-classes") {
+      a.listClasses = true;
       continue;
     }
     if (i + 1 >= argc)
@@ -158,6 +296,8 @@ Args parseArgs(int argc, char **argv) {
       a.db = v;
     } else if (flag == "--report") {
       a.report = v;
+    } else if (flag == "--shapes") {
+      a.shapes = v;
     } else if (flag == "--arch") {
       std::string why;
       if (!dualkv::Arch::parse(v, &why))
@@ -167,6 +307,8 @@ Args parseArgs(int argc, char **argv) {
       usageError(fmt::format("unknown option '{}'", flag));
     }
   }
+  if (a.listClasses && a.shapes.empty())
+    usageError("--list-classes needs --shapes FILE");
   if (a.spec.numQHeads % a.spec.numKVHeads != 0)
     usageError(fmt::format("--heads {}:{}: HQ must be a multiple of HKV",
                            a.spec.numQHeads, a.spec.numKVHeads));
@@ -564,11 +706,12 @@ nlohmann::json toJson(const Candidate &c, const Tiling &dflt) {
           {"tflops", c.tflops}};
 }
 
-/// Writes the --report file; false (and a message) when it cannot.
-bool writeReport(const std::string &path, const KernelSpec &base,
-                 const std::string &shape, double flops,
-                 const std::vector<Candidate> &cands, const Tiling &dflt,
-                 const std::optional<Tiling> &best) {
+/// One tuning's report: every candidate (status, registers, spills, ms).
+nlohmann::json reportJson(const KernelSpec &base, const std::string &shape,
+                          const ShapeClass &cls, double flops,
+                          const std::vector<Candidate> &cands,
+                          const Tiling &dflt,
+                          const std::optional<Tiling> &best) {
   nlohmann::json doc = {{"kind", toString(base.kind)},
                         {"head_dim", base.headDim},
                         {"num_q_heads", base.numQHeads},
@@ -576,12 +719,18 @@ bool writeReport(const std::string &path, const KernelSpec &base,
                         {"dtype", toString(base.dtype)},
                         {"arch", base.arch},
                         {"shape", shape},
+                        {"shape_class", cls.name()},
                         {"useful_flops", flops},
                         {"candidates", nlohmann::json::array()}};
   for (const Candidate &c : cands)
     doc["candidates"].push_back(toJson(c, dflt));
   doc["default"] = tilingName(dflt);
   doc["best"] = best ? nlohmann::json(tilingName(*best)) : nlohmann::json();
+  return doc;
+}
+
+/// Writes the --report file; false (and a message) when it cannot.
+bool writeReport(const std::string &path, const nlohmann::json &doc) {
   std::ofstream out(path);
   out << doc.dump(2) << "\n";
   if (!out) {
@@ -589,6 +738,19 @@ bool writeReport(const std::string &path, const KernelSpec &base,
     return false;
   }
   return true;
+}
+
+/// Useful FLOPs of one group (benchmarks/README.md): the forward 4 * D * Hq
+/// * pairs, the backward 2.5 times that.
+double usefulFlops(const KernelSpec &base, const Shape &s) {
+  double pairs =
+      s.P * (s.P + 1) / 2.0 + s.N * (s.R * double(s.P) + s.R * (s.R + 1) / 2.0);
+  return (isBackward(base.kind) ? 2.5 : 1.0) * 4.0 * base.headDim *
+         base.numQHeads * pairs;
+}
+
+std::string shapeName(const Shape &s) {
+  return fmt::format("P{}_N{}_R{}", s.P, s.N, s.R);
 }
 
 const char *describe(KernelKind k) {
@@ -606,6 +768,20 @@ const char *describe(KernelKind k) {
 
 int main(int argc, char **argv) {
   Args args = parseArgs(argc, argv);
+  // Without --shapes: one job, the generic entry timed on --P/--N/--R.
+  std::vector<Job> jobs;
+  if (!args.shapes.empty()) {
+    jobs = classJobs(readShapes(args.shapes));
+    if (args.listClasses) {
+      fmt::print("{} shape classes in {}:\n", jobs.size(), args.shapes);
+      for (const Job &j : jobs)
+        fmt::print("  {} ({} shape{})\n", j.cls.name(), j.count,
+                   j.count == 1 ? "" : "s");
+      return 0;
+    }
+  } else {
+    jobs.push_back({{args.P, args.N, args.R}, ShapeClass{}, 0});
+  }
   bool gpu = !args.dryRun && haveGpu();
   if (!args.dryRun && !gpu) {
     fmt::print(stderr,
@@ -619,16 +795,14 @@ int main(int argc, char **argv) {
     fmt::print("dualkv-tune: {}, head_dim {}, heads {}:{}, {}, {}\n",
                describe(base.kind), base.headDim, base.numQHeads,
                base.numKVHeads, toString(base.dtype), base.arch);
+    if (!args.shapes.empty()) {
+      fmt::print("{} shape classes in {}:", jobs.size(), args.shapes);
+      for (const Job &j : jobs)
+        fmt::print(" {}", j.cls.name());
+      fmt::print("\n");
+    }
     std::vector<Candidate> cands = enumerate(base);
     Tiling dflt = defaultTiling(base);
-    // Useful FLOPs (benchmarks/README.md): the forward 4 * D * Hq * pairs, the
-    // backward 2.5 times that.
-    double pairs =
-        args.P * (args.P + 1) / 2.0 +
-        args.N * (args.R * double(args.P) + args.R * (args.R + 1) / 2.0);
-    double flops =
-        (bwd ? 2.5 : 1.0) * 4.0 * base.headDim * base.numQHeads * pairs;
-    std::string shape = fmt::format("P{}_N{}_R{}", args.P, args.N, args.R);
     if (args.dryRun) {
       fmt::print("{:>7} {:>7} {:>5} {:>6} {:>9} {:>13}  {}\n", "block_m",
                  "block_n", "warps", "stages", "registers", "shared bytes",
@@ -638,8 +812,11 @@ int main(int argc, char **argv) {
                    c.tiling.blockM, c.tiling.blockN, c.tiling.warps,
                    c.tiling.stages, c.registers, c.sharedBytes, c.status,
                    c.tiling == dflt ? " (default)" : "");
+      const Job &j = jobs.front();
       if (!args.report.empty() &&
-          !writeReport(args.report, base, shape, flops, cands, dflt, {}))
+          !writeReport(args.report,
+                       reportJson(base, shapeName(j.shape), j.cls,
+                                  usefulFlops(base, j.shape), cands, dflt, {})))
         return 1;
       return 0;
     }
@@ -659,21 +836,13 @@ int main(int argc, char **argv) {
         fmt::print("  {}: {}{}\n", tilingName(c.tiling), c.status,
                    eligible(c) ? " (the default: timed all the same)" : "");
 
-    // Correctness on a small problem (its reference computed once), then
-    // time on the tuning shape with three input sets in rotation.
+    // Correctness on a small problem (its reference computed once), once per
+    // candidate whatever the number of classes.
     auto start = std::chrono::steady_clock::now();
     Checker checker(base);
-    Timer timer(args, base);
-    fmt::print(
-        "reference and {} inputs ready in {:.1f} s\n", shape,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count());
-    size_t done = 0;
-    start = std::chrono::steady_clock::now();
-    cudaEvent_t e0, e1;
-    check(cudaEventCreate(&e0), "cudaEventCreate");
-    check(cudaEventCreate(&e1), "cudaEventCreate");
-    for (Candidate &c : cands) {
+    std::vector<bool> checked(cands.size(), false);
+    for (size_t i = 0; i < cands.size(); ++i) {
+      Candidate &c = cands[i];
       if (!eligible(c))
         continue;
       std::optional<std::string> wrong;
@@ -686,7 +855,45 @@ int main(int argc, char **argv) {
       }
       if (wrong) {
         c.status = *wrong;
+        fmt::print("  {}: {}\n", tilingName(c.tiling), c.status);
       } else {
+        checked[i] = true;
+      }
+    }
+    fmt::print(
+        "reference check done in {:.1f} s\n",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
+
+    std::string dbPath = args.db.empty() ? TuningDb::defaultPath() : args.db;
+    nlohmann::json reports = nlohmann::json::array();
+    int failures = 0;
+    cudaEvent_t e0, e1;
+    check(cudaEventCreate(&e0), "cudaEventCreate");
+    check(cudaEventCreate(&e1), "cudaEventCreate");
+    for (const Job &job : jobs) {
+      const std::string shape = shapeName(job.shape);
+      const double flops = usefulFlops(base, job.shape);
+      Args timing = args;
+      timing.P = job.shape.P;
+      timing.N = job.shape.N;
+      timing.R = job.shape.R;
+      start = std::chrono::steady_clock::now();
+      Timer timer(timing, base);
+      fmt::print(
+          "\n{}{} inputs ready in {:.1f} s\n",
+          job.cls.any() ? "" : fmt::format("shape class {}: ", job.cls.name()),
+          shape,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                        start)
+              .count());
+      std::vector<Candidate> timed = cands;
+      size_t done = 0, total = std::count(checked.begin(), checked.end(), true);
+      start = std::chrono::steady_clock::now();
+      for (size_t ci = 0; ci < timed.size(); ++ci) {
+        if (!checked[ci])
+          continue;
+        Candidate &c = timed[ci];
         std::vector<float> ms;
         for (int i = 0; i < args.reps + 2; ++i) {
           check(cudaEventRecord(e0), "cudaEventRecord");
@@ -702,74 +909,84 @@ int main(int argc, char **argv) {
         c.ms = ms[ms.size() / 2];
         c.tflops = flops / (c.ms * 1e-3) / 1e12;
         c.timed = true;
+        ++done;
+        double elapsed = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+        fmt::print("[{}/{}] {}: {:.3f} ms, {:.1f} TFLOP/s  (ETA {:.0f} s)\n",
+                   done, total, tilingName(c.tiling), c.ms, c.tflops,
+                   elapsed / done * (total - done));
+        std::fflush(stdout);
       }
-      ++done;
-      double elapsed = std::chrono::duration<double>(
-                           std::chrono::steady_clock::now() - start)
-                           .count();
-      fmt::print(
-          "[{}/{}] {}: {}  (ETA {:.0f} s)\n", done, todo, tilingName(c.tiling),
-          c.timed ? fmt::format("{:.3f} ms, {:.1f} TFLOP/s", c.ms, c.tflops)
-                  : c.status,
-          elapsed / done * (todo - done));
-      std::fflush(stdout);
-    }
 
-    std::vector<Candidate> ranked;
-    for (const Candidate &c : cands)
-      if (c.timed)
-        ranked.push_back(c);
-    std::sort(
-        ranked.begin(), ranked.end(),
-        [](const Candidate &a, const Candidate &b) { return a.ms < b.ms; });
-    if (ranked.empty()) {
-      fmt::print(stderr, "dualkv-tune: no candidate survived\n");
-      if (!args.report.empty())
-        writeReport(args.report, base, shape, flops, cands, dflt, {});
-      return 1;
-    }
-    double defaultMs = 0;
-    for (const Candidate &c : ranked)
-      if (c.tiling == dflt)
-        defaultMs = c.ms;
-    fmt::print("\nranked on {} ({} useful GFLOP{}):\n{:>4} {:>14} {:>9} {:>13} "
-               "{:>9} {:>8} {:>10}\n",
-               shape, flops / 1e9, bwd ? ", the whole backward call" : "",
-               "rank", "tiling", "registers", "shared bytes", "ms", "TFLOP/s",
-               "vs default");
-    for (size_t i = 0; i < ranked.size(); ++i) {
-      const Candidate &c = ranked[i];
-      fmt::print("{:>4} {:>14} {:>9} {:>13} {:>9.3f} {:>8.1f} {:>10}{}{}\n",
-                 i + 1, tilingName(c.tiling), c.registers, c.sharedBytes, c.ms,
-                 c.tflops,
-                 defaultMs > 0 ? fmt::format("{:.2f}x", defaultMs / c.ms) : "-",
-                 c.tiling == dflt ? "  default" : "",
-                 c.status == "ok" ? "" : ", " + c.status);
-    }
-    if (!args.report.empty() &&
-        !writeReport(args.report, base, shape, flops, cands, dflt,
-                     ranked.front().tiling))
-      return 1;
+      std::vector<Candidate> ranked;
+      for (const Candidate &c : timed)
+        if (c.timed)
+          ranked.push_back(c);
+      std::sort(
+          ranked.begin(), ranked.end(),
+          [](const Candidate &a, const Candidate &b) { return a.ms < b.ms; });
+      if (ranked.empty()) {
+        fmt::print(stderr, "dualkv-tune: no candidate survived{}\n",
+                   job.cls.any() ? "" : " for " + job.cls.name());
+        reports.push_back(
+            reportJson(base, shape, job.cls, flops, timed, dflt, {}));
+        ++failures;
+        continue;
+      }
+      double defaultMs = 0;
+      for (const Candidate &c : ranked)
+        if (c.tiling == dflt)
+          defaultMs = c.ms;
+      fmt::print("\nranked on {} ({} useful GFLOP{}):\n{:>4} {:>14} {:>9} "
+                 "{:>13} {:>9} {:>8} {:>10}\n",
+                 shape, flops / 1e9, bwd ? ", the whole backward call" : "",
+                 "rank", "tiling", "registers", "shared bytes", "ms", "TFLOP/s",
+                 "vs default");
+      for (size_t i = 0; i < ranked.size(); ++i) {
+        const Candidate &c = ranked[i];
+        fmt::print(
+            "{:>4} {:>14} {:>9} {:>13} {:>9.3f} {:>8.1f} {:>10}{}{}\n", i + 1,
+            tilingName(c.tiling), c.registers, c.sharedBytes, c.ms, c.tflops,
+            defaultMs > 0 ? fmt::format("{:.2f}x", defaultMs / c.ms) : "-",
+            c.tiling == dflt ? "  default" : "",
+            c.status == "ok" ? "" : ", " + c.status);
+      }
+      reports.push_back(reportJson(base, shape, job.cls, flops, timed, dflt,
+                                   ranked.front().tiling));
 
-    std::string dbPath = args.db.empty() ? TuningDb::defaultPath() : args.db;
-    std::string error;
-    TuningDb db = TuningDb::load(dbPath, &error);
-    if (!error.empty())
-      fmt::print(stderr, "dualkv-tune: {} (it will be replaced)\n", error);
-    TunedEntry best;
-    best.spec = base;
-    best.spec.tiling = ranked.front().tiling;
-    best.ms = ranked.front().ms;
-    best.tflops = ranked.front().tflops;
-    best.shape = shape;
-    db.put(best);
-    if (!db.save(dbPath, &error)) {
-      fmt::print(stderr, "dualkv-tune: {}\n", error);
-      return 1;
+      // Saved after every class: a later failure keeps the earlier ones.
+      std::string error;
+      TuningDb db = TuningDb::load(dbPath, &error);
+      if (!error.empty())
+        fmt::print(stderr, "dualkv-tune: {} (it will be replaced)\n", error);
+      TunedEntry best;
+      best.spec = base;
+      best.spec.P = job.cls.P;
+      best.spec.N = job.cls.N;
+      best.spec.R = job.cls.R;
+      best.spec.tiling = ranked.front().tiling;
+      best.ms = ranked.front().ms;
+      best.tflops = ranked.front().tflops;
+      best.shape = shape;
+      db.put(best);
+      if (!db.save(dbPath, &error)) {
+        fmt::print(stderr, "dualkv-tune: {}\n", error);
+        return 1;
+      }
+      fmt::print("\nwrote {} {} (shape class {}) to {}\n", toString(base.kind),
+                 tilingName(best.spec.tiling), job.cls.name(), dbPath);
     }
-    fmt::print("\nwrote {} {} to {}\n", toString(base.kind),
-               tilingName(best.spec.tiling), dbPath);
-    return 0;
+    if (!args.report.empty()) {
+      // One tuning's report as before; with --shapes, one per class.
+      nlohmann::json doc =
+          args.shapes.empty()
+              ? reports.front()
+              : nlohmann::json{{"shapes", args.shapes}, {"classes", reports}};
+      if (!writeReport(args.report, doc))
+        return 1;
+    }
+    return failures ? 1 : 0;
   } catch (const std::exception &e) {
     fmt::print(stderr, "dualkv-tune: {}\n", e.what());
     return 1;

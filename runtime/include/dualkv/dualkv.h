@@ -169,7 +169,9 @@ struct PrecompileReport {
 /// cache ($DUALKV_CACHE_DIR, docs/architecture.md), so that later launches,
 /// in this process or another, compile nothing: for container images and
 /// before training. Shapes (P, N) never matter: the kernels are
-/// shape-generic. Loads nothing onto a GPU; with an explicit arch it needs
+/// shape-generic (a shape class's tuned kernel, docs/architecture.md §4, is
+/// not among them: it is compiled at its first launch, in the background).
+/// Loads nothing onto a GPU; with an explicit arch it needs
 /// none. Throws Error: InvalidArgument for a bad configuration or arch, NoGpu
 /// without an arch and a GPU, Compile when a kernel does not build.
 DUALKV_API PrecompileReport precompile(const PrecompileArgs &args);

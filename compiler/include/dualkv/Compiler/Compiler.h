@@ -82,12 +82,17 @@ struct Tiling {
   }
 };
 
-/// Every input that changes generated code. P and N are a shape class: the
-/// kernels read exact lengths at run time, so P = 0 / N = 0 means "any".
+/// Every input that changes generated code. P, N and R are a shape class
+/// (dualkv::shapeClassOf, runtime/include/dualkv/Tuning.h): the kernels read
+/// exact lengths at run time, so P = N = R = 0 means "any", and the runtime
+/// compiles a class's kernel as the generic one (same PTX); the class only
+/// selects the tiling the tuning database holds for it. The compiler does not
+/// read R.
 struct KernelSpec {
   KernelKind kind = KernelKind::Fwd;
   int64_t P = 0;
   int64_t N = 0;
+  int64_t R = 0;
   int headDim = 128;
   int numQHeads = 32;
   int numKVHeads = 8;
