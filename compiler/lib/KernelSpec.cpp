@@ -153,15 +153,20 @@ std::string wgmmaUnfit(const KernelSpec &spec) {
 /// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
 /// that divide the 128 query rows and fit shared memory; the KV-major
 /// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
-/// warpgroups, 64-query tiles.
+/// warpgroups, 64-query tiles; the dQ kernel (bwd_dq) at head_dim 64 and
+/// 128, the forward's 128 query rows and a ring of 2 to 4 stages of key
+/// tiles of at most 64 rows.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
   bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
-  if (spec.kind != KernelKind::Fwd && !kvMajor)
+  bool dq = spec.kind == KernelKind::BwdDQ;
+  if (spec.kind != KernelKind::Fwd && !kvMajor && !dq)
     return std::string("it has no ") + toString(spec.kind) + " kernel";
   if (spec.tree)
-    return "it has no forward of branching prefix trees (their segments' "
-           "ancestor chains run in the wgmma or mma_sync forward)";
+    return std::string("it has no ") + (dq ? "dQ kernel" : "forward") +
+           " of branching prefix trees (their segments' ancestor chains run "
+           "in the wgmma or mma_sync " +
+           (dq ? "dQ kernel)" : "forward)");
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
@@ -174,23 +179,34 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
              "warps";
     return {};
   }
-  if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
-    return "it has head_dim 64, 128 and 256, not " +
-           std::to_string(spec.headDim);
   const Tiling &t = spec.tiling;
-  if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN % 16 ||
-      128 % t.blockN)
-    return "it needs block_m 128, 8 (consumer) warps, 2 stages and block_n "
-           "16, 32, 64 or 128";
-  if (warpSpecializedSharedBytes(t, spec.headDim) > 227 * 1024)
+  if (dq) {
+    if (spec.headDim != 64 && spec.headDim != 128)
+      return "its dQ kernel has head_dim 64 and 128, not " +
+             std::to_string(spec.headDim);
+    if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || t.stages > 4 ||
+        t.blockN % 16 || 64 % t.blockN)
+      return "its dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 "
+             "stages and block_n 16, 32 or 64";
+  } else {
+    if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
+      return "it has head_dim 64, 128 and 256, not " +
+             std::to_string(spec.headDim);
+    if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN % 16 ||
+        128 % t.blockN)
+      return "it needs block_m 128, 8 (consumer) warps, 2 stages and block_n "
+             "16, 32, 64 or 128";
+  }
+  if (warpSpecializedSharedBytes(t, spec.headDim, spec.kind) > 227 * 1024)
     return "its tiles exceed 227 KB of shared memory at block_n " +
            std::to_string(t.blockN);
   return {};
 }
 
 /// The schedule Auto stands for: the warp-specialized one for the forward at
-/// its measured tilings (defaultTiling's) and for the KV-major backward at
-/// head_dim 128, the warpgroup one wherever it fits, mma.sync elsewhere.
+/// its measured tilings (defaultTiling's), for the KV-major backward at
+/// head_dim 128 and for the dQ kernel at its default tiling, the warpgroup
+/// one wherever it fits, mma.sync elsewhere.
 /// Other tilings of the warp-specialized forward are asked for by name.
 Schedule defaultSchedule(const KernelSpec &resolved) {
   const Tiling &t = resolved.tiling;
@@ -199,10 +215,13 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
   // The KV-major backward at head_dim 64 is warp-specialized by name only: it
   // measured level with mma.sync (benchmarks/NOTES.md) and has not yet run
   // under compute-sanitizer.
-  if (warpSpecializedUnfit(resolved).empty() &&
-      (kvMajor ? resolved.headDim == 128
-               : t.blockN == (resolved.headDim == 256 ? 64 : 128)))
-    return Schedule::WarpSpecialized;
+  if (warpSpecializedUnfit(resolved).empty()) {
+    if (kvMajor ? resolved.headDim == 128
+        : resolved.kind == KernelKind::BwdDQ
+            ? t.blockN == 64 && t.stages == kDqWarpSpecializedStages
+            : t.blockN == (resolved.headDim == 256 ? 64 : 128))
+      return Schedule::WarpSpecialized;
+  }
   // The warpgroup dQ kernel at its own tiling (defaultTiling's); other
   // tilings of it are asked for by name.
   if (resolved.kind == KernelKind::BwdDQ &&
@@ -252,9 +271,30 @@ Tiling defaultTiling(const KernelSpec &spec) {
       return {128, 64, 8, 1};
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
-    // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
-    // 128 query rows in two warpgroups sharing each 64-key tile of K and V
-    // (185 registers, 97 KB of shared memory).
+    // sm_90a, head_dim 64 and 128: the warp-specialized schedule
+    // (WarpSpecialized/WarpSpecialized.cpp), a TMA producer warpgroup and two
+    // consumer warpgroups of 64 query rows; 64-key tiles in a ring of
+    // kDqWarpSpecializedStages, as each K tile stays until the next tile's
+    // products are issued (the dQ product of tile i runs behind the scores of
+    // tile i + 1).
+    // Under Auto only when the fields the caller pinned agree with it, so
+    // that a pinned tiling keeps the defaults below.
+    if (std::optional<Arch> a = Arch::parse(spec.arch);
+        a && a->hasWgmma() && !spec.tree &&
+        (spec.headDim == 64 || spec.headDim == 128)) {
+      const Tiling ws = {128, 64, 8, kDqWarpSpecializedStages};
+      const Tiling &t = spec.tiling;
+      bool agrees = (!t.blockM || t.blockM == ws.blockM) &&
+                    (!t.blockN || t.blockN == ws.blockN) &&
+                    (!t.warps || t.warps == ws.warps) &&
+                    (!t.stages || t.stages == ws.stages);
+      if (spec.schedule == Schedule::WarpSpecialized ||
+          (spec.schedule == Schedule::Auto && agrees))
+        return ws;
+    }
+    // The warpgroup schedule (Wgmma/QueryMajor.cpp) at head_dim 128, by name
+    // and for trees: 128 query rows in two warpgroups sharing each 64-key
+    // tile of K and V (185 registers, 97 KB of shared memory).
     if (std::optional<Arch> a = Arch::parse(spec.arch);
         a && a->hasWgmma() && spec.headDim == 128)
       return {128, 64, 8, 1};
@@ -322,8 +362,10 @@ KernelSpec resolveSpec(KernelSpec spec) {
   return spec;
 }
 
-int64_t warpSpecializedSharedBytes(const Tiling &t, int headDim) {
-  return int64_t(t.blockM + 2 * t.stages * t.blockN) * headDim * 2 +
+int64_t warpSpecializedSharedBytes(const Tiling &t, int headDim,
+                                   KernelKind kind) {
+  int64_t rows = (kind == KernelKind::BwdDQ ? 2 : 1) * t.blockM;
+  return int64_t(rows + 2 * t.stages * t.blockN) * headDim * 2 +
          8 * (1 + 4 * t.stages) + 1024;
 }
 
@@ -337,6 +379,10 @@ std::string checkSpec(const KernelSpec &specIn) {
     return std::string("a ") + toString(spec.kind) +
            " kernel has no tree variant: only the query-major kernels (fwd, "
            "bwd_dq) walk ancestor chains";
+  if (spec.tiling.stages > 2 && !(spec.schedule == Schedule::WarpSpecialized &&
+                                  spec.kind == KernelKind::BwdDQ))
+    return "stages 3 and 4 are the warp-specialized dQ kernel's only; this " +
+           std::string(toString(spec.kind)) + " kernel takes 1 or 2";
   switch (spec.schedule) {
   case Schedule::Auto:
   case Schedule::MmaSync:

@@ -46,7 +46,7 @@ LogicalResult emitKernel(KernelOp kernel, OpBuilder &b,
       return emitWgmmaKVMajor(kernel, b, gpuModule, sharedBytes);
     break;
   case Schedule::warp_specialized:
-    if (kind == KernelKind::fwd)
+    if (queryMajor)
       return emitWarpSpecializedForward(kernel, b, gpuModule, sharedBytes);
     if (kvMajor)
       return emitWarpSpecializedKVMajor(kernel, b, gpuModule, sharedBytes);

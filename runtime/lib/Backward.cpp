@@ -542,11 +542,29 @@ void backward(const BackwardArgs &args) {
     params.strides("dq", dqStrideT, dqStrideH);
     params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
     params.f32("scale", scale).f32("scaleLog2", scaleLog2);
-    launch(
-        last,
-        static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), last.info.blockM)),
-        static_cast<unsigned>(plan.numSegments()), static_cast<unsigned>(Hq),
-        args.stream, params);
+    // The cp.async schedules: a CTA per (query tile, segment, head).
+    unsigned gridX =
+        static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), last.info.blockM));
+    unsigned gridY = static_cast<unsigned>(plan.numSegments());
+    cuda::CUtensorMap qMap, kMap, vMap, doMap;
+    uint64_t order = 0;
+    if (last.spec.schedule == Schedule::WarpSpecialized) {
+      // Q, dO, K and V load by TMA; one CTA per item of the plan's forward
+      // order (the query tiles, longest KV walk first), per head.
+      const Tiling &t = last.spec.tiling;
+      qMap = tensorMap(args.q, T, Hq, D, args.dtype, t.blockM);
+      doMap = tensorMap(args.dout, T, Hq, D, args.dtype, t.blockM);
+      kMap = tensorMap(args.k, T, Hkv, D, args.dtype, t.blockN);
+      vMap = tensorMap(args.v, T, Hkv, D, args.dtype, t.blockN);
+      params.tensorMap("qMap", qMap).tensorMap("kMap", kMap);
+      params.tensorMap("vMap", vMap).tensorMap("doMap", doMap);
+      ForwardTable table = plan.forwardTable(last.info.blockM);
+      order = table.items;
+      params.ptr("order", order);
+      gridX = static_cast<unsigned>(table.numItems);
+      gridY = 1;
+    }
+    launch(last, gridX, gridY, static_cast<unsigned>(Hq), args.stream, params);
   }
 }
 

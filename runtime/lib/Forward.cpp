@@ -26,37 +26,6 @@ void validate(const ForwardArgs &a) {
   checkScaleAndTiling(a.scale, a.tiling);
 }
 
-/// A 3-D tensor map (head_dim, heads, tokens) of `t` whose box is 64
-/// columns (128 bytes, the swizzle's width) of one head and `rows` tokens,
-/// in the 128-byte swizzle the warp-specialized kernels read; tokens past
-/// the tensor read as zeros.
-cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens, int heads,
-                            int headDim, DType dtype, int rows) {
-  // validate() has checked the pointer (16-byte aligned) and the strides
-  // (multiples of 8 elements), which TMA needs too. A size-1 dimension's
-  // stride is never used (PyTorch gives such dimensions odd strides): any
-  // multiple of 16 bytes serves the tensor map.
-  const uint64_t elem = 2;
-  int64_t strideH = heads == 1 ? headDim : t.stride_h;
-  int64_t strideT = numTokens == 1 ? int64_t(heads) * strideH : t.stride_t;
-  uint64_t dims[3] = {uint64_t(headDim), uint64_t(heads), uint64_t(numTokens)};
-  uint64_t strides[2] = {uint64_t(strideH) * elem, uint64_t(strideT) * elem};
-  uint32_t box[3] = {64, 1, uint32_t(rows)};
-  uint32_t unit[3] = {1, 1, 1};
-  cuda::CUtensorMap map;
-  cuda::check(cuda::driver().tensorMapEncodeTiled(
-                  &map,
-                  dtype == DType::BF16 ? cuda::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                       : cuda::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  3, t.data, dims, strides, box, unit,
-                  cuda::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  cuda::CU_TENSOR_MAP_SWIZZLE_128B,
-                  cuda::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  cuda::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-              "cuTensorMapEncodeTiled");
-  return map;
-}
-
 } // namespace
 
 void forward(const ForwardArgs &args) {

@@ -84,6 +84,13 @@ private:
 void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
             unsigned gridZ, void *stream, LaunchParams &params);
 
+/// A 3-D tensor map (head_dim, heads, tokens) of `t` whose box is 64
+/// columns (128 bytes, the swizzle's width) of one head and `rows` tokens,
+/// in the 128-byte swizzle the warp-specialized kernels read; tokens past
+/// the tensor read as zeros.
+cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens, int heads,
+                            int headDim, DType dtype, int rows);
+
 /// ceil(a / b) for positive b.
 inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

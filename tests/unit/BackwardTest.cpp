@@ -503,11 +503,18 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
 namespace {
 
 /// Parameter sizes of the backward kernels (docs/backward-abi.md).
-std::map<std::string, std::vector<int>> backwardSignatures() {
+/// The parameter sizes of each backward entry point; bwd_dq's in the
+/// warp-specialized schedule (the sm_90a default at head_dim 128) unless
+/// `cpAsyncDq`: then come the four tensor maps (their first 8 bytes) and the
+/// work order.
+std::map<std::string, std::vector<int>>
+backwardSignatures(bool cpAsyncDq = false) {
   std::vector<int> main(26, 8);
   main.insert(main.end(), {4, 4});
   std::vector<int> dq(20, 8);
   dq.insert(dq.end(), {4, 4});
+  if (!cpAsyncDq)
+    dq.insert(dq.end(), {8, 8, 8, 8, 8});
   return {{"attention_bwd_pre", std::vector<int>(9, 8)},
           {"attention_bwd", main},
           {"attention_bwd_kv", main},
@@ -848,31 +855,47 @@ TEST_CASE("backward: the deterministic sequence has no atomics",
   CHECK(kv.params[10] == 0);
   CHECK(kv.params[26] == bits(0.125f));
 
-  // bwd_dq: query-major over the plan's segments.
-  checkGrid(dq, (1100 + 127) / 128, 3, Hq, infos.at(KernelKind::BwdDQ));
-  CHECK(dq.params ==
-        std::vector<uint64_t>{ptr(a.q.data),
-                              ptr(a.k.data),
-                              ptr(a.v.data),
-                              ptr(a.dout.data),
-                              ptr(a.dq.data),
-                              ptr(a.lse),
-                              delta,
-                              plan.deviceTable(),
-                              1024,
-                              128,
-                              256,
-                              128,
-                              256,
-                              128,
-                              1024,
-                              128,
-                              1024,
-                              128,
-                              uint64_t(T),
-                              uint64_t(T),
-                              bits(0.125f),
-                              bits(float(0.125 * 1.4426950408889634))});
+  // bwd_dq (warp-specialized): query-major, a CTA per 128-row query tile of
+  // every segment (the plan's forward order), per head.
+  KernelSpec dqSpec;
+  dqSpec.kind = KernelKind::BwdDQ;
+  dqSpec.arch = "sm_90a";
+  REQUIRE(resolveSpec(dqSpec).schedule == Schedule::WarpSpecialized);
+  checkGrid(dq, unsigned(countTiles(groups, 128)), 1, Hq,
+            infos.at(KernelKind::BwdDQ));
+  REQUIRE(dq.params.size() == 27);
+  ForwardTable order = plan.forwardTable(128);
+  CHECK(dq.params[26] == order.items);
+  CHECK(fake.copies[order.items] == plan.forwardOrder(128));
+  // Q, dO, K and V by TMA; the last one built is V's: (head_dim, KV heads,
+  // tokens), boxes of 64 columns x 1 head x block_n = 64 rows.
+  CHECK(fake.tensorMaps == 4);
+  CHECK(fake.lastTensorMapDims ==
+        std::vector<uint64_t>{128, uint64_t(Hkv), uint64_t(T)});
+  CHECK(fake.lastTensorMapBox == std::vector<uint32_t>{64, 1, 64});
+  const std::vector<uint64_t> abi(dq.params.begin(), dq.params.begin() + 22);
+  CHECK(abi == std::vector<uint64_t>{ptr(a.q.data),
+                                     ptr(a.k.data),
+                                     ptr(a.v.data),
+                                     ptr(a.dout.data),
+                                     ptr(a.dq.data),
+                                     ptr(a.lse),
+                                     delta,
+                                     plan.deviceTable(),
+                                     1024,
+                                     128,
+                                     256,
+                                     128,
+                                     256,
+                                     128,
+                                     1024,
+                                     128,
+                                     1024,
+                                     128,
+                                     uint64_t(T),
+                                     uint64_t(T),
+                                     bits(0.125f),
+                                     bits(float(0.125 * 1.4426950408889634))});
 }
 
 TEST_CASE("backward: the runtime's workspaces stay bounded with a stream "
@@ -937,7 +960,7 @@ TEST_CASE("backward: a missing kernel brings its whole set, compiled in "
   fake.ccMajor = 8; // sm_80: every kernel on the mma_sync schedule
   fake.ccMinor = 0;
   // The compiled kernels' entry points carry their schedule.
-  for (auto &[name, sig] : backwardSignatures())
+  for (auto &[name, sig] : backwardSignatures(/*cpAsyncDq=*/true))
     fake.signatures[name + "_mma_sync"] = sig;
   clearKernelCache();
   resetCacheStats();

@@ -457,12 +457,21 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
       {specOf(K::Bwd, "sm_80", 128), M},
       {specOf(K::Bwd, "sm_90", 128), M},
-      // The dQ kernel: wgmma at its sm_90a default 128:64:8 at head_dim 128,
-      // mma.sync at other tilings and elsewhere.
-      {specOf(K::BwdDQ, "sm_90a", 128), W},
+      // The dQ kernel: warp-specialized at its sm_90a default 128:64:8 with
+      // a three-stage ring at head_dim 64 and 128; wgmma at 128:64:8 with
+      // one stage (its own default, by name) at head_dim 128; mma.sync at
+      // other tilings and elsewhere.
+      {specOf(K::BwdDQ, "sm_90a", 128), S},
+      {specOf(K::BwdDQ, "sm_90a", 64), S},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}), S},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 32, 8, 2}, S), S}, // by name
+      {specOf(K::BwdDQ, "sm_90a", 128, {}, W), W},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 1}), W},
       {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}), M},
       {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}, W), W},
-      {specOf(K::BwdDQ, "sm_90a", 64), M},
+      {specOf(K::BwdDQ, "sm_90a", 64, {64, 32, 4, 1}), M},
+      {specOf(K::BwdDQ, "sm_90a", 256), M},
+      {specOf(K::BwdDQ, "sm_90", 128), M},
       {specOf(K::BwdDQ, "sm_80", 128), M},
       // Never wgmma: the elementwise kernels.
       {specOf(K::BwdPre, "sm_90a", 128), M},
@@ -523,9 +532,16 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::Fwd, "sm_90a", 256, {128, 128, 8, 2}, S),
        "the warp_specialized schedule cannot compute this fwd kernel: its "
        "tiles exceed 227 KB of shared memory at block_n 128"},
-      {specOf(K::BwdDQ, "sm_90a", 128, {}, S),
-       "the warp_specialized schedule cannot compute this bwd_dq kernel: it "
-       "has no bwd_dq kernel"},
+      {specOf(K::BwdDQ, "sm_90a", 256, {}, S),
+       "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
+       "dQ kernel has head_dim 64 and 128, not 256"},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 128, 8, 3}, S),
+       "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
+       "dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 stages and "
+       "block_n 16, 32 or 64"},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}, W),
+       "stages 3 and 4 are the warp-specialized dQ kernel's only; this bwd_dq "
+       "kernel takes 1 or 2"},
       {specOf(K::Bwd, "sm_90a", 256, {}, S),
        "the warp_specialized schedule cannot compute this bwd kernel: its "
        "backward has head_dim 64 and 128, not 256"},

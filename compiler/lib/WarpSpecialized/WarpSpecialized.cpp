@@ -25,6 +25,16 @@
 // the plan's forward work order (Plan::forwardTable): CTA x computes item x,
 // the longest KV walks first.
 //
+// The deterministic dQ kernel (bwd_dq) is the same pipeline with three
+// products a tile. The producer loads dO beside Q (one barrier for both);
+// each consumer warpgroup holds its 64 rows' LSE and Delta in registers and,
+// for tile i, issues S = Q Kᵀ and dP = dO Vᵀ, then dQ += dS K of tile i - 1
+// behind them: P = exp2(S - LSE) is computed while dP and the previous dQ
+// product still run, dS = P (dP - Delta) scale while the dQ product runs.
+// K therefore stays in its slot until tile i + 1's products are issued, so
+// the dQ kernel's ring is deeper (kDqWarpSpecializedStages). dQ leaves as
+// the forward's O does, through the warpgroup's rows of the Q tile.
+//
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
@@ -64,14 +74,17 @@ public:
     nTiles = blockN / 8;
     dTiles = headDim / 8;
     wgmmaReadsTiles = true;
+    isDq = kernel.getKind() == KernelKind::bwd_dq;
   }
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
-  /// [Q][K x stages][V x stages][mbarriers], 1 KB spare for the alignment.
+  /// [Q][dO (bwd_dq)][K x stages][V x stages][mbarriers], 1 KB spare for
+  /// the alignment.
   int64_t sharedBytes() const {
     return ::dualkv::warpSpecializedSharedBytes(
-        {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim));
+        {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
+        isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd);
   }
 
 private:
@@ -85,10 +98,15 @@ private:
   LogicalResult collectLoops();
   void emitProducer();
   void emitConsumer();
+  void emitDqConsumer();
 
   int64_t qBytes() const { return blockM * headDim * 2; }
+  /// dO (bwd_dq) follows Q.
+  int64_t doOffset() const { return qBytes(); }
   int64_t kvBytes() const { return blockN * headDim * 2; }
-  int64_t kOffset(int64_t s) const { return qBytes() + s * kvBytes(); }
+  int64_t kOffset(int64_t s) const {
+    return (isDq ? 2 : 1) * qBytes() + s * kvBytes();
+  }
   int64_t vOffset(int64_t s) const { return kOffset(stages) + s * kvBytes(); }
   int64_t barrierOffset() const { return vOffset(stages); }
   // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
@@ -154,20 +172,37 @@ private:
   /// O and LSE of the consumer's rows inside the segment (through shared
   /// memory).
   void storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
+  /// The consumer's rows of `acc` (C fragments), times `rowScale[h]` if
+  /// given, through its rows of the Q tile to `out` (strides `strideT`,
+  /// `strideH`), rows inside the segment only.
+  void storeRows(ArrayRef<Value> acc, ArrayRef<Value> rowScale, Value out,
+                 Value strideT, Value strideH);
+  /// The P V (dQ: dS K) product of `p` and the tile at `vAddr` into `acc`.
   /// Online softmax of the scores `s` against the running max `m` and sum
   /// `l` (updated); returns P packed as A fragments, sets `alpha`.
   SmallVector<Value> softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
                              MutableArrayRef<Value> l,
                              MutableArrayRef<Value> alpha);
   void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
+  /// bwd_dq: the scores (or dP) of this warpgroup's rows of the tile at
+  /// `aOffset` (Q or dO) against the key tile at `kAddr` (K or V).
+  SmallVector<Value> rowProducts(int64_t aOffset, Value kAddr);
+  /// bwd_dq: P = exp2(S scaleLog2 - LSE) of the masked scores `s`.
+  SmallVector<Value> probs(ArrayRef<Value> s, ArrayRef<Value> lse);
+  /// bwd_dq: dS = P scale (dP - Delta), packed as A fragments.
+  SmallVector<Value> dScores(ArrayRef<Value> p, ArrayRef<Value> dp,
+                             ArrayRef<Value> delta);
 
   WgmmaBuilder mma;
   KernelOp kernel;
+  bool isDq = false;
   int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
   SmallVector<Loop> loops;
   Value numIters;
-  Value qMap, kMap, vMap;
+  Value qMap, kMap, vMap, doMap;
+  // o is dq, oStride* dq's strides in the dQ kernel.
   Value oPtr, lsePtr, segPtr, oStrideT, oStrideH, lseStrideH, scaleLog2;
+  Value deltaPtr, deltaStrideH, scale;
   Value head, kvHead, segStart, segLen, sharedStart, sharedLen, qRow0;
   Value smemAddr, wgIdx, qTile;
 };
@@ -226,9 +261,12 @@ void WarpSpecializedForward::emitProducer() {
   b.setInsertionPointToStart(one.thenBlock());
   Value qBar = barrier(0);
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), qBar, i32c(int32_t(qBytes())), NVVM::MemScopeKind::CTA,
-      false, Value());
+      b, loc, Type(), qBar, i32c(int32_t((isDq ? 2 : 1) * qBytes())),
+      NVVM::MemScopeKind::CTA, false, Value());
   loadTile(qMap, smemAddr, blockM, add(segStart, qRow0), head, qBar);
+  if (isDq)
+    loadTile(doMap, add(smemAddr, idx(doOffset())), blockM,
+             add(segStart, qRow0), head, qBar);
 
   auto loop = scf::ForOp::create(b, loc, idx(0), numIters, idx(1));
   b.setInsertionPointToStart(loop.getBody());
@@ -411,27 +449,14 @@ void WarpSpecializedForward::emitConsumer() {
 
 void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
                                          ArrayRef<Value> l) {
-  // O / l goes through this warpgroup's 64 rows of the Q tile (its last
-  // scores are done, so Q is free), in the same swizzle, then out as 16-byte
-  // row chunks: every warp of the group writes whole rows, coalesced.
   Value ln2 = f32c(0.6931471805599453f);
-  proxyFence();
+  SmallVector<Value> inv;
   for (int64_t h = 0; h < 2; ++h) {
     Value sum = l[h];
     sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
     sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
-    Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
-    Value r = add(mul(warp, idx(16)), add(idx(h * 8), g)); // row in the tile
-    for (int64_t dt = 0; dt < dTiles; ++dt) {
-      Value lo = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2], inv);
-      Value hi = arith::MulFOp::create(b, loc, acc[dt * 4 + h * 2 + 1], inv);
-      Value narrow = arith::TruncFOp::create(
-          b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
-      SmallVector<Value, 2> at = swizzledIndex(r, idx(dt * 8), blockM);
-      vector::StoreOp::create(b, loc, narrow, qTile,
-                              ValueRange{at[0], add(at[1], mul(t, idx(2)))});
-    }
-    Value row = add(qRow0, r);
+    inv.push_back(arith::DivFOp::create(b, loc, f32c(1.0f), sum));
+    Value row = add(qRow0, add(mul(warp, idx(16)), add(idx(h * 8), g)));
     Value lead =
         arith::AndIOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
                               cmp(arith::CmpIPredicate::ult, row, segLen));
@@ -444,6 +469,31 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
     memref::StoreOp::create(
         b, loc, lse, lsePtr,
         ValueRange{add(mul(head, lseStrideH), add(segStart, row))});
+  }
+  storeRows(acc, inv, oPtr, oStrideT, oStrideH);
+}
+
+void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
+                                       ArrayRef<Value> rowScale, Value out,
+                                       Value strideT, Value strideH) {
+  // The rows go through this warpgroup's 64 rows of the Q tile (its last
+  // scores are done, so Q is free), in the same swizzle, then out as 16-byte
+  // row chunks: every warp of the group writes whole rows, coalesced.
+  proxyFence();
+  for (int64_t h = 0; h < 2; ++h) {
+    Value r = add(mul(warp, idx(16)), add(idx(h * 8), g)); // row in the tile
+    for (int64_t dt = 0; dt < dTiles; ++dt) {
+      Value lo = acc[dt * 4 + h * 2], hi = acc[dt * 4 + h * 2 + 1];
+      if (!rowScale.empty()) {
+        lo = arith::MulFOp::create(b, loc, lo, rowScale[h]);
+        hi = arith::MulFOp::create(b, loc, hi, rowScale[h]);
+      }
+      Value narrow = arith::TruncFOp::create(
+          b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+      SmallVector<Value, 2> at = swizzledIndex(r, idx(dt * 8), blockM);
+      vector::StoreOp::create(b, loc, narrow, qTile,
+                              ValueRange{at[0], add(at[1], mul(t, idx(2)))});
+    }
   }
   // The warpgroup's 128 threads (named barrier 3 + w) see each other's rows.
   namedBarrier(i32Of(add(idx(3), wgIdx)), kWarpgroupThreads);
@@ -465,21 +515,164 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(inRange.thenBlock());
     Value token = add(segStart, row);
-    Value offset = add(add(mul(token, oStrideT), mul(head, oStrideH)), c);
-    vector::StoreOp::create(b, loc, chunk, oPtr, ValueRange{offset});
+    Value offset = add(add(mul(token, strideT), mul(head, strideH)), c);
+    vector::StoreOp::create(b, loc, chunk, out, ValueRange{offset});
   }
 }
 
+SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
+                                                       Value kAddr) {
+  // As scores(): warpgroup w's rows 64w..64w+63 of Q (or dO), both operands
+  // K-major, the A address opaque per use.
+  Value aAddr = add(opaque(smemAddr),
+                    add(idx(aOffset), mul(divu(warp, 4), idx(64 * 128))));
+  Value aDesc = mma.desc(aAddr, 16, 1024);
+  Value bDesc = mma.desc(kAddr, 16, 1024);
+  return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
+}
+
+SmallVector<Value> WarpSpecializedForward::probs(ArrayRef<Value> sIn,
+                                                 ArrayRef<Value> lse) {
+  SmallVector<Value> s(sIn);
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t c = 0; c < 4; ++c) {
+      Value &v = s[nt * 4 + c];
+      Value negLse = arith::NegFOp::create(b, loc, lse[c / 2]);
+      v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse));
+    }
+  return s;
+}
+
+SmallVector<Value> WarpSpecializedForward::dScores(ArrayRef<Value> pIn,
+                                                   ArrayRef<Value> dp,
+                                                   ArrayRef<Value> delta) {
+  SmallVector<Value> p(pIn);
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t c = 0; c < 4; ++c) {
+      int64_t i = nt * 4 + c;
+      Value diff = arith::SubFOp::create(b, loc, dp[i], delta[c / 2]);
+      Value ps = arith::MulFOp::create(b, loc, p[i], scale);
+      p[i] = arith::MulFOp::create(b, loc, ps, diff);
+    }
+  return packAFragments(p, 1, nTiles);
+}
+
+void WarpSpecializedForward::emitDqConsumer() {
+  NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
+                                 NVVM::SetMaxRegisterAction::increase);
+  wgIdx = divu(warp, 4);
+  // The rows' LSE (in the log2 domain of the kernels' exp2) and Delta; rows
+  // past the segment: LSE +inf (P = 0), Delta 0.
+  SmallVector<Value> lse, delta;
+  for (int64_t h = 0; h < 2; ++h) {
+    Value row = add(qRow0, add(mul(warp, idx(16)), add(idx(h * 8), g)));
+    Value valid = cmp(arith::CmpIPredicate::ult, row, segLen);
+    Value token = add(segStart, select(valid, row, idx(0)));
+    Value l = memref::LoadOp::create(
+        b, loc, lsePtr, ValueRange{add(mul(head, lseStrideH), token)});
+    l = arith::MulFOp::create(b, loc, l, f32c(kLog2e));
+    lse.push_back(
+        select(valid, l, f32c(std::numeric_limits<float>::infinity())));
+    Value d = memref::LoadOp::create(
+        b, loc, deltaPtr, ValueRange{add(mul(head, deltaStrideH), token)});
+    delta.push_back(select(valid, d, f32c(0.0f)));
+  }
+  waitParity(barrier(0), idx(0));
+  auto kAddrOf = [&](Value slot) {
+    return add(smemAddr, add(idx(kOffset(0)), mul(slot, idx(kvBytes()))));
+  };
+  auto vAddrOf = [&](Value slot) {
+    return add(smemAddr, add(idx(vOffset(0)), mul(slot, idx(kvBytes()))));
+  };
+
+  // Iteration 0: S and dP, then P and dS.
+  turnEndIf(1);
+  Value first = idx(0);
+  waitParity(kFull(first), idx(0));
+  waitParity(vFull(first), idx(0));
+  turnBegin();
+  mma.fence();
+  SmallVector<Value> s = rowProducts(0, kAddrOf(first));
+  mma.commit();
+  SmallVector<Value> dp = rowProducts(doOffset(), vAddrOf(first));
+  mma.commit();
+  turnEnd();
+  mma.wait(1, s);
+  SmallVector<Value> p = probs(maskEdges(s, first), lse);
+  mma.wait(0, dp);
+  arrive(vEmpty(first));
+  SmallVector<Value> ds = dScores(p, dp, delta);
+  SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
+
+  // Iterations 1..n-1: S and dP of i, then dQ += dS K of i - 1 behind them.
+  SmallVector<Value> inits(acc);
+  inits.append(ds);
+  auto loop = scf::ForOp::create(b, loc, idx(1), numIters, idx(1), inits);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value i = loop.getInductionVar();
+    auto args = loop.getRegionIterArgs();
+    SmallVector<Value> acc(args.begin(), args.begin() + dTiles * 4);
+    SmallVector<Value> ds(args.begin() + dTiles * 4, args.end());
+    auto [slot, parity] = slotOf(i);
+    auto [prevSlot, prevParity] =
+        slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
+    (void)prevParity; // K of i - 1 has landed: its scores were computed
+    waitParity(kFull(slot), parity);
+    waitParity(vFull(slot), parity);
+    turnBegin();
+    mma.fence();
+    SmallVector<Value> s = rowProducts(0, kAddrOf(slot));
+    mma.commit();
+    SmallVector<Value> dp = rowProducts(doOffset(), vAddrOf(slot));
+    mma.commit();
+    accumulate(acc, ds, kAddrOf(prevSlot));
+    mma.commit();
+    turnEnd();
+    mma.wait(2, s);
+    SmallVector<Value> p = probs(maskEdges(s, i), lse);
+    mma.wait(1, dp);
+    arrive(vEmpty(slot));
+    SmallVector<Value> dsNext = dScores(p, dp, delta);
+    // dS of i - 1 passes through the wait too: the dQ group reads its
+    // registers until it retires.
+    mma.waitKeeping(0, acc, ds);
+    arrive(kEmpty(prevSlot));
+    SmallVector<Value> yielded(acc);
+    yielded.append(dsNext);
+    scf::YieldOp::create(b, loc, yielded);
+  }
+  auto results = loop.getResults();
+  acc.assign(results.begin(), results.begin() + dTiles * 4);
+  ds.assign(results.begin() + dTiles * 4, results.end());
+
+  // The last tile's dQ product.
+  auto [lastSlot, lastParity] =
+      slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
+  (void)lastParity;
+  turnBegin();
+  accumulate(acc, ds, kAddrOf(lastSlot));
+  mma.commit();
+  turnEndIf(0);
+  mma.waitKeeping(0, acc, ds);
+  arrive(kEmpty(lastSlot));
+  storeRows(acc, {}, oPtr, oStrideT, oStrideH);
+}
+
 LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
-  if (kernel.getKind() != KernelKind::fwd)
-    return kernel.emitOpError() << "the warp-specialized schedule covers the "
-                                   "forward only";
+  if (kernel.getKind() != KernelKind::fwd &&
+      kernel.getKind() != KernelKind::bwd_dq)
+    return kernel.emitOpError() << "the warp-specialized query-major schedule "
+                                   "covers the forward and the dQ kernel only";
   // Its pipeline is built from the kernel's top-level kv_loops: a tree
   // kernel's dualkv.chain_loop would be skipped, so it is refused.
   if (kernel.getProblem()->getTree())
-    return kernel.emitOpError() << "the warp-specialized schedule has no "
-                                   "forward of branching prefix trees (their "
-                                   "ancestor chains run in wgmma or mma_sync)";
+    return kernel.emitOpError()
+           << "the warp-specialized schedule has no "
+           << (isDq ? "dQ kernel" : "forward")
+           << " of branching prefix trees (their ancestor chains run in wgmma "
+              "or mma_sync)";
   if (blockM != 128 || warps != 8 || headDim % 64 || headDim > 256 ||
       blockN % 16 || blockN > 256 || blockM % blockN)
     return kernel.emitOpError()
@@ -490,15 +683,29 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
     return kernel.emitOpError() << "needs " << sharedBytes()
                                 << " bytes of shared memory, more than 227 KB";
 
-  Block &entry = createFunc(gpuModule, kernel.getSymName(), KernelKind::fwd,
+  if (isDq && (headDim > 128 || blockN > 64 || stages < 2))
+    return kernel.emitOpError()
+           << "the warp-specialized dQ kernel needs head_dim 64 or 128, "
+              "block_n up to 64 and at least 2 stages";
+  Block &entry = createFunc(gpuModule, kernel.getSymName(), kernel.getKind(),
                             ::dualkv::Schedule::WarpSpecialized);
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
-  oPtr = param("o"), lsePtr = param("lse"), segPtr = param("segs");
-  oStrideT = indexParam("oStrideT"), oStrideH = indexParam("oStrideH"),
+  lsePtr = param("lse"), segPtr = param("segs");
   lseStrideH = indexParam("lseStrideH");
+  if (isDq) {
+    // dq takes the output's place (oPtr, oStride*).
+    oPtr = param("dq"), oStrideT = indexParam("dqStrideT"),
+    oStrideH = indexParam("dqStrideH");
+    deltaPtr = param("delta"), deltaStrideH = indexParam("deltaStrideH");
+    scale = param("scale");
+    doMap = param("doMap");
+  } else {
+    oPtr = param("o"), oStrideT = indexParam("oStrideT"),
+    oStrideH = indexParam("oStrideH");
+  }
   scaleLog2 = param("scaleLog2");
   qMap = param("qMap"), kMap = param("kMap"), vMap = param("vMap");
   Value workPtr = param("order");
@@ -559,7 +766,10 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
     b.setInsertionPointToStart(role.thenBlock());
     emitProducer();
     b.setInsertionPointToStart(role.elseBlock());
-    emitConsumer();
+    if (isDq)
+      emitDqConsumer();
+    else
+      emitConsumer();
   }
 
   b.setInsertionPointToEnd(&entry);

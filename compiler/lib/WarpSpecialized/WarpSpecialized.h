@@ -13,10 +13,10 @@
 
 namespace mlir::dualkv {
 
-/// Emits the gpu.func of the bound, tiled forward `kernel` in the
-/// warp-specialized schedule into `gpuModule`; sets `*sharedBytes` to its
-/// dynamic shared memory. Fails with a diagnostic on a spec the schedule does
-/// not cover.
+/// Emits the gpu.func of the bound, tiled forward (or deterministic dQ)
+/// `kernel` in the warp-specialized schedule into `gpuModule`; sets
+/// `*sharedBytes` to its dynamic shared memory. Fails with a diagnostic on a
+/// spec the schedule does not cover.
 LogicalResult emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
                                          gpu::GPUModuleOp gpuModule,
                                          int64_t *sharedBytes);

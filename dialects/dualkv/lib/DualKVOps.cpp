@@ -58,8 +58,8 @@ LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << ") so causal diagonals stay tile-aligned";
   if (!pow2(warps) || warps > 16)
     return emitError() << "warps must be a power of two <= 16, got " << warps;
-  if (stages < 1 || stages > 2)
-    return emitError() << "stages must be 1 or 2, got " << stages;
+  if (stages < 1 || stages > 4)
+    return emitError() << "stages must be 1 to 4, got " << stages;
   return success();
 }
 

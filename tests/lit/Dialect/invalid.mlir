@@ -136,12 +136,12 @@ dualkv.kernel @bwd_kv_warps_do_not_cover_block_m kind <bwd_kv> problem <P = 0, N
 
 // -----
 
-// expected-error @+1 {{stages must be 1 or 2, got 0}}
+// expected-error @+1 {{stages must be 1 to 4, got 0}}
 func.func @tiling_stages_zero() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 4, stages = 0>} { return }
 
 // -----
 
-// expected-error @+1 {{stages must be 1 or 2, got 5}}
+// expected-error @+1 {{stages must be 1 to 4, got 5}}
 func.func @tiling_stages_five() attributes {x = #dualkv.tiling<block_m = 64, block_n = 64, warps = 4, stages = 5>} { return }
 
 // -----

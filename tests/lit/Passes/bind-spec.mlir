@@ -100,7 +100,7 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 block-m=16" 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
 // ERR-BLOCK: error: block_m (16) must be a multiple of block_n (32) so causal diagonals stay tile-aligned
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=stages=5 2>&1 | FileCheck %s --check-prefix=ERR-STAGES
-// ERR-STAGES: error: stages must be 1 or 2, got 5
+// ERR-STAGES: error: stages must be 1 to 4, got 5
 // The options are valid alone but the kernel verifier rejects the combination.
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128 warps=4" 2>&1 | FileCheck %s --check-prefix=ERR-REGS
 // ERR-REGS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
@@ -157,9 +157,11 @@ func.func @no_kernel() {
 // BWD-KV-SAME: schedule <[[SCHED]]>
 // The query loop is still `all`: binding does not tile.
 // BWD-KV: dualkv.q_loop part <all>
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=schedule=wgmma | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=64 schedule=mma_sync" | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
 // BWD-DQ-SAME: head_dim = [[D]],
@@ -224,7 +226,9 @@ func.func @no_kernel() {
 // ERR-WS-TILING: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs block_m 128, 8 (consumer) warps, 2 stages and block_n 16, 32, 64 or 128
 // RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
 // ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: its backward has head_dim 64 and 128, not 256
-// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-DQ
-// ERR-WS-DQ: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_dq kernel: it has no bwd_dq kernel
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256" 2>&1 | FileCheck %s --check-prefix=ERR-WS-DQ
+// ERR-WS-DQ: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_dq kernel: its dQ kernel has head_dim 64 and 128, not 256
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=wgmma stages=3" 2>&1 | FileCheck %s --check-prefix=ERR-STAGES3
+// ERR-STAGES3: error: 'dualkv.kernel' op stages 3 and 4 are the warp-specialized dQ kernel's only; this bwd_dq kernel takes 1 or 2
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=fast" 2>&1 | FileCheck %s --check-prefix=ERR-SCHED
 // ERR-SCHED: error: dualkv-bind-spec: schedule must be auto, mma_sync, wgmma or warp_specialized, got 'fast'

@@ -227,10 +227,8 @@ dualkv.kernel @foreign_op kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num
 // The lowering dispatches on the schedule the kernel records and never
 // re-derives it: a schedule without a lowering of the kernel's kind is an error.
 // expected-error @+1 {{'dualkv.kernel' op has no warp_specialized lowering}}
-dualkv.kernel @not_wired kind <bwd_dq> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a" schedule <warp_specialized> {
-  %q = dualkv.load_q : !dualkv.q_tile
-  %acc = dualkv.init_acc : !dualkv.acc
-  dualkv.store_dq %acc : !dualkv.acc
+dualkv.kernel @not_wired kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a" schedule <warp_specialized> {
+  dualkv.convert_grads
 }
 
 // -----

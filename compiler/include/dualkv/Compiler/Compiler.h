@@ -117,11 +117,14 @@ DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
 /// Threads per CTA of `spec`: the tiling's warps, and the producer warpgroup
 /// of the warp-specialized schedule.
 DUALKV_API int threadsPerBlock(const KernelSpec &spec);
-/// Dynamic shared memory of the warp-specialized forward at `tiling`: Q, a
-/// ring of `stages` K and V tiles (unpadded, 128-byte swizzle), an 8-byte
-/// mbarrier for Q and four a stage, and 1 KB to align the tiles.
-DUALKV_API int64_t warpSpecializedSharedBytes(const Tiling &tiling,
-                                              int headDim);
+/// Dynamic shared memory of the warp-specialized forward (or, for `kind`
+/// bwd_dq, dQ kernel) at `tiling`: Q (and dO), a ring of `stages` K and V
+/// tiles (unpadded, 128-byte swizzle), an 8-byte mbarrier for Q and four a
+/// stage, and 1 KB to align the tiles.
+DUALKV_API int64_t warpSpecializedSharedBytes(
+    const Tiling &tiling, int headDim, KernelKind kind = KernelKind::Fwd);
+/// The ring depth of the warp-specialized dQ kernel's default tiling.
+inline constexpr int kDqWarpSpecializedStages = 3;
 /// Why the resolved `spec` cannot be compiled as it stands (an arch outside
 /// the supported set, a schedule it cannot use), or an empty string.
 DUALKV_API std::string checkSpec(const KernelSpec &spec);

@@ -110,6 +110,21 @@ inline constexpr Param kBwdDQParams[] = {
     {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
     {"scaleLog2", F32}};
 
+/// bwd_dq in the warp-specialized schedule: bwd_dq's parameters, then the
+/// tensor maps of Q, K, V and dO (as the warp-specialized forward's, dO like
+/// Q) and the plan's forward work order (Plan::forwardTable). Grid (work
+/// items, 1, Hq).
+inline constexpr Param kBwdDQWarpSpecializedParams[] = {
+    {"q", E},           {"k", E},            {"v", E},
+    {"dout", E},        {"dq", E},           {"lse", F32P},
+    {"delta", F32P},    {"segs", I32P},      {"qStrideT", I64},
+    {"qStrideH", I64},  {"kStrideT", I64},   {"kStrideH", I64},
+    {"vStrideT", I64},  {"vStrideH", I64},   {"doStrideT", I64},
+    {"doStrideH", I64}, {"dqStrideT", I64},  {"dqStrideH", I64},
+    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
+    {"scaleLog2", F32}, {"qMap", TMAP},      {"kMap", TMAP},
+    {"vMap", TMAP},     {"doMap", TMAP},     {"order", I32P}};
+
 /// bwd_dq of prefix trees (KernelSpec::tree): bwd_dq's parameters, then the
 /// plan's chain table.
 inline constexpr Param kBwdDQTreeParams[] = {
@@ -164,6 +179,8 @@ inline ParamTable kernelParams(KernelKind kind,
   case KernelKind::BwdPost:
     return tableOf(kBwdPostParams);
   case KernelKind::BwdDQ:
+    if (schedule == Schedule::WarpSpecialized)
+      return tableOf(kBwdDQWarpSpecializedParams);
     return tableOf(kBwdDQParams);
   }
   return tableOf(kFwdParams);

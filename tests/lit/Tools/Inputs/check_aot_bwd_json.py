@@ -16,22 +16,25 @@ import sys
 KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 
 
-def schedule(kind, d, bm, bn, warps, arch):
-    """On sm_90a at head_dim 128 and 128:64:8: the warp-specialized schedule
-    for bwd and bwd_kv, the warpgroup one for bwd_dq; mma_sync for everything
-    else."""
+def schedule(kind, d, bm, bn, warps, arch, stages=1):
+    """On sm_90a at 128:64:8: the warp-specialized schedule for bwd and bwd_kv
+    at head_dim 128 and, with a three-stage ring, for bwd_dq at head_dim 64
+    and 128; the warpgroup one for bwd_dq at head_dim 128 and one stage;
+    mma_sync for everything else."""
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
         if kind in ("bwd", "bwd_kv") and d == 128:
+            return "warp_specialized"
+        if kind == "bwd_dq" and d in (64, 128) and stages == 3:
             return "warp_specialized"
         if kind == "bwd_dq" and d == 128:
             return "wgmma"
     return "mma_sync"
 
 
-def threads(kind, d, bm, bn, warps, arch):
+def threads(kind, d, bm, bn, warps, arch, stages=1):
     """32 a warp, and a producer warpgroup of 128 in the warp-specialized
     schedule."""
-    ws = schedule(kind, d, bm, bn, warps, arch) == "warp_specialized"
+    ws = schedule(kind, d, bm, bn, warps, arch, stages) == "warp_specialized"
     return 32 * warps + (128 if ws else 0)
 
 
@@ -41,8 +44,13 @@ def stat_slots(bn, warps):
     return max(bn, 32 * warps)
 
 
-def shared_bytes(kind, d, bm, bn, warps, arch):
-    sched = schedule(kind, d, bm, bn, warps, arch)
+def shared_bytes(kind, d, bm, bn, warps, arch, stages=1):
+    sched = schedule(kind, d, bm, bn, warps, arch, stages)
+    if sched == "warp_specialized" and kind == "bwd_dq":
+        # Q and dO (block_m rows), a ring of `stages` K and V tiles (block_n
+        # rows) in the 128-byte swizzle, an mbarrier for Q and dO and four a
+        # stage (K and V full and empty), 1024 bytes of alignment.
+        return (2 * bm + 2 * stages * bn) * d * 2 + 8 * (1 + 4 * stages) + 1024
     if sched == "wgmma" and kind == "bwd_dq":
         # Q and dO (block_m rows), K and V (block_n rows) unpadded in the
         # 128-byte swizzle, and 1024 bytes to align them to its period.
@@ -92,7 +100,8 @@ def main():
         name = "dualkv_{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}".format(
             kind, d, j["num_q_heads"], j["num_kv_heads"], j["dtype"], j["arch"],
             t["block_m"], t["block_n"], t["warps"], t["stages"])
-        sched = schedule(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"])
+        sched = schedule(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"],
+                         t["stages"])
         entry = "attention_%s_%s" % (kind, sched)
         if kind not in KINDS:
             problems.append("not a backward kind: %s" % kind)
@@ -101,11 +110,12 @@ def main():
                 j["entry"], j["schedule"], entry, sched))
         if os.path.basename(path) != name + ".json":
             problems.append("file name does not spell the spec (%s)" % name)
-        want = threads(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"])
+        want = threads(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"],
+                       t["stages"])
         if j["threads"] != want:
             problems.append("threads %d != %d" % (j["threads"], want))
         smem = shared_bytes(kind, d, t["block_m"], t["block_n"], t["warps"],
-                            j["arch"])
+                            j["arch"], t["stages"])
         if j["shared_bytes"] != smem:
             problems.append("shared_bytes %d != %d" % (j["shared_bytes"], smem))
         if not os.path.getsize(path[:-5] + ".ptx"):

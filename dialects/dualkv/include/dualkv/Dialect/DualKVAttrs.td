@@ -167,7 +167,9 @@ def DualKV_TilingAttr : DualKV_Attr<"Tiling", "tiling"> {
   let description = [{
     `block_m` query rows and `block_n` keys per tile, `warps` per CTA, and `stages`
     of the key pipeline: 1 loads each key tile when it is needed, 2 prefetches the
-    next key tile while softmax and P·V run (values always load while Q·Kᵀ runs).
+    next key tile while softmax and P·V run (values always load while Q·Kᵀ runs);
+    in the warp-specialized schedule, the slots of the producer's ring (3 or 4 only
+    in its dQ kernel, whose key tiles stay until the next tile's products start).
     In the KV-major backward (`bwd`, `bwd_kv`) the roles swap: `block_m` keys and
     values stay in the CTA and query tiles of `block_n` rows stream past (always
     double buffered; `stages` is 1). In `bwd_pre` and `bwd_post`, `block_m` is the
