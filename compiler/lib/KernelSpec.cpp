@@ -205,8 +205,9 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
 
 /// The schedule Auto stands for: the warp-specialized one for the forward at
 /// its measured tilings (defaultTiling's), for the KV-major backward at
-/// head_dim 128 and for the dQ kernel at its default tiling, the warpgroup
-/// one wherever it fits, mma.sync elsewhere.
+/// head_dim 128 and for a dQ kernel tiling of kDqWarpSpecializedStages
+/// stages (only that schedule has more than 2), the warpgroup one wherever
+/// it fits, mma.sync elsewhere.
 /// Other tilings of the warp-specialized forward are asked for by name.
 Schedule defaultSchedule(const KernelSpec &resolved) {
   const Tiling &t = resolved.tiling;
@@ -271,30 +272,21 @@ Tiling defaultTiling(const KernelSpec &spec) {
       return {128, 64, 8, 1};
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
-    // sm_90a, head_dim 64 and 128: the warp-specialized schedule
-    // (WarpSpecialized/WarpSpecialized.cpp), a TMA producer warpgroup and two
-    // consumer warpgroups of 64 query rows; 64-key tiles in a ring of
-    // kDqWarpSpecializedStages, as each K tile stays until the next tile's
-    // products are issued (the dQ product of tile i runs behind the scores of
-    // tile i + 1).
-    // Under Auto only when the fields the caller pinned agree with it, so
-    // that a pinned tiling keeps the defaults below.
+    // sm_90a, head_dim 64 and 128, asked for by name (or by a tiling of
+    // kDqWarpSpecializedStages stages, which only it has): the
+    // warp-specialized schedule (WarpSpecialized/WarpSpecialized.cpp), a TMA
+    // producer warpgroup and two consumer warpgroups of 64 query rows; 64-key
+    // tiles in a three-stage ring, as each K tile stays until the next
+    // tile's products are issued (the dQ product of tile i runs behind the
+    // scores of tile i + 1). Not yet the default: it has not run on a GPU.
     if (std::optional<Arch> a = Arch::parse(spec.arch);
         a && a->hasWgmma() && !spec.tree &&
-        (spec.headDim == 64 || spec.headDim == 128)) {
-      const Tiling ws = {128, 64, 8, kDqWarpSpecializedStages};
-      const Tiling &t = spec.tiling;
-      bool agrees = (!t.blockM || t.blockM == ws.blockM) &&
-                    (!t.blockN || t.blockN == ws.blockN) &&
-                    (!t.warps || t.warps == ws.warps) &&
-                    (!t.stages || t.stages == ws.stages);
-      if (spec.schedule == Schedule::WarpSpecialized ||
-          (spec.schedule == Schedule::Auto && agrees))
-        return ws;
-    }
-    // The warpgroup schedule (Wgmma/QueryMajor.cpp) at head_dim 128, by name
-    // and for trees: 128 query rows in two warpgroups sharing each 64-key
-    // tile of K and V (185 registers, 97 KB of shared memory).
+        (spec.headDim == 64 || spec.headDim == 128) &&
+        spec.schedule == Schedule::WarpSpecialized)
+      return {128, 64, 8, kDqWarpSpecializedStages};
+    // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
+    // 128 query rows in two warpgroups sharing each 64-key tile of K and V
+    // (185 registers, 97 KB of shared memory).
     if (std::optional<Arch> a = Arch::parse(spec.arch);
         a && a->hasWgmma() && spec.headDim == 128)
       return {128, 64, 8, 1};

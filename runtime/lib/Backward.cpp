@@ -347,6 +347,7 @@ void validate(const BackwardArgs &a) {
   checkTensor("dv", a.dv, T, Hkv, D, true);
   checkLse("lse", a.lse, a.lse_stride_h, T, Hq);
   checkScaleAndTiling(a.scale, a.tiling);
+  checkTiling("dq_tiling", a.dq_tiling);
   if (a.workspace_bytes < 0)
     invalid(fmt::format("workspace_bytes ({}) is negative", a.workspace_bytes));
   auto address = reinterpret_cast<uintptr_t>(a.workspace);
@@ -402,7 +403,7 @@ void backward(const BackwardArgs &args) {
       Hq, Hkv, shapeClassOf(plan));
   // A branching tree's segments walk its chain table (KernelSpec::tree).
   const bool tree = plan.maxAncestorRanges() > 1;
-  KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, {});
+  KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, args.dq_tiling);
   dqSpec.tree = tree;
   const LoadedKernel &last =
       det ? getKernel(dqSpec)

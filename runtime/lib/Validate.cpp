@@ -126,12 +126,19 @@ void checkScaleAndTiling(float scale, const Tiling &t) {
                         "that the backward gives), which is the same "
                         "attention",
                         scale));
+  checkTiling("tiling", t);
+}
+
+void checkTiling(const char *name, const Tiling &t) {
   for (auto [field, value] : {std::pair{"blockM", t.blockM},
                               {"blockN", t.blockN},
                               {"warps", t.warps},
                               {"stages", t.stages}})
     if (value < 0)
-      invalid(fmt::format("tiling.{} ({}) is negative", field, value));
+      invalid(fmt::format("{}.{} ({}) is negative", name, field, value));
+  if (t.stages > 4)
+    invalid(fmt::format("{}.stages ({}) must be 1 to 4 (0 takes the default)",
+                        name, t.stages));
 }
 
 void requirePlanInCurrentContext(const Plan &plan) {

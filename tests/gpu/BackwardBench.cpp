@@ -23,6 +23,9 @@ struct Options {
   /// Tilings of the backward's main kernel to time; {} is the default.
   std::vector<Tiling> bwdTilings = {Tiling{}};
   std::vector<Schedule> bwdSchedules = {Schedule::Auto};
+  /// Tilings of the deterministic mode's dQ kernel to time; {} is the
+  /// default (128:64:8:3 on sm_90a is the warp-specialized one).
+  std::vector<Tiling> dqTilings = {Tiling{}};
 };
 
 /// Random 16-bit values on the device that the inputs are copied from at
@@ -72,13 +75,16 @@ int usage(std::FILE *to = stderr) {
              "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
              "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...] "
-             "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized]\n"
+             "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
+             "[--dq-tilings M:N:W:S,...]\n"
              "Defaults: the standard configs of benchmarks/README.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
              "rotating input sets, every mode, the default backward tiling "
              "(--bwd-tilings times each listed block_m:block_n:warps of the "
              "backward's main kernel in turn; --bwd-schedules likewise each "
-             "listed schedule of it).\n");
+             "listed schedule of it; --dq-tilings each listed "
+             "block_m:block_n:warps:stages of the deterministic mode's dQ "
+             "kernel, 0 fields taking defaults).\n");
   return 2;
 }
 
@@ -148,6 +154,15 @@ int main(int argc, char **argv) {
           if (!s)
             return usage();
           opt.bwdSchedules.push_back(*s);
+        }
+      } else if (a == "--dq-tilings") {
+        opt.dqTilings.clear();
+        for (auto &c : split(value())) {
+          Tiling t;
+          if (std::sscanf(c.c_str(), "%d:%d:%d:%d", &t.blockM, &t.blockN,
+                          &t.warps, &t.stages) != 4)
+            return usage();
+          opt.dqTilings.push_back(t);
         }
       } else if (a == "--fp16") {
         opt.dtype = DType::FP16;
@@ -221,7 +236,7 @@ int main(int argc, char **argv) {
         a.plan = &plan;
         return a;
       };
-      Tiling bwdTiling;
+      Tiling bwdTiling, dqTiling;
       Schedule bwdSchedule = Schedule::Auto;
       auto bwdArgs = [&](InputSet &s, bool deterministic) {
         ForwardArgs f = fwdArgs(s);
@@ -245,6 +260,7 @@ int main(int argc, char **argv) {
         a.plan = &plan;
         a.tiling = bwdTiling;
         a.schedule = bwdSchedule;
+        a.dq_tiling = dqTiling;
         return a;
       };
       // O and LSE of every set, so that a backward alone has its inputs.
@@ -257,47 +273,55 @@ int main(int argc, char **argv) {
       check(cudaEventCreate(&stop), "event");
       for (size_t ti = 0; ti < opt.bwdTilings.size(); ++ti)
         for (size_t si = 0; si < opt.bwdSchedules.size(); ++si)
-          for (const std::string &mode : opt.modes) {
-            bwdTiling = opt.bwdTilings[ti];
-            bwdSchedule = opt.bwdSchedules[si];
-            if ((ti > 0 || si > 0) && mode == "fwd")
-              continue; // the forward does not change with the backward's
-            bool runFwd = mode != "bwd", runBwd = mode != "fwd",
-                 det = mode == "fwd+bwd det";
-            double flops =
-                (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
-            auto once = [&](int i) {
-              InputSet &s = *sets[size_t(i) % sets.size()];
-              if (runFwd)
-                forward(fwdArgs(s));
-              if (runBwd)
-                backward(bwdArgs(s, det));
-            };
-            for (int i = 0; i < opt.warmup; ++i)
-              once(i);
-            check(cudaDeviceSynchronize(), "warm-up");
-            std::vector<float> ms;
-            for (int i = 0; i < opt.reps; ++i) {
-              check(cudaEventRecord(start), "record");
-              once(opt.warmup + i);
-              check(cudaEventRecord(stop), "record");
-              check(cudaEventSynchronize(stop), "timed run");
-              float m = 0;
-              check(cudaEventElapsedTime(&m, start, stop), "elapsed");
-              ms.push_back(m);
+          for (size_t qi = 0; qi < opt.dqTilings.size(); ++qi)
+            for (const std::string &mode : opt.modes) {
+              bwdTiling = opt.bwdTilings[ti];
+              bwdSchedule = opt.bwdSchedules[si];
+              dqTiling = opt.dqTilings[qi];
+              if ((ti > 0 || si > 0 || qi > 0) && mode == "fwd")
+                continue; // the forward does not change with the backward's
+              if (qi > 0 && mode != "fwd+bwd det")
+                continue; // the dQ kernel runs in the deterministic mode only
+              bool runFwd = mode != "bwd", runBwd = mode != "fwd",
+                   det = mode == "fwd+bwd det";
+              double flops =
+                  (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
+              auto once = [&](int i) {
+                InputSet &s = *sets[size_t(i) % sets.size()];
+                if (runFwd)
+                  forward(fwdArgs(s));
+                if (runBwd)
+                  backward(bwdArgs(s, det));
+              };
+              for (int i = 0; i < opt.warmup; ++i)
+                once(i);
+              check(cudaDeviceSynchronize(), "warm-up");
+              std::vector<float> ms;
+              for (int i = 0; i < opt.reps; ++i) {
+                check(cudaEventRecord(start), "record");
+                once(opt.warmup + i);
+                check(cudaEventRecord(stop), "record");
+                check(cudaEventSynchronize(stop), "timed run");
+                float m = 0;
+                check(cudaEventElapsedTime(&m, start, stop), "elapsed");
+                ms.push_back(m);
+              }
+              double med = median(ms);
+              std::string label = mode;
+              if (runBwd && bwdTiling.blockM)
+                label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
+                                     bwdTiling.blockN, bwdTiling.warps);
+              if (runBwd && bwdSchedule != Schedule::Auto)
+                label += fmt::format(" {}", toString(bwdSchedule));
+              if (det && dqTiling.blockM)
+                label += fmt::format(" dq {}:{}:{}:{}", dqTiling.blockM,
+                                     dqTiling.blockN, dqTiling.warps,
+                                     dqTiling.stages);
+              fmt::print(
+                  "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n", p,
+                  n, r, label, med, *std::min_element(ms.begin(), ms.end()),
+                  flops / (med * 1e-3) / 1e12);
             }
-            double med = median(ms);
-            std::string label = mode;
-            if (runBwd && bwdTiling.blockM)
-              label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
-                                   bwdTiling.blockN, bwdTiling.warps);
-            if (runBwd && bwdSchedule != Schedule::Auto)
-              label += fmt::format(" {}", toString(bwdSchedule));
-            fmt::print(
-                "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n", p, n,
-                r, label, med, *std::min_element(ms.begin(), ms.end()),
-                flops / (med * 1e-3) / 1e12);
-          }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     } catch (const std::exception &e) {

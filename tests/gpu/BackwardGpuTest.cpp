@@ -522,6 +522,30 @@ int testDeterministic(uint64_t seed) {
     GradErrors vsAtomic = compareGrads(det0, adq, adk, adv);
     bool pass =
         finite && detDiffers == 0 && within(vsAtomic, toleranceFor(c.dtype));
+    // sm_90: the warp-specialized dQ kernel (asked for by its three-stage
+    // tiling) against the fp64 reference, bitwise stable, beside the same
+    // bwd_kv (so dK and dV are the default dQ kernel's run's bits).
+    if (c.d != 256 && deviceIsSm90()) {
+      BackwardOptions ws = det;
+      ws.callerWorkspace = false;
+      ws.dqTiling = {128, 64, 8, 3};
+      ForwardResult fwd = dc.download();
+      BackwardResult w0 = dc.runBackward(ws);
+      int64_t wsDiffers = 0;
+      for (int run = 1; run < kRuns; ++run)
+        wsDiffers += bitwiseMismatches(dc.runBackward(ws).dq, w0.dq);
+      int64_t kvDiffers =
+          bitwiseMismatches(w0.dk, det0.dk) + bitwiseMismatches(w0.dv, det0.dv);
+      std::string error = backwardReferenceError(c, fwd, w0);
+      bool wsPass =
+          allFinite(w0.dq) && wsDiffers == 0 && kvDiffers == 0 && error.empty();
+      pass = pass && wsPass;
+      fmt::print("{} deterministic {}, warp-specialized dQ: {} runs, {} dQ "
+                 "values differ from run 1, {} dK/dV values differ from the "
+                 "default dQ kernel's run (both must be 0); vs fp64: {}\n",
+                 wsPass ? "ok" : "FAIL", c.describe(), kRuns, wsDiffers,
+                 kvDiffers, error.empty() ? "within tolerance" : error);
+    }
     failures += !pass;
     fmt::print("{} deterministic {}: {} runs, {} values differ from run 1 "
                "(must be 0); vs the default mode rel-L2 dq {:.3g} dk {:.3g} "

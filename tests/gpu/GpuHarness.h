@@ -228,6 +228,16 @@ inline Case gatherCopies(const Case &packed,
 /// Downloads `n` 16-bit values of type `t` and widens them to float.
 /// The tiling in environment variable `name`, if set: "M:N:W:S", or "M:N:W"
 /// with one stage when `withStages` is false; a malformed value throws.
+/// Whether the current device is an sm_90 part (sm_90a's instructions).
+inline bool deviceIsSm90() {
+  int device = 0, major = 0;
+  check(cudaGetDevice(&device), "device");
+  check(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+      "compute capability");
+  return major == 9;
+}
+
 inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
   const char *env = std::getenv(name);
   if (!env)
@@ -327,6 +337,8 @@ struct BackwardOptions {
   /// runtime must initialise whatever it reads.
   bool callerWorkspace = false;
   Tiling tiling = {};
+  /// The deterministic mode's dQ kernel's tiling (BackwardArgs::dq_tiling).
+  Tiling dqTiling = {};
 };
 
 /// A case on the device for the backward: the forward's buffers plus dO
@@ -368,6 +380,12 @@ struct BackwardDeviceCase : DeviceCase {
     // the main kernel than the default (e.g. sm_80's 128:32:8 layout on sm_90).
     if (a.tiling == Tiling{})
       tilingFromEnv("DUALKV_TEST_BWD_TILING", false, a.tiling);
+    a.dq_tiling = options.dqTiling;
+    // DUALKV_TEST_DQ_TILING=M:N:W:S likewise for the dQ kernel of the
+    // head_dim-64 and -128 cases (e.g. 128:64:8:3, the warp-specialized one,
+    // which has no head_dim 256).
+    if (a.dq_tiling == Tiling{} && c.d != 256)
+      tilingFromEnv("DUALKV_TEST_DQ_TILING", true, a.dq_tiling);
     if (options.callerWorkspace) {
       int64_t bytes = backwardWorkspaceBytes(a);
       if (!workspace || workspace->bytes < size_t(bytes))

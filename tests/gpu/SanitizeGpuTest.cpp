@@ -1,7 +1,8 @@
 // The sanitizer workload: every kernel kind the library ships (fwd, bwd_pre,
 // bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 128 and 256, bf16 and fp16,
 // in the device's default schedules and in the mma.sync schedule at sm_80's
-// default tilings, on one small packed batch, each result checked against
+// default tilings (and on sm_90 the warp-specialized dQ kernel, which no
+// default picks yet), on one small packed batch, each result checked against
 // the fp64 reference. tests/gpu/sanitize.sh runs it under compute-sanitizer
 // (memcheck, racecheck, synccheck, initcheck; ctest label `sanitize`), which
 // fails on any report; the checks keep a kernel that does nothing from
@@ -20,7 +21,7 @@ namespace {
 /// schedule on every arch.
 struct Variant {
   const char *name;
-  Tiling fwd, bwd, bwdKV;
+  Tiling fwd, bwd, bwdKV, dq;
 };
 
 /// sm_80's default tilings (defaultTiling with arch sm_80): mma.sync on every
@@ -35,7 +36,8 @@ Variant mmaSyncVariant(int headDim, DType dtype) {
     return defaultTiling(spec);
   };
   return {"mma_sync (sm_80 tilings)", sm80(KernelKind::Fwd),
-          sm80(KernelKind::Bwd), sm80(KernelKind::BwdKV)};
+          sm80(KernelKind::Bwd), sm80(KernelKind::BwdKV),
+          sm80(KernelKind::BwdDQ)};
 }
 
 /// Two groups: partial tiles everywhere, an empty and a one-token response,
@@ -69,8 +71,14 @@ int dualkv::testing::sanitizeTest() {
   for (int d : {64, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       Case c = sanitizeCase(d, t, rng);
-      for (const Variant &v :
-           {Variant{"default", {}, {}, {}}, mmaSyncVariant(d, t)}) {
+      std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
+                                       mmaSyncVariant(d, t)};
+      // The warp-specialized dQ kernel (by its three-stage tiling), which
+      // sm_90a has at head_dim 64 and 128 and no default picks yet.
+      if (deviceIsSm90() && d != 256)
+        variants.push_back(
+            Variant{"warp_specialized dQ", {}, {}, {}, {128, 64, 8, 3}});
+      for (const Variant &v : variants) {
         std::string what = fmt::format("{} [{}]", c.describe(), v.name);
         try {
           BackwardDeviceCase dc(c);
@@ -82,6 +90,7 @@ int dualkv::testing::sanitizeTest() {
             BackwardOptions o;
             o.deterministic = deterministic;
             o.tiling = deterministic ? v.bwdKV : v.bwd;
+            o.dqTiling = v.dq;
             BackwardResult r = dc.runBackward(o);
             record(what + (deterministic ? " bwd deterministic" : " bwd"),
                    backwardReferenceError(c, fwd, r));

@@ -503,18 +503,11 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
 namespace {
 
 /// Parameter sizes of the backward kernels (docs/backward-abi.md).
-/// The parameter sizes of each backward entry point; bwd_dq's in the
-/// warp-specialized schedule (the sm_90a default at head_dim 128) unless
-/// `cpAsyncDq`: then come the four tensor maps (their first 8 bytes) and the
-/// work order.
-std::map<std::string, std::vector<int>>
-backwardSignatures(bool cpAsyncDq = false) {
+std::map<std::string, std::vector<int>> backwardSignatures() {
   std::vector<int> main(26, 8);
   main.insert(main.end(), {4, 4});
   std::vector<int> dq(20, 8);
   dq.insert(dq.end(), {4, 4});
-  if (!cpAsyncDq)
-    dq.insert(dq.end(), {8, 8, 8, 8, 8});
   return {{"attention_bwd_pre", std::vector<int>(9, 8)},
           {"attention_bwd", main},
           {"attention_bwd_kv", main},
@@ -554,6 +547,8 @@ void seedBackwardKernels(const std::string &root, const BackwardArgs &a,
     spec.arch = "sm_90a";
     if (kind == KernelKind::Bwd || kind == KernelKind::BwdKV)
       spec.tiling = a.tiling;
+    if (kind == KernelKind::BwdDQ)
+      spec.tiling = a.dq_tiling;
     CacheEntry entry;
     entry.info = info;
     entry.ptx = fmt::format("// fake {}\n", info.name);
@@ -855,47 +850,89 @@ TEST_CASE("backward: the deterministic sequence has no atomics",
   CHECK(kv.params[10] == 0);
   CHECK(kv.params[26] == bits(0.125f));
 
-  // bwd_dq (warp-specialized): query-major, a CTA per 128-row query tile of
-  // every segment (the plan's forward order), per head.
-  KernelSpec dqSpec;
-  dqSpec.kind = KernelKind::BwdDQ;
-  dqSpec.arch = "sm_90a";
-  REQUIRE(resolveSpec(dqSpec).schedule == Schedule::WarpSpecialized);
+  // bwd_dq: query-major over the plan's segments.
+  checkGrid(dq, (1100 + 127) / 128, 3, Hq, infos.at(KernelKind::BwdDQ));
+  CHECK(dq.params ==
+        std::vector<uint64_t>{ptr(a.q.data),
+                              ptr(a.k.data),
+                              ptr(a.v.data),
+                              ptr(a.dout.data),
+                              ptr(a.dq.data),
+                              ptr(a.lse),
+                              delta,
+                              plan.deviceTable(),
+                              1024,
+                              128,
+                              256,
+                              128,
+                              256,
+                              128,
+                              1024,
+                              128,
+                              1024,
+                              128,
+                              uint64_t(T),
+                              uint64_t(T),
+                              bits(0.125f),
+                              bits(float(0.125 * 1.4426950408889634))});
+}
+
+TEST_CASE("backward: the warp-specialized dQ kernel takes tensor maps and "
+          "the plan's forward order",
+          "[runtime][backward]") {
+  FakeBackwardSetup setup;
+  TempDir &tmp = setup.tmp;
+  FakeDriver &fake = setup.scoped.fake;
+  // Its parameters: bwd_dq's, then the tensor maps of Q, K, V and dO (their
+  // first 8 bytes here) and the work order.
+  std::vector<int> sig(20, 8);
+  sig.insert(sig.end(), {4, 4, 8, 8, 8, 8, 8});
+  fake.signatures["attention_bwd_dq"] = sig;
+
+  std::vector<PlanGroup> groups = {{1100, {}}, {8, {8}}};
+  Plan plan(groups);
+  BackwardArgs a = validBackwardArgs(plan);
+  a.deterministic = true;
+  // Three stages: a ring only the warp-specialized schedule has.
+  a.dq_tiling = {128, 64, 8, 3};
+  KernelSpec spec;
+  spec.kind = KernelKind::BwdDQ;
+  spec.arch = "sm_90a";
+  spec.tiling = a.dq_tiling;
+  REQUIRE(resolveSpec(spec).schedule == Schedule::WarpSpecialized);
+  seedBackwardKernels(tmp.path, a);
+  const int64_t T = 1116, Hq = 8, Hkv = 2;
+
+  backward(a);
+  REQUIRE(fake.events.size() == 3);
+  const FakeDriver::Event &dq = fake.events[2];
+  CHECK(dq.name == "attention_bwd_dq");
+  // A CTA per 128-row query tile of every segment, per head.
   checkGrid(dq, unsigned(countTiles(groups, 128)), 1, Hq,
-            infos.at(KernelKind::BwdDQ));
+            seededInfos().at(KernelKind::BwdDQ));
   REQUIRE(dq.params.size() == 27);
+  CHECK(dq.params[4] == ptr(a.dq.data));
+  CHECK(dq.params[7] == plan.deviceTable());
   ForwardTable order = plan.forwardTable(128);
   CHECK(dq.params[26] == order.items);
   CHECK(fake.copies[order.items] == plan.forwardOrder(128));
   // Q, dO, K and V by TMA; the last one built is V's: (head_dim, KV heads,
-  // tokens), boxes of 64 columns x 1 head x block_n = 64 rows.
+  // tokens) with its strides in bytes, boxes of 64 columns x 1 head x
+  // block_n rows.
   CHECK(fake.tensorMaps == 4);
   CHECK(fake.lastTensorMapDims ==
         std::vector<uint64_t>{128, uint64_t(Hkv), uint64_t(T)});
+  CHECK(fake.lastTensorMapStrides == std::vector<uint64_t>{256, 512});
   CHECK(fake.lastTensorMapBox == std::vector<uint32_t>{64, 1, 64});
-  const std::vector<uint64_t> abi(dq.params.begin(), dq.params.begin() + 22);
-  CHECK(abi == std::vector<uint64_t>{ptr(a.q.data),
-                                     ptr(a.k.data),
-                                     ptr(a.v.data),
-                                     ptr(a.dout.data),
-                                     ptr(a.dq.data),
-                                     ptr(a.lse),
-                                     delta,
-                                     plan.deviceTable(),
-                                     1024,
-                                     128,
-                                     256,
-                                     128,
-                                     256,
-                                     128,
-                                     1024,
-                                     128,
-                                     1024,
-                                     128,
-                                     uint64_t(T),
-                                     uint64_t(T),
-                                     bits(0.125f),
-                                     bits(float(0.125 * 1.4426950408889634))});
+
+  // The main kernel's tiling does not reach the dQ kernel, nor the other way.
+  BackwardArgs b = a;
+  b.dq_tiling = {128, 64, 8, 5};
+  std::optional<Error> e = errorOf([&] { backward(b); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("dq_tiling"));
+  CHECK(fake.events.size() == 3);
 }
 
 TEST_CASE("backward: the runtime's workspaces stay bounded with a stream "
@@ -960,7 +997,7 @@ TEST_CASE("backward: a missing kernel brings its whole set, compiled in "
   fake.ccMajor = 8; // sm_80: every kernel on the mma_sync schedule
   fake.ccMinor = 0;
   // The compiled kernels' entry points carry their schedule.
-  for (auto &[name, sig] : backwardSignatures(/*cpAsyncDq=*/true))
+  for (auto &[name, sig] : backwardSignatures())
     fake.signatures[name + "_mma_sync"] = sig;
   clearKernelCache();
   resetCacheStats();

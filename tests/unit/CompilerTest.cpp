@@ -457,16 +457,18 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
       {specOf(K::Bwd, "sm_80", 128), M},
       {specOf(K::Bwd, "sm_90", 128), M},
-      // The dQ kernel: warp-specialized at its sm_90a default 128:64:8 with
-      // a three-stage ring at head_dim 64 and 128; wgmma at 128:64:8 with
-      // one stage (its own default, by name) at head_dim 128; mma.sync at
-      // other tilings and elsewhere.
-      {specOf(K::BwdDQ, "sm_90a", 128), S},
-      {specOf(K::BwdDQ, "sm_90a", 64), S},
+      // The dQ kernel: wgmma at its sm_90a default 128:64:8 at head_dim 128,
+      // warp-specialized by name or by a three-stage ring (which only it
+      // has) at head_dim 64 and 128, mma.sync at other tilings and
+      // elsewhere.
+      {specOf(K::BwdDQ, "sm_90a", 128), W},
+      {specOf(K::BwdDQ, "sm_90a", 64), M},
+      {specOf(K::BwdDQ, "sm_90a", 128, {}, S), S},
+      {specOf(K::BwdDQ, "sm_90a", 64, {}, S), S},
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}), S},
-      {specOf(K::BwdDQ, "sm_90a", 128, {128, 32, 8, 2}, S), S}, // by name
-      {specOf(K::BwdDQ, "sm_90a", 128, {}, W), W},
-      {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 1}), W},
+      {specOf(K::BwdDQ, "sm_90a", 64, {128, 64, 8, 3}), S},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 32, 8, 2}, S), S},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 2}), W},
       {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}), M},
       {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}, W), W},
       {specOf(K::BwdDQ, "sm_90a", 64, {64, 32, 4, 1}), M},

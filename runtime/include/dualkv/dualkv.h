@@ -96,6 +96,11 @@ struct BackwardArgs {
   /// the tiling (resolveSpec). One that cannot compute the kernel is an
   /// InvalidArgument naming why.
   Schedule schedule = Schedule::Auto;
+  /// Optional tiling of the deterministic mode's dQ kernel (bwd_dq); zero
+  /// fields take defaults. On sm_90a at head_dim 64 and 128, a tiling of 3
+  /// stages (128:64:8:3) is the warp-specialized dQ kernel, which only that
+  /// schedule has.
+  Tiling dq_tiling = {};
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta
