@@ -14,7 +14,8 @@ Trees (Qwen3-8B heads: Hq 32, Hkv 8, D 128, bf16):
 Flex's mask is the tree rule of docs/architecture.md §1 in closed form: nodes
 are packed in pre-order, so a node's subtree is one token range, and query i
 sees key j iff j <= i < subtree_end(j), where subtree_end(j) is the end of the
-subtree of j's node. `--self-check` compares that form with
+subtree of j's node. `--self-check` compares that form (tree_mask_mod,
+which examples/tree_rollout_update.py uses too) with
 dualkv.PackedTree.allowed on random forests (no GPU, no torch needed).
 
 Useful TFLOP/s = 4 D Hq pairs / time forward, 3.5x that forward+backward
@@ -97,6 +98,16 @@ def subtree_end_per_token(lengths, parents):
     return out
 
 
+def tree_mask_mod(end):
+    """FlexAttention's mask_mod of the tree rule, for the per-token subtree ends
+    `end` (subtree_end_per_token: an int tensor on the device for Flex; a list
+    works too, with Python ints for the indices): query i sees key j iff
+    j <= i < end[j]. examples/tree_rollout_update.py uses it too."""
+    def allowed(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx < end[kv_idx])
+    return allowed
+
+
 def depth1_like(pairs, prompt=4096, n=16):
     """A group (prompt, n x R) whose useful pairs come closest to `pairs`."""
     best = None
@@ -128,12 +139,12 @@ def self_check(trials=200, seed=0):
         if sum(lengths) == 0:
             lengths[0] = 1
         packed = pack_tree([[1] * L for L in lengths], parents)
-        end = subtree_end_per_token(lengths, parents)
+        allowed = tree_mask_mod(subtree_end_per_token(lengths, parents))
         T = sum(lengths)
         for i in range(T):
             for j in range(T):
                 want = packed.allowed(i, j)
-                got = j <= i < end[j]
+                got = bool(allowed(0, 0, i, j))
                 if want != got:
                     raise SystemExit(f"mask mismatch: lengths {lengths} "
                                      f"parents {parents} i {i} j {j}")
@@ -191,10 +202,7 @@ def run(args):
             if tree:
                 end = torch.tensor(subtree_end_per_token(lengths, parents),
                                    device=dev, dtype=torch.int32)
-
-                def allowed(b, h, qi, kj):
-                    return (kj <= qi) & (qi < end[kj])
-
+                allowed = tree_mask_mod(end)
                 mask = torch.compile(create_block_mask)(
                     allowed, None, None, tokens, tokens, device=dev)
                 qf, kf, vf, dof = (t.detach().transpose(0, 1).unsqueeze(0)
