@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, tree, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -97,6 +97,15 @@ if [[ ,$what, == *,breakdown,* ]]; then
       --reps 1 --warmup 1 --sets 1 > '$reports/ncu_raw.csv' && \
       python3 scripts/ncu-breakdown.py '$reports/ncu_raw.csv' | tee -a '$out/breakdown.txt'"
   done
+fi
+if [[ ,$what, == *,tree,* ]]; then
+  # Prefix trees (issue 15; not part of "all"): bench_tree.py (tree attention against Flex
+  # with the tree mask, both forms) and the tree policy-update example against packed Flex
+  # and replicated paths (FA2 varlen, else SDPA), written into $OUT/tree.
+  step "bench_tree.py" python3 benchmarks/bench_tree.py --lib build/libdualkv.so \
+    --out "$out/tree"
+  step "tree_rollout_update.py" python3 examples/tree_rollout_update.py \
+    --lib build/libdualkv.so --out "$out/tree"
 fi
 if [[ ,$what, == *,grpo,* ]]; then
   # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
