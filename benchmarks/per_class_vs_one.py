@@ -94,7 +94,15 @@ def main():
                     help="smallest gain worth a class of its own (default "
                          "0.02)")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--rewrite", metavar="JSON", default=None,
+                    help="re-render a finished run's per_class_vs_one.md from "
+                         "its .json with today's verdict rules (no GPU)")
     args = ap.parse_args()
+    if args.rewrite:
+        text = rewrite(args.rewrite)
+        Path(args.rewrite).with_suffix(".md").write_text(text)
+        sys.stdout.write(text)
+        return 0
 
     kinds = [k for k in args.kinds.split(",") if k]
     for k in kinds:
@@ -220,15 +228,12 @@ def main():
                 if len(ms) > 1:
                     spreads.append((max(ms) - min(ms)) / mean)
             row["noise"] = max(spreads) if spreads else None
+            row["same_tiling"] = same_tiling(result["tunes"], mode, row["class"])
             if row["one_ms"] and row["class_ms"]:
                 row["gain"] = row["one_ms"] / row["class_ms"] - 1
-                row["verdict"] = (
-                    "class pays"
-                    if row["gain"] > max(row["noise"] or 0, args.min_gain)
-                    else "below noise: keep one")
             else:
                 row["gain"] = None
-                row["verdict"] = "missing"
+            row["verdict"] = verdict(row, args.min_gain)
             result["rows"].append(row)
     result["seconds"] = round(time.monotonic() - started, 1)
     result["order"] = order
@@ -240,6 +245,39 @@ def main():
     log(f"wrote {out}/per_class_vs_one.md and .json in {result['seconds']} s")
     sys.stdout.write(markdown(result))
     return status
+
+
+# The kinds a bench mode runs whose tilings dualkv-tune may set per class.
+MODE_KINDS = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd", "bwd"),
+              "fwd+bwd det": ("fwd", "bwd_kv")}
+
+
+def same_tiling(tunes, mode, cls):
+    """Whether, for every kind `mode` runs that was tuned, the class's winner
+    is the one-for-all tiling: then both variants run the same kernels (a
+    class changes no code, only the tiling it selects), and any difference
+    between them is run-to-run noise."""
+    seen = False
+    for kind in MODE_KINDS.get(mode, ()):
+        c = tunes.get(kind, {}).get("classes", {}).get(cls)
+        if c is None:
+            continue
+        seen = True
+        if c["best"] != c["one"]:
+            return False
+    return seen
+
+
+def verdict(row, min_gain):
+    if row["gain"] is None:
+        return "missing"
+    if row.get("same_tiling"):
+        return "same tiling: keep one"
+    if row["noise"] is None:
+        return "one run each: no noise estimate"
+    if row["gain"] > max(row["noise"], min_gain):
+        return "class pays"
+    return "below noise: keep one"
 
 
 def fmt(x, spec):
@@ -296,10 +334,30 @@ def markdown(r):
             f"{fmt(row['class_ms'], '.3f')} | {fmt(row['gain'], '+.1%')} | "
             f"{fmt(row['noise'], '.1%')} | {row['verdict']} |")
     pays = [row for row in r["rows"] if row["verdict"] == "class pays"]
+    same = [row for row in r["rows"] if row.get("same_tiling")]
     lines += ["", (f"Classes pay at {len(pays)} of {len(r['rows'])} rows."
                    if pays else
                    "No row gains above noise: keep one tiling for all.")]
+    if same:
+        gaps = [abs(row["gain"]) for row in same if row["gain"] is not None]
+        lines.append(
+            f"{len(same)} rows run the same tiling in both variants (the "
+            "class's winner is the one-for-all tiling, and a class changes no "
+            f"code), so their gap, up to {max(gaps):.1%}, is not a tiling "
+            "effect: it is the difference between the benchmark processes"
+            + (" (one run a variant cannot separate it from the runs' order: "
+               "use --rounds 2 or more)." if len(r["order"]) < 4 else ".")
+            if gaps else "")
     return "\n".join(lines) + "\n"
+
+
+def rewrite(path):
+    """Re-renders per_class_vs_one.md from its .json (verdicts recomputed)."""
+    r = json.loads(Path(path).read_text())
+    for row in r["rows"]:
+        row["same_tiling"] = same_tiling(r["tunes"], row["mode"], row["class"])
+        row["verdict"] = verdict(row, r["min_gain"])
+    return markdown(r)
 
 
 if __name__ == "__main__":
