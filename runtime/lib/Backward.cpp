@@ -50,7 +50,28 @@ template <typename Fn> void forEachSegment(const Plan &plan, Fn fn) {
 
 } // namespace
 
-BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
+const char *toString(BackwardOrder order) {
+  switch (order) {
+  case BackwardOrder::Auto:
+    return "auto";
+  case BackwardOrder::LongestFirst:
+    return "longest_first";
+  case BackwardOrder::QueryChunks:
+    return "query_chunks";
+  }
+  return "?";
+}
+
+std::optional<BackwardOrder> parseBackwardOrder(const std::string &text) {
+  for (BackwardOrder o : {BackwardOrder::Auto, BackwardOrder::LongestFirst,
+                          BackwardOrder::QueryChunks})
+    if (text == toString(o))
+      return o;
+  return std::nullopt;
+}
+
+BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
+                                 BackwardOrder order) {
   if (blockM < 1 || chunk < blockM)
     throw Error(ErrorCode::Internal,
                 fmt::format("backward items need blockM >= 1 and chunk >= "
@@ -87,10 +108,15 @@ BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk) {
         }
       });
 
-  // Longest first, so that the short items fill in behind the long ones.
-  std::stable_sort(
-      items.begin(), items.end(),
-      [](const Item &a, const Item &b) { return a[3] - a[2] > b[3] - b[2]; });
+  if (order == BackwardOrder::QueryChunks)
+    // By first query: the CTAs of a wave share dQ rows, Q and dO.
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Item &a, const Item &b) { return a[2] < b[2]; });
+  else
+    // Longest first, so that the short items fill in behind the long ones.
+    std::stable_sort(
+        items.begin(), items.end(),
+        [](const Item &a, const Item &b) { return a[3] - a[2] > b[3] - b[2]; });
   out.items.reserve(items.size() * kBwdItemFields);
   for (const Item &item : items)
     out.items.insert(out.items.end(), item.begin(), item.end());
@@ -411,7 +437,7 @@ void backward(const BackwardArgs &args) {
                                   args.dtype, {}));
 
   const BackwardTable table = plan.backwardTable(
-      main.info.blockM, backwardChunk(main.info.blockM, det));
+      main.info.blockM, backwardChunk(main.info.blockM, det), args.order);
   if (table.numAccRows > accBound)
     throw Error(ErrorCode::Internal,
                 fmt::format("the backward needs {} accumulator rows, more than "

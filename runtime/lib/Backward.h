@@ -39,10 +39,11 @@ struct BackwardItems {
 /// chunks of at most `chunk` tokens; a tile of one chunk writes dK/dV
 /// directly (accRow -1), a tile of several gets min(blockM, keys left)
 /// accumulator rows of its own, numbered in tile order. Response tiles see
-/// their own response only. Items are sorted longest first (stable). Throws
-/// Error (Internal) if blockM < 1 or chunk < blockM.
-DUALKV_API BackwardItems buildBackwardItems(const Plan &plan, int blockM,
-                                            int64_t chunk);
+/// their own response only. Items are sorted in `order` (stable; Auto is
+/// LongestFirst). Throws Error (Internal) if blockM < 1 or chunk < blockM.
+DUALKV_API BackwardItems
+buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
+                   BackwardOrder order = BackwardOrder::Auto);
 
 /// An upper bound of numAccRows over every blockM: only a prompt tile seen
 /// by more than kBwdChunkTokens queries is split, so only groups longer

@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 namespace dualkv {
@@ -35,7 +36,7 @@ struct Plan::Device {
   /// The chain table (plans whose segments see several ancestor ranges).
   cuda::CUdeviceptr chain = 0;
   /// Work-item tables by (blockM, chunk).
-  std::map<std::pair<int, int64_t>, BackwardTable> backward;
+  std::map<std::tuple<int, int64_t, BackwardOrder>, BackwardTable> backward;
   /// Forward work orders by blockM.
   std::map<int, ForwardTable> forward;
 
@@ -409,14 +410,17 @@ cuda::CUdeviceptr copyToDevice(cuda::Driver &driver,
 
 } // namespace
 
-BackwardTable Plan::backwardTable(int blockM, int64_t chunk) const {
+BackwardTable Plan::backwardTable(int blockM, int64_t chunk,
+                                  BackwardOrder order) const {
+  if (order == BackwardOrder::Auto)
+    order = BackwardOrder::LongestFirst;
   detail::requirePlanInCurrentContext(*this); // uploads: fixes the context
   std::lock_guard<std::mutex> lock(device_->mutex);
-  auto found = device_->backward.find({blockM, chunk});
+  auto found = device_->backward.find({blockM, chunk, order});
   if (found != device_->backward.end())
     return found->second;
 
-  BackwardItems built = buildBackwardItems(*this, blockM, chunk);
+  BackwardItems built = buildBackwardItems(*this, blockM, chunk, order);
   cuda::Driver &driver = *device_->driver;
   BackwardTable table;
   table.numItems = built.numItems();
@@ -431,7 +435,7 @@ BackwardTable Plan::backwardTable(int blockM, int64_t chunk) const {
       throw;
     }
   }
-  device_->backward.emplace(std::make_pair(blockM, chunk), table);
+  device_->backward.emplace(std::make_tuple(blockM, chunk, order), table);
   return table;
 }
 

@@ -26,6 +26,8 @@ struct Options {
   /// Tilings of the deterministic mode's dQ kernel to time; {} is the
   /// default (128:64:8:3 on sm_90a is the warp-specialized one).
   std::vector<Tiling> dqTilings = {Tiling{}};
+  /// Orders of the main kernel's work items to time.
+  std::vector<BackwardOrder> bwdOrders = {BackwardOrder::Auto};
 };
 
 /// Random 16-bit values on the device that the inputs are copied from at
@@ -76,7 +78,8 @@ int usage(std::FILE *to = stderr) {
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
              "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...] "
              "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
-             "[--dq-tilings M:N:W:S,...]\n"
+             "[--dq-tilings M:N:W:S,...] "
+             "[--bwd-orders auto,longest_first,query_chunks]\n"
              "Defaults: the standard configs of benchmarks/README.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
              "rotating input sets, every mode, the default backward tiling "
@@ -84,7 +87,8 @@ int usage(std::FILE *to = stderr) {
              "backward's main kernel in turn; --bwd-schedules likewise each "
              "listed schedule of it; --dq-tilings each listed "
              "block_m:block_n:warps:stages of the deterministic mode's dQ "
-             "kernel, 0 fields taking defaults).\n");
+             "kernel, 0 fields taking defaults; --bwd-orders each listed "
+             "order of the main kernel's work items).\n");
   return 2;
 }
 
@@ -164,6 +168,14 @@ int main(int argc, char **argv) {
             return usage();
           opt.dqTilings.push_back(t);
         }
+      } else if (a == "--bwd-orders") {
+        opt.bwdOrders.clear();
+        for (auto &c : split(value())) {
+          std::optional<BackwardOrder> o = parseBackwardOrder(c);
+          if (!o)
+            return usage();
+          opt.bwdOrders.push_back(*o);
+        }
       } else if (a == "--fp16") {
         opt.dtype = DType::FP16;
       } else if (a == "--reps") {
@@ -238,6 +250,7 @@ int main(int argc, char **argv) {
       };
       Tiling bwdTiling, dqTiling;
       Schedule bwdSchedule = Schedule::Auto;
+      BackwardOrder bwdOrder = BackwardOrder::Auto;
       auto bwdArgs = [&](InputSet &s, bool deterministic) {
         ForwardArgs f = fwdArgs(s);
         BackwardArgs a;
@@ -261,6 +274,7 @@ int main(int argc, char **argv) {
         a.tiling = bwdTiling;
         a.schedule = bwdSchedule;
         a.dq_tiling = dqTiling;
+        a.order = bwdOrder;
         return a;
       };
       // O and LSE of every set, so that a backward alone has its inputs.
@@ -274,54 +288,59 @@ int main(int argc, char **argv) {
       for (size_t ti = 0; ti < opt.bwdTilings.size(); ++ti)
         for (size_t si = 0; si < opt.bwdSchedules.size(); ++si)
           for (size_t qi = 0; qi < opt.dqTilings.size(); ++qi)
-            for (const std::string &mode : opt.modes) {
-              bwdTiling = opt.bwdTilings[ti];
-              bwdSchedule = opt.bwdSchedules[si];
-              dqTiling = opt.dqTilings[qi];
-              if ((ti > 0 || si > 0 || qi > 0) && mode == "fwd")
-                continue; // the forward does not change with the backward's
-              if (qi > 0 && mode != "fwd+bwd det")
-                continue; // the dQ kernel runs in the deterministic mode only
-              bool runFwd = mode != "bwd", runBwd = mode != "fwd",
-                   det = mode == "fwd+bwd det";
-              double flops =
-                  (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
-              auto once = [&](int i) {
-                InputSet &s = *sets[size_t(i) % sets.size()];
-                if (runFwd)
-                  forward(fwdArgs(s));
-                if (runBwd)
-                  backward(bwdArgs(s, det));
-              };
-              for (int i = 0; i < opt.warmup; ++i)
-                once(i);
-              check(cudaDeviceSynchronize(), "warm-up");
-              std::vector<float> ms;
-              for (int i = 0; i < opt.reps; ++i) {
-                check(cudaEventRecord(start), "record");
-                once(opt.warmup + i);
-                check(cudaEventRecord(stop), "record");
-                check(cudaEventSynchronize(stop), "timed run");
-                float m = 0;
-                check(cudaEventElapsedTime(&m, start, stop), "elapsed");
-                ms.push_back(m);
+            for (size_t oi = 0; oi < opt.bwdOrders.size(); ++oi)
+              for (const std::string &mode : opt.modes) {
+                bwdTiling = opt.bwdTilings[ti];
+                bwdSchedule = opt.bwdSchedules[si];
+                dqTiling = opt.dqTilings[qi];
+                bwdOrder = opt.bwdOrders[oi];
+                if ((ti > 0 || si > 0 || qi > 0 || oi > 0) && mode == "fwd")
+                  continue; // the forward does not change with the backward's
+                if (qi > 0 && mode != "fwd+bwd det")
+                  continue; // the dQ kernel runs in the deterministic mode only
+                bool runFwd = mode != "bwd", runBwd = mode != "fwd",
+                     det = mode == "fwd+bwd det";
+                double flops =
+                    (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
+                auto once = [&](int i) {
+                  InputSet &s = *sets[size_t(i) % sets.size()];
+                  if (runFwd)
+                    forward(fwdArgs(s));
+                  if (runBwd)
+                    backward(bwdArgs(s, det));
+                };
+                for (int i = 0; i < opt.warmup; ++i)
+                  once(i);
+                check(cudaDeviceSynchronize(), "warm-up");
+                std::vector<float> ms;
+                for (int i = 0; i < opt.reps; ++i) {
+                  check(cudaEventRecord(start), "record");
+                  once(opt.warmup + i);
+                  check(cudaEventRecord(stop), "record");
+                  check(cudaEventSynchronize(stop), "timed run");
+                  float m = 0;
+                  check(cudaEventElapsedTime(&m, start, stop), "elapsed");
+                  ms.push_back(m);
+                }
+                double med = median(ms);
+                std::string label = mode;
+                if (runBwd && bwdTiling.blockM)
+                  label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
+                                       bwdTiling.blockN, bwdTiling.warps);
+                if (runBwd && bwdSchedule != Schedule::Auto)
+                  label += fmt::format(" {}", toString(bwdSchedule));
+                if (runBwd && bwdOrder != BackwardOrder::Auto)
+                  label += fmt::format(" {}", toString(bwdOrder));
+                if (det && dqTiling.blockM)
+                  label += fmt::format(" dq {}:{}:{}:{}", dqTiling.blockM,
+                                       dqTiling.blockN, dqTiling.warps,
+                                       dqTiling.stages);
+                fmt::print(
+                    "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
+                    p, n, r, label, med,
+                    *std::min_element(ms.begin(), ms.end()),
+                    flops / (med * 1e-3) / 1e12);
               }
-              double med = median(ms);
-              std::string label = mode;
-              if (runBwd && bwdTiling.blockM)
-                label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
-                                     bwdTiling.blockN, bwdTiling.warps);
-              if (runBwd && bwdSchedule != Schedule::Auto)
-                label += fmt::format(" {}", toString(bwdSchedule));
-              if (det && dqTiling.blockM)
-                label += fmt::format(" dq {}:{}:{}:{}", dqTiling.blockM,
-                                     dqTiling.blockN, dqTiling.warps,
-                                     dqTiling.stages);
-              fmt::print(
-                  "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n", p,
-                  n, r, label, med, *std::min_element(ms.begin(), ms.end()),
-                  flops / (med * 1e-3) / 1e12);
-            }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     } catch (const std::exception &e) {

@@ -51,10 +51,12 @@ int64_t tokensOf(const std::vector<PlanGroup> &groups) {
 /// pair with key <= query is; tiles are disjoint, stay in one segment and cover
 /// every token; accumulator rows map back to their keys; every split tile
 /// owns its rows, an unsplit tile is its keys' only item; chunks are at
-/// most `chunk` long; items are sorted longest first.
+/// most `chunk` long; items are sorted longest first (unless !longestFirst,
+/// for another order, which the caller checks).
 void checkItems(const std::vector<PlanGroup> &groups, int blockM, int64_t chunk,
                 const std::vector<int32_t> &items,
-                const std::vector<int32_t> &accTokens) {
+                const std::vector<int32_t> &accTokens,
+                bool longestFirst = true) {
   reference::Problem problem{refGroups(groups), 1, 1, 64, 1.0};
   std::vector<reference::TokenInfo> info = reference::token_info(problem);
   const int64_t T = static_cast<int64_t>(info.size());
@@ -79,7 +81,8 @@ void checkItems(const std::vector<PlanGroup> &groups, int blockM, int64_t chunk,
     REQUIRE(qe <= T);
     if (info[k0].response < 0) // a prompt tile: its queries come in chunks
       CHECK(qe - qb <= chunk);
-    CHECK(qe - qb <= previousLength);
+    if (longestFirst)
+      CHECK(qe - qb <= previousLength);
     previousLength = qe - qb;
     // The tile ends where its segment ends (or blockM keys later).
     const int64_t seg = info[k0].segment_start;
@@ -207,6 +210,36 @@ TEST_CASE("backward items: a hand-built table", "[runtime][backward]") {
   CHECK(b.numAccRows() == 4);
 }
 
+TEST_CASE("backward items: the query-chunk order, by hand",
+          "[runtime][backward]") {
+  // The hand-built table above (its items listed in build order: tile by
+  // tile, chunk by chunk), sorted by first query; ties keep build order.
+  Plan plan({{4, {3, 0, 2}}});
+  BackwardItems b = buildBackwardItems(plan, 2, 4, BackwardOrder::QueryChunks);
+  std::vector<int32_t> expected = {
+      0, 4, 0, 3, 0,  0, // first query 0
+      2, 4, 2, 5, 2,  0, // 2
+      0, 4, 3, 6, 0,  0, // 3
+      4, 7, 4, 7, -1, 0, // 4
+      2, 4, 5, 9, 2,  0, // 5
+      0, 4, 6, 9, 0,  0, // 6, built before the response tile below
+      6, 7, 6, 7, -1, 0, // 6
+      7, 9, 7, 9, -1, 0, // 7
+  };
+  CHECK(b.items == expected);
+  CHECK(b.accTokens == std::vector<int32_t>{0, 1, 2, 3});
+  // Auto is LongestFirst.
+  CHECK(buildBackwardItems(plan, 2, 4).items ==
+        buildBackwardItems(plan, 2, 4, BackwardOrder::LongestFirst).items);
+  CHECK(buildBackwardItems(plan, 2, 4, BackwardOrder::Auto).items ==
+        buildBackwardItems(plan, 2, 4, BackwardOrder::LongestFirst).items);
+  // The spellings.
+  for (BackwardOrder o : {BackwardOrder::Auto, BackwardOrder::LongestFirst,
+                          BackwardOrder::QueryChunks})
+    CHECK(parseBackwardOrder(toString(o)) == o);
+  CHECK_FALSE(parseBackwardOrder("fastest"));
+}
+
 TEST_CASE("backward items: every allowed pair once, for random plans",
           "[runtime][backward]") {
   std::mt19937 rng(1234);
@@ -221,6 +254,16 @@ TEST_CASE("backward items: every allowed pair once, for random plans",
         CAPTURE(trial, blockM, chunk);
         BackwardItems b = buildBackwardItems(plan, blockM, chunk);
         checkItems(groups, blockM, chunk, b.items, b.accTokens);
+        // The query-chunk order: the same items and accumulator rows,
+        // ordered by first query.
+        BackwardItems q =
+            buildBackwardItems(plan, blockM, chunk, BackwardOrder::QueryChunks);
+        checkItems(groups, blockM, chunk, q.items, q.accTokens,
+                   /*longestFirst=*/false);
+        CHECK(q.accTokens == b.accTokens);
+        for (int64_t i = 1; i < q.numItems(); ++i)
+          CHECK(q.items[(i - 1) * kBwdItemFields + 2] <=
+                q.items[i * kBwdItemFields + 2]);
       }
     }
   }

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace dualkv {
@@ -43,6 +45,26 @@ struct Segment {
            shared_start == o.shared_start && shared_len == o.shared_len;
   }
 };
+
+/// The order of the default backward's work items (docs/backward-abi.md):
+/// the order their CTAs start in.
+enum class BackwardOrder {
+  /// The runtime's choice: LongestFirst.
+  Auto,
+  /// Decreasing query count (stable): the short items fill in behind the
+  /// long ones at the end of a launch.
+  LongestFirst,
+  /// Increasing first query (stable: then the key tiles' order): the CTAs
+  /// that run together reduce into nearby dQ rows and read nearby Q and dO,
+  /// so the fp32 dQ accumulator's active rows can stay in L2 rather than
+  /// spanning every query of the launch.
+  QueryChunks,
+};
+/// "auto", "longest_first", "query_chunks".
+DUALKV_API const char *toString(BackwardOrder order);
+/// The order spelled `text`, or nullopt.
+DUALKV_API std::optional<BackwardOrder>
+parseBackwardOrder(const std::string &text);
 
 /// The backward's work-item table of a plan on the device
 /// (docs/backward-abi.md), as Plan::backwardTable returns it.
@@ -156,11 +178,13 @@ public:
   uint64_t deviceChainTable() const;
 
   /// The backward's work items for KV tiles of `blockM` keys and query
-  /// chunks of at most `chunk` tokens (docs/backward-abi.md), built and
-  /// copied to the device on first use per (blockM, chunk) and kept for the
-  /// plan's life. Like upload() (which it calls), the first call allocates
-  /// and copies synchronously; the current context must be the plan's.
-  BackwardTable backwardTable(int blockM, int64_t chunk) const;
+  /// chunks of at most `chunk` tokens (docs/backward-abi.md) in `order`,
+  /// built and copied to the device on first use per (blockM, chunk, order)
+  /// and kept for the plan's life. Like upload() (which it calls), the first
+  /// call allocates and copies synchronously; the current context must be
+  /// the plan's.
+  BackwardTable backwardTable(int blockM, int64_t chunk,
+                              BackwardOrder order = BackwardOrder::Auto) const;
   /// The query tiles of `blockM` rows of every segment, ordered by the keys
   /// they read (their ancestors plus their causal part), longest first,
   /// so the last CTAs of a launch are the shortest; ties keep the segment

@@ -101,6 +101,9 @@ struct BackwardArgs {
   /// stages (128:64:8:3) is the warp-specialized dQ kernel, which only that
   /// schedule has.
   Tiling dq_tiling = {};
+  /// Optional order of the main kernel's work items (Plan.h, BackwardOrder);
+  /// Auto: the runtime's choice.
+  BackwardOrder order = BackwardOrder::Auto;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta
