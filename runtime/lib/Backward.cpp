@@ -517,7 +517,21 @@ void backward(const BackwardArgs &args) {
 
     // 3. bwd / bwd_kv: one CTA per work item and KV head of the slice.
     {
-      LaunchParams params(det ? KernelKind::BwdKV : KernelKind::Bwd);
+      LaunchParams params(det ? KernelKind::BwdKV : KernelKind::Bwd,
+                          main.spec.schedule);
+      cuda::CUtensorMap qMap, doMap;
+      if (main.spec.schedule == Schedule::WarpSpecialized) {
+        // The slice's Q and dO as tensor maps (its query heads from 0),
+        // boxes of one query tile: the producer's TMA copies when the tiling
+        // has 2 stages.
+        TensorArg sliceQ = args.q, sliceDo = args.dout;
+        sliceQ.data = reinterpret_cast<void *>(q);
+        sliceDo.data = reinterpret_cast<void *>(sliceDout);
+        const int rows = main.spec.tiling.blockN;
+        qMap = tensorMap(sliceQ, T, sliceHq, D, args.dtype, rows);
+        doMap = tensorMap(sliceDo, T, sliceHq, D, args.dtype, rows);
+        params.tensorMap("qMap", qMap).tensorMap("doMap", doMap);
+      }
       params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", sliceDout);
       params.ptr("dk", dk).ptr("dv", dv).ptr("lse", sliceLse);
       params.ptr("delta", sliceDelta).ptr("dqacc", dqacc);

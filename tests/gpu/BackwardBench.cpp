@@ -76,14 +76,16 @@ int usage(std::FILE *to = stderr) {
   fmt::print(to,
              "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
-             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W,...] "
+             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
              "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
              "[--dq-tilings M:N:W:S,...] "
              "[--bwd-orders auto,longest_first,query_chunks]\n"
              "Defaults: the standard configs of benchmarks/README.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
              "rotating input sets, every mode, the default backward tiling "
-             "(--bwd-tilings times each listed block_m:block_n:warps of the "
+             "(--bwd-tilings times each listed block_m:block_n:warps[:stages] "
+             "(stages 1 if left out; 128:64:8:2 on sm_90a is the "
+             "warp-specialized backward with the TMA producer) of the "
              "backward's main kernel in turn; --bwd-schedules likewise each "
              "listed schedule of it; --dq-tilings each listed "
              "block_m:block_n:warps:stages of the deterministic mode's dQ "
@@ -145,10 +147,11 @@ int main(int argc, char **argv) {
         opt.bwdTilings.clear();
         for (auto &c : split(value())) {
           Tiling t;
-          if (std::sscanf(c.c_str(), "%d:%d:%d", &t.blockM, &t.blockN,
-                          &t.warps) != 3)
-            return usage();
           t.stages = 1;
+          int fields = std::sscanf(c.c_str(), "%d:%d:%d:%d", &t.blockM,
+                                   &t.blockN, &t.warps, &t.stages);
+          if (fields != 3 && fields != 4)
+            return usage();
           opt.bwdTilings.push_back(t);
         }
       } else if (a == "--bwd-schedules") {
@@ -325,8 +328,9 @@ int main(int argc, char **argv) {
                 double med = median(ms);
                 std::string label = mode;
                 if (runBwd && bwdTiling.blockM)
-                  label += fmt::format(" {}:{}:{}", bwdTiling.blockM,
-                                       bwdTiling.blockN, bwdTiling.warps);
+                  label += fmt::format(" {}:{}:{}:{}", bwdTiling.blockM,
+                                       bwdTiling.blockN, bwdTiling.warps,
+                                       bwdTiling.stages);
                 if (runBwd && bwdSchedule != Schedule::Auto)
                   label += fmt::format(" {}", toString(bwdSchedule));
                 if (runBwd && bwdOrder != BackwardOrder::Auto)

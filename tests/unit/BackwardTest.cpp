@@ -959,10 +959,10 @@ TEST_CASE("backward: the warp-specialized dQ kernel takes tensor maps and "
   ForwardTable order = plan.forwardTable(128);
   CHECK(dq.params[26] == order.items);
   CHECK(fake.copies[order.items] == plan.forwardOrder(128));
-  // Q, dO, K and V by TMA; the last one built is V's: (head_dim, KV heads,
-  // tokens) with its strides in bytes, boxes of 64 columns x 1 head x
-  // block_n rows.
-  CHECK(fake.tensorMaps == 4);
+  // Q, dO, K and V by TMA (after the two of the warp-specialized bwd_kv,
+  // Q's and dO's); the last one built is V's: (head_dim, KV heads, tokens)
+  // with its strides in bytes, boxes of 64 columns x 1 head x block_n rows.
+  CHECK(fake.tensorMaps == 2 + 4);
   CHECK(fake.lastTensorMapDims ==
         std::vector<uint64_t>{128, uint64_t(Hkv), uint64_t(T)});
   CHECK(fake.lastTensorMapStrides == std::vector<uint64_t>{256, 512});
@@ -976,6 +976,36 @@ TEST_CASE("backward: the warp-specialized dQ kernel takes tensor maps and "
   CHECK(e->code() == ErrorCode::InvalidArgument);
   CHECK_THAT(e->what(), Contains("dq_tiling"));
   CHECK(fake.events.size() == 3);
+}
+
+TEST_CASE("backward: the warp-specialized main kernel gets its slice's Q and "
+          "dO tensor maps",
+          "[runtime][backward]") {
+  FakeBackwardSetup setup;
+  TempDir &tmp = setup.tmp;
+  FakeDriver &fake = setup.scoped.fake;
+  // A long group: one KV head a launch (kBwdMinItemsPerLaunch).
+  Plan plan({{8192, {1024, 1024}}});
+  BackwardArgs a = validBackwardArgs(plan);
+  KernelSpec spec;
+  spec.kind = KernelKind::Bwd;
+  spec.arch = "sm_90a";
+  REQUIRE(resolveSpec(spec).schedule == Schedule::WarpSpecialized);
+  REQUIRE(backwardKVHeadsPerLaunch(plan, a.num_kv_heads, false) == 1);
+  // The slice's kernels, as backward() asks for them.
+  seedBackwardKernels(tmp.path, a, 1);
+  seedBackwardKernels(tmp.path, a);
+  backward(a);
+  const int64_t G = a.num_q_heads / a.num_kv_heads;
+  // Two maps a slice (Q, dO): (head_dim, the slice's query heads, tokens),
+  // the caller's strides in bytes, boxes of block_n = 64 query rows.
+  CHECK(fake.tensorMaps == 2 * a.num_kv_heads);
+  CHECK(fake.lastTensorMapDims ==
+        std::vector<uint64_t>{128, uint64_t(G), uint64_t(10240)});
+  CHECK(fake.lastTensorMapStrides ==
+        std::vector<uint64_t>{uint64_t(a.dout.stride_h) * 2,
+                              uint64_t(a.dout.stride_t) * 2});
+  CHECK(fake.lastTensorMapBox == std::vector<uint32_t>{64, 1, 64});
 }
 
 TEST_CASE("backward: the runtime's workspaces stay bounded with a stream "

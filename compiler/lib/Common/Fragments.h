@@ -605,6 +605,23 @@ protected:
   void arrive(Value bar) {
     NVVM::MBarrierArriveOp::create(b, loc, Type(), bar, Value());
   }
+  /// TMA of `rows` x headDim elements at token `row`, head `head` of the
+  /// 3-D tensor map `tensorMap` (head_dim, heads, tokens; boxes of 64
+  /// columns) into the 128-byte-swizzled tile at shared address `dst`: D / 64
+  /// boxes, one swizzle atom each, completing on mbarrier `bar`.
+  void tmaLoadTile(Value tensorMap, Value dst, int64_t rows, Value row,
+                   Value head, Value bar) {
+    auto cluster = LLVM::LLVMPointerType::get(b.getContext(), 7);
+    for (int64_t a = 0; a < headDim / 64; ++a) {
+      Value to = LLVM::AddrSpaceCastOp::create(
+          b, loc, cluster, sharedPtr(add(dst, idx(a * rows * 128))));
+      NVVM::CpAsyncBulkTensorGlobalToSharedClusterOp::create(
+          b, loc, to, tensorMap,
+          ValueRange{i32c(int32_t(a * 64)), i32Of(head), i32Of(row)}, bar,
+          ValueRange{}, Value(), Value(), NVVM::TMALoadMode::TILE,
+          /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
+    }
+  }
   /// Slot and phase parity of iteration `it` of a ring of `slots` slots.
   std::pair<Value, Value> ringSlot(Value it, int64_t slots) {
     return {remu(it, slots), remu(divu(it, slots), 2)};

@@ -10,6 +10,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <algorithm>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::dualkv;
@@ -195,13 +196,22 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
                             doStrideT, mul(head, doStrideH),
                             /*predicated=*/true, valid,
                             /*swizzled=*/swizzledTiles));
+  groups.push_back(issueStatCopies(first, parity, valid));
+  return groups;
+}
+
+Value KVMajorEmitter::issueStatCopies(Value first, Value parity, Value valid,
+                                      bool infinitePastItem) {
+  SmallVector<Value, 4> views = tileViews(parity);
   // LSE and Delta, 4 bytes a query (rows need not be 16-byte aligned).
   // Queries past the item read as 0: their Q and dO rows are zero too, so
-  // P = 1 meets dO = 0 and dP - Delta = 0, and they add nothing.
+  // P = 1 meets dO = 0 and dP - Delta = 0, and they add nothing. With
+  // infinitePastItem their LSE is +inf instead: P = 0 whatever Q and dO hold.
   // With more threads than queries, thread j >= BN zero-fills slot j of the
   // arrays' tails (statSlots), a slot of its own: every copy stays
   // unconditional, and no two threads write the same word.
   SmallVector<Value> tokens;
+  SmallVector<std::pair<Value, Value>> pastItem; // (slot, in the item)
   for (int64_t j0 = 0; j0 < blockN; j0 += threads()) {
     Value j = add(tid, idx(j0));
     Value col = add(first, j);
@@ -219,9 +229,23 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
           b, loc, dst, ValueRange{j}, src,
           ValueRange{add(mul(head, strideH), token)}, b.getIndexAttr(1), count,
           UnitAttr()));
+    if (infinitePastItem)
+      // The zero-filled LSE slot becomes +inf once its (empty) copy has
+      // landed: the store follows the wait in issue order per thread.
+      pastItem.push_back({j, ok});
   }
-  groups.push_back(nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens));
-  return groups;
+  Value group = nvgpu::DeviceAsyncCreateGroupOp::create(b, loc, tokens);
+  if (infinitePastItem) {
+    nvgpu::DeviceAsyncWaitOp::create(b, loc, group, b.getI32IntegerAttr(0));
+    Value inf = f32c(std::numeric_limits<float>::infinity());
+    for (auto [j, ok] : pastItem)
+      emitIf(arith::XOrIOp::create(b, loc, ok,
+                                   arith::ConstantIntOp::create(b, loc, 1, 1)),
+             [&] {
+               memref::StoreOp::create(b, loc, inf, views[2], ValueRange{j});
+             });
+  }
+  return group;
 }
 
 LogicalResult KVMajorEmitter::emitLoadQBlock(LoadQBlockOp op) {
@@ -470,7 +494,7 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
               "and block_n a multiple of 32 (2 x 4 warps of whole m16 x n16 "
               "blocks of scores), got "
            << blockM << " and " << blockN;
-  createFunc(gpuModule, kernel.getSymName(), kernel.getKind());
+  createFunc(gpuModule, kernel.getSymName(), kernel.getKind(), abiSchedule());
   qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),
   doPtr = param("dout"), dkPtr = param("dk"), dvPtr = param("dv"),
   lsePtr = param("lse"), deltaPtr = param("delta"), dqAccPtr = param("dqacc"),

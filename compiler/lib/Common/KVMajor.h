@@ -255,6 +255,16 @@ protected:
   /// Starts the copies of query tile `tile` (Q, dO, LSE, Delta) into buffer
   /// `parity`; nothing is read when !valid. Returns the three copy groups.
   SmallVector<Value, 3> issueTileCopies(Value tile, Value parity, Value valid);
+  /// The schedule whose parameter table (KernelAbi.h) the kernel takes.
+  virtual ::dualkv::Schedule abiSchedule() const {
+    return ::dualkv::Schedule::Auto;
+  }
+  /// The LSE and Delta part of issueTileCopies: one copy group. Queries past
+  /// the item read as 0, or with `infinitePastItem` as LSE +inf (P = 0) and
+  /// Delta 0, for Q and dO rows that are not zero there (a TMA copy reads
+  /// the tensor's next rows).
+  Value issueStatCopies(Value first, Value parity, Value valid,
+                        bool infinitePastItem = false);
   /// The views of buffer `parity` (a runtime value): Q, dO, LSE, Delta.
   SmallVector<Value, 4> tileViews(Value parity);
   IRMapping map;

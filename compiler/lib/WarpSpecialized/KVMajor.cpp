@@ -37,6 +37,16 @@
 // tile, the same on all sides) uses slot it % 2 in phase (it / 2) % 2, and
 // the one dQ staging buffer in phase it % 2.
 //
+// With a tiling of 2 stages the producer loads Q and dO by TMA instead
+// (FlashAttention-3's producer): one thread posts the tile's bytes on the
+// slot's full barrier (mbarrier.expect_tx) and issues two tensor copies
+// (kBwdWarpSpecializedParams' qMap and doMap, boxes of block_n rows); every
+// producer thread still copies its LSE and Delta words by cp.async and
+// arrives. A tensor copy cannot zero the rows past the item (it reads the
+// tensor's next queries; past the tensor's end, zeros), so those queries'
+// LSE is +inf there (issueStatCopies): P = 0, and they add nothing. Not yet
+// a default: it has not run on a GPU.
+//
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
@@ -63,6 +73,11 @@ public:
   WarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b)
       : WgmmaKVMajorEmitter(kernel, b) {
     syncedThreads = threads();
+    tmaQueryTiles = kernel.getTiling()->getStages() == 2;
+  }
+
+  ::dualkv::Schedule abiSchedule() const override {
+    return ::dualkv::Schedule::WarpSpecialized;
   }
 
   /// The warpgroup schedule's buffers, then the mbarriers.
@@ -154,6 +169,9 @@ private:
     return success();
   }
 
+  /// The producer loads Q and dO by TMA (a tiling of 2 stages).
+  bool tmaQueryTiles = false;
+  Value qMap, doMap;
   /// The consumers' pipeline iteration at the start of the next q_loop.
   Value ringIter;
   /// The consumers' current pipeline iteration, its slot and phase.
@@ -191,6 +209,8 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
   NVVM::SetMaxRegisterOp::create(b, loc,
                                  splitDq() ? kProducerRegs64 : kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
+  if (tmaQueryTiles)
+    qMap = param("qMap"), doMap = param("doMap");
   // Producer threads numbered from 0: the copies (copyTile,
   // issueTileCopies) spread over threads() threads by tid.
   Value consumerTid = tid;
@@ -241,14 +261,34 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
         // the ring does not wait.
         waitParity(emptyBarrier(slot),
                    arith::XOrIOp::create(b, loc, phase, idx(1)));
-        SmallVector<Value, 3> groups = issueTileCopies(
-            tile, slot, arith::ConstantIntOp::create(b, loc, 1, 1));
-        // This thread's copies land, then reach wgmma (async proxy) and the
-        // consumers through the full barrier's release.
-        nvgpu::DeviceAsyncWaitOp::create(b, loc, groups.back(),
-                                         b.getI32IntegerAttr(0));
-        proxyFence();
-        arrive(fullBarrier(slot));
+        Value valid = arith::ConstantIntOp::create(b, loc, 1, 1);
+        if (tmaQueryTiles) {
+          // Thread 0 posts the two tiles' bytes before any can land, then
+          // copies them; the phase also waits for every thread's arrival.
+          Value first = mul(tile, idx(blockN));
+          emitIf(cmp(arith::CmpIPredicate::eq, tid, idx(0)), [&] {
+            NVVM::MBarrierExpectTxOp::create(b, loc, fullBarrier(slot),
+                                             i32c(int32_t(2 * tileBytes())),
+                                             NVVM::MemScopeKind::CTA);
+            Value row = add(qBegin, first);
+            Value base = add(smemAddr, mul(slot, idx(tileBytes())));
+            tmaLoadTile(qMap, add(base, idx(qOffset())), blockN, row, head,
+                        fullBarrier(slot));
+            tmaLoadTile(doMap, add(base, idx(doOffset())), blockN, row, head,
+                        fullBarrier(slot));
+          });
+          // issueStatCopies waits for its own copies.
+          issueStatCopies(first, slot, valid, /*infinitePastItem=*/true);
+          arrive(fullBarrier(slot));
+        } else {
+          SmallVector<Value, 3> groups = issueTileCopies(tile, slot, valid);
+          // This thread's copies land, then reach wgmma (async proxy) and
+          // the consumers through the full barrier's release.
+          nvgpu::DeviceAsyncWaitOp::create(b, loc, groups.back(),
+                                           b.getI32IntegerAttr(0));
+          proxyFence();
+          arrive(fullBarrier(slot));
+        }
         if (withDq)
           emitIf(cmp(arith::CmpIPredicate::ugt, at, idx(0)), [&] {
             writeDq(arith::SubIOp::create(b, loc, at, idx(1)), args[1],

@@ -122,22 +122,6 @@ private:
   Value kEmpty(Value s) { return barrierAt(3, s); }
   Value vEmpty(Value s) { return barrierAt(4, s); }
 
-  /// TMA of `rows` x headDim elements at token `row`, head `head` of
-  /// `tensorMap` into the swizzled tile at shared address `dst` (D / 64 boxes
-  /// of 64 columns, one atom each).
-  void loadTile(Value tensorMap, Value dst, int64_t rows, Value row, Value head,
-                Value bar) {
-    auto cluster = LLVM::LLVMPointerType::get(b.getContext(), 7);
-    for (int64_t a = 0; a < headDim / 64; ++a) {
-      Value to = LLVM::AddrSpaceCastOp::create(
-          b, loc, cluster, sharedPtr(add(dst, idx(a * rows * 128))));
-      NVVM::CpAsyncBulkTensorGlobalToSharedClusterOp::create(
-          b, loc, to, tensorMap,
-          ValueRange{i32c(int32_t(a * 64)), i32Of(head), i32Of(row)}, bar,
-          ValueRange{}, Value(), Value(), NVVM::TMALoadMode::TILE,
-          /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
-    }
-  }
   /// Ping-pong of the two consumer warpgroups (FlashAttention-3): a warpgroup
   /// issues its GEMMs only in its turn (named barrier 1 + w, both warpgroups'
   /// 256 threads), then hands the turn to the other, so one's softmax runs
@@ -263,10 +247,10 @@ void WarpSpecializedForward::emitProducer() {
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), qBar, i32c(int32_t((isDq ? 2 : 1) * qBytes())),
       NVVM::MemScopeKind::CTA, false, Value());
-  loadTile(qMap, smemAddr, blockM, add(segStart, qRow0), head, qBar);
+  tmaLoadTile(qMap, smemAddr, blockM, add(segStart, qRow0), head, qBar);
   if (isDq)
-    loadTile(doMap, add(smemAddr, idx(doOffset())), blockM,
-             add(segStart, qRow0), head, qBar);
+    tmaLoadTile(doMap, add(smemAddr, idx(doOffset())), blockM,
+                add(segStart, qRow0), head, qBar);
 
   auto loop = scf::ForOp::create(b, loc, idx(0), numIters, idx(1));
   b.setInsertionPointToStart(loop.getBody());
@@ -282,14 +266,14 @@ void WarpSpecializedForward::emitProducer() {
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), kFull(slot), i32c(int32_t(kvBytes())),
       NVVM::MemScopeKind::CTA, false, Value());
-  loadTile(kMap, add(smemAddr, add(idx(kOffset(0)), slotBytes)), blockN, row,
-           kvHead, kFull(slot));
+  tmaLoadTile(kMap, add(smemAddr, add(idx(kOffset(0)), slotBytes)), blockN, row,
+              kvHead, kFull(slot));
   waitParity(vEmpty(slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), vFull(slot), i32c(int32_t(kvBytes())),
       NVVM::MemScopeKind::CTA, false, Value());
-  loadTile(vMap, add(smemAddr, add(idx(vOffset(0)), slotBytes)), blockN, row,
-           kvHead, vFull(slot));
+  tmaLoadTile(vMap, add(smemAddr, add(idx(vOffset(0)), slotBytes)), blockN, row,
+              kvHead, vFull(slot));
 }
 
 SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {

@@ -91,6 +91,23 @@ inline constexpr Param kBwdParams[] = {
     {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
     {"scaleLog2", F32}};
 
+/// bwd and bwd_kv in the warp-specialized schedule: their parameters, then
+/// the tensor maps of Q and dO (head_dim, heads, tokens; boxes of 64 columns
+/// x 1 head x block_n rows, 128-byte swizzle), which the producer loads the
+/// query tiles with when the tiling has 2 stages (with 1, by cp.async; the
+/// maps are passed either way).
+inline constexpr Param kBwdWarpSpecializedParams[] = {
+    {"q", E},           {"k", E},            {"v", E},
+    {"dout", E},        {"dk", E},           {"dv", E},
+    {"lse", F32P},      {"delta", F32P},     {"dqacc", F32A},
+    {"dkacc", F32P},    {"dvacc", F32P},     {"items", I32P},
+    {"qStrideT", I64},  {"qStrideH", I64},   {"kStrideT", I64},
+    {"kStrideH", I64},  {"vStrideT", I64},   {"vStrideH", I64},
+    {"doStrideT", I64}, {"doStrideH", I64},  {"dkStrideT", I64},
+    {"dkStrideH", I64}, {"dvStrideT", I64},  {"dvStrideH", I64},
+    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
+    {"scaleLog2", F32}, {"qMap", TMAP},      {"doMap", TMAP}};
+
 /// bwd_post: grid (ceil(max(T, accRows) / blockM), Hq + Hkv).
 inline constexpr Param kBwdPostParams[] = {
     {"dqacc", F32P},    {"dkacc", F32P},     {"dvacc", F32P},
@@ -175,6 +192,8 @@ inline ParamTable kernelParams(KernelKind kind,
     return tableOf(kBwdPreParams);
   case KernelKind::Bwd:
   case KernelKind::BwdKV:
+    if (schedule == Schedule::WarpSpecialized)
+      return tableOf(kBwdWarpSpecializedParams);
     return tableOf(kBwdParams);
   case KernelKind::BwdPost:
     return tableOf(kBwdPostParams);
