@@ -244,11 +244,12 @@ inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
     return false;
   Tiling t;
   t.stages = 1;
-  int fields = withStages ? 4 : 3;
-  if (std::sscanf(env, withStages ? "%d:%d:%d:%d" : "%d:%d:%d", &t.blockM,
-                  &t.blockN, &t.warps, &t.stages) != fields)
+  // Without withStages the stages may still be given (M:N:W:S), else 1.
+  int fields = std::sscanf(env, "%d:%d:%d:%d", &t.blockM, &t.blockN, &t.warps,
+                           &t.stages);
+  if (fields != 4 && (withStages || fields != 3))
     throw std::runtime_error(fmt::format(
-        "{} must be {}, e.g. {}", name, withStages ? "M:N:W:S" : "M:N:W",
+        "{} must be {}, e.g. {}", name, withStages ? "M:N:W:S" : "M:N:W[:S]",
         withStages ? "128:32:4:2" : "128:32:8"));
   out = t;
   return true;
@@ -376,8 +377,9 @@ struct BackwardDeviceCase : DeviceCase {
     setProblem(a, c, plan);
     a.deterministic = options.deterministic;
     a.tiling = options.tiling;
-    // DUALKV_TEST_BWD_TILING=M:N:W runs the backward tests on another tiling of
-    // the main kernel than the default (e.g. sm_80's 128:32:8 layout on sm_90).
+    // DUALKV_TEST_BWD_TILING=M:N:W[:S] runs the backward tests on another
+    // tiling of the main kernel than the default (e.g. sm_80's 128:32:8 layout
+    // on sm_90, or 128:64:8:2, the warp-specialized one's TMA producer).
     if (a.tiling == Tiling{})
       tilingFromEnv("DUALKV_TEST_BWD_TILING", false, a.tiling);
     a.dq_tiling = options.dqTiling;

@@ -1,12 +1,12 @@
 // The sanitizer workload: every kernel kind the library ships (fwd, bwd_pre,
 // bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 128 and 256, bf16 and fp16,
 // in the device's default schedules and in the mma.sync schedule at sm_80's
-// default tilings (and on sm_90 the warp-specialized dQ kernel, which no
-// default picks yet), on one small packed batch, each result checked against
-// the fp64 reference. tests/gpu/sanitize.sh runs it under compute-sanitizer
-// (memcheck, racecheck, synccheck, initcheck; ctest label `sanitize`), which
-// fails on any report; the checks keep a kernel that does nothing from
-// passing. A branching prefix tree runs the tree kernels too
+// default tilings (and on sm_90 the warp-specialized dQ kernel and TMA
+// backward producer, which no default picks yet), on one small packed batch,
+// each result checked against the fp64 reference. tests/gpu/sanitize.sh runs
+// it under compute-sanitizer (memcheck, racecheck, synccheck, initcheck; ctest
+// label `sanitize`), which fails on any report; the checks keep a kernel that
+// does nothing from passing. A branching prefix tree runs the tree kernels too
 // (treeSanitizeWorkload, TreeGpuTest.cpp).
 #include "GpuHarness.h"
 #include "GpuTests.h"
@@ -73,11 +73,19 @@ int dualkv::testing::sanitizeTest() {
       Case c = sanitizeCase(d, t, rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
-      // The warp-specialized dQ kernel (by its three-stage tiling), which
-      // sm_90a has at head_dim 64 and 128 and no default picks yet.
-      if (deviceIsSm90() && d != 256)
-        variants.push_back(
-            Variant{"warp_specialized dQ", {}, {}, {}, {128, 64, 8, 3}});
+      // The warp-specialized kernels no default picks yet, by their
+      // tilings: the dQ kernel (three stages; head_dim 64 and 128) and, at
+      // head_dim 128, the KV-major backward's TMA producer (two stages).
+      if (deviceIsSm90() && d != 256) {
+        Tiling tma = d == 128 ? Tiling{128, 64, 8, 2} : Tiling{};
+        variants.push_back(Variant{d == 128 ? "warp_specialized TMA "
+                                              "producer and dQ"
+                                            : "warp_specialized dQ",
+                                   {},
+                                   tma,
+                                   tma,
+                                   {128, 64, 8, 3}});
+      }
       for (const Variant &v : variants) {
         std::string what = fmt::format("{} [{}]", c.describe(), v.name);
         try {
