@@ -1140,6 +1140,23 @@ def merge_reports(args):
     return 1 if problems else 0
 
 
+def import_torch_for_gpu(without_gpu_hint):
+    """torch, with a CUDA GPU and dynamo's recompile limit raised for the
+    peers' shapes; exits with a message without them (`without_gpu_hint`
+    says what runs without a GPU)."""
+    try:
+        import torch
+    except ImportError:
+        sys.exit("PyTorch is not installed: this example needs torch >= 2.5 and a CUDA GPU")
+    if not torch.cuda.is_available():
+        sys.exit(f"no CUDA GPU: this example needs one ({without_gpu_hint})")
+    import torch._dynamo
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    return torch
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.merge:
@@ -1148,16 +1165,7 @@ def main(argv=None):
         return main_distributed(args)
     started = time.perf_counter()
     dualkv = import_dualkv(args.lib)
-    try:
-        import torch
-    except ImportError:
-        sys.exit("PyTorch is not installed: this example needs torch >= 2.5 and a CUDA GPU")
-    if not torch.cuda.is_available():
-        sys.exit("no CUDA GPU: this example needs one (see --help)")
-    import torch._dynamo
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
+    torch = import_torch_for_gpu("see --help")
     from torch.nn.attention import SDPBackend
 
     device = torch.device("cuda", torch.cuda.current_device())

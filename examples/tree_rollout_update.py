@@ -471,16 +471,7 @@ def main(argv=None):
     started = time.perf_counter()
     import grpo_policy_update as g
     dualkv = g.import_dualkv(args.lib)
-    try:
-        import torch
-    except ImportError:
-        sys.exit("PyTorch is not installed: this example needs torch >= 2.5 and a CUDA GPU")
-    if not torch.cuda.is_available():
-        sys.exit("no CUDA GPU: this example needs one (--self-check runs without)")
-    import torch._dynamo
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
+    torch = g.import_torch_for_gpu("--self-check runs without")
 
     device = torch.device("cuda", torch.cuda.current_device())
     cfg = g.ModelConfig(args.layers, args.vocab)

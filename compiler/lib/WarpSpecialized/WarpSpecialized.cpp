@@ -117,6 +117,13 @@ private:
     return sharedPtr(add(smemAddr, add(idx(barrierOffset() + 8 * first),
                                        mul(slot, idx(8 * 4)))));
   }
+  /// Shared addresses of ring slot `slot`'s K and V tiles.
+  Value kAddrOf(Value slot) {
+    return add(smemAddr, add(idx(kOffset(0)), mul(slot, idx(kvBytes()))));
+  }
+  Value vAddrOf(Value slot) {
+    return add(smemAddr, add(idx(vOffset(0)), mul(slot, idx(kvBytes()))));
+  }
   Value kFull(Value s) { return barrierAt(1, s); }
   Value vFull(Value s) { return barrierAt(2, s); }
   Value kEmpty(Value s) { return barrierAt(3, s); }
@@ -340,12 +347,6 @@ void WarpSpecializedForward::emitConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   waitParity(barrier(0), idx(0));
-  auto kAddrOf = [&](Value slot) {
-    return add(smemAddr, add(idx(kOffset(0)), mul(slot, idx(kvBytes()))));
-  };
-  auto vAddrOf = [&](Value slot) {
-    return add(smemAddr, add(idx(vOffset(0)), mul(slot, idx(kvBytes()))));
-  };
 
   // Iteration 0: its scores and probabilities.
   SmallVector<Value> m(2, f32c(-std::numeric_limits<float>::infinity()));
@@ -562,12 +563,6 @@ void WarpSpecializedForward::emitDqConsumer() {
     delta.push_back(select(valid, d, f32c(0.0f)));
   }
   waitParity(barrier(0), idx(0));
-  auto kAddrOf = [&](Value slot) {
-    return add(smemAddr, add(idx(kOffset(0)), mul(slot, idx(kvBytes()))));
-  };
-  auto vAddrOf = [&](Value slot) {
-    return add(smemAddr, add(idx(vOffset(0)), mul(slot, idx(kvBytes()))));
-  };
 
   // Iteration 0: S and dP, then P and dS.
   turnEndIf(1);
