@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, tree, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, tree, candidates, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -106,6 +106,26 @@ if [[ ,$what, == *,tree,* ]]; then
     --out "$out/tree"
   step "tree_rollout_update.py" python3 examples/tree_rollout_update.py \
     --lib build/libdualkv.so --out "$out/tree"
+fi
+if [[ ,$what, == *,candidates,* ]]; then
+  # The backward candidates not yet defaults (not part of "all"; benchmarks/NOTES.md,
+  # eighth session), each against the default in one process, median of 7: the work
+  # items by query chunk, the warp-specialized dQ kernel (deterministic mode; head_dim
+  # 128 and 64), the TMA producer of the warp-specialized backward. ~3 minutes.
+  bb=build/tests/gpu/dualkv-backward-bench
+  cfg="--configs 4096:16:1024,16384:16:1024,8192:32:2048 --reps 7"
+  # shellcheck disable=SC2086
+  {
+    step "candidate: work-item order" bash -c "set -o pipefail; $bb $cfg \
+      --modes bwd,fwd+bwd --bwd-orders auto,query_chunks | tee -a '$out/candidates.txt'"
+    step "candidate: warp-specialized dQ kernel" bash -c "set -o pipefail; $bb $cfg \
+      --modes fwd+bwd,det --dq-tilings 0:0:0:0,128:64:8:3 | tee -a '$out/candidates.txt'"
+    step "candidate: warp-specialized dQ kernel, head_dim 64" bash -c "set -o pipefail; \
+      $bb --d 64 --configs 8192:16:1024 --reps 7 --modes fwd+bwd,det \
+      --dq-tilings 0:0:0:0,128:64:8:3 | tee -a '$out/candidates.txt'"
+    step "candidate: TMA producer" bash -c "set -o pipefail; $bb $cfg \
+      --modes bwd,fwd+bwd --bwd-tilings 0:0:0,128:64:8:2 | tee -a '$out/candidates.txt'"
+  }
 fi
 if [[ ,$what, == *,grpo,* ]]; then
   # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
