@@ -500,7 +500,7 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
           "[compiler][schedule]") {
   using K = KernelKind;
   const Schedule W = Schedule::Wgmma, S = Schedule::WarpSpecialized;
-  const std::pair<KernelSpec, std::string> cases[] = {
+  std::vector<std::pair<KernelSpec, std::string>> cases = {
       {specOf(K::Fwd, "sm_80", 128, {}, W),
        "the wgmma schedule cannot compute this fwd kernel: it needs sm_90a, "
        "not sm_80"},
@@ -556,6 +556,13 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::Fwd, "sm_75", 128),
        "arch 'sm_75' is not supported; supported: " + supportedArchs()},
   };
+  KernelSpec treeDq = specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3});
+  treeDq.tree = true;
+  cases.push_back(
+      {treeDq,
+       "stages 3 and 4 are the warp-specialized dQ kernel's only, which "
+       "has no variant for branching prefix trees; their dQ kernel "
+       "takes 1 or 2"});
   for (const auto &[spec, why] : cases) {
     CAPTURE(why);
     CHECK(checkSpec(spec) == why);
