@@ -611,18 +611,22 @@ ModuleHandle loadModule(cuda::Driver &driver, const CacheEntry &entry,
 
 namespace {
 
-/// The spec as requested (tiling possibly unresolved) in one context, and the
-/// heads its tuned tiling is looked up under: the launch path's lookup, which
-/// avoids resolving and hashing per launch.
-using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int64_t, int,
-                           int, int, int, int, int, int, int, int, int, bool>;
+/// The spec as requested (tiling and schedule possibly unresolved) in one
+/// context, and the heads its tuned tiling is looked up under: the launch
+/// path's lookup, which avoids resolving and hashing per launch. Every field
+/// of the request is in it: a request that differs only in its schedule is
+/// another kernel.
+using FastKey =
+    std::tuple<cuda::CUcontext, int, int64_t, int64_t, int64_t, int, int, int,
+               int, int, int, int, int, int, int, bool, int>;
 
 FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s, int tunedQHeads,
                 int tunedKVHeads) {
   return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.R, s.headDim,
                  s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
                  s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-                 s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree);
+                 s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree,
+                 static_cast<int>(s.schedule));
 }
 
 struct KernelCache {
