@@ -162,11 +162,11 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
   bool dq = spec.kind == KernelKind::BwdDQ;
   if (spec.kind != KernelKind::Fwd && !kvMajor && !dq)
     return std::string("it has no ") + toString(spec.kind) + " kernel";
-  if (spec.tree)
-    return std::string("it has no ") + (dq ? "dQ kernel" : "forward") +
+  if (spec.tree && !(spec.kind == KernelKind::Fwd))
+    return std::string("it has no ") +
+           (dq ? "dQ kernel" : toString(spec.kind)) +
            " of branching prefix trees (their segments' ancestor chains run "
-           "in the wgmma or mma_sync " +
-           (dq ? "dQ kernel)" : "forward)");
+           "in the wgmma or mma_sync dQ kernel)";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
@@ -216,7 +216,8 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
   // The KV-major backward at head_dim 64 is warp-specialized by name only: it
   // measured level with mma.sync (benchmarks/NOTES.md) and has not yet run
   // under compute-sanitizer.
-  if (warpSpecializedUnfit(resolved).empty()) {
+  // Prefix trees take it by name only: their walk has not run on a GPU.
+  if (!resolved.tree && warpSpecializedUnfit(resolved).empty()) {
     if (kvMajor ? resolved.headDim == 128
         : resolved.kind == KernelKind::BwdDQ
             ? t.blockN == 64 && t.stages == kDqWarpSpecializedStages
@@ -305,12 +306,12 @@ Tiling defaultTiling(const KernelSpec &spec) {
   // tiles, 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers
   // a thread: 620 useful TFLOP/s at P = 16384, head_dim 128, on the H200
   // (benchmarks/NOTES.md).
-  // Prefix trees whose segments walk an ancestor chain have no
-  // warp-specialized forward: Auto takes the warpgroup one below.
-  if (sm90a && !spec.tree &&
+  // Prefix trees whose segments walk an ancestor chain take it by name only
+  // (not yet run on a GPU): Auto takes the warpgroup one below for them.
+  if (sm90a &&
       (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
-      (spec.schedule == Schedule::Auto ||
-       spec.schedule == Schedule::WarpSpecialized))
+      (spec.schedule == Schedule::WarpSpecialized ||
+       (spec.schedule == Schedule::Auto && !spec.tree)))
     return {128, spec.headDim == 256 ? 64 : 128, 8, 2};
   // The warpgroup schedule (Wgmma/QueryMajor.cpp), asked for by name: 128 query
   // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:

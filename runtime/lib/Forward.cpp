@@ -41,7 +41,7 @@ void forward(const ForwardArgs &args) {
   const bool tree = plan.maxAncestorRanges() > 1;
   KernelSpec spec =
       genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
-                  args.num_kv_heads, args.dtype, args.tiling);
+                  args.num_kv_heads, args.dtype, args.tiling, args.schedule);
   spec.tree = tree;
   // The tiling tuned for the batch's shape class, if any (getKernel).
   const LoadedKernel &kernel = getKernel(spec, 0, 0, shapeClassOf(plan));

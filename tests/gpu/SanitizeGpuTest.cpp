@@ -112,7 +112,7 @@ int dualkv::testing::sanitizeTest() {
   // the KV-major kernels on a forest's work items.
   try {
     const int treeFailures = treeSanitizeWorkload();
-    checks += 6;
+    checks += deviceIsSm90() ? 12 : 6;
     failures += treeFailures;
   } catch (const std::exception &e) {
     record("prefix trees", e.what());

@@ -135,10 +135,26 @@ struct TreeDevice {
     v.upload(c.v);
     dout.upload(c.dout);
   }
+  /// The forward's schedule: Auto, or (DUALKV_TEST_FWD_SCHEDULE, e.g.
+  /// warp_specialized) another, for every tree case.
+  Schedule fwdSchedule = scheduleFromEnv();
+  static Schedule scheduleFromEnv() {
+    const char *env = std::getenv("DUALKV_TEST_FWD_SCHEDULE");
+    if (!env)
+      return Schedule::Auto;
+    std::optional<Schedule> s = parseSchedule(env);
+    if (!s)
+      throw std::runtime_error(fmt::format(
+          "DUALKV_TEST_FWD_SCHEDULE must be auto, mma_sync, wgmma or "
+          "warp_specialized, got '{}'",
+          env));
+    return *s;
+  }
   ForwardResult forward() {
     o.poison();
     lse.poison();
     ForwardArgs a;
+    a.schedule = fwdSchedule;
     a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
     a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
     a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
@@ -222,8 +238,10 @@ struct TreeRun {
   int maxRanges = 0;
 };
 
-TreeRun runTree(const TreeCase &c) {
+TreeRun runTree(const TreeCase &c, std::optional<Schedule> fwd = {}) {
   TreeDevice dev(c);
+  if (fwd)
+    dev.fwdSchedule = *fwd;
   TreeRun r;
   r.f = dev.forward();
   r.atomic = dev.backward(false);
@@ -278,7 +296,9 @@ std::string verifyTree(const TreeCase &c, const TreeRun &run) {
   return why;
 }
 
-std::string checkTree(const TreeCase &c) { return verifyTree(c, runTree(c)); }
+std::string checkTree(const TreeCase &c, std::optional<Schedule> fwd = {}) {
+  return verifyTree(c, runTree(c, fwd));
+}
 
 /// Forward and backward (both modes) of random forests against fp64; the
 /// deterministic backward twice, bitwise.
@@ -438,6 +458,16 @@ int dualkv::testing::treeSanitizeWorkload() {
       if (!why.empty()) {
         ++failures;
         fmt::print("FAIL tree ({}): {}\n", c.describe(), why);
+      }
+      // sm_90: the warp-specialized forward's walk over the ancestor ranges
+      // (by name; no default picks it yet).
+      if (deviceIsSm90()) {
+        why = checkTree(c, Schedule::WarpSpecialized);
+        if (!why.empty()) {
+          ++failures;
+          fmt::print("FAIL tree, warp-specialized forward ({}): {}\n",
+                     c.describe(), why);
+        }
       }
     }
   return failures;

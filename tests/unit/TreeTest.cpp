@@ -459,6 +459,7 @@ KernelSpec treeSpec(const ForwardArgs &a, bool tree) {
   spec.dtype = a.dtype;
   spec.arch = "sm_90a";
   spec.tiling = a.tiling;
+  spec.schedule = a.schedule;
   spec.tree = tree;
   return resolveSpec(spec);
 }
@@ -467,8 +468,8 @@ KernelSpec treeSpec(const ForwardArgs &a, bool tree) {
 
 TEST_CASE("tree kernels: spec, schedule and cache key", "[runtime][tree]") {
   ForwardArgs a = treeArgs(Plan({{4, {4}}}));
-  // sm_90a: the tree forward is not warp-specialized; at head_dim 128 Auto
-  // takes wgmma at its own tiling, elsewhere mma_sync.
+  // sm_90a: the tree forward is warp-specialized by name only; at head_dim
+  // 128 Auto takes wgmma at its own tiling, elsewhere mma_sync.
   KernelSpec tree = treeSpec(a, true), depth1 = treeSpec(a, false);
   CHECK(depth1.schedule == Schedule::WarpSpecialized);
   CHECK(tree.schedule == Schedule::Wgmma);
@@ -478,7 +479,21 @@ TEST_CASE("tree kernels: spec, schedule and cache key", "[runtime][tree]") {
   CHECK(treeSpec(a, true).schedule == Schedule::MmaSync);
   KernelSpec ws = tree;
   ws.schedule = Schedule::WarpSpecialized;
-  CHECK_THAT(checkSpec(ws), Contains("no forward of branching prefix trees"));
+  CHECK(checkSpec(ws).empty());
+  // By name it takes the warp-specialized forward's tiling.
+  KernelSpec wsOpen = treeSpec(a, true);
+  wsOpen.schedule = Schedule::WarpSpecialized;
+  wsOpen.tiling = {};
+  wsOpen.headDim = 128;
+  CHECK(resolveSpec(wsOpen).tiling == Tiling{128, 128, 8, 2});
+  CHECK(resolveSpec(wsOpen).schedule == Schedule::WarpSpecialized);
+  // The dQ kernel of trees has no warp-specialized variant.
+  KernelSpec wsDq = tree;
+  wsDq.kind = KernelKind::BwdDQ;
+  wsDq.tiling = {};
+  wsDq.schedule = Schedule::WarpSpecialized;
+  CHECK_THAT(checkSpec(wsDq),
+             Contains("no dQ kernel of branching prefix trees"));
   KernelSpec bwd = tree;
   bwd.kind = KernelKind::Bwd;
   bwd.schedule = Schedule::Auto;
@@ -560,6 +575,35 @@ TEST_CASE("tree kernels: a branching plan launches the tree forward with its "
   CHECK(fake.launches == 2);
   CHECK(fake.last.ptrs[5] == chain.deviceTable());
   CHECK(chain.deviceChainTable() == 0);
+  CHECK(cacheStats().compiles == 0);
+
+  // The warp-specialized tree forward, by name: the warp-specialized
+  // forward's parameters (the three tensor maps, the work order), then the
+  // chain table; one CTA per item of the forward order, per head.
+  ForwardArgs ws = tree;
+  ws.schedule = Schedule::WarpSpecialized;
+  KernelSpec wsSpec = treeSpec(ws, true);
+  REQUIRE(wsSpec.schedule == Schedule::WarpSpecialized);
+  CacheEntry wsEntry = sampleEntry();
+  wsEntry.info = KernelInfo{"tree_ws_fwd", 384, 160 * 1024, 128};
+  REQUIRE(DiskCache(tmp.path).store(
+      CacheKey::fromSpec(wsSpec, compilerFingerprint()), wsEntry));
+  std::vector<int> wsSig(21, 8);
+  wsSig[15] = 4;
+  fake.signatures["tree_ws_fwd"] = wsSig;
+  const int mapsBefore = fake.tensorMaps;
+  forward(ws);
+  REQUIRE(fake.events.size() == 2);
+  const FakeDriver::Event &w = fake.events[1];
+  CHECK(w.name == "tree_ws_fwd");
+  ForwardTable order = branching.forwardTable(128);
+  CHECK(w.grid[0] == unsigned(order.numItems));
+  CHECK(w.grid[1] == 1);
+  CHECK(w.grid[2] == 8);
+  REQUIRE(w.params.size() == 21);
+  CHECK(w.params[19] == order.items);
+  CHECK(w.params[20] == branching.deviceChainTable());
+  CHECK(fake.tensorMaps == mapsBefore + 3);
   CHECK(cacheStats().compiles == 0);
 }
 

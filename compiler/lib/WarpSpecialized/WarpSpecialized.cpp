@@ -25,6 +25,14 @@
 // the plan's forward work order (Plan::forwardTable): CTA x computes item x,
 // the longest KV walks first.
 //
+// Prefix trees (KernelSpec::tree; by name, not yet a default): a segment's
+// keys are its ancestor ranges, walked from the plan's chain table as the
+// dualkv.chain_loop of the IR says (each range's full tiles, then its tail
+// masked past the range's end), then its own region as above. The pipeline
+// iterates over the ranges' tiles first: producer and consumers carry the
+// walk's state (the row, the tile in it, and what is left) from one
+// iteration to the next, reading a chain row only when a range begins.
+//
 // The deterministic dQ kernel (bwd_dq) is the same pipeline with three
 // products a tile. The producer loads dO beside Q (one barrier for both);
 // each consumer warpgroup holds its 64 rows' LSE and Delta in registers and,
@@ -75,6 +83,7 @@ public:
     dTiles = headDim / 8;
     wgmmaReadsTiles = true;
     isDq = kernel.getKind() == KernelKind::bwd_dq;
+    isTree = kernel.getProblem()->getTree();
   }
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
@@ -184,9 +193,37 @@ private:
   SmallVector<Value> dScores(ArrayRef<Value> p, ArrayRef<Value> dp,
                              ArrayRef<Value> delta);
 
+  // ---- prefix trees: the walk over the segment's ancestor ranges ---------
+  /// Field `f` of row `row` of the chain table: {start, length, next,
+  /// ranges}.
+  Value chainField(Value row, int64_t f) {
+    return toIndex(memref::LoadOp::create(
+        b, loc, chainPtr, ValueRange{add(mul(row, idx(4)), idx(f))}));
+  }
+  /// The walk's state, as loop-carried values: {row, tile in the range,
+  /// the range's tiles, its start, its length, ranges left after it}.
+  enum WalkField { kRow, kTile, kTiles, kStart, kLen, kLeft, kWalkFields };
+  /// The state at the walk's first tile (the tree's first non-empty range).
+  SmallVector<Value> walkBegin();
+  /// The state after `w`'s tile: the next tile of the range, else the first
+  /// of the next non-empty range.
+  SmallVector<Value> walkStep(ArrayRef<Value> w, bool advance);
+  /// Sets chainIters: the tiles of every ancestor range of the segment.
+  void countChainTiles();
+  /// The region start and tile of pipeline iteration `i`, whose walk state
+  /// is `w` (tree kernels) or empty.
+  std::pair<Value, Value> tileAt(Value i, ArrayRef<Value> w);
+  /// The masks of iteration `i` on its scores `s`.
+  SmallVector<Value> maskAt(SmallVector<Value> s, Value i, ArrayRef<Value> w);
+  /// The walk state of iteration i + 1 (empty without a tree).
+  SmallVector<Value> walkAfter(Value i, ArrayRef<Value> w);
+
   WgmmaBuilder mma;
   KernelOp kernel;
-  bool isDq = false;
+  bool isDq = false, isTree = false;
+  /// Tree kernels: the chain table, the segment's row, the chain's tiles
+  /// (the pipeline's first iterations).
+  Value chainPtr, segIndex, chainIters;
   int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
   SmallVector<Loop> loops;
   Value numIters;
@@ -242,6 +279,132 @@ std::pair<Value, Value> WarpSpecializedForward::tileOf(Value i) {
   return {start, tile};
 }
 
+SmallVector<Value> WarpSpecializedForward::walkBegin() {
+  SmallVector<Value> w(kWalkFields);
+  Value count = chainField(segIndex, 3);
+  w[kRow] = segIndex;
+  w[kTile] = idx(0);
+  w[kStart] = chainField(segIndex, 0);
+  w[kLen] = chainField(segIndex, 1);
+  w[kTiles] = divu(add(w[kLen], idx(blockN - 1)), blockN);
+  // A root segment's row has no range (count 0): no tiles, nothing left.
+  w[kLeft] = select(cmp(arith::CmpIPredicate::ugt, count, idx(0)),
+                    arith::SubIOp::create(b, loc, count, idx(1)), idx(0));
+  // Skip empty ranges, as walkStep does.
+  return walkStep(w, /*advance=*/false);
+}
+
+SmallVector<Value> WarpSpecializedForward::walkStep(ArrayRef<Value> wIn,
+                                                    bool advance) {
+  SmallVector<Value> w(wIn);
+  if (advance)
+    w[kTile] = add(w[kTile], idx(1));
+  // While the range is done and another follows: the next row's range.
+  SmallVector<Type> types(kWalkFields, b.getIndexType());
+  auto loop = scf::WhileOp::create(
+      b, loc, types, w,
+      [&](OpBuilder &, Location, ValueRange args) {
+        Value more = arith::AndIOp::create(
+            b, loc, cmp(arith::CmpIPredicate::uge, args[kTile], args[kTiles]),
+            cmp(arith::CmpIPredicate::ugt, args[kLeft], idx(0)));
+        scf::ConditionOp::create(b, loc, more, args);
+      },
+      [&](OpBuilder &, Location, ValueRange args) {
+        SmallVector<Value> n(kWalkFields);
+        n[kRow] = chainField(args[kRow], 2);
+        n[kTile] = idx(0);
+        n[kStart] = chainField(n[kRow], 0);
+        n[kLen] = chainField(n[kRow], 1);
+        n[kTiles] = divu(add(n[kLen], idx(blockN - 1)), blockN);
+        n[kLeft] = arith::SubIOp::create(b, loc, args[kLeft], idx(1));
+        scf::YieldOp::create(b, loc, n);
+      });
+  return SmallVector<Value>(loop.getResults());
+}
+
+void WarpSpecializedForward::countChainTiles() {
+  Value count = chainField(segIndex, 3);
+  auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1),
+                                 ValueRange{segIndex, idx(0)});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value row = loop.getRegionIterArgs()[0];
+    Value len = chainField(row, 1);
+    Value tiles = divu(add(len, idx(blockN - 1)), blockN);
+    scf::YieldOp::create(b, loc,
+                         ValueRange{chainField(row, 2),
+                                    add(loop.getRegionIterArgs()[1], tiles)});
+  }
+  chainIters = loop.getResult(1);
+}
+
+std::pair<Value, Value> WarpSpecializedForward::tileAt(Value i,
+                                                       ArrayRef<Value> w) {
+  if (!isTree)
+    return tileOf(i);
+  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
+  Value own =
+      select(inChain, idx(0), arith::SubIOp::create(b, loc, i, chainIters));
+  auto [start, tile] = tileOf(own);
+  return {select(inChain, w[kStart], start), select(inChain, w[kTile], tile)};
+}
+
+SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
+                                                  ArrayRef<Value> w) {
+  if (!isTree)
+    return maskEdges(std::move(s), i);
+  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
+  Value vec = pack(s);
+  auto branch = scf::IfOp::create(b, loc, TypeRange{vec.getType()}, inChain,
+                                  /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(branch.thenBlock());
+    // A range's last tile, if partial: keys past the range's end.
+    Value last =
+        cmp(arith::CmpIPredicate::eq, add(w[kTile], idx(1)), w[kTiles]);
+    Value partial =
+        cmp(arith::CmpIPredicate::ne, remu(w[kLen], blockN), idx(0));
+    auto tail = scf::IfOp::create(b, loc, TypeRange{vec.getType()},
+                                  arith::AndIOp::create(b, loc, last, partial),
+                                  /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard inner(b);
+      b.setInsertionPointToStart(tail.thenBlock());
+      SmallVector<Value> masked(s);
+      maskScores(masked, MaskKind::bound, mul(w[kTile], idx(blockN)), qRow0,
+                 w[kLen], 1, nTiles);
+      scf::YieldOp::create(b, loc, pack(masked));
+      b.setInsertionPointToStart(tail.elseBlock());
+      scf::YieldOp::create(b, loc, vec);
+    }
+    scf::YieldOp::create(b, loc, tail.getResult(0));
+    b.setInsertionPointToStart(branch.elseBlock());
+    Value own = arith::SubIOp::create(b, loc, i, chainIters);
+    scf::YieldOp::create(b, loc, pack(maskEdges(s, own)));
+  }
+  return unpack(branch.getResult(0));
+}
+
+SmallVector<Value> WarpSpecializedForward::walkAfter(Value i,
+                                                     ArrayRef<Value> w) {
+  if (!isTree)
+    return {};
+  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
+  SmallVector<Type> types(kWalkFields, b.getIndexType());
+  auto branch = scf::IfOp::create(b, loc, types, inChain,
+                                  /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(branch.thenBlock());
+    scf::YieldOp::create(b, loc, walkStep(w, /*advance=*/true));
+    b.setInsertionPointToStart(branch.elseBlock());
+    scf::YieldOp::create(b, loc, w);
+  }
+  return SmallVector<Value>(branch.getResults());
+}
+
 void WarpSpecializedForward::emitProducer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
@@ -259,14 +422,18 @@ void WarpSpecializedForward::emitProducer() {
     tmaLoadTile(doMap, add(smemAddr, idx(doOffset())), blockM,
                 add(segStart, qRow0), head, qBar);
 
-  auto loop = scf::ForOp::create(b, loc, idx(0), numIters, idx(1));
+  SmallVector<Value> walk;
+  if (isTree)
+    walk = walkBegin();
+  auto loop = scf::ForOp::create(b, loc, idx(0), numIters, idx(1), walk);
   b.setInsertionPointToStart(loop.getBody());
   Value i = loop.getInductionVar();
+  SmallVector<Value> w(loop.getRegionIterArgs());
   auto [slot, parity] = slotOf(i);
   // A fresh barrier completes phase "1" at once: the first pass over the ring
   // does not wait.
   Value free = arith::XOrIOp::create(b, loc, parity, idx(1));
-  auto [start, tile] = tileOf(i);
+  auto [start, tile] = tileAt(i, w);
   Value row = add(start, mul(tile, idx(blockN)));
   Value slotBytes = mul(slot, idx(kvBytes()));
   waitParity(kEmpty(slot), free);
@@ -281,6 +448,8 @@ void WarpSpecializedForward::emitProducer() {
       NVVM::MemScopeKind::CTA, false, Value());
   tmaLoadTile(vMap, add(smemAddr, add(idx(vOffset(0)), slotBytes)), blockN, row,
               kvHead, vFull(slot));
+  if (isTree)
+    scf::YieldOp::create(b, loc, walkAfter(i, w));
 }
 
 SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
@@ -362,14 +531,20 @@ void WarpSpecializedForward::emitConsumer() {
   turnEnd();
   mma.wait(0, s);
   arrive(kEmpty(first));
-  SmallVector<Value> p = softmax(maskEdges(s, first), m, l, alpha);
+  SmallVector<Value> walk;
+  if (isTree)
+    walk = walkBegin();
+  SmallVector<Value> p = softmax(maskAt(s, first, walk), m, l, alpha);
   SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
+  walk = walkAfter(first, walk);
 
   // Iterations 1..n-1: scores of i, then P V of i - 1 behind them.
   SmallVector<Value> inits(acc);
   inits.append(m);
   inits.append(l);
   inits.append(p);
+  const size_t pEnd = inits.size();
+  inits.append(walk);
   auto loop = scf::ForOp::create(b, loc, idx(1), numIters, idx(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -381,7 +556,8 @@ void WarpSpecializedForward::emitConsumer() {
                          args.begin() + dTiles * 4 + 2);
     SmallVector<Value> l(args.begin() + dTiles * 4 + 2,
                          args.begin() + dTiles * 4 + 4);
-    SmallVector<Value> p(args.begin() + dTiles * 4 + 4, args.end());
+    SmallVector<Value> p(args.begin() + dTiles * 4 + 4, args.begin() + pEnd);
+    SmallVector<Value> w(args.begin() + pEnd, args.end());
     SmallVector<Value> alpha(2);
     auto [slot, parity] = slotOf(i);
     auto [prevSlot, prevParity] =
@@ -397,7 +573,7 @@ void WarpSpecializedForward::emitConsumer() {
     turnEnd();
     mma.wait(1, s);
     arrive(kEmpty(slot));
-    SmallVector<Value> pNext = softmax(maskEdges(s, i), m, l, alpha);
+    SmallVector<Value> pNext = softmax(maskAt(s, i, w), m, l, alpha);
     // P passes through the wait too: the P V group reads its registers until
     // it retires, and LLVM would otherwise give them to the next tile's P.
     mma.waitKeeping(0, acc, p);
@@ -411,13 +587,14 @@ void WarpSpecializedForward::emitConsumer() {
     yielded.append(m);
     yielded.append(l);
     yielded.append(pNext);
+    yielded.append(walkAfter(i, w));
     scf::YieldOp::create(b, loc, yielded);
   }
   auto results = loop.getResults();
   acc.assign(results.begin(), results.begin() + dTiles * 4);
   m.assign(results.begin() + dTiles * 4, results.begin() + dTiles * 4 + 2);
   l.assign(results.begin() + dTiles * 4 + 2, results.begin() + dTiles * 4 + 4);
-  p.assign(results.begin() + dTiles * 4 + 4, results.end());
+  p.assign(results.begin() + dTiles * 4 + 4, results.begin() + pEnd);
 
   // The last tile's P V.
   auto [lastSlot, lastParity] =
@@ -644,14 +821,12 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
       kernel.getKind() != KernelKind::bwd_dq)
     return kernel.emitOpError() << "the warp-specialized query-major schedule "
                                    "covers the forward and the dQ kernel only";
-  // Its pipeline is built from the kernel's top-level kv_loops: a tree
-  // kernel's dualkv.chain_loop would be skipped, so it is refused.
-  if (kernel.getProblem()->getTree())
+  // The dQ kernel's pipeline is built from the kernel's top-level kv_loops
+  // only: a tree's dualkv.chain_loop would be skipped, so it is refused.
+  if (isTree && isDq)
     return kernel.emitOpError()
-           << "the warp-specialized schedule has no "
-           << (isDq ? "dQ kernel" : "forward")
-           << " of branching prefix trees (their ancestor chains run in wgmma "
-              "or mma_sync)";
+           << "the warp-specialized schedule has no dQ kernel of branching "
+              "prefix trees (their ancestor chains run in wgmma or mma_sync)";
   if (blockM != 128 || warps != 8 || headDim % 64 || headDim > 256 ||
       blockN % 16 || blockN > 256 || blockM % blockN)
     return kernel.emitOpError()
@@ -667,7 +842,7 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
            << "the warp-specialized dQ kernel needs head_dim 64 or 128, "
               "block_n up to 64 and at least 2 stages";
   Block &entry = createFunc(gpuModule, kernel.getSymName(), kernel.getKind(),
-                            ::dualkv::Schedule::WarpSpecialized);
+                            ::dualkv::Schedule::WarpSpecialized, isTree);
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
@@ -698,6 +873,9 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
         b, loc, workPtr, ValueRange{add(mul(item, idx(2)), idx(f))}));
   };
   Value seg = workField(0);
+  segIndex = seg;
+  if (isTree)
+    chainPtr = param("chain");
   qRow0 = mul(workField(1), idx(blockM));
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
   kvHead = divu(head, groupSize);
@@ -714,6 +892,11 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   qTile = swizzledTile(smem, 0, blockM);
   if (failed(collectLoops()))
     return failure();
+  if (isTree) {
+    // The ancestor ranges' tiles come first.
+    countChainTiles();
+    numIters = add(chainIters, numIters);
+  }
 
   // Thread 0 initialises the barriers: Q and every "full" barrier complete on
   // the producer's arrival plus the TMA bytes, every "empty" one when all 256

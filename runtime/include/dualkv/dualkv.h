@@ -58,6 +58,11 @@ struct ForwardArgs {
   const Plan *plan = nullptr;
   void *stream = nullptr; ///< CUstream; null is the legacy default stream
   Tiling tiling = {};     ///< optional override; zero fields take defaults
+  /// Optional schedule; Auto: the compiler's choice for the tiling
+  /// (resolveSpec). WarpSpecialized on sm_90a also runs branching prefix
+  /// trees (not yet their default: it has not run on a GPU). One that cannot
+  /// compute the kernel is an InvalidArgument naming why.
+  Schedule schedule = Schedule::Auto;
 };
 
 /// Runs the DualKV forward kernel on `args.stream`. Every argument is

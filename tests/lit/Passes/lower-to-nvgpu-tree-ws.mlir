@@ -1,12 +1,15 @@
-// A tree kernel bound by hand to the warp-specialized schedule (dualkv-bind-spec
-// refuses that, tile-regions-tree.mlir): its lowering refuses it too rather than
-// build a pipeline that would skip the dualkv.chain_loop.
-// RUN: dualkv-opt %s --dualkv-lower-to-nvgpu -verify-diagnostics
-
-// expected-error @+1 {{the warp-specialized schedule has no forward of branching prefix trees}}
-dualkv.kernel @attention_fwd kind <fwd> problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.088388347648318433 : f64, causal = true, tree = true> tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a" schedule <warp_specialized> {
-  %q = dualkv.load_q : !dualkv.q_tile
-  %acc0 = dualkv.init_acc : !dualkv.acc
-  %m0, %l0 = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
-  dualkv.store_output %acc0, %m0, %l0 : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
-}
+// The warp-specialized forward of prefix trees (by name; Auto keeps wgmma for
+// trees): its pipeline walks the chain table's ancestor ranges first, so the
+// kernel takes the chain table after the warp-specialized forward's parameters
+// (kFwdWarpSpecializedTreeParams: ..., the three tensor maps, the work order,
+// the chain table), counts the ranges' tiles once, and carries the walk (an
+// scf.while over empty ranges) through the producer's and the consumers' loops.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true head-dim=128 arch=sm_90a schedule=warp_specialized" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s
+// CHECK: gpu.func @attention_fwd_warp_specialized(
+// CHECK-SAME: %arg16: !llvm.ptr, %arg17: !llvm.ptr, %arg18: !llvm.ptr, %arg19: memref<2147483647xi32, #gpu.address_space<global>>, %arg20: memref<2147483647xi32, #gpu.address_space<global>>)
+// CHECK-SAME: dualkv.grid_constants = array<i64: 16, 17, 18>
+// CHECK: nvvm.setmaxregister  decrease 24
+// CHECK: scf.while
+// CHECK: nvvm.setmaxregister  increase 240
+// CHECK: scf.while
+// CHECK-NOT: dualkv.chain_loop

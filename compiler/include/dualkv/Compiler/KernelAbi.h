@@ -72,6 +72,17 @@ inline constexpr Param kFwdTreeParams[] = {
     {"oStrideT", I64},  {"oStrideH", I64}, {"lseStrideH", I64},
     {"scaleLog2", F32}, {"chain", I32P}};
 
+/// The warp-specialized forward of prefix trees (KernelSpec::tree, by name):
+/// its parameters, then the plan's chain table.
+inline constexpr Param kFwdWarpSpecializedTreeParams[] = {
+    {"q", E},           {"k", E},           {"v", E},
+    {"o", E},           {"lse", F32P},      {"segs", I32P},
+    {"qStrideT", I64},  {"qStrideH", I64},  {"kStrideT", I64},
+    {"kStrideH", I64},  {"vStrideT", I64},  {"vStrideH", I64},
+    {"oStrideT", I64},  {"oStrideH", I64},  {"lseStrideH", I64},
+    {"scaleLog2", F32}, {"qMap", TMAP},     {"kMap", TMAP},
+    {"vMap", TMAP},     {"order", I32P},    {"chain", I32P}};
+
 /// bwd_pre: grid (ceil(T / blockM), Hq).
 inline constexpr Param kBwdPreParams[] = {
     {"o", E},          {"dout", E},          {"delta", F32P},
@@ -180,7 +191,9 @@ inline ParamTable kernelParams(KernelKind kind,
                                Schedule schedule = Schedule::Auto,
                                bool tree = false) {
   if (tree && kind == KernelKind::Fwd)
-    return tableOf(kFwdTreeParams);
+    return schedule == Schedule::WarpSpecialized
+               ? tableOf(kFwdWarpSpecializedTreeParams)
+               : tableOf(kFwdTreeParams);
   if (tree && kind == KernelKind::BwdDQ)
     return tableOf(kBwdDQTreeParams);
   switch (kind) {
