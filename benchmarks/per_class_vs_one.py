@@ -41,7 +41,6 @@ class kernels compiled at their first warm-up); about 4-5 minutes in all.
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -49,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from tune_vs_default import (MODES, gpu_info, log, parse_bench,  # noqa: E402
+from tune_vs_default import (MODES, abba_bench, gpu_info, log,  # noqa: E402
                              run_logged, tiling_str)
 
 CONFIGS = [(4096, 16, 1024), (8192, 16, 1024), (16384, 16, 1024),
@@ -184,30 +183,16 @@ def main():
     else:
         status = 1
 
-    # 3. One against per class, ABBA.
-    modes = []
-    for kind in kinds:
-        for m in MODES[kind]:
-            if m not in modes:
-                modes.append(m)
-    bench_modes = ",".join("det" if m == "fwd+bwd det" else m for m in modes)
-    cfg_arg = ",".join(f"{P}:{N}:{R}" for P, N, R in configs)
-    rounds = max(1, args.rounds)
-    order = (["one", "class", "class", "one"] * rounds)[:2 * rounds]
-    runs = {"one": [], "class": []}
-    for i, variant in enumerate(order):
-        env = dict(os.environ)
-        env["DUALKV_TUNING_DB"] = str(db_class if variant == "class"
-                                      else db_one)
-        env["DUALKV_BACKGROUND_COMPILE"] = "0"
-        rc, text = run_logged(
-            [bench, "--configs", cfg_arg, "--modes", bench_modes,
-             "--reps", args.reps, "--warmup", 2],
-            out / f"bench_{i + 1}_{variant}.txt", env=env,
-            timeout=args.timeout)
-        if rc != 0:
-            status = 1
-        runs[variant].append(parse_bench(text))
+    # 3. One against per class, ABBA; a class's kernel compiles at its first
+    # (warm-up) launch, not in the background while the generic one is timed.
+    modes, order, runs, bench_failed = abba_bench(
+        bench, kinds, configs, ("one", "class"),
+        lambda variant: {"DUALKV_TUNING_DB": str(db_class if variant == "class"
+                                                 else db_one),
+                         "DUALKV_BACKGROUND_COMPILE": "0"},
+        args.rounds, args.reps, out, args.timeout)
+    if bench_failed:
+        status = 1
 
     for P, N, R in configs:
         pairs = common.useful_pairs(P, [R] * N)

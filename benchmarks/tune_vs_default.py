@@ -91,6 +91,36 @@ def parse_bench(text):
     return rows
 
 
+def abba_bench(bench, kinds, configs, variants, env_of, rounds, reps, out,
+               timeout):
+    """dualkv-backward-bench over `configs` in the modes of `kinds`, once per
+    variant in the order A, B, B, A, ... (2 x `rounds` runs, so that a linear
+    clock drift cancels), each run with os.environ updated by env_of(variant)
+    and logged to out/bench_<i>_<variant>.txt. Returns (the modes, the order,
+    {variant: [parse_bench of each of its runs]}, whether a run failed)."""
+    modes = []
+    for kind in kinds:
+        for m in MODES[kind]:
+            if m not in modes:
+                modes.append(m)
+    bench_modes = ",".join("det" if m == "fwd+bwd det" else m for m in modes)
+    cfg_arg = ",".join(f"{P}:{N}:{R}" for P, N, R in configs)
+    a, b = variants
+    order = ([a, b, b, a] * max(1, rounds))[:2 * max(1, rounds)]
+    runs = {a: [], b: []}
+    failed = False
+    for i, variant in enumerate(order):
+        env = dict(os.environ)
+        env.update(env_of(variant))
+        rc, text = run_logged(
+            [bench, "--configs", cfg_arg, "--modes", bench_modes,
+             "--reps", reps, "--warmup", 2],
+            out / f"bench_{i + 1}_{variant}.txt", env=env, timeout=timeout)
+        failed = failed or rc != 0
+        runs[variant].append(parse_bench(text))
+    return modes, order, runs, failed
+
+
 def gpu_info():
     info = {}
     try:
@@ -210,27 +240,13 @@ def main():
         log(f"tune {kind}: {entry}")
 
     # 2. Default against tuned, ABBA.
-    modes = []
-    for kind in kinds:
-        for m in MODES[kind]:
-            if m not in modes:
-                modes.append(m)
-    bench_modes = ",".join("det" if m == "fwd+bwd det" else m for m in modes)
-    cfg_arg = ",".join(f"{P}:{N}:{R}" for P, N, R in configs)
-    rounds = max(1, args.rounds)
-    order = (["default", "tuned", "tuned", "default"] * rounds)[:2 * rounds]
-    runs = {"default": [], "tuned": []}
-    for i, variant in enumerate(order):
-        env = dict(os.environ)
-        env["DUALKV_TUNING_DB"] = str(db if variant == "tuned" else empty_db)
-        rc, text = run_logged(
-            [bench, "--configs", cfg_arg, "--modes", bench_modes,
-             "--reps", args.reps, "--warmup", 2],
-            out / f"bench_{i + 1}_{variant}.txt", env=env,
-            timeout=args.timeout)
-        if rc != 0:
-            status = 1
-        runs[variant].append(parse_bench(text))
+    modes, order, runs, bench_failed = abba_bench(
+        bench, kinds, configs, ("default", "tuned"),
+        lambda variant: {"DUALKV_TUNING_DB": str(db if variant == "tuned"
+                                                 else empty_db)},
+        args.rounds, args.reps, out, args.timeout)
+    if bench_failed:
+        status = 1
 
     for P, N, R in configs:
         pairs = common.useful_pairs(P, [R] * N)
