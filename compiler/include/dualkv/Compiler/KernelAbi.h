@@ -12,6 +12,7 @@
 
 #include "dualkv/Compiler/Compiler.h"
 
+#include <array>
 #include <cstddef>
 #include <cstring>
 
@@ -39,6 +40,29 @@ constexpr ParamType E = ParamType::ElemPtr, F32P = ParamType::F32Ptr,
                     I64 = ParamType::I64, F32 = ParamType::F32,
                     TMAP = ParamType::TensorMap;
 
+/// `base` followed by `extra`: a schedule's or a variant's table is its
+/// kind's table with parameters appended, so the shared prefix is written
+/// once.
+template <size_t N, size_t M>
+constexpr std::array<Param, N + M> join(const Param *base, const Param *extra) {
+  std::array<Param, N + M> out{};
+  for (size_t i = 0; i < N; ++i)
+    out[i] = base[i];
+  for (size_t i = 0; i < M; ++i)
+    out[N + i] = extra[i];
+  return out;
+}
+template <size_t N, size_t M>
+constexpr std::array<Param, N + M> extend(const Param (&base)[N],
+                                          const Param (&extra)[M]) {
+  return join<N, M>(base, extra);
+}
+template <size_t N, size_t M>
+constexpr std::array<Param, N + M> extend(const std::array<Param, N> &base,
+                                          const Param (&extra)[M]) {
+  return join<N, M>(base.data(), extra);
+}
+
 // clang-format off
 /// fwd: grid (ceil(max segment / blockM), segments, Hq).
 inline constexpr Param kFwdParams[] = {
@@ -53,35 +77,18 @@ inline constexpr Param kFwdParams[] = {
 /// tensor maps of Q, K and V (head_dim, heads, tokens; boxes of 64 columns x
 /// 1 head x block_m or block_n rows, 128-byte swizzle) and the plan's work
 /// order (Plan::forwardTable). Grid (work items, 1, Hq).
-inline constexpr Param kFwdWarpSpecializedParams[] = {
-    {"q", E},           {"k", E},           {"v", E},
-    {"o", E},           {"lse", F32P},      {"segs", I32P},
-    {"qStrideT", I64},  {"qStrideH", I64},  {"kStrideT", I64},
-    {"kStrideH", I64},  {"vStrideT", I64},  {"vStrideH", I64},
-    {"oStrideT", I64},  {"oStrideH", I64},  {"lseStrideH", I64},
-    {"scaleLog2", F32}, {"qMap", TMAP},     {"kMap", TMAP},
-    {"vMap", TMAP},     {"order", I32P}};
+inline constexpr auto kFwdWarpSpecializedParams =
+    extend(kFwdParams, {{"qMap", TMAP}, {"kMap", TMAP}, {"vMap", TMAP}, {"order", I32P}});
 
 /// The forward of prefix trees (KernelSpec::tree; mma_sync, wgmma): the
 /// forward's parameters, then the plan's chain table.
-inline constexpr Param kFwdTreeParams[] = {
-    {"q", E},           {"k", E},          {"v", E},
-    {"o", E},           {"lse", F32P},     {"segs", I32P},
-    {"qStrideT", I64},  {"qStrideH", I64}, {"kStrideT", I64},
-    {"kStrideH", I64},  {"vStrideT", I64}, {"vStrideH", I64},
-    {"oStrideT", I64},  {"oStrideH", I64}, {"lseStrideH", I64},
-    {"scaleLog2", F32}, {"chain", I32P}};
+inline constexpr auto kFwdTreeParams =
+    extend(kFwdParams, {{"chain", I32P}});
 
 /// The warp-specialized forward of prefix trees (KernelSpec::tree, by name):
 /// its parameters, then the plan's chain table.
-inline constexpr Param kFwdWarpSpecializedTreeParams[] = {
-    {"q", E},           {"k", E},           {"v", E},
-    {"o", E},           {"lse", F32P},      {"segs", I32P},
-    {"qStrideT", I64},  {"qStrideH", I64},  {"kStrideT", I64},
-    {"kStrideH", I64},  {"vStrideT", I64},  {"vStrideH", I64},
-    {"oStrideT", I64},  {"oStrideH", I64},  {"lseStrideH", I64},
-    {"scaleLog2", F32}, {"qMap", TMAP},     {"kMap", TMAP},
-    {"vMap", TMAP},     {"order", I32P},    {"chain", I32P}};
+inline constexpr auto kFwdWarpSpecializedTreeParams =
+    extend(kFwdWarpSpecializedParams, {{"chain", I32P}});
 
 /// bwd_pre: grid (ceil(T / blockM), Hq).
 inline constexpr Param kBwdPreParams[] = {
@@ -107,17 +114,8 @@ inline constexpr Param kBwdParams[] = {
 /// x 1 head x block_n rows, 128-byte swizzle), which the producer loads the
 /// query tiles with when the tiling has 2 stages (with 1, by cp.async; the
 /// maps are passed either way).
-inline constexpr Param kBwdWarpSpecializedParams[] = {
-    {"q", E},           {"k", E},            {"v", E},
-    {"dout", E},        {"dk", E},           {"dv", E},
-    {"lse", F32P},      {"delta", F32P},     {"dqacc", F32A},
-    {"dkacc", F32P},    {"dvacc", F32P},     {"items", I32P},
-    {"qStrideT", I64},  {"qStrideH", I64},   {"kStrideT", I64},
-    {"kStrideH", I64},  {"vStrideT", I64},   {"vStrideH", I64},
-    {"doStrideT", I64}, {"doStrideH", I64},  {"dkStrideT", I64},
-    {"dkStrideH", I64}, {"dvStrideT", I64},  {"dvStrideH", I64},
-    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
-    {"scaleLog2", F32}, {"qMap", TMAP},      {"doMap", TMAP}};
+inline constexpr auto kBwdWarpSpecializedParams =
+    extend(kBwdParams, {{"qMap", TMAP}, {"doMap", TMAP}});
 
 /// bwd_post: grid (ceil(max(T, accRows) / blockM), Hq + Hkv).
 inline constexpr Param kBwdPostParams[] = {
@@ -142,28 +140,13 @@ inline constexpr Param kBwdDQParams[] = {
 /// tensor maps of Q, K, V and dO (as the warp-specialized forward's, dO like
 /// Q) and the plan's forward work order (Plan::forwardTable). Grid (work
 /// items, 1, Hq).
-inline constexpr Param kBwdDQWarpSpecializedParams[] = {
-    {"q", E},           {"k", E},            {"v", E},
-    {"dout", E},        {"dq", E},           {"lse", F32P},
-    {"delta", F32P},    {"segs", I32P},      {"qStrideT", I64},
-    {"qStrideH", I64},  {"kStrideT", I64},   {"kStrideH", I64},
-    {"vStrideT", I64},  {"vStrideH", I64},   {"doStrideT", I64},
-    {"doStrideH", I64}, {"dqStrideT", I64},  {"dqStrideH", I64},
-    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
-    {"scaleLog2", F32}, {"qMap", TMAP},      {"kMap", TMAP},
-    {"vMap", TMAP},     {"doMap", TMAP},     {"order", I32P}};
+inline constexpr auto kBwdDQWarpSpecializedParams =
+    extend(kBwdDQParams, {{"qMap", TMAP}, {"kMap", TMAP}, {"vMap", TMAP}, {"doMap", TMAP}, {"order", I32P}});
 
 /// bwd_dq of prefix trees (KernelSpec::tree): bwd_dq's parameters, then the
 /// plan's chain table.
-inline constexpr Param kBwdDQTreeParams[] = {
-    {"q", E},           {"k", E},            {"v", E},
-    {"dout", E},        {"dq", E},           {"lse", F32P},
-    {"delta", F32P},    {"segs", I32P},      {"qStrideT", I64},
-    {"qStrideH", I64},  {"kStrideT", I64},   {"kStrideH", I64},
-    {"vStrideT", I64},  {"vStrideH", I64},   {"doStrideT", I64},
-    {"doStrideH", I64}, {"dqStrideT", I64},  {"dqStrideH", I64},
-    {"lseStrideH", I64}, {"deltaStrideH", I64}, {"scale", F32},
-    {"scaleLog2", F32}, {"chain", I32P}};
+inline constexpr auto kBwdDQTreeParams =
+    extend(kBwdDQParams, {{"chain", I32P}});
 // clang-format on
 
 /// A kernel's parameters in launch order.
@@ -181,6 +164,10 @@ struct ParamTable {
   }
 };
 
+template <size_t N>
+constexpr ParamTable tableOf(const std::array<Param, N> &p) {
+  return {p.data(), N};
+}
 template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
   return {p, N};
 }
