@@ -48,8 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from tune_vs_default import (MODES, abba_bench, gpu_info, log,  # noqa: E402
-                             run_logged, tiling_str)
+from tune_vs_default import (abba_bench, gpu_info,  # noqa: E402
+                             kinds_and_configs, log, run_logged, tiling_str)
 
 CONFIGS = [(4096, 16, 1024), (8192, 16, 1024), (16384, 16, 1024),
            (32768, 16, 1024), (8192, 32, 2048), (1024, 8, 256),
@@ -103,18 +103,7 @@ def main():
         sys.stdout.write(text)
         return 0
 
-    kinds = [k for k in args.kinds.split(",") if k]
-    for k in kinds:
-        if k not in MODES:
-            ap.error(f"--kinds: '{k}' is not fwd, bwd or bwd_kv")
-    configs = CONFIGS
-    if args.configs:
-        try:
-            configs = [tuple(int(x) for x in c.split(":"))
-                       for c in args.configs.split(",")]
-            assert all(len(c) == 3 for c in configs)
-        except (ValueError, AssertionError):
-            ap.error(f"--configs expects P:N:R,..., got '{args.configs}'")
+    kinds, configs = kinds_and_configs(ap, args, CONFIGS)
     if ONE_SHAPE not in configs:
         configs = list(configs) + [ONE_SHAPE]
     one_class = shape_class(*ONE_SHAPE)

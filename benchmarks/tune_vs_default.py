@@ -91,6 +91,24 @@ def parse_bench(text):
     return rows
 
 
+def kinds_and_configs(ap, args, default_configs):
+    """--kinds (each a key of MODES) and --configs (P:N:R,..., else
+    `default_configs`), or an argparse error naming the bad one."""
+    kinds = [k for k in args.kinds.split(",") if k]
+    for k in kinds:
+        if k not in MODES:
+            ap.error(f"--kinds: '{k}' is not fwd, bwd or bwd_kv")
+    configs = default_configs
+    if args.configs:
+        try:
+            configs = [tuple(int(x) for x in c.split(":"))
+                       for c in args.configs.split(",")]
+            assert all(len(c) == 3 for c in configs)
+        except (ValueError, AssertionError):
+            ap.error(f"--configs expects P:N:R,..., got '{args.configs}'")
+    return kinds, configs
+
+
 def abba_bench(bench, kinds, configs, variants, env_of, rounds, reps, out,
                timeout):
     """dualkv-backward-bench over `configs` in the modes of `kinds`, once per
@@ -172,18 +190,7 @@ def main():
                     help="seconds allowed to each subprocess (default 240)")
     args = ap.parse_args()
 
-    kinds = [k for k in args.kinds.split(",") if k]
-    for k in kinds:
-        if k not in MODES:
-            ap.error(f"--kinds: '{k}' is not fwd, bwd or bwd_kv")
-    configs = CONFIGS
-    if args.configs:
-        try:
-            configs = [tuple(int(x) for x in c.split(":"))
-                       for c in args.configs.split(",")]
-            assert all(len(c) == 3 for c in configs)
-        except (ValueError, AssertionError):
-            ap.error(f"--configs expects P:N:R,..., got '{args.configs}'")
+    kinds, configs = kinds_and_configs(ap, args, CONFIGS)
     try:
         tP, tN, tR = (int(x) for x in args.tune_shape.split(":"))
     except ValueError:

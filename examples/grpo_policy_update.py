@@ -972,14 +972,10 @@ def _run_distributed(args, torch, dist, dd, dualkv, device, started):
         res["step_ms"] = statistics.median(times)
         res["times_ms"] = times
         res["response_tokens_per_s"] = res["response_tokens"] / (res["step_ms"] / 1e3)
-        ok = (res["logp_max_abs_diff"] <= args.logp_tol
-              and res["grad_rel_worst"] <= args.grad_tol)
-        res["within_tolerance"] = ok
-        if not ok:
-            problems.append(f"P={P} N={N}: logp max|Δ| {res['logp_max_abs_diff']:.2e}, "
-                            f"worst grad rel {res['grad_rel_worst']:.2e} "
-                            f"({res['grad_rel_worst_param']}); limits {args.logp_tol:.2e}, "
-                            f"{args.grad_tol:.2e} (--logp-tol/--grad-tol)")
+        problem = tolerance_problem(f"P={P} N={N}", res, args)
+        res["within_tolerance"] = problem is None
+        if problem:
+            problems.append(problem)
         say(f"  packed-DualKV {layout}: {res['step_ms']:9.1f} ms  "
             f"{res['response_tokens_per_s']:12,.0f} resp tok/s  peak {res['peak_gib_max_rank']:6.1f} "
             f"GiB (worst rank)  first step {res['first_step_ms'] / 1e3:.1f} s, logp max|Δ| "
@@ -1138,6 +1134,18 @@ def merge_reports(args):
     write_report(results, args, first["env"], cfg, first["parameters"], first["notes"],
                  problems, wall, out_dir)
     return 1 if problems else 0
+
+
+def tolerance_problem(label, chk, args):
+    """None when the check `chk` (logp_max_abs_diff, grad_rel_worst,
+    grad_rel_worst_param) is within --logp-tol and --grad-tol, else the
+    problem, prefixed by `label`."""
+    if (chk["logp_max_abs_diff"] <= args.logp_tol
+            and chk["grad_rel_worst"] <= args.grad_tol):
+        return None
+    return (f"{label}: logp max|Δ| {chk['logp_max_abs_diff']:.2e}, worst grad rel "
+            f"{chk['grad_rel_worst']:.2e} ({chk['grad_rel_worst_param']}); limits "
+            f"{args.logp_tol:.2e}, {args.grad_tol:.2e} (--logp-tol/--grad-tol)")
 
 
 def import_torch_for_gpu(without_gpu_hint):
