@@ -222,6 +222,19 @@ std::map<std::string, std::vector<int>> backwardSignatures() {
           {"attention_bwd_dq", dq}};
 }
 
+/// Puts a fake kernel for `spec` (resolved here) into the disk cache at
+/// `root`, telling itself apart by its name and shared bytes.
+void seedSpec(const std::string &root, KernelSpec spec, const std::string &name,
+              int threads, int shared) {
+  spec = resolveSpec(spec);
+  CacheEntry entry;
+  entry.info = {name, threads, shared, spec.tiling.blockM};
+  entry.ptx = fmt::format("// fake {}\n", name);
+  entry.cubin = {'c', 'u', 'b', 'i', 'n'};
+  REQUIRE(DiskCache(root).store(CacheKey::fromSpec(spec, compilerFingerprint()),
+                                entry));
+}
+
 /// Puts a fake kernel for (kind, head_dim, tiling; heads 8:2, bf16, sm_90a)
 /// into the disk cache at `root`, telling itself apart by its shared bytes.
 void seed(const std::string &root, KernelKind kind, int headDim, Tiling tiling,
@@ -234,13 +247,7 @@ void seed(const std::string &root, KernelKind kind, int headDim, Tiling tiling,
   spec.numKVHeads = kvHeads;
   spec.arch = "sm_90a";
   spec.tiling = tiling;
-  spec = resolveSpec(spec);
-  CacheEntry entry;
-  entry.info = {name, threads, shared, spec.tiling.blockM};
-  entry.ptx = fmt::format("// fake {}\n", name);
-  entry.cubin = {'c', 'u', 'b', 'i', 'n'};
-  REQUIRE(DiskCache(root).store(CacheKey::fromSpec(spec, compilerFingerprint()),
-                                entry));
+  seedSpec(root, spec, name, threads, shared);
 }
 
 ForwardArgs fakeForwardArgs(const Plan &plan, int headDim) {
@@ -623,13 +630,7 @@ void seedClass(const std::string &root, KernelKind kind, const ShapeClass &c,
   spec.numKVHeads = kvHeads;
   spec.arch = "sm_90a";
   spec.tiling = tiling;
-  spec = resolveSpec(spec);
-  CacheEntry entry;
-  entry.info = {name, threads, shared, spec.tiling.blockM};
-  entry.ptx = fmt::format("// fake {}\n", name);
-  entry.cubin = {'c', 'u', 'b', 'i', 'n'};
-  REQUIRE(DiskCache(root).store(CacheKey::fromSpec(spec, compilerFingerprint()),
-                                entry));
+  seedSpec(root, spec, name, threads, shared);
 }
 
 TunedEntry tunedFor(KernelKind kind, const ShapeClass &c, Tiling tiling,
