@@ -519,17 +519,20 @@ void backward(const BackwardArgs &args) {
     {
       LaunchParams params(det ? KernelKind::BwdKV : KernelKind::Bwd,
                           main.spec.schedule);
-      cuda::CUtensorMap qMap, doMap;
+      cuda::CUtensorMap qMap{}, doMap{};
       if (main.spec.schedule == Schedule::WarpSpecialized) {
         // The slice's Q and dO as tensor maps (its query heads from 0),
-        // boxes of one query tile: the producer's TMA copies when the tiling
-        // has 2 stages.
-        TensorArg sliceQ = args.q, sliceDo = args.dout;
-        sliceQ.data = reinterpret_cast<void *>(q);
-        sliceDo.data = reinterpret_cast<void *>(sliceDout);
-        const int rows = main.spec.tiling.blockN;
-        qMap = tensorMap(sliceQ, T, sliceHq, D, args.dtype, rows);
-        doMap = tensorMap(sliceDo, T, sliceHq, D, args.dtype, rows);
+        // boxes of one query tile, for the producer's TMA copies; the
+        // cp.async producer takes the parameters unread, so they are not
+        // built for it (host time on every call).
+        if (main.spec.tiling.stages == kKVMajorTmaStages) {
+          TensorArg sliceQ = args.q, sliceDo = args.dout;
+          sliceQ.data = reinterpret_cast<void *>(q);
+          sliceDo.data = reinterpret_cast<void *>(sliceDout);
+          const int rows = main.spec.tiling.blockN;
+          qMap = tensorMap(sliceQ, T, sliceHq, D, args.dtype, rows);
+          doMap = tensorMap(sliceDo, T, sliceHq, D, args.dtype, rows);
+        }
         params.tensorMap("qMap", qMap).tensorMap("doMap", doMap);
       }
       params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", sliceDout);

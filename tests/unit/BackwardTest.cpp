@@ -959,10 +959,10 @@ TEST_CASE("backward: the warp-specialized dQ kernel takes tensor maps and "
   ForwardTable order = plan.forwardTable(128);
   CHECK(dq.params[26] == order.items);
   CHECK(fake.copies[order.items] == plan.forwardOrder(128));
-  // Q, dO, K and V by TMA (after the two of the warp-specialized bwd_kv,
-  // Q's and dO's); the last one built is V's: (head_dim, KV heads, tokens)
+  // Q, dO, K and V by TMA (the warp-specialized bwd_kv's cp.async producer
+  // needs none); the last one built is V's: (head_dim, KV heads, tokens)
   // with its strides in bytes, boxes of 64 columns x 1 head x block_n rows.
-  CHECK(fake.tensorMaps == 2 + 4);
+  CHECK(fake.tensorMaps == 4);
   CHECK(fake.lastTensorMapDims ==
         std::vector<uint64_t>{128, uint64_t(Hkv), uint64_t(T)});
   CHECK(fake.lastTensorMapStrides == std::vector<uint64_t>{256, 512});
@@ -978,8 +978,8 @@ TEST_CASE("backward: the warp-specialized dQ kernel takes tensor maps and "
   CHECK(fake.events.size() == 3);
 }
 
-TEST_CASE("backward: the warp-specialized main kernel gets its slice's Q and "
-          "dO tensor maps",
+TEST_CASE("backward: the warp-specialized main kernel's TMA producer gets its "
+          "slice's Q and dO tensor maps",
           "[runtime][backward]") {
   FakeBackwardSetup setup;
   TempDir &tmp = setup.tmp;
@@ -995,10 +995,20 @@ TEST_CASE("backward: the warp-specialized main kernel gets its slice's Q and "
   // The slice's kernels, as backward() asks for them.
   seedBackwardKernels(tmp.path, a, 1);
   seedBackwardKernels(tmp.path, a);
+
+  // The default (cp.async) producer reads no tensor map: none is built.
+  backward(a);
+  CHECK(fake.tensorMaps == 0);
+
+  // With 2 stages the producer copies by TMA: two maps a slice (Q, dO):
+  // (head_dim, the slice's query heads, tokens), the caller's strides in
+  // bytes, boxes of block_n = 64 query rows.
+  a.tiling = {128, 64, 8, 2};
+  spec.tiling = a.tiling;
+  REQUIRE(resolveSpec(spec).schedule == Schedule::WarpSpecialized);
+  seedBackwardKernels(tmp.path, a, 1);
   backward(a);
   const int64_t G = a.num_q_heads / a.num_kv_heads;
-  // Two maps a slice (Q, dO): (head_dim, the slice's query heads, tokens),
-  // the caller's strides in bytes, boxes of block_n = 64 query rows.
   CHECK(fake.tensorMaps == 2 * a.num_kv_heads);
   CHECK(fake.lastTensorMapDims ==
         std::vector<uint64_t>{128, uint64_t(G), uint64_t(10240)});

@@ -73,7 +73,8 @@ public:
   WarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b)
       : WgmmaKVMajorEmitter(kernel, b) {
     syncedThreads = threads();
-    tmaQueryTiles = kernel.getTiling()->getStages() == 2;
+    tmaQueryTiles =
+        kernel.getTiling()->getStages() == ::dualkv::kKVMajorTmaStages;
   }
 
   ::dualkv::Schedule abiSchedule() const override {

@@ -125,6 +125,9 @@ DUALKV_API int64_t warpSpecializedSharedBytes(
     const Tiling &tiling, int headDim, KernelKind kind = KernelKind::Fwd);
 /// The ring depth of the warp-specialized dQ kernel's default tiling.
 inline constexpr int kDqWarpSpecializedStages = 3;
+/// The stages of a warp-specialized bwd/bwd_kv tiling whose producer loads
+/// Q and dO by TMA (with 1, by cp.async).
+inline constexpr int kKVMajorTmaStages = 2;
 /// Why the resolved `spec` cannot be compiled as it stands (an arch outside
 /// the supported set, a schedule it cannot use), or an empty string.
 DUALKV_API std::string checkSpec(const KernelSpec &spec);
