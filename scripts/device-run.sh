@@ -58,8 +58,10 @@ if [[ ,$what, == *,sanitize,* ]]; then
   # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every shipped
   # kernel kind, head_dim, dtype and schedule: ctest's label sanitize (not part of
   # "all"); any report fails. SANITIZE_TESTS names other dualkv-gpu-tests workloads
-  # to run under every tool as well.
-  step "ctest -L sanitize" bash -c "cd build/tests/gpu && ctest --output-on-failure -L sanitize"
+  # to run under every tool as well. SANITIZE_JOBS tools run at once (default 4: the
+  # sanitizers are bound by the host, and racecheck alone takes minutes).
+  step "ctest -L sanitize" bash -c \
+    "cd build/tests/gpu && ctest --output-on-failure -j${SANITIZE_JOBS:-4} -L sanitize"
   san=/usr/local/cuda/bin/compute-sanitizer
   for t in ${SANITIZE_TESTS:-}; do
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do

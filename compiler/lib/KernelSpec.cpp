@@ -205,22 +205,22 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
 
 /// The schedule Auto stands for: the warp-specialized one for the forward at
 /// its measured tilings (defaultTiling's), for the KV-major backward at
-/// head_dim 128 and for a dQ kernel tiling of kDqWarpSpecializedStages
-/// stages (only that schedule has more than 2), the warpgroup one wherever
-/// it fits, mma.sync elsewhere.
-/// Other tilings of the warp-specialized forward are asked for by name.
+/// head_dim 64 and 128 and for a dQ kernel tiling of more than 2 stages
+/// (only that schedule has them; kDqWarpSpecializedStages is its default), the
+/// warpgroup one wherever it fits, mma.sync elsewhere. Other tilings of the
+/// warp-specialized forward are asked for by name.
 Schedule defaultSchedule(const KernelSpec &resolved) {
   const Tiling &t = resolved.tiling;
   bool kvMajor =
       resolved.kind == KernelKind::Bwd || resolved.kind == KernelKind::BwdKV;
-  // The KV-major backward at head_dim 64 is warp-specialized by name only: it
-  // measured level with mma.sync (benchmarks/NOTES.md) and has not yet run
-  // under compute-sanitizer.
+  // The KV-major backward at head_dim 64 too: bwd_kv there took 13.6 ms of
+  // forward+backward against mma.sync's 18.7 at P = 8192 (the fused bwd
+  // measured level; benchmarks/NOTES.md, ninth session).
   // Prefix trees take it by name only: their walk has not run on a GPU.
   if (!resolved.tree && warpSpecializedUnfit(resolved).empty()) {
-    if (kvMajor ? resolved.headDim == 128
+    if (kvMajor ? resolved.headDim == 64 || resolved.headDim == 128
         : resolved.kind == KernelKind::BwdDQ
-            ? t.blockN == 64 && t.stages == kDqWarpSpecializedStages
+            ? t.stages > 2 // only the warp-specialized dQ kernel has them
             : t.blockN == (resolved.headDim == 256 ? 64 : 128))
       return Schedule::WarpSpecialized;
   }
@@ -258,17 +258,17 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
     // the dQ reductions (benchmarks/NOTES.md). sm_90 and later: 64-query
     // tiles in the two-dimensional warp layout (MmaSync/KVMajor.cpp), which
-    // reads a third less shared memory a query (on sm_90a at head_dim 128
-    // the warpgroup schedule: wgmma); its 171 KB of shared memory
+    // reads a third less shared memory a query (on sm_90a at head_dim 64
+    // and 128 the warp-specialized schedule); its 171 KB of shared memory
     // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
     // tiles past warps of 16 keys.
     if (archNumber(spec.arch) >= 90)
       return {128, 64, 8, 1};
     return {128, 32, 8, 1};
   case KernelKind::BwdKV:
-    // sm_90 and later: as the fused kernel (on sm_90a at head_dim 128, the
-    // warpgroup schedule). sm_80: without dQ, 64 keys in 4 warps ran as fast
-    // as 128 in 8 with half the shared memory.
+    // sm_90 and later: as the fused kernel (on sm_90a at head_dim 64 and
+    // 128, the warp-specialized schedule). sm_80: without dQ, 64 keys in 4
+    // warps ran as fast as 128 in 8 with half the shared memory.
     if (archNumber(spec.arch) >= 90)
       return {128, 64, 8, 1};
     return {64, 64, 4, 1};
@@ -279,11 +279,15 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // producer warpgroup and two consumer warpgroups of 64 query rows; 64-key
     // tiles in a three-stage ring, as each K tile stays until the next
     // tile's products are issued (the dQ product of tile i runs behind the
-    // scores of tile i + 1). Not yet the default: it has not run on a GPU.
+    // scores of tile i + 1). The default there since the ninth session
+    // (benchmarks/NOTES.md): 1.07x the wgmma dQ kernel's deterministic
+    // forward+backward at P = 16384 on the H200, race-free under
+    // compute-sanitizer. Branching trees' chain walk is not in it.
     if (std::optional<Arch> a = Arch::parse(spec.arch);
         a && a->hasWgmma() && !spec.tree &&
         (spec.headDim == 64 || spec.headDim == 128) &&
-        spec.schedule == Schedule::WarpSpecialized)
+        (spec.schedule == Schedule::WarpSpecialized ||
+         spec.schedule == Schedule::Auto))
       return {128, 64, 8, kDqWarpSpecializedStages};
     // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
     // 128 query rows in two warpgroups sharing each 64-key tile of K and V

@@ -62,6 +62,28 @@ const char *toString(BackwardOrder order) {
   return "?";
 }
 
+const char *toString(BackwardAlgorithm algorithm) {
+  switch (algorithm) {
+  case BackwardAlgorithm::Auto:
+    return "auto";
+  case BackwardAlgorithm::Atomic:
+    return "atomic";
+  case BackwardAlgorithm::SplitDQ:
+    return "split_dq";
+  }
+  return "?";
+}
+
+std::optional<BackwardAlgorithm>
+parseBackwardAlgorithm(const std::string &text) {
+  for (BackwardAlgorithm a :
+       {BackwardAlgorithm::Auto, BackwardAlgorithm::Atomic,
+        BackwardAlgorithm::SplitDQ})
+    if (text == toString(a))
+      return a;
+  return std::nullopt;
+}
+
 std::optional<BackwardOrder> parseBackwardOrder(const std::string &text) {
   for (BackwardOrder o : {BackwardOrder::Auto, BackwardOrder::LongestFirst,
                           BackwardOrder::QueryChunks})
@@ -391,16 +413,51 @@ uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
 
 } // namespace
 
+bool splitDQByDefault(const std::string &arch, int headDim) {
+  std::optional<Arch> a = Arch::parse(arch);
+  return a && a->hasWgmma() && (headDim == 64 || headDim == 128);
+}
+
+BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
+                                       const std::string &arch) {
+  if (args.deterministic)
+    return BackwardAlgorithm::SplitDQ;
+  if (args.algorithm != BackwardAlgorithm::Auto)
+    return args.algorithm;
+  // sm_90a, head_dim 64 and 128: bwd_kv and the warp-specialized dQ kernel
+  // beat the atomic algorithm's fused kernel forward+backward by 6-14 % at
+  // head_dim 128 and by 38 % at 64 on the H200 (benchmarks/NOTES.md, ninth
+  // session), and they need no fp32 accumulators. A branching tree's dQ
+  // kernel walks ancestor chains, which the warp-specialized one does not:
+  // not measured there, so trees keep the atomic algorithm.
+  const bool branching = args.plan && args.plan->maxAncestorRanges() > 1;
+  return splitDQByDefault(arch, args.head_dim) && !branching
+             ? BackwardAlgorithm::SplitDQ
+             : BackwardAlgorithm::Atomic;
+}
+
 int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
+  // Auto needs the device's arch; without a GPU the atomic algorithm's
+  // workspace, the larger, serves either.
+  bool split = args.deterministic;
+  if (!split && args.algorithm != BackwardAlgorithm::Auto)
+    split = args.algorithm == BackwardAlgorithm::SplitDQ;
+  else if (!split && args.plan && gpuAvailable()) {
+    cuda::currentContext();
+    split = backwardAlgorithmFor(args, cuda::currentDeviceArch()) ==
+            BackwardAlgorithm::SplitDQ;
+  }
   return backwardWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
-                                args.num_kv_heads, args.head_dim,
-                                args.deterministic, args.tiling);
+                                args.num_kv_heads, args.head_dim, split,
+                                args.tiling);
 }
 
 void backward(const BackwardArgs &args) {
   validate(args);
   const Plan &plan = *args.plan;
-  const bool det = args.deterministic;
+  cuda::currentContext();
+  const bool det = backwardAlgorithmFor(args, cuda::currentDeviceArch()) ==
+                   BackwardAlgorithm::SplitDQ;
   const int64_t T = args.num_tokens;
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
   // The main kernel (and bwd_post) run on `slice` KV heads and their query

@@ -96,6 +96,10 @@ DUALKV_API int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
                                           int headDim, bool deterministic,
                                           const Tiling &tiling);
 
+/// Whether BackwardAlgorithm::Auto is SplitDQ on `arch` at `headDim` for
+/// plans without branching trees (backwardAlgorithmFor).
+bool splitDQByDefault(const std::string &arch, int headDim);
+
 /// Frees the workspaces backward() allocated for itself (tests; a context
 /// about to be destroyed).
 DUALKV_API void clearBackwardWorkspaces();

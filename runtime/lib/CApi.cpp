@@ -223,9 +223,17 @@ int dualkv_backward_workspace_size(const dualkv_plan *plan, int64_t num_tokens,
     if (!out_bytes)
       throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
                           "out_bytes is null");
-    *out_bytes = dualkv::backwardWorkspaceBytes(
-        plan ? &plan->plan : nullptr, num_tokens, num_q_heads, num_kv_heads,
-        head_dim, deterministic != 0, toTiling(tiling));
+    // The shape and the mode are all the size depends on (the default
+    // algorithm resolved for the current device, as backward() does).
+    dualkv::BackwardArgs args;
+    args.plan = plan ? &plan->plan : nullptr;
+    args.num_tokens = num_tokens;
+    args.num_q_heads = num_q_heads;
+    args.num_kv_heads = num_kv_heads;
+    args.head_dim = head_dim;
+    args.deterministic = deterministic != 0;
+    args.tiling = toTiling(tiling);
+    *out_bytes = dualkv::backwardWorkspaceBytes(args);
   });
 }
 

@@ -1,5 +1,7 @@
 // Kernel cache: typed keys, the on-disk store, and loaded modules per context.
 #include "Cache.h"
+
+#include "Backward.h"
 #include "Files.h"
 
 #include "dualkv/Aot.h"
@@ -1428,8 +1430,11 @@ PrecompileReport precompile(const PrecompileArgs &args) {
   base.tiling = args.tiling;
   std::vector<SetMember> set = {SetMember{base}};
   if (args.backward) {
+    // Where SplitDQ is the default, branching trees still run the atomic
+    // algorithm (backwardAlgorithmFor): both sets.
+    const bool both = !args.deterministic && splitDQByDefault(arch, D);
     std::vector<SetMember> bwd =
-        backwardSet(base, args.deterministic, /*both=*/false, args.tiling);
+        backwardSet(base, args.deterministic, both, args.tiling);
     set.insert(set.end(), bwd.begin(), bwd.end());
   }
   PrecompileReport report;

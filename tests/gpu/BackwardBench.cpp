@@ -28,6 +28,7 @@ struct Options {
   std::vector<Tiling> dqTilings = {Tiling{}};
   /// Orders of the main kernel's work items to time.
   std::vector<BackwardOrder> bwdOrders = {BackwardOrder::Auto};
+  std::vector<BackwardAlgorithm> bwdAlgorithms = {BackwardAlgorithm::Auto};
 };
 
 /// Random 16-bit values on the device that the inputs are copied from at
@@ -79,7 +80,8 @@ int usage(std::FILE *to = stderr) {
              "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
              "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
              "[--dq-tilings M:N:W:S,...] "
-             "[--bwd-orders auto,longest_first,query_chunks]\n"
+             "[--bwd-orders auto,longest_first,query_chunks] "
+             "[--bwd-algorithms auto,atomic,split_dq]\n"
              "Defaults: the standard configs of benchmarks/README.md plus "
              "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
              "rotating input sets, every mode, the default backward tiling "
@@ -90,7 +92,9 @@ int usage(std::FILE *to = stderr) {
              "listed schedule of it; --dq-tilings each listed "
              "block_m:block_n:warps:stages of the deterministic mode's dQ "
              "kernel, 0 fields taking defaults; --bwd-orders each listed "
-             "order of the main kernel's work items).\n");
+             "order of the main kernel's work items; --bwd-algorithms each "
+             "listed algorithm of the modes bwd and fwd+bwd, det being "
+             "split_dq).\n");
   return 2;
 }
 
@@ -179,6 +183,14 @@ int main(int argc, char **argv) {
             return usage();
           opt.bwdOrders.push_back(*o);
         }
+      } else if (a == "--bwd-algorithms") {
+        opt.bwdAlgorithms.clear();
+        for (auto &c : split(value())) {
+          std::optional<BackwardAlgorithm> al = parseBackwardAlgorithm(c);
+          if (!al)
+            return usage();
+          opt.bwdAlgorithms.push_back(*al);
+        }
       } else if (a == "--fp16") {
         opt.dtype = DType::FP16;
       } else if (a == "--reps") {
@@ -254,6 +266,7 @@ int main(int argc, char **argv) {
       Tiling bwdTiling, dqTiling;
       Schedule bwdSchedule = Schedule::Auto;
       BackwardOrder bwdOrder = BackwardOrder::Auto;
+      BackwardAlgorithm bwdAlgorithm = BackwardAlgorithm::Auto;
       auto bwdArgs = [&](InputSet &s, bool deterministic) {
         ForwardArgs f = fwdArgs(s);
         BackwardArgs a;
@@ -278,6 +291,7 @@ int main(int argc, char **argv) {
         a.schedule = bwdSchedule;
         a.dq_tiling = dqTiling;
         a.order = bwdOrder;
+        a.algorithm = bwdAlgorithm;
         return a;
       };
       // O and LSE of every set, so that a backward alone has its inputs.
@@ -292,59 +306,68 @@ int main(int argc, char **argv) {
         for (size_t si = 0; si < opt.bwdSchedules.size(); ++si)
           for (size_t qi = 0; qi < opt.dqTilings.size(); ++qi)
             for (size_t oi = 0; oi < opt.bwdOrders.size(); ++oi)
-              for (const std::string &mode : opt.modes) {
-                bwdTiling = opt.bwdTilings[ti];
-                bwdSchedule = opt.bwdSchedules[si];
-                dqTiling = opt.dqTilings[qi];
-                bwdOrder = opt.bwdOrders[oi];
-                if ((ti > 0 || si > 0 || qi > 0 || oi > 0) && mode == "fwd")
-                  continue; // the forward does not change with the backward's
-                if (qi > 0 && mode != "fwd+bwd det")
-                  continue; // the dQ kernel runs in the deterministic mode only
-                bool runFwd = mode != "bwd", runBwd = mode != "fwd",
-                     det = mode == "fwd+bwd det";
-                double flops =
-                    (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
-                auto once = [&](int i) {
-                  InputSet &s = *sets[size_t(i) % sets.size()];
-                  if (runFwd)
-                    forward(fwdArgs(s));
-                  if (runBwd)
-                    backward(bwdArgs(s, det));
-                };
-                for (int i = 0; i < opt.warmup; ++i)
-                  once(i);
-                check(cudaDeviceSynchronize(), "warm-up");
-                std::vector<float> ms;
-                for (int i = 0; i < opt.reps; ++i) {
-                  check(cudaEventRecord(start), "record");
-                  once(opt.warmup + i);
-                  check(cudaEventRecord(stop), "record");
-                  check(cudaEventSynchronize(stop), "timed run");
-                  float m = 0;
-                  check(cudaEventElapsedTime(&m, start, stop), "elapsed");
-                  ms.push_back(m);
+              for (size_t ai = 0; ai < opt.bwdAlgorithms.size(); ++ai)
+                for (const std::string &mode : opt.modes) {
+                  bwdTiling = opt.bwdTilings[ti];
+                  bwdSchedule = opt.bwdSchedules[si];
+                  dqTiling = opt.dqTilings[qi];
+                  bwdOrder = opt.bwdOrders[oi];
+                  bwdAlgorithm = opt.bwdAlgorithms[ai];
+                  bool runFwd = mode != "bwd", runBwd = mode != "fwd",
+                       det = mode == "fwd+bwd det";
+                  if ((ti > 0 || si > 0 || qi > 0 || oi > 0 || ai > 0) &&
+                      mode == "fwd")
+                    continue; // the forward does not change with the backward's
+                  if (ai > 0 && det)
+                    continue; // the deterministic mode is split_dq
+                  if (qi > 0 && !det &&
+                      bwdAlgorithm == BackwardAlgorithm::Atomic)
+                    continue; // the dQ kernel runs in the split-dQ algorithm
+                              // only
+                  double flops =
+                      (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
+                  auto once = [&](int i) {
+                    InputSet &s = *sets[size_t(i) % sets.size()];
+                    if (runFwd)
+                      forward(fwdArgs(s));
+                    if (runBwd)
+                      backward(bwdArgs(s, det));
+                  };
+                  for (int i = 0; i < opt.warmup; ++i)
+                    once(i);
+                  check(cudaDeviceSynchronize(), "warm-up");
+                  std::vector<float> ms;
+                  for (int i = 0; i < opt.reps; ++i) {
+                    check(cudaEventRecord(start), "record");
+                    once(opt.warmup + i);
+                    check(cudaEventRecord(stop), "record");
+                    check(cudaEventSynchronize(stop), "timed run");
+                    float m = 0;
+                    check(cudaEventElapsedTime(&m, start, stop), "elapsed");
+                    ms.push_back(m);
+                  }
+                  double med = median(ms);
+                  std::string label = mode;
+                  if (runBwd && bwdTiling.blockM)
+                    label += fmt::format(" {}:{}:{}:{}", bwdTiling.blockM,
+                                         bwdTiling.blockN, bwdTiling.warps,
+                                         bwdTiling.stages);
+                  if (runBwd && bwdSchedule != Schedule::Auto)
+                    label += fmt::format(" {}", toString(bwdSchedule));
+                  if (runBwd && bwdOrder != BackwardOrder::Auto)
+                    label += fmt::format(" {}", toString(bwdOrder));
+                  if (runBwd && !det && bwdAlgorithm != BackwardAlgorithm::Auto)
+                    label += fmt::format(" {}", toString(bwdAlgorithm));
+                  if (runBwd && dqTiling.blockM)
+                    label += fmt::format(" dq {}:{}:{}:{}", dqTiling.blockM,
+                                         dqTiling.blockN, dqTiling.warps,
+                                         dqTiling.stages);
+                  fmt::print(
+                      "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
+                      p, n, r, label, med,
+                      *std::min_element(ms.begin(), ms.end()),
+                      flops / (med * 1e-3) / 1e12);
                 }
-                double med = median(ms);
-                std::string label = mode;
-                if (runBwd && bwdTiling.blockM)
-                  label += fmt::format(" {}:{}:{}:{}", bwdTiling.blockM,
-                                       bwdTiling.blockN, bwdTiling.warps,
-                                       bwdTiling.stages);
-                if (runBwd && bwdSchedule != Schedule::Auto)
-                  label += fmt::format(" {}", toString(bwdSchedule));
-                if (runBwd && bwdOrder != BackwardOrder::Auto)
-                  label += fmt::format(" {}", toString(bwdOrder));
-                if (det && dqTiling.blockM)
-                  label += fmt::format(" dq {}:{}:{}:{}", dqTiling.blockM,
-                                       dqTiling.blockN, dqTiling.warps,
-                                       dqTiling.stages);
-                fmt::print(
-                    "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
-                    p, n, r, label, med,
-                    *std::min_element(ms.begin(), ms.end()),
-                    flops / (med * 1e-3) / 1e12);
-              }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     } catch (const std::exception &e) {

@@ -57,7 +57,12 @@ constexpr double kWorkBudget = 1e9;
 constexpr int kDeterministicEvery = 3;
 
 const char *modeName(const BackwardOptions &o) {
-  return o.deterministic ? "deterministic" : "atomic";
+  if (o.deterministic)
+    return "deterministic";
+  if (o.algorithm != BackwardAlgorithm::Auto)
+    return toString(o.algorithm);
+  const char *env = std::getenv("DUALKV_TEST_BWD_ALGORITHM");
+  return env ? env : "default";
 }
 
 struct GradErrors {
@@ -492,6 +497,7 @@ int testDeterministic(uint64_t seed) {
     check(cudaDeviceSynchronize(), "forward");
     BackwardOptions det, atomic;
     det.deterministic = true;
+    atomic.algorithm = BackwardAlgorithm::Atomic;
     int64_t detDiffers = 0;
     int atomicRunsDiffering = 0;
     BackwardResult det0, atomic0;
@@ -522,13 +528,25 @@ int testDeterministic(uint64_t seed) {
     GradErrors vsAtomic = compareGrads(det0, adq, adk, adv);
     bool pass =
         finite && detDiffers == 0 && within(vsAtomic, toleranceFor(c.dtype));
-    // sm_90: the warp-specialized dQ kernel (asked for by its three-stage
-    // tiling) against the fp64 reference, bitwise stable, beside the same
-    // bwd_kv (so dK and dV are the default dQ kernel's run's bits).
+    // sm_90, head_dim 64 and 128: the default mode is the split-dQ
+    // algorithm, so its bits are the deterministic mode's; and the dQ kernel
+    // that is not the default there (wgmma at head_dim 128, mma.sync at 64,
+    // asked for by tiling; the default is the warp-specialized one) against
+    // the fp64 reference, bitwise stable, beside the same bwd_kv (so dK and
+    // dV are the default dQ kernel's run's bits).
     if (c.d != 256 && deviceIsSm90()) {
+      BackwardResult byDefault = dc.runBackward(BackwardOptions{});
+      int64_t defaultDiffers = bitwiseMismatches(byDefault.dq, det0.dq) +
+                               bitwiseMismatches(byDefault.dk, det0.dk) +
+                               bitwiseMismatches(byDefault.dv, det0.dv);
+      pass = pass && defaultDiffers == 0;
+      fmt::print("{} deterministic {}: the default mode differs from the "
+                 "deterministic one in {} values (must be 0)\n",
+                 defaultDiffers == 0 ? "ok" : "FAIL", c.describe(),
+                 defaultDiffers);
       BackwardOptions ws = det;
       ws.callerWorkspace = false;
-      ws.dqTiling = {128, 64, 8, 3};
+      ws.dqTiling = c.d == 128 ? Tiling{128, 64, 8, 1} : Tiling{64, 32, 4, 1};
       ForwardResult fwd = dc.download();
       BackwardResult w0 = dc.runBackward(ws);
       int64_t wsDiffers = 0;
@@ -540,20 +558,22 @@ int testDeterministic(uint64_t seed) {
       bool wsPass =
           allFinite(w0.dq) && wsDiffers == 0 && kvDiffers == 0 && error.empty();
       pass = pass && wsPass;
-      fmt::print("{} deterministic {}, warp-specialized dQ: {} runs, {} dQ "
+      fmt::print("{} deterministic {}, {} dQ kernel: {} runs, {} dQ "
                  "values differ from run 1, {} dK/dV values differ from the "
                  "default dQ kernel's run (both must be 0); vs fp64: {}\n",
-                 wsPass ? "ok" : "FAIL", c.describe(), kRuns, wsDiffers,
-                 kvDiffers, error.empty() ? "within tolerance" : error);
+                 wsPass ? "ok" : "FAIL", c.describe(),
+                 c.d == 128 ? "wgmma" : "mma.sync", kRuns, wsDiffers, kvDiffers,
+                 error.empty() ? "within tolerance" : error);
     }
     failures += !pass;
-    fmt::print("{} deterministic {}: {} runs, {} values differ from run 1 "
-               "(must be 0); vs the default mode rel-L2 dq {:.3g} dk {:.3g} "
-               "dv {:.3g}; default (atomic) mode: {} of {} runs differ in "
-               "bits from its first run (allowed)\n",
-               pass ? "ok" : "FAIL", c.describe(), kRuns, detDiffers,
-               vsAtomic.dq.relL2, vsAtomic.dk.relL2, vsAtomic.dv.relL2,
-               atomicRunsDiffering, kRuns - 1);
+    fmt::print(
+        "{} deterministic {}: {} runs, {} values differ from run 1 "
+        "(must be 0); vs the atomic algorithm rel-L2 dq {:.3g} dk {:.3g} "
+        "dv {:.3g}; atomic algorithm: {} of {} runs differ in "
+        "bits from its first run (allowed)\n",
+        pass ? "ok" : "FAIL", c.describe(), kRuns, detDiffers,
+        vsAtomic.dq.relL2, vsAtomic.dk.relL2, vsAtomic.dv.relL2,
+        atomicRunsDiffering, kRuns - 1);
   }
   fmt::print("backward_deterministic: {} cases, {} failed\n", cases.size(),
              failures);

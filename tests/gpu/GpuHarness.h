@@ -333,6 +333,10 @@ struct BackwardResult {
 /// How the tests call the backward.
 struct BackwardOptions {
   bool deterministic = false;
+  /// BackwardArgs::algorithm; Auto also takes DUALKV_TEST_BWD_ALGORITHM
+  /// (auto, atomic or split_dq), so that a whole test runs the one that is not
+  /// the device's default.
+  BackwardAlgorithm algorithm = BackwardAlgorithm::Auto;
   /// Pass a caller-owned workspace of backwardWorkspaceBytes() bytes,
   /// poisoned with NaN before every launch, instead of the runtime's own: the
   /// runtime must initialise whatever it reads.
@@ -376,6 +380,17 @@ struct BackwardDeviceCase : DeviceCase {
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, c, plan);
     a.deterministic = options.deterministic;
+    a.algorithm = options.algorithm;
+    if (const char *env = std::getenv("DUALKV_TEST_BWD_ALGORITHM");
+        env && a.algorithm == BackwardAlgorithm::Auto) {
+      std::optional<BackwardAlgorithm> parsed = parseBackwardAlgorithm(env);
+      if (!parsed)
+        throw std::runtime_error(fmt::format(
+            "DUALKV_TEST_BWD_ALGORITHM must be auto, atomic or split_dq, not "
+            "'{}'",
+            env));
+      a.algorithm = *parsed;
+    }
     a.tiling = options.tiling;
     // DUALKV_TEST_BWD_TILING=M:N:W[:S] runs the backward tests on another
     // tiling of the main kernel than the default (e.g. sm_80's 128:32:8 layout

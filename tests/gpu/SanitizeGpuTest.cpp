@@ -1,13 +1,15 @@
 // The sanitizer workload: every kernel kind the library ships (fwd, bwd_pre,
 // bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 128 and 256, bf16 and fp16,
 // in the device's default schedules and in the mma.sync schedule at sm_80's
-// default tilings (and on sm_90 the warp-specialized dQ kernel and TMA
-// backward producer, which no default picks yet), on one small packed batch,
-// each result checked against the fp64 reference. tests/gpu/sanitize.sh runs
-// it under compute-sanitizer (memcheck, racecheck, synccheck, initcheck; ctest
-// label `sanitize`), which fails on any report; the checks keep a kernel that
-// does nothing from passing. A branching prefix tree runs the tree kernels too
-// (treeSanitizeWorkload, TreeGpuTest.cpp).
+// default tilings (and on sm_90 at head_dim 128 the TMA producer of the
+// warp-specialized backward and the wgmma dQ kernel, which no default picks
+// for packed groups), both backward algorithms (atomic, split-dQ) of each, on
+// one small packed batch, each result checked against the fp64 reference.
+// `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees).
+// tests/gpu/sanitize.sh runs it under compute-sanitizer (memcheck, racecheck,
+// synccheck, initcheck; ctest label `sanitize`), which fails on any report; the
+// checks keep a kernel that does nothing from passing. A branching prefix tree
+// runs the tree kernels too (treeSanitizeWorkload, TreeGpuTest.cpp).
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -58,7 +60,7 @@ Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
 
 } // namespace
 
-int dualkv::testing::sanitizeTest() {
+int dualkv::testing::sanitizeTest(int onlyHeadDim) {
   std::mt19937_64 rng(20261201);
   int failures = 0, checks = 0;
   auto record = [&](const std::string &what, const std::string &error) {
@@ -70,21 +72,21 @@ int dualkv::testing::sanitizeTest() {
   };
   for (int d : {64, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
+      if (onlyHeadDim && d != onlyHeadDim)
+        continue;
       Case c = sanitizeCase(d, t, rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
-      // The warp-specialized kernels no default picks yet, by their
-      // tilings: the dQ kernel (three stages; head_dim 64 and 128) and, at
-      // head_dim 128, the KV-major backward's TMA producer (two stages).
-      if (deviceIsSm90() && d != 256) {
-        Tiling tma = d == 128 ? Tiling{128, 64, 8, 2} : Tiling{};
-        variants.push_back(Variant{d == 128 ? "warp_specialized TMA "
-                                              "producer and dQ"
-                                            : "warp_specialized dQ",
+      // The kernels no default picks for packed groups, by their tilings:
+      // the KV-major backward's TMA producer (two stages) and the wgmma dQ
+      // kernel (one stage; prefix trees' at head_dim 128).
+      if (deviceIsSm90() && d == 128) {
+        Tiling tma{128, 64, 8, 2};
+        variants.push_back(Variant{"warp_specialized TMA producer, wgmma dQ",
                                    {},
                                    tma,
                                    tma,
-                                   {128, 64, 8, 3}});
+                                   {128, 64, 8, 1}});
       }
       for (const Variant &v : variants) {
         std::string what = fmt::format("{} [{}]", c.describe(), v.name);
@@ -94,9 +96,12 @@ int dualkv::testing::sanitizeTest() {
           check(cudaDeviceSynchronize(), "forward");
           ForwardResult fwd = dc.download();
           record(what + " fwd", forwardReferenceError(c, fwd));
+          // Both algorithms, whichever is the device's default: the
+          // split-dQ one as the deterministic mode.
           for (bool deterministic : {false, true}) {
             BackwardOptions o;
             o.deterministic = deterministic;
+            o.algorithm = BackwardAlgorithm::Atomic;
             o.tiling = deterministic ? v.bwdKV : v.bwd;
             o.dqTiling = v.dq;
             BackwardResult r = dc.runBackward(o);
@@ -110,13 +115,14 @@ int dualkv::testing::sanitizeTest() {
     }
   // Prefix trees: the tree variants of fwd and bwd_dq (the chain walk) and
   // the KV-major kernels on a forest's work items.
-  try {
-    const int treeFailures = treeSanitizeWorkload();
-    checks += deviceIsSm90() ? 12 : 6;
-    failures += treeFailures;
-  } catch (const std::exception &e) {
-    record("prefix trees", e.what());
-  }
+  if (!onlyHeadDim)
+    try {
+      const int treeFailures = treeSanitizeWorkload();
+      checks += deviceIsSm90() ? 12 : 6;
+      failures += treeFailures;
+    } catch (const std::exception &e) {
+      record("prefix trees", e.what());
+    }
   fmt::print("sanitize workload: {} checks, {} failed\n", checks, failures);
   return failures ? 1 : 0;
 }

@@ -353,10 +353,59 @@ BackwardArgs validBackwardArgs(const Plan &plan) {
   a.head_dim = D;
   a.dtype = DType::BF16;
   a.plan = &plan;
+  // The launch sequences below are the atomic algorithm's (the fake device
+  // is sm_90a, whose default is split-dQ: tested on its own).
+  a.algorithm = BackwardAlgorithm::Atomic;
   return a;
 }
 
 } // namespace
+
+TEST_CASE("backward: the default algorithm is split-dQ on sm_90a at head_dim "
+          "64 and 128 and atomic elsewhere",
+          "[runtime][backward]") {
+  Plan groups({{1500, {300, 200}}, {100, {50}}});
+  BackwardArgs a = validBackwardArgs(groups);
+  a.algorithm = BackwardAlgorithm::Auto;
+  using A = BackwardAlgorithm;
+  for (int d : {64, 128, 256})
+    for (const char *arch : {"sm_80", "sm_86", "sm_90", "sm_90a"}) {
+      CAPTURE(d, arch);
+      a.head_dim = d;
+      const bool split = std::string(arch) == "sm_90a" && d != 256;
+      CHECK(backwardAlgorithmFor(a, arch) == (split ? A::SplitDQ : A::Atomic));
+    }
+  // Given by name, or forced by the deterministic mode.
+  a.head_dim = 128;
+  a.algorithm = A::Atomic;
+  CHECK(backwardAlgorithmFor(a, "sm_90a") == A::Atomic);
+  a.algorithm = A::SplitDQ;
+  CHECK(backwardAlgorithmFor(a, "sm_80") == A::SplitDQ);
+  a.algorithm = A::Atomic;
+  a.deterministic = true;
+  CHECK(backwardAlgorithmFor(a, "sm_90a") == A::SplitDQ);
+  // A branching tree keeps the atomic algorithm (its dQ kernel walks chains).
+  Plan tree(PlanTree{{100, 30, 20, 10, 10}, {-1, 0, 1, 0, 3}});
+  REQUIRE(tree.maxAncestorRanges() > 1);
+  BackwardArgs t = validBackwardArgs(tree);
+  t.algorithm = A::Auto;
+  CHECK(backwardAlgorithmFor(t, "sm_90a") == A::Atomic);
+  for (A x : {A::Auto, A::Atomic, A::SplitDQ})
+    CHECK(parseBackwardAlgorithm(toString(x)) == x);
+  CHECK_FALSE(parseBackwardAlgorithm("fused"));
+
+  // The workspace follows the device: the fake one is sm_90a (split-dQ: delta
+  // only), then an sm_80 (atomic: dQ and the prompt accumulators too).
+  const int64_t delta = 68864, dqacc = 8806400, accOne = 1536000;
+  a.algorithm = A::Auto;
+  a.deterministic = false;
+  {
+    ScopedFakeDriver scoped;
+    CHECK(backwardWorkspaceBytes(a) == delta);
+    scoped.fake.ccMajor = 8;
+    CHECK(backwardWorkspaceBytes(a) == delta + dqacc + 2 * accOne);
+  }
+}
 
 TEST_CASE("backward workspace: sizes by hand and through the C API",
           "[runtime][backward]") {
@@ -865,6 +914,9 @@ TEST_CASE("backward: the deterministic sequence has no atomics",
   BackwardArgs a = validBackwardArgs(plan);
   a.deterministic = true;
   a.scale = 0.125f;
+  // The wgmma dQ kernel's ABI (the warp-specialized one, sm_90a's default,
+  // is the next test's).
+  a.dq_tiling = {128, 64, 8, 1};
   seedBackwardKernels(tmp.path, a);
   const int64_t T = 1116, Hq = 8, Hkv = 2;
   const auto &infos = seededInfos();

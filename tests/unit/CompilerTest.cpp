@@ -445,24 +445,29 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::Fwd, "sm_100", 128), M},
       {specOf(K::Fwd, "sm_120", 128), M},
       // The KV-major backward: warp-specialized at 128:64:8 on sm_90a,
-      // head_dim 128 (wgmma by name).
+      // head_dim 64 and 128 (wgmma by name at 128).
       {specOf(K::Bwd, "sm_90a", 128), S},
       {specOf(K::BwdKV, "sm_90a", 128), S},
       {specOf(K::Bwd, "sm_90a", 128, {}, W), W},
       {specOf(K::BwdKV, "sm_90a", 128, {128, 64, 8, 1}, W), W},
-      {specOf(K::Bwd, "sm_90a", 64), M},
-      {specOf(K::Bwd, "sm_90a", 64, {}, S), S}, // by name
+      {specOf(K::Bwd, "sm_90a", 64), S},
+      {specOf(K::BwdKV, "sm_90a", 64), S},
+      {specOf(K::Bwd, "sm_90a", 64, {}, M), M}, // by name
       {specOf(K::Bwd, "sm_90a", 256), M},
       {specOf(K::Bwd, "sm_90a", 128, {128, 32, 8, 1}), M},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
       {specOf(K::Bwd, "sm_80", 128), M},
       {specOf(K::Bwd, "sm_90", 128), M},
-      // The dQ kernel: wgmma at its sm_90a default 128:64:8 at head_dim 128,
-      // warp-specialized by name or by a three-stage ring (which only it
-      // has) at head_dim 64 and 128, mma.sync at other tilings and
-      // elsewhere.
-      {specOf(K::BwdDQ, "sm_90a", 128), W},
-      {specOf(K::BwdDQ, "sm_90a", 64), M},
+      // The dQ kernel: warp-specialized on sm_90a at head_dim 64 and 128 by
+      // default, by name or by a three-stage ring (which only it has); wgmma
+      // at 128:64:8 with fewer stages at head_dim 128 (or by name), mma.sync
+      // at other tilings and elsewhere.
+      {specOf(K::BwdDQ, "sm_90a", 128), S},
+      {specOf(K::BwdDQ, "sm_90a", 64), S},
+      {specOf(K::BwdDQ, "sm_90a", 128, {}, W), W},
+      {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 1}), W},
+      {specOf(K::BwdDQ, "sm_90a", 64, {128, 64, 8, 1}), M},
+      {specOf(K::BwdDQ, "sm_90a", 64, {}, M), M},
       {specOf(K::BwdDQ, "sm_90a", 128, {}, S), S},
       {specOf(K::BwdDQ, "sm_90a", 64, {}, S), S},
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}), S},

@@ -286,6 +286,9 @@ BackwardArgs fakeBackwardArgs(const Plan &plan, int headDim, bool det) {
   a.num_kv_heads = f.num_kv_heads;
   a.head_dim = headDim;
   a.deterministic = det;
+  // The atomic algorithm's kernel is what the default-mode cases tune (the
+  // fake device is sm_90a, whose default is split-dQ).
+  a.algorithm = BackwardAlgorithm::Atomic;
   a.plan = &plan;
   return a;
 }

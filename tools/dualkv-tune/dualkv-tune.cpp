@@ -41,18 +41,29 @@ using namespace dualkv::examples;
 
 namespace {
 
+/// `a` with the algorithm whose main kernel is `kind` (bwd: the atomic one,
+/// bwd_kv: the split-dQ one), whatever the device's default.
+BackwardArgs withAlgorithm(BackwardArgs a, KernelKind kind) {
+  a.algorithm = kind == KernelKind::BwdKV ? BackwardAlgorithm::SplitDQ
+                                          : BackwardAlgorithm::Atomic;
+  return a;
+}
+
 constexpr const char *kUsage = R"(usage: dualkv-tune [options]
 
 Find the fastest tiling of one DualKV kernel for one head configuration on this
 GPU and record it in the tuning database, under the kernel's kind:
   fwd     the forward (candidates block_m 64/128, block_n 16/32/64/128, warps
           4/8, stages 1/2); timed: one forward call
-  bwd     the backward's fused main kernel (dQ by fp32 atomics; block_m = keys
-          a CTA 64/128, block_n = queries a tile 16/32/64, warps 4/8, stages 1:
-          the backward does not pipeline); timed: the whole backward call
-          (bwd_pre, bwd, bwd_post), the candidate as BackwardArgs::tiling
-  bwd_kv  the deterministic backward's dK/dV kernel (same candidates); timed:
-          the whole deterministic backward call (bwd_pre, bwd_kv, bwd_dq)
+  bwd     the atomic algorithm's fused main kernel (dQ by fp32 atomics;
+          block_m = keys a CTA 64/128, block_n = queries a tile 16/32/64, warps
+          4/8, stages 1: the backward does not pipeline); timed: the whole
+          atomic backward call (bwd_pre, bwd, bwd_post), the candidate as
+          BackwardArgs::tiling
+  bwd_kv  the split-dQ algorithm's dK/dV kernel (same candidates); timed: the
+          whole split-dQ backward call (bwd_pre, bwd_kv, bwd_dq). On sm_90a at
+          head_dim 64 and 128 that algorithm is the default one (and the
+          deterministic one everywhere): tune bwd_kv there
 Candidates that the verifier rejects, that ptxas fails or that spill are dropped
 (listed with the reason); the rest are checked against the fp64 reference on a
 small problem with every edge (the GPU tests' tolerances), then timed (CUDA
@@ -618,8 +629,9 @@ private:
   }
 
   BackwardArgs backwardArgs(const Tiling &tiling) {
-    return in_.backwardArgs(plan_, dout_.ptr, dq_.ptr, dk_.ptr, dv_.ptr,
-                            spec_.kind == KernelKind::BwdKV, tiling);
+    return withAlgorithm(in_.backwardArgs(plan_, dout_.ptr, dq_.ptr, dk_.ptr,
+                                          dv_.ptr, false, tiling),
+                         spec_.kind);
   }
 
   static void check_(cudaError_t e, const char *what) {
@@ -676,9 +688,10 @@ public:
       return;
     }
     // dO: another input set's Q (random, same shape).
-    backward(in.backwardArgs(plan_, inputs_[size_t(i + 1) % 3]->dq.ptr,
-                             dq_->ptr, dk_->ptr, dv_->ptr,
-                             spec_.kind == KernelKind::BwdKV, tiling));
+    backward(withAlgorithm(
+        in.backwardArgs(plan_, inputs_[size_t(i + 1) % 3]->dq.ptr, dq_->ptr,
+                        dk_->ptr, dv_->ptr, false, tiling),
+        spec_.kind));
   }
 
 private:

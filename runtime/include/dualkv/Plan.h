@@ -66,6 +66,26 @@ DUALKV_API const char *toString(BackwardOrder order);
 DUALKV_API std::optional<BackwardOrder>
 parseBackwardOrder(const std::string &text);
 
+/// Which kernels compute a backward (docs/backward-abi.md).
+enum class BackwardAlgorithm {
+  /// The runtime's choice (backwardAlgorithmFor): SplitDQ on sm_90a at
+  /// head_dim 64 and 128 for batches without branching prefix trees, where
+  /// its warp-specialized kernels measured faster (benchmarks/NOTES.md,
+  /// ninth session); Atomic elsewhere.
+  Auto,
+  /// bwd (dK and dV of a key block in registers, dQ added with fp32 atomics
+  /// into a workspace accumulator), then bwd_post (dQ converted).
+  Atomic,
+  /// bwd_kv (dK and dV, no dQ), then the query-major bwd_dq: no atomics, no
+  /// accumulators, the same bits on every run. `deterministic` forces it.
+  SplitDQ,
+};
+/// "auto", "atomic", "split_dq".
+DUALKV_API const char *toString(BackwardAlgorithm algorithm);
+/// The algorithm spelled `text`, or nullopt.
+DUALKV_API std::optional<BackwardAlgorithm>
+parseBackwardAlgorithm(const std::string &text);
+
 /// The backward's work-item table of a plan on the device
 /// (docs/backward-abi.md), as Plan::backwardTable returns it.
 struct BackwardTable {

@@ -85,26 +85,32 @@ struct BackwardArgs {
   int head_dim = 0; ///< 64, 128 or 256
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); must match the forward's
-  /// Reduce prompt dK/dV in a fixed order (no atomics): the same bits on
-  /// every run, somewhat slower.
+  /// Reduce prompt dK/dV and dQ in a fixed order (no atomics): the same bits
+  /// on every run. Forces BackwardAlgorithm::SplitDQ, which on sm_90a at
+  /// head_dim 64 and 128 is also the default (and there no slower); elsewhere
+  /// somewhat slower than the atomic algorithm.
   bool deterministic = false;
+  /// Which kernels run (Plan.h, BackwardAlgorithm); Auto: the runtime's
+  /// choice for the device, head_dim and plan. Ignored when deterministic.
+  BackwardAlgorithm algorithm = BackwardAlgorithm::Auto;
   /// Device scratch of at least backwardWorkspaceBytes(args) bytes, 256-byte
   /// aligned; null: the runtime's own (see backward()).
   void *workspace = nullptr;
   int64_t workspace_bytes = 0; ///< size of `workspace`
   const Plan *plan = nullptr;
   void *stream = nullptr; ///< CUstream; null is the legacy default stream
-  /// Optional tiling of the main kernel (bwd, or bwd_kv when deterministic);
-  /// zero fields take defaults. The pre/post steps use their defaults.
+  /// Optional tiling of the main kernel (bwd, or bwd_kv in the SplitDQ
+  /// algorithm); zero fields take defaults. The pre/post steps use their
+  /// defaults.
   Tiling tiling = {};
   /// Optional schedule of the main kernel; Auto: the compiler's choice for
   /// the tiling (resolveSpec). One that cannot compute the kernel is an
   /// InvalidArgument naming why.
   Schedule schedule = Schedule::Auto;
-  /// Optional tiling of the deterministic mode's dQ kernel (bwd_dq); zero
-  /// fields take defaults. On sm_90a at head_dim 64 and 128, a tiling of 3
-  /// stages (128:64:8:3) is the warp-specialized dQ kernel, which only that
-  /// schedule has.
+  /// Optional tiling of the SplitDQ algorithm's dQ kernel (bwd_dq); zero
+  /// fields take defaults. On sm_90a at head_dim 64 and 128 the default,
+  /// 128:64:8:3, is the warp-specialized dQ kernel (only that schedule has 3
+  /// stages); 128:64:8:1 the warpgroup (wgmma) one.
   Tiling dq_tiling = {};
   /// Optional order of the main kernel's work items (Plan.h, BackwardOrder);
   /// Auto: the runtime's choice.
@@ -112,16 +118,19 @@ struct BackwardArgs {
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta
-/// fp32 [Hq][T]; unless deterministic, dQ's fp32 accumulator [T][Hq][D] and,
-/// when a group is longer than one query chunk, fp32 dK/dV accumulators for
-/// its prompt; each piece 256-byte aligned. Depends only on the plan, the
-/// head counts, head_dim and `deterministic` (never on a kernel or the
-/// tiling), so it needs no GPU. Checks those arguments like backward().
+/// fp32 [Hq][T]; in the Atomic algorithm also dQ's fp32 accumulator
+/// [T][Hq][D] and, when a group is longer than one query chunk, fp32 dK/dV
+/// accumulators for its prompt; each piece 256-byte aligned. Depends only on
+/// the plan, the head counts, head_dim and the algorithm (never on a kernel
+/// or the tiling). BackwardAlgorithm::Auto is resolved for the current
+/// context's device; without a GPU, as Atomic, whose workspace is the larger
+/// (enough for either). Checks those arguments like backward().
 DUALKV_API int64_t backwardWorkspaceBytes(const BackwardArgs &args);
 
 /// Runs the DualKV backward on `args.stream`, writing dq, dk and dv:
-/// bwd_pre, then bwd with fp32 atomics and bwd_post (default), or bwd_kv
-/// and bwd_dq (deterministic). Every argument is checked before anything is
+/// bwd_pre, then bwd with fp32 atomics and bwd_post (the Atomic algorithm)
+/// or bwd_kv and bwd_dq (SplitDQ; deterministic), as args.algorithm and
+/// backwardAlgorithmFor choose. Every argument is checked before anything is
 /// compiled or launched; a bad one throws Error (InvalidArgument) naming it.
 ///
 /// Workspace: `args.workspace` if given (InvalidArgument if workspace_bytes
@@ -135,6 +144,13 @@ DUALKV_API int64_t backwardWorkspaceBytes(const BackwardArgs &args);
 /// leaving the graph with freed memory. Calls that may overlap on different
 /// streams must not share one caller workspace.
 DUALKV_API void backward(const BackwardArgs &args);
+
+/// The algorithm backward() runs for these arguments on a device of `arch`
+/// (e.g. "sm_90a"): SplitDQ when deterministic, args.algorithm when given,
+/// else the default: SplitDQ on sm_90a at head_dim 64 and 128 unless the plan
+/// has branching prefix trees, Atomic elsewhere. Never Auto.
+DUALKV_API BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
+                                                  const std::string &arch);
 
 /// True when the CUDA driver loads, initialises, and reports at least one
 /// device. Never throws.
@@ -161,8 +177,12 @@ struct PrecompileArgs {
   std::string
       arch; ///< e.g. "sm_90a"; empty: the current device's (needs a GPU)
   bool backward = true;
-  bool deterministic = false; ///< the deterministic backward's kernels
-  Tiling tiling = {};         ///< as ForwardArgs::tiling / BackwardArgs::tiling
+  /// The deterministic backward's kernels (bwd_kv, bwd_dq) only; otherwise
+  /// those of the arch's default algorithm (BackwardAlgorithm), and on an
+  /// arch whose default is SplitDQ the Atomic algorithm's too (branching
+  /// prefix trees run it).
+  bool deterministic = false;
+  Tiling tiling = {}; ///< as ForwardArgs::tiling / BackwardArgs::tiling
 };
 
 /// What precompile() found: one count per kernel of the set.
@@ -176,8 +196,9 @@ struct PrecompileReport {
 };
 
 /// Compiles, in parallel on worker threads, every kernel a forward (and a
-/// backward: bwd_pre, bwd and bwd_post, with several KV heads also their
-/// one-KV-head variants, or with `deterministic` bwd_kv and bwd_dq) of this
+/// backward: bwd_pre; bwd and bwd_post, with several KV heads also their
+/// one-KV-head variants; bwd_kv and bwd_dq; as PrecompileArgs::deterministic
+/// and the arch's default algorithm ask) of this
 /// configuration needs and is not cached yet, and writes them into the disk
 /// cache ($DUALKV_CACHE_DIR, docs/architecture.md), so that later launches,
 /// in this process or another, compile nothing: for container images and

@@ -110,11 +110,12 @@ DUALKV_API int dualkv_forward(
 /**
  * The backward pass (dualkv::backward): writes dq (like q), dk and dv (like
  * k and v) from dout (like o), the forward's o and lse. Strides count
- * elements. deterministic != 0 reduces prompt dK/dV in a fixed order (no
- * atomics). workspace is null (the runtime's own; the first call allocates)
- * or device memory of workspace_bytes >= dualkv_backward_workspace_size,
- * 256-byte aligned. Other arguments as in dualkv_forward; tiling applies to
- * the main backward kernel.
+ * elements. deterministic != 0 reduces prompt dK/dV and dQ in a fixed order
+ * (no atomics; the SplitDQ algorithm, which on sm_90a at head_dim 64 and 128
+ * is also the default: dualkv::BackwardAlgorithm). workspace is null (the
+ * runtime's own; the first call allocates) or device memory of workspace_bytes
+ * >= dualkv_backward_workspace_size, 256-byte aligned. Other arguments as in
+ * dualkv_forward; tiling applies to the main backward kernel.
  */
 DUALKV_API int dualkv_backward(
     void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
@@ -131,7 +132,9 @@ DUALKV_API int dualkv_backward(
 
 /**
  * Sets *out_bytes to the device workspace dualkv_backward needs for this
- * shape (dualkv::backwardWorkspaceBytes). Needs no GPU. tiling is null or 4
+ * shape (dualkv::backwardWorkspaceBytes): for the current device's default
+ * algorithm; without a GPU the atomic algorithm's, which is enough for
+ * either. tiling is null or 4
  * int32, as for dualkv_backward (the size does not depend on it today).
  */
 DUALKV_API int

@@ -142,10 +142,10 @@ func.func @no_kernel() {
 //   warps need not own whole m16 blocks of keys), 32-query tiles, mma_sync.
 // Change these checks with defaultTiling.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
@@ -157,11 +157,13 @@ func.func @no_kernel() {
 // BWD-KV-SAME: schedule <[[SCHED]]>
 // The query loop is still `all`: binding does not tile.
 // BWD-KV: dualkv.q_loop part <all>
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=stages=1 | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=wgmma
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=schedule=warp_specialized | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=stages=3 | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-DQ -DD=128 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=64 schedule=mma_sync" | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=64 schedule=warp_specialized" | FileCheck %s --check-prefix=BWD-DQ -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 3" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>

@@ -17,14 +17,16 @@ KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 
 
 def schedule(kind, d, bm, bn, warps, arch, stages=1):
-    """On sm_90a at 128:64:8: the warp-specialized schedule for bwd and bwd_kv
-    at head_dim 128 and, with a three-stage ring, for bwd_dq at head_dim 64
-    and 128; the warpgroup one for bwd_dq at head_dim 128 and one stage;
-    mma_sync for everything else."""
+    """On sm_90a: the warp-specialized schedule for bwd and bwd_kv at
+    128:64:8 and head_dim 64 and 128, and for bwd_dq at head_dim 64 and 128
+    with more than two stages (a ring of key tiles of 16, 32 or 64 rows,
+    which only that schedule has); the warpgroup one for bwd_dq at 128:64:8,
+    head_dim 128 and fewer stages; mma_sync for everything else."""
+    if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 128) and stages > 2 \
+            and (bm, warps) == (128, 8) and bn in (16, 32, 64):
+        return "warp_specialized"
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
-        if kind in ("bwd", "bwd_kv") and d == 128:
-            return "warp_specialized"
-        if kind == "bwd_dq" and d in (64, 128) and stages == 3:
+        if kind in ("bwd", "bwd_kv") and d in (64, 128):
             return "warp_specialized"
         if kind == "bwd_dq" and d == 128:
             return "wgmma"
@@ -60,9 +62,11 @@ def shared_bytes(kind, d, bm, bn, warps, arch, stages=1):
         # the 128-byte swizzle, dS^T (block_m x block_n, bwd only), LSE and
         # Delta, and 1024 bytes to align the buffers to the swizzle period;
         # bwd also stages dQ (block_n rows of d + 8 fp32) for its bulk
-        # reductions.
+        # reductions: at head_dim 64 the warp-specialized one a buffer per
+        # consumer warpgroup (each reduces the dQ of its own 64 keys).
         ds = bm * bn * 2 if kind == "bwd" else 0
-        dq = bn * (d + 8) * 4 if kind == "bwd" else 0
+        dq_buffers = 2 if sched == "warp_specialized" and d == 64 else 1
+        dq = dq_buffers * bn * (d + 8) * 4 if kind == "bwd" else 0
         end = (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
                + dq)
         if sched == "warp_specialized":
