@@ -484,8 +484,10 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
             strides free).
         plan: the forward's ``Plan``.
         scale: the forward's softmax scale; None means 1/sqrt(D).
-        deterministic: True gives bitwise-reproducible dk/dv (a fixed-order
-            reduction of the prompt gradients instead of fp32 atomics).
+        deterministic: True gives bitwise-reproducible dq/dk/dv (the split-dQ
+            algorithm: fixed-order reductions, no fp32 atomics). On sm_90a
+            that is also the default; elsewhere the default reduces with
+            atomics.
         dq: optional output like q; dk, dv: optional outputs like k
             (allocated, contiguous, if None; always written fully).
         tiling: optional (block_m, block_n, warps, stages), 0 = default.

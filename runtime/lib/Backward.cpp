@@ -415,7 +415,8 @@ uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
 
 bool splitDQByDefault(const std::string &arch, int headDim) {
   std::optional<Arch> a = Arch::parse(arch);
-  return a && a->hasWgmma() && (headDim == 64 || headDim == 128);
+  return a && a->hasWgmma() &&
+         (headDim == 64 || headDim == 128 || headDim == 256);
 }
 
 BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
@@ -424,12 +425,13 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
     return BackwardAlgorithm::SplitDQ;
   if (args.algorithm != BackwardAlgorithm::Auto)
     return args.algorithm;
-  // sm_90a, head_dim 64 and 128: bwd_kv and the warp-specialized dQ kernel
-  // beat the atomic algorithm's fused kernel forward+backward by 6-14 % at
-  // head_dim 128 and by 38 % at 64 on the H200 (benchmarks/NOTES.md, ninth
-  // session), and they need no fp32 accumulators. A branching tree's dQ
-  // kernel walks ancestor chains, which the warp-specialized one does not:
-  // not measured there, so trees keep the atomic algorithm.
+  // sm_90a: bwd_kv and the dQ kernel (warp-specialized at head_dim 64 and
+  // 128) took 5-12 % less forward+backward time than the atomic algorithm at
+  // head_dim 128, 34 % less at 64 and 5 % less at 256 on the H200
+  // (benchmarks/NOTES.md, ninth session), and they need no fp32
+  // accumulators, so the peak memory is FlexAttention's. A branching tree's
+  // dQ kernel walks ancestor chains, which the warp-specialized one does
+  // not: not measured there, so trees keep the atomic algorithm.
   const bool branching = args.plan && args.plan->maxAncestorRanges() > 1;
   return splitDQByDefault(arch, args.head_dim) && !branching
              ? BackwardAlgorithm::SplitDQ

@@ -528,13 +528,9 @@ int testDeterministic(uint64_t seed) {
     GradErrors vsAtomic = compareGrads(det0, adq, adk, adv);
     bool pass =
         finite && detDiffers == 0 && within(vsAtomic, toleranceFor(c.dtype));
-    // sm_90, head_dim 64 and 128: the default mode is the split-dQ
-    // algorithm, so its bits are the deterministic mode's; and the dQ kernel
-    // that is not the default there (wgmma at head_dim 128, mma.sync at 64,
-    // asked for by tiling; the default is the warp-specialized one) against
-    // the fp64 reference, bitwise stable, beside the same bwd_kv (so dK and
-    // dV are the default dQ kernel's run's bits).
-    if (c.d != 256 && deviceIsSm90()) {
+    // sm_90: the default mode is the split-dQ algorithm, so its bits are the
+    // deterministic mode's.
+    if (deviceIsSm90()) {
       BackwardResult byDefault = dc.runBackward(BackwardOptions{});
       int64_t defaultDiffers = bitwiseMismatches(byDefault.dq, det0.dq) +
                                bitwiseMismatches(byDefault.dk, det0.dk) +
@@ -544,6 +540,13 @@ int testDeterministic(uint64_t seed) {
                  "deterministic one in {} values (must be 0)\n",
                  defaultDiffers == 0 ? "ok" : "FAIL", c.describe(),
                  defaultDiffers);
+    }
+    // sm_90, head_dim 64 and 128: the dQ kernel that is not the default
+    // there (wgmma at head_dim 128, mma.sync at 64, asked for by tiling; the
+    // default is the warp-specialized one) against the fp64 reference,
+    // bitwise stable, beside the same bwd_kv (so dK and dV are the default
+    // dQ kernel's run's bits).
+    if (c.d != 256 && deviceIsSm90()) {
       BackwardOptions ws = det;
       ws.callerWorkspace = false;
       ws.dqTiling = c.d == 128 ? Tiling{128, 64, 8, 1} : Tiling{64, 32, 4, 1};

@@ -361,8 +361,8 @@ BackwardArgs validBackwardArgs(const Plan &plan) {
 
 } // namespace
 
-TEST_CASE("backward: the default algorithm is split-dQ on sm_90a at head_dim "
-          "64 and 128 and atomic elsewhere",
+TEST_CASE("backward: the default algorithm is split-dQ on sm_90a and atomic "
+          "elsewhere",
           "[runtime][backward]") {
   Plan groups({{1500, {300, 200}}, {100, {50}}});
   BackwardArgs a = validBackwardArgs(groups);
@@ -372,7 +372,7 @@ TEST_CASE("backward: the default algorithm is split-dQ on sm_90a at head_dim "
     for (const char *arch : {"sm_80", "sm_86", "sm_90", "sm_90a"}) {
       CAPTURE(d, arch);
       a.head_dim = d;
-      const bool split = std::string(arch) == "sm_90a" && d != 256;
+      const bool split = std::string(arch) == "sm_90a";
       CHECK(backwardAlgorithmFor(a, arch) == (split ? A::SplitDQ : A::Atomic));
     }
   // Given by name, or forced by the deterministic mode.

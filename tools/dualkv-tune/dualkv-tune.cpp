@@ -61,9 +61,9 @@ GPU and record it in the tuning database, under the kernel's kind:
           atomic backward call (bwd_pre, bwd, bwd_post), the candidate as
           BackwardArgs::tiling
   bwd_kv  the split-dQ algorithm's dK/dV kernel (same candidates); timed: the
-          whole split-dQ backward call (bwd_pre, bwd_kv, bwd_dq). On sm_90a at
-          head_dim 64 and 128 that algorithm is the default one (and the
-          deterministic one everywhere): tune bwd_kv there
+          whole split-dQ backward call (bwd_pre, bwd_kv, bwd_dq). On sm_90a
+          that algorithm is the default one (and the deterministic one
+          everywhere): tune bwd_kv there
 Candidates that the verifier rejects, that ptxas fails or that spill are dropped
 (listed with the reason); the rest are checked against the fp64 reference on a
 small problem with every edge (the GPU tests' tolerances), then timed (CUDA

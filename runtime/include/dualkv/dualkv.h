@@ -86,9 +86,9 @@ struct BackwardArgs {
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); must match the forward's
   /// Reduce prompt dK/dV and dQ in a fixed order (no atomics): the same bits
-  /// on every run. Forces BackwardAlgorithm::SplitDQ, which on sm_90a at
-  /// head_dim 64 and 128 is also the default (and there no slower); elsewhere
-  /// somewhat slower than the atomic algorithm.
+  /// on every run. Forces BackwardAlgorithm::SplitDQ, which on sm_90a is
+  /// also the default (and there no slower); elsewhere somewhat slower than
+  /// the atomic algorithm.
   bool deterministic = false;
   /// Which kernels run (Plan.h, BackwardAlgorithm); Auto: the runtime's
   /// choice for the device, head_dim and plan. Ignored when deterministic.
@@ -147,8 +147,8 @@ DUALKV_API void backward(const BackwardArgs &args);
 
 /// The algorithm backward() runs for these arguments on a device of `arch`
 /// (e.g. "sm_90a"): SplitDQ when deterministic, args.algorithm when given,
-/// else the default: SplitDQ on sm_90a at head_dim 64 and 128 unless the plan
-/// has branching prefix trees, Atomic elsewhere. Never Auto.
+/// else the default: SplitDQ on sm_90a unless the plan has branching prefix
+/// trees, Atomic elsewhere. Never Auto.
 DUALKV_API BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
                                                   const std::string &arch);
 

@@ -111,8 +111,8 @@ DUALKV_API int dualkv_forward(
  * The backward pass (dualkv::backward): writes dq (like q), dk and dv (like
  * k and v) from dout (like o), the forward's o and lse. Strides count
  * elements. deterministic != 0 reduces prompt dK/dV and dQ in a fixed order
- * (no atomics; the SplitDQ algorithm, which on sm_90a at head_dim 64 and 128
- * is also the default: dualkv::BackwardAlgorithm). workspace is null (the
+ * (no atomics; the SplitDQ algorithm, which on sm_90a is also the default:
+ * dualkv::BackwardAlgorithm). workspace is null (the
  * runtime's own; the first call allocates) or device memory of workspace_bytes
  * >= dualkv_backward_workspace_size, 256-byte aligned. Other arguments as in
  * dualkv_forward; tiling applies to the main backward kernel.
