@@ -530,9 +530,11 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     workspace_size = _lib.symbol("dualkv_backward_workspace_size")
     run_backward = _lib.symbol("dualkv_backward")
     ws_bytes = ctypes.c_int64(0)
-    _check(workspace_size(plan._handle, T, Hq, Hkv, D, det, tiling_arr,
-                          ctypes.byref(ws_bytes)))
     with torch.cuda.device(device):
+        # The size depends on the device's default algorithm (split-dQ on
+        # sm_90a), so it is asked for with the tensors' device current.
+        _check(workspace_size(plan._handle, T, Hq, Hkv, D, det, tiling_arr,
+                              ctypes.byref(ws_bytes)))
         # Allocated on the current stream, which the library launches on, so
         # the caching allocator's stream-ordered reuse is safe.
         workspace = torch.empty(ws_bytes.value, dtype=torch.uint8,

@@ -324,6 +324,34 @@ std::vector<int32_t> Plan::segmentTable() const {
   return table;
 }
 
+namespace {
+
+/// Copies `data` to a new device buffer, the copy complete on return; throws
+/// Error (Cuda) naming `what`. From pageable memory cuMemcpyHtoD returns once
+/// the data is staged, with the DMA possibly still in flight ("API
+/// synchronization behavior" in CUDA's documentation), ordered only on the
+/// legacy default stream: a kernel on a non-blocking stream could read the
+/// table before it lands. Waiting for the legacy stream closes that window
+/// (the copy already waited for its earlier work before starting).
+cuda::CUdeviceptr copyToDevice(cuda::Driver &driver,
+                               const std::vector<int32_t> &data,
+                               const char *what) {
+  size_t bytes = data.size() * sizeof(int32_t);
+  cuda::CUdeviceptr ptr = 0;
+  cuda::check(driver.memAlloc(&ptr, bytes),
+              fmt::format("cuMemAlloc ({})", what).c_str());
+  cuda::CUresult r = driver.memcpyHtoD(ptr, data.data(), bytes);
+  if (r == cuda::CUDA_SUCCESS)
+    r = driver.streamSynchronize(nullptr);
+  if (r != cuda::CUDA_SUCCESS) {
+    driver.memFree(ptr);
+    cuda::check(r, fmt::format("cuMemcpyHtoD ({})", what).c_str());
+  }
+  return ptr;
+}
+
+} // namespace
+
 void Plan::upload() const {
   if (!device_)
     invalid("the plan was moved from");
@@ -332,26 +360,15 @@ void Plan::upload() const {
     return;
   cuda::CUcontext ctx = cuda::currentContext();
   cuda::Driver &driver = cuda::driver();
-  std::vector<int32_t> table = segmentTable();
-  size_t bytes = table.size() * sizeof(int32_t);
-  cuda::CUdeviceptr ptr = 0;
-  cuda::check(driver.memAlloc(&ptr, bytes), "cuMemAlloc (plan segment table)");
-  if (cuda::CUresult r = driver.memcpyHtoD(ptr, table.data(), bytes)) {
-    driver.memFree(ptr);
-    cuda::check(r, "cuMemcpyHtoD (plan segment table)");
-  }
+  cuda::CUdeviceptr ptr =
+      copyToDevice(driver, segmentTable(), "plan segment table");
   cuda::CUdeviceptr chain = 0;
   if (maxAncestorRanges_ > 1) {
-    size_t chainBytes = chain_.size() * sizeof(int32_t);
-    cuda::CUresult r = driver.memAlloc(&chain, chainBytes);
-    if (r == cuda::CUDA_SUCCESS) {
-      r = driver.memcpyHtoD(chain, chain_.data(), chainBytes);
-      if (r != cuda::CUDA_SUCCESS)
-        driver.memFree(chain);
-    }
-    if (r != cuda::CUDA_SUCCESS) {
+    try {
+      chain = copyToDevice(driver, chain_, "plan chain table");
+    } catch (...) {
       driver.memFree(ptr);
-      cuda::check(r, "cuMemAlloc/cuMemcpyHtoD (plan chain table)");
+      throw;
     }
   }
   device_->driver = &driver;
@@ -390,25 +407,6 @@ uint64_t Plan::deviceChainTable() const {
   std::lock_guard<std::mutex> lock(device_->mutex);
   return device_->chain;
 }
-
-namespace {
-
-/// Copies `data` to a new device buffer; throws Error (Cuda) naming `what`.
-cuda::CUdeviceptr copyToDevice(cuda::Driver &driver,
-                               const std::vector<int32_t> &data,
-                               const char *what) {
-  size_t bytes = data.size() * sizeof(int32_t);
-  cuda::CUdeviceptr ptr = 0;
-  cuda::check(driver.memAlloc(&ptr, bytes),
-              fmt::format("cuMemAlloc ({})", what).c_str());
-  if (cuda::CUresult r = driver.memcpyHtoD(ptr, data.data(), bytes)) {
-    driver.memFree(ptr);
-    cuda::check(r, fmt::format("cuMemcpyHtoD ({})", what).c_str());
-  }
-  return ptr;
-}
-
-} // namespace
 
 BackwardTable Plan::backwardTable(int blockM, int64_t chunk,
                                   BackwardOrder order) const {

@@ -701,6 +701,9 @@ TEST_CASE("backward: the default launch sequence follows the ABI",
 
   backward(a);
   CHECK(cacheStats().compiles == 0);
+  // The work-item tables were copied before the launches, and each copy
+  // was complete before any kernel could read it.
+  CHECK(fake.launchesBehindCopies == 0);
   const auto &infos = seededInfos();
   REQUIRE(fake.events.size() == 6);
   for (const FakeDriver::Event &e : fake.events)

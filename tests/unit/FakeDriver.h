@@ -145,6 +145,11 @@ struct FakeDriver : cuda::Driver {
   // Observations.
   int inits = 0, primaryRetains = 0, cubinLoads = 0, ptxLoads = 0, unloads = 0,
       allocs = 0, frees = 0, launches = 0, streamSyncs = 0, ctxSyncs = 0;
+  /// Synchronisations of the legacy default stream (stream 0), counted
+  /// apart from streamSyncs; host-to-device copies since the last one (a
+  /// real copy from pageable memory may still be in flight until then); and
+  /// launches made while such a copy was.
+  int legacySyncs = 0, copiesInFlight = 0, launchesBehindCopies = 0;
   std::vector<std::pair<int, int>> funcAttributes;
   std::vector<cuda::CUdeviceptr> freed; ///< every memFree, in order
   /// Runs once, inside the next recorded launch (a call in flight).
@@ -265,6 +270,7 @@ struct FakeDriver : cuda::Driver {
                         unsigned shared, cuda::CUstream stream, void **params,
                         void **) override {
     ++launches;
+    launchesBehindCopies += copiesInFlight > 0;
     std::string name = nameOf(f);
     if (auto sig = signatures.find(name); sig != signatures.end()) {
       Event e{name, {gx, gy, gz}, {bx, by, bz}, shared, stream, {}};
@@ -308,6 +314,7 @@ struct FakeDriver : cuda::Driver {
     uploaded.resize(bytes / sizeof(int32_t));
     std::memcpy(uploaded.data(), src, bytes);
     copies[dst] = uploaded;
+    ++copiesInFlight;
     return cuda::CUDA_SUCCESS;
   }
   CUresult memcpyDtoH(void *, cuda::CUdeviceptr, size_t) override {
@@ -325,8 +332,13 @@ struct FakeDriver : cuda::Driver {
     events.push_back(std::move(e));
     return cuda::CUDA_SUCCESS;
   }
-  CUresult streamSynchronize(cuda::CUstream) override {
-    ++streamSyncs;
+  CUresult streamSynchronize(cuda::CUstream stream) override {
+    if (stream) {
+      ++streamSyncs;
+    } else {
+      ++legacySyncs;
+      copiesInFlight = 0;
+    }
     return cuda::CUDA_SUCCESS;
   }
   CUresult getErrorString(CUresult, const char **str) override {

@@ -400,6 +400,10 @@ TEST_CASE("plan: upload copies the table once and frees it", "[runtime]") {
     CHECK(order.numItems == 5);
     CHECK(fake.copies[order.items] ==
           plan.forwardOrder(Plan::kForwardOrderBlockM));
+    // Each copy waited for its DMA (the legacy stream): a kernel on another
+    // stream never reads a table still in flight.
+    CHECK(fake.legacySyncs == 2);
+    CHECK(fake.copiesInFlight == 0);
     // No context was current: device 0's primary context was made current.
     CHECK(fake.primaryRetains == 1);
     CHECK(plan.deviceContext() == fake.primary);
