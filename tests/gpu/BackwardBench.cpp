@@ -90,7 +90,7 @@ int usage(std::FILE *to = stderr) {
              "warp-specialized backward with the TMA producer) of the "
              "backward's main kernel in turn; --bwd-schedules likewise each "
              "listed schedule of it; --dq-tilings each listed "
-             "block_m:block_n:warps:stages of the deterministic mode's dQ "
+             "block_m:block_n:warps:stages of the split-dQ algorithm's dQ "
              "kernel, 0 fields taking defaults; --bwd-orders each listed "
              "order of the main kernel's work items; --bwd-algorithms each "
              "listed algorithm of the modes bwd and fwd+bwd, det being "
@@ -110,6 +110,23 @@ std::vector<std::string> split(const std::string &s) {
     start = end + 1;
   }
   return out;
+}
+
+/// `out` = the values of a comma-separated list of names, each spelled as
+/// `parse` reads it; false (and `out` unchanged) if one is not.
+template <typename T>
+bool parseNames(const std::string &list,
+                std::optional<T> (*parse)(const std::string &),
+                std::vector<T> &out) {
+  std::vector<T> values;
+  for (const std::string &name : split(list)) {
+    std::optional<T> v = parse(name);
+    if (!v)
+      return false;
+    values.push_back(*v);
+  }
+  out = std::move(values);
+  return true;
 }
 
 } // namespace
@@ -159,13 +176,8 @@ int main(int argc, char **argv) {
           opt.bwdTilings.push_back(t);
         }
       } else if (a == "--bwd-schedules") {
-        opt.bwdSchedules.clear();
-        for (auto &c : split(value())) {
-          std::optional<Schedule> s = parseSchedule(c);
-          if (!s)
-            return usage();
-          opt.bwdSchedules.push_back(*s);
-        }
+        if (!parseNames(value(), parseSchedule, opt.bwdSchedules))
+          return usage();
       } else if (a == "--dq-tilings") {
         opt.dqTilings.clear();
         for (auto &c : split(value())) {
@@ -176,21 +188,11 @@ int main(int argc, char **argv) {
           opt.dqTilings.push_back(t);
         }
       } else if (a == "--bwd-orders") {
-        opt.bwdOrders.clear();
-        for (auto &c : split(value())) {
-          std::optional<BackwardOrder> o = parseBackwardOrder(c);
-          if (!o)
-            return usage();
-          opt.bwdOrders.push_back(*o);
-        }
+        if (!parseNames(value(), parseBackwardOrder, opt.bwdOrders))
+          return usage();
       } else if (a == "--bwd-algorithms") {
-        opt.bwdAlgorithms.clear();
-        for (auto &c : split(value())) {
-          std::optional<BackwardAlgorithm> al = parseBackwardAlgorithm(c);
-          if (!al)
-            return usage();
-          opt.bwdAlgorithms.push_back(*al);
-        }
+        if (!parseNames(value(), parseBackwardAlgorithm, opt.bwdAlgorithms))
+          return usage();
       } else if (a == "--fp16") {
         opt.dtype = DType::FP16;
       } else if (a == "--reps") {
