@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, tree, candidates, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, tree, candidates, graph-load, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -70,6 +70,20 @@ if [[ ,$what, == *,sanitize,* ]]; then
         build/tests/gpu/dualkv-gpu-tests $t
     done
   done
+fi
+if [[ ,$what, == *,graph-load,* ]]; then
+  # The CUDA-graph forward test under load (not part of "all"): GRAPH_RUNS (default
+  # 50) runs of `dualkv-gpu-tests graph` while racecheck and memcheck run the
+  # sanitizer workload on the same GPU, as when gpu:forward_graph failed once
+  # (benchmarks/NOTES.md, ninth session). Any run with differing values fails.
+  san=/usr/local/cuda/bin/compute-sanitizer
+  g=build/tests/gpu/dualkv-gpu-tests
+  "$san" --tool racecheck "$g" sanitize 128 > "$reports/load_racecheck.txt" 2>&1 &
+  "$san" --tool memcheck "$g" sanitize 64 > "$reports/load_memcheck.txt" 2>&1 &
+  step "dualkv-gpu-tests graph x ${GRAPH_RUNS:-50} under sanitizer load" bash -c \
+    "fails=0; for i in \$(seq ${GRAPH_RUNS:-50}); do $g graph | tail -1 | tee -a '$out/graph_load.txt' \
+     | grep -q ' 0 values differ' || fails=\$((fails + 1)); done; echo \"\$fails failed\"; [[ \$fails == 0 ]]"
+  wait
 fi
 if [[ ,$what, == *,profile,* ]]; then
   # Nsight Compute on one launch of a backward kernel (not part of "all"): NCU_KERNEL
