@@ -39,9 +39,14 @@ import common  # noqa: E402
 
 CONFIGS = [(4096, 16, 1024), (8192, 16, 1024), (16384, 16, 1024),
            (32768, 16, 1024), (8192, 32, 2048)]
-#: Benchmark modes of dualkv-backward-bench for each tuned kind.
-MODES = {"fwd": ["fwd", "fwd+bwd"], "bwd": ["fwd+bwd"],
+#: Benchmark modes of dualkv-backward-bench for each tuned kind: bwd is the
+#: atomic algorithm's kernel, which is not the default on sm_90a (split-dQ),
+#: so it is timed in that algorithm by name; bwd_kv in the deterministic
+#: mode (split-dQ everywhere).
+MODES = {"fwd": ["fwd", "fwd+bwd"], "bwd": ["fwd+bwd atomic"],
          "bwd_kv": ["fwd+bwd det"]}
+#: The --modes name of each mode row, and the extra arguments a mode needs.
+BENCH_MODE = {"fwd+bwd det": "det", "fwd+bwd atomic": "fwd+bwd"}
 #: A row of dualkv-backward-bench: P N R mode median-ms min-ms TFLOP/s.
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\S.*?)\s+([\d.]+)\s+([\d.]+)"
                  r"\s+([\d.]+)\s*$")
@@ -121,7 +126,10 @@ def abba_bench(bench, kinds, configs, variants, env_of, rounds, reps, out,
         for m in MODES[kind]:
             if m not in modes:
                 modes.append(m)
-    bench_modes = ",".join("det" if m == "fwd+bwd det" else m for m in modes)
+    bench_modes = ",".join(dict.fromkeys(BENCH_MODE.get(m, m) for m in modes))
+    # The atomic rows ("fwd+bwd atomic") beside the default ones.
+    extra = (["--bwd-algorithms", "auto,atomic"]
+             if "fwd+bwd atomic" in modes else [])
     cfg_arg = ",".join(f"{P}:{N}:{R}" for P, N, R in configs)
     a, b = variants
     order = ([a, b, b, a] * max(1, rounds))[:2 * max(1, rounds)]
@@ -132,7 +140,7 @@ def abba_bench(bench, kinds, configs, variants, env_of, rounds, reps, out,
         env.update(env_of(variant))
         rc, text = run_logged(
             [bench, "--configs", cfg_arg, "--modes", bench_modes,
-             "--reps", reps, "--warmup", 2],
+             "--reps", reps, "--warmup", 2, *extra],
             out / f"bench_{i + 1}_{variant}.txt", env=env, timeout=timeout)
         failed = failed or rc != 0
         runs[variant].append(parse_bench(text))
