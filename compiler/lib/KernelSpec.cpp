@@ -155,18 +155,18 @@ std::string wgmmaUnfit(const KernelSpec &spec) {
 /// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
 /// warpgroups, 64-query tiles; the dQ kernel (bwd_dq) at head_dim 64 and
 /// 128, the forward's 128 query rows and a ring of 2 to 4 stages of key
-/// tiles of at most 64 rows.
+/// tiles of at most 64 rows. The forward and the dQ kernel also walk prefix
+/// trees' ancestor chains.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
   bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
   bool dq = spec.kind == KernelKind::BwdDQ;
   if (spec.kind != KernelKind::Fwd && !kvMajor && !dq)
     return std::string("it has no ") + toString(spec.kind) + " kernel";
-  if (spec.tree && !(spec.kind == KernelKind::Fwd))
-    return std::string("it has no ") +
-           (dq ? "dQ kernel" : toString(spec.kind)) +
-           " of branching prefix trees (their segments' ancestor chains run "
-           "in the wgmma or mma_sync dQ kernel)";
+  if (spec.tree && kvMajor)
+    return std::string("it has no ") + toString(spec.kind) +
+           " of branching prefix trees (only the query-major kernels walk "
+           "ancestor chains)";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
@@ -216,8 +216,12 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
   // The KV-major backward at head_dim 64 too: bwd_kv there took 13.6 ms of
   // forward+backward against mma.sync's 18.7 at P = 8192 (the fused bwd
   // measured level; benchmarks/NOTES.md, ninth session).
-  // Prefix trees take it by name only: their walk has not run on a GPU.
-  if (!resolved.tree && warpSpecializedUnfit(resolved).empty()) {
+  // Prefix trees take it by name only (and the dQ kernel by its tiling of
+  // more than 2 stages, which only this schedule has): the tree dQ kernel has
+  // not run on a GPU.
+  const bool byStages =
+      resolved.kind == KernelKind::BwdDQ && resolved.tiling.stages > 2;
+  if ((!resolved.tree || byStages) && warpSpecializedUnfit(resolved).empty()) {
     if (kvMajor ? resolved.headDim == 64 || resolved.headDim == 128
         : resolved.kind == KernelKind::BwdDQ
             ? t.stages > 2 // only the warp-specialized dQ kernel has them
@@ -283,11 +287,12 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // (benchmarks/NOTES.md): 1.07x the wgmma dQ kernel's deterministic
     // forward+backward at P = 16384 on the H200, race-free under
     // compute-sanitizer. Branching trees' chain walk is not in it.
+    // Prefix trees take it by name (or by its tiling) only: their chain walk
+    // in it has not run on a GPU.
     if (std::optional<Arch> a = Arch::parse(spec.arch);
-        a && a->hasWgmma() && !spec.tree &&
-        (spec.headDim == 64 || spec.headDim == 128) &&
+        a && a->hasWgmma() && (spec.headDim == 64 || spec.headDim == 128) &&
         (spec.schedule == Schedule::WarpSpecialized ||
-         spec.schedule == Schedule::Auto))
+         (spec.schedule == Schedule::Auto && !spec.tree)))
       return {128, 64, 8, kDqWarpSpecializedStages};
     // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
     // 128 query rows in two warpgroups sharing each 64-key tile of K and V
@@ -378,10 +383,6 @@ std::string checkSpec(const KernelSpec &specIn) {
            "bwd_dq) walk ancestor chains";
   if (spec.tiling.stages > 2 && !(spec.schedule == Schedule::WarpSpecialized &&
                                   spec.kind == KernelKind::BwdDQ)) {
-    if (spec.tree && spec.kind == KernelKind::BwdDQ)
-      return "stages 3 and 4 are the warp-specialized dQ kernel's only, which "
-             "has no variant for branching prefix trees; their dQ kernel takes "
-             "1 or 2";
     return "stages 3 and 4 are the warp-specialized dQ kernel's only; this " +
            std::string(toString(spec.kind)) + " kernel takes 1 or 2";
   }

@@ -168,7 +168,18 @@ struct TreeDevice {
     r.lse = lse.download<float>(size_t(c.tokens()) * c.hq);
     return r;
   }
-  /// The backward on the forward's O and LSE in this case's buffers.
+  /// The dQ kernel's tiling (BackwardArgs::dq_tiling): the default, or
+  /// (DUALKV_TEST_DQ_TILING, e.g. 128:64:8:3, the warp-specialized one) another
+  /// for the head_dim-64 and -128 cases.
+  Tiling dqTiling = dqTilingFromEnv(c.d);
+  static Tiling dqTilingFromEnv(int headDim) {
+    Tiling t;
+    if (headDim != 256)
+      tilingFromEnv("DUALKV_TEST_DQ_TILING", true, t);
+    return t;
+  }
+  /// The backward on the forward's O and LSE in this case's buffers: the
+  /// atomic algorithm, or the split-dQ one (deterministic).
   BackwardResult backward(bool deterministic) {
     dq.poison();
     dk.poison();
@@ -185,6 +196,8 @@ struct TreeDevice {
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, fakeCase(), plan);
     a.deterministic = deterministic;
+    a.algorithm = BackwardAlgorithm::Atomic; // deterministic: split-dQ
+    a.dq_tiling = dqTiling;
     dualkv::backward(a);
     check(cudaDeviceSynchronize(), "tree backward");
     return {downloadWidened(dq, c.q.size(), c.dtype),
@@ -238,10 +251,13 @@ struct TreeRun {
   int maxRanges = 0;
 };
 
-TreeRun runTree(const TreeCase &c, std::optional<Schedule> fwd = {}) {
+TreeRun runTree(const TreeCase &c, std::optional<Schedule> fwd = {},
+                std::optional<Tiling> dq = {}) {
   TreeDevice dev(c);
   if (fwd)
     dev.fwdSchedule = *fwd;
+  if (dq)
+    dev.dqTiling = *dq;
   TreeRun r;
   r.f = dev.forward();
   r.atomic = dev.backward(false);
@@ -296,8 +312,9 @@ std::string verifyTree(const TreeCase &c, const TreeRun &run) {
   return why;
 }
 
-std::string checkTree(const TreeCase &c, std::optional<Schedule> fwd = {}) {
-  return verifyTree(c, runTree(c, fwd));
+std::string checkTree(const TreeCase &c, std::optional<Schedule> fwd = {},
+                      std::optional<Tiling> dq = {}) {
+  return verifyTree(c, runTree(c, fwd, dq));
 }
 
 /// Forward and backward (both modes) of random forests against fp64; the
@@ -460,13 +477,17 @@ int dualkv::testing::treeSanitizeWorkload() {
         fmt::print("FAIL tree ({}): {}\n", c.describe(), why);
       }
       // sm_90: the warp-specialized forward's walk over the ancestor ranges
-      // (by name; no default picks it yet).
+      // and, at head_dim 64 and 128, the warp-specialized dQ kernel's (by
+      // name and by tiling; no default picks them for trees yet).
       if (deviceIsSm90()) {
-        why = checkTree(c, Schedule::WarpSpecialized);
+        std::optional<Tiling> wsDq;
+        if (d != 256)
+          wsDq = Tiling{128, 64, 8, 3};
+        why = checkTree(c, Schedule::WarpSpecialized, wsDq);
         if (!why.empty()) {
           ++failures;
-          fmt::print("FAIL tree, warp-specialized forward ({}): {}\n",
-                     c.describe(), why);
+          fmt::print("FAIL tree, warp-specialized forward{} ({}): {}\n",
+                     wsDq ? " and dQ kernel" : "", c.describe(), why);
         }
       }
     }

@@ -487,13 +487,32 @@ TEST_CASE("tree kernels: spec, schedule and cache key", "[runtime][tree]") {
   wsOpen.headDim = 128;
   CHECK(resolveSpec(wsOpen).tiling == Tiling{128, 128, 8, 2});
   CHECK(resolveSpec(wsOpen).schedule == Schedule::WarpSpecialized);
-  // The dQ kernel of trees has no warp-specialized variant.
-  KernelSpec wsDq = tree;
-  wsDq.kind = KernelKind::BwdDQ;
-  wsDq.tiling = {};
+  // The dQ kernel of trees: wgmma by default at head_dim 128; the
+  // warp-specialized one by name (its own tiling) or by a tiling of 3
+  // stages, which only it has.
+  KernelSpec treeDq = tree;
+  treeDq.kind = KernelKind::BwdDQ;
+  treeDq.tiling = {};
+  treeDq.schedule = Schedule::Auto;
+  CHECK(resolveSpec(treeDq).schedule == Schedule::Wgmma);
+  CHECK(resolveSpec(treeDq).tiling == Tiling{128, 64, 8, 1});
+  KernelSpec wsDq = treeDq;
   wsDq.schedule = Schedule::WarpSpecialized;
-  CHECK_THAT(checkSpec(wsDq),
-             Contains("no dQ kernel of branching prefix trees"));
+  CHECK(resolveSpec(wsDq).tiling == Tiling{128, 64, 8, 3});
+  CHECK(checkSpec(wsDq).empty());
+  KernelSpec byStages = treeDq;
+  byStages.tiling = {128, 64, 8, 3};
+  CHECK(resolveSpec(byStages).schedule == Schedule::WarpSpecialized);
+  CHECK(checkSpec(byStages).empty());
+  // Its parameters: the warp-specialized dQ kernel's, then the chain table.
+  abi::ParamTable wsDqParams = abi::kernelParams(KernelKind::BwdDQ,
+                                                 Schedule::WarpSpecialized),
+                  wsDqTree = abi::kernelParams(KernelKind::BwdDQ,
+                                               Schedule::WarpSpecialized, true);
+  REQUIRE(wsDqTree.size == wsDqParams.size + 1);
+  for (size_t i = 0; i < wsDqParams.size; ++i)
+    CHECK(std::string(wsDqTree.params[i].name) == wsDqParams.params[i].name);
+  CHECK(wsDqTree.indexOf("chain") == int(wsDqParams.size));
   KernelSpec bwd = tree;
   bwd.kind = KernelKind::Bwd;
   bwd.schedule = Schedule::Auto;

@@ -25,13 +25,14 @@
 // the plan's forward work order (Plan::forwardTable): CTA x computes item x,
 // the longest KV walks first.
 //
-// Prefix trees (KernelSpec::tree; by name, not yet a default): a segment's
-// keys are its ancestor ranges, walked from the plan's chain table as the
-// dualkv.chain_loop of the IR says (each range's full tiles, then its tail
-// masked past the range's end), then its own region as above. The pipeline
-// iterates over the ranges' tiles first: producer and consumers carry the
-// walk's state (the row, the tile in it, and what is left) from one
-// iteration to the next, reading a chain row only when a range begins.
+// Prefix trees (KernelSpec::tree; by name, not yet a default; the dQ kernel
+// too, by name or by its tiling): a segment's keys are its ancestor ranges,
+// walked from the plan's chain table as the dualkv.chain_loop of the IR says
+// (each range's full tiles, then its tail masked past the range's end), then
+// its own region as above. The pipeline iterates over the ranges' tiles first:
+// producer and consumers carry the walk's state (the row, the tile in it, and
+// what is left) from one iteration to the next, reading a chain row only when a
+// range begins.
 //
 // The deterministic dQ kernel (bwd_dq) is the same pipeline with three
 // products a tile. The producer loads dO beside Q (one barrier for both);
@@ -754,15 +755,22 @@ void WarpSpecializedForward::emitDqConsumer() {
   mma.commit();
   turnEnd();
   mma.wait(1, s);
-  SmallVector<Value> p = probs(maskEdges(s, first), lse);
+  // Prefix trees: the walk over the ancestor ranges, as the forward's.
+  SmallVector<Value> walk;
+  if (isTree)
+    walk = walkBegin();
+  SmallVector<Value> p = probs(maskAt(s, first, walk), lse);
   mma.wait(0, dp);
   arrive(vEmpty(first));
   SmallVector<Value> ds = dScores(p, dp, delta);
   SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
+  walk = walkAfter(first, walk);
 
   // Iterations 1..n-1: S and dP of i, then dQ += dS K of i - 1 behind them.
   SmallVector<Value> inits(acc);
   inits.append(ds);
+  const size_t dsEnd = inits.size();
+  inits.append(walk);
   auto loop = scf::ForOp::create(b, loc, idx(1), numIters, idx(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -770,7 +778,8 @@ void WarpSpecializedForward::emitDqConsumer() {
     Value i = loop.getInductionVar();
     auto args = loop.getRegionIterArgs();
     SmallVector<Value> acc(args.begin(), args.begin() + dTiles * 4);
-    SmallVector<Value> ds(args.begin() + dTiles * 4, args.end());
+    SmallVector<Value> ds(args.begin() + dTiles * 4, args.begin() + dsEnd);
+    SmallVector<Value> w(args.begin() + dsEnd, args.end());
     auto [slot, parity] = slotOf(i);
     auto [prevSlot, prevParity] =
         slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
@@ -787,7 +796,7 @@ void WarpSpecializedForward::emitDqConsumer() {
     mma.commit();
     turnEnd();
     mma.wait(2, s);
-    SmallVector<Value> p = probs(maskEdges(s, i), lse);
+    SmallVector<Value> p = probs(maskAt(s, i, w), lse);
     mma.wait(1, dp);
     arrive(vEmpty(slot));
     SmallVector<Value> dsNext = dScores(p, dp, delta);
@@ -797,11 +806,12 @@ void WarpSpecializedForward::emitDqConsumer() {
     arrive(kEmpty(prevSlot));
     SmallVector<Value> yielded(acc);
     yielded.append(dsNext);
+    yielded.append(walkAfter(i, w));
     scf::YieldOp::create(b, loc, yielded);
   }
   auto results = loop.getResults();
   acc.assign(results.begin(), results.begin() + dTiles * 4);
-  ds.assign(results.begin() + dTiles * 4, results.end());
+  ds.assign(results.begin() + dTiles * 4, results.begin() + dsEnd);
 
   // The last tile's dQ product.
   auto [lastSlot, lastParity] =
@@ -821,12 +831,6 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
       kernel.getKind() != KernelKind::bwd_dq)
     return kernel.emitOpError() << "the warp-specialized query-major schedule "
                                    "covers the forward and the dQ kernel only";
-  // The dQ kernel's pipeline is built from the kernel's top-level kv_loops
-  // only: a tree's dualkv.chain_loop would be skipped, so it is refused.
-  if (isTree && isDq)
-    return kernel.emitOpError()
-           << "the warp-specialized schedule has no dQ kernel of branching "
-              "prefix trees (their ancestor chains run in wgmma or mma_sync)";
   if (blockM != 128 || warps != 8 || headDim % 64 || headDim > 256 ||
       blockN % 16 || blockN > 256 || blockM % blockN)
     return kernel.emitOpError()

@@ -147,6 +147,12 @@ inline constexpr auto kBwdDQWarpSpecializedParams =
 /// plan's chain table.
 inline constexpr auto kBwdDQTreeParams =
     extend(kBwdDQParams, {{"chain", I32P}});
+
+/// The warp-specialized bwd_dq of prefix trees (KernelSpec::tree, by its
+/// tiling of more than 2 stages): its parameters, then the plan's chain
+/// table.
+inline constexpr auto kBwdDQWarpSpecializedTreeParams =
+    extend(kBwdDQWarpSpecializedParams, {{"chain", I32P}});
 // clang-format on
 
 /// A kernel's parameters in launch order.
@@ -182,7 +188,9 @@ inline ParamTable kernelParams(KernelKind kind,
                ? tableOf(kFwdWarpSpecializedTreeParams)
                : tableOf(kFwdTreeParams);
   if (tree && kind == KernelKind::BwdDQ)
-    return tableOf(kBwdDQTreeParams);
+    return schedule == Schedule::WarpSpecialized
+               ? tableOf(kBwdDQWarpSpecializedTreeParams)
+               : tableOf(kBwdDQTreeParams);
   switch (kind) {
   case KernelKind::Fwd:
     if (schedule == Schedule::WarpSpecialized)
