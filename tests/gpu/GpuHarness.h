@@ -255,6 +255,22 @@ inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
   return true;
 }
 
+/// The value spelled by environment variable `name`, as `parse` reads it;
+/// `fallback` when it is unset. A spelling `parse` refuses throws, naming
+/// the variable and `choices`.
+template <typename T>
+T namedFromEnv(const char *name, std::optional<T> (*parse)(const std::string &),
+               T fallback, const char *choices) {
+  const char *env = std::getenv(name);
+  if (!env)
+    return fallback;
+  std::optional<T> v = parse(env);
+  if (!v)
+    throw std::runtime_error(
+        fmt::format("{} must be {}, got '{}'", name, choices, env));
+  return *v;
+}
+
 inline std::vector<float> downloadWidened(const DeviceBuffer &b, size_t n,
                                           DType t) {
   auto h = b.download<uint16_t>(n);
@@ -381,16 +397,10 @@ struct BackwardDeviceCase : DeviceCase {
     setProblem(a, c, plan);
     a.deterministic = options.deterministic;
     a.algorithm = options.algorithm;
-    if (const char *env = std::getenv("DUALKV_TEST_BWD_ALGORITHM");
-        env && a.algorithm == BackwardAlgorithm::Auto) {
-      std::optional<BackwardAlgorithm> parsed = parseBackwardAlgorithm(env);
-      if (!parsed)
-        throw std::runtime_error(fmt::format(
-            "DUALKV_TEST_BWD_ALGORITHM must be auto, atomic or split_dq, not "
-            "'{}'",
-            env));
-      a.algorithm = *parsed;
-    }
+    if (a.algorithm == BackwardAlgorithm::Auto)
+      a.algorithm =
+          namedFromEnv("DUALKV_TEST_BWD_ALGORITHM", parseBackwardAlgorithm,
+                       BackwardAlgorithm::Auto, "auto, atomic or split_dq");
     a.tiling = options.tiling;
     // DUALKV_TEST_BWD_TILING=M:N:W[:S] runs the backward tests on another
     // tiling of the main kernel than the default (e.g. sm_80's 128:32:8 layout

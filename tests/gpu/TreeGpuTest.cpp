@@ -137,19 +137,9 @@ struct TreeDevice {
   }
   /// The forward's schedule: Auto, or (DUALKV_TEST_FWD_SCHEDULE, e.g.
   /// warp_specialized) another, for every tree case.
-  Schedule fwdSchedule = scheduleFromEnv();
-  static Schedule scheduleFromEnv() {
-    const char *env = std::getenv("DUALKV_TEST_FWD_SCHEDULE");
-    if (!env)
-      return Schedule::Auto;
-    std::optional<Schedule> s = parseSchedule(env);
-    if (!s)
-      throw std::runtime_error(fmt::format(
-          "DUALKV_TEST_FWD_SCHEDULE must be auto, mma_sync, wgmma or "
-          "warp_specialized, got '{}'",
-          env));
-    return *s;
-  }
+  Schedule fwdSchedule =
+      namedFromEnv("DUALKV_TEST_FWD_SCHEDULE", parseSchedule, Schedule::Auto,
+                   "auto, mma_sync, wgmma or warp_specialized");
   ForwardResult forward() {
     o.poison();
     lse.poison();
