@@ -277,23 +277,31 @@ Tiling defaultTiling(const KernelSpec &spec) {
       return {128, 64, 8, 1};
     return {64, 64, 4, 1};
   case KernelKind::BwdDQ:
-    // sm_90a, head_dim 64 and 128, asked for by name (or by a tiling of
-    // kDqWarpSpecializedStages stages, which only it has): the
-    // warp-specialized schedule (WarpSpecialized/WarpSpecialized.cpp), a TMA
-    // producer warpgroup and two consumer warpgroups of 64 query rows; 64-key
-    // tiles in a three-stage ring, as each K tile stays until the next
-    // tile's products are issued (the dQ product of tile i runs behind the
-    // scores of tile i + 1). The default there since the ninth session
-    // (benchmarks/NOTES.md): 1.07x the wgmma dQ kernel's deterministic
-    // forward+backward at P = 16384 on the H200, race-free under
-    // compute-sanitizer. Branching trees' chain walk is not in it.
-    // Prefix trees take it by name (or by its tiling) only: their chain walk
-    // in it has not run on a GPU.
+    // sm_90a, head_dim 64 and 128: the warp-specialized schedule
+    // (WarpSpecialized/WarpSpecialized.cpp), a TMA producer warpgroup and two
+    // consumer warpgroups of 64 query rows; 64-key tiles in a three-stage
+    // ring, as each K tile stays until the next tile's products are issued
+    // (the dQ product of tile i runs behind the scores of tile i + 1). The
+    // default for packed groups since the ninth session (benchmarks/NOTES.md:
+    // 1.07x the wgmma dQ kernel's deterministic forward+backward at P = 16384
+    // on the H200, race-free under compute-sanitizer). Under Auto only when
+    // the fields the caller pinned agree with it, so that a pinned tiling
+    // (e.g. dualkv-aot's --block-m 64 --block-n 32 --warps 4 for a whole
+    // backward set) keeps the defaults below. Prefix trees take it by name
+    // (or by a tiling of more than 2 stages, defaultSchedule) only: their
+    // chain walk in it has not run on a GPU.
     if (std::optional<Arch> a = Arch::parse(spec.arch);
-        a && a->hasWgmma() && (spec.headDim == 64 || spec.headDim == 128) &&
-        (spec.schedule == Schedule::WarpSpecialized ||
-         (spec.schedule == Schedule::Auto && !spec.tree)))
-      return {128, 64, 8, kDqWarpSpecializedStages};
+        a && a->hasWgmma() && (spec.headDim == 64 || spec.headDim == 128)) {
+      const Tiling ws = {128, 64, 8, kDqWarpSpecializedStages};
+      const Tiling &t = spec.tiling;
+      bool agrees = (!t.blockM || t.blockM == ws.blockM) &&
+                    (!t.blockN || t.blockN == ws.blockN) &&
+                    (!t.warps || t.warps == ws.warps) &&
+                    (!t.stages || t.stages == ws.stages);
+      if (spec.schedule == Schedule::WarpSpecialized ||
+          (spec.schedule == Schedule::Auto && !spec.tree && agrees))
+        return ws;
+    }
     // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
     // 128 query rows in two warpgroups sharing each 64-key tile of K and V
     // (185 registers, 97 KB of shared memory).

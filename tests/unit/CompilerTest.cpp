@@ -468,6 +468,10 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 1}), W},
       {specOf(K::BwdDQ, "sm_90a", 64, {128, 64, 8, 1}), M},
       {specOf(K::BwdDQ, "sm_90a", 64, {}, M), M},
+      // Pinned fields that disagree with 128:64:8:3 keep the other defaults
+      // (one stage), as a whole backward set pinned to 64:32:4 needs.
+      {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 0}), M},
+      {specOf(K::BwdDQ, "sm_90a", 64, {0, 32, 0, 0}), M},
       {specOf(K::BwdDQ, "sm_90a", 128, {}, S), S},
       {specOf(K::BwdDQ, "sm_90a", 64, {}, S), S},
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}), S},
