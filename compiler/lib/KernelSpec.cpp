@@ -390,10 +390,9 @@ std::string checkSpec(const KernelSpec &specIn) {
            " kernel has no tree variant: only the query-major kernels (fwd, "
            "bwd_dq) walk ancestor chains";
   if (spec.tiling.stages > 2 && !(spec.schedule == Schedule::WarpSpecialized &&
-                                  spec.kind == KernelKind::BwdDQ)) {
+                                  spec.kind == KernelKind::BwdDQ))
     return "stages 3 and 4 are the warp-specialized dQ kernel's only; this " +
            std::string(toString(spec.kind)) + " kernel takes 1 or 2";
-  }
   switch (spec.schedule) {
   case Schedule::Auto:
   case Schedule::MmaSync:

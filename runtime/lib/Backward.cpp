@@ -413,10 +413,9 @@ uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
 
 } // namespace
 
-bool splitDQByDefault(const std::string &arch, int headDim) {
+bool splitDQByDefault(const std::string &arch) {
   std::optional<Arch> a = Arch::parse(arch);
-  return a && a->hasWgmma() &&
-         (headDim == 64 || headDim == 128 || headDim == 256);
+  return a && a->hasWgmma();
 }
 
 BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
@@ -429,26 +428,25 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
   // 128) took 5-12 % less forward+backward time than the atomic algorithm at
   // head_dim 128, 34 % less at 64 and 5 % less at 256 on the H200
   // (benchmarks/NOTES.md, ninth session), and they need no fp32
-  // accumulators, so the peak memory is FlexAttention's. A branching tree's
-  // dQ kernel walks ancestor chains, which the warp-specialized one does
-  // not: not measured there, so trees keep the atomic algorithm.
+  // accumulators, so the peak memory is FlexAttention's. A branching tree
+  // runs the tree variant of the dQ kernel (wgmma or mma_sync by default):
+  // not measured there, so trees keep the atomic algorithm.
   const bool branching = args.plan && args.plan->maxAncestorRanges() > 1;
-  return splitDQByDefault(arch, args.head_dim) && !branching
-             ? BackwardAlgorithm::SplitDQ
-             : BackwardAlgorithm::Atomic;
+  return splitDQByDefault(arch) && !branching ? BackwardAlgorithm::SplitDQ
+                                              : BackwardAlgorithm::Atomic;
 }
 
 int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
-  // Auto needs the device's arch; without a GPU the atomic algorithm's
-  // workspace, the larger, serves either.
-  bool split = args.deterministic;
-  if (!split && args.algorithm != BackwardAlgorithm::Auto)
-    split = args.algorithm == BackwardAlgorithm::SplitDQ;
-  else if (!split && args.plan && gpuAvailable()) {
+  // Auto needs the device's arch; without a GPU (an empty arch: Atomic) the
+  // atomic algorithm's workspace, the larger, serves either.
+  std::string arch;
+  if (!args.deterministic && args.algorithm == BackwardAlgorithm::Auto &&
+      args.plan && gpuAvailable()) {
     cuda::currentContext();
-    split = backwardAlgorithmFor(args, cuda::currentDeviceArch()) ==
-            BackwardAlgorithm::SplitDQ;
+    arch = cuda::currentDeviceArch();
   }
+  const bool split =
+      backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
   return backwardWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
                                 args.num_kv_heads, args.head_dim, split,
                                 args.tiling);
@@ -458,18 +456,20 @@ void backward(const BackwardArgs &args) {
   validate(args);
   const Plan &plan = *args.plan;
   cuda::currentContext();
-  const bool det = backwardAlgorithmFor(args, cuda::currentDeviceArch()) ==
-                   BackwardAlgorithm::SplitDQ;
+  // The split-dQ algorithm (bwd_kv, bwd_dq) or the atomic one (bwd,
+  // bwd_post).
+  const bool split = backwardAlgorithmFor(args, cuda::currentDeviceArch()) ==
+                     BackwardAlgorithm::SplitDQ;
   const int64_t T = args.num_tokens;
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
   // The main kernel (and bwd_post) run on `slice` KV heads and their query
   // heads at a time; the accumulators hold one slice.
-  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, det);
+  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, split);
   const int sliceHq = Hq / Hkv * slice;
 
-  const int64_t accBound = det ? 0 : backwardAccRowsBound(plan);
+  const int64_t accBound = split ? 0 : backwardAccRowsBound(plan);
   const BackwardWorkspaceLayout layout =
-      backwardWorkspaceLayout(T, Hq, Hkv, D, det, accBound, slice);
+      backwardWorkspaceLayout(T, Hq, Hkv, D, split, accBound, slice);
   if (args.workspace && args.workspace_bytes < layout.bytes)
     invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
                         "backward needs (backwardWorkspaceBytes)",
@@ -483,20 +483,20 @@ void backward(const BackwardArgs &args) {
   const LoadedKernel &pre = getKernel(specOf(args, KernelKind::BwdPre, {}));
   // ... and the one tuned for the batch's shape class first (getKernel).
   const LoadedKernel &main = getKernel(
-      genericSpec(det ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq, slice,
-                  args.dtype, args.tiling, args.schedule),
+      genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq,
+                  slice, args.dtype, args.tiling, args.schedule),
       Hq, Hkv, shapeClassOf(plan));
   // A branching tree's segments walk its chain table (KernelSpec::tree).
   const bool tree = plan.maxAncestorRanges() > 1;
   KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, args.dq_tiling);
   dqSpec.tree = tree;
   const LoadedKernel &last =
-      det ? getKernel(dqSpec)
-          : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
-                                  args.dtype, {}));
+      split ? getKernel(dqSpec)
+            : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
+                                    args.dtype, {}));
 
   const BackwardTable table = plan.backwardTable(
-      main.info.blockM, backwardChunk(main.info.blockM, det), args.order);
+      main.info.blockM, backwardChunk(main.info.blockM, split), args.order);
   if (table.numAccRows > accBound)
     throw Error(ErrorCode::Internal,
                 fmt::format("the backward needs {} accumulator rows, more than "
@@ -565,8 +565,8 @@ void backward(const BackwardArgs &args) {
              sliceLse = lse + qh * lseStrideH * f32Bytes,
              sliceDelta = delta + qh * deltaStrideH * f32Bytes;
 
-    // 2. Zero the slice's fp32 accumulators (default mode).
-    if (!det) {
+    // 2. Zero the slice's fp32 accumulators (atomic algorithm).
+    if (!split) {
       zero(dqacc, T * sliceHq * D, "dqacc");
       if (numAccRows > 0) {
         zero(dkacc, numAccRows * slice * D, "dkacc");
@@ -576,7 +576,7 @@ void backward(const BackwardArgs &args) {
 
     // 3. bwd / bwd_kv: one CTA per work item and KV head of the slice.
     {
-      LaunchParams params(det ? KernelKind::BwdKV : KernelKind::Bwd,
+      LaunchParams params(split ? KernelKind::BwdKV : KernelKind::Bwd,
                           main.spec.schedule);
       cuda::CUtensorMap qMap{}, doMap{};
       if (main.spec.schedule == Schedule::WarpSpecialized) {
@@ -611,7 +611,7 @@ void backward(const BackwardArgs &args) {
     }
 
     // 4. bwd_post: the slice's fp32 accumulators to E.
-    if (!det) {
+    if (!split) {
       LaunchParams params(KernelKind::BwdPost);
       params.ptr("dqacc", dqacc).ptr("dkacc", dkacc).ptr("dvacc", dvacc);
       params.ptr("dq", dq).ptr("dk", dk).ptr("dv", dv);
@@ -627,8 +627,8 @@ void backward(const BackwardArgs &args) {
     }
   }
 
-  // 4'. bwd_dq (deterministic mode): dQ, query-major, every head.
-  if (det) {
+  // 4'. bwd_dq (split-dQ algorithm): dQ, query-major, every head.
+  if (split) {
     uint64_t q = address(args.q.data), k = address(args.k.data),
              v = address(args.v.data), dq = address(args.dq.data);
     uint64_t chain = plan.deviceChainTable();

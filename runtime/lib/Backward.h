@@ -96,9 +96,9 @@ DUALKV_API int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
                                           int headDim, bool deterministic,
                                           const Tiling &tiling);
 
-/// Whether BackwardAlgorithm::Auto is SplitDQ on `arch` at `headDim` for
-/// plans without branching trees (backwardAlgorithmFor).
-bool splitDQByDefault(const std::string &arch, int headDim);
+/// Whether BackwardAlgorithm::Auto is SplitDQ on `arch` for plans without
+/// branching trees (backwardAlgorithmFor): sm_90a, at every head_dim.
+bool splitDQByDefault(const std::string &arch);
 
 /// Frees the workspaces backward() allocated for itself (tests; a context
 /// about to be destroyed).

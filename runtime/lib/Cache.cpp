@@ -1432,7 +1432,7 @@ PrecompileReport precompile(const PrecompileArgs &args) {
   if (args.backward) {
     // Where SplitDQ is the default, branching trees still run the atomic
     // algorithm (backwardAlgorithmFor): both sets.
-    const bool both = !args.deterministic && splitDQByDefault(arch, D);
+    const bool both = !args.deterministic && splitDQByDefault(arch);
     std::vector<SetMember> bwd =
         backwardSet(base, args.deterministic, both, args.tiling);
     set.insert(set.end(), bwd.begin(), bwd.end());

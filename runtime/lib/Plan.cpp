@@ -35,7 +35,7 @@ struct Plan::Device {
   cuda::CUdeviceptr table = 0;
   /// The chain table (plans whose segments see several ancestor ranges).
   cuda::CUdeviceptr chain = 0;
-  /// Work-item tables by (blockM, chunk).
+  /// Work-item tables by (blockM, chunk, order).
   std::map<std::tuple<int, int64_t, BackwardOrder>, BackwardTable> backward;
   /// Forward work orders by blockM.
   std::map<int, ForwardTable> forward;

@@ -37,10 +37,11 @@ void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
 void checkLse(const char *name, const float *lse, int64_t strideH,
               int64_t numTokens, int numQHeads);
 
-/// Checks that scale is finite and no tiling field is negative.
 /// Checks a tiling override named `name` (zero fields take defaults):
 /// no negative field, at most 4 stages.
 void checkTiling(const char *name, const Tiling &tiling);
+/// Checks that scale is finite, and the main kernel's `tiling`
+/// (checkTiling).
 void checkScaleAndTiling(float scale, const Tiling &tiling);
 
 /// Uploads the plan's segment table (once) and checks that it lives in the

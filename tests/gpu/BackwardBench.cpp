@@ -129,6 +129,40 @@ bool parseNames(const std::string &list,
   return true;
 }
 
+/// One combination of the listed backward options, and which of them are
+/// their list's first: the forward runs once, with the first of every list;
+/// the deterministic mode (split_dq) with the first algorithm; the atomic
+/// algorithm, which has no dQ kernel, with the first dQ tiling.
+struct BwdVariant {
+  Tiling tiling, dqTiling;
+  Schedule schedule = Schedule::Auto;
+  BackwardOrder order = BackwardOrder::Auto;
+  BackwardAlgorithm algorithm = BackwardAlgorithm::Auto;
+  bool first = false, firstAlgorithm = false, firstDq = false;
+};
+
+/// Every combination of `opt`'s lists, the first of each list first.
+std::vector<BwdVariant> bwdVariants(const Options &opt) {
+  std::vector<BwdVariant> out;
+  for (size_t ti = 0; ti < opt.bwdTilings.size(); ++ti)
+    for (size_t si = 0; si < opt.bwdSchedules.size(); ++si)
+      for (size_t qi = 0; qi < opt.dqTilings.size(); ++qi)
+        for (size_t oi = 0; oi < opt.bwdOrders.size(); ++oi)
+          for (size_t ai = 0; ai < opt.bwdAlgorithms.size(); ++ai) {
+            BwdVariant v;
+            v.tiling = opt.bwdTilings[ti];
+            v.schedule = opt.bwdSchedules[si];
+            v.dqTiling = opt.dqTilings[qi];
+            v.order = opt.bwdOrders[oi];
+            v.algorithm = opt.bwdAlgorithms[ai];
+            v.first = ti + si + qi + oi + ai == 0;
+            v.firstAlgorithm = ai == 0;
+            v.firstDq = qi == 0;
+            out.push_back(v);
+          }
+  return out;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -225,6 +259,7 @@ int main(int argc, char **argv) {
   fmt::print("{:>6} {:>3} {:>5} {:<22} {:>10} {:>10} {:>8}\n", "P", "N", "R",
              "mode", "median ms", "min ms", "TFLOP/s");
   RandomPool pool(opt.dtype);
+  const std::vector<BwdVariant> variants = bwdVariants(opt);
   int status = 0;
   for (auto [p, n, r] : opt.configs) {
     Case shape; // lengths only: Case::work counts the useful pairs
@@ -265,10 +300,7 @@ int main(int argc, char **argv) {
         a.plan = &plan;
         return a;
       };
-      Tiling bwdTiling, dqTiling;
-      Schedule bwdSchedule = Schedule::Auto;
-      BackwardOrder bwdOrder = BackwardOrder::Auto;
-      BackwardAlgorithm bwdAlgorithm = BackwardAlgorithm::Auto;
+      BwdVariant variant; // the one being timed
       auto bwdArgs = [&](InputSet &s, bool deterministic) {
         ForwardArgs f = fwdArgs(s);
         BackwardArgs a;
@@ -289,11 +321,11 @@ int main(int argc, char **argv) {
         a.dtype = opt.dtype;
         a.deterministic = deterministic;
         a.plan = &plan;
-        a.tiling = bwdTiling;
-        a.schedule = bwdSchedule;
-        a.dq_tiling = dqTiling;
-        a.order = bwdOrder;
-        a.algorithm = bwdAlgorithm;
+        a.tiling = variant.tiling;
+        a.schedule = variant.schedule;
+        a.dq_tiling = variant.dqTiling;
+        a.order = variant.order;
+        a.algorithm = variant.algorithm;
         return a;
       };
       // O and LSE of every set, so that a backward alone has its inputs.
@@ -304,72 +336,62 @@ int main(int argc, char **argv) {
       cudaEvent_t start, stop;
       check(cudaEventCreate(&start), "event");
       check(cudaEventCreate(&stop), "event");
-      for (size_t ti = 0; ti < opt.bwdTilings.size(); ++ti)
-        for (size_t si = 0; si < opt.bwdSchedules.size(); ++si)
-          for (size_t qi = 0; qi < opt.dqTilings.size(); ++qi)
-            for (size_t oi = 0; oi < opt.bwdOrders.size(); ++oi)
-              for (size_t ai = 0; ai < opt.bwdAlgorithms.size(); ++ai)
-                for (const std::string &mode : opt.modes) {
-                  bwdTiling = opt.bwdTilings[ti];
-                  bwdSchedule = opt.bwdSchedules[si];
-                  dqTiling = opt.dqTilings[qi];
-                  bwdOrder = opt.bwdOrders[oi];
-                  bwdAlgorithm = opt.bwdAlgorithms[ai];
-                  bool runFwd = mode != "bwd", runBwd = mode != "fwd",
-                       det = mode == "fwd+bwd det";
-                  if ((ti > 0 || si > 0 || qi > 0 || oi > 0 || ai > 0) &&
-                      mode == "fwd")
-                    continue; // the forward does not change with the backward's
-                  if (ai > 0 && det)
-                    continue; // the deterministic mode is split_dq
-                  if (qi > 0 && !det &&
-                      bwdAlgorithm == BackwardAlgorithm::Atomic)
-                    continue; // the dQ kernel runs in the split-dQ algorithm
-                              // only
-                  double flops =
-                      (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
-                  auto once = [&](int i) {
-                    InputSet &s = *sets[size_t(i) % sets.size()];
-                    if (runFwd)
-                      forward(fwdArgs(s));
-                    if (runBwd)
-                      backward(bwdArgs(s, det));
-                  };
-                  for (int i = 0; i < opt.warmup; ++i)
-                    once(i);
-                  check(cudaDeviceSynchronize(), "warm-up");
-                  std::vector<float> ms;
-                  for (int i = 0; i < opt.reps; ++i) {
-                    check(cudaEventRecord(start), "record");
-                    once(opt.warmup + i);
-                    check(cudaEventRecord(stop), "record");
-                    check(cudaEventSynchronize(stop), "timed run");
-                    float m = 0;
-                    check(cudaEventElapsedTime(&m, start, stop), "elapsed");
-                    ms.push_back(m);
-                  }
-                  double med = median(ms);
-                  std::string label = mode;
-                  if (runBwd && bwdTiling.blockM)
-                    label += fmt::format(" {}:{}:{}:{}", bwdTiling.blockM,
-                                         bwdTiling.blockN, bwdTiling.warps,
-                                         bwdTiling.stages);
-                  if (runBwd && bwdSchedule != Schedule::Auto)
-                    label += fmt::format(" {}", toString(bwdSchedule));
-                  if (runBwd && bwdOrder != BackwardOrder::Auto)
-                    label += fmt::format(" {}", toString(bwdOrder));
-                  if (runBwd && !det && bwdAlgorithm != BackwardAlgorithm::Auto)
-                    label += fmt::format(" {}", toString(bwdAlgorithm));
-                  if (runBwd && dqTiling.blockM)
-                    label += fmt::format(" dq {}:{}:{}:{}", dqTiling.blockM,
-                                         dqTiling.blockN, dqTiling.warps,
-                                         dqTiling.stages);
-                  fmt::print(
-                      "{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
-                      p, n, r, label, med,
-                      *std::min_element(ms.begin(), ms.end()),
-                      flops / (med * 1e-3) / 1e12);
-                }
+      for (const BwdVariant &v : variants)
+        for (const std::string &mode : opt.modes) {
+          variant = v;
+          bool runFwd = mode != "bwd", runBwd = mode != "fwd",
+               det = mode == "fwd+bwd det";
+          if (!variant.first && mode == "fwd")
+            continue; // the forward does not change with the backward's
+          if (!variant.firstAlgorithm && det)
+            continue; // the deterministic mode is split_dq
+          if (!variant.firstDq && !det &&
+              variant.algorithm == BackwardAlgorithm::Atomic)
+            continue; // only the split-dQ algorithm runs a dQ kernel
+          double flops =
+              (runFwd ? fwdFlops : 0) + (runBwd ? 2.5 * fwdFlops : 0);
+          auto once = [&](int i) {
+            InputSet &s = *sets[size_t(i) % sets.size()];
+            if (runFwd)
+              forward(fwdArgs(s));
+            if (runBwd)
+              backward(bwdArgs(s, det));
+          };
+          for (int i = 0; i < opt.warmup; ++i)
+            once(i);
+          check(cudaDeviceSynchronize(), "warm-up");
+          std::vector<float> ms;
+          for (int i = 0; i < opt.reps; ++i) {
+            check(cudaEventRecord(start), "record");
+            once(opt.warmup + i);
+            check(cudaEventRecord(stop), "record");
+            check(cudaEventSynchronize(stop), "timed run");
+            float m = 0;
+            check(cudaEventElapsedTime(&m, start, stop), "elapsed");
+            ms.push_back(m);
+          }
+          double med = median(ms);
+          std::string label = mode;
+          if (runBwd && variant.tiling.blockM)
+            label += fmt::format(" {}:{}:{}:{}", variant.tiling.blockM,
+                                 variant.tiling.blockN, variant.tiling.warps,
+                                 variant.tiling.stages);
+          if (runBwd && variant.schedule != Schedule::Auto)
+            label += fmt::format(" {}", toString(variant.schedule));
+          if (runBwd && variant.order != BackwardOrder::Auto)
+            label += fmt::format(" {}", toString(variant.order));
+          if (runBwd && !det && variant.algorithm != BackwardAlgorithm::Auto)
+            label += fmt::format(" {}", toString(variant.algorithm));
+          if (runBwd && variant.dqTiling.blockM)
+            label +=
+                fmt::format(" dq {}:{}:{}:{}", variant.dqTiling.blockM,
+                            variant.dqTiling.blockN, variant.dqTiling.warps,
+                            variant.dqTiling.stages);
+          fmt::print("{:>6} {:>3} {:>5} {:<22} {:>10.3f} {:>10.3f} {:>8.1f}\n",
+                     p, n, r, label, med,
+                     *std::min_element(ms.begin(), ms.end()),
+                     flops / (med * 1e-3) / 1e12);
+        }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     } catch (const std::exception &e) {

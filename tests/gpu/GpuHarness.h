@@ -255,6 +255,16 @@ inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
   return true;
 }
 
+/// The dQ kernel's tiling for a case of `headDim`: none (the default), or
+/// DUALKV_TEST_DQ_TILING=M:N:W:S (e.g. 128:64:8:3, the warp-specialized one,
+/// which has no head_dim 256) for the head_dim-64 and -128 cases.
+inline Tiling dqTilingFromEnv(int headDim) {
+  Tiling t;
+  if (headDim != 256)
+    tilingFromEnv("DUALKV_TEST_DQ_TILING", true, t);
+  return t;
+}
+
 /// The value spelled by environment variable `name`, as `parse` reads it;
 /// `fallback` when it is unset. A spelling `parse` refuses throws, naming
 /// the variable and `choices`.
@@ -408,11 +418,8 @@ struct BackwardDeviceCase : DeviceCase {
     if (a.tiling == Tiling{})
       tilingFromEnv("DUALKV_TEST_BWD_TILING", false, a.tiling);
     a.dq_tiling = options.dqTiling;
-    // DUALKV_TEST_DQ_TILING=M:N:W:S likewise for the dQ kernel of the
-    // head_dim-64 and -128 cases (e.g. 128:64:8:3, the warp-specialized one,
-    // which has no head_dim 256).
-    if (a.dq_tiling == Tiling{} && c.d != 256)
-      tilingFromEnv("DUALKV_TEST_DQ_TILING", true, a.dq_tiling);
+    if (a.dq_tiling == Tiling{})
+      a.dq_tiling = dqTilingFromEnv(c.d);
     if (options.callerWorkspace) {
       int64_t bytes = backwardWorkspaceBytes(a);
       if (!workspace || workspace->bytes < size_t(bytes))

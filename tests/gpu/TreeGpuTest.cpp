@@ -158,16 +158,8 @@ struct TreeDevice {
     r.lse = lse.download<float>(size_t(c.tokens()) * c.hq);
     return r;
   }
-  /// The dQ kernel's tiling (BackwardArgs::dq_tiling): the default, or
-  /// (DUALKV_TEST_DQ_TILING, e.g. 128:64:8:3, the warp-specialized one) another
-  /// for the head_dim-64 and -128 cases.
+  /// The dQ kernel's tiling (BackwardArgs::dq_tiling; dqTilingFromEnv).
   Tiling dqTiling = dqTilingFromEnv(c.d);
-  static Tiling dqTilingFromEnv(int headDim) {
-    Tiling t;
-    if (headDim != 256)
-      tilingFromEnv("DUALKV_TEST_DQ_TILING", true, t);
-    return t;
-  }
   /// The backward on the forward's O and LSE in this case's buffers: the
   /// atomic algorithm, or the split-dQ one (deterministic).
   BackwardResult backward(bool deterministic) {

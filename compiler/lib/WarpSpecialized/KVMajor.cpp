@@ -44,8 +44,10 @@
 // producer thread still copies its LSE and Delta words by cp.async and
 // arrives. A tensor copy cannot zero the rows past the item (it reads the
 // tensor's next queries; past the tensor's end, zeros), so those queries'
-// LSE is +inf there (issueStatCopies): P = 0, and they add nothing. Not yet
-// a default: it has not run on a GPU.
+// LSE is +inf there (issueStatCopies): P = 0, and they add nothing. Not a
+// default: it took 6-11 % off the atomic backward at P 4K-16K on the H200 but
+// nothing off split-dQ's bwd_kv, sm_90a's default (benchmarks/NOTES.md, ninth
+// session).
 //
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"

@@ -34,7 +34,8 @@
 // what is left) from one iteration to the next, reading a chain row only when a
 // range begins.
 //
-// The deterministic dQ kernel (bwd_dq) is the same pipeline with three
+// The dQ kernel (bwd_dq; the split-dQ backward's, sm_90a's default and the
+// deterministic mode) is the same pipeline with three
 // products a tile. The producer loads dO beside Q (one barrier for both);
 // each consumer warpgroup holds its 64 rows' LSE and Delta in registers and,
 // for tile i, issues S = Q Kᵀ and dP = dO Vᵀ, then dQ += dS K of tile i - 1
@@ -287,7 +288,7 @@ SmallVector<Value> WarpSpecializedForward::walkBegin() {
   w[kTile] = idx(0);
   w[kStart] = chainField(segIndex, 0);
   w[kLen] = chainField(segIndex, 1);
-  w[kTiles] = divu(add(w[kLen], idx(blockN - 1)), blockN);
+  w[kTiles] = ceilDiv(w[kLen], blockN);
   // A root segment's row has no range (count 0): no tiles, nothing left.
   w[kLeft] = select(cmp(arith::CmpIPredicate::ugt, count, idx(0)),
                     arith::SubIOp::create(b, loc, count, idx(1)), idx(0));
@@ -316,7 +317,7 @@ SmallVector<Value> WarpSpecializedForward::walkStep(ArrayRef<Value> wIn,
         n[kTile] = idx(0);
         n[kStart] = chainField(n[kRow], 0);
         n[kLen] = chainField(n[kRow], 1);
-        n[kTiles] = divu(add(n[kLen], idx(blockN - 1)), blockN);
+        n[kTiles] = ceilDiv(n[kLen], blockN);
         n[kLeft] = arith::SubIOp::create(b, loc, args[kLeft], idx(1));
         scf::YieldOp::create(b, loc, n);
       });
@@ -332,7 +333,7 @@ void WarpSpecializedForward::countChainTiles() {
     b.setInsertionPointToStart(loop.getBody());
     Value row = loop.getRegionIterArgs()[0];
     Value len = chainField(row, 1);
-    Value tiles = divu(add(len, idx(blockN - 1)), blockN);
+    Value tiles = ceilDiv(len, blockN);
     scf::YieldOp::create(b, loc,
                          ValueRange{chainField(row, 2),
                                     add(loop.getRegionIterArgs()[1], tiles)});
