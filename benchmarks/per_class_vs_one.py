@@ -222,9 +222,9 @@ def main():
 
 
 # The kinds a bench mode runs whose tilings dualkv-tune may set per class.
-# "fwd+bwd" runs the device's default backward (split-dQ's bwd_kv on sm_90a,
+# "bwd" and "fwd+bwd" run the device's default backward (split-dQ's bwd_kv on sm_90a,
 # the atomic bwd elsewhere): both count.
-MODE_KINDS = {"fwd": ("fwd",), "bwd": ("bwd",),
+MODE_KINDS = {"fwd": ("fwd",), "bwd": ("bwd", "bwd_kv"),
               "fwd+bwd": ("fwd", "bwd", "bwd_kv"),
               "fwd+bwd atomic": ("fwd", "bwd"),
               "fwd+bwd det": ("fwd", "bwd_kv")}

@@ -412,7 +412,8 @@ class PackedDualKV:
 
     def forward(self, W, batch):
         if self.plan_once:
-            key = id(batch)
+            # By the groups' lengths: an id() could be a freed batch's.
+            key = tuple((P, tuple(Rs)) for P, Rs in batch.groups)
             if key not in self._plans:
                 self._plans[key] = self.dualkv.Plan(batch.groups)
                 self._plans[key].upload()

@@ -124,23 +124,27 @@ if [[ ,$what, == *,tree,* ]]; then
     --lib build/libdualkv.so --out "$out/tree"
 fi
 if [[ ,$what, == *,candidates,* ]]; then
-  # The backward candidates not yet defaults (not part of "all"; benchmarks/NOTES.md,
-  # eighth session), each against the default in one process, median of 7: the work
-  # items by query chunk, the warp-specialized dQ kernel (deterministic mode; head_dim
-  # 128 and 64), the TMA producer of the warp-specialized backward. ~3 minutes.
+  # The backward's options beside the defaults (not part of "all"; benchmarks/NOTES.md,
+  # eighth and ninth sessions), in one process, median of 7: the work items by query
+  # chunk and the TMA producer of the warp-specialized backward, each in the default
+  # (split-dQ on sm_90a) and the atomic algorithm; the dQ kernel the default is not
+  # (128:64:8:1: wgmma at head_dim 128, mma_sync at 64) against the default one
+  # (warp-specialized on sm_90a). ~3 minutes.
   bb=build/tests/gpu/dualkv-backward-bench
   cfg="--configs 4096:16:1024,16384:16:1024,8192:32:2048 --reps 7"
   # shellcheck disable=SC2086
   {
     step "candidate: work-item order" bash -c "set -o pipefail; $bb $cfg \
-      --modes bwd,fwd+bwd --bwd-orders auto,query_chunks | tee -a '$out/candidates.txt'"
-    step "candidate: warp-specialized dQ kernel" bash -c "set -o pipefail; $bb $cfg \
-      --modes fwd+bwd,det --dq-tilings 0:0:0:0,128:64:8:3 | tee -a '$out/candidates.txt'"
-    step "candidate: warp-specialized dQ kernel, head_dim 64" bash -c "set -o pipefail; \
-      $bb --d 64 --configs 8192:16:1024 --reps 7 --modes fwd+bwd,det \
-      --dq-tilings 0:0:0:0,128:64:8:3 | tee -a '$out/candidates.txt'"
+      --modes bwd,fwd+bwd --bwd-algorithms auto,atomic --bwd-orders auto,query_chunks \
+      | tee -a '$out/candidates.txt'"
+    step "candidate: the other dQ kernel" bash -c "set -o pipefail; $bb $cfg \
+      --modes fwd+bwd --dq-tilings 0:0:0:0,128:64:8:1 | tee -a '$out/candidates.txt'"
+    step "candidate: the other dQ kernel, head_dim 64" bash -c "set -o pipefail; \
+      $bb --d 64 --configs 8192:16:1024 --reps 7 --modes fwd+bwd \
+      --dq-tilings 0:0:0:0,128:64:8:1 | tee -a '$out/candidates.txt'"
     step "candidate: TMA producer" bash -c "set -o pipefail; $bb $cfg \
-      --modes bwd,fwd+bwd --bwd-tilings 0:0:0,128:64:8:2 | tee -a '$out/candidates.txt'"
+      --modes bwd,fwd+bwd --bwd-algorithms auto,atomic --bwd-tilings 0:0:0,128:64:8:2 \
+      | tee -a '$out/candidates.txt'"
   }
 fi
 if [[ ,$what, == *,grpo,* ]]; then

@@ -60,7 +60,8 @@ struct ForwardArgs {
   Tiling tiling = {};     ///< optional override; zero fields take defaults
   /// Optional schedule; Auto: the compiler's choice for the tiling
   /// (resolveSpec). WarpSpecialized on sm_90a also runs branching prefix
-  /// trees (not yet their default: it has not run on a GPU). One that cannot
+  /// trees (not yet their default: its speed there is not measured). One
+  /// that cannot
   /// compute the kernel is an InvalidArgument naming why.
   Schedule schedule = Schedule::Auto;
 };
