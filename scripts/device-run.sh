@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, attention, kernels, compile-cost, tune, grpo, tree, candidates, graph-load, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, grpo, tree, candidates, graph-load, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -69,6 +69,46 @@ if [[ ,$what, == *,sanitize,* ]]; then
         "$san" --tool "$tool" --error-exitcode 9 --print-limit 20 \
         build/tests/gpu/dualkv-gpu-tests $t
     done
+  done
+fi
+if [[ ,$what, == *,checks,* ]]; then
+  # Every correctness check at once (not part of "all"; ~5 minutes instead of ~15 in a
+  # row; the GPU has room and the host 16 cores): the GPU ctest (-j4), pytest, the tree
+  # tests with the schedules no sm_90a default picks (the warpgroup forward and dQ
+  # kernel: CHECK_TREE_ENV), the tree sanitize workload under the four tools, and the
+  # graph test GRAPH_RUNS times beside them (the load under which it once failed).
+  # Each writes its own log in the reports; device.log gets their ends and statuses.
+  g=build/tests/gpu/dualkv-gpu-tests
+  san=/usr/local/cuda/bin/compute-sanitizer
+  declare -A jobs=()
+  run_job() { # run_job NAME CMD...: in the background, its log in the reports
+    local name=$1
+    shift
+    "$@" > "$reports/check_$name.log" 2>&1 &
+    jobs[$name]=$!
+  }
+  # shellcheck disable=SC2086
+  run_job ctest bash -c "cd build/tests/gpu && ctest --output-on-failure -j4 -L gpu -LE sanitize ${CTEST_ARGS:-}"
+  if python3 -c "import torch, pytest" 2>/dev/null; then
+    run_job pytest env DUALKV_LIB="$root/build/libdualkv.so" python3 -m pytest -q python/tests
+  fi
+  for t in random paths; do
+    # shellcheck disable=SC2086
+    run_job "tree_${t}_other_schedules" env ${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=wgmma \
+      DUALKV_TEST_DQ_TILING=128:64:8:1} "$g" tree-$t 40
+  done
+  for tool in memcheck racecheck synccheck initcheck; do
+    run_job "sanitize_tree_$tool" "$san" --tool $tool --error-exitcode 9 --print-limit 20 \
+      "$g" sanitize tree
+  done
+  run_job graph bash -c "fails=0; for i in \$(seq ${GRAPH_RUNS:-50}); do $g graph | tail -1 \
+    | grep -q ' 0 values differ' || fails=\$((fails + 1)); done; echo \"graph: \$fails of ${GRAPH_RUNS:-50} failed\"; [[ \$fails == 0 ]]"
+  for name in "${!jobs[@]}"; do
+    wait "${jobs[$name]}"
+    rc=$?
+    { echo "=== check $name: rc $rc ($(date +%T))"; tail -n 25 "$reports/check_$name.log"; } \
+      | tee -a "$log"
+    [[ $rc == 0 ]] || { status=1; echo "=== FAILED" | tee -a "$log"; }
   done
 fi
 if [[ ,$what, == *,graph-load,* ]]; then

@@ -216,12 +216,9 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
   // The KV-major backward at head_dim 64 too: bwd_kv there took 13.6 ms of
   // forward+backward against mma.sync's 18.7 at P = 8192 (the fused bwd
   // measured level; benchmarks/NOTES.md, ninth session).
-  // Prefix trees take it by name only (and the dQ kernel by its tiling of
-  // more than 2 stages, which only this schedule has): the tree dQ kernel has
-  // not run on a GPU.
-  const bool byStages =
-      resolved.kind == KernelKind::BwdDQ && resolved.tiling.stages > 2;
-  if ((!resolved.tree || byStages) && warpSpecializedUnfit(resolved).empty()) {
+  // Prefix trees too: the forward and the dQ kernel walk their ancestor
+  // chains (benchmarks/NOTES.md, tenth session).
+  if (warpSpecializedUnfit(resolved).empty()) {
     if (kvMajor ? resolved.headDim == 64 || resolved.headDim == 128
         : resolved.kind == KernelKind::BwdDQ
             ? t.stages > 2 // only the warp-specialized dQ kernel has them
@@ -287,9 +284,8 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // on the H200, race-free under compute-sanitizer). Under Auto only when
     // the fields the caller pinned agree with it, so that a pinned tiling
     // (e.g. dualkv-aot's --block-m 64 --block-n 32 --warps 4 for a whole
-    // backward set) keeps the defaults below. Prefix trees take it by name
-    // (or by a tiling of more than 2 stages, defaultSchedule) only: their
-    // chain walk in it has not run on a GPU.
+    // backward set) keeps the defaults below. Prefix trees too: the tree
+    // variant walks the ancestor chains.
     if (std::optional<Arch> a = Arch::parse(spec.arch);
         a && a->hasWgmma() && (spec.headDim == 64 || spec.headDim == 128)) {
       const Tiling ws = {128, 64, 8, kDqWarpSpecializedStages};
@@ -299,7 +295,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
                     (!t.warps || t.warps == ws.warps) &&
                     (!t.stages || t.stages == ws.stages);
       if (spec.schedule == Schedule::WarpSpecialized ||
-          (spec.schedule == Schedule::Auto && !spec.tree && agrees))
+          (spec.schedule == Schedule::Auto && agrees))
         return ws;
     }
     // sm_90a, head_dim 128: the warpgroup schedule (Wgmma/QueryMajor.cpp),
@@ -323,19 +319,17 @@ Tiling defaultTiling(const KernelSpec &spec) {
   // tiles, 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers
   // a thread: 620 useful TFLOP/s at P = 16384, head_dim 128, on the H200
   // (benchmarks/NOTES.md).
-  // Prefix trees whose segments walk an ancestor chain take it by name only
-  // (not yet run on a GPU): Auto takes the warpgroup one below for them.
+  // Prefix trees whose segments walk an ancestor chain too (the tree
+  // variant, benchmarks/NOTES.md, tenth session).
   if (sm90a &&
       (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
       (spec.schedule == Schedule::WarpSpecialized ||
-       (spec.schedule == Schedule::Auto && !spec.tree)))
+       spec.schedule == Schedule::Auto))
     return {128, spec.headDim == 256 ? 64 : 128, 8, 2};
   // The warpgroup schedule (Wgmma/QueryMajor.cpp), asked for by name: 128 query
   // rows in 8 warps (a warpgroup per 64 rows), 128-key tiles, K prefetched:
   // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2.
-  if (sm90a && spec.headDim == 128 &&
-      (spec.schedule == Schedule::Wgmma ||
-       (spec.tree && spec.schedule == Schedule::Auto)))
+  if (sm90a && spec.headDim == 128 && spec.schedule == Schedule::Wgmma)
     return {128, 128, 8, 2};
   // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
   // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched

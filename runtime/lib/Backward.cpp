@@ -428,12 +428,10 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
   // 128) took 5-12 % less forward+backward time than the atomic algorithm at
   // head_dim 128, 34 % less at 64 and 5 % less at 256 on the H200
   // (benchmarks/NOTES.md, ninth session), and they need no fp32
-  // accumulators, so the peak memory is FlexAttention's. A branching tree
-  // runs the tree variant of the dQ kernel (wgmma or mma_sync by default):
-  // not measured there, so trees keep the atomic algorithm.
-  const bool branching = args.plan && args.plan->maxAncestorRanges() > 1;
-  return splitDQByDefault(arch) && !branching ? BackwardAlgorithm::SplitDQ
-                                              : BackwardAlgorithm::Atomic;
+  // accumulators, so the peak memory is FlexAttention's. Branching trees
+  // too: the warp-specialized dQ kernel walks their ancestor chains.
+  return splitDQByDefault(arch) ? BackwardAlgorithm::SplitDQ
+                                : BackwardAlgorithm::Atomic;
 }
 
 int64_t backwardWorkspaceBytes(const BackwardArgs &args) {

@@ -96,8 +96,8 @@ DUALKV_API int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
                                           int headDim, bool deterministic,
                                           const Tiling &tiling);
 
-/// Whether BackwardAlgorithm::Auto is SplitDQ on `arch` for plans without
-/// branching trees (backwardAlgorithmFor): sm_90a, at every head_dim.
+/// Whether BackwardAlgorithm::Auto is SplitDQ on `arch` (backwardAlgorithmFor):
+/// sm_90a, at every head_dim, prefix trees included.
 bool splitDQByDefault(const std::string &arch);
 
 /// Frees the workspaces backward() allocated for itself (tests; a context

@@ -1085,17 +1085,21 @@ const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
   }
 
   // A backward asks for bwd_pre first: when it is not cached, neither is the
-  // rest of its set, so every kernel a backward of these heads may launch is
-  // compiled now, in parallel (both modes and the one-KV-head variants; what
-  // the disk holds is left for the launches to read). Errors are left for
-  // the launch that needs the kernel, which retries and reports them.
+  // rest of its set, so every kernel a backward of these heads may launch by
+  // default is compiled now, in parallel (where SplitDQ is the default its
+  // set, which the deterministic mode shares; elsewhere both algorithms' and
+  // the one-KV-head variants; what the disk holds is left for the launches
+  // to read). Errors are left for the launch that needs the kernel, which
+  // retries and reports them.
   if (spec.kind == KernelKind::BwdPre && !compileKnown(hash) &&
       !findAot(spec) && !envFlag("DUALKV_NO_PARALLEL_COMPILE")) {
     DiskCache disk(DiskCache::defaultRoot());
     bool onDisk = !disk.root().empty() && !disk.refused() &&
                   !envFlag("DUALKV_ALWAYS_COMPILE") && disk.load(key);
     if (!onDisk)
-      ensureSet(backwardSet(spec, false, /*both=*/true, Tiling{}),
+      ensureSet(splitDQByDefault(spec.arch)
+                    ? backwardSet(spec, /*deterministic=*/true, false, {})
+                    : backwardSet(spec, false, /*both=*/true, {}),
                 /*probeOnly=*/true, nullptr);
   }
 
@@ -1430,11 +1434,9 @@ PrecompileReport precompile(const PrecompileArgs &args) {
   base.tiling = args.tiling;
   std::vector<SetMember> set = {SetMember{base}};
   if (args.backward) {
-    // Where SplitDQ is the default, branching trees still run the atomic
-    // algorithm (backwardAlgorithmFor): both sets.
-    const bool both = !args.deterministic && splitDQByDefault(arch);
-    std::vector<SetMember> bwd =
-        backwardSet(base, args.deterministic, both, args.tiling);
+    // Where SplitDQ is the default (backwardAlgorithmFor), its set alone.
+    std::vector<SetMember> bwd = backwardSet(
+        base, args.deterministic || splitDQByDefault(arch), false, args.tiling);
     set.insert(set.end(), bwd.begin(), bwd.end());
   }
   PrecompileReport report;

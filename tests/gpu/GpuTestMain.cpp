@@ -18,8 +18,10 @@ int main(int argc, char **argv) {
   }
   const std::string bwd = "backward-", tree = "tree-";
   try {
-    if (which == "sanitize") // [head_dim]: that head_dim's cases only
-      return sanitizeTest(argc > 2 ? count : 0);
+    if (which == "sanitize") // [head_dim | tree]: those cases only
+      return sanitizeTest(argc > 2 && std::string(argv[2]) == "tree" ? -1
+                          : argc > 2                                 ? count
+                                                                     : 0);
     int status = isStress ? stressTest(which.substr(stress.size()), count,
                                        argc > 3 ? argv + 3 : nullptr)
                  : which.rfind(bwd, 0) == 0
@@ -29,14 +31,13 @@ int main(int argc, char **argv) {
                      : forwardTest(which, count);
     if (status != kUnknownTest)
       return status;
-    fmt::print(
-        stderr,
-        "usage: dualkv-gpu-tests random [count] | edges | "
-        "equivalence | graph | backward-random [count] | "
-        "backward-edges | backward-equivalence | "
-        "backward-deterministic | tree-random [count] | "
-        "tree-paths [count] | sanitize [head_dim] | stress-threads [rounds] | "
-        "stress-processes [rounds] | stress-leak [launches]\n");
+    fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | "
+                       "equivalence | graph | backward-random [count] | "
+                       "backward-edges | backward-equivalence | "
+                       "backward-deterministic | tree-random [count] | "
+                       "tree-paths [count] | sanitize [head_dim | tree] | "
+                       "stress-threads [rounds] | "
+                       "stress-processes [rounds] | stress-leak [launches]\n");
     return 2;
   } catch (const std::exception &e) {
     fmt::print("error: {}\n", e.what());

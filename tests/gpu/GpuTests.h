@@ -31,6 +31,7 @@ int stressTest(const std::string &which, int count, char **argv);
 /// Every kernel kind, head_dim and dtype in the default and the mma.sync
 /// schedules on one small batch, checked against fp64: the workload that
 /// tests/gpu/sanitize.sh runs under compute-sanitizer (SanitizeGpuTest.cpp).
+/// onlyHeadDim: 0 every case, a head_dim its packed cases, -1 the trees.
 int sanitizeTest(int onlyHeadDim = 0);
 
 /// Why the forward's result `r` of `c` is outside the forward tests' fp64

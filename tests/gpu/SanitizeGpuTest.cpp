@@ -5,7 +5,8 @@
 // warp-specialized backward and the wgmma dQ kernel, which no default picks
 // for packed groups), both backward algorithms (atomic, split-dQ) of each, on
 // one small packed batch, each result checked against the fp64 reference.
-// `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees).
+// `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees),
+// `dualkv-gpu-tests sanitize tree` the trees only.
 // tests/gpu/sanitize.sh runs it under compute-sanitizer (memcheck, racecheck,
 // synccheck, initcheck; ctest label `sanitize`), which fails on any report; the
 // checks keep a kernel that does nothing from passing. A branching prefix tree
@@ -72,7 +73,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim) {
   };
   for (int d : {64, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
-      if (onlyHeadDim && d != onlyHeadDim)
+      if (onlyHeadDim && d != onlyHeadDim) // -1: the trees only
         continue;
       Case c = sanitizeCase(d, t, rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
@@ -115,7 +116,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim) {
     }
   // Prefix trees: the tree variants of fwd and bwd_dq (the chain walk) and
   // the KV-major kernels on a forest's work items.
-  if (!onlyHeadDim)
+  if (onlyHeadDim <= 0)
     try {
       const int treeFailures = treeSanitizeWorkload();
       checks += deviceIsSm90() ? 12 : 6;

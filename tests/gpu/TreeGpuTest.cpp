@@ -458,18 +458,20 @@ int dualkv::testing::treeSanitizeWorkload() {
         ++failures;
         fmt::print("FAIL tree ({}): {}\n", c.describe(), why);
       }
-      // sm_90: the warp-specialized forward's walk over the ancestor ranges
-      // and, at head_dim 64 and 128, the warp-specialized dQ kernel's (by
-      // name and by tiling; no default picks them for trees yet).
+      // sm_90, whose defaults above are the warp-specialized forward and
+      // (at head_dim 64 and 128) dQ kernel: the chain walks no default picks
+      // there, the warpgroup forward and dQ kernel at head_dim 128 and the
+      // mma_sync ones elsewhere, by name and by tiling.
       if (deviceIsSm90()) {
-        std::optional<Tiling> wsDq;
+        const Schedule fwd = d == 128 ? Schedule::Wgmma : Schedule::MmaSync;
+        std::optional<Tiling> dq;
         if (d != 256)
-          wsDq = Tiling{128, 64, 8, 3};
-        why = checkTree(c, Schedule::WarpSpecialized, wsDq);
+          dq = d == 128 ? Tiling{128, 64, 8, 1} : Tiling{64, 32, 4, 1};
+        why = checkTree(c, fwd, dq);
         if (!why.empty()) {
           ++failures;
-          fmt::print("FAIL tree, warp-specialized forward{} ({}): {}\n",
-                     wsDq ? " and dQ kernel" : "", c.describe(), why);
+          fmt::print("FAIL tree, {} forward and dQ kernel ({}): {}\n",
+                     toString(fwd), c.describe(), why);
         }
       }
     }

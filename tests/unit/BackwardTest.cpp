@@ -384,12 +384,13 @@ TEST_CASE("backward: the default algorithm is split-dQ on sm_90a and atomic "
   a.algorithm = A::Atomic;
   a.deterministic = true;
   CHECK(backwardAlgorithmFor(a, "sm_90a") == A::SplitDQ);
-  // A branching tree keeps the atomic algorithm (its dQ kernel walks chains).
+  // A branching tree takes split-dQ too (its dQ kernel walks the chains).
   Plan tree(PlanTree{{100, 30, 20, 10, 10}, {-1, 0, 1, 0, 3}});
   REQUIRE(tree.maxAncestorRanges() > 1);
   BackwardArgs t = validBackwardArgs(tree);
   t.algorithm = A::Auto;
-  CHECK(backwardAlgorithmFor(t, "sm_90a") == A::Atomic);
+  CHECK(backwardAlgorithmFor(t, "sm_90a") == A::SplitDQ);
+  CHECK(backwardAlgorithmFor(t, "sm_80") == A::Atomic);
   for (A x : {A::Auto, A::Atomic, A::SplitDQ})
     CHECK(parseBackwardAlgorithm(toString(x)) == x);
   CHECK_FALSE(parseBackwardAlgorithm("fused"));

@@ -468,42 +468,48 @@ KernelSpec treeSpec(const ForwardArgs &a, bool tree) {
 
 TEST_CASE("tree kernels: spec, schedule and cache key", "[runtime][tree]") {
   ForwardArgs a = treeArgs(Plan({{4, {4}}}));
-  // sm_90a: the tree forward is warp-specialized by name only; at head_dim
-  // 128 Auto takes wgmma at its own tiling, elsewhere mma_sync.
+  // sm_90a: the tree forward is warp-specialized at every head_dim, at the
+  // depth-1 forward's tiling (128 keys, 64 at head_dim 256); wgmma by name.
   KernelSpec tree = treeSpec(a, true), depth1 = treeSpec(a, false);
   CHECK(depth1.schedule == Schedule::WarpSpecialized);
-  CHECK(tree.schedule == Schedule::Wgmma);
+  CHECK(tree.schedule == Schedule::WarpSpecialized);
   CHECK(tree.tiling == Tiling{128, 128, 8, 2});
   CHECK(checkSpec(tree).empty());
-  a.head_dim = 64;
-  CHECK(treeSpec(a, true).schedule == Schedule::MmaSync);
-  KernelSpec ws = tree;
-  ws.schedule = Schedule::WarpSpecialized;
-  CHECK(checkSpec(ws).empty());
-  // By name it takes the warp-specialized forward's tiling.
-  KernelSpec wsOpen = treeSpec(a, true);
-  wsOpen.schedule = Schedule::WarpSpecialized;
-  wsOpen.tiling = {};
-  wsOpen.headDim = 128;
-  CHECK(resolveSpec(wsOpen).tiling == Tiling{128, 128, 8, 2});
-  CHECK(resolveSpec(wsOpen).schedule == Schedule::WarpSpecialized);
-  // The dQ kernel of trees: wgmma by default at head_dim 128; the
-  // warp-specialized one by name (its own tiling) or by a tiling of 3
-  // stages, which only it has.
+  for (int d : {64, 256}) {
+    a.head_dim = d;
+    KernelSpec other = treeSpec(a, true);
+    CHECK(other.schedule == Schedule::WarpSpecialized);
+    CHECK(other.tiling == Tiling{128, d == 256 ? 64 : 128, 8, 2});
+    CHECK(checkSpec(other).empty());
+  }
+  a.head_dim = 128;
+  a.schedule = Schedule::Wgmma;
+  KernelSpec wg = treeSpec(a, true);
+  CHECK(wg.schedule == Schedule::Wgmma);
+  CHECK(wg.tiling == Tiling{128, 128, 8, 2});
+  CHECK(checkSpec(wg).empty());
+  a.schedule = Schedule::Auto;
+  // The dQ kernel of trees: warp-specialized by default at head_dim 64 and
+  // 128 (its 3-stage tiling, which only it has); wgmma by name at 128 or by
+  // a one-stage tiling; mma_sync at 256.
   KernelSpec treeDq = tree;
   treeDq.kind = KernelKind::BwdDQ;
   treeDq.tiling = {};
   treeDq.schedule = Schedule::Auto;
-  CHECK(resolveSpec(treeDq).schedule == Schedule::Wgmma);
-  CHECK(resolveSpec(treeDq).tiling == Tiling{128, 64, 8, 1});
-  KernelSpec wsDq = treeDq;
-  wsDq.schedule = Schedule::WarpSpecialized;
-  CHECK(resolveSpec(wsDq).tiling == Tiling{128, 64, 8, 3});
-  CHECK(checkSpec(wsDq).empty());
-  KernelSpec byStages = treeDq;
-  byStages.tiling = {128, 64, 8, 3};
-  CHECK(resolveSpec(byStages).schedule == Schedule::WarpSpecialized);
-  CHECK(checkSpec(byStages).empty());
+  CHECK(resolveSpec(treeDq).schedule == Schedule::WarpSpecialized);
+  CHECK(resolveSpec(treeDq).tiling == Tiling{128, 64, 8, 3});
+  CHECK(checkSpec(resolveSpec(treeDq)).empty());
+  KernelSpec wgDq = treeDq;
+  wgDq.schedule = Schedule::Wgmma;
+  CHECK(resolveSpec(wgDq).tiling == Tiling{128, 64, 8, 1});
+  CHECK(checkSpec(wgDq).empty());
+  KernelSpec oneStage = treeDq;
+  oneStage.tiling = {128, 64, 8, 1};
+  CHECK(resolveSpec(oneStage).schedule == Schedule::Wgmma);
+  KernelSpec dq256 = treeDq;
+  dq256.headDim = 256;
+  CHECK(resolveSpec(dq256).schedule == Schedule::MmaSync);
+  CHECK(checkSpec(resolveSpec(dq256)).empty());
   // Its parameters: the warp-specialized dQ kernel's, then the chain table.
   abi::ParamTable wsDqParams = abi::kernelParams(KernelKind::BwdDQ,
                                                  Schedule::WarpSpecialized),
@@ -557,6 +563,9 @@ TEST_CASE("tree kernels: a branching plan launches the tree forward with its "
   Plan chain(PlanTree{{40, 24, 8}, {-1, 0, 1}});
   REQUIRE(chain.maxAncestorRanges() == 1);
   ForwardArgs tree = treeArgs(branching), depth1 = treeArgs(chain);
+  // The warpgroup tree forward by name first (the cp.async schedules'
+  // parameters and grid); the default, warp-specialized, below.
+  tree.schedule = Schedule::Wgmma;
 
   // Both kernels on disk under their own keys, so no compile runs.
   CacheEntry treeEntry = sampleEntry(), depth1Entry = sampleEntry();
@@ -596,11 +605,12 @@ TEST_CASE("tree kernels: a branching plan launches the tree forward with its "
   CHECK(chain.deviceChainTable() == 0);
   CHECK(cacheStats().compiles == 0);
 
-  // The warp-specialized tree forward, by name: the warp-specialized
-  // forward's parameters (the three tensor maps, the work order), then the
-  // chain table; one CTA per item of the forward order, per head.
+  // The warp-specialized tree forward, the default on sm_90a: the
+  // warp-specialized forward's parameters (the three tensor maps, the work
+  // order), then the chain table; one CTA per item of the forward order, per
+  // head.
   ForwardArgs ws = tree;
-  ws.schedule = Schedule::WarpSpecialized;
+  ws.schedule = Schedule::Auto;
   KernelSpec wsSpec = treeSpec(ws, true);
   REQUIRE(wsSpec.schedule == Schedule::WarpSpecialized);
   CacheEntry wsEntry = sampleEntry();
@@ -641,14 +651,19 @@ TEST_CASE("tree kernels compile: the chain walk in every query-major "
     const char *arch;
     int headDim;
     const char *entry;
+    Schedule schedule = Schedule::Auto;
   };
   const Case cases[] = {
       {KernelKind::Fwd, "sm_80", 64, "attention_fwd_mma_sync"},
       {KernelKind::Fwd, "sm_80", 128, "attention_fwd_mma_sync"},
       {KernelKind::Fwd, "sm_80", 256, "attention_fwd_mma_sync"},
-      {KernelKind::Fwd, "sm_90a", 128, "attention_fwd_wgmma"},
-      {KernelKind::Fwd, "sm_90a", 64, "attention_fwd_mma_sync"},
+      {KernelKind::Fwd, "sm_90a", 128, "attention_fwd_warp_specialized"},
+      {KernelKind::Fwd, "sm_90a", 64, "attention_fwd_warp_specialized"},
+      {KernelKind::Fwd, "sm_90a", 128, "attention_fwd_wgmma", Schedule::Wgmma},
+      {KernelKind::Fwd, "sm_90a", 64, "attention_fwd_mma_sync",
+       Schedule::MmaSync},
       {KernelKind::BwdDQ, "sm_80", 128, "attention_bwd_dq_mma_sync"},
+      {KernelKind::BwdDQ, "sm_90a", 128, "attention_bwd_dq_warp_specialized"},
       {KernelKind::BwdDQ, "sm_90a", 256, "attention_bwd_dq_mma_sync"},
   };
   const bool ptxas = !ptxasPath({}).empty();
@@ -657,6 +672,7 @@ TEST_CASE("tree kernels compile: the chain walk in every query-major "
     spec.kind = c.kind;
     spec.arch = c.arch;
     spec.headDim = c.headDim;
+    spec.schedule = c.schedule;
     spec.tree = true;
     CompileOptions options;
     options.emitCubin = ptxas;
@@ -666,7 +682,8 @@ TEST_CASE("tree kernels compile: the chain walk in every query-major "
     REQUIRE(r.ok);
     CHECK(r.info.name == c.entry);
     // One parameter more than the depth-1 kernel: the chain table.
-    const int n = int(abi::kernelParams(c.kind, Schedule::Auto, true).size);
+    const int n =
+        int(abi::kernelParams(c.kind, resolveSpec(spec).schedule, true).size);
     const std::string param = std::string(c.entry) + "_param_";
     CHECK(count(r.ptx, param + std::to_string(n - 1)) > 0);
     CHECK(count(r.ptx, param + std::to_string(n) + "]") == 0);

@@ -68,9 +68,9 @@ parseBackwardOrder(const std::string &text);
 
 /// Which kernels compute a backward (docs/backward-abi.md).
 enum class BackwardAlgorithm {
-  /// The runtime's choice (backwardAlgorithmFor): SplitDQ on sm_90a for
-  /// batches without branching prefix trees, where it measured faster
-  /// (benchmarks/NOTES.md, ninth session); Atomic elsewhere.
+  /// The runtime's choice (backwardAlgorithmFor): SplitDQ on sm_90a, where
+  /// it measured faster (benchmarks/NOTES.md, ninth session), prefix trees
+  /// included; Atomic elsewhere.
   Auto,
   /// bwd (dK and dV of a key block in registers, dQ added with fp32 atomics
   /// into a workspace accumulator), then bwd_post (dQ converted).

@@ -59,10 +59,9 @@ struct ForwardArgs {
   void *stream = nullptr; ///< CUstream; null is the legacy default stream
   Tiling tiling = {};     ///< optional override; zero fields take defaults
   /// Optional schedule; Auto: the compiler's choice for the tiling
-  /// (resolveSpec). WarpSpecialized on sm_90a also runs branching prefix
-  /// trees (not yet their default: its speed there is not measured). One
-  /// that cannot
-  /// compute the kernel is an InvalidArgument naming why.
+  /// (resolveSpec): on sm_90a the warp-specialized schedule, for branching
+  /// prefix trees too. One that cannot compute the kernel is an
+  /// InvalidArgument naming why.
   Schedule schedule = Schedule::Auto;
 };
 
@@ -148,8 +147,8 @@ DUALKV_API void backward(const BackwardArgs &args);
 
 /// The algorithm backward() runs for these arguments on a device of `arch`
 /// (e.g. "sm_90a"): SplitDQ when deterministic, args.algorithm when given,
-/// else the default: SplitDQ on sm_90a unless the plan has branching prefix
-/// trees, Atomic elsewhere. Never Auto.
+/// else the default: SplitDQ on sm_90a (prefix trees included), Atomic
+/// elsewhere. Never Auto.
 DUALKV_API BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
                                                   const std::string &arch);
 
@@ -179,9 +178,8 @@ struct PrecompileArgs {
       arch; ///< e.g. "sm_90a"; empty: the current device's (needs a GPU)
   bool backward = true;
   /// The deterministic backward's kernels (bwd_kv, bwd_dq) only; otherwise
-  /// those of the arch's default algorithm (BackwardAlgorithm), and on an
-  /// arch whose default is SplitDQ the Atomic algorithm's too (branching
-  /// prefix trees run it).
+  /// those of the arch's default algorithm (BackwardAlgorithm: on sm_90a the
+  /// same SplitDQ kernels).
   bool deterministic = false;
   Tiling tiling = {}; ///< as ForwardArgs::tiling / BackwardArgs::tiling
 };

@@ -4,10 +4,11 @@
 // iterations, each reading one row {start, length, next, ranges}, running the
 // shared region's full and tail loops over that range and carrying `next` to
 // the following iteration. Both query-major schedules that take trees do this:
-// mma_sync and wgmma (the warp-specialized forward refuses trees).
+// mma_sync and wgmma here (the warp-specialized schedule, the default on sm_90a:
+// lower-to-nvgpu-tree-ws.mlir).
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_80 head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,MMA
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_90a head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,WGMMA
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_90a head-dim=128 schedule=wgmma" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefixes=CHECK,WGMMA
 // The walk's trip count: the 8 lines before the walk.
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true arch=sm_80 head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | grep -B8 -m1 "iter_args(%arg[0-9]* = %block_id_y" | FileCheck %s --check-prefix=COUNT
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="tree=true arch=sm_80 head-dim=64" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=DQ
