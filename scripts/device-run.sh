@@ -3,12 +3,12 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, grpo, tree, candidates, graph-load, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, grpo, tree, tree-example, candidates, graph-load, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
 # At most 8 files come back from $OUT, so: one log of everything ($OUT/device.log), every
-# report, table and plot in $OUT/reports.tar.gz, and the headline tables and plots
+# report, table and plot in $OUT/reports_<steps>.tar.gz, and the headline tables and plots
 # (attention.md, attention_speedup.png, backward_bench.txt, tuned_vs_default.md) beside them.
 # CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward"), BENCH_ARGS
 # dualkv-backward-bench's (e.g. BENCH_ARGS="--configs 16384:16:1024 --modes bwd"),
@@ -74,8 +74,9 @@ fi
 if [[ ,$what, == *,checks,* ]]; then
   # Every correctness check at once (not part of "all"; ~5 minutes instead of ~15 in a
   # row; the GPU has room and the host 16 cores): the GPU ctest (-j4), pytest, the tree
-  # tests with the schedules no sm_90a default picks (the warpgroup forward and dQ
-  # kernel: CHECK_TREE_ENV), the tree sanitize workload under the four tools, and the
+  # tests with schedules no sm_90a default picks (CHECK_TREE_ENV: the mma_sync forward,
+  # the one-stage dQ kernel; the sanitize workload checks the wgmma tree forward), the
+  # tree sanitize workload under the four tools, and the
   # graph test GRAPH_RUNS times beside them (the load under which it once failed).
   # Each writes its own log in the reports; device.log gets their ends and statuses.
   g=build/tests/gpu/dualkv-gpu-tests
@@ -94,7 +95,7 @@ if [[ ,$what, == *,checks,* ]]; then
   fi
   for t in random paths; do
     # shellcheck disable=SC2086
-    run_job "tree_${t}_other_schedules" env ${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=wgmma \
+    run_job "tree_${t}_other_schedules" env ${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=mma_sync \
       DUALKV_TEST_DQ_TILING=128:64:8:1} "$g" tree-$t 40
   done
   for tool in memcheck racecheck synccheck initcheck; do
@@ -113,17 +114,35 @@ if [[ ,$what, == *,checks,* ]]; then
 fi
 if [[ ,$what, == *,graph-load,* ]]; then
   # The CUDA-graph forward test under load (not part of "all"): GRAPH_RUNS (default
-  # 50) runs of `dualkv-gpu-tests graph` while racecheck and memcheck run the
-  # sanitizer workload on the same GPU, as when gpu:forward_graph failed once
-  # (benchmarks/NOTES.md, ninth session). Any run with differing values fails.
+  # 50) runs of `dualkv-gpu-tests graph` while racecheck runs the sanitizer workload
+  # and the tree tests run with schedules no sm_90a default picks (CHECK_TREE_ENV, as
+  # in "checks") on the same GPU, as when gpu:forward_graph failed (benchmarks/NOTES.md,
+  # ninth and tenth sessions). Any run with differing values fails, as does a tree test;
+  # the racecheck load is stopped when the graph runs end.
   san=/usr/local/cuda/bin/compute-sanitizer
   g=build/tests/gpu/dualkv-gpu-tests
   "$san" --tool racecheck "$g" sanitize 128 > "$reports/load_racecheck.txt" 2>&1 &
-  "$san" --tool memcheck "$g" sanitize 64 > "$reports/load_memcheck.txt" 2>&1 &
-  step "dualkv-gpu-tests graph x ${GRAPH_RUNS:-50} under sanitizer load" bash -c \
+  load=$!
+  tree_jobs=()
+  for t in random paths; do
+    # shellcheck disable=SC2086
+    env ${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=mma_sync DUALKV_TEST_DQ_TILING=128:64:8:1} \
+      "$g" tree-$t 40 > "$reports/load_tree_$t.txt" 2>&1 &
+    tree_jobs+=($!)
+  done
+  step "dualkv-gpu-tests graph x ${GRAPH_RUNS:-50} under load" bash -c \
     "fails=0; for i in \$(seq ${GRAPH_RUNS:-50}); do $g graph | tail -1 | tee -a '$out/graph_load.txt' \
      | grep -q ' 0 values differ' || fails=\$((fails + 1)); done; echo \"\$fails failed\"; [[ \$fails == 0 ]]"
-  wait
+  for i in "${!tree_jobs[@]}"; do
+    wait "${tree_jobs[$i]}"
+    rc=$?
+    t=$([[ $i == 0 ]] && echo random || echo paths)
+    { echo "=== tree-$t (${CHECK_TREE_ENV:-mma_sync forward, 128:64:8:1 dQ}): rc $rc"
+      tail -n 5 "$reports/load_tree_$t.txt"; } | tee -a "$log"
+    [[ $rc == 0 ]] || { status=1; echo "=== FAILED" | tee -a "$log"; }
+  done
+  kill "$load" 2>/dev/null
+  wait "$load" 2>/dev/null
 fi
 if [[ ,$what, == *,profile,* ]]; then
   # Nsight Compute on one launch of a backward kernel (not part of "all"): NCU_KERNEL
@@ -154,12 +173,14 @@ if [[ ,$what, == *,breakdown,* ]]; then
       python3 scripts/ncu-breakdown.py '$reports/ncu_raw.csv' | tee -a '$out/breakdown.txt'"
   done
 fi
-if [[ ,$what, == *,tree,* ]]; then
+if [[ ,$what, == *,tree,* || ,$what, == *,tree-example,* ]]; then
   # Prefix trees (issue 15; not part of "all"): bench_tree.py (tree attention against Flex
-  # with the tree mask, both forms) and the tree policy-update example against packed Flex
-  # and replicated paths (FA2 varlen, else SDPA), written into $OUT/tree.
-  step "bench_tree.py" python3 benchmarks/bench_tree.py --lib build/libdualkv.so \
-    --out "$out/tree"
+  # with the tree mask, both forms; "tree" only) and the tree policy-update example against
+  # packed Flex and replicated paths (FA2 varlen, else SDPA), written into $OUT/tree.
+  if [[ ,$what, == *,tree,* ]]; then
+    step "bench_tree.py" python3 benchmarks/bench_tree.py --lib build/libdualkv.so \
+      --out "$out/tree"
+  fi
   step "tree_rollout_update.py" python3 examples/tree_rollout_update.py \
     --lib build/libdualkv.so --out "$out/tree"
 fi
@@ -212,8 +233,10 @@ if wants kernels bench && [[ -x build/tests/gpu/dualkv-backward-bench ]]; then
   cp "$reports/backward_bench.txt" "$out"/ 2>/dev/null
 fi
 if wants compile-cost bench; then
-  step "compile_cost.py" python3 benchmarks/compile_cost.py --lib build/libdualkv.so \
-    --out "$reports/bench"
+  # shellcheck disable=SC2086
+  step "compile_cost.py ${COMPILE_COST_ARGS:-}" python3 benchmarks/compile_cost.py \
+    --lib build/libdualkv.so --out "$reports/bench" ${COMPILE_COST_ARGS:-}
+  cp "$reports"/bench/compile_cost.md "$out"/ 2>/dev/null
 fi
 if wants tune bench; then
   # dualkv-tune for fwd and bwd at P=8192 N=16 R=1024, then default against tuned tilings
@@ -222,7 +245,9 @@ if wants tune bench; then
     --out "$reports/tune"
   cp "$reports/tune/tuned_vs_default.md" "$out"/ 2>/dev/null
 fi
-tar -czf "$out/reports.tar.gz" -C "$reports" . 2>&1 | tee -a "$log"
+# One archive per invocation (its steps in the name), so that several in one device
+# call all come back.
+tar -czf "$out/reports_${what//,/_}.tar.gz" -C "$reports" . 2>&1 | tee -a "$log"
 echo "=== done: status $status; reports: $(cd "$reports" && find . -type f | sort | tr '\n' ' ')" \
   | tee -a "$log"
 exit $status

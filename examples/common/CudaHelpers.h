@@ -74,10 +74,15 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer &) = delete;
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+  /// Synchronous for every stream: cudaMemcpy from pageable memory may
+  /// return before its DMA lands, ordered only on the legacy default stream,
+  /// and cudaMemset is asynchronous there too; a launch on a non-blocking
+  /// stream (a captured graph's replay) would race with either.
   template <typename T> void upload(const std::vector<T> &h) {
     check(
         cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
         "upload");
+    check(cudaStreamSynchronize(nullptr), "upload");
   }
   template <typename T> std::vector<T> download(size_t n) const {
     std::vector<T> h(n);
@@ -86,7 +91,10 @@ struct DeviceBuffer {
     return h;
   }
   /// Every byte 0xff: NaN in bf16, fp16 and fp32, so unwritten outputs show.
-  void poison() { check(cudaMemset(ptr, 0xff, bytes), "poison"); }
+  void poison() {
+    check(cudaMemset(ptr, 0xff, bytes), "poison");
+    check(cudaStreamSynchronize(nullptr), "poison");
+  }
 };
 
 } // namespace dualkv::examples
