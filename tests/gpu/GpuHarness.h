@@ -257,11 +257,13 @@ inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
 
 /// The dQ kernel's tiling for a case of `headDim`: none (the default), or
 /// DUALKV_TEST_DQ_TILING=M:N:W:S (e.g. 128:64:8:3, the warp-specialized one,
-/// which has no head_dim 256) for the head_dim-64 and -128 cases.
+/// which has no head_dim 256) for the head_dim-64 and -128 cases and
+/// DUALKV_TEST_DQ_TILING_256 (e.g. 64:16:4:1) for the head_dim-256 ones.
 inline Tiling dqTilingFromEnv(int headDim) {
   Tiling t;
-  if (headDim != 256)
-    tilingFromEnv("DUALKV_TEST_DQ_TILING", true, t);
+  tilingFromEnv(headDim == 256 ? "DUALKV_TEST_DQ_TILING_256"
+                               : "DUALKV_TEST_DQ_TILING",
+                true, t);
   return t;
 }
 
