@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--build", default=str(common.REPO / "build"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--kinds", default="fwd",
-                    help="kinds to tune per class, of fwd,bwd,bwd_kv "
+                    help="kinds to tune per class, of fwd,bwd,bwd_kv,bwd_dq "
                          "(default fwd)")
     ap.add_argument("--configs", default=None,
                     help="P:N:R,... (default: the standard five and the two "
@@ -222,12 +222,12 @@ def main():
 
 
 # The kinds a bench mode runs whose tilings dualkv-tune may set per class.
-# "bwd" and "fwd+bwd" run the device's default backward (split-dQ's bwd_kv on sm_90a,
-# the atomic bwd elsewhere): both count.
-MODE_KINDS = {"fwd": ("fwd",), "bwd": ("bwd", "bwd_kv"),
-              "fwd+bwd": ("fwd", "bwd", "bwd_kv"),
+# "bwd" and "fwd+bwd" run the device's default backward (split-dQ's bwd_kv and bwd_dq on
+# sm_90a, the atomic bwd elsewhere): all count.
+MODE_KINDS = {"fwd": ("fwd",), "bwd": ("bwd", "bwd_kv", "bwd_dq"),
+              "fwd+bwd": ("fwd", "bwd", "bwd_kv", "bwd_dq"),
               "fwd+bwd atomic": ("fwd", "bwd"),
-              "fwd+bwd det": ("fwd", "bwd_kv")}
+              "fwd+bwd det": ("fwd", "bwd_kv", "bwd_dq")}
 
 
 def same_tiling(tunes, mode, cls):

@@ -41,10 +41,10 @@ CONFIGS = [(4096, 16, 1024), (8192, 16, 1024), (16384, 16, 1024),
            (32768, 16, 1024), (8192, 32, 2048)]
 #: Benchmark modes of dualkv-backward-bench for each tuned kind: bwd is the
 #: atomic algorithm's kernel, which is not the default on sm_90a (split-dQ),
-#: so it is timed in that algorithm by name; bwd_kv in the deterministic
-#: mode (split-dQ everywhere).
+#: so it is timed in that algorithm by name; bwd_kv and bwd_dq in the
+#: deterministic mode (split-dQ everywhere).
 MODES = {"fwd": ["fwd", "fwd+bwd"], "bwd": ["fwd+bwd atomic"],
-         "bwd_kv": ["fwd+bwd det"]}
+         "bwd_kv": ["fwd+bwd det"], "bwd_dq": ["fwd+bwd det"]}
 #: The --modes name of each mode row, and the extra arguments a mode needs.
 BENCH_MODE = {"fwd+bwd det": "det", "fwd+bwd atomic": "fwd+bwd"}
 #: A row of dualkv-backward-bench: P N R mode median-ms min-ms TFLOP/s.
@@ -102,7 +102,7 @@ def kinds_and_configs(ap, args, default_configs):
     kinds = [k for k in args.kinds.split(",") if k]
     for k in kinds:
         if k not in MODES:
-            ap.error(f"--kinds: '{k}' is not fwd, bwd or bwd_kv")
+            ap.error(f"--kinds: '{k}' is not fwd, bwd, bwd_kv or bwd_dq")
     configs = default_configs
     if args.configs:
         try:
@@ -179,9 +179,9 @@ def main():
                     help="output directory (default: "
                          "benchmarks/results/<today>)")
     ap.add_argument("--kinds", default="fwd,bwd",
-                    help="kernel kinds to tune, of fwd,bwd,bwd_kv (default "
-                         "fwd,bwd; bwd_kv adds ~1 minute and the "
-                         "deterministic fwd+bwd rows)")
+                    help="kernel kinds to tune, of fwd,bwd,bwd_kv,bwd_dq "
+                         "(default fwd,bwd; bwd_kv or bwd_dq adds ~1 minute "
+                         "each and the deterministic fwd+bwd rows)")
     ap.add_argument("--tune-shape", default="8192:16:1024",
                     help="P:N:R dualkv-tune times on (default 8192:16:1024)")
     ap.add_argument("--tune-reps", type=int, default=10,

@@ -488,8 +488,10 @@ void backward(const BackwardArgs &args) {
   const bool tree = plan.maxAncestorRanges() > 1;
   KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, args.dq_tiling);
   dqSpec.tree = tree;
+  // The dQ kernel too takes its shape class's tuned tiling first (tree
+  // kernels are not tuned).
   const LoadedKernel &last =
-      split ? getKernel(dqSpec)
+      split ? getKernel(dqSpec, 0, 0, shapeClassOf(plan))
             : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
                                     args.dtype, {}));
 

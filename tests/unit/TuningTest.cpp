@@ -730,6 +730,38 @@ TEST_CASE("tuning: the backward's main kernel takes its class's tiling else "
   CHECK(cacheStats().compiles == 0);
 }
 
+TEST_CASE("tuning: the split-dQ backward's dQ kernel takes its class's tiling "
+          "else the generic one",
+          "[tuning][runtime][class][backward]") {
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  // The warp-specialized dQ kernel at 32-key tiles for one class (the same
+  // parameters as the default 128:64:8:3); two plans of different classes.
+  const Tiling tuned{128, 32, 8, 3};
+  Plan a({{8192, std::vector<int64_t>(16, 1024)}});
+  Plan b({{4096, std::vector<int64_t>(16, 1024)}});
+  const ShapeClass ca = shapeClassOf(a);
+  REQUIRE_FALSE(ca == shapeClassOf(b));
+  TunedCache cache({tunedFor(KernelKind::BwdDQ, ca, tuned)});
+  const std::string &root = cache.tmp.path;
+  seedClass(root, KernelKind::BwdDQ, ca, tuned, "attention_bwd_dq", 384, 501);
+  seedClass(root, KernelKind::BwdDQ, {}, {}, "attention_bwd_dq", 384, 502);
+  seedClass(root, KernelKind::BwdKV, {}, {}, "attention_bwd_kv", 384, 503);
+  seedClass(root, KernelKind::BwdPre, {}, {}, "attention_bwd_pre", 128, 0);
+
+  fake.signatures = backwardSignatures();
+  resetCacheStats();
+  auto dqShared = [&](const Plan &plan) {
+    fake.events.clear();
+    backward(fakeBackwardArgs(plan, 128, true));
+    return sharedOf(fake, "attention_bwd_dq");
+  };
+  CHECK(dqShared(a) == 501); // the class's kernel
+  CHECK(dqShared(b) == 502); // no entry: the default
+  CHECK(dqShared(a) == 501);
+  CHECK(cacheStats().compiles == 0);
+}
+
 TEST_CASE("tuning: a class's kernel is compiled in the background while the "
           "generic kernel serves and its code is the generic code",
           "[tuning][runtime][class]") {

@@ -41,11 +41,15 @@ using namespace dualkv::examples;
 
 namespace {
 
-/// `a` with the algorithm whose main kernel is `kind` (bwd: the atomic one,
-/// bwd_kv: the split-dQ one), whatever the device's default.
-BackwardArgs withAlgorithm(BackwardArgs a, KernelKind kind) {
-  a.algorithm = kind == KernelKind::BwdKV ? BackwardAlgorithm::SplitDQ
-                                          : BackwardAlgorithm::Atomic;
+/// `a` with the algorithm that runs `kind` (bwd: the atomic one, bwd_kv and
+/// bwd_dq: the split-dQ one), whatever the device's default, and `tiling` as
+/// that kernel's: BackwardArgs::dq_tiling for bwd_dq, else ::tiling.
+BackwardArgs withAlgorithm(BackwardArgs a, KernelKind kind,
+                           const Tiling &tiling) {
+  a.algorithm = kind == KernelKind::Bwd ? BackwardAlgorithm::Atomic
+                                        : BackwardAlgorithm::SplitDQ;
+  a.tiling = kind == KernelKind::BwdDQ ? Tiling{} : tiling;
+  a.dq_tiling = kind == KernelKind::BwdDQ ? tiling : Tiling{};
   return a;
 }
 
@@ -63,7 +67,11 @@ GPU and record it in the tuning database, under the kernel's kind:
   bwd_kv  the split-dQ algorithm's dK/dV kernel (same candidates); timed: the
           whole split-dQ backward call (bwd_pre, bwd_kv, bwd_dq). On sm_90a
           that algorithm is the default one (and the deterministic one
-          everywhere): tune bwd_kv there
+          everywhere): tune bwd_kv and bwd_dq there
+  bwd_dq  the split-dQ algorithm's dQ kernel (block_m 64/128, block_n
+          16/32/64, warps 4/8, stages 1 to 4: more than 2 only in the
+          warp-specialized schedule); timed: the whole split-dQ backward call,
+          the candidate as BackwardArgs::dq_tiling, bwd_kv at its own tiling
 Candidates that the verifier rejects, that ptxas fails or that spill are dropped
 (listed with the reason); the rest are checked against the fp64 reference on a
 small problem with every edge (the GPU tests' tolerances), then timed (CUDA
@@ -86,7 +94,7 @@ reference once, then timed per class. FILE is text, one shape a line as
 such an array. R is the (mean) response length.
 
 options:
-  --kind K         fwd, bwd or bwd_kv (default fwd)
+  --kind K         fwd, bwd, bwd_kv or bwd_dq (default fwd)
   --head-dim D     64, 128 or 256 (default 128)
   --heads HQ:HKV   query and key/value heads (default 32:8)
   --dtype T        bf16 or fp16 (default bf16)
@@ -243,7 +251,7 @@ std::vector<Job> classJobs(const std::vector<Shape> &shapes) {
 }
 
 struct Args {
-  KernelSpec spec; ///< spec.kind: Fwd, Bwd or BwdKV
+  KernelSpec spec; ///< spec.kind: Fwd, Bwd, BwdKV or BwdDQ
   int64_t P = 8192, N = 16, R = 1024;
   int reps = 10;
   std::string db, report, shapes;
@@ -278,9 +286,11 @@ Args parseArgs(int argc, char **argv) {
         a.spec.kind = KernelKind::Bwd;
       else if (v == "bwd_kv")
         a.spec.kind = KernelKind::BwdKV;
+      else if (v == "bwd_dq")
+        a.spec.kind = KernelKind::BwdDQ;
       else
-        usageError(
-            fmt::format("--kind must be fwd, bwd or bwd_kv, got '{}'", v));
+        usageError(fmt::format(
+            "--kind must be fwd, bwd, bwd_kv or bwd_dq, got '{}'", v));
     } else if (flag == "--head-dim") {
       a.spec.headDim = static_cast<int>(parseInt(flag, v, 1, maxInt));
     } else if (flag == "--heads") {
@@ -353,11 +363,14 @@ std::string tilingName(const Tiling &t) {
 }
 
 /// Compiles every candidate tiling; those the verifier, ptxas or spills rule
-/// out get a status saying why. The backward's emitter does not pipeline, so
-/// its candidates have one stage only.
+/// out get a status saying why. The KV-major backward's emitters do not
+/// pipeline, so their candidates have one stage only; the dQ kernel's
+/// warp-specialized schedule rings 2 to 4 stages.
 std::vector<Candidate> enumerate(const KernelSpec &base) {
   std::vector<int> stages = {1, 2};
-  if (isBackward(base.kind))
+  if (base.kind == KernelKind::BwdDQ)
+    stages = {1, 2, 3, 4};
+  else if (isBackward(base.kind))
     stages = {1};
   std::vector<Candidate> all;
   bool warnedNoPtxas = false;
@@ -629,9 +642,9 @@ private:
   }
 
   BackwardArgs backwardArgs(const Tiling &tiling) {
-    return withAlgorithm(in_.backwardArgs(plan_, dout_.ptr, dq_.ptr, dk_.ptr,
-                                          dv_.ptr, false, tiling),
-                         spec_.kind);
+    return withAlgorithm(
+        in_.backwardArgs(plan_, dout_.ptr, dq_.ptr, dk_.ptr, dv_.ptr, false),
+        spec_.kind, tiling);
   }
 
   static void check_(cudaError_t e, const char *what) {
@@ -688,10 +701,10 @@ public:
       return;
     }
     // dO: another input set's Q (random, same shape).
-    backward(withAlgorithm(
-        in.backwardArgs(plan_, inputs_[size_t(i + 1) % 3]->dq.ptr, dq_->ptr,
-                        dk_->ptr, dv_->ptr, false, tiling),
-        spec_.kind));
+    backward(
+        withAlgorithm(in.backwardArgs(plan_, inputs_[size_t(i + 1) % 3]->dq.ptr,
+                                      dq_->ptr, dk_->ptr, dv_->ptr, false),
+                      spec_.kind, tiling));
   }
 
 private:
@@ -772,6 +785,8 @@ const char *describe(KernelKind k) {
     return "backward (bwd, dQ by atomics)";
   case KernelKind::BwdKV:
     return "backward (bwd_kv, deterministic)";
+  case KernelKind::BwdDQ:
+    return "backward (bwd_dq, deterministic)";
   default:
     return "forward";
   }
