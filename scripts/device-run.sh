@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, grpo, tree, tree-example, candidates, graph-load, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, per-class, grpo, tree, tree-example, candidates, graph-load, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -207,6 +207,15 @@ if [[ ,$what, == *,candidates,* ]]; then
       --modes bwd,fwd+bwd --bwd-algorithms auto,atomic --bwd-tilings 0:0:0,128:64:8:2 \
       | tee -a '$out/candidates.txt'"
   }
+fi
+if [[ ,$what, == *,per-class,* ]]; then
+  # Tuned per shape class against one tiling for all (issue 16 part 4; not part of "all";
+  # ~5 minutes a kind): PER_CLASS_ARGS (default: the split-dQ backward's kernels, two
+  # ABBA rounds), reports into $OUT/per_class.
+  # shellcheck disable=SC2086
+  step "per_class_vs_one.py ${PER_CLASS_ARGS:---kinds bwd_kv,bwd_dq --rounds 2}" \
+    python3 benchmarks/per_class_vs_one.py --build build --out "$out/per_class" \
+    ${PER_CLASS_ARGS:---kinds bwd_kv,bwd_dq --rounds 2}
 fi
 if [[ ,$what, == *,grpo,* ]]; then
   # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
