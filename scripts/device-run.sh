@@ -30,6 +30,10 @@ DUALKV_GIT_COMMIT=$(cat build/GIT_COMMIT 2>/dev/null) && export DUALKV_GIT_COMMI
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"
 status=0
 what=${1:-all}
+# The tree tests' schedules that no sm_90a default picks ("checks", "graph-load"): the
+# mma_sync forward and the one-stage dQ kernel (the sanitize workload checks the wgmma
+# tree forward at head_dim 128, which has no 64).
+tree_other_env=${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=mma_sync DUALKV_TEST_DQ_TILING=128:64:8:1}
 wants() { # wants STEP GROUP: is STEP (or its GROUP, or "all") in $what?
   [[ ,$what, == *,$1,* || ,$what, == *,$2,* || $what == all ]]
 }
@@ -74,9 +78,7 @@ fi
 if [[ ,$what, == *,checks,* ]]; then
   # Every correctness check at once (not part of "all"; ~5 minutes instead of ~15 in a
   # row; the GPU has room and the host 16 cores): the GPU ctest (-j4), pytest, the tree
-  # tests with schedules no sm_90a default picks (CHECK_TREE_ENV: the mma_sync forward,
-  # the one-stage dQ kernel; the sanitize workload checks the wgmma tree forward), the
-  # tree sanitize workload under the four tools, and the
+  # tests in $tree_other_env, the tree sanitize workload under the four tools, and the
   # graph test GRAPH_RUNS times beside them (the load under which it once failed).
   # Each writes its own log in the reports; device.log gets their ends and statuses.
   g=build/tests/gpu/dualkv-gpu-tests
@@ -95,8 +97,7 @@ if [[ ,$what, == *,checks,* ]]; then
   fi
   for t in random paths; do
     # shellcheck disable=SC2086
-    run_job "tree_${t}_other_schedules" env ${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=mma_sync \
-      DUALKV_TEST_DQ_TILING=128:64:8:1} "$g" tree-$t 40
+    run_job "tree_${t}_other_schedules" env $tree_other_env "$g" tree-$t 40
   done
   for tool in memcheck racecheck synccheck initcheck; do
     run_job "sanitize_tree_$tool" "$san" --tool $tool --error-exitcode 9 --print-limit 20 \
@@ -115,10 +116,10 @@ fi
 if [[ ,$what, == *,graph-load,* ]]; then
   # The CUDA-graph forward test under load (not part of "all"): GRAPH_RUNS (default
   # 50) runs of `dualkv-gpu-tests graph` while racecheck runs the sanitizer workload
-  # and the tree tests run with schedules no sm_90a default picks (CHECK_TREE_ENV, as
-  # in "checks") on the same GPU, as when gpu:forward_graph failed (benchmarks/NOTES.md,
-  # ninth and tenth sessions). Any run with differing values fails, as does a tree test;
-  # the racecheck load is stopped when the graph runs end.
+  # and the tree tests run in $tree_other_env (as in "checks") on the same GPU, as
+  # when gpu:forward_graph failed (benchmarks/NOTES.md, ninth and tenth sessions). Any
+  # run with differing values fails, as does a tree test; the racecheck load is
+  # stopped when the graph runs end.
   san=/usr/local/cuda/bin/compute-sanitizer
   g=build/tests/gpu/dualkv-gpu-tests
   "$san" --tool racecheck "$g" sanitize 128 > "$reports/load_racecheck.txt" 2>&1 &
@@ -126,8 +127,7 @@ if [[ ,$what, == *,graph-load,* ]]; then
   tree_jobs=()
   for t in random paths; do
     # shellcheck disable=SC2086
-    env ${CHECK_TREE_ENV:-DUALKV_TEST_FWD_SCHEDULE=mma_sync DUALKV_TEST_DQ_TILING=128:64:8:1} \
-      "$g" tree-$t 40 > "$reports/load_tree_$t.txt" 2>&1 &
+    env $tree_other_env "$g" tree-$t 40 > "$reports/load_tree_$t.txt" 2>&1 &
     tree_jobs+=($!)
   done
   step "dualkv-gpu-tests graph x ${GRAPH_RUNS:-50} under load" bash -c \
@@ -137,7 +137,7 @@ if [[ ,$what, == *,graph-load,* ]]; then
     wait "${tree_jobs[$i]}"
     rc=$?
     t=$([[ $i == 0 ]] && echo random || echo paths)
-    { echo "=== tree-$t (${CHECK_TREE_ENV:-mma_sync forward, 128:64:8:1 dQ}): rc $rc"
+    { echo "=== tree-$t ($tree_other_env): rc $rc"
       tail -n 5 "$reports/load_tree_$t.txt"; } | tee -a "$log"
     [[ $rc == 0 ]] || { status=1; echo "=== FAILED" | tee -a "$log"; }
   done
