@@ -25,9 +25,8 @@ using namespace detail;
 // Work items
 //===----------------------------------------------------------------------===//
 
-int64_t backwardChunk(int blockM, bool deterministic) {
-  return deterministic ? kBwdUnchunked
-                       : std::max<int64_t>(kBwdChunkTokens, blockM);
+int64_t backwardChunk(int blockM, bool split) {
+  return split ? kBwdUnchunked : std::max<int64_t>(kBwdChunkTokens, blockM);
 }
 
 namespace {
@@ -155,9 +154,8 @@ int64_t backwardAccRowsBound(const Plan &plan) {
   return rows;
 }
 
-int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads,
-                             bool deterministic) {
-  if (deterministic || numKVHeads == 1)
+int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads, bool split) {
+  if (split || numKVHeads == 1)
     return numKVHeads;
   // The items of 128-key tiles in the default mode, counted as
   // buildBackwardItems would build them.
@@ -197,7 +195,7 @@ void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
 
 BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
                                                 int numQHeads, int numKVHeads,
-                                                int headDim, bool deterministic,
+                                                int headDim, bool split,
                                                 int64_t accRows,
                                                 int kvHeadsPerLaunch) {
   BackwardWorkspaceLayout l;
@@ -205,7 +203,7 @@ BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
   l.deltaStrideH = numTokens;
   l.delta = 0;
   l.bytes = alignUp(numQHeads * numTokens * f32, kWorkspaceAlign);
-  if (deterministic)
+  if (split)
     return l;
   const int64_t sliceQHeads =
       int64_t(numQHeads) / numKVHeads * kvHeadsPerLaunch;
@@ -221,21 +219,24 @@ BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
   return l;
 }
 
-int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
-                               int numQHeads, int numKVHeads, int headDim,
-                               bool deterministic, const Tiling &tiling) {
+namespace {
+
+/// The workspace bytes of a backward of this shape in the split-dQ (`split`)
+/// or the atomic algorithm; checks the plan, num_tokens, heads, head_dim and
+/// tiling like backward() does.
+int64_t shapeWorkspaceBytes(const Plan *plan, int64_t numTokens, int numQHeads,
+                            int numKVHeads, int headDim, bool split,
+                            const Tiling &tiling) {
   checkShape(plan, numTokens, numQHeads, numKVHeads, headDim, DType::BF16);
   checkScaleAndTiling(0.f, tiling);
   // The accumulator rows depend on the main kernel's blockM, the bound does
   // not: the size is known without a GPU and whatever tiling is loaded.
   return backwardWorkspaceLayout(
-             numTokens, numQHeads, numKVHeads, headDim, deterministic,
-             deterministic ? 0 : backwardAccRowsBound(*plan),
-             backwardKVHeadsPerLaunch(*plan, numKVHeads, deterministic))
+             numTokens, numQHeads, numKVHeads, headDim, split,
+             split ? 0 : backwardAccRowsBound(*plan),
+             backwardKVHeadsPerLaunch(*plan, numKVHeads, split))
       .bytes;
 }
-
-namespace {
 
 /// Workspaces backward() owns, one per (context, stream): calls on one
 /// stream run in order, so they may share one; calls on different streams
@@ -445,9 +446,9 @@ int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
   }
   const bool split =
       backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
-  return backwardWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
-                                args.num_kv_heads, args.head_dim, split,
-                                args.tiling);
+  return shapeWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
+                             args.num_kv_heads, args.head_dim, split,
+                             args.tiling);
 }
 
 void backward(const BackwardArgs &args) {

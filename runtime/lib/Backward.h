@@ -12,17 +12,18 @@
 
 namespace dualkv {
 
-/// Query tokens per chunk of a prompt KV tile in the default backward: a
+/// Query tokens per chunk of a prompt KV tile in the atomic backward: a
 /// prompt tile seen by more queries is split over several CTAs whose dK/dV
 /// meet in fp32 accumulators. Long enough to amortise loading the tile and
 /// the atomics, short enough to spread a long group over the GPU.
 constexpr int64_t kBwdChunkTokens = 1024;
-/// The chunk of the deterministic backward: every tile is one item.
+/// The chunk of the split-dQ backward (BackwardAlgorithm::SplitDQ, which
+/// has no accumulators): every tile is one item.
 constexpr int64_t kBwdUnchunked = std::numeric_limits<int64_t>::max();
 
 /// The chunk size for a main kernel of `blockM` key rows: kBwdChunkTokens
-/// (at least blockM), or kBwdUnchunked when deterministic.
-DUALKV_API int64_t backwardChunk(int blockM, bool deterministic);
+/// (at least blockM), or kBwdUnchunked for the split-dQ algorithm (`split`).
+DUALKV_API int64_t backwardChunk(int blockM, bool split);
 
 /// The work items of docs/backward-abi.md on the host.
 struct BackwardItems {
@@ -64,37 +65,31 @@ constexpr int64_t kBwdMinItemsPerLaunch = 264;
 constexpr size_t kMaxOwnedWorkspaces = 8;
 
 /// KV heads per launch of the main kernel: 1 or numKVHeads (see
-/// kBwdMinItemsPerLaunch); numKVHeads in the deterministic mode, which has no
-/// accumulator. A function of the plan alone, so that the workspace size is
-/// known without a GPU or a kernel.
+/// kBwdMinItemsPerLaunch); numKVHeads in the split-dQ algorithm (`split`),
+/// which has no accumulator. A function of the plan alone, so that the
+/// workspace size is known without a GPU or a kernel.
 DUALKV_API int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads,
-                                        bool deterministic);
+                                        bool split);
 
 /// Byte offsets of the backward's buffers in its workspace, each 256-byte
-/// aligned; -1 for a buffer that the mode does not use.
+/// aligned; -1 for a buffer that the algorithm does not use.
 struct BackwardWorkspaceLayout {
   int64_t delta = -1; ///< fp32 [Hq][deltaStrideH]
-  int64_t dqacc = -1; ///< fp32 [T][Hs][D] (default mode; Hs = the query
+  int64_t dqacc = -1; ///< fp32 [T][Hs][D] (atomic algorithm; Hs = the query
                       ///< heads of one launch's KV heads)
-  int64_t dkacc = -1; ///< fp32 [accRows][Hkv_s][D] (default mode,
+  int64_t dkacc = -1; ///< fp32 [accRows][Hkv_s][D] (atomic algorithm,
                       ///< accRows > 0; Hkv_s = KV heads per launch)
   int64_t dvacc = -1; ///< like dkacc
   int64_t deltaStrideH = 0;
   int64_t bytes = 0; ///< total size
 };
 
-/// The workspace layout for `accRows` accumulator rows and main-kernel
-/// launches of `kvHeadsPerLaunch` KV heads each.
+/// The workspace layout of the split-dQ (`split`: Δ only) or the atomic
+/// algorithm for `accRows` accumulator rows and main-kernel launches of
+/// `kvHeadsPerLaunch` KV heads each.
 DUALKV_API BackwardWorkspaceLayout backwardWorkspaceLayout(
-    int64_t numTokens, int numQHeads, int numKVHeads, int headDim,
-    bool deterministic, int64_t accRows, int kvHeadsPerLaunch);
-
-/// backwardWorkspaceBytes from the shape alone (the C API's form): checks
-/// the plan, num_tokens, heads, head_dim and tiling like backward() does.
-DUALKV_API int64_t backwardWorkspaceBytes(const Plan *plan, int64_t numTokens,
-                                          int numQHeads, int numKVHeads,
-                                          int headDim, bool deterministic,
-                                          const Tiling &tiling);
+    int64_t numTokens, int numQHeads, int numKVHeads, int headDim, bool split,
+    int64_t accRows, int kvHeadsPerLaunch);
 
 /// Whether BackwardAlgorithm::Auto is SplitDQ on `arch` (backwardAlgorithmFor):
 /// sm_90a, at every head_dim, prefix trees included.
