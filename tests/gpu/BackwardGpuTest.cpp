@@ -59,10 +59,8 @@ constexpr int kDeterministicEvery = 3;
 const char *modeName(const BackwardOptions &o) {
   if (o.deterministic)
     return "deterministic";
-  if (o.algorithm != BackwardAlgorithm::Auto)
-    return toString(o.algorithm);
-  const char *env = std::getenv("DUALKV_TEST_BWD_ALGORITHM");
-  return env ? env : "default";
+  const BackwardAlgorithm a = o.algorithmAsked();
+  return a == BackwardAlgorithm::Auto ? "default" : toString(a);
 }
 
 struct GradErrors {

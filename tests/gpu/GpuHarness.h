@@ -372,6 +372,14 @@ struct BackwardOptions {
   Tiling tiling = {};
   /// The deterministic mode's dQ kernel's tiling (BackwardArgs::dq_tiling).
   Tiling dqTiling = {};
+  /// The algorithm asked for: `algorithm`, else DUALKV_TEST_BWD_ALGORITHM's,
+  /// else Auto.
+  BackwardAlgorithm algorithmAsked() const {
+    if (algorithm != BackwardAlgorithm::Auto)
+      return algorithm;
+    return namedFromEnv("DUALKV_TEST_BWD_ALGORITHM", parseBackwardAlgorithm,
+                        BackwardAlgorithm::Auto, "auto, atomic or split_dq");
+  }
 };
 
 /// A case on the device for the backward: the forward's buffers plus dO
@@ -408,11 +416,7 @@ struct BackwardDeviceCase : DeviceCase {
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, c, plan);
     a.deterministic = options.deterministic;
-    a.algorithm = options.algorithm;
-    if (a.algorithm == BackwardAlgorithm::Auto)
-      a.algorithm =
-          namedFromEnv("DUALKV_TEST_BWD_ALGORITHM", parseBackwardAlgorithm,
-                       BackwardAlgorithm::Auto, "auto, atomic or split_dq");
+    a.algorithm = options.algorithmAsked();
     a.tiling = options.tiling;
     // DUALKV_TEST_BWD_TILING=M:N:W[:S] runs the backward tests on another
     // tiling of the main kernel than the default (e.g. sm_80's 128:32:8 layout
