@@ -25,8 +25,8 @@
 // the plan's forward work order (Plan::forwardTable): CTA x computes item x,
 // the longest KV walks first.
 //
-// Prefix trees (KernelSpec::tree; by name, not yet a default; the dQ kernel
-// too, by name or by its tiling): a segment's keys are its ancestor ranges,
+// Prefix trees (KernelSpec::tree; the default on sm_90a, the dQ kernel's
+// too): a segment's keys are its ancestor ranges,
 // walked from the plan's chain table as the dualkv.chain_loop of the IR says
 // (each range's full tiles, then its tail masked past the range's end), then
 // its own region as above. The pipeline iterates over the ranges' tiles first:

@@ -35,9 +35,9 @@ DUALKV_API const char *toString(DType dtype);
 /// How a kernel is computed, each in a folder of compiler/lib: MmaSync
 /// (mma.sync, sm_80 and later; also bwd_pre and bwd_post, which are the same
 /// everywhere), Wgmma (sm_90a, head_dim 128: the forward, the KV-major
-/// backward, and the dQ kernel of prefix trees, else by name),
-/// WarpSpecialized (sm_90a: the TMA forward at head_dim 64/128/256, the
-/// KV-major backward and the dQ kernel at head_dim 64/128).
+/// backward and the dQ kernel, by name), WarpSpecialized (sm_90a's default:
+/// the TMA forward at head_dim 64/128/256, the KV-major backward and the dQ
+/// kernel at head_dim 64/128; prefix trees' too).
 /// Auto means the default for the spec (resolveSpec).
 enum class Schedule { Auto, MmaSync, Wgmma, WarpSpecialized };
 /// "auto", "mma_sync", "wgmma", "warp_specialized".

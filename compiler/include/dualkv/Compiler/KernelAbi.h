@@ -148,8 +148,8 @@ inline constexpr auto kBwdDQWarpSpecializedParams =
 inline constexpr auto kBwdDQTreeParams =
     extend(kBwdDQParams, {{"chain", I32P}});
 
-/// The warp-specialized bwd_dq of prefix trees (KernelSpec::tree, by its
-/// tiling of more than 2 stages): its parameters, then the plan's chain
+/// The warp-specialized bwd_dq of prefix trees (KernelSpec::tree; sm_90a's
+/// default at head_dim 64 and 128): its parameters, then the plan's chain
 /// table.
 inline constexpr auto kBwdDQWarpSpecializedTreeParams =
     extend(kBwdDQWarpSpecializedParams, {{"chain", I32P}});
