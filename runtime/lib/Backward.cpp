@@ -157,7 +157,7 @@ int64_t backwardAccRowsBound(const Plan &plan) {
 int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads, bool split) {
   if (split || numKVHeads == 1)
     return numKVHeads;
-  // The items of 128-key tiles in the default mode, counted as
+  // The items of 128-key tiles in the atomic algorithm, counted as
   // buildBackwardItems would build them.
   constexpr int64_t blockM = 128;
   int64_t items = 0;
