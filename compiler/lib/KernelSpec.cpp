@@ -307,13 +307,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // Elsewhere the forward's loops with P, dP and dS live at once: 64 query
     // rows. At head_dim 256 too: each warp's 16 rows x 256 columns of dQ are
     // 128 registers a thread, and ptxas fits the kernel in 255 without
-    // spills. There, on sm_90 and later, 16-key tiles: S and dP are half the
-    // mma.sync of 32-key ones, so the kernel's four tile bodies are 155 KB of
-    // PTX instead of 264 KB and it compiles in about half the time, the long
-    // pole of a head_dim-256 cold start (benchmarks/NOTES.md, eleventh
-    // session, with its speed against 64:32:4:1).
-    if (spec.headDim == 256 && archNumber(spec.arch) >= 90)
-      return {64, 16, 4, 1};
+    // spills.
     return {64, 32, 4, 1};
   case KernelKind::Fwd:
     break;
