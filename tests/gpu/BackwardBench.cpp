@@ -74,27 +74,27 @@ double median(std::vector<float> ms) {
 }
 
 int usage(std::FILE *to = stderr) {
-  fmt::print(to,
-             "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128] "
-             "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
-             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
-             "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
-             "[--dq-tilings M:N:W:S,...] "
-             "[--bwd-orders auto,longest_first,query_chunks] "
-             "[--bwd-algorithms auto,atomic,split_dq]\n"
-             "Defaults: the standard configs of benchmarks/README.md plus "
-             "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
-             "rotating input sets, every mode, the default backward tiling "
-             "(--bwd-tilings times each listed block_m:block_n:warps[:stages] "
-             "(stages 1 if left out; 128:64:8:2 on sm_90a is the "
-             "warp-specialized backward with the TMA producer) of the "
-             "backward's main kernel in turn; --bwd-schedules likewise each "
-             "listed schedule of it; --dq-tilings each listed "
-             "block_m:block_n:warps:stages of the split-dQ algorithm's dQ "
-             "kernel, 0 fields taking defaults; --bwd-orders each listed "
-             "order of the main kernel's work items; --bwd-algorithms each "
-             "listed algorithm of the modes bwd and fwd+bwd, det being "
-             "split_dq).\n");
+  fmt::print(
+      to, "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128|256] "
+          "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
+          "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
+          "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
+          "[--dq-tilings M:N:W:S,...] "
+          "[--bwd-orders auto,longest_first,query_chunks] "
+          "[--bwd-algorithms auto,atomic,split_dq]\n"
+          "Defaults: the standard configs of benchmarks/README.md plus "
+          "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
+          "rotating input sets, every mode, the default backward tiling "
+          "(--bwd-tilings times each listed block_m:block_n:warps[:stages] "
+          "(stages 1 if left out; 128:64:8:2 on sm_90a is the "
+          "warp-specialized backward with the TMA producer) of the "
+          "backward's main kernel in turn; --bwd-schedules likewise each "
+          "listed schedule of it; --dq-tilings each listed "
+          "block_m:block_n:warps:stages of the split-dQ algorithm's dQ "
+          "kernel, 0 fields taking defaults; --bwd-orders each listed "
+          "order of the main kernel's work items; --bwd-algorithms each "
+          "listed algorithm of the modes bwd and fwd+bwd, det being "
+          "split_dq).\n");
   return 2;
 }
 
