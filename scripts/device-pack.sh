@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Packs what a GPU run needs into .device/ (git-ignored), for the device tool's `carry`.
 # The GPU machine has no MLIR: libdualkv.so carries it inside.
+# Usage: scripts/device-pack.sh [--ab EARLIER_LIBDUALKV_SO] [BUILD_DIR]
+# --ab also packs an earlier build's libdualkv.so for device-run.sh's "ab" step.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+ab=
+if [[ ${1:-} == --ab ]]; then
+  ab=$2
+  shift 2
+fi
 build=${1:-$root/build}
 out=$root/.device
 rm -rf "$out" && mkdir -p "$out/stage/build/tools" "$out/stage/build/tests/gpu"
+if [[ -n $ab ]]; then
+  mkdir -p "$out/ab"
+  strip --strip-unneeded -o "$out/ab/libdualkv.so" "$ab"
+  xz -T2 "$out/ab/libdualkv.so"
+fi
 strip --strip-unneeded -o "$out/stage/build/libdualkv.so" "$build/libdualkv.so"
 cp "$build/libdualkv_runtime.so" "$out/stage/build/"
 cp "$build/tools/dualkv-aot" "$build/tools/dualkv-opt" "$build/tools/dualkv-tune" "$out/stage/build/tools/"

@@ -3,7 +3,7 @@
 # tests of the forward and the backward (ctest -L gpu), the examples and the Python tests
 # ("tests"), the benchmarks ("bench": bench_attention.py fwd and fwd+bwd against the peers,
 # dualkv-backward-bench, compile_cost.py, tune_vs_default.py), or both ("all", the default).
-# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, per-class, grpo, tree, tree-example, candidates, graph-load, profile, breakdown, sanitize (several:
+# Single steps: ctest, examples, pytest, checks, attention, kernels, compile-cost, tune, per-class, ab, grpo, tree, tree-example, candidates, graph-load, profile, breakdown, sanitize (several:
 # "ctest,pytest"). "tune" alone takes ~3-6 minutes of GPU; with the rest of "bench" it no
 # longer fits one 10-minute command, so run it as a step of its own.
 #
@@ -216,6 +216,29 @@ if [[ ,$what, == *,per-class,* ]]; then
   step "per_class_vs_one.py ${PER_CLASS_ARGS:---kinds bwd_kv,bwd_dq --rounds 2}" \
     python3 benchmarks/per_class_vs_one.py --build build --out "$out/per_class" \
     ${PER_CLASS_ARGS:---kinds bwd_kv,bwd_dq --rounds 2}
+fi
+if [[ ,$what, == *,ab,* ]]; then
+  # This build against an earlier one in one device call (not part of "all"): the
+  # earlier libdualkv.so, packed as .device/ab/libdualkv.so.xz (scripts/device-pack.sh
+  # --ab LIB), serves the same dualkv-backward-bench binary through LD_LIBRARY_PATH.
+  # Runs alternate this, earlier, earlier, this (ABBA: a linear drift cancels), AB_ROUNDS
+  # times (default 1), each with AB_ARGS (dualkv-backward-bench's arguments), into
+  # $OUT/ab.txt.
+  if [[ -f .device/ab/libdualkv.so.xz ]]; then
+    mkdir -p "$reports/ab-lib" && xz -dc .device/ab/libdualkv.so.xz > "$reports/ab-lib/libdualkv.so"
+    bb=build/tests/gpu/dualkv-backward-bench
+    for round in $(seq "${AB_ROUNDS:-1}"); do
+      for which in this earlier earlier this; do
+        lib=$([[ $which == earlier ]] && echo "$reports/ab-lib" || echo "$root/build")
+        # shellcheck disable=SC2086
+        step "ab round $round: $which build" bash -c "set -o pipefail; \
+          LD_LIBRARY_PATH='$lib' $bb ${AB_ARGS:-} | sed 's/^/$which /' | tee -a '$out/ab.txt'"
+      done
+    done
+  else
+    echo "=== ab: no .device/ab/libdualkv.so.xz (scripts/device-pack.sh --ab LIB)" | tee -a "$log"
+    status=1
+  fi
 fi
 if [[ ,$what, == *,grpo,* ]]; then
   # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so

@@ -335,7 +335,9 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
                         /*printModuleScope=*/true,
                         /*printAfterOnlyOnChange=*/true,
                         /*printAfterOnlyOnFailure=*/false, passLogStream);
-  mlir::dualkv::buildKernelPipeline(pm, bind);
+  mlir::dualkv::DualKVTileRegionsOptions tile;
+  tile.maskEveryTile = maskEveryTile(spec);
+  mlir::dualkv::buildKernelPipeline(pm, bind, tile);
   mlir::LogicalResult ran = pm.run(*module);
   writeFile(options.dumpDir, "passes.mlir", passLog);
   if (mlir::failed(ran)) {

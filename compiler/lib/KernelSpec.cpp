@@ -344,6 +344,18 @@ Tiling defaultTiling(const KernelSpec &spec) {
   return t;
 }
 
+bool maskEveryTile(const KernelSpec &spec) {
+  // The mma_sync dQ kernel at head_dim 256: each tile body is 192 mma.sync a
+  // warp (S, dP and dQ over 32 keys and 256 columns), so its four bodies
+  // (the prompt's full tiles and tail, the response's full tiles and
+  // diagonal) made 264 KB of PTX and the slowest compile of a cold start.
+  // Masking every tile keeps two, for a few selects a score beside those
+  // products (benchmarks/NOTES.md, eleventh session: compile time and
+  // speed on the H200).
+  return spec.kind == KernelKind::BwdDQ && spec.headDim == 256 &&
+         spec.schedule == Schedule::MmaSync && archNumber(spec.arch) >= 90;
+}
+
 int threadsPerBlock(const KernelSpec &spec) {
   KernelSpec r = resolveSpec(spec);
   return r.tiling.warps * 32 +

@@ -1,5 +1,12 @@
 //===- TileRegions.cpp - dualkv-tile-regions: full tiles vs masked edges
 //---===//
+//
+// Each region's kv_loop becomes its full tiles (no mask) and its edge (the
+// prompt's tail, the response's causal diagonal), or, with mask-every-tile,
+// one loop over all of them with the mask; each backward query loop its
+// diagonal and its full tiles.
+//
+//===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Passes.h"
 
 #include "mlir/IR/IRMapping.h"
@@ -60,6 +67,8 @@ static LoopOp cloneLoop(OpBuilder &b, LoopOp loop, LoopOp copy,
 namespace {
 struct TileRegionsPass
     : public mlir::dualkv::impl::DualKVTileRegionsBase<TileRegionsPass> {
+  using Base::Base;
+
   void runOnOperation() override {
     SmallVector<KVLoopOp> loops;
     SmallVector<QLoopOp> qloops;
@@ -91,17 +100,27 @@ struct TileRegionsPass
         b.setInsertionPointToStart(&chain.getBody().front());
         inits = chain.getRegionIterArgs();
       }
-      auto full = cloneLoop<KVLoopOp, QKOp>(
-          b, loop,
-          KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), LoopPart::full,
-                           inits),
-          std::nullopt);
-      auto edge = cloneLoop<KVLoopOp, QKOp>(
-          b, loop,
-          KVLoopOp::create(b, loop.getLoc(), loop.getRegion(),
-                           shared ? LoopPart::tail : LoopPart::diagonal,
-                           full.getResults()),
-          shared ? MaskKind::bound : MaskKind::causal);
+      MaskKind mask = shared ? MaskKind::bound : MaskKind::causal;
+      KVLoopOp edge;
+      if (maskEveryTile) {
+        edge = cloneLoop<KVLoopOp, QKOp>(
+            b, loop,
+            KVLoopOp::create(b, loop.getLoc(), loop.getRegion(),
+                             LoopPart::masked, inits),
+            mask);
+      } else {
+        auto full = cloneLoop<KVLoopOp, QKOp>(
+            b, loop,
+            KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), LoopPart::full,
+                             inits),
+            std::nullopt);
+        edge = cloneLoop<KVLoopOp, QKOp>(
+            b, loop,
+            KVLoopOp::create(b, loop.getLoc(), loop.getRegion(),
+                             shared ? LoopPart::tail : LoopPart::diagonal,
+                             full.getResults()),
+            mask);
+      }
       if (chained) {
         YieldOp::create(b, loop.getLoc(), edge.getResults());
         loop.replaceAllUsesWith(chain.getResults());

@@ -365,7 +365,8 @@ protected:
   /// for the query tile at `qRow0` (block_m rows) of a segment of `segLen`
   /// tokens that sees `sharedLen` prompt tokens: the prompt's full tiles and
   /// its tail, the segment's full tiles below the tile and its causal
-  /// diagonal. None for an untiled loop (part <all>).
+  /// diagonal, or (part <masked>) all of a region's tiles, the full ones and
+  /// the edge. None for an untiled loop (part <all>).
   std::optional<std::pair<Value, Value>>
   kvLoopBounds(LoopPart part, KVRegion region, Value qRow0, Value segLen,
                Value sharedLen, int64_t blockM, int64_t blockN) {
@@ -382,8 +383,11 @@ protected:
       Value lb = divu(sharedLen, blockN);
       return std::make_pair(lb, ceilDiv(sharedLen, blockN));
     }
-    case LoopPart::diagonal: {
-      Value lb = divu(qRow0, blockN);
+    case LoopPart::diagonal:
+    case LoopPart::masked: {
+      if (part == LoopPart::masked && region == KVRegion::shared)
+        return std::make_pair(idx(0), ceilDiv(sharedLen, blockN));
+      Value lb = part == LoopPart::masked ? idx(0) : divu(qRow0, blockN);
       Value qEnd = add(qRow0, idx(blockM));
       Value end =
           select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);

@@ -70,7 +70,9 @@ LogicalResult KVMajorEmitter::qLoopBounds(QLoopOp op, Value &lb, Value &ub) {
   case LoopPart::all:
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
   case LoopPart::tail:
-    return op.emitOpError() << "has no sm_80 lowering for part tail";
+  case LoopPart::masked:
+    return op.emitOpError()
+           << "has no lowering for part " << stringifyLoopPart(op.getPart());
   case LoopPart::diagonal:
     lb = idx(0);
     ub = diagEnd;

@@ -209,15 +209,19 @@ LogicalResult KernelOp::verify() {
 
 LogicalResult KernelOp::verifyRegions() {
   // The regions a kernel walks must be disjoint: each (region, part) at most
-  // once, and `all` excludes every other part of the same region.
+  // once, and `all` and `masked` (every tile of the region) exclude every
+  // other part of the same region.
   SmallVector<KVLoopOp> loops;
   getBody().walk([&](KVLoopOp loop) { loops.push_back(loop); });
   for (auto [i, a] : llvm::enumerate(loops)) {
     for (KVLoopOp b : ArrayRef<KVLoopOp>(loops).drop_front(i + 1)) {
       if (a.getRegion() != b.getRegion())
         continue;
-      if (a.getPart() == b.getPart() || a.getPart() == LoopPart::all ||
-          b.getPart() == LoopPart::all)
+      auto whole = [](LoopPart p) {
+        return p == LoopPart::all || p == LoopPart::masked;
+      };
+      if (a.getPart() == b.getPart() || whole(a.getPart()) ||
+          whole(b.getPart()))
         return b.emitOpError()
                << "overlaps an earlier loop over the "
                << stringifyKVRegion(a.getRegion()) << " region (parts "
@@ -557,6 +561,9 @@ LogicalResult QLoopOp::verify() {
   if (getPart() == LoopPart::tail)
     return emitOpError() << "a query loop has no tail part: the last query "
                             "tile's extra rows read as zero";
+  if (getPart() == LoopPart::masked)
+    return emitOpError() << "a query loop has no masked part: its tiles split "
+                            "into the diagonal and the full ones";
   auto kernel = (*this)->getParentOfType<KernelOp>();
   if (kernel && kernel.getKind() != KernelKind::bwd &&
       kernel.getKind() != KernelKind::bwd_kv)

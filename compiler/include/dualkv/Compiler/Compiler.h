@@ -115,6 +115,12 @@ DUALKV_API Tiling defaultTiling(const KernelSpec &spec);
 /// `spec` with its tiling completed by defaultTiling and, with Schedule::Auto,
 /// its schedule chosen: the one place that choice is made.
 DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
+/// Whether the resolved `spec`'s KV loops run every tile through the region's
+/// mask (one loop body a region, dualkv-tile-regions' mask-every-tile)
+/// instead of unmasked full tiles and masked edges: the head_dim-256 dQ
+/// kernel on sm_90 and later, whose four tile bodies of 192 mma.sync each
+/// made it the slowest kernel to compile.
+DUALKV_API bool maskEveryTile(const KernelSpec &spec);
 /// Threads per CTA of `spec`: the tiling's warps, and the producer warpgroup
 /// of the warp-specialized schedule.
 DUALKV_API int threadsPerBlock(const KernelSpec &spec);

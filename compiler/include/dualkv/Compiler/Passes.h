@@ -26,11 +26,17 @@ namespace mlir::dualkv {
 
 /// dualkv-bind-spec, dualkv-tile-regions, dualkv-lower-to-nvgpu, then the
 /// upstream conversions to the NVVM/LLVM dialects.
-void buildKernelPipeline(OpPassManager &pm, const DualKVBindSpecOptions &bind);
+void buildKernelPipeline(OpPassManager &pm, const DualKVBindSpecOptions &bind,
+                         const DualKVTileRegionsOptions &tile = {});
 
 /// Registers the passes and `dualkv-to-llvm`, the upstream half of the
 /// pipeline.
 void registerKernelPipeline();
+
+/// The debug names of the upstream canonicalization patterns that the
+/// pipeline's canonicalizer leaves out (they cost compile time and rewrite
+/// nothing in DualKV's kernels).
+ArrayRef<std::string> canonicalizerSkippedPatterns();
 
 /// Registers every dialect a DualKV module may contain at any stage.
 void registerAllDialects(DialectRegistry &registry);

@@ -50,7 +50,17 @@ def DualKVTileRegions : Pass<"dualkv-tile-regions", "::mlir::ModuleOp"> {
     In a tree kernel (`#dualkv.problem<..., tree = true>`) the shared region's two
     loops go into a `dualkv.chain_loop`, which runs them once per ancestor range of
     the query's segment.
+
+    With `mask-every-tile`, each region's `kv_loop` becomes one `masked` loop instead:
+    every tile, the full ones included, passes through the region's mask. One loop body
+    instead of two: half the code for a kernel whose tile body is large (the head_dim-256
+    dQ kernel, `maskEveryTile` in compiler/lib/KernelSpec.cpp), for a few selects a
+    score. Query loops of the KV-major backward are split as always.
   }];
+  let options = [
+    Option<"maskEveryTile", "mask-every-tile", "bool", "false",
+           "one masked kv_loop per region instead of full tiles and masked edges">,
+  ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }
 

@@ -39,13 +39,17 @@ def DualKV_PartAll : I32EnumAttrCase<"all", 0>;
 def DualKV_PartFull : I32EnumAttrCase<"full", 1>;
 def DualKV_PartTail : I32EnumAttrCase<"tail", 2>;
 def DualKV_PartDiagonal : I32EnumAttrCase<"diagonal", 3>;
+def DualKV_PartMasked : I32EnumAttrCase<"masked", 4>;
 def DualKV_LoopPart : I32EnumAttr<"LoopPart", "which tiles of a region a loop covers",
-    [DualKV_PartAll, DualKV_PartFull, DualKV_PartTail, DualKV_PartDiagonal]> {
+    [DualKV_PartAll, DualKV_PartFull, DualKV_PartTail, DualKV_PartDiagonal,
+     DualKV_PartMasked]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::mlir::dualkv";
 }
 def DualKV_LoopPartAttr : EnumAttr<DualKV_Dialect, DualKV_LoopPart, "part"> {
-  let summary = "`all` before tiling; `full`, `tail` or `diagonal` after";
+  let summary = "`all` before tiling; `full`, `tail` or `diagonal` after, or "
+                "`masked`: every tile of the region, each through the region's "
+                "mask (one loop body instead of two)";
   let assemblyFormat = "`<` $value `>`";
 }
 
