@@ -225,11 +225,12 @@ if [[ ,$what, == *,ab,* ]]; then
   # times (default 1), each with AB_ARGS (dualkv-backward-bench's arguments), into
   # $OUT/ab.txt.
   if [[ -f .device/ab/libdualkv.so.xz ]]; then
-    mkdir -p "$reports/ab-lib" && xz -dc .device/ab/libdualkv.so.xz > "$reports/ab-lib/libdualkv.so"
+    ablib=$(mktemp -d "${TMPDIR:-/tmp}/dualkv-ab.XXXXXX")
+    xz -dc .device/ab/libdualkv.so.xz > "$ablib/libdualkv.so"
     bb=build/tests/gpu/dualkv-backward-bench
     for round in $(seq "${AB_ROUNDS:-1}"); do
       for which in this earlier earlier this; do
-        lib=$([[ $which == earlier ]] && echo "$reports/ab-lib" || echo "$root/build")
+        lib=$([[ $which == earlier ]] && echo "$ablib" || echo "$root/build")
         # shellcheck disable=SC2086
         step "ab round $round: $which build" bash -c "set -o pipefail; \
           LD_LIBRARY_PATH='$lib' $bb ${AB_ARGS:-} | sed 's/^/$which /' | tee -a '$out/ab.txt'"
