@@ -78,7 +78,8 @@ fi
 if [[ ,$what, == *,checks,* ]]; then
   # Every correctness check at once (not part of "all"; ~5 minutes instead of ~15 in a
   # row; the GPU has room and the host 16 cores): the GPU ctest (-j4), pytest, the tree
-  # tests in $tree_other_env, the tree sanitize workload under the four tools, and the
+  # tests in $tree_other_env, the sanitize workloads of CHECK_SANITIZE (default: the
+  # trees) under the four tools, and the
   # graph test GRAPH_RUNS times beside them (the load under which it once failed).
   # Each writes its own log in the reports; device.log gets their ends and statuses.
   g=build/tests/gpu/dualkv-gpu-tests
@@ -99,9 +100,13 @@ if [[ ,$what, == *,checks,* ]]; then
     # shellcheck disable=SC2086
     run_job "tree_${t}_other_schedules" env $tree_other_env "$g" tree-$t 40
   done
-  for tool in memcheck racecheck synccheck initcheck; do
-    run_job "sanitize_tree_$tool" "$san" --tool $tool --error-exitcode 9 --print-limit 20 \
-      "$g" sanitize tree
+  # CHECK_SANITIZE: the sanitize workloads (dualkv-gpu-tests sanitize <w>: a head_dim or
+  # "tree"), each under the four tools.
+  for w in ${CHECK_SANITIZE:-tree}; do
+    for tool in memcheck racecheck synccheck initcheck; do
+      run_job "sanitize_${w}_$tool" "$san" --tool $tool --error-exitcode 9 --print-limit 20 \
+        "$g" sanitize "$w"
+    done
   done
   run_job graph bash -c "fails=0; for i in \$(seq ${GRAPH_RUNS:-50}); do $g graph | tail -1 \
     | grep -q ' 0 values differ' || fails=\$((fails + 1)); done; echo \"graph: \$fails of ${GRAPH_RUNS:-50} failed\"; [[ \$fails == 0 ]]"

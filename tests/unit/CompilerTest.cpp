@@ -102,6 +102,35 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
   }
 }
 
+TEST_CASE("compiler: only the head_dim-256 dQ kernel from sm_90 on masks "
+          "every tile",
+          "[compiler][backward]") {
+  // compiler/lib/KernelSpec.cpp maskEveryTile: one masked loop a region (two
+  // tile bodies instead of four) where a tile body is 192 mma.sync a warp.
+  auto resolved = [](KernelKind kind, int d, const char *arch) {
+    KernelSpec spec;
+    spec.kind = kind;
+    spec.headDim = d;
+    spec.arch = arch;
+    return resolveSpec(spec);
+  };
+  for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"})
+    CHECK(maskEveryTile(resolved(KernelKind::BwdDQ, 256, arch)));
+  CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_80")));
+  CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_89")));
+  for (int d : {64, 128})
+    CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, d, "sm_90a")));
+  for (KernelKind kind : {KernelKind::Fwd, KernelKind::Bwd, KernelKind::BwdKV,
+                          KernelKind::BwdPre, KernelKind::BwdPost})
+    CHECK_FALSE(maskEveryTile(resolved(kind, 256, "sm_90a")));
+  // The tree variant takes the same kernel body.
+  KernelSpec tree;
+  tree.kind = KernelKind::BwdDQ;
+  tree.headDim = 256;
+  tree.tree = true;
+  CHECK(maskEveryTile(resolveSpec(tree)));
+}
+
 TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
           "[compiler]") {
   for (int d : {64, 128, 256})

@@ -352,6 +352,18 @@ dualkv.kernel @same_region_same_part kind <bwd_post> {
 
 // -----
 
+dualkv.kernel @masked_then_part kind <bwd_post> {
+  dualkv.kv_loop <shared> part <masked> {
+  ^bb0(%j: index):
+  }
+  // expected-error @+1 {{overlaps an earlier loop over the shared region (parts masked and tail): every KV tile must be visited once}}
+  dualkv.kv_loop <shared> part <tail> {
+  ^bb0(%j: index):
+  }
+}
+
+// -----
+
 dualkv.kernel @all_then_part kind <bwd_post> {
   dualkv.kv_loop <response> part <all> {
   ^bb0(%j: index):
@@ -834,6 +846,15 @@ dualkv.kernel @q_loop_in_bwd_dq kind <bwd_dq> {
 dualkv.kernel @q_loop_in_bwd_pre kind <bwd_pre> {
   // expected-error @+1 {{query loops belong to KV-major backward kernels (bwd, bwd_kv)}}
   dualkv.q_loop part <all> {
+  ^bb0(%i: index):
+  }
+}
+
+// -----
+
+dualkv.kernel @q_loop_masked kind <bwd> {
+  // expected-error @+1 {{'dualkv.q_loop' op a query loop has no masked part: its tiles split into the diagonal and the full ones}}
+  dualkv.q_loop part <masked> {
   ^bb0(%i: index):
   }
 }
