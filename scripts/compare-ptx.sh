@@ -3,13 +3,16 @@
 # compares two snapshots byte for byte (refactors of the emitters must leave
 # generated code unchanged). Run with --help for usage.
 set -euo pipefail
+all=0
 
 usage() {
   cat <<'EOF'
-usage: scripts/compare-ptx.sh snapshot AOT DIR    write the PTX of every kernel into DIR
+usage: scripts/compare-ptx.sh snapshot [--all] AOT DIR
+                                                  write the PTX of every kernel into DIR
+                                                  (a new or empty folder)
        scripts/compare-ptx.sh diff [--normalize-names] DIR_A DIR_B
                                                   compare two snapshots byte for byte
-       scripts/compare-ptx.sh check AOT_A AOT_B [WORKDIR]
+       scripts/compare-ptx.sh check [--all] AOT_A AOT_B [WORKDIR]
                                                   snapshot with both binaries, then diff
 
 "Every shipped kernel" is what tests/lit/Tools/aot-ptxas*.test compile, with the
@@ -23,7 +26,9 @@ prefetch, the sm_90a forward's warpgroup schedule at 64-key tiles, the sm_80
 backward in the two-dimensional warp layout, the sm_90a backward at 64-key
 blocks; 16 more kernels). The head_dim 256 backward, added after these 84,
 is left out so that binaries from before it still snapshot (aot-ptxas-bwd.test
-compiles it). A snapshot holds one
+compiles it). --all adds it and the tree kernels (--tree fwd and bwd_dq at head_dim
+64, 128, 256), for bf16 and fp16, sm_80 and sm_90a (52 more kernels; binaries from
+the eleventh session on). A snapshot holds one
 <name>.ptx per kernel (dualkv-aot's file names) and list.txt.
 
 diff exits 0 when both snapshots hold the same kernels with identical bytes, 1
@@ -52,12 +57,27 @@ configs() {
   done
   echo "--kind bwd --head-dim 64 --dtype bf16 --arch sm_80 --block-m 128 --block-n 64 --warps 8"
   echo "--kind bwd --head-dim 128 --dtype bf16 --arch sm_90a --block-m 64 --block-n 32 --warps 4"
+  [[ $all == 1 ]] || return 0
+  for t in bf16 fp16; do
+    for a in sm_80 sm_90a; do
+      echo "--kind bwd --head-dim 256 --dtype $t --arch $a"
+      for d in 64 128 256; do
+        echo "--kind fwd --tree --head-dim $d --dtype $t --arch $a"
+        echo "--kind bwd_dq --tree --head-dim $d --dtype $t --arch $a"
+      done
+    done
+  done
 }
 
 snapshot() {
   local aot=$1 dir=$2 line tmp
   [[ -x $aot ]] || { echo "compare-ptx: '$aot' is not an executable" >&2; exit 2; }
   mkdir -p "$dir"
+  # A folder with an earlier snapshot's files would mix them into this one.
+  if [[ -n $(ls -A "$dir") ]]; then
+    echo "compare-ptx: '$dir' is not empty; a snapshot needs a new or empty folder" >&2
+    exit 2
+  fi
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' RETURN
   while read -r line; do
@@ -111,8 +131,10 @@ diffdirs() {
 case ${1:-} in
 -h | --help | help) usage ;;
 snapshot)
-  [[ $# == 3 ]] || { usage >&2; exit 2; }
-  snapshot "$2" "$3"
+  shift
+  [[ ${1:-} == --all ]] && { all=1; shift; }
+  [[ $# == 2 ]] || { usage >&2; exit 2; }
+  snapshot "$1" "$2"
   ;;
 diff)
   shift
@@ -120,10 +142,12 @@ diff)
   diffdirs "$@"
   ;;
 check)
-  [[ $# == 3 || $# == 4 ]] || { usage >&2; exit 2; }
-  work=${4:-$(mktemp -d)}
-  snapshot "$2" "$work/a"
-  snapshot "$3" "$work/b"
+  shift
+  [[ ${1:-} == --all ]] && { all=1; shift; }
+  [[ $# == 2 || $# == 3 ]] || { usage >&2; exit 2; }
+  work=${3:-$(mktemp -d)}
+  snapshot "$1" "$work/a"
+  snapshot "$2" "$work/b"
   diffdirs "$work/a" "$work/b"
   ;;
 *)
