@@ -383,18 +383,28 @@ protected:
       Value lb = divu(sharedLen, blockN);
       return std::make_pair(lb, ceilDiv(sharedLen, blockN));
     }
-    case LoopPart::diagonal:
+    case LoopPart::diagonal: {
+      Value lb = divu(qRow0, blockN);
+      return std::make_pair(lb, diagonalEnd(qRow0, segLen, blockM, blockN));
+    }
     case LoopPart::masked: {
-      if (part == LoopPart::masked && region == KVRegion::shared)
-        return std::make_pair(idx(0), ceilDiv(sharedLen, blockN));
-      Value lb = part == LoopPart::masked ? idx(0) : divu(qRow0, blockN);
-      Value qEnd = add(qRow0, idx(blockM));
-      Value end =
-          select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
-      return std::make_pair(lb, ceilDiv(end, blockN));
+      // From the full tiles' first to the edge's last.
+      Value lb = idx(0);
+      return std::make_pair(lb,
+                            region == KVRegion::shared
+                                ? ceilDiv(sharedLen, blockN)
+                                : diagonalEnd(qRow0, segLen, blockM, blockN));
     }
     }
     return std::nullopt;
+  }
+  /// One past the last response tile that the query tile at `qRow0` (block_m
+  /// rows, within the segment's `segLen` tokens) sees.
+  Value diagonalEnd(Value qRow0, Value segLen, int64_t blockM, int64_t blockN) {
+    Value qEnd = add(qRow0, idx(blockM));
+    Value end =
+        select(cmp(arith::CmpIPredicate::ult, qEnd, segLen), qEnd, segLen);
+    return ceilDiv(end, blockN);
   }
 
   /// {start, length, shared_start, shared_len} of segment `seg` in the plan's
