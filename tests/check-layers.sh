@@ -12,12 +12,13 @@ bad() {
   status=1
 }
 
-# Runtime headers, public (dualkv/<name>.h) and internal (runtime/lib/<name>.h).
-for h in "$root"/runtime/include/dualkv/*.h "$root"/runtime/lib/*.h; do
+# Runtime headers, public (dualkv/<name>.h) and internal
+# (runtime/lib/<layer>/<name>.h, included as "<layer>/<name>.h").
+for h in "$root"/runtime/include/dualkv/*.h "$root"/runtime/lib/*/*.h; do
   name=$(basename "$h")
   case $h in
   */include/dualkv/*) pattern="#include \"dualkv/$name\"" ;;
-  *) pattern="#include \"$name\"" ;;
+  *) pattern="#include \"$(basename "$(dirname "$h")")/$name\"" ;;
   esac
   for dir in base dialects compiler; do
     if hits=$(grep -rnF "$pattern" "$root/$dir"); then
@@ -38,6 +39,10 @@ if hits=$(grep -nE '#include [<"](mlir|llvm)/|Passes\.h' \
   "$root/compiler/include/dualkv/Compiler/Compiler.h" \
   "$root/compiler/include/dualkv/Compiler/KernelAbi.h" "$root/compiler/lib/KernelSpec.cpp"); then
   bad "what the runtime-only library links includes MLIR or LLVM" "$hits"
+fi
+# Inside the runtime: its layers and no include cycle.
+if ! python3 "$(dirname "$0")/check-runtime-layers.py" "$root"; then
+  status=1
 fi
 [ $status -eq 0 ] && echo "layers: ok"
 exit $status

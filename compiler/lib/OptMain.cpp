@@ -10,7 +10,7 @@
 
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 
-extern "C" DUALKV_API int dualkv_opt_main(int argc, char **argv) {
+extern "C" int dualkv_opt_main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   mlir::dualkv::registerAllDialects(registry);
   mlir::dualkv::registerKernelPipeline();

@@ -9,8 +9,8 @@
 // load as exactly what was stored or be a miss, never throw; after a store the
 // entry must load again (the repair). The whole run is under an alarm, so a
 // hang fails it; the last line gives the number of inputs tried.
-#include "Cache.h"
-#include "Files.h"
+#include "cache/DiskCache.h"
+#include "cache/Files.h"
 
 #include "dualkv/Tuning.h"
 

@@ -7,8 +7,8 @@
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
-#include "Backward.h" // kMaxOwnedWorkspaces
-#include "Cache.h"    // clearKernelCache
+#include "dualkv/Cache.h"
+#include "operations/Workspace.h" // kMaxOwnedWorkspaces (a constant)
 
 #include <chrono>
 #include <cstdio>

@@ -3,9 +3,13 @@
 #ifndef DUALKV_TESTS_UNIT_FAKEDRIVER_H
 #define DUALKV_TESTS_UNIT_FAKEDRIVER_H
 
-#include "Backward.h"
-#include "Cache.h"
-#include "CudaDriver.h"
+#include "cache/DiskCache.h"
+#include "driver/CudaDriver.h"
+#include "driver/Launch.h"
+#include "operations/Workspace.h"
+#include "plans/WorkItems.h"
+#include "selection/Background.h"
+#include "selection/Select.h"
 
 #include "dualkv/dualkv.h"
 

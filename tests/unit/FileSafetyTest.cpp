@@ -4,7 +4,7 @@
 // a device or a huge sparse file is refused at once (issue 14, rows 2-5).
 #include "FakeDriver.h"
 
-#include "Files.h"
+#include "cache/Files.h"
 
 #include "dualkv/Tuning.h"
 

@@ -1,6 +1,6 @@
 // Runtime tests without a GPU: cache keys, disk cache, plans, validation.
 #include "FakeDriver.h"
-#include "Validate.h"
+#include "operations/Validate.h"
 
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"

@@ -2,9 +2,8 @@
 // validation, the chain table and the backward's work items against a
 // brute-force enumeration of the mask, and the fp64 tree reference against
 // an independent per-path causal computation.
-#include "Backward.h"
-#include "Cache.h"
 #include "FakeDriver.h"
+#include "plans/WorkItems.h"
 
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/KernelAbi.h"

@@ -5,8 +5,8 @@
 // GPU.
 //
 //===----------------------------------------------------------------------===//
-#include "Cache.h"
-#include "Files.h"
+#include "cache/DiskCache.h"
+#include "cache/Files.h"
 #include "common/CommandLine.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Tuning.h"

@@ -1,38 +1,21 @@
-// DualKV's public C++ API: plans, the forward launch, errors and cache stats.
+// DualKV's public C++ API: the forward and backward launches, and (through the
+// headers it includes) plans, errors, precompile and the cache's counters.
 #ifndef DUALKV_DUALKV_H
 #define DUALKV_DUALKV_H
 
+#include "dualkv/Cache.h"
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Device.h"
+#include "dualkv/Error.h"
 #include "dualkv/Export.h"
 #include "dualkv/Plan.h"
+#include "dualkv/Precompile.h"
 #include "dualkv/Version.h"
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 namespace dualkv {
-
-/// What went wrong; the C API returns these numbers.
-enum class ErrorCode {
-  InvalidArgument = 1, ///< the caller passed something the kernels cannot run
-  Cuda = 2,            ///< a CUDA driver call failed
-  Compile = 3,         ///< the compiler could not build a kernel
-  NoGpu = 4,           ///< no CUDA driver or no device
-  Internal = 5,        ///< a DualKV bug
-};
-
-/// Every failure in the runtime's API. The message names the argument and
-/// the value at fault, or the CUDA call and its error name.
-class DUALKV_API Error : public std::runtime_error {
-public:
-  Error(ErrorCode code, const std::string &message);
-  ~Error() override;
-  ErrorCode code() const noexcept { return code_; }
-
-private:
-  ErrorCode code_;
-};
 
 /// One packed "THD" tensor. Strides count elements, not bytes; the last
 /// (head_dim) dimension is contiguous.
@@ -151,68 +134,6 @@ DUALKV_API void backward(const BackwardArgs &args);
 /// elsewhere. Never Auto.
 DUALKV_API BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
                                                   const std::string &arch);
-
-/// True when the CUDA driver loads, initialises, and reports at least one
-/// device. Never throws.
-DUALKV_API bool gpuAvailable();
-
-/// Counters of the kernel cache, for benchmarks.
-struct CacheStats {
-  int64_t memoryHits = 0;    ///< launches served by an already loaded module
-  int64_t diskHits = 0;      ///< kernels read from the disk cache
-  int64_t diskMisses = 0;    ///< disk lookups that found nothing usable
-  int64_t compiles = 0;      ///< kernels compiled in this process
-  double lastCompileMs = 0;  ///< wall time of the latest compile
-  double totalCompileMs = 0; ///< wall time of all compiles
-  int64_t aotHits = 0; ///< kernels taken from the AOT registry (dualkv/Aot.h)
-};
-
-/// What precompile() should make ready: the kernels a forward (and, with
-/// `backward`, a backward) of this configuration launches.
-struct PrecompileArgs {
-  int head_dim = 0; ///< 64, 128 or 256
-  int num_q_heads = 0;
-  int num_kv_heads = 0;
-  DType dtype = DType::BF16;
-  std::string
-      arch; ///< e.g. "sm_90a"; empty: the current device's (needs a GPU)
-  bool backward = true;
-  /// The deterministic backward's kernels (bwd_kv, bwd_dq) only; otherwise
-  /// those of the arch's default algorithm (BackwardAlgorithm: on sm_90a the
-  /// same SplitDQ kernels).
-  bool deterministic = false;
-  Tiling tiling = {}; ///< as ForwardArgs::tiling / BackwardArgs::tiling
-};
-
-/// What precompile() found: one count per kernel of the set.
-struct PrecompileReport {
-  int kernels = 0;    ///< kernels in the set
-  int compiles = 0;   ///< compiled now (in parallel)
-  int diskHits = 0;   ///< already in the disk cache
-  int memoryHits = 0; ///< compiled earlier in this process
-  int aotHits = 0;    ///< in the AOT registry
-  double wallMs = 0;  ///< wall time of the call
-};
-
-/// Compiles, in parallel on worker threads, every kernel a forward (and a
-/// backward: bwd_pre; bwd and bwd_post, with several KV heads also their
-/// one-KV-head variants; bwd_kv and bwd_dq; as PrecompileArgs::deterministic
-/// and the arch's default algorithm ask) of this
-/// configuration needs and is not cached yet, and writes them into the disk
-/// cache ($DUALKV_CACHE_DIR, docs/architecture.md), so that later launches,
-/// in this process or another, compile nothing: for container images and
-/// before training. Shapes (P, N) never matter: the kernels are
-/// shape-generic (a shape class's tuned kernel, docs/architecture.md §4, is
-/// not among them: it is compiled at its first launch, in the background).
-/// Loads nothing onto a GPU; with an explicit arch it needs
-/// none. Throws Error: InvalidArgument for a bad configuration or arch, NoGpu
-/// without an arch and a GPU, Compile when a kernel does not build.
-DUALKV_API PrecompileReport precompile(const PrecompileArgs &args);
-
-/// A snapshot of the kernel cache counters of this process.
-DUALKV_API CacheStats cacheStats();
-/// Sets every counter back to zero.
-DUALKV_API void resetCacheStats();
 
 // dualkv::version(), the library's "major.minor.patch": dualkv/Version.h.
 

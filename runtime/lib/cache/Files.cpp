@@ -1,6 +1,6 @@
 // Reading files the library did not just write: type, size and owner checked
 // on the opened descriptor before a byte is read.
-#include "Files.h"
+#include "cache/Files.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,7 @@
 // dualkv::forward: argument checks, then one launch of the forward kernel.
-#include "Cache.h"
-#include "Validate.h"
+#include "operations/Validate.h"
+#include "plans/WorkItems.h"
+#include "selection/Select.h"
 
 #include "dualkv/Tuning.h"
 #include "dualkv/dualkv.h"

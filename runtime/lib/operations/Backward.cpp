@@ -1,10 +1,10 @@
 // dualkv::backward: argument checks, work items, workspace, then the launch
 // sequence of docs/backward-abi.md.
-#include "Backward.h"
-
-#include "Cache.h"
-#include "CudaDriver.h"
-#include "Validate.h"
+#include "operations/Validate.h"
+#include "operations/Workspace.h"
+#include "plans/WorkItems.h"
+#include "selection/KernelSets.h"
+#include "selection/Select.h"
 
 #include "dualkv/dualkv.h"
 
@@ -12,174 +12,13 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
-#include <mutex>
-#include <numeric>
 #include <utility>
 
 namespace dualkv {
 
 using namespace detail;
 
-//===----------------------------------------------------------------------===//
-// Work items
-//===----------------------------------------------------------------------===//
-
-int64_t backwardChunk(int blockM, bool split) {
-  return split ? kBwdUnchunked : std::max<int64_t>(kBwdChunkTokens, blockM);
-}
-
 namespace {
-
-/// Calls fn(start, end, subtreeEnd, splittable) for every segment of `plan`
-/// in order: its keys [start, end) are seen by the queries [start,
-/// subtreeEnd) (itself causally, its descendants, contiguous after it in
-/// pre-order, in full). Only a root's tiles, or those of a segment with
-/// tokens below it, are split into chunks; a leaf's (a response's) queries
-/// are its own.
-template <typename Fn> void forEachSegment(const Plan &plan, Fn fn) {
-  const std::vector<Segment> &segs = plan.segments();
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const int64_t start = segs[s].start, end = start + segs[s].length;
-    const int64_t subtreeEnd = plan.subtreeEnds()[s];
-    const bool root = plan.nodeParents()[plan.segmentNodes()[s]] < 0;
-    fn(start, end, subtreeEnd, root || subtreeEnd > end);
-  }
-}
-
-} // namespace
-
-const char *toString(BackwardOrder order) {
-  switch (order) {
-  case BackwardOrder::Auto:
-    return "auto";
-  case BackwardOrder::LongestFirst:
-    return "longest_first";
-  case BackwardOrder::QueryChunks:
-    return "query_chunks";
-  }
-  return "?";
-}
-
-const char *toString(BackwardAlgorithm algorithm) {
-  switch (algorithm) {
-  case BackwardAlgorithm::Auto:
-    return "auto";
-  case BackwardAlgorithm::Atomic:
-    return "atomic";
-  case BackwardAlgorithm::SplitDQ:
-    return "split_dq";
-  }
-  return "?";
-}
-
-std::optional<BackwardAlgorithm>
-parseBackwardAlgorithm(const std::string &text) {
-  for (BackwardAlgorithm a :
-       {BackwardAlgorithm::Auto, BackwardAlgorithm::Atomic,
-        BackwardAlgorithm::SplitDQ})
-    if (text == toString(a))
-      return a;
-  return std::nullopt;
-}
-
-std::optional<BackwardOrder> parseBackwardOrder(const std::string &text) {
-  for (BackwardOrder o : {BackwardOrder::Auto, BackwardOrder::LongestFirst,
-                          BackwardOrder::QueryChunks})
-    if (text == toString(o))
-      return o;
-  return std::nullopt;
-}
-
-BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
-                                 BackwardOrder order) {
-  if (blockM < 1 || chunk < blockM)
-    throw Error(ErrorCode::Internal,
-                fmt::format("backward items need blockM >= 1 and chunk >= "
-                            "blockM (blockM {}, chunk {})",
-                            blockM, chunk));
-  using Item = std::array<int32_t, kBwdItemFields>;
-  std::vector<Item> items;
-  BackwardItems out;
-  auto i32 = [](int64_t x) { return static_cast<int32_t>(x); };
-
-  forEachSegment(
-      plan, [&](int64_t ps, int64_t promptEnd, int64_t ge, bool splittable) {
-        // A segment's tiles: every later query of its subtree sees them (causal
-        // within the segment, in full from its descendants): a group's prompt
-        // and its responses, or any node of a tree.
-        for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM) {
-          const int64_t queries = ge - k0;
-          const int64_t pieces =
-              splittable ? 1 + (queries - 1) / chunk : 1; // no overflow
-          if (pieces == 1) {
-            items.push_back({i32(k0), i32(promptEnd), i32(k0), i32(ge), -1, 0});
-            continue;
-          }
-          const int64_t accRow = out.numAccRows();
-          for (int64_t r = k0; r < std::min(k0 + blockM, promptEnd); ++r)
-            out.accTokens.push_back(i32(r));
-          // Balanced pieces: sizes differ by at most one token.
-          for (int64_t p = 0; p < pieces; ++p) {
-            int64_t qb = k0 + queries * p / pieces;
-            int64_t qe = k0 + queries * (p + 1) / pieces;
-            items.push_back(
-                {i32(k0), i32(promptEnd), i32(qb), i32(qe), i32(accRow), 0});
-          }
-        }
-      });
-
-  if (order == BackwardOrder::QueryChunks)
-    // By first query: the CTAs of a wave share dQ rows, Q and dO.
-    std::stable_sort(items.begin(), items.end(),
-                     [](const Item &a, const Item &b) { return a[2] < b[2]; });
-  else
-    // Longest first, so that the short items fill in behind the long ones.
-    std::stable_sort(
-        items.begin(), items.end(),
-        [](const Item &a, const Item &b) { return a[3] - a[2] > b[3] - b[2]; });
-  out.items.reserve(items.size() * kBwdItemFields);
-  for (const Item &item : items)
-    out.items.insert(out.items.end(), item.begin(), item.end());
-  return out;
-}
-
-int64_t backwardAccRowsBound(const Plan &plan) {
-  int64_t rows = 0;
-  forEachSegment(
-      plan, [&](int64_t ps, int64_t promptEnd, int64_t ge, bool splittable) {
-        if (splittable && ge - ps > kBwdChunkTokens)
-          rows += promptEnd - ps;
-      });
-  return rows;
-}
-
-int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads, bool split) {
-  if (split || numKVHeads == 1)
-    return numKVHeads;
-  // The items of 128-key tiles in the atomic algorithm, counted as
-  // buildBackwardItems would build them.
-  constexpr int64_t blockM = 128;
-  int64_t items = 0;
-  forEachSegment(
-      plan, [&](int64_t ps, int64_t promptEnd, int64_t ge, bool splittable) {
-        for (int64_t k0 = ps; k0 < promptEnd; k0 += blockM)
-          items += splittable ? 1 + (ge - k0 - 1) / kBwdChunkTokens : 1;
-      });
-  return items >= kBwdMinItemsPerLaunch ? 1 : numKVHeads;
-}
-
-//===----------------------------------------------------------------------===//
-// Workspace
-//===----------------------------------------------------------------------===//
-
-namespace {
-
-constexpr int64_t kWorkspaceAlign = 256;
-
-int64_t alignUp(int64_t bytes, int64_t to) {
-  return (bytes + to - 1) / to * to;
-}
 
 /// Checks what the workspace size depends on (and what backward() shares).
 void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
@@ -190,36 +29,6 @@ void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
                         "grid limit ({})",
                         numQHeads, numKVHeads, kMaxGridYZ));
 }
-
-} // namespace
-
-BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
-                                                int numQHeads, int numKVHeads,
-                                                int headDim, bool split,
-                                                int64_t accRows,
-                                                int kvHeadsPerLaunch) {
-  BackwardWorkspaceLayout l;
-  const int64_t f32 = sizeof(float);
-  l.deltaStrideH = numTokens;
-  l.delta = 0;
-  l.bytes = alignUp(numQHeads * numTokens * f32, kWorkspaceAlign);
-  if (split)
-    return l;
-  const int64_t sliceQHeads =
-      int64_t(numQHeads) / numKVHeads * kvHeadsPerLaunch;
-  l.dqacc = l.bytes;
-  l.bytes += alignUp(numTokens * sliceQHeads * headDim * f32, kWorkspaceAlign);
-  if (accRows > 0) {
-    const int64_t acc =
-        alignUp(accRows * kvHeadsPerLaunch * headDim * f32, kWorkspaceAlign);
-    l.dkacc = l.bytes;
-    l.dvacc = l.bytes + acc;
-    l.bytes += 2 * acc;
-  }
-  return l;
-}
-
-namespace {
 
 /// The workspace bytes of a backward of this shape in the split-dQ (`split`)
 /// or the atomic algorithm; checks the plan, num_tokens, heads, head_dim and
@@ -238,146 +47,7 @@ int64_t shapeWorkspaceBytes(const Plan *plan, int64_t numTokens, int numQHeads,
       .bytes;
 }
 
-/// Workspaces backward() owns, one per (context, stream): calls on one
-/// stream run in order, so they may share one; calls on different streams
-/// may overlap, so they never do.
-struct OwnedWorkspace {
-  cuda::Driver *driver = nullptr;
-  cuda::CUdeviceptr ptr = 0;
-  int64_t bytes = 0;
-  uint64_t lastUse = 0; ///< Workspaces::uses at the last call
-  int users = 0;        ///< calls between taking it and enqueuing their last
-                        ///< kernel: never freed meanwhile
-};
-
-struct Workspaces {
-  std::mutex mutex;
-  std::map<std::pair<cuda::CUcontext, cuda::CUstream>, OwnedWorkspace> owned;
-  uint64_t uses = 0;
-};
-
-Workspaces &workspaces() {
-  // Leaked on purpose, like the kernel cache: freeing during static
-  // destruction would race the driver's teardown.
-  static Workspaces *w = new Workspaces();
-  return *w;
-}
-
-/// Before a new stream of `ctx` gets a workspace: when the context already
-/// holds kMaxOwnedWorkspaces, the least recently used one is freed, so that a
-/// program making a stream per step does not leak one workspace per stream.
-/// Its stream may be gone, so the whole context is synchronised first (rare:
-/// only past that many streams).
-void evictOldestWorkspace(Workspaces &w, cuda::CUcontext ctx,
-                          cuda::Driver &driver) {
-  auto oldest = w.owned.end();
-  size_t held = 0;
-  for (auto it = w.owned.begin(); it != w.owned.end(); ++it)
-    if (it->first.first == ctx) {
-      ++held;
-      // One a call is still enqueuing kernels on is not a candidate: the
-      // synchronisation below would not cover what it has yet to enqueue.
-      if (it->second.users == 0 &&
-          (oldest == w.owned.end() ||
-           it->second.lastUse < oldest->second.lastUse))
-        oldest = it;
-    }
-  if (held < kMaxOwnedWorkspaces || oldest == w.owned.end())
-    return;
-  cuda::check(driver.ctxSynchronize(),
-              "cuCtxSynchronize (freeing a backward workspace)");
-  if (oldest->second.ptr)
-    driver.memFree(oldest->second.ptr);
-  w.owned.erase(oldest);
-}
-
-/// The workspace of one call, held from ownedWorkspace() until the call has
-/// enqueued its last kernel (then a later eviction's synchronisation covers
-/// its use).
-class WorkspaceLease {
-public:
-  WorkspaceLease() = default;
-  WorkspaceLease(const WorkspaceLease &) = delete;
-  WorkspaceLease &operator=(const WorkspaceLease &) = delete;
-  ~WorkspaceLease() {
-    if (!held_)
-      return;
-    Workspaces &w = workspaces();
-    std::lock_guard<std::mutex> lock(w.mutex);
-    auto it = w.owned.find(key_);
-    if (it != w.owned.end())
-      --it->second.users;
-  }
-  void hold(std::pair<cuda::CUcontext, cuda::CUstream> key) {
-    key_ = key;
-    held_ = true;
-  }
-
-private:
-  std::pair<cuda::CUcontext, cuda::CUstream> key_{};
-  bool held_ = false;
-};
-
-/// A workspace of at least `bytes` for `stream` in `ctx`, allocated or grown
-/// on demand and kept for the next call; `lease` holds it until it dies.
-cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
-                                 int64_t bytes, WorkspaceLease &lease) {
-  Workspaces &w = workspaces();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  auto s = static_cast<cuda::CUstream>(stream);
-  cuda::Driver &driver = cuda::driver();
-  if (!w.owned.count({ctx, s}))
-    evictOldestWorkspace(w, ctx, driver);
-  OwnedWorkspace &ws = w.owned[{ctx, s}];
-  ws.lastUse = ++w.uses;
-  ++ws.users;
-  lease.hold({ctx, s});
-  if (ws.ptr && ws.bytes >= bytes)
-    return ws.ptr;
-  if (ws.ptr) {
-    // Earlier launches on this stream may still read the old buffer.
-    cuda::check(driver.streamSynchronize(s),
-                "cuStreamSynchronize (growing the backward workspace)");
-    driver.memFree(ws.ptr);
-    ws.ptr = 0;
-    ws.bytes = 0;
-  }
-  // A little headroom, so that a batch a few tokens longer reuses it.
-  int64_t size = alignUp(bytes + bytes / 8, int64_t(2) << 20);
-  cuda::CUdeviceptr ptr = 0;
-  cuda::check(
-      driver.memAlloc(&ptr, static_cast<size_t>(size)),
-      fmt::format("cuMemAlloc ({} bytes of backward workspace)", size).c_str());
-  ws.driver = &driver;
-  ws.ptr = ptr;
-  ws.bytes = size;
-  return ptr;
-}
-
 } // namespace
-
-void clearBackwardWorkspaces() {
-  Workspaces &w = workspaces();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  for (auto &[key, ws] : w.owned) {
-    if (!ws.ptr)
-      continue;
-    // Free in the buffer's own context, then give the thread its own back.
-    cuda::CUcontext previous = nullptr;
-    if (ws.driver->ctxGetCurrent(&previous) != cuda::CUDA_SUCCESS)
-      continue;
-    if (previous != key.first)
-      ws.driver->ctxSetCurrent(key.first);
-    ws.driver->memFree(ws.ptr);
-    if (previous != key.first)
-      ws.driver->ctxSetCurrent(previous);
-  }
-  w.owned.clear();
-}
-
-//===----------------------------------------------------------------------===//
-// backward()
-//===----------------------------------------------------------------------===//
 
 namespace {
 
@@ -413,11 +83,6 @@ KernelSpec specOf(const BackwardArgs &a, KernelKind kind, Tiling tiling) {
 uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
 
 } // namespace
-
-bool splitDQByDefault(const std::string &arch) {
-  std::optional<Arch> a = Arch::parse(arch);
-  return a && a->hasWgmma();
-}
 
 BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
                                        const std::string &arch) {

@@ -1,8 +1,10 @@
 // The tuning database: JSON in, JSON out, every field checked.
 #include "dualkv/Tuning.h"
 
-#include "Cache.h"
-#include "Files.h"
+#include "cache/DiskCache.h"
+#include "cache/Files.h"
+#include "selection/Tuned.h"
+#include "support/Env.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -321,6 +323,41 @@ bool TuningDb::save(const std::string &path, std::string *error) const {
     return false;
   }
   return true;
+}
+
+const TuningDb &processTuningDb() {
+  static const TuningDb db = [] {
+    // The default database lives in the cache root: not read from a root
+    // the cache refuses (an explicit $DUALKV_TUNING_DB may be shared).
+    if (!env("DUALKV_TUNING_DB")) {
+      DiskCache disk(DiskCache::defaultRoot());
+      if (!disk.root().empty() && !disk.usable())
+        return TuningDb();
+    }
+    std::string error;
+    TuningDb loaded = TuningDb::load(TuningDb::defaultPath(), &error);
+    if (!error.empty())
+      warnOnce(error);
+    return loaded;
+  }();
+  return db;
+}
+
+std::optional<KernelSpec> tunedSpec(const KernelSpec &spec, int tunedQHeads,
+                                    int tunedKVHeads) {
+  if (!(spec.tiling == Tiling{}))
+    return std::nullopt;
+  KernelSpec tunedKey = spec;
+  if (tunedKVHeads > 0) {
+    tunedKey.numQHeads = tunedQHeads;
+    tunedKey.numKVHeads = tunedKVHeads;
+  }
+  std::optional<Tiling> tuned = processTuningDb().find(tunedKey);
+  if (!tuned)
+    return std::nullopt;
+  KernelSpec s = spec;
+  s.tiling = *tuned;
+  return s;
 }
 
 } // namespace dualkv

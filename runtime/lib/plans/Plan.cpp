@@ -1,11 +1,10 @@
 // The packed layout of one micro-batch: its groups, segments and device table.
 #include "dualkv/Plan.h"
 
-#include "Backward.h"
-#include "CudaDriver.h"
-#include "Validate.h"
+#include "driver/CudaDriver.h"
+#include "plans/WorkItems.h"
 
-#include "dualkv/dualkv.h"
+#include "dualkv/Error.h"
 
 #include <fmt/format.h>
 
@@ -412,7 +411,7 @@ BackwardTable Plan::backwardTable(int blockM, int64_t chunk,
                                   BackwardOrder order) const {
   if (order == BackwardOrder::Auto)
     order = BackwardOrder::LongestFirst;
-  detail::requirePlanInCurrentContext(*this); // uploads: fixes the context
+  requirePlanInCurrentContext(*this); // uploads: fixes the context
   std::lock_guard<std::mutex> lock(device_->mutex);
   auto found = device_->backward.find({blockM, chunk, order});
   if (found != device_->backward.end())
@@ -467,7 +466,7 @@ std::vector<int32_t> Plan::forwardOrder(int blockM) const {
 }
 
 ForwardTable Plan::forwardTable(int blockM) const {
-  detail::requirePlanInCurrentContext(*this); // uploads: fixes the context
+  requirePlanInCurrentContext(*this); // uploads: fixes the context
   std::lock_guard<std::mutex> lock(device_->mutex);
   return forwardTableLocked(blockM);
 }
@@ -482,6 +481,14 @@ ForwardTable Plan::forwardTableLocked(int blockM) const {
   table.items = copyToDevice(*device_->driver, order, "forward work order");
   device_->forward.emplace(blockM, table);
   return table;
+}
+
+void requirePlanInCurrentContext(const Plan &plan) {
+  cuda::CUcontext ctx = cuda::currentContext();
+  plan.upload(); // once per plan; a no-op afterwards
+  if (plan.deviceContext() != ctx)
+    invalid("the plan's segment table lives in another CUDA context than the "
+            "current one; build one plan per device");
 }
 
 } // namespace dualkv

@@ -1,7 +1,9 @@
 // The CUDA driver API opened with dlopen, so the library loads without a GPU.
-#include "CudaDriver.h"
+#include "driver/CudaDriver.h"
 
-#include "dualkv/dualkv.h"
+#include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Device.h"
+#include "dualkv/Error.h"
 
 #include <fmt/format.h>
 

@@ -1,9 +1,7 @@
 // Reading files the library did not just write: nothing but a regular file of
 // bounded size is ever read, and no open or read can block.
-#ifndef DUALKV_RUNTIME_FILES_H
-#define DUALKV_RUNTIME_FILES_H
-
-#include "dualkv/Export.h"
+#ifndef DUALKV_RUNTIME_CACHE_FILES_H
+#define DUALKV_RUNTIME_CACHE_FILES_H
 
 #include <sys/types.h>
 
@@ -15,7 +13,7 @@
 namespace dualkv {
 
 /// An open file descriptor, closed when the handle dies.
-class DUALKV_API FileDescriptor {
+class FileDescriptor {
 public:
   FileDescriptor() = default;
   explicit FileDescriptor(int fd) : fd_(fd) {}
@@ -52,22 +50,23 @@ struct FileRules {
 /// size, and with ownedOnly owner and mode) and read up to its size. Returns
 /// nullopt with *why set on any refusal; *missing says whether the file simply
 /// does not exist.
-DUALKV_API std::optional<std::string>
-readFileChecked(int dirFd, const std::string &path, const FileRules &rules,
-                std::string *why, bool *missing = nullptr);
+std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
+                                           const FileRules &rules,
+                                           std::string *why,
+                                           bool *missing = nullptr);
 
 /// Why an fstat result is not a file or folder this user alone controls
 /// (another owner, or writable by group or others), or empty when it is.
-DUALKV_API std::string untrustedReason(uid_t owner, mode_t mode);
+std::string untrustedReason(uid_t owner, mode_t mode);
 
 /// A short name for a file type ("a FIFO", "a directory", ...) for messages.
-DUALKV_API const char *fileTypeName(mode_t mode);
+const char *fileTypeName(mode_t mode);
 
 /// True when the JSON text `text` nests arrays and objects more than
 /// `maxDepth` deep (brackets inside strings do not count). Checked before
 /// parsing, since printing or destroying a deep document recurses once per
 /// level.
-DUALKV_API bool jsonNestsDeeperThan(std::string_view text, int maxDepth);
+bool jsonNestsDeeperThan(std::string_view text, int maxDepth);
 
 /// The deepest nesting any DualKV JSON file (cache entry, tuning database,
 /// spec file) may have; theirs is 3 or less.

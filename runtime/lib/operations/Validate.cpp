@@ -1,7 +1,5 @@
-// Argument checks and the launch helper shared by the forward and backward.
-#include "Validate.h"
-
-#include "CudaDriver.h"
+// Argument checks shared by the forward and the backward.
+#include "operations/Validate.h"
 
 #include <fmt/format.h>
 
@@ -141,14 +139,6 @@ void checkTiling(const char *name, const Tiling &t) {
                         name, t.stages));
 }
 
-void requirePlanInCurrentContext(const Plan &plan) {
-  cuda::CUcontext ctx = cuda::currentContext();
-  plan.upload(); // once per plan; a no-op afterwards
-  if (plan.deviceContext() != ctx)
-    invalid("the plan's segment table lives in another CUDA context than the "
-            "current one; build one plan per device");
-}
-
 KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
                        int numKVHeads, DType dtype, Tiling tiling,
                        Schedule schedule) {
@@ -167,100 +157,6 @@ KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
 
 double effectiveScale(float scale, int headDim) {
   return scale != 0 ? scale : 1.0 / std::sqrt(headDim);
-}
-
-LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree)
-    : kind(kind), table(abi::kernelParams(kind, schedule, tree)) {
-  if (table.size > slots.size())
-    throw Error(ErrorCode::Internal, "a kernel takes too many parameters");
-}
-
-void LaunchParams::set(const char *name, void *v, bool pointer,
-                       abi::ParamType type) {
-  int i = table.indexOf(name);
-  abi::ParamType declared = i < 0 ? type : table.params[i].type;
-  bool declaredPointer = declared != abi::ParamType::I64 &&
-                         declared != abi::ParamType::F32 &&
-                         declared != abi::ParamType::TensorMap;
-  if (i < 0 || pointer != declaredPointer || (!pointer && declared != type))
-    throw Error(ErrorCode::Internal,
-                fmt::format("the {} kernel has no parameter '{}' of that type",
-                            toString(kind), name));
-  slots[static_cast<size_t>(i)] = v;
-}
-
-LaunchParams &LaunchParams::ptr(const char *name, uint64_t &v) {
-  set(name, &v, true, abi::ParamType::ElemPtr);
-  return *this;
-}
-LaunchParams &LaunchParams::i64(const char *name, int64_t &v) {
-  set(name, &v, false, abi::ParamType::I64);
-  return *this;
-}
-LaunchParams &LaunchParams::strides(const char *tensor, int64_t &t,
-                                    int64_t &h) {
-  return i64((std::string(tensor) + "StrideT").c_str(), t)
-      .i64((std::string(tensor) + "StrideH").c_str(), h);
-}
-LaunchParams &LaunchParams::f32(const char *name, float &v) {
-  set(name, &v, false, abi::ParamType::F32);
-  return *this;
-}
-LaunchParams &LaunchParams::tensorMap(const char *name, cuda::CUtensorMap &v) {
-  set(name, &v, false, abi::ParamType::TensorMap);
-  return *this;
-}
-
-void **LaunchParams::data() {
-  for (size_t i = 0; i < table.size; ++i)
-    if (!slots[i])
-      throw Error(ErrorCode::Internal,
-                  fmt::format("the {} kernel's parameter '{}' is not set",
-                              toString(kind), table.params[i].name));
-  return slots.data();
-}
-
-void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
-            unsigned gridZ, void *stream, LaunchParams &launchParams) {
-  void **params = launchParams.data();
-  const KernelInfo &info = kernel.info;
-  cuda::CUresult r = cuda::driver().launchKernel(
-      kernel.function, gridX, gridY, gridZ, static_cast<unsigned>(info.threads),
-      1, 1, static_cast<unsigned>(info.sharedBytes),
-      static_cast<cuda::CUstream>(stream), params, nullptr);
-  if (r != cuda::CUDA_SUCCESS)
-    cuda::check(r, fmt::format("cuLaunchKernel({}, grid {}x{}x{}, block {}, "
-                               "{} B shared)",
-                               info.name, gridX, gridY, gridZ, info.threads,
-                               info.sharedBytes)
-                       .c_str());
-}
-
-cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens, int heads,
-                            int headDim, DType dtype, int rows) {
-  // validate() has checked the pointer (16-byte aligned) and the strides
-  // (multiples of 8 elements), which TMA needs too. A size-1 dimension's
-  // stride is never used (PyTorch gives such dimensions odd strides): any
-  // multiple of 16 bytes serves the tensor map.
-  const uint64_t elem = 2;
-  int64_t strideH = heads == 1 ? headDim : t.stride_h;
-  int64_t strideT = numTokens == 1 ? int64_t(heads) * strideH : t.stride_t;
-  uint64_t dims[3] = {uint64_t(headDim), uint64_t(heads), uint64_t(numTokens)};
-  uint64_t strides[2] = {uint64_t(strideH) * elem, uint64_t(strideT) * elem};
-  uint32_t box[3] = {64, 1, uint32_t(rows)};
-  uint32_t unit[3] = {1, 1, 1};
-  cuda::CUtensorMap map;
-  cuda::check(cuda::driver().tensorMapEncodeTiled(
-                  &map,
-                  dtype == DType::BF16 ? cuda::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                       : cuda::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  3, t.data, dims, strides, box, unit,
-                  cuda::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  cuda::CU_TENSOR_MAP_SWIZZLE_128B,
-                  cuda::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  cuda::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-              "cuTensorMapEncodeTiled");
-  return map;
 }
 
 } // namespace dualkv::detail

@@ -1,8 +1,6 @@
 // The CUDA driver API behind an interface, loaded with dlopen at first use.
-#ifndef DUALKV_RUNTIME_CUDADRIVER_H
-#define DUALKV_RUNTIME_CUDADRIVER_H
-
-#include "dualkv/Export.h"
+#ifndef DUALKV_RUNTIME_DRIVER_CUDADRIVER_H
+#define DUALKV_RUNTIME_DRIVER_CUDADRIVER_H
 
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +46,7 @@ constexpr CUjit_option CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6;
 /// The driver entry points the runtime calls, one virtual per function, so
 /// that tests can substitute a fake. Names drop the `cu` prefix and the
 /// `_v2` suffix; arguments and results are those of the CUDA driver API.
-class DUALKV_API Driver {
+class Driver {
 public:
   virtual ~Driver();
 
@@ -105,31 +103,31 @@ private:
 /// The driver in use: the one set by setDriverForTesting, else libcuda.so.1,
 /// opened at the first call. Throws Error (NoGpu) if libcuda cannot be
 /// loaded or lacks a needed entry point.
-DUALKV_API Driver &driver();
+Driver &driver();
 
 /// Makes `fake` the driver of every later call (null goes back to libcuda).
 /// The caller keeps ownership and must clear the kernel cache
 /// (clearKernelCache) before the fake dies.
-DUALKV_API void setDriverForTesting(Driver *fake);
+void setDriverForTesting(Driver *fake);
 
 /// Throws Error (Cuda) naming `call` and the CUDA error if `result` is not
 /// CUDA_SUCCESS.
-DUALKV_API void check(CUresult result, const char *call);
+void check(CUresult result, const char *call);
 
 /// "CUDA_ERROR_X (description)" for `result`, as far as the driver knows it.
-DUALKV_API std::string describe(CUresult result);
+std::string describe(CUresult result);
 
 /// The context of this thread, initialising the driver first. With none
 /// current, device 0's primary context is retained and made current, as the
 /// CUDA runtime (and so PyTorch) would do.
-DUALKV_API CUcontext currentContext();
+CUcontext currentContext();
 
 /// The arch string the compiler targets for a compute capability: sm_90a for
 /// 9.0 (wgmma and TMA need the arch-specific target), else sm_<major><minor>.
-DUALKV_API std::string archForComputeCapability(int major, int minor);
+std::string archForComputeCapability(int major, int minor);
 
 /// archForComputeCapability of the device of the current context.
-DUALKV_API std::string currentDeviceArch();
+std::string currentDeviceArch();
 
 } // namespace dualkv::cuda
 

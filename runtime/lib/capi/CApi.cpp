@@ -1,8 +1,6 @@
 // The C API: thin wrappers that turn exceptions into status codes.
 #include "dualkv/dualkv_c.h"
 
-#include "Backward.h"
-
 #include "dualkv/dualkv.h"
 
 #include <fmt/format.h>

@@ -1,5 +1,5 @@
 // The runtime's error type (dualkv::version() is base/Version.cpp's).
-#include "dualkv/dualkv.h"
+#include "dualkv/Error.h"
 
 namespace dualkv {
 

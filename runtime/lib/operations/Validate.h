@@ -1,13 +1,11 @@
-// Argument checks and the launch helper shared by the forward and backward.
-#ifndef DUALKV_RUNTIME_VALIDATE_H
-#define DUALKV_RUNTIME_VALIDATE_H
+// Argument checks shared by the forward and the backward.
+#ifndef DUALKV_RUNTIME_OPERATIONS_VALIDATE_H
+#define DUALKV_RUNTIME_OPERATIONS_VALIDATE_H
 
-#include "Cache.h"
+#include "driver/Launch.h"
 
-#include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/dualkv.h"
 
-#include <array>
 #include <cstdint>
 #include <string>
 
@@ -44,10 +42,6 @@ void checkTiling(const char *name, const Tiling &tiling);
 /// (checkTiling).
 void checkScaleAndTiling(float scale, const Tiling &tiling);
 
-/// Uploads the plan's segment table (once) and checks that it lives in the
-/// current CUDA context.
-void requirePlanInCurrentContext(const Plan &plan);
-
 /// The spec of a shape-generic kernel (P = N = 0): kernels read exact lengths
 /// from the plan, so one binary serves every batch and RL's changing shapes
 /// never recompile.
@@ -58,42 +52,14 @@ KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
 /// The softmax scale to use: `scale`, or 1/sqrt(head_dim) when it is 0.
 double effectiveScale(float scale, int headDim);
 
-/// The parameters of one launch, set by name as the kernel kind's table
-/// (KernelAbi.h) declares them; a name or type it does not declare throws
-/// Error (Internal). The values must outlive the launch.
-class DUALKV_API LaunchParams {
-public:
-  explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
-                        bool tree = false);
-  /// A device address (any pointer parameter).
-  LaunchParams &ptr(const char *name, uint64_t &v);
-  LaunchParams &i64(const char *name, int64_t &v);
-  /// The strides "<tensor>StrideT" and "<tensor>StrideH".
-  LaunchParams &strides(const char *tensor, int64_t &t, int64_t &h);
-  LaunchParams &f32(const char *name, float &v);
-  /// A CUtensorMap passed by value.
-  LaunchParams &tensorMap(const char *name, cuda::CUtensorMap &v);
-  /// The parameters in launch order; throws Error (Internal) if one is unset.
-  void **data();
-
-private:
-  void set(const char *name, void *v, bool pointer, abi::ParamType type);
-  KernelKind kind;
-  abi::ParamTable table;
-  std::array<void *, 32> slots{};
-};
-
-/// Launches `kernel` on `stream` with `params`; `info.threads` threads and
-/// `info.sharedBytes` of dynamic shared memory.
-void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
-            unsigned gridZ, void *stream, LaunchParams &params);
-
-/// A 3-D tensor map (head_dim, heads, tokens) of `t` whose box is 64
-/// columns (128 bytes, the swizzle's width) of one head and `rows` tokens,
-/// in the 128-byte swizzle the warp-specialized kernels read; tokens past
-/// the tensor read as zeros.
-cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens, int heads,
-                            int headDim, DType dtype, int rows);
+/// The tensor map of `t` (dualkv::tensorMap), whose pointer and strides
+/// checkTensor has checked.
+inline cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens,
+                                   int heads, int headDim, DType dtype,
+                                   int rows) {
+  return dualkv::tensorMap(t.data, t.stride_t, t.stride_h, numTokens, heads,
+                           headDim, dtype, rows);
+}
 
 /// ceil(a / b) for positive b.
 inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

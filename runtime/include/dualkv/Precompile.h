@@ -1,0 +1,56 @@
+// Compiling the kernels of a configuration ahead of its first launch.
+#ifndef DUALKV_PRECOMPILE_H
+#define DUALKV_PRECOMPILE_H
+
+#include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Export.h"
+
+#include <string>
+
+namespace dualkv {
+
+/// What precompile() should make ready: the kernels a forward (and, with
+/// `backward`, a backward) of this configuration launches.
+struct PrecompileArgs {
+  int head_dim = 0; ///< 64, 128 or 256
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  DType dtype = DType::BF16;
+  std::string
+      arch; ///< e.g. "sm_90a"; empty: the current device's (needs a GPU)
+  bool backward = true;
+  /// The deterministic backward's kernels (bwd_kv, bwd_dq) only; otherwise
+  /// those of the arch's default algorithm (BackwardAlgorithm: on sm_90a the
+  /// same SplitDQ kernels).
+  bool deterministic = false;
+  Tiling tiling = {}; ///< as ForwardArgs::tiling / BackwardArgs::tiling
+};
+
+/// What precompile() found: one count per kernel of the set.
+struct PrecompileReport {
+  int kernels = 0;    ///< kernels in the set
+  int compiles = 0;   ///< compiled now (in parallel)
+  int diskHits = 0;   ///< already in the disk cache
+  int memoryHits = 0; ///< compiled earlier in this process
+  int aotHits = 0;    ///< in the AOT registry
+  double wallMs = 0;  ///< wall time of the call
+};
+
+/// Compiles, in parallel on worker threads, every kernel a forward (and a
+/// backward: bwd_pre; bwd and bwd_post, with several KV heads also their
+/// one-KV-head variants; bwd_kv and bwd_dq; as PrecompileArgs::deterministic
+/// and the arch's default algorithm ask) of this
+/// configuration needs and is not cached yet, and writes them into the disk
+/// cache ($DUALKV_CACHE_DIR, docs/architecture.md), so that later launches,
+/// in this process or another, compile nothing: for container images and
+/// before training. Shapes (P, N) never matter: the kernels are
+/// shape-generic (a shape class's tuned kernel, docs/architecture.md §4, is
+/// not among them: it is compiled at its first launch, in the background).
+/// Loads nothing onto a GPU; with an explicit arch it needs
+/// none. Throws Error: InvalidArgument for a bad configuration or arch, NoGpu
+/// without an arch and a GPU, Compile when a kernel does not build.
+DUALKV_API PrecompileReport precompile(const PrecompileArgs &args);
+
+} // namespace dualkv
+
+#endif

@@ -1,0 +1,125 @@
+// The kernel cache's key: every input that changes a kernel's code.
+#include "cache/CacheKey.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/StringExtras.h>
+#include <llvm/Support/SHA256.h>
+
+namespace dualkv {
+
+using nlohmann::json;
+
+namespace {
+
+// These spellings are part of the on-disk schema, so they live here rather
+// than borrowing the compiler's toString (whose text may change freely).
+const char *kindName(KernelKind kind) {
+  switch (kind) {
+  case KernelKind::Fwd:
+    return "fwd";
+  case KernelKind::BwdPre:
+    return "bwd_pre";
+  case KernelKind::Bwd:
+    return "bwd";
+  case KernelKind::BwdPost:
+    return "bwd_post";
+  case KernelKind::BwdKV:
+    return "bwd_kv";
+  case KernelKind::BwdDQ:
+    return "bwd_dq";
+  }
+  return "unknown";
+}
+
+const char *dtypeName(DType dtype) {
+  switch (dtype) {
+  case DType::BF16:
+    return "bf16";
+  case DType::FP16:
+    return "fp16";
+  }
+  return "unknown";
+}
+
+} // namespace
+
+std::string sha256Hex(llvm::StringRef bytes) {
+  auto digest = llvm::SHA256::hash(llvm::arrayRefFromStringRef(bytes));
+  return llvm::toHex(digest, /*LowerCase=*/true);
+}
+
+CacheKey CacheKey::fromSpec(const KernelSpec &spec,
+                            const std::string &compilerFingerprint) {
+  CacheKey key;
+  key.kind = spec.kind;
+  key.P = spec.P;
+  key.N = spec.N;
+  key.R = spec.R;
+  key.headDim = spec.headDim;
+  key.numQHeads = spec.numQHeads;
+  key.numKVHeads = spec.numKVHeads;
+  key.dtype = spec.dtype;
+  key.arch = spec.arch;
+  key.tiling = spec.tiling;
+  key.schedule = spec.schedule;
+  key.tree = spec.tree;
+  key.compilerFingerprint = compilerFingerprint;
+  return key;
+}
+
+KernelSpec CacheKey::spec() const {
+  KernelSpec spec;
+  spec.kind = kind;
+  spec.P = P;
+  spec.N = N;
+  spec.R = R;
+  spec.headDim = headDim;
+  spec.numQHeads = numQHeads;
+  spec.numKVHeads = numKVHeads;
+  spec.dtype = dtype;
+  spec.arch = arch;
+  spec.tiling = tiling;
+  spec.schedule = schedule;
+  spec.tree = tree;
+  return spec;
+}
+
+json CacheKey::toJson() const {
+  json key{
+      {"schema", kSchemaVersion},
+      {"kind", kindName(kind)},
+      {"P", P},
+      {"N", N},
+      {"head_dim", headDim},
+      {"num_q_heads", numQHeads},
+      {"num_kv_heads", numKVHeads},
+      {"dtype", dtypeName(dtype)},
+      {"arch", arch},
+      {"tiling",
+       {{"block_m", tiling.blockM},
+        {"block_n", tiling.blockN},
+        {"warps", tiling.warps},
+        {"stages", tiling.stages}}},
+      {"schedule", toString(schedule)},
+      {"compiler", compilerFingerprint},
+  };
+  if (tree)
+    key["tree"] = true;
+  if (R != 0)
+    key["R"] = R;
+  return key;
+}
+
+std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
+
+std::string CacheKey::describe() const {
+  return fmt::format("{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
+                     "tiling {}x{} warps={} stages={} schedule {}{})",
+                     kindName(kind), P, N,
+                     R ? fmt::format(" R={}", R) : std::string(), headDim,
+                     numQHeads, numKVHeads, dtypeName(dtype), arch,
+                     tiling.blockM, tiling.blockN, tiling.warps, tiling.stages,
+                     toString(schedule), tree ? ", tree" : "");
+}
+
+} // namespace dualkv

@@ -1,0 +1,368 @@
+// The on-disk kernel cache, which trusts only what the user owns.
+#include "cache/DiskCache.h"
+
+#include "support/Env.h"
+
+#include <fmt/format.h>
+#include <llvm/ADT/SmallString.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/Path.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace dualkv {
+
+using nlohmann::json;
+
+namespace {
+
+/// The most bytes a cache file may have: a kernel's PTX or cubin is well
+/// under a megabyte; meta.json is a few hundred bytes.
+constexpr size_t kMaxKernelFileBytes = 64u << 20;
+constexpr size_t kMaxMetaBytes = 1u << 20;
+
+/// A cache folder opened for use, or why not. `untrusted` marks a folder that
+/// is not this user's alone (or not a folder at all): the whole disk cache is
+/// then refused, since anything written there could be replaced by others.
+struct OpenedDir {
+  FileDescriptor fd;
+  bool missing = false;
+  bool untrusted = false;
+  std::string why;
+};
+
+/// Opens the folder `name` inside `parent` (a path when `parent` is
+/// AT_FDCWD); only the cache root may be reached through a symbolic link (the
+/// folder it names is checked). With `create`, a missing folder is made 0700.
+OpenedDir openCacheDir(int parent, const std::string &name,
+                       const std::string &shown, bool isRoot, bool create) {
+  OpenedDir r;
+  const int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC |
+                    (isRoot ? 0 : static_cast<int>(O_NOFOLLOW));
+  r.fd = FileDescriptor(::openat(parent, name.c_str(), flags));
+  std::string createError;
+  if (!r.fd && errno == ENOENT && create) {
+    if (isRoot) {
+      if (std::error_code ec = llvm::sys::fs::create_directories(
+              name, /*IgnoreExisting=*/true, llvm::sys::fs::owner_all))
+        createError = ec.message();
+    } else if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
+      createError = std::strerror(errno);
+    }
+    r.fd = FileDescriptor(::openat(parent, name.c_str(), flags));
+  }
+  if (!r.fd && !createError.empty()) {
+    // A read-only or full file system: an error, not a miss.
+    r.why = fmt::format("cannot create {}: {}", shown, createError);
+    return r;
+  }
+  if (!r.fd) {
+    int err = errno;
+    r.missing = err == ENOENT;
+    r.untrusted = err == ELOOP || err == ENOTDIR;
+    r.why = r.untrusted
+                ? fmt::format("{} is not a folder (a symbolic link or a file)",
+                              shown)
+                : fmt::format("cannot open {}: {}", shown, std::strerror(err));
+    return r;
+  }
+  struct stat st;
+  if (::fstat(r.fd.get(), &st) != 0) {
+    r.why = fmt::format("cannot examine {}: {}", shown, std::strerror(errno));
+    r.fd = FileDescriptor();
+    return r;
+  }
+  std::string reason = untrustedReason(st.st_uid, st.st_mode);
+  if (!reason.empty()) {
+    r.untrusted = true;
+    r.why = fmt::format("{}: {}", shown, reason);
+    r.fd = FileDescriptor();
+  }
+  return r;
+}
+
+/// Writes `bytes` to `name` in the folder `dir` so that no reader ever sees a
+/// partial file: a 0600 temp file unique to this process and call (pid plus
+/// random characters, so threads and ranks never share one) in the same
+/// folder, then renameat(2), which is atomic and replaces whatever `name` was
+/// (a damaged file, a link, a FIFO).
+bool writeAtomically(int dir, const std::string &shownDir,
+                     const std::string &name, llvm::StringRef bytes,
+                     std::string *why) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  std::string tmp;
+  FileDescriptor fd;
+  for (int attempt = 0; attempt < 100 && !fd; ++attempt) {
+    tmp = fmt::format("{}.tmp.{}.{:x}", name, ::getpid(),
+                      salt ^ (counter++ * 0x9E3779B97F4A7C15ull));
+    fd = FileDescriptor(
+        ::openat(dir, tmp.c_str(),
+                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd && errno != EEXIST)
+      break;
+  }
+  if (!fd) {
+    if (why)
+      *why = fmt::format("cannot create a temp file in {}: {}", shownDir,
+                         std::strerror(errno));
+    return false;
+  }
+  const char *at = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd.get(), at, left);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      if (why)
+        *why = fmt::format("cannot write {}/{}: {}", shownDir, tmp,
+                           std::strerror(n < 0 ? errno : EIO));
+      ::unlinkat(dir, tmp.c_str(), 0);
+      return false;
+    }
+    at += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::close(fd.release()) != 0 ||
+      ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
+    if (why)
+      *why = fmt::format("cannot write {}/{}: {}", shownDir, name,
+                         std::strerror(errno));
+    ::unlinkat(dir, tmp.c_str(), 0);
+    return false;
+  }
+  return true;
+}
+
+/// Roots refused in this process: each is reported once, then left alone.
+struct RefusedRoots {
+  std::mutex mutex;
+  std::set<std::string> roots;
+};
+RefusedRoots &refusedRoots() {
+  static RefusedRoots refused;
+  return refused;
+}
+
+/// The checksum of a meta.json: SHA-256 of its canonical JSON without the
+/// checksum field itself, so that it covers the key, the launch geometry and
+/// (through their own sums) the PTX and cubin.
+std::string entryChecksum(json meta) {
+  meta.erase("sha256");
+  return sha256Hex(meta.dump());
+}
+
+std::string joinPath(llvm::StringRef a, llvm::StringRef b) {
+  llvm::SmallString<256> path(a);
+  llvm::sys::path::append(path, b);
+  return path.str().str();
+}
+
+} // namespace
+
+DiskCache::DiskCache(std::string root) : root_(std::move(root)) {}
+
+std::string DiskCache::defaultRoot() {
+  if (std::optional<std::string> dir = env("DUALKV_CACHE_DIR"))
+    return *dir;
+  // $XDG_CACHE_HOME, else ~/.cache: LLVM implements exactly that lookup.
+  llvm::SmallString<256> base;
+  if (!llvm::sys::path::cache_directory(base))
+    return {};
+  return joinPath(base, "dualkv");
+}
+
+std::string DiskCache::entryDir(const CacheKey &key) const {
+  llvm::SmallString<256> path(root_);
+  llvm::sys::path::append(path, fmt::format("v{}", CacheKey::kSchemaVersion),
+                          key.arch, key.hash());
+  return path.str().str();
+}
+
+void DiskCache::refuse(const std::string &why) const {
+  RefusedRoots &r = refusedRoots();
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.roots.insert(root_);
+  }
+  warnOnce(fmt::format("the kernel cache {} is not used: {}; kernels are "
+                       "cached in memory only",
+                       root_, why));
+}
+
+bool DiskCache::usable() const {
+  if (root_.empty() || refused())
+    return false;
+  OpenedDir dir = openCacheDir(AT_FDCWD, root_, root_, /*isRoot=*/true,
+                               /*create=*/false);
+  if (dir.untrusted)
+    refuse(dir.why);
+  return !dir.untrusted;
+}
+
+bool DiskCache::refused() const {
+  RefusedRoots &r = refusedRoots();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.roots.count(root_) != 0;
+}
+
+std::optional<DiskCache::EntryFolder>
+DiskCache::openEntry(const CacheKey &key, bool create, std::string *why) const {
+  if (root_.empty() || refused()) {
+    if (why)
+      *why = fmt::format("the kernel cache {} is not in use", root_);
+    return std::nullopt;
+  }
+  if (!isIdentifier(key.arch)) {
+    if (why)
+      *why = fmt::format("arch '{}' cannot name a cache folder", key.arch);
+    return std::nullopt;
+  }
+  OpenedDir dir = openCacheDir(AT_FDCWD, root_, root_, /*isRoot=*/true, create);
+  std::string shown = root_;
+  for (const std::string &name :
+       {fmt::format("v{}", CacheKey::kSchemaVersion), key.arch, key.hash()}) {
+    if (!dir.fd)
+      break;
+    shown = joinPath(shown, name);
+    dir = openCacheDir(dir.fd.get(), name, shown, /*isRoot=*/false, create);
+  }
+  if (dir.untrusted)
+    refuse(dir.why);
+  if (!dir.fd) {
+    if (why)
+      *why = dir.missing ? std::string() : dir.why;
+    return std::nullopt;
+  }
+  return EntryFolder{std::move(dir.fd), shown};
+}
+
+std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
+  std::string why;
+  std::optional<EntryFolder> folder = openEntry(key, /*create=*/false, &why);
+  if (!folder) {
+    if (!why.empty() && !refused())
+      warnOnce(fmt::format("cannot read the kernel cache: {}", why));
+    return std::nullopt; // an ordinary miss says nothing
+  }
+  const std::string &dir = folder->path;
+  const int fd = folder->fd.get();
+
+  auto damaged = [&](const std::string &why) -> std::optional<CacheEntry> {
+    warnOnce(fmt::format("cache entry {} is unusable ({}): treated as a miss",
+                         dir, why));
+    return std::nullopt;
+  };
+  // Files are read without following links, only when they are this user's
+  // regular files of a bounded size; anything else is a damaged entry, which
+  // the store after the recompile replaces.
+  auto read = [&](const char *name, size_t maxBytes, std::string *error,
+                  bool *missing) {
+    return readFileChecked(fd, name,
+                           FileRules{maxBytes, /*noFollow=*/true,
+                                     /*ownedOnly=*/true},
+                           error, missing);
+  };
+
+  bool missing = false;
+  std::optional<std::string> metaText =
+      read("meta.json", kMaxMetaBytes, &why, &missing);
+  if (!metaText && missing)
+    return std::nullopt; // an ordinary miss: say nothing
+  if (!metaText)
+    return damaged(why);
+  if (jsonNestsDeeperThan(*metaText, kMaxJsonDepth))
+    return damaged("meta.json nests too deeply");
+  json meta = json::parse(*metaText, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object())
+    return damaged("meta.json is not a JSON object");
+
+  CacheEntry entry;
+  std::string ptxSum, cubinSum;
+  try {
+    if (!meta.contains("sha256") || !meta["sha256"].is_string())
+      return damaged("meta.json has no entry checksum");
+    if (meta["sha256"].get<std::string>() != entryChecksum(meta))
+      return damaged("meta.json does not match its checksum");
+    if (meta.at("schema").get<int>() != CacheKey::kSchemaVersion)
+      return damaged(fmt::format("schema version {} is not {}",
+                                 meta.at("schema").dump(),
+                                 CacheKey::kSchemaVersion));
+    if (meta.at("key") != key.toJson())
+      return damaged("meta.json describes another key");
+    const json &kernel = meta.at("kernel");
+    entry.info.name = kernel.at("name").get<std::string>();
+    entry.info.threads = kernel.at("threads").get<int>();
+    entry.info.sharedBytes = kernel.at("shared_bytes").get<int>();
+    entry.info.blockM = kernel.at("block_m").get<int>();
+    ptxSum = meta.at("ptx_sha256").get<std::string>();
+    if (!meta.at("cubin_sha256").is_null())
+      cubinSum = meta.at("cubin_sha256").get<std::string>();
+  } catch (const json::exception &e) {
+    return damaged(fmt::format("meta.json is malformed: {}", e.what()));
+  }
+  if (std::string bad = unusableLaunchShape(entry.info); !bad.empty())
+    return damaged(bad);
+
+  std::optional<std::string> ptx =
+      read("kernel.ptx", kMaxKernelFileBytes, &why, nullptr);
+  if (!ptx)
+    return damaged(why);
+  if (sha256Hex(*ptx) != ptxSum)
+    return damaged("kernel.ptx does not match its checksum");
+  entry.ptx = std::move(*ptx);
+
+  if (!cubinSum.empty()) {
+    std::optional<std::string> cubin =
+        read("kernel.cubin", kMaxKernelFileBytes, &why, nullptr);
+    if (!cubin)
+      return damaged(why);
+    if (sha256Hex(*cubin) != cubinSum)
+      return damaged("kernel.cubin does not match its checksum");
+    entry.cubin.assign(cubin->begin(), cubin->end());
+  }
+  return entry;
+}
+
+bool DiskCache::store(const CacheKey &key, const CacheEntry &entry,
+                      std::string *why) const {
+  std::optional<EntryFolder> folder = openEntry(key, /*create=*/true, why);
+  if (!folder)
+    return false;
+  const std::string &dir = folder->path;
+  const int fd = folder->fd.get();
+  llvm::StringRef cubin(entry.cubin.data(), entry.cubin.size());
+  json meta = {
+      {"schema", CacheKey::kSchemaVersion},
+      {"key", key.toJson()},
+      {"kernel",
+       {{"name", entry.info.name},
+        {"threads", entry.info.threads},
+        {"shared_bytes", entry.info.sharedBytes},
+        {"block_m", entry.info.blockM}}},
+      {"ptx_sha256", sha256Hex(entry.ptx)},
+      {"cubin_sha256", cubin.empty() ? json(nullptr) : json(sha256Hex(cubin))},
+  };
+  meta["sha256"] = entryChecksum(meta);
+  // meta.json goes last: it is what makes the entry visible to load(), and
+  // its checksums catch a reader that interleaves with a writer whose output
+  // differs from ours.
+  if (!writeAtomically(fd, dir, "kernel.ptx", entry.ptx, why))
+    return false;
+  if (!cubin.empty() && !writeAtomically(fd, dir, "kernel.cubin", cubin, why))
+    return false;
+  return writeAtomically(fd, dir, "meta.json", meta.dump(2) + "\n", why);
+}
+
+} // namespace dualkv

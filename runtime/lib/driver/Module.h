@@ -1,0 +1,85 @@
+// Kernel images loaded as CUDA modules, and the launch shapes they may have.
+#ifndef DUALKV_RUNTIME_DRIVER_MODULE_H
+#define DUALKV_RUNTIME_DRIVER_MODULE_H
+
+#include "driver/CudaDriver.h"
+
+#include "dualkv/Compiler/Compiler.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dualkv {
+
+/// What the compiler produced for one kernel, as the caches keep it.
+struct KernelImage {
+  KernelInfo info;
+  std::string ptx;
+  std::vector<char> cubin; ///< empty when ptxas was not available
+};
+
+/// The most dynamic shared memory any kernel may ask for (the sm_90 limit is
+/// 227 KiB).
+constexpr int kMaxSharedBytes = 256 * 1024;
+
+/// True when `name` is a plain C identifier of at most 256 characters (a
+/// kernel's entry point; also an arch folder's name).
+bool isIdentifier(const std::string &name);
+
+/// Why `info` cannot be launched (an entry point that is not an identifier,
+/// threads not a whole number of warps up to 1024, block_m or shared memory
+/// out of range), or empty when it can.
+std::string unusableLaunchShape(const KernelInfo &info);
+
+/// A loaded CUmodule, unloaded (through the driver that loaded it) when the
+/// handle dies.
+class ModuleHandle {
+public:
+  ModuleHandle() = default;
+  ModuleHandle(cuda::Driver *driver, cuda::CUmodule module)
+      : driver_(driver), module_(module) {}
+  ModuleHandle(ModuleHandle &&o) noexcept { *this = std::move(o); }
+  ModuleHandle &operator=(ModuleHandle &&o) noexcept;
+  ModuleHandle(const ModuleHandle &) = delete;
+  ModuleHandle &operator=(const ModuleHandle &) = delete;
+  ~ModuleHandle() { reset(); }
+
+  cuda::CUmodule get() const { return module_; }
+  void reset();
+
+private:
+  cuda::Driver *driver_ = nullptr;
+  cuda::CUmodule module_ = nullptr;
+};
+
+/// A kernel ready to launch in one CUDA context.
+struct LoadedKernel {
+  cuda::CUcontext context = nullptr;
+  ModuleHandle module;
+  cuda::CUfunction function = nullptr;
+  KernelInfo info;
+  KernelSpec spec;      ///< resolved: the tiling and arch it was built for
+  std::string hash;     ///< the cache key's hash
+  bool fromPtx = false; ///< loaded by the driver's JIT, not from the cubin
+};
+
+/// Loads `image` as a module: the cubin when there is one and it fits the
+/// device, else the PTX through the driver's JIT. Sets *fromPtx accordingly.
+/// Throws Error (Cuda) when neither loads.
+ModuleHandle loadModule(cuda::Driver &driver, const KernelImage &image,
+                        bool *fromPtx = nullptr);
+
+/// Loads `image` in the current context `ctx` as the kernel of `spec`
+/// (`hash` its cache key's): the module, its entry point, and the opt-in to
+/// more than 48 KiB of dynamic shared memory. Throws Error (Internal) for an
+/// unusable launch shape, (Cuda) when the driver refuses.
+std::unique_ptr<LoadedKernel> loadKernelImage(cuda::CUcontext ctx,
+                                              const KernelImage &image,
+                                              const KernelSpec &spec,
+                                              const std::string &hash,
+                                              const std::string &what);
+
+} // namespace dualkv
+
+#endif

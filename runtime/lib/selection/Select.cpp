@@ -1,0 +1,156 @@
+// Choosing the kernel a launch runs: tuned tiling, shape class, set.
+#include "selection/Select.h"
+
+#include "cache/CompileTable.h"
+#include "cache/KernelCache.h"
+#include "cache/Stats.h"
+#include "selection/Background.h"
+#include "selection/KernelSets.h"
+#include "selection/Tuned.h"
+#include "support/Env.h"
+
+#include "dualkv/Cache.h"
+#include "dualkv/Error.h"
+
+#include <fmt/format.h>
+
+namespace dualkv {
+
+namespace {
+
+/// loadKernel, after starting the rest of a backward's kernel set when
+/// `spec` is its first kernel and nothing of it is cached (KernelSets.h).
+const LoadedKernel &loadWithSet(KernelCache &cache, cuda::CUcontext ctx,
+                                const FastKey &fast, const KernelSpec &spec) {
+  if (spec.kind == KernelKind::BwdPre) {
+    KernelSpec resolved = resolveSpec(spec);
+    CacheKey key = CacheKey::fromSpec(resolved, fingerprint());
+    std::string hash = key.hash();
+    if (!isLoaded(cache, ctx, hash))
+      prefetchBackwardSet(resolved, key, hash);
+  }
+  return loadKernel(cache, ctx, fast, spec);
+}
+
+const LoadedKernel &loadGeneric(KernelCache &cache, cuda::CUcontext ctx,
+                                const FastKey &fast, const KernelSpec &spec,
+                                const KernelSpec &tunedKey) {
+  if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
+    updateStats([](CacheStats &stats) { ++stats.memoryHits; });
+    return *it->second;
+  }
+  if (spec.tiling == Tiling{} && !spec.tree)
+    if (std::optional<Tiling> tuned = processTuningDb().find(tunedKey)) {
+      KernelSpec tunedSpec = spec;
+      tunedSpec.tiling = *tuned;
+      try {
+        return loadWithSet(cache, ctx, fast, tunedSpec);
+      } catch (const Error &e) {
+        if (e.code() != ErrorCode::Compile)
+          throw;
+        warnOnce(fmt::format(
+            "the tuned tiling {},{},{},{} does not build; using the "
+            "default: {}",
+            tuned->blockM, tuned->blockN, tuned->warps, tuned->stages,
+            e.what()));
+      }
+    }
+  return loadWithSet(cache, ctx, fast, spec);
+}
+
+} // namespace
+
+const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
+                              int tunedKVHeads, const ShapeClass &shape) {
+  cuda::CUcontext ctx = cuda::currentContext();
+  KernelCache &cache = kernelCache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+
+  // Only an open tiling of a tuned kind has a class to look up; the tree
+  // kernels (KernelSpec::tree) are not tuned at all.
+  const bool classed =
+      !shape.any() && requested.tiling == Tiling{} && !requested.tree;
+  KernelSpec request = requested;
+  if (classed) {
+    request.P = shape.P;
+    request.N = shape.N;
+    request.R = shape.R;
+  }
+  FastKey fast = fastKey(ctx, request, tunedQHeads, tunedKVHeads);
+  if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
+    updateStats([](CacheStats &stats) { ++stats.memoryHits; });
+    return *it->second;
+  }
+
+  KernelSpec spec = requested;
+  spec.arch = contextArch(cache, ctx);
+  // An open tiling takes the tuned one when dualkv-tune measured this spec
+  // (with the heads it was tuned for, if given): the class's entry first,
+  // then the generic one; a tuned tiling that no longer builds falls back
+  // to the generic kernel with a warning.
+  KernelSpec tunedKey = spec;
+  if (tunedKVHeads > 0) {
+    tunedKey.numQHeads = tunedQHeads;
+    tunedKey.numKVHeads = tunedKVHeads;
+  }
+  if (!classed)
+    return loadGeneric(cache, ctx, fast, spec, tunedKey);
+
+  const FastKey genericFast =
+      fastKey(ctx, requested, tunedQHeads, tunedKVHeads);
+  KernelSpec classKey = tunedKey;
+  classKey.P = shape.P;
+  classKey.N = shape.N;
+  classKey.R = shape.R;
+  if (std::optional<Tiling> tuned = processTuningDb().find(classKey)) {
+    KernelSpec classSpec = spec;
+    classSpec.P = shape.P;
+    classSpec.N = shape.N;
+    classSpec.R = shape.R;
+    classSpec.tiling = *tuned;
+    KernelSpec resolved = resolveSpec(classSpec);
+    ClassState state = ClassState::Failed;
+    if (checkSpec(resolved).empty()) {
+      CacheKey key = CacheKey::fromSpec(resolved, fingerprint());
+      std::string hash = key.hash();
+      state = isLoaded(cache, ctx, hash)
+                  ? ClassState::Ready
+                  : classKernelState(resolved, key, hash);
+      if (state == ClassState::Ready) {
+        try {
+          return loadWithSet(cache, ctx, fast, classSpec);
+        } catch (const Error &e) {
+          if (e.code() != ErrorCode::Compile)
+            throw;
+          markClassFailed(hash, key.describe(), e.what());
+          state = ClassState::Failed;
+        }
+      }
+    } else {
+      warnOnce(fmt::format("the tuned tiling {},{},{},{} of shape class {} "
+                           "cannot be compiled here ({}); the generic kernel "
+                           "serves it",
+                           tuned->blockM, tuned->blockN, tuned->warps,
+                           tuned->stages, shape.name(), checkSpec(resolved)));
+    }
+    // Being compiled: the generic kernel serves this launch, under its own
+    // request only, so that a later launch of the class finds the class's.
+    if (state == ClassState::Pending)
+      return loadGeneric(cache, ctx, genericFast, spec, tunedKey);
+  }
+  // No entry for the class, or its kernel does not build: the generic kernel
+  // serves the class for good (the database is read once per process).
+  const LoadedKernel &kernel =
+      loadGeneric(cache, ctx, genericFast, spec, tunedKey);
+  cache.byRequest.emplace(fast, &kernel);
+  return kernel;
+}
+
+void clearKernelCache() {
+  // A background compile fills the compile table: finish it first, so the
+  // table is empty afterwards. (It never holds a kernel or module freed here.)
+  waitForBackgroundCompiles();
+  clearLoadedKernels();
+}
+
+} // namespace dualkv

@@ -1,0 +1,32 @@
+// The runtime's environment variables and its once-per-process warnings.
+#include "support/Env.h"
+
+#include <llvm/Support/Process.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <mutex>
+#include <set>
+
+namespace dualkv {
+
+std::optional<std::string> env(const char *name) {
+  std::optional<std::string> value = llvm::sys::Process::GetEnv(name);
+  if (value && value->empty())
+    return std::nullopt;
+  return value;
+}
+
+bool envFlag(const char *name) {
+  std::optional<std::string> value = env(name);
+  return value && *value != "0";
+}
+
+void warnOnce(const std::string &message) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(message).second)
+    llvm::errs() << "dualkv: warning: " << message << "\n";
+}
+
+} // namespace dualkv
