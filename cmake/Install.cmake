@@ -22,6 +22,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/compiler/include/dualkv/Compiler/Compiler.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dualkv/Compiler)
 install(FILES ${DUALKV_GENERATED_INCLUDE_DIR}/dualkv/Export.h
               ${DUALKV_GENERATED_INCLUDE_DIR}/dualkv/Version.h
+              ${PROJECT_SOURCE_DIR}/base/include/dualkv/Names.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dualkv)
 
 install(EXPORT DualKVTargets NAMESPACE DualKV:: DESTINATION ${DUALKV_CMAKE_INSTALL_DIR})

@@ -47,22 +47,9 @@ const std::map<std::string, std::string> &templates() {
   return all;
 }
 
-const char *templateName(KernelKind kind) {
-  switch (kind) {
-  case KernelKind::Fwd:
-    return "attention_fwd";
-  case KernelKind::BwdPre:
-    return "attention_bwd_pre";
-  case KernelKind::Bwd:
-    return "attention_bwd";
-  case KernelKind::BwdPost:
-    return "attention_bwd_post";
-  case KernelKind::BwdKV:
-    return "attention_bwd_kv";
-  case KernelKind::BwdDQ:
-    return "attention_bwd_dq";
-  }
-  return "";
+/// The template of `kind`: templates/attention_<kind>.mlir.
+std::string templateName(KernelKind kind) {
+  return std::string("attention_") + toString(kind);
 }
 
 double msSince(std::chrono::steady_clock::time_point start) {
@@ -317,7 +304,8 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.numQHeads = spec.numQHeads;
   bind.numKVHeads = spec.numKVHeads;
   bind.headDim = spec.headDim;
-  bind.dtype = toString(spec.dtype);
+  // The MLIR element type's spelling, which dualkv-bind-spec reads.
+  bind.dtype = spec.dtype == DType::BF16 ? "bf16" : "f16";
   bind.arch = spec.arch;
   bind.schedule = toString(spec.schedule);
   bind.blockM = spec.tiling.blockM;

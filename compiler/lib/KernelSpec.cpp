@@ -10,53 +10,10 @@
 
 namespace dualkv {
 
-const char *toString(KernelKind kind) {
-  switch (kind) {
-  case KernelKind::Fwd:
-    return "fwd";
-  case KernelKind::BwdPre:
-    return "bwd_pre";
-  case KernelKind::Bwd:
-    return "bwd";
-  case KernelKind::BwdPost:
-    return "bwd_post";
-  case KernelKind::BwdKV:
-    return "bwd_kv";
-  case KernelKind::BwdDQ:
-    return "bwd_dq";
-  }
-  return "?";
-}
-
-const char *toString(DType dtype) {
-  return dtype == DType::BF16 ? "bf16" : "f16";
-}
-
 // The dialect's KernelKind (dualkv-bind-spec casts between them) lists the
 // kinds in this order.
 static_assert(static_cast<int>(KernelKind::BwdDQ) == 5);
 
-const char *toString(Schedule schedule) {
-  switch (schedule) {
-  case Schedule::Auto:
-    return "auto";
-  case Schedule::MmaSync:
-    return "mma_sync";
-  case Schedule::Wgmma:
-    return "wgmma";
-  case Schedule::WarpSpecialized:
-    return "warp_specialized";
-  }
-  return "?";
-}
-
-std::optional<Schedule> parseSchedule(const std::string &text) {
-  for (Schedule s : {Schedule::Auto, Schedule::MmaSync, Schedule::Wgmma,
-                     Schedule::WarpSpecialized})
-    if (text == toString(s))
-      return s;
-  return std::nullopt;
-}
 
 namespace {
 

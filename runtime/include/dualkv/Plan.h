@@ -3,6 +3,7 @@
 #define DUALKV_PLAN_H
 
 #include "dualkv/Export.h"
+#include "dualkv/Names.h"
 
 #include <cstdint>
 #include <initializer_list>
@@ -45,45 +46,6 @@ struct Segment {
            shared_start == o.shared_start && shared_len == o.shared_len;
   }
 };
-
-/// The order of the default backward's work items (docs/backward-abi.md):
-/// the order their CTAs start in.
-enum class BackwardOrder {
-  /// The runtime's choice: LongestFirst.
-  Auto,
-  /// Decreasing query count (stable): the short items fill in behind the
-  /// long ones at the end of a launch.
-  LongestFirst,
-  /// Increasing first query (stable: then the key tiles' order): the CTAs
-  /// that run together reduce into nearby dQ rows and read nearby Q and dO,
-  /// so the fp32 dQ accumulator's active rows can stay in L2 rather than
-  /// spanning every query of the launch.
-  QueryChunks,
-};
-/// "auto", "longest_first", "query_chunks".
-DUALKV_API const char *toString(BackwardOrder order);
-/// The order spelled `text`, or nullopt.
-DUALKV_API std::optional<BackwardOrder>
-parseBackwardOrder(const std::string &text);
-
-/// Which kernels compute a backward (docs/backward-abi.md).
-enum class BackwardAlgorithm {
-  /// The runtime's choice (backwardAlgorithmFor): SplitDQ on sm_90a, where
-  /// it measured faster (benchmarks/NOTES.md, ninth session), prefix trees
-  /// included; Atomic elsewhere.
-  Auto,
-  /// bwd (dK and dV of a key block in registers, dQ added with fp32 atomics
-  /// into a workspace accumulator), then bwd_post (dQ converted).
-  Atomic,
-  /// bwd_kv (dK and dV, no dQ), then the query-major bwd_dq: no atomics, no
-  /// accumulators, the same bits on every run. `deterministic` forces it.
-  SplitDQ,
-};
-/// "auto", "atomic", "split_dq".
-DUALKV_API const char *toString(BackwardAlgorithm algorithm);
-/// The algorithm spelled `text`, or nullopt.
-DUALKV_API std::optional<BackwardAlgorithm>
-parseBackwardAlgorithm(const std::string &text);
 
 /// The backward's work-item table of a plan on the device
 /// (docs/backward-abi.md), as Plan::backwardTable returns it.

@@ -80,7 +80,9 @@ struct TunedEntry {
 /// it and return an empty database: a tuning file is never trusted in part.
 class DUALKV_API TuningDb {
 public:
-  static constexpr int kSchemaVersion = 1;
+  /// 2: dtypes spelled by dualkv/Names.h ("fp16", not "f16"); a file of
+  /// another version is reported and read as empty.
+  static constexpr int kSchemaVersion = 2;
 
   /// Reads `path`; problems go to *error (empty when the file is fine or
   /// absent).

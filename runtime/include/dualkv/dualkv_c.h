@@ -5,6 +5,7 @@
 #include "dualkv/Export.h"
 #include "dualkv/Version.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -92,72 +93,140 @@ DUALKV_API int32_t dualkv_plan_num_segments(const dualkv_plan *plan);
 DUALKV_API int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
                                          int64_t capacity);
 
-/**
- * The forward pass (dualkv::forward). Strides count elements. dtype is a
- * dualkv_dtype; scale 0 means 1/sqrt(head_dim) (finite and >= 0: negate q
- * for a negative scale); stream is a CUstream (null:
- * the default stream); tiling is null or 4 int32 {block_m, block_n, warps,
- * stages} (0 = default).
+/*
+ * Argument structs. Each begins with struct_size, which the caller sets to
+ * sizeof(the struct) as its header declared it: fields are only ever added
+ * at the end, so a caller built against an older header passes a smaller
+ * size and the fields it does not know take their defaults (zero), and one
+ * built against a newer header is refused only if it sets a field this
+ * library does not know. Zero-initialise the struct, set struct_size, then
+ * the fields you need.
  */
-DUALKV_API int dualkv_forward(
-    void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
-    int64_t k_stride_t, int64_t k_stride_h, void *v, int64_t v_stride_t,
-    int64_t v_stride_h, void *o, int64_t o_stride_t, int64_t o_stride_h,
-    float *lse, int64_t lse_stride_h, int64_t num_tokens, int32_t num_q_heads,
-    int32_t num_kv_heads, int32_t head_dim, int32_t dtype, float scale,
-    const dualkv_plan *plan, void *stream, const int32_t *tiling);
+
+/** One packed THD tensor: strides count elements, the last dim is dense. */
+typedef struct dualkv_tensor_t {
+  void *data;
+  int64_t stride_t; /**< between consecutive tokens */
+  int64_t stride_h; /**< between consecutive heads */
+} dualkv_tensor_t;
+
+/** A tile shape; zero fields take the defaults. */
+typedef struct dualkv_tiling_t {
+  int32_t block_m;
+  int32_t block_n;
+  int32_t warps;
+  int32_t stages;
+} dualkv_tiling_t;
+
+/** Kernel schedules (dualkv::Schedule); 0 is the compiler's choice. */
+enum dualkv_schedule {
+  DUALKV_SCHEDULE_AUTO = 0,
+  DUALKV_SCHEDULE_MMA_SYNC = 1,
+  DUALKV_SCHEDULE_WGMMA = 2,
+  DUALKV_SCHEDULE_WARP_SPECIALIZED = 3
+};
+
+/** Backward algorithms (dualkv::BackwardAlgorithm); 0 is the default. */
+enum dualkv_backward_algorithm {
+  DUALKV_BACKWARD_AUTO = 0,
+  DUALKV_BACKWARD_ATOMIC = 1,
+  DUALKV_BACKWARD_SPLIT_DQ = 2
+};
+
+/** The forward's arguments (dualkv::ForwardArgs). */
+typedef struct dualkv_forward_args_t {
+  size_t struct_size; /**< sizeof(dualkv_forward_args_t) */
+  dualkv_tensor_t q, k, v, o;
+  float *lse;           /**< fp32 [Hq][T], natural log */
+  int64_t lse_stride_h; /**< elements between heads of lse */
+  int64_t num_tokens;
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t dtype; /**< a dualkv_dtype */
+  float scale;   /**< 0: 1/sqrt(head_dim); finite and >= 0 */
+  const dualkv_plan *plan;
+  void *stream; /**< a CUstream; null is the legacy default stream */
+  dualkv_tiling_t tiling;
+  int32_t schedule; /**< a dualkv_schedule */
+} dualkv_forward_args_t;
+
+/** The forward pass (dualkv::forward). */
+DUALKV_API int dualkv_forward(const dualkv_forward_args_t *args);
+
+/** The backward's arguments (dualkv::BackwardArgs). */
+typedef struct dualkv_backward_args_t {
+  size_t struct_size; /**< sizeof(dualkv_backward_args_t) */
+  dualkv_tensor_t q, k, v, o, dout, dq, dk, dv;
+  const float *lse; /**< the forward's lse */
+  int64_t lse_stride_h;
+  int64_t num_tokens;
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t dtype;
+  float scale;           /**< must match the forward's */
+  int32_t deterministic; /**< != 0: the split-dQ algorithm, same bits */
+  int32_t algorithm;     /**< a dualkv_backward_algorithm */
+  /** null (the runtime's own; the first call allocates) or device memory of
+   * workspace_bytes >= dualkv_backward_workspace_size, 256-byte aligned */
+  void *workspace;
+  int64_t workspace_bytes;
+  const dualkv_plan *plan;
+  void *stream;
+  dualkv_tiling_t tiling;    /**< the main kernel's */
+  dualkv_tiling_t dq_tiling; /**< the split-dQ algorithm's dQ kernel's */
+  int32_t schedule;          /**< the main kernel's, a dualkv_schedule */
+} dualkv_backward_args_t;
 
 /**
  * The backward pass (dualkv::backward): writes dq (like q), dk and dv (like
- * k and v) from dout (like o), the forward's o and lse. Strides count
- * elements. deterministic != 0 reduces prompt dK/dV and dQ in a fixed order
- * (no atomics; the SplitDQ algorithm, which on sm_90a is also the default:
- * dualkv::BackwardAlgorithm). workspace is null (the
- * runtime's own; the first call allocates) or device memory of workspace_bytes
- * >= dualkv_backward_workspace_size, 256-byte aligned. Other arguments as in
- * dualkv_forward; tiling applies to the main backward kernel.
+ * k and v) from dout (like o), the forward's o and lse.
  */
-DUALKV_API int dualkv_backward(
-    void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
-    int64_t k_stride_t, int64_t k_stride_h, void *v, int64_t v_stride_t,
-    int64_t v_stride_h, void *o, int64_t o_stride_t, int64_t o_stride_h,
-    void *dout, int64_t dout_stride_t, int64_t dout_stride_h, const float *lse,
-    int64_t lse_stride_h, void *dq, int64_t dq_stride_t, int64_t dq_stride_h,
-    void *dk, int64_t dk_stride_t, int64_t dk_stride_h, void *dv,
-    int64_t dv_stride_t, int64_t dv_stride_h, int64_t num_tokens,
-    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t dtype,
-    float scale, int32_t deterministic, void *workspace,
-    int64_t workspace_bytes, const dualkv_plan *plan, void *stream,
-    const int32_t *tiling);
+DUALKV_API int dualkv_backward(const dualkv_backward_args_t *args);
 
 /**
- * Sets *out_bytes to the device workspace dualkv_backward needs for this
- * shape (dualkv::backwardWorkspaceBytes): for the current device's default
- * algorithm; without a GPU the atomic algorithm's, which is enough for
- * either. tiling is null or 4
- * int32, as for dualkv_backward (the size does not depend on it today).
+ * Sets *out_bytes to the device workspace dualkv_backward needs for `args`
+ * (dualkv::backwardWorkspaceBytes; only the plan, num_tokens, the heads,
+ * head_dim, deterministic, algorithm and tiling are read): for the current
+ * device's default algorithm; without a GPU the atomic algorithm's, which
+ * is enough for either.
  */
-DUALKV_API int
-dualkv_backward_workspace_size(const dualkv_plan *plan, int64_t num_tokens,
-                               int32_t num_q_heads, int32_t num_kv_heads,
-                               int32_t head_dim, int32_t deterministic,
-                               const int32_t *tiling, int64_t *out_bytes);
+DUALKV_API int dualkv_backward_workspace_size(const dualkv_backward_args_t *args,
+                                              int64_t *out_bytes);
 
 /** Kernel cache counters (dualkv::CacheStats). */
 typedef struct dualkv_cache_stats_t {
+  size_t struct_size; /**< set by the caller: the fields it can receive */
   int64_t memory_hits;
   int64_t disk_hits;
   int64_t disk_misses;
   int64_t compiles;
   double last_compile_ms;
   double total_compile_ms;
+  int64_t aot_hits;
 } dualkv_cache_stats_t;
 
-/** Fills *out with the kernel cache counters of this process. */
+/** Fills *out (up to out->struct_size) with this process's counters. */
 DUALKV_API int dualkv_cache_stats(dualkv_cache_stats_t *out);
+
+/** What dualkv_precompile should make ready (dualkv::PrecompileArgs). */
+typedef struct dualkv_precompile_args_t {
+  size_t struct_size; /**< sizeof(dualkv_precompile_args_t) */
+  int32_t head_dim;
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t dtype;
+  /** null or "": the current device's (needs a GPU); else e.g. "sm_90a" */
+  const char *arch;
+  int32_t backward;      /**< != 0: the backward's kernels too */
+  int32_t deterministic; /**< != 0: the split-dQ set only */
+  dualkv_tiling_t tiling;
+} dualkv_precompile_args_t;
 
 /** What dualkv_precompile found (dualkv::PrecompileReport). */
 typedef struct dualkv_precompile_report_t {
+  size_t struct_size; /**< set by the caller: the fields it can receive */
   int32_t kernels;
   int32_t compiles;
   int32_t disk_hits;
@@ -168,16 +237,19 @@ typedef struct dualkv_precompile_report_t {
 
 /**
  * dualkv::precompile: compiles in parallel, and writes into the disk cache,
- * every kernel a forward (and with backward != 0 a backward, deterministic or
- * not) of this configuration needs. arch is null or "" for the current
- * device (needs a GPU), else e.g. "sm_90a" (needs none). tiling is null or 4
- * int32 as for dualkv_forward. out may be null.
+ * every kernel a forward (and a backward) of this configuration needs. out
+ * may be null.
  */
-DUALKV_API int dualkv_precompile(int32_t head_dim, int32_t num_q_heads,
-                                 int32_t num_kv_heads, int32_t dtype,
-                                 const char *arch, int32_t backward,
-                                 int32_t deterministic, const int32_t *tiling,
+DUALKV_API int dualkv_precompile(const dualkv_precompile_args_t *args,
                                  dualkv_precompile_report_t *out);
+
+/**
+ * DualKV's vocabulary (dualkv/Names.h) as JSON: {"kinds": [...], "dtypes":
+ * [...], "schedules": [...], "algorithms": [...], "orders": [...]}, each a
+ * list of {"name", "value"[, "alias"]} in enumerator order, so that bindings
+ * spell values as the library does. The text lives as long as the library.
+ */
+DUALKV_API const char *dualkv_names(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -9,40 +9,6 @@ namespace dualkv {
 
 using nlohmann::json;
 
-namespace {
-
-// These spellings are part of the on-disk schema, so they live here rather
-// than borrowing the compiler's toString (whose text may change freely).
-const char *kindName(KernelKind kind) {
-  switch (kind) {
-  case KernelKind::Fwd:
-    return "fwd";
-  case KernelKind::BwdPre:
-    return "bwd_pre";
-  case KernelKind::Bwd:
-    return "bwd";
-  case KernelKind::BwdPost:
-    return "bwd_post";
-  case KernelKind::BwdKV:
-    return "bwd_kv";
-  case KernelKind::BwdDQ:
-    return "bwd_dq";
-  }
-  return "unknown";
-}
-
-const char *dtypeName(DType dtype) {
-  switch (dtype) {
-  case DType::BF16:
-    return "bf16";
-  case DType::FP16:
-    return "fp16";
-  }
-  return "unknown";
-}
-
-} // namespace
-
 std::string sha256Hex(llvm::StringRef bytes) {
   auto digest = llvm::SHA256::hash(llvm::arrayRefFromStringRef(bytes));
   return llvm::toHex(digest, /*LowerCase=*/true);
@@ -87,13 +53,13 @@ KernelSpec CacheKey::spec() const {
 json CacheKey::toJson() const {
   json key{
       {"schema", kSchemaVersion},
-      {"kind", kindName(kind)},
+      {"kind", toString(kind)},
       {"P", P},
       {"N", N},
       {"head_dim", headDim},
       {"num_q_heads", numQHeads},
       {"num_kv_heads", numKVHeads},
-      {"dtype", dtypeName(dtype)},
+      {"dtype", toString(dtype)},
       {"arch", arch},
       {"tiling",
        {{"block_m", tiling.blockM},
@@ -115,9 +81,9 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 std::string CacheKey::describe() const {
   return fmt::format("{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
                      "tiling {}x{} warps={} stages={} schedule {}{})",
-                     kindName(kind), P, N,
+                     toString(kind), P, N,
                      R ? fmt::format(" R={}", R) : std::string(), headDim,
-                     numQHeads, numKVHeads, dtypeName(dtype), arch,
+                     numQHeads, numKVHeads, toString(dtype), arch,
                      tiling.blockM, tiling.blockN, tiling.warps, tiling.stages,
                      toString(schedule), tree ? ", tree" : "");
 }

@@ -18,7 +18,8 @@ namespace dualkv {
 /// (`tree` is written only when true and `R` only when non-zero, so neither
 /// changes any other key: a generic kernel's key is spelled as before.)
 struct CacheKey {
-  static constexpr int kSchemaVersion = 2;
+  /// 3: kinds, dtypes and schedules spelled by dualkv/Names.h.
+  static constexpr int kSchemaVersion = 3;
 
   KernelKind kind = KernelKind::Fwd;
   int64_t P = 0; ///< shape class, 0 = any

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -37,18 +38,121 @@ template <typename F> int guarded(F &&body) {
   return DUALKV_ERROR_INTERNAL;
 }
 
-dualkv::DType toDType(int32_t dtype) {
-  if (dtype != DUALKV_BF16 && dtype != DUALKV_FP16)
-    throw dualkv::Error(
-        dualkv::ErrorCode::InvalidArgument,
-        fmt::format("dtype ({}) is neither 0 (bf16) nor 1 (fp16)", dtype));
-  return dtype == DUALKV_BF16 ? dualkv::DType::BF16 : dualkv::DType::FP16;
+dualkv::Tiling toTiling(const dualkv_tiling_t &t) {
+  return {t.block_m, t.block_n, t.warps, t.stages};
 }
 
-dualkv::Tiling toTiling(const int32_t *tiling) {
-  if (!tiling)
-    return {};
-  return {tiling[0], tiling[1], tiling[2], tiling[3]};
+dualkv::TensorArg toTensor(const dualkv_tensor_t &t) {
+  return {t.data, t.stride_t, t.stride_h};
+}
+
+template <typename E, size_t N>
+E toEnum(const dualkv::names::Row<E> (&rows)[N], int32_t value,
+         const char *what) {
+  if (value < 0 || static_cast<size_t>(value) >= N)
+    throw dualkv::Error(
+        dualkv::ErrorCode::InvalidArgument,
+        fmt::format("{} ({}) is not one of 0..{} ({})", what, value, N - 1,
+                    dualkv::names::listOf(rows)));
+  return rows[value].value;
+}
+
+/// The struct at `args` as this library knows it: a caller's struct_size
+/// below `firstSize` (the struct's first version) is refused; the fields
+/// past struct_size (a caller built against an older header) stay zero;
+/// bytes past this library's sizeof(T) must be zero (a newer caller's fields
+/// this library would otherwise ignore).
+template <typename T>
+T readArgs(const T *args, const char *what, size_t firstSize = sizeof(T)) {
+  if (!args)
+    throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
+                        fmt::format("{} is null", what));
+  const size_t size = args->struct_size;
+  if (size < firstSize)
+    throw dualkv::Error(
+        dualkv::ErrorCode::InvalidArgument,
+        fmt::format("{}->struct_size ({}) is below the struct's first "
+                    "version ({} bytes): set it to sizeof the struct",
+                    what, size, firstSize));
+  T copy{};
+  std::memcpy(&copy, args, std::min(size, sizeof(T)));
+  const auto *extra = reinterpret_cast<const unsigned char *>(args);
+  for (size_t i = sizeof(T); i < size; ++i)
+    if (extra[i] != 0)
+      throw dualkv::Error(
+          dualkv::ErrorCode::InvalidArgument,
+          fmt::format("{} sets a field at byte {}, past the {} bytes this "
+                      "library ({}) knows",
+                      what, i, sizeof(T), dualkv::version()));
+  return copy;
+}
+
+/// Writes `value` into `out` up to out->struct_size bytes (a caller built
+/// against an older header receives the fields it knows).
+template <typename T> void writeOut(T *out, T value, const char *what) {
+  if (!out)
+    throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
+                        fmt::format("{} is null", what));
+  const size_t size = out->struct_size;
+  if (size < sizeof(size_t))
+    throw dualkv::Error(
+        dualkv::ErrorCode::InvalidArgument,
+        fmt::format("{}->struct_size ({}) is not set", what, size));
+  value.struct_size = size;
+  std::memcpy(out, &value, std::min(size, sizeof(T)));
+}
+
+dualkv::BackwardArgs toBackwardArgs(const dualkv_backward_args_t &a) {
+  dualkv::BackwardArgs args;
+  args.q = toTensor(a.q);
+  args.k = toTensor(a.k);
+  args.v = toTensor(a.v);
+  args.o = toTensor(a.o);
+  args.dout = toTensor(a.dout);
+  args.dq = toTensor(a.dq);
+  args.dk = toTensor(a.dk);
+  args.dv = toTensor(a.dv);
+  args.lse = a.lse;
+  args.lse_stride_h = a.lse_stride_h;
+  args.num_tokens = a.num_tokens;
+  args.num_q_heads = a.num_q_heads;
+  args.num_kv_heads = a.num_kv_heads;
+  args.head_dim = a.head_dim;
+  args.dtype = toEnum(dualkv::names::kDTypes, a.dtype, "dtype");
+  args.scale = a.scale;
+  args.deterministic = a.deterministic != 0;
+  args.algorithm =
+      toEnum(dualkv::names::kAlgorithms, a.algorithm, "algorithm");
+  args.workspace = a.workspace;
+  args.workspace_bytes = a.workspace_bytes;
+  args.plan = a.plan ? &a.plan->plan : nullptr;
+  args.stream = a.stream;
+  args.tiling = toTiling(a.tiling);
+  args.dq_tiling = toTiling(a.dq_tiling);
+  args.schedule = toEnum(dualkv::names::kSchedules, a.schedule, "schedule");
+  return args;
+}
+
+/// The vocabulary as JSON (dualkv_names).
+std::string namesJson() {
+  auto rows = [](const auto &table) {
+    std::string out = "[";
+    int value = 0;
+    for (const auto &row : table) {
+      out += fmt::format("{}{{\"name\": \"{}\", \"value\": {}{}}}",
+                         value ? ", " : "", row.name, value,
+                         row.alias ? fmt::format(", \"alias\": \"{}\"",
+                                                 row.alias)
+                                   : std::string());
+      ++value;
+    }
+    return out + "]";
+  };
+  using namespace dualkv::names;
+  return fmt::format("{{\"kinds\": {}, \"dtypes\": {}, \"schedules\": {}, "
+                     "\"algorithms\": {}, \"orders\": {}}}",
+                     rows(kKinds), rows(kDTypes), rows(kSchedules),
+                     rows(kAlgorithms), rows(kOrders));
 }
 
 } // namespace
@@ -142,128 +246,81 @@ int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
   });
 }
 
-int dualkv_forward(void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
-                   int64_t k_stride_t, int64_t k_stride_h, void *v,
-                   int64_t v_stride_t, int64_t v_stride_h, void *o,
-                   int64_t o_stride_t, int64_t o_stride_h, float *lse,
-                   int64_t lse_stride_h, int64_t num_tokens,
-                   int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                   int32_t dtype, float scale, const dualkv_plan *plan,
-                   void *stream, const int32_t *tiling) {
+int dualkv_forward(const dualkv_forward_args_t *in) {
   return guarded([&] {
+    const dualkv_forward_args_t a = readArgs(in, "args");
     dualkv::ForwardArgs args;
-    args.q = {q, q_stride_t, q_stride_h};
-    args.k = {k, k_stride_t, k_stride_h};
-    args.v = {v, v_stride_t, v_stride_h};
-    args.o = {o, o_stride_t, o_stride_h};
-    args.lse = lse;
-    args.lse_stride_h = lse_stride_h;
-    args.num_tokens = num_tokens;
-    args.num_q_heads = num_q_heads;
-    args.num_kv_heads = num_kv_heads;
-    args.head_dim = head_dim;
-    args.dtype = toDType(dtype);
-    args.scale = scale;
-    args.plan = plan ? &plan->plan : nullptr;
-    args.stream = stream;
-    args.tiling = toTiling(tiling);
+    args.q = toTensor(a.q);
+    args.k = toTensor(a.k);
+    args.v = toTensor(a.v);
+    args.o = toTensor(a.o);
+    args.lse = a.lse;
+    args.lse_stride_h = a.lse_stride_h;
+    args.num_tokens = a.num_tokens;
+    args.num_q_heads = a.num_q_heads;
+    args.num_kv_heads = a.num_kv_heads;
+    args.head_dim = a.head_dim;
+    args.dtype = toEnum(dualkv::names::kDTypes, a.dtype, "dtype");
+    args.scale = a.scale;
+    args.plan = a.plan ? &a.plan->plan : nullptr;
+    args.stream = a.stream;
+    args.tiling = toTiling(a.tiling);
+    args.schedule = toEnum(dualkv::names::kSchedules, a.schedule, "schedule");
     dualkv::forward(args);
   });
 }
 
-int dualkv_backward(void *q, int64_t q_stride_t, int64_t q_stride_h, void *k,
-                    int64_t k_stride_t, int64_t k_stride_h, void *v,
-                    int64_t v_stride_t, int64_t v_stride_h, void *o,
-                    int64_t o_stride_t, int64_t o_stride_h, void *dout,
-                    int64_t dout_stride_t, int64_t dout_stride_h,
-                    const float *lse, int64_t lse_stride_h, void *dq,
-                    int64_t dq_stride_t, int64_t dq_stride_h, void *dk,
-                    int64_t dk_stride_t, int64_t dk_stride_h, void *dv,
-                    int64_t dv_stride_t, int64_t dv_stride_h,
-                    int64_t num_tokens, int32_t num_q_heads,
-                    int32_t num_kv_heads, int32_t head_dim, int32_t dtype,
-                    float scale, int32_t deterministic, void *workspace,
-                    int64_t workspace_bytes, const dualkv_plan *plan,
-                    void *stream, const int32_t *tiling) {
-  return guarded([&] {
-    dualkv::BackwardArgs args;
-    args.q = {q, q_stride_t, q_stride_h};
-    args.k = {k, k_stride_t, k_stride_h};
-    args.v = {v, v_stride_t, v_stride_h};
-    args.o = {o, o_stride_t, o_stride_h};
-    args.dout = {dout, dout_stride_t, dout_stride_h};
-    args.dq = {dq, dq_stride_t, dq_stride_h};
-    args.dk = {dk, dk_stride_t, dk_stride_h};
-    args.dv = {dv, dv_stride_t, dv_stride_h};
-    args.lse = lse;
-    args.lse_stride_h = lse_stride_h;
-    args.num_tokens = num_tokens;
-    args.num_q_heads = num_q_heads;
-    args.num_kv_heads = num_kv_heads;
-    args.head_dim = head_dim;
-    args.dtype = toDType(dtype);
-    args.scale = scale;
-    args.deterministic = deterministic != 0;
-    args.workspace = workspace;
-    args.workspace_bytes = workspace_bytes;
-    args.plan = plan ? &plan->plan : nullptr;
-    args.stream = stream;
-    args.tiling = toTiling(tiling);
-    dualkv::backward(args);
-  });
+int dualkv_backward(const dualkv_backward_args_t *in) {
+  return guarded(
+      [&] { dualkv::backward(toBackwardArgs(readArgs(in, "args"))); });
 }
 
-int dualkv_backward_workspace_size(const dualkv_plan *plan, int64_t num_tokens,
-                                   int32_t num_q_heads, int32_t num_kv_heads,
-                                   int32_t head_dim, int32_t deterministic,
-                                   const int32_t *tiling, int64_t *out_bytes) {
+int dualkv_backward_workspace_size(const dualkv_backward_args_t *in,
+                                   int64_t *out_bytes) {
   return guarded([&] {
     if (!out_bytes)
       throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
                           "out_bytes is null");
-    // The shape and the mode are all the size depends on (the default
-    // algorithm resolved for the current device, as backward() does).
-    dualkv::BackwardArgs args;
-    args.plan = plan ? &plan->plan : nullptr;
-    args.num_tokens = num_tokens;
-    args.num_q_heads = num_q_heads;
-    args.num_kv_heads = num_kv_heads;
-    args.head_dim = head_dim;
-    args.deterministic = deterministic != 0;
-    args.tiling = toTiling(tiling);
-    *out_bytes = dualkv::backwardWorkspaceBytes(args);
+    *out_bytes =
+        dualkv::backwardWorkspaceBytes(toBackwardArgs(readArgs(in, "args")));
   });
 }
 
 int dualkv_cache_stats(dualkv_cache_stats_t *out) {
   return guarded([&] {
-    if (!out)
-      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument, "out is null");
     dualkv::CacheStats s = dualkv::cacheStats();
-    *out = {s.memoryHits, s.diskHits,      s.diskMisses,
-            s.compiles,   s.lastCompileMs, s.totalCompileMs};
+    writeOut(out,
+             {0, s.memoryHits, s.diskHits, s.diskMisses, s.compiles,
+              s.lastCompileMs, s.totalCompileMs, s.aotHits},
+             "out");
   });
 }
 
-int dualkv_precompile(int32_t head_dim, int32_t num_q_heads,
-                      int32_t num_kv_heads, int32_t dtype, const char *arch,
-                      int32_t backward, int32_t deterministic,
-                      const int32_t *tiling, dualkv_precompile_report_t *out) {
+int dualkv_precompile(const dualkv_precompile_args_t *in,
+                      dualkv_precompile_report_t *out) {
   return guarded([&] {
+    const dualkv_precompile_args_t args = readArgs(in, "args");
     dualkv::PrecompileArgs a;
-    a.head_dim = head_dim;
-    a.num_q_heads = num_q_heads;
-    a.num_kv_heads = num_kv_heads;
-    a.dtype = toDType(dtype);
-    a.arch = arch ? arch : "";
-    a.backward = backward != 0;
-    a.deterministic = deterministic != 0;
-    a.tiling = toTiling(tiling);
+    a.head_dim = args.head_dim;
+    a.num_q_heads = args.num_q_heads;
+    a.num_kv_heads = args.num_kv_heads;
+    a.dtype = toEnum(dualkv::names::kDTypes, args.dtype, "dtype");
+    a.arch = args.arch ? args.arch : "";
+    a.backward = args.backward != 0;
+    a.deterministic = args.deterministic != 0;
+    a.tiling = toTiling(args.tiling);
     dualkv::PrecompileReport r = dualkv::precompile(a);
     if (out)
-      *out = {r.kernels,    r.compiles, r.diskHits,
-              r.memoryHits, r.aotHits,  r.wallMs};
+      writeOut(out,
+               {0, r.kernels, r.compiles, r.diskHits, r.memoryHits, r.aotHits,
+                r.wallMs},
+               "out");
   });
+}
+
+const char *dualkv_names(void) {
+  static const std::string text = namesJson();
+  return text.c_str();
 }
 
 } // extern "C"

@@ -35,48 +35,6 @@ template <typename Fn> void forEachSegment(const Plan &plan, Fn fn) {
 
 } // namespace
 
-const char *toString(BackwardOrder order) {
-  switch (order) {
-  case BackwardOrder::Auto:
-    return "auto";
-  case BackwardOrder::LongestFirst:
-    return "longest_first";
-  case BackwardOrder::QueryChunks:
-    return "query_chunks";
-  }
-  return "?";
-}
-
-const char *toString(BackwardAlgorithm algorithm) {
-  switch (algorithm) {
-  case BackwardAlgorithm::Auto:
-    return "auto";
-  case BackwardAlgorithm::Atomic:
-    return "atomic";
-  case BackwardAlgorithm::SplitDQ:
-    return "split_dq";
-  }
-  return "?";
-}
-
-std::optional<BackwardAlgorithm>
-parseBackwardAlgorithm(const std::string &text) {
-  for (BackwardAlgorithm a :
-       {BackwardAlgorithm::Auto, BackwardAlgorithm::Atomic,
-        BackwardAlgorithm::SplitDQ})
-    if (text == toString(a))
-      return a;
-  return std::nullopt;
-}
-
-std::optional<BackwardOrder> parseBackwardOrder(const std::string &text) {
-  for (BackwardOrder o : {BackwardOrder::Auto, BackwardOrder::LongestFirst,
-                          BackwardOrder::QueryChunks})
-    if (text == toString(o))
-      return o;
-  return std::nullopt;
-}
-
 BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
                                  BackwardOrder order) {
   if (blockM < 1 || chunk < blockM)

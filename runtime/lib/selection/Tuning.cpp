@@ -30,15 +30,6 @@ constexpr const char *kSchema = "dualkv-tuning";
 /// kilobytes; nothing larger is read.
 constexpr size_t kMaxFileBytes = 64u << 20;
 
-std::optional<KernelKind> kindFromString(const std::string &name) {
-  for (KernelKind k :
-       {KernelKind::Fwd, KernelKind::BwdPre, KernelKind::Bwd,
-        KernelKind::BwdPost, KernelKind::BwdKV, KernelKind::BwdDQ})
-    if (name == toString(k))
-      return k;
-  return std::nullopt;
-}
-
 /// Everything that selects an entry, the kernel kind included: the spec
 /// without its tiling.
 bool sameKey(const KernelSpec &a, const KernelSpec &b) {
@@ -102,12 +93,11 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
   // The kind is part of the key: a forward entry never answers a backward
   // lookup, nor one backward kernel's entry another's.
   std::string kind = text("kind");
-  std::optional<KernelKind> known = kindFromString(kind);
+  std::optional<KernelKind> known = parseKernelKind(kind);
   if (!known)
-    throw std::runtime_error(fmt::format(
-        "{} '{}' is not a known kernel kind (fwd, bwd_pre, bwd, bwd_post, "
-        "bwd_kv, bwd_dq)",
-        where("kind"), kind));
+    throw std::runtime_error(
+        fmt::format("{} '{}' is not a known kernel kind ({})", where("kind"),
+                    kind, names::listOf(names::kKinds)));
   s.kind = *known;
   s.P = integer(j, "P");
   s.N = integer(j, "N");
@@ -122,10 +112,11 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
   s.numQHeads = static_cast<int>(integer(j, "num_q_heads"));
   s.numKVHeads = static_cast<int>(integer(j, "num_kv_heads"));
   std::string dtype = text("dtype");
-  if (dtype != "bf16" && dtype != "f16")
-    throw std::runtime_error(
-        fmt::format("{} '{}' is not bf16 or f16", where("dtype"), dtype));
-  s.dtype = dtype == "bf16" ? DType::BF16 : DType::FP16;
+  std::optional<DType> knownDType = parseDType(dtype);
+  if (!knownDType || dtype != toString(*knownDType))
+    throw std::runtime_error(fmt::format("{} '{}' is not {}", where("dtype"),
+                                         dtype, names::listOf(names::kDTypes)));
+  s.dtype = *knownDType;
   s.arch = text("arch");
   const json &t = need(j, "tiling");
   s.tiling = {static_cast<int>(integer(t, "block_m")),

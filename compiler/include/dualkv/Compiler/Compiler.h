@@ -10,6 +10,7 @@
 #define DUALKV_COMPILER_COMPILER_H
 
 #include "dualkv/Export.h"
+#include "dualkv/Names.h"
 
 #include <cstdint>
 #include <optional>
@@ -18,33 +19,9 @@
 
 namespace dualkv {
 
-/// Fwd: the forward. Backward (docs/backward-abi.md): BwdPre (Delta), Bwd
-/// (fused dK/dV/dQ, dQ by fp32 atomics), BwdPost (fp32 accumulators to the
-/// element type); deterministic mode: BwdKV (dK/dV only) and BwdDQ (dQ,
-/// query-major).
-enum class KernelKind { Fwd, BwdPre, Bwd, BwdPost, BwdKV, BwdDQ };
-
 /// int32 fields per backward work item: {kRow0, kvEnd, qBegin, qEnd, accRow,
 /// 0} (docs/backward-abi.md).
 constexpr int kBwdItemFields = 6;
-enum class DType { BF16, FP16 };
-
-DUALKV_API const char *toString(KernelKind kind);
-DUALKV_API const char *toString(DType dtype);
-
-/// How a kernel is computed, each in a folder of compiler/lib: MmaSync
-/// (mma.sync, sm_80 and later; also bwd_pre and bwd_post, which are the same
-/// everywhere), Wgmma (sm_90a, head_dim 128: the forward, the KV-major
-/// backward and the dQ kernel, by name), WarpSpecialized (sm_90a's default:
-/// the TMA forward at head_dim 64/128/256, the KV-major backward and the dQ
-/// kernel at head_dim 64/128; prefix trees' too).
-/// Auto means the default for the spec (resolveSpec).
-enum class Schedule { Auto, MmaSync, Wgmma, WarpSpecialized };
-/// "auto", "mma_sync", "wgmma", "warp_specialized".
-DUALKV_API const char *toString(Schedule schedule);
-/// The schedule spelled `text`, or nullopt.
-DUALKV_API std::optional<Schedule> parseSchedule(const std::string &text);
-
 /// A GPU target, sm_<number>[a], parsed once from its spelling.
 struct DUALKV_API Arch {
   int number = 0;            ///< 80 for sm_80, 90 for sm_90a
