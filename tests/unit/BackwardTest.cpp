@@ -446,32 +446,45 @@ TEST_CASE("backward workspace: sizes by hand and through the C API",
   REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
           DUALKV_OK);
   int64_t bytes = -1;
-  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 0, nullptr,
-                                       &bytes) == DUALKV_OK);
+  dualkv_backward_args_t c{};
+  c.struct_size = sizeof c;
+  c.plan = cplan;
+  c.num_tokens = 2150;
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
   CHECK(bytes == delta + dqacc + 2 * accOne);
-  int32_t tiling[] = {64, 64, 4, 2};
-  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 1, tiling,
-                                       &bytes) == DUALKV_OK);
+  c.deterministic = 1;
+  c.tiling = {64, 64, 4, 2};
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
   CHECK(bytes == delta);
+  c.deterministic = 0;
+  c.algorithm = DUALKV_BACKWARD_SPLIT_DQ;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
+  CHECK(bytes == delta);
+  c.algorithm = DUALKV_BACKWARD_AUTO;
+  c.tiling = {};
   // head_dim 256: dQ and the prompt accumulators twice as wide.
-  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 256, 0, nullptr,
-                                       &bytes) == DUALKV_OK);
+  c.head_dim = 256;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
   CHECK(bytes == delta + 2 * dqacc + 4 * accOne);
-  CHECK(dualkv_backward_workspace_size(cplan, 2000, 8, 2, 128, 0, nullptr,
-                                       &bytes) ==
+  c.head_dim = 128;
+  c.num_tokens = 2000;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) ==
         DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("num_tokens (2000)"));
-  CHECK(dualkv_backward_workspace_size(nullptr, 2150, 8, 2, 128, 0, nullptr,
-                                       &bytes) ==
+  c.num_tokens = 2150;
+  c.plan = nullptr;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) ==
         DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("plan is null"));
-  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 0, nullptr,
-                                       nullptr) ==
+  c.plan = cplan;
+  CHECK(dualkv_backward_workspace_size(&c, nullptr) ==
         DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("out_bytes is null"));
-  int32_t badTiling[] = {-1, 0, 0, 0};
-  CHECK(dualkv_backward_workspace_size(cplan, 2150, 8, 2, 128, 0, badTiling,
-                                       &bytes) ==
+  c.tiling = {-1, 0, 0, 0};
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) ==
         DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("tiling.blockM (-1) is negative"));
   dualkv_plan_destroy(cplan);
@@ -570,16 +583,30 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
   REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
           DUALKV_OK);
   BackwardArgs a = validBackwardArgs(plan);
+  auto tensor = [](const TensorArg &t) {
+    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
+  };
   auto call = [&](int32_t dtype, void *dv) {
-    return dualkv_backward(
-        a.q.data, a.q.stride_t, a.q.stride_h, a.k.data, a.k.stride_t,
-        a.k.stride_h, a.v.data, a.v.stride_t, a.v.stride_h, a.o.data,
-        a.o.stride_t, a.o.stride_h, a.dout.data, a.dout.stride_t,
-        a.dout.stride_h, a.lse, a.lse_stride_h, a.dq.data, a.dq.stride_t,
-        a.dq.stride_h, a.dk.data, a.dk.stride_t, a.dk.stride_h, dv,
-        a.dv.stride_t, a.dv.stride_h, a.num_tokens, a.num_q_heads,
-        a.num_kv_heads, a.head_dim, dtype, 0.f, 0, nullptr, 0, cplan, nullptr,
-        nullptr);
+    dualkv_backward_args_t c{};
+    c.struct_size = sizeof c;
+    c.q = tensor(a.q);
+    c.k = tensor(a.k);
+    c.v = tensor(a.v);
+    c.o = tensor(a.o);
+    c.dout = tensor(a.dout);
+    c.dq = tensor(a.dq);
+    c.dk = tensor(a.dk);
+    c.dv = tensor(a.dv);
+    c.dv.data = dv;
+    c.lse = a.lse;
+    c.lse_stride_h = a.lse_stride_h;
+    c.num_tokens = a.num_tokens;
+    c.num_q_heads = a.num_q_heads;
+    c.num_kv_heads = a.num_kv_heads;
+    c.head_dim = a.head_dim;
+    c.dtype = dtype;
+    c.plan = cplan;
+    return dualkv_backward(&c);
   };
   CHECK(call(4, a.dv.data) == DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("dtype (4)"));

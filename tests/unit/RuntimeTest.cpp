@@ -10,7 +10,10 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -929,30 +932,54 @@ TEST_CASE("C API: plans, errors and status codes", "[runtime]") {
 
   {
     ScopedFakeDriver scoped;
-    int rc = dualkv_forward(nullptr, 0, 0, nullptr, 0, 0, nullptr, 0, 0,
-                            nullptr, 0, 0, nullptr, 0, 13, 8, 2, 128, 0, 0.f,
-                            nullptr, nullptr, nullptr);
+    dualkv_forward_args_t a{};
+    a.struct_size = sizeof a;
+    a.num_tokens = 13;
+    a.num_q_heads = 8;
+    a.num_kv_heads = 2;
+    a.head_dim = 128;
+    int rc = dualkv_forward(&a);
     CHECK(rc == DUALKV_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(dualkv_last_error(), Contains("plan is null"));
-    rc = dualkv_forward(nullptr, 0, 0, nullptr, 0, 0, nullptr, 0, 0, nullptr, 0,
-                        0, nullptr, 0, 13, 8, 2, 128, 5, 0.f, plan, nullptr,
-                        nullptr);
+    a.plan = plan;
+    a.dtype = 5;
+    rc = dualkv_forward(&a);
     CHECK(rc == DUALKV_ERROR_INVALID_ARGUMENT);
-    CHECK_THAT(dualkv_last_error(), Contains("dtype (5)"));
-    rc = dualkv_forward(fakePointer(0x1000), 1024, 128, nullptr, 0, 0, nullptr,
-                        0, 0, nullptr, 0, 0, nullptr, 0, 13, 8, 2, 128, 1, 0.f,
-                        plan, nullptr, nullptr);
+    CHECK_THAT(dualkv_last_error(), Contains("dtype (5) is not one of 0..1 "
+                                             "(bf16 or fp16)"));
+    a.dtype = DUALKV_FP16;
+    a.q = {fakePointer(0x1000), 1024, 128};
+    rc = dualkv_forward(&a);
     CHECK(rc == DUALKV_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(dualkv_last_error(), Contains("k.data is null"));
+    a.schedule = 9;
+    CHECK(dualkv_forward(&a) == DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(dualkv_last_error(), Contains("schedule (9)"));
+    CHECK(dualkv_forward(nullptr) == DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(dualkv_last_error(), Contains("args is null"));
     CHECK(scoped.fake.launches == 0);
 
     scoped.fake.initResult = cuda::CUDA_ERROR_NO_DEVICE;
     CHECK(dualkv_plan_upload(plan) == DUALKV_ERROR_NO_GPU);
   }
 
-  dualkv_cache_stats_t stats;
+  dualkv_cache_stats_t stats{};
+  stats.struct_size = sizeof stats;
+  stats.aot_hits = -1;
   CHECK(dualkv_cache_stats(&stats) == DUALKV_OK);
+  CHECK(stats.struct_size == sizeof stats);
+  CHECK(stats.aot_hits == cacheStats().aotHits);
   CHECK(dualkv_cache_stats(nullptr) == DUALKV_ERROR_INVALID_ARGUMENT);
+  // A caller built against a header without aot_hits receives the fields it
+  // knows and nothing past them.
+  dualkv_cache_stats_t older{};
+  older.struct_size = offsetof(dualkv_cache_stats_t, aot_hits);
+  older.aot_hits = -7;
+  CHECK(dualkv_cache_stats(&older) == DUALKV_OK);
+  CHECK(older.aot_hits == -7);
+  stats.struct_size = 0;
+  CHECK(dualkv_cache_stats(&stats) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("struct_size (0) is not set"));
   dualkv_plan_destroy(plan);
   dualkv_plan_destroy(nullptr);
 }
@@ -1109,10 +1136,34 @@ TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
   args.arch = "sm_80";
   args.tiling.blockM = -1;
   code("negative");
-  dualkv_precompile_report_t report;
-  CHECK(dualkv_precompile(64, 4, 2, 7, "sm_80", 1, 0, nullptr, &report) ==
-        DUALKV_ERROR_INVALID_ARGUMENT);
+  dualkv_precompile_report_t report{};
+  report.struct_size = sizeof report;
+  dualkv_precompile_args_t c{};
+  c.struct_size = sizeof c;
+  c.head_dim = 64;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.dtype = 7;
+  c.arch = "sm_80";
+  c.backward = 1;
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("dtype (7)"));
+  // struct_size below the first version, and a field past what this library
+  // knows, are refused by name.
+  c.dtype = DUALKV_BF16;
+  c.struct_size = sizeof(size_t);
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("below the struct's first version"));
+  struct Newer {
+    dualkv_precompile_args_t known;
+    int64_t unknown;
+  } newer{};
+  newer.known = c;
+  newer.known.struct_size = sizeof newer;
+  newer.unknown = 1;
+  CHECK(dualkv_precompile(&newer.known, &report) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("sets a field at byte"));
 }
 
 TEST_CASE("precompile: without an arch it takes the current GPU's",
@@ -1135,4 +1186,38 @@ TEST_CASE("precompile: without an arch it takes the current GPU's",
   // It loads nothing onto the GPU.
   CHECK(scoped.fake.cubinLoads + scoped.fake.ptxLoads == 0);
   clearKernelCache();
+}
+
+TEST_CASE("C API: dualkv_names spells every value as the C++ table does",
+          "[runtime][names]") {
+  nlohmann::json names = nlohmann::json::parse(dualkv_names());
+  auto check = [&](const char *field, const auto &rows) {
+    const nlohmann::json &list = names.at(field);
+    REQUIRE(list.size() == std::size(rows));
+    for (size_t i = 0; i < list.size(); ++i) {
+      CHECK(list[i].at("value") == static_cast<int>(rows[i].value));
+      CHECK(list[i].at("value") == static_cast<int>(i));
+      CHECK(list[i].at("name") == rows[i].name);
+      CHECK(list[i].contains("alias") == (rows[i].alias != nullptr));
+    }
+  };
+  check("kinds", names::kKinds);
+  check("dtypes", names::kDTypes);
+  check("schedules", names::kSchedules);
+  check("algorithms", names::kAlgorithms);
+  check("orders", names::kOrders);
+  // The C enums are the C++ enumerators' numbers.
+  CHECK(DUALKV_FP16 == static_cast<int>(DType::FP16));
+  CHECK(DUALKV_SCHEDULE_WARP_SPECIALIZED ==
+        static_cast<int>(Schedule::WarpSpecialized));
+  CHECK(DUALKV_BACKWARD_SPLIT_DQ == static_cast<int>(BackwardAlgorithm::SplitDQ));
+  // Every value parses back from its name, and fp16 is never "f16".
+  for (const auto &row : names::kDTypes)
+    CHECK(parseDType(row.name) == row.value);
+  CHECK(std::string(toString(DType::FP16)) == "fp16");
+  CHECK_FALSE(parseDType("f16"));
+  CHECK(parseDType("float16") == DType::FP16);
+  for (const auto &row : names::kKinds)
+    CHECK(parseKernelKind(toString(row.value)) == row.value);
+  CHECK_FALSE(parseKernelKind("Fwd"));
 }
