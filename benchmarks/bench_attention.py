@@ -22,11 +22,10 @@ never the headline. Both run in the same process by default.
 Writes DIR/attention.{md,json} (rewritten after every config: a run cut
 short keeps what it finished) and DIR/attention_speedup.png (forward only:
 forward.*, forward_speedup.png); DIR defaults to
-benchmarks/results/<today>. See benchmarks/README.md for what is measured.
+benchmarks/results/<today>/<commit>. See benchmarks/README.md for what is measured.
 """
 
 import argparse
-import datetime
 import gc
 import random
 import sys
@@ -809,7 +808,7 @@ def parse_args(argv=None, defaults=None):
     ap.add_argument("--lib", help="path of libdualkv.so (else DUALKV_LIB or "
                     "the default lookup)")
     ap.add_argument("--out", help="output folder (default "
-                    "benchmarks/results/<today>)")
+                    "benchmarks/results/<today>/<commit>)")
     ap.add_argument("--mode", choices=("fwdbwd", "fwd"), default="fwdbwd",
                     help="fwdbwd: forward and forward+backward (default); "
                     "fwd: forward only, no gradients (the former "
@@ -1075,9 +1074,7 @@ def main(argv=None, defaults=None):
             setattr(torch._dynamo.config, knob, max(now, value))
             dynamo_limits[knob] = getattr(torch._dynamo.config, knob)
 
-    out_dir = Path(args.out) if args.out else (
-        common.REPO / "benchmarks" / "results"
-        / datetime.date.today().isoformat())
+    out_dir = Path(args.out) if args.out else common.default_out()
     out_dir.mkdir(parents=True, exist_ok=True)
     reps = args.reps or (5 if args.quick else 10)
     warmup = args.warmup or (2 if args.quick else 3)

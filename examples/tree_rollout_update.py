@@ -68,7 +68,7 @@ H200:
   python3 examples/tree_rollout_update.py --lib build/libdualkv.so
   python3 examples/tree_rollout_update.py --lib build/libdualkv.so --peers packed-Flex,paths-SDPA
   python3 examples/tree_rollout_update.py --lib build/libdualkv.so --shape random --turns 3 --branch 4
-Writes benchmarks/results/<today>/tree_rollout_update.{md,json,png} (--out DIR to change).
+Writes benchmarks/results/<today>/<commit>/tree_rollout_update.{md,json,png} (--out DIR to change).
   python3 examples/tree_rollout_update.py --self-check
 checks the layouts without a GPU, torch or the library (ctest python:tree-rollout-layout):
 the issue tree against the issue's description, and on it and on random forests every path's
@@ -480,8 +480,7 @@ def main(argv=None):
     except OSError as e:
         sys.exit(f"libdualkv.so could not be loaded: {e}\nBuild it (bash scripts/build.sh) "
                  "or pass --lib PATH")
-    out_dir = Path(args.out) if args.out else (
-        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+    out_dir = Path(args.out) if args.out else bench_tree.common.default_out()
     out_dir.mkdir(parents=True, exist_ok=True)
 
     # flash_attn decides the default peer set.
@@ -933,7 +932,7 @@ def parse_args(argv=None):
     ap.add_argument("--grad-tol", type=float, default=0.05,
                     help="worst ||g - g_DualKV|| / ||g_DualKV|| of a parameter accepted "
                     "(default 0.05)")
-    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>)")
+    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>/<commit>)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--self-check", action="store_true",
                     help="no GPU, no torch: check the layouts and the Flex mask (see above)")
