@@ -2,8 +2,8 @@
 """Attention forward and forward+backward: DualKV (packed) against
 FlexAttention (packed, block mask) and FA2 and cuDNN (replicated SDPA) on the
 standard configs of benchmarks/README.md (Qwen3-8B heads: Hq=32, Hkv=8,
-D=128, bf16, one group each), plus P=65536 for DualKV alone, then issue 12's
-other targets: head_dim 64 (32:8) and 256 (16:8) at P=8192, N=16, R=1024,
+D=128, bf16, one group each), plus P=65536 for DualKV alone, then the
+other target shapes: head_dim 64 (32:8) and 256 (16:8) at P=8192, N=16, R=1024,
 and 4 groups of P=2048, N=8, R 64..4096 in one launch (--set targets).
 
 The headline peer is FlexAttention at its fastest: torch.compile(
@@ -145,7 +145,7 @@ def standard_configs():
 
 
 def target_configs():
-    """The configs of issue 12's targets besides the standard ones (the set
+    """The target shapes besides the standard ones (the set
     "targets"): head_dim 64 (Hq 32, Hkv 8) and head_dim 256 (Hq 16, Hkv 8)
     at P=8192, N=16, R=1024; and 4 groups in one
     launch, each P=2048 with 8 responses of lengths drawn from 64..4096
@@ -817,7 +817,7 @@ def parse_args(argv=None, defaults=None):
                     dest="config_set",
                     help="which configs: standard (benchmarks/README.md's, Qwen3-8B "
                     "heads, one group each, and P=65536 for DualKV), targets "
-                    "(issue 12's others: head_dim 64 and 256 at P=8192 N=16 "
+                    "(head_dim 64 and 256 at P=8192 N=16 "
                     "R=1024, 4 groups of P=2048 N=8 R 64..4096), or all "
                     "(default: standard first, then targets)")
     ap.add_argument("--quick", action="store_true",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tuned per shape class against one tiling for all (issue 16, part 4).
+"""Tuned per shape class against one tiling for all.
 
     python3 benchmarks/per_class_vs_one.py [--build build] [--out DIR]
                                            [--kinds fwd] [--configs P:N:R,...]
