@@ -79,7 +79,7 @@ REPO = Path(__file__).resolve().parent.parent
 METHODS = ("replicated-FA2", "packed-Flex", "packed-DualKV")
 DEFAULT_CONFIGS = [(P, N, 1024) for P in (2048, 8192) for N in (8, 16, 32)]
 QUICK_CONFIGS = [(2048, 8, 1024)]
-#: The issue's targets: at this (P, N, R) packed-DualKV's step is >= 4x faster than
+#: The targets: at this (P, N, R) packed-DualKV's step is >= 4x faster than
 #: replicated-FA2's and no slower than packed-Flex's.
 TARGET_CONFIG = (8192, 16, 1024)
 TARGET_VS_REPLICATED = 4.0
@@ -640,7 +640,7 @@ def grad_group_table(results):
 
 
 def targets(results):
-    """The issue's two targets at TARGET_CONFIG (G as run), with the ratios."""
+    """The two targets at TARGET_CONFIG (G as run), with the ratios."""
     P, N, R = TARGET_CONFIG
     r = next((x for x in results if (x["P"], x["N"], x["R"]) == TARGET_CONFIG), None)
     out = {"config": {"P": P, "N": N, "R": R}}
