@@ -2,8 +2,8 @@
 """Attention forward and forward+backward: DualKV (packed) against
 FlexAttention (packed, block mask) and FA2 and cuDNN (replicated SDPA) on the
 standard configs of benchmarks/README.md (Qwen3-8B heads: Hq=32, Hkv=8,
-D=128, bf16, one group each), plus P=65536 for DualKV alone, then issue 12's
-other targets: head_dim 64 (32:8) and 256 (16:8) at P=8192, N=16, R=1024,
+D=128, bf16, one group each), plus P=65536 for DualKV alone, then the
+other target shapes: head_dim 64 (32:8) and 256 (16:8) at P=8192, N=16, R=1024,
 and 4 groups of P=2048, N=8, R 64..4096 in one launch (--set targets).
 
 The headline peer is FlexAttention at its fastest: torch.compile(
@@ -22,11 +22,10 @@ never the headline. Both run in the same process by default.
 Writes DIR/attention.{md,json} (rewritten after every config: a run cut
 short keeps what it finished) and DIR/attention_speedup.png (forward only:
 forward.*, forward_speedup.png); DIR defaults to
-benchmarks/results/<today>. See benchmarks/README.md for what is measured.
+benchmarks/results/<today>/<commit>. See benchmarks/README.md for what is measured.
 """
 
 import argparse
-import datetime
 import gc
 import random
 import sys
@@ -146,7 +145,7 @@ def standard_configs():
 
 
 def target_configs():
-    """The configs of issue 12's targets besides the standard ones (the set
+    """The target shapes besides the standard ones (the set
     "targets"): head_dim 64 (Hq 32, Hkv 8) and head_dim 256 (Hq 16, Hkv 8)
     at P=8192, N=16, R=1024; and 4 groups in one
     launch, each P=2048 with 8 responses of lengths drawn from 64..4096
@@ -809,7 +808,7 @@ def parse_args(argv=None, defaults=None):
     ap.add_argument("--lib", help="path of libdualkv.so (else DUALKV_LIB or "
                     "the default lookup)")
     ap.add_argument("--out", help="output folder (default "
-                    "benchmarks/results/<today>)")
+                    "benchmarks/results/<today>/<commit>)")
     ap.add_argument("--mode", choices=("fwdbwd", "fwd"), default="fwdbwd",
                     help="fwdbwd: forward and forward+backward (default); "
                     "fwd: forward only, no gradients (the former "
@@ -818,7 +817,7 @@ def parse_args(argv=None, defaults=None):
                     dest="config_set",
                     help="which configs: standard (benchmarks/README.md's, Qwen3-8B "
                     "heads, one group each, and P=65536 for DualKV), targets "
-                    "(issue 12's others: head_dim 64 and 256 at P=8192 N=16 "
+                    "(head_dim 64 and 256 at P=8192 N=16 "
                     "R=1024, 4 groups of P=2048 N=8 R 64..4096), or all "
                     "(default: standard first, then targets)")
     ap.add_argument("--quick", action="store_true",
@@ -1075,9 +1074,7 @@ def main(argv=None, defaults=None):
             setattr(torch._dynamo.config, knob, max(now, value))
             dynamo_limits[knob] = getattr(torch._dynamo.config, knob)
 
-    out_dir = Path(args.out) if args.out else (
-        common.REPO / "benchmarks" / "results"
-        / datetime.date.today().isoformat())
+    out_dir = Path(args.out) if args.out else common.default_out()
     out_dir.mkdir(parents=True, exist_ok=True)
     reps = args.reps or (5 if args.quick else 10)
     warmup = args.warmup or (2 if args.quick else 3)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attention forward and forward+backward on prefix trees (issue 15): DualKV's
+"""Attention forward and forward+backward on prefix trees: DualKV's
 tree plan against FlexAttention with the same tree mask, at its fastest
 (torch.compile(flex_attention, dynamic=False) on contiguous [1, H, T, D]
 tensors: the headline peer) and with dynamic=True (secondary), and DualKV on a

@@ -1,5 +1,6 @@
 """Shared helpers of the DualKV benchmarks: paths, FLOP counting, timing, environment."""
 
+import datetime
 import json
 import os
 import statistics
@@ -56,6 +57,29 @@ def time_cuda(torch, fn, warmup, reps):
         times.append(start.elapsed_time(end))
     return {"median_ms": statistics.median(times), "min_ms": min(times),
             "times_ms": times}
+
+
+def git_commit():
+    """The commit under test: $DUALKV_GIT_COMMIT (scripts/device-run.sh sets it
+    to the commit the carried build was made from), else git's short HEAD,
+    else "unknown"."""
+    if os.environ.get("DUALKV_GIT_COMMIT"):
+        return os.environ["DUALKV_GIT_COMMIT"]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # no git, or not a checkout
+        head = ""
+    return head or "unknown"
+
+
+def default_out(*parts):
+    """Where raw results are kept unless --out says otherwise:
+    benchmarks/results/<today>/<commit>/[parts...] (benchmarks/RESULTS.md)."""
+    return REPO.joinpath("benchmarks", "results",
+                         datetime.date.today().isoformat(), git_commit(),
+                         *parts)
 
 
 def environment(torch, dualkv):

@@ -11,7 +11,7 @@
 (c) 200 distinct (P, N) shapes (P 1500..6000, N 8..16, R 64..2048, Qwen3-8B
     heads) in a new process with an empty cache: compile time against kernel
     time;
-(d) cold start (issue 16): in a new process with an empty cache, the first
+(d) cold start: in a new process with an empty cache, the first
     dualkv.attention forward+backward of a (head_dim, heads, dtype) minus a
     warm one (target <= 1000 ms), with dualkv.attention's parallel
     precompile and without it (DUALKV_PRECOMPILE=0); then in another new

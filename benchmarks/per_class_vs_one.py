@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tuned per shape class against one tiling for all (issue 16, part 4).
+"""Tuned per shape class against one tiling for all.
 
     python3 benchmarks/per_class_vs_one.py [--build build] [--out DIR]
                                            [--kinds fwd] [--configs P:N:R,...]
@@ -28,7 +28,7 @@ tiling. Also reported: dualkv-tune's own per-class table (the class winner
 against the one-for-all tiling timed at that class's shape, same process).
 
 Writes DIR/per_class_vs_one.md and .json, the logs and the dualkv-tune
-reports (DIR defaults to benchmarks/results/<today>-per-class). Needs no
+reports (DIR defaults to benchmarks/results/<today>/<commit>/per_class). Needs no
 torch. Exit status: 0, or 1 when a tune or a benchmark run failed.
 
 GPU time (H200, --kinds fwd, defaults; an estimate, not yet measured): ~2.5
@@ -39,7 +39,6 @@ class kernels compiled at their first warm-up); about 4-5 minutes in all.
 """
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -114,8 +113,7 @@ def main():
     for exe in (tune, bench):
         if not exe.is_file():
             sys.exit(f"per_class_vs_one: {exe} is missing (build it first)")
-    out = Path(args.out or common.REPO / "benchmarks" / "results" /
-               (datetime.date.today().isoformat() + "-per-class"))
+    out = Path(args.out or common.default_out("per_class"))
     out.mkdir(parents=True, exist_ok=True)
     db_class = out / "tuning_class.json"
     db_one = out / "tuning_one.json"

@@ -17,13 +17,12 @@
    linear clock drift cancels), each run a median of --reps after warm-ups.
 
 Writes DIR/tuned_vs_default.md and .json, and the logs and dualkv-tune
-reports beside them (DIR defaults to benchmarks/results/<today>). Needs no
+reports beside them (DIR defaults to benchmarks/results/<today>/<commit>/tune). Needs no
 torch. Exit status: 0, or 1 when a tune or a benchmark run failed (the tables
 then say what is missing).
 """
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -177,7 +176,7 @@ def main():
                          "tests/gpu/dualkv-backward-bench (default: build)")
     ap.add_argument("--out", default=None,
                     help="output directory (default: "
-                         "benchmarks/results/<today>)")
+                         "benchmarks/results/<today>/<commit>/tune)")
     ap.add_argument("--kinds", default="fwd,bwd",
                     help="kernel kinds to tune, of fwd,bwd,bwd_kv,bwd_dq "
                          "(default fwd,bwd; bwd_kv or bwd_dq adds ~1 minute "
@@ -210,8 +209,7 @@ def main():
     for exe in (tune, bench):
         if not exe.is_file():
             sys.exit(f"tune_vs_default: {exe} is missing (build it first)")
-    out = Path(args.out or common.REPO / "benchmarks" / "results" /
-               datetime.date.today().isoformat())
+    out = Path(args.out or common.default_out("tune"))
     out.mkdir(parents=True, exist_ok=True)
     db = out / "tuning.json"
     if db.exists():

@@ -46,7 +46,7 @@ weights and their gradients are in it). A method that runs out of memory is reco
 Run (GPU, PyTorch >= 2.5; from the repository root, after building build/libdualkv.so):
   python3 examples/grpo_policy_update.py --lib build/libdualkv.so            # ~3-5 min on an H200
   python3 examples/grpo_policy_update.py --lib build/libdualkv.so --quick    # one small config
-Writes benchmarks/results/<today>/grpo_policy_update.{md,json,png} (--out DIR to change).
+Writes benchmarks/results/<today>/<commit>/grpo_policy_update.{md,json,png} (--out DIR to change).
 
 Several GPUs (one process each, under torchrun; packed-DualKV only):
   torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --sp 4
@@ -79,7 +79,7 @@ REPO = Path(__file__).resolve().parent.parent
 METHODS = ("replicated-FA2", "packed-Flex", "packed-DualKV")
 DEFAULT_CONFIGS = [(P, N, 1024) for P in (2048, 8192) for N in (8, 16, 32)]
 QUICK_CONFIGS = [(2048, 8, 1024)]
-#: The issue's targets: at this (P, N, R) packed-DualKV's step is >= 4x faster than
+#: The targets: at this (P, N, R) packed-DualKV's step is >= 4x faster than
 #: replicated-FA2's and no slower than packed-Flex's.
 TARGET_CONFIG = (8192, 16, 1024)
 TARGET_VS_REPLICATED = 4.0
@@ -640,7 +640,7 @@ def grad_group_table(results):
 
 
 def targets(results):
-    """The issue's two targets at TARGET_CONFIG (G as run), with the ratios."""
+    """The two targets at TARGET_CONFIG (G as run), with the ratios."""
     P, N, R = TARGET_CONFIG
     r = next((x for x in results if (x["P"], x["N"], x["R"]) == TARGET_CONFIG), None)
     out = {"config": {"P": P, "N": N, "R": R}}
@@ -720,6 +720,21 @@ def plot(results, path):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return None
+
+
+def default_out_dir():
+    """benchmarks/results/<today>/<commit>, where raw results are kept
+    (benchmarks/RESULTS.md); the commit is $DUALKV_GIT_COMMIT or git's HEAD."""
+    commit = os.environ.get("DUALKV_GIT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001 - no git, or not a checkout
+            commit = None
+    return (REPO / "benchmarks" / "results" / datetime.date.today().isoformat()
+            / (commit or "unknown"))
 
 
 def environment(torch, dualkv):
@@ -879,7 +894,7 @@ def _run_distributed(args, torch, dist, dd, dualkv, device, started):
 
     env = environment(torch, dualkv) if lead else {}
     out_dir = Path(args.out) if args.out else (
-        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+        default_out_dir())
     if lead:
         out_dir.mkdir(parents=True, exist_ok=True)
     W = init_weights(torch, cfg, device, torch.bfloat16, args.seed)
@@ -1064,7 +1079,7 @@ def parse_args(argv=None):
                     help="max |logp - logp_ref| accepted (bf16; default 0.05)")
     ap.add_argument("--grad-tol", type=float, default=0.05,
                     help="worst ||g - g_ref|| / ||g_ref|| accepted (bf16; default 0.05)")
-    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>)")
+    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>/<commit>)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--dualkv-plan", choices=("step", "once"), default="step",
                     help="step: packed-DualKV builds its Plan inside every step, as "
@@ -1143,7 +1158,7 @@ def merge_reports(args):
     args.configs = [(r["P"], r["N"], r["R"]) for r in results]
     cfg = ModelConfig(args.layers, args.vocab)
     out_dir = Path(args.out) if args.out else (
-        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+        default_out_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = judge(results, args)  # the checks of every run, judged again
     write_report(results, args, first["env"], cfg, first["parameters"], first["notes"],
@@ -1199,7 +1214,7 @@ def main(argv=None):
         sys.exit(f"libdualkv.so could not be loaded: {e}\nBuild it (bash scripts/build.sh) "
                  "or pass --lib PATH")
     out_dir = Path(args.out) if args.out else (
-        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+        default_out_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
 
     W = init_weights(torch, cfg, device, torch.bfloat16, args.seed)

@@ -4,7 +4,7 @@ prefix-tree attention) against the same packed tree on FlexAttention and against
 root-to-leaf path run alone (FlashAttention-2 varlen, or SDPA).
 
 Trees (--shape):
-  issue   the default: issue 15's multi-turn tree (benchmarks/bench_tree.py's multiturn
+  issue   the default: the multi-turn tree (benchmarks/bench_tree.py's multiturn
           tree), a 4096-token prompt, 4 first assistant turns of 512 tokens, each followed by
           a 256-token tool output and 4 second turns of 512: 25 nodes, 16 trajectories of
           5376 tokens, 15,360 packed tokens against 86,016 on the paths. The prompt and the
@@ -68,10 +68,10 @@ H200:
   python3 examples/tree_rollout_update.py --lib build/libdualkv.so
   python3 examples/tree_rollout_update.py --lib build/libdualkv.so --peers packed-Flex,paths-SDPA
   python3 examples/tree_rollout_update.py --lib build/libdualkv.so --shape random --turns 3 --branch 4
-Writes benchmarks/results/<today>/tree_rollout_update.{md,json,png} (--out DIR to change).
+Writes benchmarks/results/<today>/<commit>/tree_rollout_update.{md,json,png} (--out DIR to change).
   python3 examples/tree_rollout_update.py --self-check
 checks the layouts without a GPU, torch or the library (ctest python:tree-rollout-layout):
-the issue tree against the issue's description, and on it and on random forests every path's
+the multi-turn tree against its description above, and on it and on random forests every path's
 varlen rows and cu_seqlens, the padded rows, the loss pairs and packed weights, and the Flex
 mask against the tree rule.
 """
@@ -90,7 +90,7 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import bench_tree  # noqa: E402  (the issue's tree and the Flex tree mask; no torch)
+import bench_tree  # noqa: E402  (the multi-turn tree and the Flex tree mask; no torch)
 
 SUBJECT = "packed-DualKV"
 PEERS = ("packed-Flex", "packed-Flex-dynamic", "paths-FA2", "paths-SDPA")
@@ -113,7 +113,7 @@ FORMS = {
 # Plain Python (no torch): what --self-check checks.
 
 def issue_tree(vocab, rng):
-    """Issue 15's tree: (segments, parents, tree_of, generated) with random token ids.
+    """The multi-turn tree: (segments, parents, tree_of, generated) with random token ids.
     The turns alternate: the prompt (depth 0), assistant turns (odd depths), tool
     outputs (depth 2): only the assistant turns are generated."""
     lengths, parents = bench_tree.multiturn_tree()
@@ -225,7 +225,7 @@ def self_check(trials=200, seed=0):
     def fail(what):
         raise SystemExit(f"self-check FAILED: {what}")
 
-    # The issue's tree, from the issue's words: a 4096-token prompt, 4 first turns of
+    # The multi-turn tree, as the docstring describes it: a 4096-token prompt, 4 first turns of
     # 512, each followed by a 256-token tool output and 4 second turns of 512.
     segments, parents, _, generated = issue_tree(1000, rng)
     children = [[] for _ in parents]
@@ -480,8 +480,7 @@ def main(argv=None):
     except OSError as e:
         sys.exit(f"libdualkv.so could not be loaded: {e}\nBuild it (bash scripts/build.sh) "
                  "or pass --lib PATH")
-    out_dir = Path(args.out) if args.out else (
-        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+    out_dir = Path(args.out) if args.out else bench_tree.common.default_out()
     out_dir.mkdir(parents=True, exist_ok=True)
 
     # flash_attn decides the default peer set.
@@ -906,7 +905,7 @@ def parse_args(argv=None):
     ap.add_argument("--lib", help="path of libdualkv.so (else $DUALKV_LIB or the "
                     "binding's lookup, e.g. <repo>/build/libdualkv.so)")
     ap.add_argument("--shape", choices=("issue", "random"), default="issue",
-                    help="the tree: issue 15's multi-turn tree (default) or a random forest")
+                    help="the tree: the multi-turn tree (default) or a random forest")
     ap.add_argument("--peers", help="comma-separated peers of packed-DualKV, from "
                     + ", ".join(PEERS) + " (default: packed-Flex, packed-Flex-dynamic, "
                     "paths-FA2, and paths-SDPA when flash_attn does not import); "
@@ -933,7 +932,7 @@ def parse_args(argv=None):
     ap.add_argument("--grad-tol", type=float, default=0.05,
                     help="worst ||g - g_DualKV|| / ||g_DualKV|| of a parameter accepted "
                     "(default 0.05)")
-    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>)")
+    ap.add_argument("--out", help="output folder (default benchmarks/results/<today>/<commit>)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--self-check", action="store_true",
                     help="no GPU, no torch: check the layouts and the Flex mask (see above)")

@@ -27,8 +27,8 @@ backward in the two-dimensional warp layout, the sm_90a backward at 64-key
 blocks; 16 more kernels). The head_dim 256 backward, added after these 84,
 is left out so that binaries from before it still snapshot (aot-ptxas-bwd.test
 compiles it). --all adds it and the tree kernels (--tree fwd and bwd_dq at head_dim
-64, 128, 256), for bf16 and fp16, sm_80 and sm_90a (52 more kernels; binaries from
-the eleventh session on). A snapshot holds one
+64, 128, 256), for bf16 and fp16, sm_80 and sm_90a (52 more kernels; it needs a
+dualkv-aot with --tree and the head_dim-256 backward). A snapshot holds one
 <name>.ptx per kernel (dualkv-aot's file names) and list.txt.
 
 diff exits 0 when both snapshots hold the same kernels with identical bytes, 1

@@ -10,6 +10,8 @@
 # At most 8 files come back from $OUT, so: one log of everything ($OUT/device.log), every
 # report, table and plot in $OUT/reports_<steps>.tar.gz, and the headline tables and plots
 # (attention.md, attention_speedup.png, backward_bench.txt, tuned_vs_default.md) beside them.
+# What comes back is kept under benchmarks/results/<date>/<commit>/ (benchmarks/RESULTS.md);
+# the reports name the commit of the carried build (DUALKV_GIT_COMMIT, from build/GIT_COMMIT).
 # CTEST_ARGS adds ctest arguments (e.g. CTEST_ARGS="-R backward"), BENCH_ARGS
 # dualkv-backward-bench's (e.g. BENCH_ARGS="--configs 16384:16:1024 --modes bwd"),
 # ATTENTION_ARGS bench_attention.py's (e.g. ATTENTION_ARGS="--mode fwd").
@@ -121,8 +123,8 @@ fi
 if [[ ,$what, == *,graph-load,* ]]; then
   # The CUDA-graph forward test under load (not part of "all"): GRAPH_RUNS (default
   # 50) runs of `dualkv-gpu-tests graph` while racecheck runs the sanitizer workload
-  # and the tree tests run in $tree_other_env (as in "checks") on the same GPU, as
-  # when gpu:forward_graph failed (benchmarks/NOTES.md, ninth and tenth sessions). Any
+  # and the tree tests run in $tree_other_env (as in "checks") on the same GPU: the
+  # load under which a test-harness race once made gpu:forward_graph fail. Any
   # run with differing values fails, as does a tree test; the racecheck load is
   # stopped when the graph runs end.
   san=/usr/local/cuda/bin/compute-sanitizer
@@ -179,7 +181,7 @@ if [[ ,$what, == *,breakdown,* ]]; then
   done
 fi
 if [[ ,$what, == *,tree,* || ,$what, == *,tree-example,* ]]; then
-  # Prefix trees (issue 15; not part of "all"): bench_tree.py (tree attention against Flex
+  # Prefix trees (not part of "all"): bench_tree.py (tree attention against Flex
   # with the tree mask, both forms; "tree" only) and the tree policy-update example against
   # packed Flex and replicated paths (FA2 varlen, else SDPA), written into $OUT/tree.
   if [[ ,$what, == *,tree,* ]]; then
@@ -190,8 +192,8 @@ if [[ ,$what, == *,tree,* || ,$what, == *,tree-example,* ]]; then
     --lib build/libdualkv.so --out "$out/tree"
 fi
 if [[ ,$what, == *,candidates,* ]]; then
-  # The backward's options beside the defaults (not part of "all"; benchmarks/NOTES.md,
-  # eighth and ninth sessions), in one process, median of 7: the work items by query
+  # The backward's options beside the defaults (not part of "all"; docs/performance.md,
+  # "Measured, not defaults"), in one process, median of 7: the work items by query
   # chunk and the TMA producer of the warp-specialized backward, each in the default
   # (split-dQ on sm_90a) and the atomic algorithm; the dQ kernel the default is not
   # (128:64:8:1: wgmma at head_dim 128, mma_sync at 64) against the default one
@@ -214,7 +216,7 @@ if [[ ,$what, == *,candidates,* ]]; then
   }
 fi
 if [[ ,$what, == *,per-class,* ]]; then
-  # Tuned per shape class against one tiling for all (issue 16 part 4; not part of "all";
+  # Tuned per shape class against one tiling for all (not part of "all";
   # ~5 minutes a kind): PER_CLASS_ARGS (default: the split-dQ backward's kernels, two
   # ABBA rounds), reports into $OUT/per_class.
   # shellcheck disable=SC2086
@@ -247,7 +249,7 @@ if [[ ,$what, == *,ab,* ]]; then
   fi
 fi
 if [[ ,$what, == *,grpo,* ]]; then
-  # The GRPO policy-update demo (issue 6): GRPO_CONFIGS picks the configs (P:N:R,...), so
+  # The GRPO policy-update demo: GRPO_CONFIGS picks the configs (P:N:R,...), so
   # that the full set can be spread over several device calls and merged afterwards
   # (examples/grpo_policy_update.py --merge). Not part of "all": it needs minutes per config.
   # Written straight into $OUT/grpo (md, json, png), rewritten after every config, so a

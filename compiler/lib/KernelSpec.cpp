@@ -172,9 +172,9 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
       resolved.kind == KernelKind::Bwd || resolved.kind == KernelKind::BwdKV;
   // The KV-major backward at head_dim 64 too: bwd_kv there took 13.6 ms of
   // forward+backward against mma.sync's 18.7 at P = 8192 (the fused bwd
-  // measured level; benchmarks/NOTES.md, ninth session).
+  // measured level; docs/performance.md).
   // Prefix trees too: the forward and the dQ kernel walk their ancestor
-  // chains (benchmarks/NOTES.md, tenth session).
+  // chains.
   if (warpSpecializedUnfit(resolved).empty()) {
     if (kvMajor ? resolved.headDim == 64 || resolved.headDim == 128
         : resolved.kind == KernelKind::BwdDQ
@@ -214,7 +214,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
   case KernelKind::Bwd:
     // 128 keys and values a CTA in 8 warps (dK and dV take 2 x 64 fp32
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
-    // the dQ reductions (benchmarks/NOTES.md). sm_90 and later: 64-query
+    // the dQ reductions (docs/performance.md). sm_90 and later: 64-query
     // tiles in the two-dimensional warp layout (MmaSync/KVMajor.cpp), which
     // reads a third less shared memory a query (on sm_90a at head_dim 64
     // and 128 the warp-specialized schedule); its 171 KB of shared memory
@@ -235,10 +235,10 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // (WarpSpecialized/WarpSpecialized.cpp), a TMA producer warpgroup and two
     // consumer warpgroups of 64 query rows; 64-key tiles in a three-stage
     // ring, as each K tile stays until the next tile's products are issued
-    // (the dQ product of tile i runs behind the scores of tile i + 1). The
-    // default for packed groups since the ninth session (benchmarks/NOTES.md:
-    // 1.07x the wgmma dQ kernel's deterministic forward+backward at P = 16384
-    // on the H200, race-free under compute-sanitizer). Under Auto only when
+    // (the dQ product of tile i runs behind the scores of tile i + 1). With
+    // it the split-dQ forward+backward took 47.9 ms at P = 16384 on the H200
+    // against 55.1 with the wgmma dQ kernel (docs/performance.md); race-free
+    // under compute-sanitizer. Under Auto only when
     // the fields the caller pinned agree with it, so that a pinned tiling
     // (e.g. dualkv-aot's --block-m 64 --block-n 32 --warps 4 for a whole
     // backward set) keeps the defaults below. Prefix trees too: the tree
@@ -274,10 +274,10 @@ Tiling defaultTiling(const KernelSpec &spec) {
   // sm_90a: the warp-specialized TMA schedule (WarpSpecialized/), 128 query
   // rows in two consumer warpgroups beside a producer warpgroup, 128-key
   // tiles, 64 at head_dim 256, whose 64 x 256 accumulator takes 128 registers
-  // a thread: 620 useful TFLOP/s at P = 16384, head_dim 128, on the H200
-  // (benchmarks/NOTES.md).
+  // a thread: 611 useful TFLOP/s at P = 16384, head_dim 128, on the H200
+  // against 423 for the warpgroup schedule (docs/performance.md).
   // Prefix trees whose segments walk an ancestor chain too (the tree
-  // variant, benchmarks/NOTES.md, tenth session).
+  // variant).
   if (sm90a &&
       (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256) &&
       (spec.schedule == Schedule::WarpSpecialized ||
@@ -288,7 +288,7 @@ Tiling defaultTiling(const KernelSpec &spec) {
   // 458 useful TFLOP/s at P = 16384 on the H200 against 333 for 128:32:4:2.
   if (sm90a && spec.headDim == 128 && spec.schedule == Schedule::Wgmma)
     return {128, 128, 8, 2};
-  // Measured on the H200 (benchmarks/NOTES.md): 128 query rows a CTA share
+  // Measured on the H200 (docs/performance.md): 128 query rows a CTA share
   // every K/V tile, 32-key tiles keep the fp32 scores small, K is prefetched
   // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment
   // feeds two MMAs); head_dim 256: 8 warps of 16 rows, as 32 rows of a 256-wide
@@ -306,9 +306,9 @@ bool maskEveryTile(const KernelSpec &spec) {
   // warp (S, dP and dQ over 32 keys and 256 columns), so its four bodies
   // (the prompt's full tiles and tail, the response's full tiles and
   // diagonal) made 264 KB of PTX and the slowest compile of a cold start.
-  // Masking every tile keeps two, for a few selects a score beside those
-  // products (benchmarks/NOTES.md, eleventh session: compile time and
-  // speed on the H200).
+  // Masking every tile keeps two: 148 KB of PTX, 664 instead of 1173 ms of
+  // compile on a 2-core machine, and the same speed on the H200 (a few
+  // selects a score beside those products; docs/performance.md).
   return spec.kind == KernelKind::BwdDQ && spec.headDim == 256 &&
          spec.schedule == Schedule::MmaSync && archNumber(spec.arch) >= 90;
 }

@@ -42,9 +42,10 @@ ArrayRef<std::string> canonicalizerSkippedPatterns() {
   // 22, on scf.if and scf.for) builds every successor input's operand list
   // each time it visits a loop or branch: 110 of the 150 ms that canonicalize
   // takes on the head_dim-256 warp-specialized forward, a cold start's long
-  // pole, and it rewrites nothing in any kernel (the PTX is the same, byte
-  // for byte; benchmarks/NOTES.md, eleventh session). Its debug name is the
-  // class's, as clang and GCC spell an anonymous namespace.
+  // pole, and it rewrites nothing in any kernel (the PTX of the 135 kernels
+  // of compare-ptx.sh --all is the same, byte for byte; docs/performance.md,
+  // "The cold start"). Its debug name is the class's, as clang and GCC spell
+  // an anonymous namespace.
   static const std::string names[] = {
       "(anonymous namespace)::RemoveDuplicateSuccessorInputUses",
       "{anonymous}::RemoveDuplicateSuccessorInputUses"};

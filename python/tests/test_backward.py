@@ -159,9 +159,9 @@ def test_edge_layouts_match_replicated_sequences(groups):
 
 @pytest.mark.parametrize("scale", [-1.0, -0.125])
 def test_negative_scale_matches_reference(scale):
-    """Issue 14, row 12: a negative scale is valid mathematics; the result and
-    the gradients are the reference's (was NaN), through autograd and through
-    the functional forward/backward."""
+    """A negative scale is valid mathematics; the result and the gradients are
+    the reference's (the kernels alone would give NaN), through autograd and
+    through the functional forward/backward."""
     plan = dualkv.Plan(GROUPS)
     q, k, v, dout = make_inputs(GROUPS, 4, 2, 64, torch.bfloat16, seed=12)
     got = run(q, k, v, dout, plan, scale=scale)
@@ -377,7 +377,7 @@ def test_transformers_model_matches_replicated_sequences():
 
 
 def test_many_random_plans_keep_the_plan_cache_bounded_and_memory_flat():
-    """Issue 14, deliverable 5, through Python: 2000 forward+backward calls,
+    """Many callers through Python: 2000 forward+backward calls,
     each over a new random plan, keep the op's plan cache at its capacity and
     torch's device memory flat after a warm-up; a sample of them matches the
     fp64 reference."""

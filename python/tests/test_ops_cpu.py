@@ -57,7 +57,7 @@ class PlanKeyTest(unittest.TestCase):
                 groups_from_key(bad)
 
     def test_keys_and_plans_take_only_integers(self):
-        # Issue 14, rows 10-11: no float truncated, no str, bool, bytes,
+        # Keys and plan lengths: no float truncated, no str, bool, bytes,
         # Decimal, set, dict, None or inf accepted; always ValueError.
         for bad in [3.7, 2.0, "12", b"1", True, None, Decimal("1"), {1},
                     {1: 2}, float("inf"), float("nan"), -7, 2**31, 2**64]:

@@ -94,7 +94,7 @@ class PackingTest(unittest.TestCase):
 
 
 class StrictIntegerTest(unittest.TestCase):
-    """Issue 14, rows 10-11: token ids and indices are integers in range, or one
+    """Token ids and indices are integers in range, or one
     exception type (ValueError) naming the argument."""
 
     NOT_INTEGERS = [3.7, 2.0, "12", b"1", True, False, None, Decimal("1"),

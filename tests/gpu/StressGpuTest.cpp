@@ -1,9 +1,9 @@
-// GPU tests of many callers at once and of many launches (issue 14,
-// deliverable 5): 8 host threads on their own streams and, separately, 8
-// processes sharing one fresh kernel cache run forward + backward over random
-// plans concurrently, every result bit-identical to the same case run alone
-// (which is checked against the fp64 reference); and 10 000 launches over
-// random plans leave device memory, host RSS and the kernel cache flat.
+// GPU tests of many callers at once and of many launches: 8 host threads on
+// their own streams and, separately, 8 processes sharing one fresh kernel
+// cache run forward + backward over random plans concurrently, every result
+// bit-identical to the same case run alone (which is checked against the fp64
+// reference); and 10 000 launches over random plans leave device memory, host
+// RSS and the kernel cache flat.
 #include "GpuHarness.h"
 #include "GpuTests.h"
 

@@ -1,7 +1,7 @@
 // Files the library reads but did not just write (cache entries, the tuning
 // database): only the user's own folders are used, only regular files of a
 // bounded size are read, every part of an entry is checksummed, and a FIFO,
-// a device or a huge sparse file is refused at once (issue 14, rows 2-5).
+// a device or a huge sparse file is refused at once.
 #include "FakeDriver.h"
 
 #include "cache/Files.h"

@@ -860,7 +860,7 @@ TEST_CASE("forward: an unusable cached entry is recompiled and rewritten",
   resetCacheStats();
   Plan plan({{40, {24, 0, 32}}, {8, {8}}});
   ForwardArgs args = validArgs(plan);
-  // "threads": -1 under a consistent checksum (issue 14, row 4).
+  // "threads": -1 under a consistent checksum: refused, never launched.
   CacheEntry bad = sampleEntry();
   bad.info.threads = -1;
   seedKernel(tmp.path, args, bad);
@@ -885,7 +885,7 @@ TEST_CASE("forward: a 2^31-element span and a negative scale are refused by "
       // 112 tokens x 2^25 elements apart > 2^31.
       {[](ForwardArgs &a) { a.q.stride_t = int64_t(1) << 25; },
        "kernels address at most 2^31"},
-      // Issue 14, row 12: the kernels would return NaN.
+      // A negative scale: the kernels would return NaN.
       {[](ForwardArgs &a) { a.scale = -1.0f; }, "scale (-1) is negative"},
   };
   for (auto &[mutate, message] : cases) {

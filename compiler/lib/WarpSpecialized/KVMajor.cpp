@@ -46,8 +46,7 @@
 // tensor's next queries; past the tensor's end, zeros), so those queries'
 // LSE is +inf there (issueStatCopies): P = 0, and they add nothing. Not a
 // default: it took 6-11 % off the atomic backward at P 4K-16K on the H200 but
-// nothing off split-dQ's bwd_kv, sm_90a's default (benchmarks/NOTES.md, ninth
-// session).
+// nothing off split-dQ's bwd_kv, sm_90a's default (docs/performance.md).
 //
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
