@@ -91,9 +91,9 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
   if (args.algorithm != BackwardAlgorithm::Auto)
     return args.algorithm;
   // sm_90a: bwd_kv and the dQ kernel (warp-specialized at head_dim 64 and
-  // 128) took 5-12 % less forward+backward time than the atomic algorithm at
-  // head_dim 128, 34 % less at 64 and 5 % less at 256 on the H200
-  // (benchmarks/NOTES.md, ninth session), and they need no fp32
+  // 128) take 5-10 % less forward+backward time than the atomic algorithm
+  // at head_dim 128, 34 % less at 64 and 5 % less at 256 on the H200
+  // (docs/performance.md), and they need no fp32
   // accumulators, so the peak memory is FlexAttention's. Branching trees
   // too: the warp-specialized dQ kernel walks their ancestor chains.
   return splitDQByDefault(arch) ? BackwardAlgorithm::SplitDQ
