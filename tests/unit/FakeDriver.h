@@ -399,6 +399,20 @@ struct ScopedFakeDriver {
   }
 };
 
+/// Tiles of the deterministic backward: one per blockM keys of a segment.
+inline int64_t countTiles(const std::vector<PlanGroup> &groups, int blockM) {
+  int64_t tiles = 0;
+  for (const PlanGroup &g : groups) {
+    tiles += (g.prompt_len + blockM - 1) / blockM;
+    for (int64_t r : g.response_lens)
+      tiles += (r + blockM - 1) / blockM;
+  }
+  return tiles;
+}
+
+/// `bytes` rounded up to the workspace's 256-byte alignment.
+inline int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
 } // namespace dualkv::testing
 
 #endif

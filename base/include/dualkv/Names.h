@@ -116,8 +116,7 @@ std::optional<E> parse(const Row<E> (&rows)[N], std::string_view text) {
 }
 
 /// "a, b or c": every name of `rows`, for messages.
-template <typename E, size_t N>
-std::string listOf(const Row<E> (&rows)[N]) {
+template <typename E, size_t N> std::string listOf(const Row<E> (&rows)[N]) {
   std::string text;
   for (size_t i = 0; i < N; ++i) {
     if (i > 0)

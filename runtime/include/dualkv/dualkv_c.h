@@ -192,8 +192,9 @@ DUALKV_API int dualkv_backward(const dualkv_backward_args_t *args);
  * device's default algorithm; without a GPU the atomic algorithm's, which
  * is enough for either.
  */
-DUALKV_API int dualkv_backward_workspace_size(const dualkv_backward_args_t *args,
-                                              int64_t *out_bytes);
+DUALKV_API int
+dualkv_backward_workspace_size(const dualkv_backward_args_t *args,
+                               int64_t *out_bytes);
 
 /** Kernel cache counters (dualkv::CacheStats). */
 typedef struct dualkv_cache_stats_t {

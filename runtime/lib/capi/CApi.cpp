@@ -50,10 +50,9 @@ template <typename E, size_t N>
 E toEnum(const dualkv::names::Row<E> (&rows)[N], int32_t value,
          const char *what) {
   if (value < 0 || static_cast<size_t>(value) >= N)
-    throw dualkv::Error(
-        dualkv::ErrorCode::InvalidArgument,
-        fmt::format("{} ({}) is not one of 0..{} ({})", what, value, N - 1,
-                    dualkv::names::listOf(rows)));
+    throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
+                        fmt::format("{} ({}) is not one of 0..{} ({})", what,
+                                    value, N - 1, dualkv::names::listOf(rows)));
   return rows[value].value;
 }
 
@@ -121,8 +120,7 @@ dualkv::BackwardArgs toBackwardArgs(const dualkv_backward_args_t &a) {
   args.dtype = toEnum(dualkv::names::kDTypes, a.dtype, "dtype");
   args.scale = a.scale;
   args.deterministic = a.deterministic != 0;
-  args.algorithm =
-      toEnum(dualkv::names::kAlgorithms, a.algorithm, "algorithm");
+  args.algorithm = toEnum(dualkv::names::kAlgorithms, a.algorithm, "algorithm");
   args.workspace = a.workspace;
   args.workspace_bytes = a.workspace_bytes;
   args.plan = a.plan ? &a.plan->plan : nullptr;
@@ -139,11 +137,11 @@ std::string namesJson() {
     std::string out = "[";
     int value = 0;
     for (const auto &row : table) {
-      out += fmt::format("{}{{\"name\": \"{}\", \"value\": {}{}}}",
-                         value ? ", " : "", row.name, value,
-                         row.alias ? fmt::format(", \"alias\": \"{}\"",
-                                                 row.alias)
-                                   : std::string());
+      out +=
+          fmt::format("{}{{\"name\": \"{}\", \"value\": {}{}}}",
+                      value ? ", " : "", row.name, value,
+                      row.alias ? fmt::format(", \"alias\": \"{}\"", row.alias)
+                                : std::string());
       ++value;
     }
     return out + "]";

@@ -1,0 +1,272 @@
+// The cache layer: the key's JSON and hash, the disk cache's entries.
+#include "FakeDriver.h"
+#include "operations/Validate.h"
+
+#include "dualkv/Reference.h"
+#include "dualkv/Tuning.h"
+#include "dualkv/dualkv.h"
+#include "dualkv/dualkv_c.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using namespace dualkv;
+using namespace dualkv::testing;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Helpers
+//===----------------------------------------------------------------------===//
+
+std::vector<std::string> listDir(const std::string &dir) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry &entry : fs::directory_iterator(dir))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void requireSameEntry(const CacheEntry &a, const CacheEntry &b) {
+  CHECK(a.info.name == b.info.name);
+  CHECK(a.info.threads == b.info.threads);
+  CHECK(a.info.sharedBytes == b.info.sharedBytes);
+  CHECK(a.info.blockM == b.info.blockM);
+  CHECK(a.ptx == b.ptx);
+  CHECK(a.cubin == b.cubin);
+}
+
+/// Leaf fields of a JSON object (nested objects counted by their leaves).
+int countLeaves(const nlohmann::json &j) {
+  if (!j.is_object())
+    return 1;
+  int n = 0;
+  for (const auto &item : j.items())
+    n += countLeaves(item.value());
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("cache key: canonical JSON and its SHA-256", "[runtime]") {
+  CacheKey key = sampleKey();
+  // Written out by hand: sorted keys, no spaces. The hash was computed
+  // independently (Python hashlib over this exact string).
+  CHECK(key.toJson().dump() ==
+        R"({"N":0,"P":0,"arch":"sm_90a","compiler":"test-fingerprint",)"
+        R"("dtype":"bf16","head_dim":128,"kind":"fwd","num_kv_heads":8,)"
+        R"("num_q_heads":32,"schedule":"wgmma","schema":2,"tiling":{)"
+        R"("block_m":128,"block_n":64,"stages":2,"warps":8}})");
+  CHECK(key.hash() ==
+        "33f6b959aabc4188393de565587f219b62888a51216827f40d773c5909dfaf12");
+  CHECK(sampleKey().hash() == key.hash());
+  CHECK(CacheKey::fromSpec(key.spec(), key.compilerFingerprint) == key);
+}
+
+TEST_CASE("cache key: every field changes the hash", "[runtime]") {
+  using Mutator = std::function<void(CacheKey &)>;
+  std::vector<std::pair<const char *, Mutator>> mutators = {
+      {"kind", [](CacheKey &k) { k.kind = KernelKind::Bwd; }},
+      {"P", [](CacheKey &k) { k.P = 512; }},
+      {"N", [](CacheKey &k) { k.N = 8; }},
+      {"headDim", [](CacheKey &k) { k.headDim = 64; }},
+      {"numQHeads", [](CacheKey &k) { k.numQHeads = 16; }},
+      {"numKVHeads", [](CacheKey &k) { k.numKVHeads = 4; }},
+      {"dtype", [](CacheKey &k) { k.dtype = DType::FP16; }},
+      {"arch", [](CacheKey &k) { k.arch = "sm_80"; }},
+      {"tiling.blockM", [](CacheKey &k) { k.tiling.blockM = 64; }},
+      {"tiling.blockN", [](CacheKey &k) { k.tiling.blockN = 128; }},
+      {"tiling.warps", [](CacheKey &k) { k.tiling.warps = 4; }},
+      {"tiling.stages", [](CacheKey &k) { k.tiling.stages = 3; }},
+      {"schedule", [](CacheKey &k) { k.schedule = Schedule::MmaSync; }},
+      {"compilerFingerprint",
+       [](CacheKey &k) { k.compilerFingerprint = "other"; }},
+  };
+  // One mutator per serialised field besides the schema version: a field
+  // added to the key without a case here fails this check.
+  CHECK(static_cast<int>(mutators.size()) ==
+        countLeaves(sampleKey().toJson()) - 1);
+
+  std::set<std::string> hashes = {sampleKey().hash()};
+  for (const auto &[field, mutate] : mutators) {
+    CAPTURE(field);
+    CacheKey key = sampleKey();
+    mutate(key);
+    CHECK_FALSE(key == sampleKey());
+    CHECK(hashes.insert(key.hash()).second);
+  }
+}
+
+TEST_CASE("cache key: every kernel kind and dtype has its own spelling",
+          "[runtime]") {
+  std::set<std::string> hashes;
+  for (KernelKind kind : {KernelKind::Fwd, KernelKind::BwdPre, KernelKind::Bwd,
+                          KernelKind::BwdPost})
+    for (DType dtype : {DType::BF16, DType::FP16}) {
+      CacheKey key = sampleKey();
+      key.kind = kind;
+      key.dtype = dtype;
+      CHECK(key.toJson()["kind"] != "unknown");
+      CHECK(hashes.insert(key.hash()).second);
+    }
+}
+
+TEST_CASE("disk cache: root from the environment", "[runtime]") {
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", "/tmp/explicit");
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    CHECK(DiskCache::defaultRoot() == "/tmp/explicit");
+  }
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    CHECK(DiskCache::defaultRoot() == "/tmp/xdg/dualkv");
+  }
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", std::nullopt);
+    ScopedEnv home("HOME", "/tmp/home");
+    CHECK(DiskCache::defaultRoot() == "/tmp/home/.cache/dualkv");
+  }
+}
+
+TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheKey key = sampleKey();
+  CHECK_FALSE(disk.load(key));
+
+  std::string why;
+  REQUIRE(disk.store(key, sampleEntry(), &why));
+  CHECK(why.empty());
+  const std::string dir = disk.entryDir(key);
+  CHECK(dir == tmp.path + "/v2/sm_90a/" + key.hash());
+  // No temp file is left behind.
+  CHECK(listDir(dir) ==
+        std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
+
+  std::optional<CacheEntry> loaded = disk.load(key);
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, sampleEntry());
+
+  // Another key misses, even with the same arch.
+  CacheKey other = key;
+  other.headDim = 64;
+  CHECK_FALSE(disk.load(other));
+}
+
+TEST_CASE("disk cache: an entry without a cubin", "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheEntry entry = sampleEntry();
+  entry.cubin.clear();
+  REQUIRE(disk.store(sampleKey(), entry));
+  CHECK(listDir(disk.entryDir(sampleKey())) ==
+        std::vector<std::string>{"kernel.ptx", "meta.json"});
+  std::optional<CacheEntry> loaded = disk.load(sampleKey());
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, entry);
+}
+
+TEST_CASE("disk cache: damaged entries are misses", "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheKey key = sampleKey();
+  REQUIRE(disk.store(key, sampleEntry()));
+  const std::string dir = disk.entryDir(key);
+  const std::string metaPath = dir + "/meta.json";
+  REQUIRE(disk.load(key));
+
+  SECTION("PTX changed") {
+    std::string ptx = readFile(dir + "/kernel.ptx");
+    ptx[3] ^= 1;
+    writeFile(dir + "/kernel.ptx", ptx);
+  }
+  SECTION("cubin changed") {
+    std::string cubin = readFile(dir + "/kernel.cubin");
+    cubin[500] ^= 0x40;
+    writeFile(dir + "/kernel.cubin", cubin);
+  }
+  SECTION("cubin missing") { fs::remove(dir + "/kernel.cubin"); }
+  SECTION("PTX missing") { fs::remove(dir + "/kernel.ptx"); }
+  SECTION("meta.json truncated") {
+    std::string meta = readFile(metaPath);
+    writeFile(metaPath, meta.substr(0, meta.size() / 2));
+  }
+  SECTION("meta.json empty") { writeFile(metaPath, ""); }
+  SECTION("meta.json of a foreign schema version") {
+    auto meta = nlohmann::json::parse(readFile(metaPath));
+    meta["schema"] = CacheKey::kSchemaVersion + 1;
+    writeFile(metaPath, meta.dump());
+  }
+  SECTION("meta.json with a field of the wrong type") {
+    auto meta = nlohmann::json::parse(readFile(metaPath));
+    meta["kernel"]["threads"] = "many";
+    writeFile(metaPath, meta.dump());
+  }
+  SECTION("meta.json of another key") {
+    CacheKey other = key;
+    other.numQHeads = 64;
+    auto meta = nlohmann::json::parse(readFile(metaPath));
+    meta["key"] = other.toJson();
+    writeFile(metaPath, meta.dump());
+  }
+  CHECK_FALSE(disk.load(key));
+
+  // Storing again repairs the entry.
+  REQUIRE(disk.store(key, sampleEntry()));
+  std::optional<CacheEntry> loaded = disk.load(key);
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, sampleEntry());
+}
+
+TEST_CASE("disk cache: 8 concurrent writers of one key leave a valid entry",
+          "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  CacheKey key = sampleKey();
+  const CacheEntry entry = sampleEntry();
+  constexpr int kWriters = 8;
+  std::vector<int> stored(kWriters, 0);
+  std::vector<int> badReads(kWriters, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWriters; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        stored[t] += disk.store(key, entry) ? 1 : 0;
+        // A reader racing the writers sees the whole entry or nothing.
+        if (std::optional<CacheEntry> seen = disk.load(key))
+          badReads[t] += seen->ptx != entry.ptx || seen->cubin != entry.cubin;
+      }
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (int t = 0; t < kWriters; ++t) {
+    CHECK(stored[t] == 20);
+    CHECK(badReads[t] == 0);
+  }
+  std::optional<CacheEntry> loaded = disk.load(key);
+  REQUIRE(loaded);
+  requireSameEntry(*loaded, entry);
+  CHECK(listDir(disk.entryDir(key)) ==
+        std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
+}

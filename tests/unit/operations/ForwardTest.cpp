@@ -1,0 +1,421 @@
+// The forward operation: argument checks, the launch, tensor maps, tuned
+// tilings, recompiles of unusable entries.
+#include "FakeDriver.h"
+#include "operations/Validate.h"
+
+#include "dualkv/Reference.h"
+#include "dualkv/Tuning.h"
+#include "dualkv/dualkv.h"
+#include "dualkv/dualkv_c.h"
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using namespace dualkv;
+using namespace dualkv::testing;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Valid arguments for `plan`: Hq = 8, Hkv = 2, D = 128, dense THD tensors
+/// at distinct fake addresses (never dereferenced: the driver is fake).
+ForwardArgs validArgs(const Plan &plan) {
+  ForwardArgs a;
+  const int64_t T = plan.numTokens(), D = 128, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * D, D};
+  a.o = {fakePointer(0x400000), Hq * D, D};
+  a.lse = static_cast<float *>(fakePointer(0x500000));
+  a.lse_stride_h = T;
+  a.num_tokens = T;
+  a.num_q_heads = Hq;
+  a.num_kv_heads = Hkv;
+  a.head_dim = D;
+  a.dtype = DType::BF16;
+  a.plan = &plan;
+  return a;
+}
+
+/// The spec forward() asks for with `a` on an sm_90a device.
+KernelSpec specFor(const ForwardArgs &a) {
+  KernelSpec spec;
+  spec.kind = KernelKind::Fwd;
+  spec.P = spec.N = 0;
+  spec.headDim = a.head_dim;
+  spec.numQHeads = a.num_q_heads;
+  spec.numKVHeads = a.num_kv_heads;
+  spec.dtype = a.dtype;
+  spec.arch = "sm_90a";
+  spec.tiling = a.tiling;
+  return resolveSpec(spec);
+}
+
+/// Puts `entry` in the disk cache at `root` as the kernel forward(a) needs,
+/// so that no compile runs.
+void seedKernel(const std::string &root, const ForwardArgs &a,
+                const CacheEntry &entry) {
+  CacheKey key = CacheKey::fromSpec(specFor(a), compilerFingerprint());
+  REQUIRE(DiskCache(root).store(key, entry));
+}
+
+} // namespace
+
+TEST_CASE("forward: bad arguments are named and nothing launches",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  resetCacheStats();
+
+  using Mutator = std::function<void(ForwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      {[](ForwardArgs &a) { a.plan = nullptr; }, "plan is null"},
+      {[](ForwardArgs &a) {
+         a.num_q_heads = 6;
+         a.num_kv_heads = 4;
+       },
+       "num_q_heads (6) is not a multiple of num_kv_heads (4)"},
+      {[](ForwardArgs &a) { a.num_q_heads = 0; }, "num_q_heads (0)"},
+      {[](ForwardArgs &a) { a.num_kv_heads = -1; }, "num_kv_heads (-1)"},
+      {[](ForwardArgs &a) {
+         a.num_q_heads = 70000;
+         a.num_kv_heads = 1;
+       },
+       "num_q_heads (70000) exceeds the grid limit"},
+      {[](ForwardArgs &a) { a.head_dim = 96; },
+       "head_dim 96 is not supported (64, 128, 256)"},
+      {[](ForwardArgs &a) { a.dtype = static_cast<DType>(7); }, "dtype (7)"},
+      {[](ForwardArgs &a) { a.num_tokens = 100; },
+       "num_tokens (100) differs from the plan's token count (112)"},
+      {[](ForwardArgs &a) { a.q.data = nullptr; }, "q.data is null"},
+      {[](ForwardArgs &a) { a.k.data = nullptr; }, "k.data is null"},
+      {[](ForwardArgs &a) { a.v.data = nullptr; }, "v.data is null"},
+      {[](ForwardArgs &a) { a.o.data = nullptr; }, "o.data is null"},
+      {[](ForwardArgs &a) { a.q.data = fakePointer(0x100008); },
+       "q.data (0x100008) is not 16-byte aligned"},
+      {[](ForwardArgs &a) { a.v.data = fakePointer(0x300002); },
+       "v.data (0x300002) is not 16-byte aligned"},
+      {[](ForwardArgs &a) { a.q.stride_h = 100; },
+       "q.stride_h (100) must be >= head_dim (128)"},
+      {[](ForwardArgs &a) { a.k.stride_t = 64; },
+       "k.stride_t (64) must be >= head_dim (128)"},
+      {[](ForwardArgs &a) { a.o.stride_h = 132; },
+       "o.stride_h (132) must be a multiple of 8 elements"},
+      {[](ForwardArgs &a) { a.v.stride_t = 260; },
+       "v.stride_t (260) must be a multiple of 8 elements"},
+      {[](ForwardArgs &a) { a.q.stride_t = -1024; },
+       "q.stride_t (-1024) is negative"},
+      {[](ForwardArgs &a) { a.k.stride_h = -128; },
+       "k.stride_h (-128) is negative"},
+      {[](ForwardArgs &a) { a.o.stride_t = 128; }, "o rows overlap"},
+      {[](ForwardArgs &a) { a.lse = nullptr; }, "lse is null"},
+      {[](ForwardArgs &a) { a.lse = static_cast<float *>(fakePointer(0x2)); },
+       "lse (0x2) is not 4-byte aligned"},
+      {[](ForwardArgs &a) { a.lse_stride_h = 90; },
+       "lse_stride_h (90) must be >= num_tokens (112)"},
+      {[](ForwardArgs &a) { a.lse_stride_h = -5; },
+       "lse_stride_h (-5) is negative"},
+      {[](ForwardArgs &a) { a.scale = std::nanf(""); }, "scale (nan)"},
+      {[](ForwardArgs &a) { a.tiling.blockM = -64; },
+       "tiling.blockM (-64) is negative"},
+  };
+  for (const auto &[mutate, expected] : cases) {
+    CAPTURE(expected);
+    ForwardArgs args = validArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { forward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(expected));
+  }
+  CHECK(fake.launches == 0);
+  CHECK(fake.cubinLoads + fake.ptxLoads == 0);
+  CHECK(fake.allocs == 0);
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("forward: size-1 dimensions may carry any non-negative stride",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedFakeDriver scoped;
+  // One token and one head: the strides are never used, so any value that
+  // is not negative passes (PyTorch gives size-1 dimensions odd strides).
+  Plan plan({{1, {}}});
+  ForwardArgs a = validArgs(plan);
+  a.num_q_heads = a.num_kv_heads = 1;
+  a.q.stride_t = a.q.stride_h = 3;
+  a.k.stride_t = 0;
+  a.o.stride_h = 1;
+  a.lse_stride_h = 0;
+  seedKernel(tmp.path, a, sampleEntry());
+  CHECK_NOTHROW(forward(a));
+  CHECK(scoped.fake.launches == 1);
+}
+
+TEST_CASE("forward: launches the cached kernel with the documented ABI",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  resetCacheStats();
+
+  // Groups of 40 | 24, -, 32 and 8 | 8 tokens: 112 tokens, 5 segments, the
+  // longest 40 tokens.
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  args.stream = fakePointer(0xABC);
+  // A tiling of the cp.async schedules: a CTA per (tile, segment, head).
+  args.tiling = {128, 32, 4, 2};
+
+  // Put the kernel the launch will ask for on disk, so no compile runs.
+  CacheEntry entry = sampleEntry(); // 256 threads, 96 KiB shared
+  entry.info.blockM = 16;
+  seedKernel(tmp.path, args, entry);
+
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  CHECK(fake.lastFunctionName == entry.info.name);
+  const FakeDriver::Launch &l = fake.last;
+  CHECK(l.grid[0] == 3); // ceil(40 / 16)
+  CHECK(l.grid[1] == 5); // segments
+  CHECK(l.grid[2] == 8); // query heads
+  CHECK(l.block[0] == 256);
+  CHECK(l.block[1] == 1);
+  CHECK(l.block[2] == 1);
+  CHECK(l.shared == 96 * 1024);
+  CHECK(l.stream == fakePointer(0xABC));
+  CHECK(l.ptrs[0] == 0x100000);
+  CHECK(l.ptrs[1] == 0x200000);
+  CHECK(l.ptrs[2] == 0x300000);
+  CHECK(l.ptrs[3] == 0x400000);
+  CHECK(l.ptrs[4] == 0x500000);
+  CHECK(l.ptrs[5] == plan.deviceTable());
+  CHECK(std::vector<int64_t>(l.strides, l.strides + 9) ==
+        std::vector<int64_t>{1024, 128, 256, 128, 256, 128, 1024, 128, 112});
+  CHECK(l.scaleLog2 ==
+        Approx(1.4426950408889634 / std::sqrt(128.0)).epsilon(1e-6));
+  CHECK(fake.copies[plan.deviceTable()] == plan.segmentTable());
+  CHECK(fake.tensorMaps == 0);
+  // More than 48 KiB of dynamic shared memory needs the opt-in attribute.
+  CHECK(
+      fake.funcAttributes ==
+      std::vector<std::pair<int, int>>{
+          {cuda::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 96 * 1024}});
+  CHECK(cacheStats().diskHits == 1);
+  CHECK(cacheStats().compiles == 0);
+
+  // The second launch loads nothing, uploads nothing, allocates nothing.
+  args.scale = 0.5f;
+  forward(args);
+  CHECK(fake.launches == 2);
+  CHECK(fake.cubinLoads == 1);
+  CHECK(fake.allocs == 2); // upload(): the segment table and forward order
+  CHECK(cacheStats().memoryHits == 1);
+  CHECK(fake.last.scaleLog2 == Approx(0.5 * 1.4426950408889634));
+
+  // An explicit tiling equal to the default shares the loaded module.
+  args.tiling = specFor(args).tiling;
+  forward(args);
+  CHECK(fake.cubinLoads == 1);
+  CHECK(fake.launches == 3);
+
+  // A plan uploaded in another context is refused before launching.
+  Plan other({{4, {4}}});
+  other.upload();
+  fake.current = reinterpret_cast<cuda::CUcontext>(0xD0);
+  std::optional<Error> e = errorOf([&] { forward(validArgs(other)); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("another CUDA context"));
+  CHECK(fake.launches == 3);
+  CHECK(fake.cubinLoads == 1);
+}
+
+TEST_CASE("forward: the warp-specialized kernel takes tensor maps and the "
+          "plan's work order",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{300, {200, 0}}, {10, {129}}});
+  ForwardArgs args = validArgs(plan); // default tiling: 128:128:8:2 on sm_90a
+  REQUIRE(specFor(args).schedule == Schedule::WarpSpecialized);
+  CacheEntry entry = sampleEntry();
+  entry.info.threads = 384;
+  seedKernel(tmp.path, args, entry);
+  fake.captureWorkOrder = true;
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  const FakeDriver::Launch &l = fake.last;
+  // One CTA per item of the order (8 query tiles of 128 rows), per head.
+  CHECK(l.grid[0] == 8);
+  CHECK(l.grid[1] == 1);
+  CHECK(l.grid[2] == 8);
+  CHECK(l.block[0] == 384);
+  CHECK(l.ptrs[5] == plan.deviceTable());
+  ForwardTable order = plan.forwardTable(128);
+  CHECK(l.workOrder == order.items);
+  CHECK(fake.copies[order.items] == plan.forwardOrder(128));
+  // Q, K, V: (head_dim, heads, tokens) with the caller's strides in bytes,
+  // boxes of 64 columns x 1 head x block_m (Q) or block_n (K, V) rows.
+  CHECK(fake.tensorMaps == 3);
+  CHECK(fake.lastTensorMapDims == std::vector<uint64_t>{128, 2, 639});
+  CHECK(fake.lastTensorMapStrides == std::vector<uint64_t>{256, 512});
+  CHECK(fake.lastTensorMapBox == std::vector<uint32_t>{64, 1, 128});
+  // TMA needs 16-byte strides, as every schedule does: refused up front.
+  args.v.stride_t = 260;
+  std::optional<Error> e = errorOf([&] { forward(args); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(), Contains("v.stride_t (260) must be a multiple of 8"));
+  CHECK(fake.launches == 1);
+}
+
+TEST_CASE("forward: a GPU outside the supported archs is an error, not an "
+          "abort",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  // A Turing GPU (sm_75): before the arch was checked, the JIT compile ran
+  // LLVM into "Cannot select" and the process aborted.
+  fake.ccMajor = 7;
+  fake.ccMinor = 5;
+  Plan plan({{40, {24, 0, 32}}});
+  std::optional<Error> e = errorOf([&] { forward(validArgs(plan)); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::NoGpu);
+  CHECK_THAT(e->what(), Contains("the current GPU (sm_75) cannot run DualKV "
+                                 "kernels: arch 'sm_75' is not supported; "
+                                 "supported: sm_80, sm_86"));
+  CHECK(fake.launches == 0);
+  CHECK(cacheStats().compiles == 0);
+}
+
+TEST_CASE("forward: an unusable cached entry is recompiled and rewritten",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  ScopedFakeDriver scoped;
+  resetCacheStats();
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  // "threads": -1 under a consistent checksum: refused, never launched.
+  CacheEntry bad = sampleEntry();
+  bad.info.threads = -1;
+  seedKernel(tmp.path, args, bad);
+
+  forward(args); // no throw: the entry is a miss and the kernel is recompiled
+  CHECK(cacheStats().compiles == 1);
+  REQUIRE(scoped.fake.launches == 1);
+  CHECK(scoped.fake.last.block[0] > 0);
+  std::optional<CacheEntry> rewritten = DiskCache(tmp.path).load(
+      CacheKey::fromSpec(specFor(args), compilerFingerprint()));
+  REQUIRE(rewritten);
+  CHECK(rewritten->info.threads == int(scoped.fake.last.block[0]));
+}
+
+TEST_CASE("forward: a 2^31-element span and a negative scale are refused by "
+          "name",
+          "[runtime]") {
+  ScopedFakeDriver scoped;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  using Mutator = std::function<void(ForwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      // 112 tokens x 2^25 elements apart > 2^31.
+      {[](ForwardArgs &a) { a.q.stride_t = int64_t(1) << 25; },
+       "kernels address at most 2^31"},
+      // A negative scale: the kernels would return NaN.
+      {[](ForwardArgs &a) { a.scale = -1.0f; }, "scale (-1) is negative"},
+  };
+  for (auto &[mutate, message] : cases) {
+    ForwardArgs args = validArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { forward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(message));
+  }
+  CHECK(scoped.fake.launches == 0);
+}
+
+// No ';' in a test name: ctest's list splits there, and the test never ran.
+TEST_CASE("forward: an open tiling takes the tuned one, an unbuildable tuned "
+          "tiling falls back to the default",
+          "[runtime]") {
+  if (ptxasPath({}).empty())
+    return; // both kernels are compiled for real here
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  // The database is read once per process, at the first launch: this test runs
+  // in a process of its own (one ctest entry per test case).
+  std::string dbPath = tmp.path + "/tuning.json";
+  ScopedEnv db("DUALKV_TUNING_DB", dbPath);
+  TuningDb tuned;
+  TunedEntry good; // head_dim 128, 8:2, bf16, sm_90a: 8 warps instead of 4
+  good.spec.headDim = 128;
+  good.spec.numQHeads = 8;
+  good.spec.numKVHeads = 2;
+  good.spec.tiling = {128, 64, 8, 2};
+  tuned.put(good);
+  TunedEntry bad =
+      good; // head_dim 64: block_m 64 cannot hold 8 warps of 16 rows
+  bad.spec.headDim = 64;
+  bad.spec.tiling = {64, 16, 8, 2};
+  tuned.put(bad);
+  std::string error;
+  REQUIRE(tuned.save(dbPath, &error));
+
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  // The launch geometry of the tuned kernel, from a compile of its own (the
+  // schedule the tuned tiling resolves to decides the layout).
+  ForwardArgs tunedArgs = args;
+  tunedArgs.tiling = good.spec.tiling;
+  CompileResult want = compile(specFor(tunedArgs), {false, "", ""});
+  REQUIRE(want.ok);
+  CHECK(want.info.threads == 256); // the tuned 8 warps
+  CHECK(fake.last.block[0] == unsigned(want.info.threads));
+  CHECK(fake.last.shared == unsigned(want.info.sharedBytes));
+
+  args.head_dim = 64;
+  forward(args);
+  REQUIRE(fake.launches == 2);
+  CompileResult fallback = compile(specFor(args), {false, "", ""});
+  REQUIRE(fallback.ok);
+  CHECK(fake.last.block[0] == unsigned(fallback.info.threads));
+  CHECK(fake.last.shared == unsigned(fallback.info.sharedBytes));
+}
