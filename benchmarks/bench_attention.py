@@ -277,11 +277,14 @@ class DualKV:
         import ctypes
         dualkv = self.dualkv
         try:
-            size = dualkv._lib.symbol("dualkv_backward_workspace_size")
+            lib = dualkv._lib
+            args = lib.BackwardArgs(
+                plan=plan._handle, num_tokens=case.T, num_q_heads=case.hq,
+                num_kv_heads=case.hkv, head_dim=case.d,
+                deterministic=1 if self.deterministic else 0)
             nbytes = ctypes.c_int64(0)
-            status = size(plan._handle, case.T, case.hq, case.hkv, case.d,
-                          1 if self.deterministic else 0, None,
-                          ctypes.byref(nbytes))
+            status = lib.lib().dualkv_backward_workspace_size(
+                ctypes.byref(args), ctypes.byref(nbytes))
             dualkv._check(status)
         except ValueError as e:  # the library refuses this shape
             return str(e)

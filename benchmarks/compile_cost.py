@@ -117,15 +117,16 @@ def host_overhead(torch, dualkv):
     fn = _lib.lib().dualkv_forward
     stream = torch.cuda.current_stream().cuda_stream
     lse_p = ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float))
-    raw_args = (q.data_ptr(), q.stride(0), q.stride(1),
-                k.data_ptr(), k.stride(0), k.stride(1),
-                v.data_ptr(), v.stride(0), v.stride(1),
-                o.data_ptr(), o.stride(0), o.stride(1),
-                lse_p, lse.stride(0), T, HQ, HKV, D, 0, 0.0,
-                plan._handle, stream, None)
+    def tensor(t):
+        return _lib.Tensor(t.data_ptr(), t.stride(0), t.stride(1))
+    raw_args = ctypes.byref(_lib.ForwardArgs(
+        q=tensor(q), k=tensor(k), v=tensor(v), o=tensor(o), lse=lse_p,
+        lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=HQ,
+        num_kv_heads=HKV, head_dim=D, dtype=_lib.BF16, plan=plan._handle,
+        stream=stream))
 
     def raw():
-        if fn(*raw_args) != 0:
+        if fn(raw_args) != 0:
             raise RuntimeError(_lib.last_error())
     res["c_api_host_us"], _ = per_call_us(raw)
 

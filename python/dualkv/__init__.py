@@ -96,22 +96,23 @@ def library_path():
 
 def cache_stats():
     """The kernel cache counters of this process, as a dict: memory_hits,
-    disk_hits, disk_misses, compiles, last_compile_ms, total_compile_ms."""
+    disk_hits, disk_misses, compiles, last_compile_ms, total_compile_ms,
+    aot_hits."""
     stats = _lib.CacheStats()
     _check(_lib.lib().dualkv_cache_stats(ctypes.byref(stats)))
-    return {name: getattr(stats, name) for name, _ in stats._fields_}
+    return {name: getattr(stats, name) for name, _ in stats._fields_
+            if name != "struct_size"}
 
 
 def _precompile_dtype(dtype):
-    """0 (bf16) or 1 (fp16) from a string or a torch dtype (torch is not
-    imported for this)."""
+    """The C API's dtype from its name ("bf16", "fp16"), its alias or a torch
+    dtype (torch.bfloat16, torch.float16; torch is not imported for this),
+    as the library's vocabulary spells them."""
     name = str(dtype).replace("torch.", "")
-    codes = {"bf16": _lib.BF16, "bfloat16": _lib.BF16,
-             "fp16": _lib.FP16, "f16": _lib.FP16, "float16": _lib.FP16,
-             "half": _lib.FP16}
-    if name not in codes:
+    code = _lib.names()["dtypes"].get(name)
+    if code is None:
         raise ValueError(f"dualkv: dtype {dtype!r} is neither bf16 nor fp16")
-    return codes[name]
+    return code
 
 
 def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
@@ -134,20 +135,16 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
     if arch is not None and not isinstance(arch, str):
         raise ValueError(f"dualkv: arch must be a string like 'sm_90a' or "
                          f"None, got {arch!r}")
-    tiles = None
-    if tiling is not None:
-        tiling = sequence(tiling, "tiling")
-        if len(tiling) != 4:
-            raise ValueError("dualkv: tiling must be (block_m, block_n, "
-                             "warps, stages)")
-        values = [integer(t, "tiling", 0, 2**31 - 1) for t in tiling]
-        tiles = (ctypes.c_int32 * 4)(*values)
+    args = _lib.PrecompileArgs(
+        head_dim=ints[0], num_q_heads=ints[1], num_kv_heads=ints[2],
+        dtype=code, arch=arch.encode() if arch else None,
+        backward=int(bool(backward)), deterministic=int(bool(deterministic)),
+        tiling=_tiling(tiling))
     report = _lib.PrecompileReport()
-    fn = _lib.symbol("dualkv_precompile")
-    _check(fn(ints[0], ints[1], ints[2], code,
-              arch.encode() if arch else None, int(bool(backward)),
-              int(bool(deterministic)), tiles, ctypes.byref(report)))
-    return {name: getattr(report, name) for name, _ in report._fields_}
+    _check(_lib.lib().dualkv_precompile(ctypes.byref(args),
+                                        ctypes.byref(report)))
+    return {name: getattr(report, name) for name, _ in report._fields_
+            if name != "struct_size"}
 
 
 class Plan:
@@ -314,11 +311,10 @@ def _int32_array(values):
 
 
 def _dtype_code(torch, dtype):
-    if dtype == torch.bfloat16:
-        return _lib.BF16
-    if dtype == torch.float16:
-        return _lib.FP16
-    return None
+    """The C API's dtype of a torch dtype, or None (bf16 and fp16 only)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return _lib.names()["dtypes"][str(dtype).replace("torch.", "")]
 
 
 def _check_thd(torch, name, t, device):
@@ -339,16 +335,22 @@ def _check_thd(torch, name, t, device):
                          f"(stride {t.stride(2)})")
 
 
-def _tiling_array(tiling):
-    """None, or the 4 int32 {block_m, block_n, warps, stages} of the C API."""
+def _tiling(tiling):
+    """The C API's dualkv_tiling_t of None (every field the default) or
+    (block_m, block_n, warps, stages)."""
     if tiling is None:
-        return None
+        return _lib.Tiling()
     tiling = [integer(x, f"tiling[{i}]", 0, 2**31 - 1)
               for i, x in enumerate(sequence(tiling, "tiling"))]
     if len(tiling) != 4:
         raise ValueError("dualkv: tiling must be 4 ints (block_m, block_n, "
                          "warps, stages)")
-    return (ctypes.c_int32 * 4)(*tiling)
+    return _lib.Tiling(*tiling)
+
+
+def _tensor(t):
+    """The C API's dualkv_tensor_t of a [T, H, D] torch tensor."""
+    return _lib.Tensor(t.data_ptr(), t.stride(0), t.stride(1))
 
 
 def _check_lse(torch, name, lse, device, Hq, T):
@@ -451,7 +453,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
     else:
         _check_lse(torch, "lse", lse, device, Hq, T)
 
-    tiling_arr = _tiling_array(tiling)
+    tiling_value = _tiling(tiling)
     scale_value = _scale_value(scale)
     if scale_value < 0:
         # The kernels take a positive scale: scale * (q . k) is the same as
@@ -460,14 +462,13 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
     with torch.cuda.device(device):
         # current_stream() of the tensors' device; the library launches on it.
         stream = torch.cuda.current_stream(device).cuda_stream
-        _check(_lib.lib().dualkv_forward(
-            q.data_ptr(), q.stride(0), q.stride(1),
-            k.data_ptr(), k.stride(0), k.stride(1),
-            v.data_ptr(), v.stride(0), v.stride(1),
-            out.data_ptr(), out.stride(0), out.stride(1),
-            ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
-            lse.stride(0), T, Hq, Hkv, D, code, scale_value,
-            plan._handle, stream, tiling_arr))
+        args = _lib.ForwardArgs(
+            q=_tensor(q), k=_tensor(k), v=_tensor(v), o=_tensor(out),
+            lse=ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+            lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=Hq,
+            num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
+            plan=plan._handle, stream=stream, tiling=tiling_value)
+        _check(_lib.lib().dualkv_forward(ctypes.byref(args)))
     plan._devices.add(device.index)
     return out, lse
 
@@ -520,40 +521,35 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     else:
         _check_like(torch, "dv", dv, "v", v, device)
 
-    tiling_arr = _tiling_array(tiling)
+    tiling_value = _tiling(tiling)
     scale_value = _scale_value(scale) or 1.0 / math.sqrt(D)
     negated = scale_value < 0
     if negated:
         # As the forward: a positive scale on -q, whose gradient is -dq.
         q, scale_value = -q, -scale_value
-    det = 1 if deterministic else 0
-    workspace_size = _lib.symbol("dualkv_backward_workspace_size")
-    run_backward = _lib.symbol("dualkv_backward")
+    args = _lib.BackwardArgs(
+        q=_tensor(q), k=_tensor(k), v=_tensor(v), o=_tensor(o),
+        dout=_tensor(dout), dq=_tensor(dq), dk=_tensor(dk), dv=_tensor(dv),
+        lse=ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+        lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=Hq,
+        num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
+        deterministic=1 if deterministic else 0, plan=plan._handle,
+        tiling=tiling_value)
+    lib = _lib.lib()
     ws_bytes = ctypes.c_int64(0)
     with torch.cuda.device(device):
         # The size depends on the device's default algorithm (split-dQ on
         # sm_90a), so it is asked for with the tensors' device current.
-        _check(workspace_size(plan._handle, T, Hq, Hkv, D, det, tiling_arr,
-                              ctypes.byref(ws_bytes)))
+        _check(lib.dualkv_backward_workspace_size(ctypes.byref(args),
+                                                  ctypes.byref(ws_bytes)))
         # Allocated on the current stream, which the library launches on, so
         # the caching allocator's stream-ordered reuse is safe.
         workspace = torch.empty(ws_bytes.value, dtype=torch.uint8,
                                 device=device)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        _check(run_backward(
-            q.data_ptr(), q.stride(0), q.stride(1),
-            k.data_ptr(), k.stride(0), k.stride(1),
-            v.data_ptr(), v.stride(0), v.stride(1),
-            o.data_ptr(), o.stride(0), o.stride(1),
-            dout.data_ptr(), dout.stride(0), dout.stride(1),
-            ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
-            lse.stride(0),
-            dq.data_ptr(), dq.stride(0), dq.stride(1),
-            dk.data_ptr(), dk.stride(0), dk.stride(1),
-            dv.data_ptr(), dv.stride(0), dv.stride(1),
-            T, Hq, Hkv, D, code, scale_value, det,
-            workspace.data_ptr() if ws_bytes.value else None, ws_bytes.value,
-            plan._handle, stream, tiling_arr))
+        args.stream = torch.cuda.current_stream(device).cuda_stream
+        args.workspace = workspace.data_ptr() if ws_bytes.value else None
+        args.workspace_bytes = ws_bytes.value
+        _check(lib.dualkv_backward(ctypes.byref(args)))
         if negated:
             dq.neg_()
     plan._devices.add(device.index)

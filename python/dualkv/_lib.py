@@ -12,6 +12,7 @@ before the first call works.
 """
 
 import ctypes
+import json
 import os
 import threading
 from pathlib import Path
@@ -32,40 +33,114 @@ STATUS_NAMES = {
     ERROR_INTERNAL: "internal error",
 }
 
-# enum dualkv_dtype
+# enum dualkv_dtype (the values of dualkv_names()'s "dtypes")
 BF16 = 0
 FP16 = 1
 
+i32, i64, f32, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
-class CacheStats(ctypes.Structure):
+
+class Tensor(ctypes.Structure):
+    """dualkv_tensor_t: a packed THD tensor; strides count elements."""
+
+    _fields_ = [("data", vp), ("stride_t", i64), ("stride_h", i64)]
+
+
+class Tiling(ctypes.Structure):
+    """dualkv_tiling_t; zero fields take the defaults."""
+
+    _fields_ = [("block_m", i32), ("block_n", i32), ("warps", i32),
+                ("stages", i32)]
+
+
+class _Sized(ctypes.Structure):
+    """A C API struct that begins with struct_size, set on construction."""
+
+    def __init__(self, **fields):
+        super().__init__(struct_size=ctypes.sizeof(self), **fields)
+
+
+class ForwardArgs(_Sized):
+    """dualkv_forward_args_t."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
+        ("lse", ctypes.POINTER(f32)), ("lse_stride_h", i64),
+        ("num_tokens", i64), ("num_q_heads", i32), ("num_kv_heads", i32),
+        ("head_dim", i32), ("dtype", i32), ("scale", f32),
+        ("plan", vp), ("stream", vp), ("tiling", Tiling), ("schedule", i32),
+    ]
+
+
+class BackwardArgs(_Sized):
+    """dualkv_backward_args_t."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor),
+        ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("lse", ctypes.POINTER(f32)), ("lse_stride_h", i64),
+        ("num_tokens", i64), ("num_q_heads", i32), ("num_kv_heads", i32),
+        ("head_dim", i32), ("dtype", i32), ("scale", f32),
+        ("deterministic", i32), ("algorithm", i32),
+        ("workspace", vp), ("workspace_bytes", i64),
+        ("plan", vp), ("stream", vp), ("tiling", Tiling),
+        ("dq_tiling", Tiling), ("schedule", i32),
+    ]
+
+
+class CacheStats(_Sized):
     """dualkv_cache_stats_t."""
 
     _fields_ = [
-        ("memory_hits", ctypes.c_int64),
-        ("disk_hits", ctypes.c_int64),
-        ("disk_misses", ctypes.c_int64),
-        ("compiles", ctypes.c_int64),
+        ("struct_size", ctypes.c_size_t),
+        ("memory_hits", i64),
+        ("disk_hits", i64),
+        ("disk_misses", i64),
+        ("compiles", i64),
         ("last_compile_ms", ctypes.c_double),
         ("total_compile_ms", ctypes.c_double),
+        ("aot_hits", i64),
     ]
 
+
+class PrecompileArgs(_Sized):
+    """dualkv_precompile_args_t."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("head_dim", i32), ("num_q_heads", i32), ("num_kv_heads", i32),
+        ("dtype", i32), ("arch", ctypes.c_char_p), ("backward", i32),
+        ("deterministic", i32), ("tiling", Tiling),
+    ]
+
+
+class PrecompileReport(_Sized):
+    """dualkv_precompile_report_t."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("kernels", i32),
+        ("compiles", i32),
+        ("disk_hits", i32),
+        ("memory_hits", i32),
+        ("aot_hits", i32),
+        ("wall_ms", ctypes.c_double),
+    ]
+
+
+# The struct each name of dualkv_names()'s "struct_sizes" describes.
+STRUCTS = {
+    "tensor": Tensor, "tiling": Tiling, "forward_args": ForwardArgs,
+    "backward_args": BackwardArgs, "precompile_args": PrecompileArgs,
+    "precompile_report": PrecompileReport, "cache_stats": CacheStats,
+}
 
 _lock = threading.Lock()
 _handle = None
 _path = None
-
-
-class PrecompileReport(ctypes.Structure):
-    """dualkv_precompile_report_t."""
-
-    _fields_ = [
-        ("kernels", ctypes.c_int32),
-        ("compiles", ctypes.c_int32),
-        ("disk_hits", ctypes.c_int32),
-        ("memory_hits", ctypes.c_int32),
-        ("aot_hits", ctypes.c_int32),
-        ("wall_ms", ctypes.c_double),
-    ]
+_names = None
 
 
 def candidates():
@@ -81,98 +156,83 @@ def candidates():
 
 
 def _declare(lib):
-    i32, i64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
     i32p = ctypes.POINTER(ctypes.c_int32)
-    f32p = ctypes.POINTER(ctypes.c_float)
+    ref = ctypes.POINTER
     signatures = {
         "dualkv_last_error": ([], ctypes.c_char_p),
         "dualkv_version": ([], ctypes.c_char_p),
+        "dualkv_names": ([], ctypes.c_char_p),
         "dualkv_gpu_available": ([], ctypes.c_int),
-        "dualkv_plan_create": ([i32p, i32p, i32p, i32, ctypes.POINTER(vp)],
+        "dualkv_plan_create": ([i32p, i32p, i32p, i32, ref(vp)],
                                ctypes.c_int),
+        "dualkv_plan_create_tree": ([i32p, i32p, i32, ref(vp)], ctypes.c_int),
+        "dualkv_plan_max_ancestor_ranges": ([vp], i32),
+        "dualkv_plan_num_chain_rows": ([vp], i32),
+        "dualkv_plan_chain_table": ([vp, i32p, i64], ctypes.c_int),
         "dualkv_plan_destroy": ([vp], None),
         "dualkv_plan_upload": ([vp], ctypes.c_int),
         "dualkv_plan_num_tokens": ([vp], i64),
         "dualkv_plan_num_segments": ([vp], i32),
         "dualkv_plan_segment_table": ([vp, i32p, i64], ctypes.c_int),
-        "dualkv_forward": (
-            [vp, i64, i64,  # q
-             vp, i64, i64,  # k
-             vp, i64, i64,  # v
-             vp, i64, i64,  # o
-             f32p, i64,  # lse, lse_stride_h
-             i64, i32, i32, i32, i32,  # num_tokens, Hq, Hkv, head_dim, dtype
-             ctypes.c_float, vp, vp, i32p],  # scale, plan, stream, tiling
-            ctypes.c_int),
-        "dualkv_cache_stats": ([ctypes.POINTER(CacheStats)], ctypes.c_int),
+        "dualkv_forward": ([ref(ForwardArgs)], ctypes.c_int),
+        "dualkv_backward": ([ref(BackwardArgs)], ctypes.c_int),
+        "dualkv_backward_workspace_size": ([ref(BackwardArgs), ref(i64)],
+                                           ctypes.c_int),
+        "dualkv_cache_stats": ([ref(CacheStats)], ctypes.c_int),
+        "dualkv_precompile": ([ref(PrecompileArgs), ref(PrecompileReport)],
+                              ctypes.c_int),
     }
     for name, (args, res) in signatures.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            # Before dualkv_names the C API took positional arguments, which
+            # these declarations would pass wrongly: refuse such a library.
+            raise OSError(
+                f"dualkv: {_describe(lib)} has no {name}: it predates this "
+                "package's C API (argument structs); rebuild it (cmake "
+                "--build build) or point DUALKV_LIB at a newer build") from None
         fn.argtypes = args
         fn.restype = res
 
 
-def _optional_signatures():
-    """Symbols declared on first use, so that a library built before they
-    existed still loads (and its forward works): the backward, trees."""
-    i32, i64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-    i32p = ctypes.POINTER(ctypes.c_int32)
-    i64p = ctypes.POINTER(ctypes.c_int64)
-    f32p = ctypes.POINTER(ctypes.c_float)
-    return {
-        "dualkv_backward": (
-            [vp, i64, i64,  # q
-             vp, i64, i64,  # k
-             vp, i64, i64,  # v
-             vp, i64, i64,  # o
-             vp, i64, i64,  # dout
-             f32p, i64,  # lse, lse_stride_h
-             vp, i64, i64,  # dq
-             vp, i64, i64,  # dk
-             vp, i64, i64,  # dv
-             i64, i32, i32, i32, i32,  # num_tokens, Hq, Hkv, head_dim, dtype
-             ctypes.c_float, i32,  # scale, deterministic
-             vp, i64,  # workspace, workspace_bytes
-             vp, vp, i32p],  # plan, stream, tiling
-            ctypes.c_int),
-        "dualkv_plan_create_tree": ([i32p, i32p, i32, ctypes.POINTER(vp)],
-                                    ctypes.c_int),
-        "dualkv_plan_max_ancestor_ranges": ([vp], i32),
-        "dualkv_plan_num_chain_rows": ([vp], i32),
-        "dualkv_plan_chain_table": ([vp, i32p, i64], ctypes.c_int),
-        "dualkv_backward_workspace_size": (
-            [vp, i64, i32, i32, i32, i32, i32p, i64p],
-            ctypes.c_int),
-        "dualkv_precompile": (
-            [i32, i32, i32, i32, ctypes.c_char_p, i32, i32, i32p,
-             ctypes.POINTER(PrecompileReport)],
-            ctypes.c_int),
-    }
+def _describe(lib):
+    return getattr(lib, "_name", "the library")
 
 
-_optional = {}
+def names():
+    """The library's vocabulary (dualkv_names()): for each table ("kinds",
+    "dtypes", "schedules", "algorithms", "orders") a dict from every spelling
+    (name and alias) to the C enum value; "struct_sizes" maps each argument
+    struct to its sizeof in the library."""
+    global _names
+    if _names is None:
+        raw = json.loads(lib().dualkv_names().decode())
+        table = {}
+        for key, rows in raw.items():
+            if key == "struct_sizes":
+                table[key] = dict(rows)
+                continue
+            spellings = {row["name"]: row["value"] for row in rows}
+            spellings.update({row["alias"]: row["value"] for row in rows
+                              if "alias" in row})
+            table[key] = spellings
+        _names = table
+    return _names
+
+
+def name_of(table, value):
+    """The one spelling of `value` in `table` (e.g. name_of("dtypes", 1) is
+    "fp16")."""
+    raw = json.loads(lib().dualkv_names().decode())[table]
+    return next(row["name"] for row in raw if row["value"] == value)
+
+
 
 
 def symbol(name):
-    """A function of the C API that older builds of the library may lack
-    (see _optional_signatures), declared on first use. Raises OSError naming
-    the library and the symbol when the loaded library does not export it."""
-    fn = _optional.get(name)
-    if fn is not None:
-        return fn
-    handle = lib()
-    args, res = _optional_signatures()[name]
-    try:
-        fn = getattr(handle, name)
-    except AttributeError:
-        raise OSError(
-            f"dualkv: {_path} has no {name}: the library predates it; "
-            "rebuild it (cmake --build build) or point DUALKV_LIB at a newer "
-            "build") from None
-    fn.argtypes = args
-    fn.restype = res
-    _optional[name] = fn
-    return fn
+    """A function of the C API (the loaded library declares them all)."""
+    return getattr(lib(), name)
 
 
 def lib():

@@ -10,6 +10,7 @@ Runs as a script (unittest, a ctest) or under pytest. Parts that need torch
 rest needs libdualkv.so (found as dualkv._lib describes, e.g. DUALKV_LIB).
 """
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -125,18 +126,45 @@ class PlanCacheTest(unittest.TestCase):
 
 
 class LibraryTest(unittest.TestCase):
-    def test_backward_symbols_are_declared_lazily(self):
-        handle = _lib.lib()
-        for name in ("dualkv_backward", "dualkv_backward_workspace_size"):
-            if hasattr(handle, name):
-                self.assertTrue(callable(_lib.symbol(name)))
-            else:  # a library built before the backward: a clear OSError
-                with self.assertRaisesRegex(OSError, name + ".*rebuild"):
-                    _lib.symbol(name)
+    def test_argument_structs_match_the_library(self):
+        # dualkv_names() reports the sizeof of every argument struct as the
+        # library was compiled; the ctypes declarations must agree, or every
+        # field after the first difference would be read from the wrong place.
+        sizes = _lib.names()["struct_sizes"]
+        self.assertEqual(set(sizes), set(_lib.STRUCTS))
+        for name, struct in _lib.STRUCTS.items():
+            self.assertEqual(ctypes.sizeof(struct), sizes[name], name)
+        self.assertEqual(_lib.ForwardArgs().struct_size,
+                         ctypes.sizeof(_lib.ForwardArgs))
+
+    def test_names_are_the_library_spellings(self):
+        names = _lib.names()
+        self.assertEqual(names["dtypes"]["bf16"], _lib.BF16)
+        self.assertEqual(names["dtypes"]["fp16"], _lib.FP16)
+        self.assertEqual(names["dtypes"]["float16"], _lib.FP16)
+        self.assertNotIn("f16", names["dtypes"])
+        self.assertEqual(_lib.name_of("dtypes", _lib.FP16), "fp16")
+        self.assertEqual(_lib.name_of("algorithms", 2), "split_dq")
+        self.assertEqual(dualkv._precompile_dtype("fp16"), _lib.FP16)
+        with self.assertRaisesRegex(ValueError, "neither bf16 nor fp16"):
+            dualkv._precompile_dtype("f16")
+
+    def test_a_null_argument_struct_is_refused_by_name(self):
+        lib = _lib.lib()
+        self.assertEqual(lib.dualkv_forward(None), _lib.ERROR_INVALID_ARGUMENT)
+        self.assertIn("args is null", _lib.last_error())
+        args = _lib.ForwardArgs(num_tokens=13, num_q_heads=8, num_kv_heads=2,
+                                head_dim=128)
+        self.assertEqual(lib.dualkv_forward(ctypes.byref(args)),
+                         _lib.ERROR_INVALID_ARGUMENT)
+        self.assertIn("plan is null", _lib.last_error())
 
     def test_tiling_takes_four_integers(self):
-        self.assertIsNone(dualkv._tiling_array(None))
-        self.assertEqual(list(dualkv._tiling_array((64, 32, 4, 0))),
+        zero = dualkv._tiling(None)
+        self.assertEqual([zero.block_m, zero.block_n, zero.warps,
+                          zero.stages], [0, 0, 0, 0])
+        t = dualkv._tiling((64, 32, 4, 0))
+        self.assertEqual([t.block_m, t.block_n, t.warps, t.stages],
                          [64, 32, 4, 0])
         for bad, message in [([1.5, 0, 0, 0], "tiling\\[0\\] must be an integer"),
                              ([64, True, 4, 1], "tiling\\[1\\] must be an integer"),
@@ -145,7 +173,7 @@ class LibraryTest(unittest.TestCase):
                              ("abcd", "tiling must be a sequence"),
                              (7, "tiling must be a sequence")]:
             with self.assertRaisesRegex(ValueError, message, msg=repr(bad)):
-                dualkv._tiling_array(bad)
+                dualkv._tiling(bad)
 
     def test_a_bad_dualkv_lib_is_an_os_error_naming_it(self):
         for bad, message in [("/nonexistent/libdualkv.so", "is not a file"),

@@ -246,9 +246,11 @@ DUALKV_API int dualkv_precompile(const dualkv_precompile_args_t *args,
 
 /**
  * DualKV's vocabulary (dualkv/Names.h) as JSON: {"kinds": [...], "dtypes":
- * [...], "schedules": [...], "algorithms": [...], "orders": [...]}, each a
+ * [...], "schedules": [...], "algorithms": [...], "orders": [...], ...}, each a
  * list of {"name", "value"[, "alias"]} in enumerator order, so that bindings
- * spell values as the library does. The text lives as long as the library.
+ * spell values as the library does; and "struct_sizes", the sizeof of each
+ * argument struct, for bindings to check their declarations against. The
+ * text lives as long as the library.
  */
 DUALKV_API const char *dualkv_names(void);
 

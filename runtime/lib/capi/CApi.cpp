@@ -147,10 +147,21 @@ std::string namesJson() {
     return out + "]";
   };
   using namespace dualkv::names;
+  // The argument structs' sizes, so that a binding can check its own
+  // declarations against the library's.
+  std::string sizes = fmt::format(
+      "{{\"tensor\": {}, \"tiling\": {}, \"forward_args\": {}, "
+      "\"backward_args\": {}, \"precompile_args\": {}, "
+      "\"precompile_report\": {}, \"cache_stats\": {}}}",
+      sizeof(dualkv_tensor_t), sizeof(dualkv_tiling_t),
+      sizeof(dualkv_forward_args_t), sizeof(dualkv_backward_args_t),
+      sizeof(dualkv_precompile_args_t), sizeof(dualkv_precompile_report_t),
+      sizeof(dualkv_cache_stats_t));
   return fmt::format("{{\"kinds\": {}, \"dtypes\": {}, \"schedules\": {}, "
-                     "\"algorithms\": {}, \"orders\": {}}}",
+                     "\"algorithms\": {}, \"orders\": {}, \"struct_sizes\": "
+                     "{}}}",
                      rows(kKinds), rows(kDTypes), rows(kSchedules),
-                     rows(kAlgorithms), rows(kOrders));
+                     rows(kAlgorithms), rows(kOrders), sizes);
 }
 
 } // namespace
