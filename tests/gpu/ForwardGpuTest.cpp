@@ -80,7 +80,7 @@ int report(const std::string &name, const std::vector<Checked> &checked) {
     }
   }
   for (auto &[dt, w] : worst) {
-    Tolerance tol = toleranceFor(dt == "bf16" ? DType::BF16 : DType::FP16);
+    Tolerance tol = toleranceFor(*parseDType(dt));
     fmt::print("{} {}: worst max|dO| {:.3g} (tol {:.0e}), worst rel-L2(O) "
                "{:.3g} (tol {:.0e}), "
                "worst max|dLSE| {:.3g} (tol {:.0e})\n",

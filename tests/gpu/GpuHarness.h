@@ -63,7 +63,7 @@ struct Case {
   }
   std::string describe() const {
     std::string s = fmt::format("Hq={} Hkv={} D={} {} groups:", hq, hkv, d,
-                                dtype == DType::BF16 ? "bf16" : "fp16");
+                                toString(dtype));
     for (auto &g : groups) {
       s += fmt::format(" [P={} R=", g.prompt_len);
       for (size_t i = 0; i < g.response_lens.size(); ++i)
@@ -111,9 +111,7 @@ struct Case {
   }
 };
 
-inline const char *dtypeName(DType t) {
-  return t == DType::BF16 ? "bf16" : "fp16";
-}
+inline const char *dtypeName(DType t) { return toString(t); }
 
 /// An integer in [lo, hi], uniform in log(x).
 inline int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
