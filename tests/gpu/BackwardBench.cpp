@@ -116,7 +116,7 @@ std::vector<std::string> split(const std::string &s) {
 /// `parse` reads it; false (and `out` unchanged) if one is not.
 template <typename T>
 bool parseNames(const std::string &list,
-                std::optional<T> (*parse)(const std::string &),
+                std::optional<T> (*parse)(std::string_view),
                 std::vector<T> &out) {
   std::vector<T> values;
   for (const std::string &name : split(list)) {

@@ -269,7 +269,7 @@ inline Tiling dqTilingFromEnv(int headDim) {
 /// `fallback` when it is unset. A spelling `parse` refuses throws, naming
 /// the variable and `choices`.
 template <typename T>
-T namedFromEnv(const char *name, std::optional<T> (*parse)(const std::string &),
+T namedFromEnv(const char *name, std::optional<T> (*parse)(std::string_view),
                T fallback, const char *choices) {
   const char *env = std::getenv(name);
   if (!env)
@@ -376,7 +376,8 @@ struct BackwardOptions {
     if (algorithm != BackwardAlgorithm::Auto)
       return algorithm;
     return namedFromEnv("DUALKV_TEST_BWD_ALGORITHM", parseBackwardAlgorithm,
-                        BackwardAlgorithm::Auto, "auto, atomic or split_dq");
+                        BackwardAlgorithm::Auto,
+                        names::listOf(names::kAlgorithms).c_str());
   }
 };
 
