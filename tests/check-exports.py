@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The shared libraries export exactly the public C and C++ API.
 
-Usage: check-exports.py ROOT LIB [LIB ...]
+Usage: check-exports.py ROOT GENERATED LIB [LIB ...]
+
+ROOT is the source tree, GENERATED the build's generated include folder
+(dualkv/Version.h, dualkv/Export.h).
 
 The public API is what the installed headers declare: the C functions of
 dualkv/dualkv_c.h, and in namespace dualkv every function, class or struct
@@ -24,23 +27,25 @@ HEADERS = [
 LINKER = {"_init", "_fini", "_edata", "_end", "__bss_start"}
 
 
-def public_names(root):
+def public_names(root, generated):
     """(C functions, C++ functions, C++ classes) the headers declare."""
     c_funcs, funcs, classes = set(), set(), set()
-    for pattern in HEADERS:
-        for header in sorted(root.glob(pattern)):
-            text = header.read_text()
-            # Comments out, declarations on one line.
-            text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-            text = re.sub(r"//[^\n]*", " ", text)
-            text = " ".join(text.split())
-            for m in re.finditer(r"\b(?:class|struct) DUALKV_API (\w+)", text):
-                classes.add(m.group(1))
-            for m in re.finditer(r"DUALKV_API ([^;{]*?)\b(\w+)\s*\(", text):
-                if header.name == "dualkv_c.h":
-                    c_funcs.add(m.group(2))
-                else:
-                    funcs.add(m.group(2))
+    headers = [h for pattern in HEADERS for h in sorted(root.glob(pattern))]
+    # Version.h declares dualkv::version(); Export.h only defines the macro.
+    headers += [generated / "dualkv" / "Version.h"]
+    for header in headers:
+        text = header.read_text()
+        # Comments out, declarations on one line.
+        text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+        text = re.sub(r"//[^\n]*", " ", text)
+        text = " ".join(text.split())
+        for m in re.finditer(r"\b(?:class|struct) DUALKV_API (\w+)", text):
+            classes.add(m.group(1))
+        for m in re.finditer(r"DUALKV_API ([^;{]*?)\b(\w+)\s*\(", text):
+            if header.name == "dualkv_c.h":
+                c_funcs.add(m.group(2))
+            else:
+                funcs.add(m.group(2))
     return c_funcs, funcs, classes
 
 
@@ -54,15 +59,20 @@ def exports(lib):
     return list(zip(names, demangled))
 
 
-def owner(demangled):
-    """The first name inside namespace dualkv that `demangled` belongs to."""
+def owners(demangled):
+    """The names inside namespace dualkv (or dualkv::reference) that
+    `demangled` belongs to: its class, then its own name."""
     m = re.match(r"^(?:typeinfo for |typeinfo name for |vtable for )?"
-                 r"(?:[\w:<>, *&]+ )?dualkv::(\w+)", demangled)
-    return m.group(1) if m else None
+                 r"(?:[\w:<>, *&]+ )?dualkv::(?:reference::)?([\w:~]+)",
+                 demangled)
+    if not m:
+        return []
+    parts = [p.lstrip("~") for p in m.group(1).split("::") if p]
+    return [parts[0], parts[-1]]
 
 
-def check(root, libs):
-    c_funcs, funcs, classes = public_names(root)
+def check(root, generated, libs):
+    c_funcs, funcs, classes = public_names(root, generated)
     if not (c_funcs and funcs and classes):
         return ["the public headers declared nothing: the parser is broken"]
     errors = []
@@ -74,9 +84,9 @@ def check(root, libs):
             if name in c_funcs:
                 seen.add(name)
                 continue
-            top = owner(demangled)
-            if top in funcs or top in classes:
-                seen.add(top)
+            names = owners(demangled)
+            if names and (names[0] in classes or names[-1] in funcs):
+                seen.update(names)
                 continue
             errors.append(f"{pathlib.Path(lib).name} exports {demangled}, "
                           "which no public header declares DUALKV_API")
@@ -88,14 +98,14 @@ def check(root, libs):
 
 
 def main(argv):
-    if len(argv) < 3:
+    if len(argv) < 4:
         print(__doc__, file=sys.stderr)
         return 2
-    errors = check(pathlib.Path(argv[1]), argv[2:])
+    errors = check(pathlib.Path(argv[1]), pathlib.Path(argv[2]), argv[3:])
     for e in errors:
         print(f"exports: {e}", file=sys.stderr)
     if not errors:
-        print(f"exports: {len(argv) - 2} libraries export the public API "
+        print(f"exports: {len(argv) - 3} libraries export the public API "
               "and nothing else")
     return 1 if errors else 0
 
