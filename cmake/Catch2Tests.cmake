@@ -1,9 +1,11 @@
-# Builds tests/unit into one Catch2 binary linked against libdualkv.so.
-file(GLOB DUALKV_UNIT_SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/*.cpp)
+# Builds tests/unit (one folder per runtime layer, plus the compiler's and the
+# reference's) into one Catch2 binary linked against the static archive: the
+# tests reach below the public API (the fake driver, the disk cache, work items).
+file(GLOB_RECURSE DUALKV_UNIT_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/unit/*.cpp)
 add_executable(dualkv-unit-tests ${DUALKV_UNIT_SOURCES})
 target_compile_options(dualkv-unit-tests PRIVATE ${DUALKV_WARNINGS})
-target_include_directories(dualkv-unit-tests PRIVATE ${PROJECT_SOURCE_DIR}/runtime/lib)
-target_link_libraries(dualkv-unit-tests PRIVATE dualkv Catch2::Catch2 fmt::fmt-header-only
+target_include_directories(dualkv-unit-tests PRIVATE ${PROJECT_SOURCE_DIR}/tests/unit)
+target_link_libraries(dualkv-unit-tests PRIVATE dualkv_static Catch2::Catch2 fmt::fmt-header-only
                       nlohmann_json::nlohmann_json)
 include(Catch)
 # --warn NoTests: an entry whose filter matches no test case fails instead of

@@ -14,7 +14,6 @@ namespace dualkv {
 // kinds in this order.
 static_assert(static_cast<int>(KernelKind::BwdDQ) == 5);
 
-
 namespace {
 
 /// Every arch the compiler targets, with the PTX ISA version (x10) emitted

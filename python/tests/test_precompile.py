@@ -40,7 +40,7 @@ class PrecompileTest(unittest.TestCase):
             first = run_child(cache, backward=False)
             self.assertEqual(first["kernels"], 1)
             self.assertEqual(first["compiles"] + first["disk_hits"], 1)
-            self.assertTrue(os.path.isdir(os.path.join(cache, "v2", "sm_80")))
+            self.assertTrue(os.path.isdir(os.path.join(cache, "v3", "sm_80")))
             second = run_child(cache, backward=False)
             self.assertEqual(second["kernels"], 1)
             self.assertEqual(second["compiles"], 0)

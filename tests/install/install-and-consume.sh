@@ -46,13 +46,20 @@ for f in "$prefix"/lib/libdualkv.so "$prefix"/lib/libdualkv_runtime.so; do
   grep -q 'R.*PATH.*\[\$ORIGIN\]' <<< "$dynamic" || fail "$f has no \$ORIGIN RUNPATH"
 done
 
-# The installed tools run from the moved prefix and find libdualkv.so there.
-aot=$prefix/bin/dualkv-aot
-dynamic=$(readelf -d "$aot")
-grep -q 'R.*PATH.*\[\$ORIGIN/../lib\]' <<< "$dynamic" || fail "$aot: RUNPATH is not \$ORIGIN/../lib"
-deps=$(ldd "$aot")
+# The installed tools run from the moved prefix. dualkv-tune, a program of
+# the public API, finds libdualkv.so there; dualkv-aot and dualkv-opt carry
+# the library's objects themselves (dualkv_static) and load none.
+tune=$prefix/bin/dualkv-tune
+dynamic=$(readelf -d "$tune")
+grep -q 'R.*PATH.*\[\$ORIGIN/../lib\]' <<< "$dynamic" || fail "$tune: RUNPATH is not \$ORIGIN/../lib"
+deps=$(ldd "$tune")
 grep -qF "$prefix/bin/../lib/libdualkv.so" <<< "$deps" ||
-  fail "$aot does not load the moved prefix's libdualkv.so: $(ldd "$aot")"
+  fail "$tune does not load the moved prefix's libdualkv.so: $deps"
+aot=$prefix/bin/dualkv-aot
+deps=$(ldd "$aot")
+if grep -q libdualkv <<< "$deps"; then
+  fail "$aot loads a DualKV library, but links dualkv_static: $deps"
+fi
 "$aot" --kind fwd --head-dim 64 --heads 4:2 --dtype bf16 --arch sm_80 --no-cubin \
   --out "$work/aot" > "$work/aot.log"
 ls "$work"/aot/*.ptx > /dev/null || fail "dualkv-aot wrote no PTX"
