@@ -380,7 +380,7 @@ TEST_CASE("tuning: FIFOs, devices, folders, huge and deep files are refused "
     expected = "nests deeper than 32 levels";
   }
   SECTION("deep value inside an entry") {
-    writeFile(path, R"({"schema": "dualkv-tuning", "version": 1, "entries": )"
+    writeFile(path, R"({"schema": "dualkv-tuning", "version": 2, "entries": )"
                     R"([{"kind": "fwd", "P": )" +
                         std::string(40, '[') + std::string(40, ']') + "}]}");
     expected = "nests deeper than 32 levels";

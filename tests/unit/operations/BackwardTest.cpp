@@ -2,6 +2,7 @@
 // argument checks and the launch sequence of docs/backward-abi.md through the
 // fake driver.
 #include "FakeDriver.h"
+#include "plans/CheckItems.h"
 
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
