@@ -2,7 +2,8 @@
 # The layer rules of docs/architecture.md §3, checked on the sources: base/ includes
 # nothing of the project's but its own headers; the dialect, the compiler and base never
 # include the runtime; the runtime never includes MLIR; the compiler's public headers and
-# KernelSpec.cpp, which the runtime-only library links, include neither MLIR nor LLVM.
+# KernelSpec.cpp, which the runtime-only library links, include neither MLIR nor LLVM; the
+# tools use nothing of examples/.
 set -eu
 root=$1
 status=0
@@ -39,6 +40,10 @@ if hits=$(grep -nE '#include [<"](mlir|llvm)/|Passes\.h' \
   "$root/compiler/include/dualkv/Compiler/Compiler.h" \
   "$root/compiler/include/dualkv/Compiler/KernelAbi.h" "$root/compiler/lib/KernelSpec.cpp"); then
   bad "what the runtime-only library links includes MLIR or LLVM" "$hits"
+fi
+# The tools share nothing with the examples (tools/common has what they need).
+if hits=$(grep -rnE '#include .*examples/|include_directories.*examples' "$root/tools"); then
+  bad "tools/ uses the examples' code" "$hits"
 fi
 # Inside the runtime: its layers and no include cycle.
 if ! python3 "$(dirname "$0")/check-runtime-layers.py" "$root"; then

@@ -11,6 +11,8 @@
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Tuning.h"
 
+#include "llvm/Support/CommandLine.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -35,77 +37,229 @@
 
 namespace {
 
-constexpr const char *kUsage = R"(usage: dualkv-aot [options] --out DIR
-       dualkv-aot [options] --into-cache [DIR]
+namespace cl = llvm::cl;
+using dualkv::tools::badValue;
+using dualkv::tools::flag;
+using dualkv::tools::usageError;
 
-Compile DualKV attention kernels ahead of time. For each kernel, DIR receives
-(<name>: dualkv_<kind>_d<D>_h<Hq>x<Hkv>_<dtype>_<arch>_m<M>n<N>w<W>s<S>, plus
-_<schedule> when --schedule names another than the compiler's choice)
-<name>.ptx, <name>.cubin (when ptxas is available) and <name>.json (the spec,
-launch geometry, schedule and ptxas register/spill report); a spec asked for several
-archs with one tiling (launch geometry) for all of them also gets <name>.fatbin
-holding every arch's cubin and the PTX (default tilings can differ by arch: the
-forward's on sm_90a is the warp-specialized schedule's). No GPU is
-needed.
+//===----------------------------------------------------------------------===//
+// The command line
+//===----------------------------------------------------------------------===//
 
-options:
-  --kind K         fwd, or bwd for the whole backward set (bwd_pre, bwd,
-                   bwd_post, with several KV heads also bwd and bwd_post for
-                   one KV head, and the deterministic bwd_kv, bwd_dq), or one
-                   of those (default: fwd). Tiling flags apply to the main
-                   kernels (fwd, bwd, bwd_kv, bwd_dq); bwd_pre and bwd_post
-                   always take their defaults
-  --P N            prompt-length class the kernel is tuned for; 0 = any (default 0)
-  --N N            response-count class; 0 = any (default 0)
-  --head-dim D     64, 128 or 256 (default 128)
-  --heads HQ:HKV   query and key/value heads (default 32:8)
-  --dtype T        bf16 or fp16 (default bf16)
-  --arch A         target: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100,
-                   sm_103, sm_110, sm_120 or sm_121 (from sm_100 on the
-                   mma_sync schedule, compile-tested only); repeat or
-                   comma-separate for several (default sm_90a)
-  --schedule S     auto (default: the compiler's choice for each spec),
-                   mma_sync, wgmma or warp_specialized (sm_90a: the forward,
-                   bwd and bwd_kv at head_dim 64 and 128);
-                   one that a spec cannot use is an error. bwd_pre and
-                   bwd_post always take mma_sync
-  --tree           the tree variants of the query-major kernels (fwd,
-                   bwd_dq) that branching prefix trees launch (with the
-                   chain table, docs/forward-abi.md); other kinds as usual
-  --block-m M      query rows per CTA (default: the compiler's choice)
-  --block-n N      keys per KV tile (default: the compiler's choice)
-  --warps W        warps per CTA (default: the compiler's choice)
-  --stages S       shared-memory pipeline stages (default: the compiler's choice)
-  --spec-file F    compile every spec of the JSON file F (an array of objects
-                   {"kind", "P", "N", "head_dim", "heads": "HQ:HKV", "dtype",
-                   "arch": "sm_90a" or ["sm_80", "sm_90a"], "tiling": "default"
-                   or {"block_m", "block_n", "warps", "stages"}, "schedule"});
-                   flags then give the defaults of missing fields
-  --emit-registration NAME
-                   also write DIR/NAME.h and DIR/NAME.cpp: the kernels embedded
-                   and a function NAME_register() that registers them with the
-                   runtime (dualkv/Aot.h), for libdualkv_runtime.so programs
-  --tuned          take the tiling from the tuning database (dualkv-tune) for
-                   each arch; a spec file says "tiling": "tuned"
-  --tuning-db F    the tuning database (default: $DUALKV_TUNING_DB, else
-                   <kernel cache>/tuning.json)
-  --no-cubin       write PTX only, do not run ptxas
-  --dump-ir DIR    also write every stage's IR into DIR/<name>/
-  --out DIR        output directory (created if missing); required unless
-                   --into-cache is given
-  --into-cache [DIR]
-                   also write every kernel into the runtime's kernel cache at
-                   DIR (default: $DUALKV_CACHE_DIR, else $XDG_CACHE_HOME/dualkv,
-                   else ~/.cache/dualkv) under the key a launch asks for, so
-                   a later process (a container built from this image) finds
-                   it on disk. The runtime asks for shape-generic kernels
-                   (--P 0 --N 0) with the default tiling, or the tuned one when
-                   the tuning database has one (then pass --tuned)
-  -j, --jobs N     kernels compiled in parallel (default: the CPU count)
-  -h, --help       show this help
+constexpr const char *kOverview =
+    R"(compile DualKV attention kernels ahead of time; no GPU is needed
 
-exit status: 0 success, 1 compile error, 2 bad arguments.
+  dualkv-aot [options] --out DIR
+  dualkv-aot [options] --into-cache [DIR]
+
+For each kernel, DIR receives <name>.ptx, <name>.cubin (when ptxas is
+available) and <name>.json (the spec, launch geometry, schedule and ptxas
+register/spill report), where <name> is
+dualkv_<kind>_d<D>_h<Hq>x<Hkv>_<dtype>_<arch>_m<M>n<N>w<W>s<S>, plus
+_<schedule> when --schedule names another than the compiler's choice. A spec
+asked for several archs with one tiling (launch geometry) for all of them also
+gets <name>.fatbin holding every arch's cubin and the PTX (default tilings can
+differ by arch: the forward's on sm_90a is the warp-specialized schedule's).
 )";
+
+cl::OptionCategory kernelOptions("What to compile");
+cl::OptionCategory outputOptions("Where it goes");
+constexpr const char *kExitStatus =
+    "\nexit status: 0 success, 1 compile error, 2 bad arguments.\n";
+
+/// "--P value '-1' is out of range (0 to 2^31 - 1)" and the like.
+std::string expectsCount(llvm::StringRef flag, llvm::StringRef text,
+                         std::optional<int64_t> value, int64_t lo, int64_t) {
+  if (!value)
+    return fmt::format("{} expects an integer, got '{}'", flag.str(),
+                       text.str());
+  if (*value >= 0 && *value < lo)
+    return fmt::format("{} needs at least {}, got '{}'", flag.str(), lo,
+                       text.str());
+  return fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)",
+                     flag.str(), text.str());
+}
+
+constexpr int64_t kMaxCount = std::numeric_limits<int32_t>::max();
+/// A count: an integer in [0, 2^31 - 1].
+using Count = dualkv::tools::IntegerParser<0, kMaxCount, expectsCount>;
+template <typename T>
+using Names =
+    dualkv::tools::NameParser<T, dualkv::tools::NameComplaint::NotOneOf>;
+
+/// A C identifier, for the registration's file and function names.
+class IdentifierParser : public cl::parser<std::string> {
+public:
+  using cl::parser<std::string>::parser;
+  bool parse(cl::Option &, llvm::StringRef name, llvm::StringRef text,
+             std::string &value) {
+    bool ident =
+        !text.empty() && !std::isdigit(static_cast<unsigned char>(text[0]));
+    for (char ch : text)
+      ident =
+          ident && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_');
+    if (!ident)
+      return badValue(flag(name) + " needs a C identifier, got '" + text + "'");
+    value = text.str();
+    return false;
+  }
+};
+
+// What to compile. Each is also the default of a --spec-file field.
+// KernelKind::Bwd stands for the whole backward set: the fused kernel alone
+// has no --kind of its own.
+cl::opt<dualkv::KernelKind, false, Names<dualkv::KernelKind>> kindOption(
+    "kind",
+    cl::desc("the kernels (default fwd); tiling flags apply\n"
+             "to the main kernels (fwd, bwd, bwd_kv, bwd_dq):\n"
+             "bwd_pre and bwd_post always take their defaults"),
+    cl::init(dualkv::KernelKind::Fwd),
+    cl::values(clEnumValN(dualkv::KernelKind::Fwd, "fwd", "the forward"),
+               clEnumValN(dualkv::KernelKind::Bwd, "bwd",
+                          "the whole backward set: bwd_pre, bwd,\n"
+                          "bwd_post (with several KV heads also bwd and\n"
+                          "bwd_post for one KV head) and the\n"
+                          "deterministic bwd_kv, bwd_dq"),
+               clEnumValN(dualkv::KernelKind::BwdPre, "bwd_pre",
+                          "the backward's Delta kernel"),
+               clEnumValN(dualkv::KernelKind::BwdPost, "bwd_post",
+                          "the backward's last kernel: fp32 accumulators\n"
+                          "to the element type"),
+               clEnumValN(dualkv::KernelKind::BwdKV, "bwd_kv",
+                          "the deterministic backward's dK/dV kernel"),
+               clEnumValN(dualkv::KernelKind::BwdDQ, "bwd_dq",
+                          "the deterministic backward's dQ kernel")),
+    cl::cat(kernelOptions));
+cl::opt<int, false, Count>
+    promptClass("P", cl::value_desc("N"),
+                cl::desc("prompt-length class the kernel is tuned for;\n"
+                         "0 = any (default 0)"),
+                cl::cat(kernelOptions));
+cl::opt<int, false, Count>
+    responseClass("N", cl::value_desc("N"),
+                  cl::desc("response-count class; 0 = any (default 0)"),
+                  cl::cat(kernelOptions));
+cl::opt<int, false, Count> headDim("head-dim", cl::value_desc("D"),
+                                   cl::desc("64, 128 or 256 (default 128)"),
+                                   cl::init(128), cl::cat(kernelOptions));
+cl::opt<dualkv::tools::Heads, false, dualkv::tools::HeadsParser<Count>>
+    heads("heads",
+          cl::desc("HQ:HKV, query and key/value heads (default\n32:8)"),
+          cl::cat(kernelOptions));
+cl::opt<dualkv::DType, false, dualkv::tools::DTypeParser>
+    dtype("dtype", cl::desc("element type (default bf16)"),
+          cl::init(dualkv::DType::BF16), cl::cat(kernelOptions));
+cl::list<std::string, bool, dualkv::tools::ArchParser>
+    archs("arch", cl::value_desc("A"), cl::CommaSeparated,
+          cl::desc("target: sm_80, sm_86, sm_87, sm_89, sm_90,\n"
+                   "sm_90a, sm_100, sm_103, sm_110, sm_120 or\n"
+                   "sm_121 (from sm_100 on the mma_sync schedule,\n"
+                   "compile-tested only); repeat or comma-separate\n"
+                   "for several (default sm_90a)"),
+          cl::cat(kernelOptions));
+cl::opt<dualkv::Schedule, false, Names<dualkv::Schedule>> schedule(
+    "schedule",
+    cl::desc("how each kernel is computed (default auto); one\n"
+             "that a spec cannot use is an error; bwd_pre and\n"
+             "bwd_post always take mma_sync"),
+    cl::init(dualkv::Schedule::Auto),
+    cl::values(clEnumValN(dualkv::Schedule::Auto, "auto",
+                          "the compiler's choice for each spec"),
+               clEnumValN(dualkv::Schedule::MmaSync, "mma_sync",
+                          "mma.sync, sm_80 and later"),
+               clEnumValN(dualkv::Schedule::Wgmma, "wgmma",
+                          "warpgroup MMA, sm_90a"),
+               clEnumValN(dualkv::Schedule::WarpSpecialized, "warp_specialized",
+                          "sm_90a: the forward, bwd and bwd_kv at\n"
+                          "head_dim 64 and 128")),
+    cl::cat(kernelOptions));
+cl::opt<bool> tree("tree",
+                   cl::desc("the tree variants of the query-major kernels\n"
+                            "(fwd, bwd_dq) that branching prefix trees launch\n"
+                            "(with the chain table, docs/forward-abi.md);\n"
+                            "other kinds as usual"),
+                   cl::cat(kernelOptions));
+cl::opt<int, false, Count>
+    blockM("block-m", cl::value_desc("M"),
+           cl::desc("query rows per CTA (default: the compiler's\nchoice)"),
+           cl::cat(kernelOptions));
+cl::opt<int, false, Count>
+    blockN("block-n", cl::value_desc("N"),
+           cl::desc("keys per KV tile (default: the compiler's\nchoice)"),
+           cl::cat(kernelOptions));
+cl::opt<int, false, Count>
+    warps("warps", cl::value_desc("W"),
+          cl::desc("warps per CTA (default: the compiler's choice)"),
+          cl::cat(kernelOptions));
+cl::opt<int, false, Count>
+    stages("stages", cl::value_desc("S"),
+           cl::desc("shared-memory pipeline stages (default: the\n"
+                    "compiler's choice)"),
+           cl::cat(kernelOptions));
+cl::opt<bool> tuned("tuned",
+                    cl::desc("take the tiling from the tuning database\n"
+                             "(dualkv-tune) for each arch; a spec file says\n"
+                             "\"tiling\": \"tuned\""),
+                    cl::cat(kernelOptions));
+cl::opt<std::string>
+    tuningDb("tuning-db", cl::value_desc("F"),
+             cl::desc("the tuning database (default: $DUALKV_TUNING_DB,\n"
+                      "else <kernel cache>/tuning.json)"),
+             cl::cat(kernelOptions));
+cl::opt<std::string>
+    specFile("spec-file", cl::value_desc("F"),
+             cl::desc("compile every spec of the JSON file F: an array\n"
+                      "of objects {\"kind\", \"P\", \"N\", \"head_dim\",\n"
+                      "\"heads\": \"HQ:HKV\", \"dtype\", \"arch\": \"sm_90a\" "
+                      "or\n[\"sm_80\", \"sm_90a\"], \"tiling\": \"default\",\n"
+                      "\"tuned\" or {\"block_m\", \"block_n\", \"warps\",\n"
+                      "\"stages\"}, \"schedule\"}; flags then give the\n"
+                      "defaults of missing fields"),
+             cl::cat(kernelOptions));
+
+// Where it goes.
+cl::opt<std::string>
+    outDir("out", cl::value_desc("DIR"),
+           cl::desc("output directory (created if missing); required\n"
+                    "unless --into-cache is given"),
+           cl::cat(outputOptions));
+cl::opt<std::string, false, dualkv::tools::OptionalValueParser>
+    intoCache("into-cache", cl::value_desc("DIR"), cl::ValueOptional,
+              cl::desc("also write every kernel into the runtime's\n"
+                       "kernel cache at DIR (default: $DUALKV_CACHE_DIR,\n"
+                       "else $XDG_CACHE_HOME/dualkv, else\n"
+                       "~/.cache/dualkv) under the key a launch asks\n"
+                       "for, so a later process (a container built from\n"
+                       "this image) finds it on disk. The runtime asks\n"
+                       "for shape-generic kernels (--P 0 --N 0) with the\n"
+                       "default tiling, or the tuned one when the tuning\n"
+                       "database has one (then pass --tuned)"),
+              cl::cat(outputOptions));
+/// Arguments that are no option: only the DIR of "--into-cache DIR" (llvm::cl
+/// takes an optional value only as "--into-cache=DIR").
+cl::list<std::string> operands(cl::Positional, cl::ReallyHidden,
+                               cl::cat(outputOptions));
+cl::opt<std::string, false, IdentifierParser>
+    registration("emit-registration", cl::value_desc("NAME"),
+                 cl::desc("also write DIR/NAME.h and DIR/NAME.cpp: the\n"
+                          "kernels embedded and a function NAME_register()\n"
+                          "that registers them with the runtime\n"
+                          "(dualkv/Aot.h), for libdualkv_runtime.so\n"
+                          "programs"),
+                 cl::cat(outputOptions));
+cl::opt<bool> noCubin("no-cubin", cl::desc("write PTX only, do not run ptxas"),
+                      cl::cat(outputOptions));
+cl::opt<std::string>
+    dumpIR("dump-ir", cl::value_desc("DIR"),
+           cl::desc("also write every stage's IR into DIR/<name>/"),
+           cl::cat(outputOptions));
+cl::opt<int, false, dualkv::tools::IntegerParser<1, kMaxCount, expectsCount>>
+    jobsParallel("jobs", cl::value_desc("N"),
+                 cl::desc("kernels compiled in parallel (default: the CPU\n"
+                          "count)"),
+                 cl::cat(outputOptions));
+cl::alias jobsShort("j", cl::desc("Alias for --jobs"), cl::NotHidden,
+                    cl::aliasopt(jobsParallel));
 
 /// One spec to compile for one or more archs.
 struct Job {
@@ -117,54 +271,27 @@ struct Job {
   int tunedQHeads = 0, tunedKVHeads = 0;
 };
 
-/// The kernels a --kind value names: one kind, or "bwd" for every kernel of
-/// the backward (docs/backward-abi.md).
+/// The kernels `kind` names: one kind, or for Bwd every kernel of the
+/// backward (docs/backward-abi.md).
+std::vector<dualkv::KernelKind> kindsOf(dualkv::KernelKind kind) {
+  using K = dualkv::KernelKind;
+  if (kind == K::Bwd)
+    return {K::BwdPre, K::Bwd, K::BwdPost, K::BwdKV, K::BwdDQ};
+  return {kind};
+}
+
+/// The kernels a spec file's "kind" names: as --kind.
 std::optional<std::vector<dualkv::KernelKind>>
 kindsNamed(const std::string &v) {
   using K = dualkv::KernelKind;
-  if (v == "bwd")
-    return std::vector<K>{K::BwdPre, K::Bwd, K::BwdPost, K::BwdKV, K::BwdDQ};
-  for (K k : {K::Fwd, K::BwdPre, K::BwdPost, K::BwdKV, K::BwdDQ})
+  for (K k : {K::Fwd, K::Bwd, K::BwdPre, K::BwdPost, K::BwdKV, K::BwdDQ})
     if (v == dualkv::toString(k))
-      return std::vector<K>{k};
+      return kindsOf(k);
   return std::nullopt;
 }
 constexpr const char *kKindChoices =
     "fwd, bwd, bwd_pre, bwd_post, bwd_kv, bwd_dq";
 
-/// The C++ spelling of `kind`, for generated registration code.
-const char *kindEnumerator(dualkv::KernelKind kind) {
-  switch (kind) {
-  case dualkv::KernelKind::Fwd:
-    return "Fwd";
-  case dualkv::KernelKind::BwdPre:
-    return "BwdPre";
-  case dualkv::KernelKind::Bwd:
-    return "Bwd";
-  case dualkv::KernelKind::BwdPost:
-    return "BwdPost";
-  case dualkv::KernelKind::BwdKV:
-    return "BwdKV";
-  case dualkv::KernelKind::BwdDQ:
-    return "BwdDQ";
-  }
-  return "Fwd";
-}
-
-/// The C++ spelling of `schedule`, for generated registration code.
-const char *scheduleEnumerator(dualkv::Schedule schedule) {
-  switch (schedule) {
-  case dualkv::Schedule::Auto:
-    return "Auto";
-  case dualkv::Schedule::MmaSync:
-    return "MmaSync";
-  case dualkv::Schedule::Wgmma:
-    return "Wgmma";
-  case dualkv::Schedule::WarpSpecialized:
-    return "WarpSpecialized";
-  }
-  return "Auto";
-}
 constexpr const char *kScheduleChoices =
     "auto, mma_sync, wgmma, warp_specialized";
 
@@ -209,6 +336,64 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
   }
 }
 
+//===----------------------------------------------------------------------===//
+// The runtime's internals (runtime/lib/Files.h, Cache.h): this file uses them
+// here only.
+//===----------------------------------------------------------------------===//
+
+/// The most bytes a spec file may have (a spec is about a hundred).
+constexpr size_t kMaxSpecFileBytes = 16u << 20;
+
+/// The text of the spec file `path`: a regular file of sane size (not a
+/// folder, FIFO or device), nesting no deeper than a spec file can (parsing
+/// and printing recurse per level). Otherwise nothing, and *error says why.
+std::optional<std::string> readSpecText(const std::string &path,
+                                        std::string *error) {
+  std::string why;
+  std::optional<std::string> text = dualkv::readFileChecked(
+      AT_FDCWD, path, dualkv::FileRules{kMaxSpecFileBytes}, &why);
+  if (!text)
+    *error = fmt::format("cannot read --spec-file: {}", why);
+  else if (dualkv::jsonNestsDeeperThan(*text, dualkv::kMaxJsonDepth))
+    *error = fmt::format("--spec-file '{}' nests deeper than {} levels", path,
+                         dualkv::kMaxJsonDepth);
+  else
+    return text;
+  return std::nullopt;
+}
+
+/// The runtime's kernel cache in a folder, written as a launch reads it.
+class KernelCache {
+public:
+  /// The folder a process uses when given none; empty when none can be
+  /// formed.
+  static std::string defaultFolder() {
+    return dualkv::DiskCache::defaultRoot();
+  }
+
+  explicit KernelCache(std::string folder) : disk_(std::move(folder)) {}
+
+  /// False when the folder is not the user's alone (the cache has said why).
+  bool usable() const { return disk_.usable(); }
+
+  /// Stores the kernel `spec` compiled to under the key a launch builds: the
+  /// resolved spec under this library's compiler fingerprint (the same
+  /// libdualkv a later process loads). Returns the entry's folder, or
+  /// nothing with *why saying what failed.
+  std::optional<std::string> store(const dualkv::KernelSpec &spec,
+                                   const dualkv::CompileResult &kernel,
+                                   std::string *why) const {
+    dualkv::CacheKey key =
+        dualkv::CacheKey::fromSpec(spec, dualkv::compilerFingerprint());
+    if (!disk_.store(key, {kernel.info, kernel.ptx, kernel.cubin}, why))
+      return std::nullopt;
+    return disk_.entryDir(key);
+  }
+
+private:
+  dualkv::DiskCache disk_;
+};
+
 struct Args {
   dualkv::KernelSpec spec;
   std::vector<std::string> archs;
@@ -222,160 +407,57 @@ struct Args {
   bool intoCache = false;
   std::string cacheDir; ///< --into-cache's DIR; empty: the runtime's default
   int jobsParallel = 0; ///< 0: the CPU count
-  std::vector<Job> jobs;
   std::vector<dualkv::KernelKind> kinds = {dualkv::KernelKind::Fwd};
 };
 
-[[noreturn]] void usageError(const std::string &msg) {
-  fmt::print(stderr, "dualkv-aot: {}\nrun 'dualkv-aot --help' for usage\n",
-             msg);
-  std::exit(2);
-}
-
-int64_t parseInt(const std::string &flag, const std::string &value) {
-  std::optional<int64_t> v = dualkv::tools::parseInteger(value);
-  if (!v)
-    usageError(fmt::format("{} expects an integer, got '{}'", flag, value));
-  if (*v < 0 || *v > std::numeric_limits<int32_t>::max())
-    usageError(fmt::format("{} value '{}' is out of range (0 to 2^31 - 1)",
-                           flag, value));
-  return *v;
-}
-
-dualkv::Schedule parseScheduleOrDie(const std::string &flag,
-                                    const std::string &value) {
-  std::optional<dualkv::Schedule> s = dualkv::parseSchedule(value);
-  if (!s)
-    usageError(
-        fmt::format("{} '{}' is not one of {}", flag, value, kScheduleChoices));
-  return *s;
-}
-
 Args parseArgs(int argc, char **argv) {
+  dualkv::tools::parseCommandLine(argc, argv, "dualkv-aot",
+                                  {&kernelOptions, &outputOptions}, kOverview,
+                                  kExitStatus);
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      fmt::print("{}", kUsage);
-      std::exit(0);
-    }
-    if (flag == "--no-cubin") {
-      a.cubin = false;
-      continue;
-    }
-    if (flag == "--tuned") {
-      a.tuned = true;
-      continue;
-    }
-    if (flag == "--tree") {
-      a.spec.tree = true;
-      continue;
-    }
-    if (flag == "--into-cache") {
-      a.intoCache = true;
-      // DIR is optional: the next argument, unless it is another option.
-      if (i + 1 < argc && argv[i + 1][0] != '-') {
-        a.cacheDir = argv[++i];
-        if (a.cacheDir.empty())
-          usageError("--into-cache DIR is empty");
-      }
-      continue;
-    }
-    if (i + 1 >= argc)
-      usageError(fmt::format("{} needs a value", flag));
-    std::string v = argv[++i];
-    if (flag == "--kind") {
-      auto kinds = kindsNamed(v);
-      if (!kinds)
-        usageError(
-            fmt::format("--kind '{}' is not one of {}", v, kKindChoices));
-      a.kinds = *kinds;
-    } else if (flag == "--P") {
-      a.spec.P = parseInt(flag, v);
-    } else if (flag == "--N") {
-      a.spec.N = parseInt(flag, v);
-    } else if (flag == "--head-dim") {
-      a.spec.headDim = static_cast<int>(parseInt(flag, v));
-    } else if (flag == "--heads") {
-      auto colon = v.find(':');
-      if (colon == std::string::npos)
-        usageError(fmt::format("--heads expects HQ:HKV, got '{}'", v));
-      a.spec.numQHeads = static_cast<int>(parseInt(flag, v.substr(0, colon)));
-      a.spec.numKVHeads = static_cast<int>(parseInt(flag, v.substr(colon + 1)));
-    } else if (flag == "--dtype") {
-      if (v == "bf16")
-        a.spec.dtype = dualkv::DType::BF16;
-      else if (v == "fp16" || v == "f16")
-        a.spec.dtype = dualkv::DType::FP16;
-      else
-        usageError(fmt::format("--dtype must be bf16 or fp16, got '{}'", v));
-    } else if (flag == "--arch") {
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        size_t comma = v.find(',', pos);
-        std::string one = v.substr(
-            pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        std::string why;
-        if (!dualkv::Arch::parse(one, &why))
-          usageError("--arch: " + why);
-        a.archs.push_back(one);
-        if (comma == std::string::npos)
-          break;
-        pos = comma + 1;
-      }
-    } else if (flag == "--schedule") {
-      a.spec.schedule = parseScheduleOrDie(flag, v);
-    } else if (flag == "--block-m") {
-      a.spec.tiling.blockM = static_cast<int>(parseInt(flag, v));
-    } else if (flag == "--block-n") {
-      a.spec.tiling.blockN = static_cast<int>(parseInt(flag, v));
-    } else if (flag == "--warps") {
-      a.spec.tiling.warps = static_cast<int>(parseInt(flag, v));
-    } else if (flag == "--stages") {
-      a.spec.tiling.stages = static_cast<int>(parseInt(flag, v));
-    } else if (flag == "--tuning-db") {
-      a.tuningDb = v;
-    } else if (flag == "--spec-file") {
-      a.specFile = v;
-    } else if (flag == "--emit-registration") {
-      bool ident =
-          !v.empty() && !std::isdigit(static_cast<unsigned char>(v[0]));
-      for (char ch : v)
-        ident = ident &&
-                (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_');
-      if (!ident)
-        usageError(fmt::format(
-            "--emit-registration needs a C identifier, got '{}'", v));
-      a.registration = v;
-    } else if (flag == "--out") {
-      a.out = v;
-    } else if (flag == "--dump-ir") {
-      a.dumpIR = v;
-    } else if (flag == "-j" || flag == "--jobs") {
-      a.jobsParallel = static_cast<int>(parseInt(flag, v));
-      if (a.jobsParallel < 1)
-        usageError(fmt::format("{} needs at least 1, got '{}'", flag, v));
-    } else {
-      usageError(fmt::format("unknown option '{}'", flag));
-    }
+  a.kinds = kindsOf(kindOption.getValue());
+  a.spec.P = promptClass;
+  a.spec.N = responseClass;
+  a.spec.headDim = headDim;
+  a.spec.numQHeads = heads.query;
+  a.spec.numKVHeads = heads.kv;
+  a.spec.dtype = dtype;
+  a.spec.schedule = schedule;
+  a.spec.tree = tree;
+  a.spec.tiling = {blockM, blockN, warps, stages};
+  a.archs.assign(archs.begin(), archs.end());
+  if (a.archs.empty())
+    a.archs.push_back("sm_90a");
+  a.specFile = specFile;
+  a.tuningDb = tuningDb;
+  a.tuned = tuned;
+  a.registration = registration;
+  a.out = outDir;
+  a.dumpIR = dumpIR;
+  a.cubin = !noCubin;
+  a.jobsParallel = jobsParallel;
+  a.intoCache = intoCache.getNumOccurrences() > 0;
+  a.cacheDir = intoCache;
+  for (unsigned i = 0; i < operands.size(); ++i) {
+    if (!a.intoCache || !a.cacheDir.empty() ||
+        operands.getPosition(i) != intoCache.getPosition() + 1)
+      usageError(fmt::format("unexpected argument '{}'", operands[i]));
+    if (operands[i].empty())
+      usageError("--into-cache DIR is empty");
+    a.cacheDir = operands[i];
   }
   if (a.out.empty() && !a.intoCache)
     usageError("--out DIR is required (or --into-cache [DIR])");
   if (a.intoCache && a.cacheDir.empty()) {
-    a.cacheDir = dualkv::DiskCache::defaultRoot();
+    a.cacheDir = KernelCache::defaultFolder();
     if (a.cacheDir.empty())
       usageError("--into-cache: no kernel cache folder: set DUALKV_CACHE_DIR "
                  "or HOME, or give DIR");
   }
   if (a.intoCache && !a.registration.empty() && a.out.empty())
     usageError("--emit-registration needs --out DIR");
-  if (a.archs.empty())
-    a.archs.push_back("sm_90a");
   return a;
 }
-
-/// The most bytes a spec file may have (a spec is about a hundred).
-constexpr size_t kMaxSpecFileBytes = 16u << 20;
 
 /// `v` as JSON for a message, cut short when long.
 std::string brief(const nlohmann::json &v) {
@@ -392,16 +474,10 @@ std::string brief(const nlohmann::json &v) {
 /// Reads --spec-file: every field is checked and a bad one named with its
 /// value.
 std::vector<Job> readSpecFile(const Args &a) {
-  // A regular file of sane size (not a folder, FIFO or device), and no deeper
-  // than a spec file can be: parsing and printing recurse per level.
-  std::string why;
-  std::optional<std::string> text = dualkv::readFileChecked(
-      AT_FDCWD, a.specFile, dualkv::FileRules{kMaxSpecFileBytes}, &why);
+  std::string error;
+  std::optional<std::string> text = readSpecText(a.specFile, &error);
   if (!text)
-    specError(fmt::format("cannot read --spec-file: {}", why));
-  if (dualkv::jsonNestsDeeperThan(*text, dualkv::kMaxJsonDepth))
-    specError(fmt::format("--spec-file '{}' nests deeper than {} levels",
-                          a.specFile, dualkv::kMaxJsonDepth));
+    specError(error);
   nlohmann::json doc =
       nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
@@ -466,10 +542,8 @@ std::vector<Job> readSpecFile(const Args &a) {
       job.spec.numKVHeads = hkv;
     }
     if (auto dtype = text("dtype")) {
-      if (*dtype == "bf16")
-        job.spec.dtype = dualkv::DType::BF16;
-      else if (*dtype == "fp16" || *dtype == "f16")
-        job.spec.dtype = dualkv::DType::FP16;
+      if (std::optional<dualkv::DType> d = dualkv::parseDType(*dtype))
+        job.spec.dtype = *d;
       else
         specError(fmt::format("{} must be bf16 or fp16, got '{}'",
                               where("dtype"), *dtype));
@@ -646,11 +720,10 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
              "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
              "    k.spec.schedule = dualkv::Schedule::{};\n"
              "    k.spec.tree = {};\n",
-             kindEnumerator(s.kind), s.P, s.N, s.headDim, s.numQHeads,
-             s.numKVHeads, s.dtype == dualkv::DType::BF16 ? "BF16" : "FP16",
-             s.arch, s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
-             s.tiling.stages, scheduleEnumerator(s.schedule),
-             s.tree ? "true" : "false")
+             dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
+             s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch,
+             s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
+             dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false")
       << fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -696,7 +769,7 @@ int main(int argc, char **argv) {
                ec.message());
     return 2;
   }
-  std::optional<dualkv::DiskCache> cache;
+  std::optional<KernelCache> cache;
   if (args.intoCache) {
     cache.emplace(args.cacheDir);
     if (!cache->usable()) {
@@ -851,11 +924,8 @@ int main(int argc, char **argv) {
       if (!r.ptxasLog.empty())
         fmt::print("{}", r.ptxasLog);
       if (cache) {
-        // The key a launch builds: the resolved spec under this library's
-        // compiler fingerprint (the same libdualkv a later process loads).
-        dualkv::CacheKey key =
-            dualkv::CacheKey::fromSpec(spec, dualkv::compilerFingerprint());
         std::string why;
+        std::optional<std::string> entry;
         if (spec.P != 0 || spec.N != 0) {
           fmt::print(stderr,
                      "dualkv-aot: {}: --into-cache takes shape-generic "
@@ -863,14 +933,14 @@ int main(int argc, char **argv) {
                      "for\n",
                      name);
           ++failures;
-        } else if (!cache->store(key, {r.info, r.ptx, r.cubin}, &why)) {
+        } else if (!(entry = cache->store(spec, r, &why))) {
           fmt::print(stderr,
                      "dualkv-aot: {}: cannot write the kernel cache: "
                      "{}\n",
                      name, why);
           ++failures;
         } else {
-          fmt::print("  cached {}\n", cache->entryDir(key));
+          fmt::print("  cached {}\n", *entry);
         }
       }
       builds.push_back(

@@ -1,5 +1,4 @@
-//===- dualkv-tune.cpp - find the fastest tiling and record it
-//--------------===//
+//===- dualkv-tune.cpp - find the fastest tiling and record it ------------===//
 //
 // Enumerates the legal tilings of the forward kernel or of the backward's main
 // kernel, drops those that fail ptxas, spill, or disagree with the fp64
@@ -8,12 +7,13 @@
 //
 //===----------------------------------------------------------------------===//
 #include "common/CommandLine.h"
-#include "common/CudaHelpers.h"
-#include "common/PackedBatch.h"
+#include "common/DeviceProblem.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"
 #include "dualkv/dualkv.h"
+
+#include "llvm/Support/CommandLine.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -37,7 +37,11 @@
 #include <vector>
 
 using namespace dualkv;
-using namespace dualkv::examples;
+using dualkv::tools::cudaCheck;
+using dualkv::tools::DeviceArray;
+using dualkv::tools::DeviceProblem;
+using dualkv::tools::fromElement;
+using dualkv::tools::toElement;
 
 namespace {
 
@@ -53,10 +57,15 @@ BackwardArgs withAlgorithm(BackwardArgs a, KernelKind kind,
   return a;
 }
 
-constexpr const char *kUsage = R"(usage: dualkv-tune [options]
+namespace cl = llvm::cl;
+using dualkv::tools::IntegerParser;
+using dualkv::tools::usageError;
 
-Find the fastest tiling of one DualKV kernel for one head configuration on this
-GPU and record it in the tuning database, under the kernel's kind:
+constexpr const char *kOverview =
+    R"(find the fastest tiling of a DualKV kernel on this GPU and record it
+
+The kernel is tuned for one head configuration and recorded in the tuning
+database under its kind:
   fwd     the forward (candidates block_m 64/128, block_n 16/32/64/128, warps
           4/8, stages 1/2); timed: one forward call
   bwd     the atomic algorithm's fused main kernel (dQ by fp32 atomics;
@@ -92,50 +101,97 @@ reference once, then timed per class. FILE is text, one shape a line as
 "P N R" (spaces or commas; '#' starts a comment), or JSON: an array of
 [P, N, R] or of {"P": .., "N": .., "R": ..}, or an object whose "shapes" is
 such an array. R is the (mean) response length.
-
-options:
-  --kind K         fwd, bwd, bwd_kv or bwd_dq (default fwd)
-  --head-dim D     64, 128 or 256 (default 128)
-  --heads HQ:HKV   query and key/value heads (default 32:8)
-  --dtype T        bf16 or fp16 (default bf16)
-  --P P --N N --R R  the timing shape: one group, N responses of R tokens
-                   (default 8192, 16, 1024)
-  --shapes FILE    tune every shape class of FILE's shapes (above) instead of
-                   the generic entry; --P/--N/--R are then not used
-  --list-classes   with --shapes: print each class and its shapes' count, and
-                   stop (no GPU, no compile)
-  --reps K         timed runs per candidate, at least 10 (default 10)
-  --db FILE        tuning database to update (default: $DUALKV_TUNING_DB, else
-                   <kernel cache>/tuning.json)
-  --report FILE    also write every candidate (status, registers, spills, ms)
-                   as JSON
-  --arch A         target for --dry-run: sm_80 ... sm_121 (default sm_90a; with a
-                   GPU, the GPU's)
-  --dry-run        no GPU needed: list the candidates with their ptxas registers,
-                   shared memory and spills, and stop
-  -h, --help       show this help
-
-exit status: 0 success, 1 no candidate survived (for any class) or a
-GPU/database error, 2 bad arguments (a --shapes file that cannot be read or
-parsed included).
 )";
 
-[[noreturn]] void usageError(const std::string &msg) {
-  fmt::print(stderr, "dualkv-tune: {}\nrun 'dualkv-tune --help' for usage\n",
-             msg);
-  std::exit(2);
-}
+cl::OptionCategory kernelOptions("Kernel to tune");
+cl::OptionCategory runOptions("Tuning run");
+constexpr const char *kExitStatus =
+    "\nexit status: 0 success, 1 no candidate survived (for any class) or a\n"
+    "GPU/database error, 2 bad arguments (a --shapes file that cannot be read "
+    "or\nparsed included).\n";
 
-int64_t parseInt(const std::string &flag, const std::string &value, int64_t lo,
-                 int64_t hi) {
-  std::optional<int64_t> v = dualkv::tools::parseInteger(value);
-  if (!v || *v < lo || *v > hi)
-    usageError(fmt::format("{} expects an integer in [{}, {}], got '{}'", flag,
-                           lo, hi, value));
-  return *v;
-}
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxTokens = 1 << 20;
+
+cl::opt<
+    KernelKind, false,
+    dualkv::tools::NameParser<KernelKind, dualkv::tools::NameComplaint::MustBe>>
+    kindOption("kind",
+               cl::desc("the kernel to tune (default fwd), timed as above"),
+               cl::init(KernelKind::Fwd),
+               cl::values(clEnumValN(KernelKind::Fwd, "fwd", "the forward"),
+                          clEnumValN(KernelKind::Bwd, "bwd",
+                                     "the atomic backward's main kernel"),
+                          clEnumValN(KernelKind::BwdKV, "bwd_kv",
+                                     "the split-dQ backward's dK/dV kernel"),
+                          clEnumValN(KernelKind::BwdDQ, "bwd_dq",
+                                     "the split-dQ backward's dQ kernel")),
+               cl::cat(kernelOptions));
+cl::opt<int, false, IntegerParser<1, kMaxInt>>
+    headDim("head-dim", cl::value_desc("D"),
+            cl::desc("64, 128 or 256 (default 128)"), cl::init(128),
+            cl::cat(kernelOptions));
+cl::opt<dualkv::tools::Heads, false,
+        dualkv::tools::HeadsParser<IntegerParser<1, 65535>>>
+    heads("heads", cl::desc("HQ:HKV, query and key/value heads (default 32:8)"),
+          cl::cat(kernelOptions));
+cl::opt<DType, false, dualkv::tools::DTypeParser>
+    dtype("dtype", cl::desc("element type (default bf16)"),
+          cl::init(DType::BF16), cl::cat(kernelOptions));
+cl::opt<std::string, false, dualkv::tools::ArchParser>
+    archOption("arch", cl::value_desc("A"),
+               cl::desc("target for --dry-run: sm_80 ... sm_121 (default\n"
+                        "sm_90a; with a GPU, the GPU's)"),
+               cl::init("sm_90a"), cl::cat(kernelOptions));
+
+cl::opt<int, false, IntegerParser<1, kMaxTokens>>
+    promptTokens("P", cl::value_desc("P"),
+                 cl::desc("prompt tokens of the timed group (default 8192)"),
+                 cl::init(8192), cl::cat(runOptions));
+cl::opt<int, false, IntegerParser<0, 1024>>
+    responses("N", cl::value_desc("N"),
+              cl::desc("responses of the timed group (default 16)"),
+              cl::init(16), cl::cat(runOptions));
+cl::opt<int, false, IntegerParser<0, kMaxTokens>>
+    responseTokens("R", cl::value_desc("R"),
+                   cl::desc("tokens of each timed response (default 1024)"),
+                   cl::init(1024), cl::cat(runOptions));
+cl::opt<std::string>
+    shapesFile("shapes", cl::value_desc("FILE"),
+               cl::desc("tune every shape class of FILE's shapes (above) "
+                        "instead\nof the generic entry; --P/--N/--R are then "
+                        "not used"),
+               cl::cat(runOptions));
+cl::opt<bool> listClasses(
+    "list-classes",
+    cl::desc("with --shapes: print each class and its shapes' count,\n"
+             "and stop (no GPU, no compile)"),
+    cl::cat(runOptions));
+cl::opt<int, false, IntegerParser<10, 100000>>
+    reps("reps", cl::value_desc("K"),
+         cl::desc("timed runs per candidate, at least 10 (default 10)"),
+         cl::init(10), cl::cat(runOptions));
+cl::opt<std::string>
+    dbFile("db", cl::value_desc("FILE"),
+           cl::desc("tuning database to update (default: $DUALKV_TUNING_DB,\n"
+                    "else <kernel cache>/tuning.json)"),
+           cl::cat(runOptions));
+cl::opt<std::string>
+    reportFile("report", cl::value_desc("FILE"),
+               cl::desc("also write every candidate (status, registers, "
+                        "spills,\nms) as JSON"),
+               cl::cat(runOptions));
+cl::opt<bool>
+    dryRun("dry-run",
+           cl::desc("no GPU needed: list the candidates with their ptxas\n"
+                    "registers, shared memory and spills, and stop"),
+           cl::cat(runOptions));
 
 bool isBackward(KernelKind k) { return k != KernelKind::Fwd; }
+
+dualkv::tools::HeadShape headShape(const KernelSpec &s) {
+  return {s.numQHeads, s.numKVHeads, s.headDim, s.dtype};
+}
 
 /// One shape of a --shapes file.
 struct Shape {
@@ -215,8 +271,7 @@ std::vector<Shape> readShapes(const std::string &path) {
       int64_t v[3];
       const char *names[3] = {"P", "N", "R"};
       for (int k = 0; k < 3; ++k) {
-        std::optional<int64_t> x =
-            dualkv::tools::parseInteger(words[size_t(k)]);
+        std::optional<int64_t> x = dualkv::tools::readInteger(words[size_t(k)]);
         if (!x)
           bad(where, fmt::format("{} '{}' is not an integer", names[k],
                                  words[size_t(k)]));
@@ -260,74 +315,25 @@ struct Args {
 };
 
 Args parseArgs(int argc, char **argv) {
+  dualkv::tools::parseCommandLine(argc, argv, "dualkv-tune",
+                                  {&kernelOptions, &runOptions}, kOverview,
+                                  kExitStatus);
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      fmt::print("{}", kUsage);
-      std::exit(0);
-    }
-    if (flag == "--dry-run") {
-      a.dryRun = true;
-      continue;
-    }
-    if (flag == "--list-classes") {
-      a.listClasses = true;
-      continue;
-    }
-    if (i + 1 >= argc)
-      usageError(fmt::format("{} needs a value", flag));
-    std::string v = argv[++i];
-    const int64_t maxInt = std::numeric_limits<int32_t>::max();
-    if (flag == "--kind") {
-      if (v == "fwd")
-        a.spec.kind = KernelKind::Fwd;
-      else if (v == "bwd")
-        a.spec.kind = KernelKind::Bwd;
-      else if (v == "bwd_kv")
-        a.spec.kind = KernelKind::BwdKV;
-      else if (v == "bwd_dq")
-        a.spec.kind = KernelKind::BwdDQ;
-      else
-        usageError(fmt::format(
-            "--kind must be fwd, bwd, bwd_kv or bwd_dq, got '{}'", v));
-    } else if (flag == "--head-dim") {
-      a.spec.headDim = static_cast<int>(parseInt(flag, v, 1, maxInt));
-    } else if (flag == "--heads") {
-      auto colon = v.find(':');
-      if (colon == std::string::npos)
-        usageError(fmt::format("--heads expects HQ:HKV, got '{}'", v));
-      a.spec.numQHeads =
-          static_cast<int>(parseInt(flag, v.substr(0, colon), 1, 65535));
-      a.spec.numKVHeads =
-          static_cast<int>(parseInt(flag, v.substr(colon + 1), 1, 65535));
-    } else if (flag == "--dtype") {
-      if (v != "bf16" && v != "fp16" && v != "f16")
-        usageError(fmt::format("--dtype must be bf16 or fp16, got '{}'", v));
-      a.spec.dtype = v == "bf16" ? DType::BF16 : DType::FP16;
-    } else if (flag == "--P") {
-      a.P = parseInt(flag, v, 1, 1 << 20);
-    } else if (flag == "--N") {
-      a.N = parseInt(flag, v, 0, 1024);
-    } else if (flag == "--R") {
-      a.R = parseInt(flag, v, 0, 1 << 20);
-    } else if (flag == "--reps") {
-      a.reps = static_cast<int>(parseInt(flag, v, 10, 100000));
-    } else if (flag == "--db") {
-      a.db = v;
-    } else if (flag == "--report") {
-      a.report = v;
-    } else if (flag == "--shapes") {
-      a.shapes = v;
-    } else if (flag == "--arch") {
-      std::string why;
-      if (!dualkv::Arch::parse(v, &why))
-        usageError("--arch: " + why);
-      a.arch = v;
-    } else {
-      usageError(fmt::format("unknown option '{}'", flag));
-    }
-  }
+  a.spec.kind = kindOption;
+  a.spec.headDim = headDim;
+  a.spec.numQHeads = heads.query;
+  a.spec.numKVHeads = heads.kv;
+  a.spec.dtype = dtype;
+  a.P = promptTokens;
+  a.N = responses;
+  a.R = responseTokens;
+  a.reps = reps;
+  a.db = dbFile;
+  a.report = reportFile;
+  a.shapes = shapesFile;
+  a.arch = archOption;
+  a.dryRun = dryRun;
+  a.listClasses = listClasses;
   if (a.listClasses && a.shapes.empty())
     usageError("--list-classes needs --shapes FILE");
   if (a.spec.numQHeads % a.spec.numKVHeads != 0)
@@ -417,7 +423,7 @@ std::vector<Candidate> enumerate(const KernelSpec &base) {
 
 std::string arch() {
   cudaDeviceProp p;
-  check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+  cudaCheck(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
   return Arch::forComputeCapability(p.major, p.minor).str();
 }
 
@@ -494,9 +500,8 @@ public:
   explicit Checker(const KernelSpec &s)
       : spec_(s), groups_({{600, {400, 0, 113, 1}}, {65, {17}}}),
         plan_(groups_), tokens_(plan_.numTokens()), rng_(5),
-        in_(tokens_, s.numQHeads, s.numKVHeads, s.headDim, s.dtype, rng_),
-        dout_(in_.q.size() * 2), dq_(in_.q.size() * 2), dk_(in_.k.size() * 2),
-        dv_(in_.v.size() * 2) {
+        in_(plan_, headShape(s), rng_), dout_(in_.hostQ.size()),
+        dq_(in_.hostQ.size()), dk_(in_.hostK.size()), dv_(in_.hostV.size()) {
     for (auto &g : groups_)
       problem_.groups.push_back({g.prompt_len, g.response_lens});
     problem_.num_q_heads = s.numQHeads;
@@ -519,13 +524,13 @@ private:
   std::vector<double> widen(const std::vector<uint16_t> &x) const {
     std::vector<double> w(x.size());
     for (size_t i = 0; i < x.size(); ++i)
-      w[i] = from16(x[i], spec_.dtype);
+      w[i] = fromElement(x[i], spec_.dtype);
     return w;
   }
   std::vector<float> widenF(const std::vector<uint16_t> &x) const {
     std::vector<float> w(x.size());
     for (size_t i = 0; i < x.size(); ++i)
-      w[i] = from16(x[i], spec_.dtype);
+      w[i] = fromElement(x[i], spec_.dtype);
     return w;
   }
   reference::Problem perKvHead() const {
@@ -538,7 +543,7 @@ private:
   void prepareForward() {
     const int hq = spec_.numQHeads, hkv = spec_.numKVHeads, d = spec_.headDim,
               g = hq / hkv;
-    auto q = widen(in_.q), k = widen(in_.k), v = widen(in_.v);
+    auto q = widen(in_.hostQ), k = widen(in_.hostK), v = widen(in_.hostV);
     oRef_.assign(q.size(), 0);
     lseRef_.assign(size_t(tokens_) * hq, 0);
     forEachKvHead(hkv, [&](int h) {
@@ -556,13 +561,13 @@ private:
   std::optional<std::string> checkForward(const Tiling &tiling) {
     in_.o.poison();
     in_.lse.poison();
-    forward(in_.forwardArgs(plan_, tiling));
-    check_(cudaDeviceSynchronize(), "check run");
-    auto oh = in_.o.download<uint16_t>(in_.q.size());
-    auto lh = in_.lse.download<float>(lseRef_.size());
+    forward(in_.forwardArgs(tiling));
+    cudaCheck(cudaDeviceSynchronize(), "check run");
+    auto oh = in_.o.read();
+    auto lh = in_.lse.read();
     double maxO = 0, maxLse = 0;
     for (size_t i = 0; i < oh.size(); ++i) {
-      double e = std::abs(from16(oh[i], spec_.dtype) - oRef_[i]);
+      double e = std::abs(fromElement(oh[i], spec_.dtype) - oRef_[i]);
       maxO = std::isfinite(e) ? std::max(maxO, e) : INFINITY;
     }
     for (size_t i = 0; i < lh.size(); ++i) {
@@ -585,16 +590,16 @@ private:
     std::normal_distribution<float> normal;
     dout16_.resize(in_.q.size());
     for (auto &e : dout16_)
-      e = to16(normal(rng_), spec_.dtype);
-    dout_.upload(dout16_);
+      e = toElement(normal(rng_), spec_.dtype);
+    dout_.write(dout16_);
     KernelSpec fwdSpec = spec_;
     fwdSpec.kind = KernelKind::Fwd;
-    forward(in_.forwardArgs(plan_, defaultTiling(fwdSpec)));
-    check_(cudaDeviceSynchronize(), "forward for the backward check");
-    auto o = widen(in_.o.download<uint16_t>(in_.q.size()));
-    auto lse32 = in_.lse.download<float>(size_t(tokens_) * hq);
+    forward(in_.forwardArgs(defaultTiling(fwdSpec)));
+    cudaCheck(cudaDeviceSynchronize(), "forward for the backward check");
+    auto o = widen(in_.o.read());
+    auto lse32 = in_.lse.read();
     std::vector<double> lse(lse32.begin(), lse32.end());
-    auto q = widen(in_.q), k = widen(in_.k), v = widen(in_.v),
+    auto q = widen(in_.hostQ), k = widen(in_.hostK), v = widen(in_.hostV),
          dout = widen(dout16_);
     dqRef_.assign(q.size(), 0);
     dkRef_.assign(k.size(), 0);
@@ -618,14 +623,13 @@ private:
   }
 
   std::optional<std::string> checkBackward(const Tiling &tiling) {
-    for (DeviceBuffer *b : {&dq_, &dk_, &dv_})
+    for (DeviceArray<uint16_t> *b : {&dq_, &dk_, &dv_})
       b->poison();
     backward(backwardArgs(tiling));
-    check_(cudaDeviceSynchronize(), "check run");
-    Errors e[3] = {
-        compare(widenF(dq_.download<uint16_t>(dqRef_.size())), dqRef_),
-        compare(widenF(dk_.download<uint16_t>(dkRef_.size())), dkRef_),
-        compare(widenF(dv_.download<uint16_t>(dvRef_.size())), dvRef_)};
+    cudaCheck(cudaDeviceSynchronize(), "check run");
+    Errors e[3] = {compare(widenF(dq_.read()), dqRef_),
+                   compare(widenF(dk_.read()), dkRef_),
+                   compare(widenF(dv_.read()), dvRef_)};
     // tests/gpu/BackwardGpuTest.cpp, toleranceFor: bf16 4e-2 / 1.5e-2, fp16
     // 6e-3 / 2.5e-3 (max|err| / max|ref|, rel-L2).
     const bool bf16 = spec_.dtype == DType::BF16;
@@ -643,12 +647,8 @@ private:
 
   BackwardArgs backwardArgs(const Tiling &tiling) {
     return withAlgorithm(
-        in_.backwardArgs(plan_, dout_.ptr, dq_.ptr, dk_.ptr, dv_.ptr, false),
+        in_.backwardArgs(dout_.data(), dq_.data(), dk_.data(), dv_.data()),
         spec_.kind, tiling);
-  }
-
-  static void check_(cudaError_t e, const char *what) {
-    dualkv::examples::check(e, what);
   }
 
   KernelSpec spec_;
@@ -656,9 +656,9 @@ private:
   Plan plan_;
   int64_t tokens_;
   std::mt19937_64 rng_;
-  PackedBatch in_;
+  DeviceProblem in_;
   std::vector<uint16_t> dout16_;
-  DeviceBuffer dout_, dq_, dk_, dv_;
+  DeviceArray<uint16_t> dout_, dq_, dk_, dv_;
   reference::Problem problem_;
   std::vector<double> oRef_, lseRef_, dqRef_, dkRef_, dvRef_;
 };
@@ -675,44 +675,41 @@ class Timer {
 public:
   Timer(const Args &args, const KernelSpec &base)
       : spec_(base),
-        plan_({PlanGroup{args.P, std::vector<int64_t>(args.N, args.R)}}),
-        tokens_(plan_.numTokens()) {
+        plan_({PlanGroup{args.P, std::vector<int64_t>(args.N, args.R)}}) {
     std::mt19937_64 rng(7);
     for (int i = 0; i < 3; ++i)
-      inputs_.push_back(std::make_unique<PackedBatch>(
-          tokens_, base.numQHeads, base.numKVHeads, base.headDim, base.dtype,
-          rng));
+      inputs_.push_back(
+          std::make_unique<DeviceProblem>(plan_, headShape(base), rng));
     if (!isBackward(base.kind))
       return;
-    size_t qBytes = inputs_[0]->q.size() * 2, kBytes = inputs_[0]->k.size() * 2;
-    dq_ = std::make_unique<DeviceBuffer>(qBytes);
-    dk_ = std::make_unique<DeviceBuffer>(kBytes);
-    dv_ = std::make_unique<DeviceBuffer>(kBytes);
+    size_t qSize = inputs_[0]->hostQ.size(), kSize = inputs_[0]->hostK.size();
+    dq_ = std::make_unique<DeviceArray<uint16_t>>(qSize);
+    dk_ = std::make_unique<DeviceArray<uint16_t>>(kSize);
+    dv_ = std::make_unique<DeviceArray<uint16_t>>(kSize);
     for (auto &in : inputs_)
-      forward(in->forwardArgs(plan_));
-    check(cudaDeviceSynchronize(), "forward of the timing inputs");
+      forward(in->forwardArgs());
+    cudaCheck(cudaDeviceSynchronize(), "forward of the timing inputs");
   }
 
   /// One call of what is tuned on input set i.
   void run(int i, const Tiling &tiling) {
-    PackedBatch &in = *inputs_[size_t(i) % 3];
+    DeviceProblem &in = *inputs_[size_t(i) % 3];
     if (!isBackward(spec_.kind)) {
-      forward(in.forwardArgs(plan_, tiling));
+      forward(in.forwardArgs(tiling));
       return;
     }
     // dO: another input set's Q (random, same shape).
     backward(
-        withAlgorithm(in.backwardArgs(plan_, inputs_[size_t(i + 1) % 3]->dq.ptr,
-                                      dq_->ptr, dk_->ptr, dv_->ptr, false),
+        withAlgorithm(in.backwardArgs(inputs_[size_t(i + 1) % 3]->q.data(),
+                                      dq_->data(), dk_->data(), dv_->data()),
                       spec_.kind, tiling));
   }
 
 private:
   KernelSpec spec_;
   Plan plan_;
-  int64_t tokens_;
-  std::vector<std::unique_ptr<PackedBatch>> inputs_;
-  std::unique_ptr<DeviceBuffer> dq_, dk_, dv_;
+  std::vector<std::unique_ptr<DeviceProblem>> inputs_;
+  std::unique_ptr<DeviceArray<uint16_t>> dq_, dk_, dv_;
 };
 
 nlohmann::json toJson(const Candidate &c, const Tiling &dflt) {
@@ -810,7 +807,7 @@ int main(int argc, char **argv) {
   } else {
     jobs.push_back({{args.P, args.N, args.R}, ShapeClass{}, 0});
   }
-  bool gpu = !args.dryRun && haveGpu();
+  bool gpu = !args.dryRun && dualkv::tools::gpuPresent();
   if (!args.dryRun && !gpu) {
     fmt::print(stderr,
                "dualkv-tune: no GPU; use --dry-run to list candidates\n");
@@ -897,8 +894,8 @@ int main(int argc, char **argv) {
     nlohmann::json reports = nlohmann::json::array();
     int failures = 0;
     cudaEvent_t e0, e1;
-    check(cudaEventCreate(&e0), "cudaEventCreate");
-    check(cudaEventCreate(&e1), "cudaEventCreate");
+    cudaCheck(cudaEventCreate(&e0), "cudaEventCreate");
+    cudaCheck(cudaEventCreate(&e1), "cudaEventCreate");
     for (const Job &job : jobs) {
       const std::string shape = shapeName(job.shape);
       const double flops = usefulFlops(base, job.shape);
@@ -924,12 +921,12 @@ int main(int argc, char **argv) {
         Candidate &c = timed[ci];
         std::vector<float> ms;
         for (int i = 0; i < args.reps + 2; ++i) {
-          check(cudaEventRecord(e0), "cudaEventRecord");
+          cudaCheck(cudaEventRecord(e0), "cudaEventRecord");
           timer.run(i, c.tiling);
-          check(cudaEventRecord(e1), "cudaEventRecord");
-          check(cudaEventSynchronize(e1), "timing");
+          cudaCheck(cudaEventRecord(e1), "cudaEventRecord");
+          cudaCheck(cudaEventSynchronize(e1), "timing");
           float m = 0;
-          check(cudaEventElapsedTime(&m, e0, e1), "cudaEventElapsedTime");
+          cudaCheck(cudaEventElapsedTime(&m, e0, e1), "cudaEventElapsedTime");
           if (i >= 2) // two warm-up runs
             ms.push_back(m);
         }
