@@ -81,6 +81,7 @@ json randomValue(Rng &rng) {
       "bwd",
       "bf16",
       "f16",
+      "fp16",
       "sm_90a",
       "sm_80",
       "../../etc",

@@ -64,7 +64,7 @@ def tuning_db(rng):
     entry = {"kind": "fwd", "P": 0, "N": 0, "head_dim": 64, "num_q_heads": 4,
              "num_kv_heads": 4, "dtype": "bf16", "arch": "sm_80",
              "tiling": {"block_m": 64, "block_n": 64, "warps": 4, "stages": 2}}
-    doc = {"schema": "dualkv-tuning", "version": 1, "entries": [entry]}
+    doc = {"schema": "dualkv-tuning", "version": 2, "entries": [entry]}
     if rng.random() < 0.5:
         target = rng.choice([doc, entry, entry["tiling"]])
         key = rng.choice(list(target))

@@ -337,7 +337,7 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
 }
 
 //===----------------------------------------------------------------------===//
-// The runtime's internals (runtime/lib/Files.h, Cache.h): this file uses them
+// The runtime's internals (cache/Files.h, cache/DiskCache.h): this file uses them
 // here only.
 //===----------------------------------------------------------------------===//
 
