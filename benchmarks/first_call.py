@@ -166,8 +166,8 @@ def table(results):
     cols = PHASES + CALL_PHASES + ("first_call", "second_call")
     md = ["| cache | run | " + " | ".join(
               c.replace("_", " ") + " ms" for c in cols)
-          + " | compiles | disk hits | process s |",
-          "|" + " --- |" * (len(cols) + 5)]
+          + " | compiles | disk hits | torch._dynamo imported | process s |",
+          "|" + " --- |" * (len(cols) + 6)]
     for mode in ("warm", "empty"):
         rows = [r for r in results[mode] if r.get("status") == "ok"]
         for i, r in enumerate(results[mode]):
@@ -178,12 +178,13 @@ def table(results):
             md.append(f"| {mode} | {i + 1} | " +
                       " | ".join(ms(r[c]) for c in cols) +
                       f" | {st['compiles']} | {st['disk_hits']} | "
+                      f"{'yes' if r['dynamo_imported'] else 'no'} | "
                       f"{r['process_wall']:.1f} |")
         if rows:
             med = {c: statistics.median(r[c] for r in rows) for c in cols}
             md.append(f"| **{mode}** | **median of {len(rows)}** | " +
                       " | ".join(f"**{ms(med[c])}**" for c in cols) +
-                      " | | | |")
+                      " | | | | |")
     return md
 
 
