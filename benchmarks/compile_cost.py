@@ -326,9 +326,10 @@ def child(mode, out_path):
         x = torch.randn(8, device="cuda", requires_grad=True)
         (x * 2).float().square().mean().backward()
         torch.cuda.synchronize()
-        # Nor are those of torch's custom-op machinery (the first config of
-        # a new process used to pay ~3.5 s more than the others, even from
-        # disk): a custom op of our own pays them first, timed.
+        # Nor are those of torch's custom-op machinery: a
+        # torch.library.custom_op's first call imports torch._dynamo (seconds;
+        # dualkv's ops are not custom_ops and no longer pay it:
+        # first_call.py). A custom op of our own pays them first, timed.
         first, second = torch_custom_op_first_ms(torch)
         data = {"torch_custom_op_ms": [first, second],
                 "rows": cold_start(torch, dualkv)}

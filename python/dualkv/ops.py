@@ -37,7 +37,9 @@ dLSE input. Importing this module registers the ops; ``dualkv.attention``
 does it on first use.
 """
 
+import functools
 import os
+import sys
 from typing import Tuple
 
 import torch
@@ -85,9 +87,8 @@ def _scale_or_none(scale):
     return None if scale == 0.0 else scale
 
 
-@torch.library.custom_op("dualkv::forward", mutates_args=())
-def _forward_op(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
-                deterministic: bool) -> Tuple[Tensor, Tensor]:
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
+                  deterministic: bool) -> Tuple[Tensor, Tensor]:
     """(o, lse) of DualKV attention. ``plan``: a plan's descriptor; ``scale``
     0.0 means 1/sqrt(D); ``deterministic`` is only carried to the backward."""
     _require_cuda(q, "q")
@@ -95,7 +96,6 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
     return forward(q, k, v, p, scale=_scale_or_none(scale))
 
 
-@_forward_op.register_fake
 def _forward_fake(q, k, v, plan, scale, deterministic):
     _check_dims(q, k, v)
     T, Hq, _ = q.shape
@@ -103,10 +103,9 @@ def _forward_fake(q, k, v, plan, scale, deterministic):
     return q.new_empty(q.shape), q.new_empty((Hq, T), dtype=torch.float32)
 
 
-@torch.library.custom_op("dualkv::backward", mutates_args=())
-def _backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
-                 lse: Tensor, plan: Tensor, scale: float,
-                 deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
+                   lse: Tensor, plan: Tensor, scale: float,
+                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of DualKV attention, given the forward's o and lse."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
@@ -114,7 +113,6 @@ def _backward_op(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
                     deterministic=deterministic)
 
 
-@_backward_op.register_fake
 def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic):
     _check_dims(q, k, v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -148,7 +146,55 @@ def _backward_formula(ctx, dout, dlse):
     return dq, dk, dv, None, None, None
 
 
-_forward_op.register_autograd(_backward_formula, setup_context=_setup_context)
+def _outside_dynamo(fn):
+    """``fn``, kept out of Dynamo's frame tracing as torch.library.custom_op
+    keeps the kernels it registers, but without importing torch._dynamo.
+
+    custom_op wraps each kernel in ``torch._disable_dynamo``, whose first
+    call imports torch._dynamo (seconds: benchmarks/torch_custom_op_first_call.py);
+    every process paid that on its first ``dualkv.attention``. Until
+    something else has imported torch._dynamo no torch.compile can be running,
+    so there is nothing to keep ``fn`` out of; once it is imported, ``fn``
+    runs under ``torch._dynamo.disable`` as custom_op's kernels do."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is None or not hasattr(dynamo, "disable"):
+                return fn(*args, **kwargs)
+            disabled = dynamo.disable(fn, recursive=True)
+        return disabled(*args, **kwargs)
+
+    return kernel
+
+
+def _define(lib, name, impl, fake):
+    """Registers ``dualkv::<name>`` as torch.library.custom_op(name,
+    mutates_args=()) with register_fake would: the schema inferred from
+    ``impl``'s annotations, tagged pt2_compliant, ``impl`` the kernel of
+    every device (CompositeExplicitAutograd: a CPU tensor reaches it and gets
+    its ValueError), ``fake`` the fake/meta implementation."""
+    infer_schema = getattr(torch.library, "infer_schema", None)
+    if infer_schema is None:  # torch 2.4
+        from torch._library.infer_schema import infer_schema
+    schema = infer_schema(impl, mutates_args=())
+    lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    lib.impl(name, _outside_dynamo(impl), "CompositeExplicitAutograd")
+    torch.library.register_fake(f"dualkv::{name}", fake, lib=lib)
+
+
+# The ops are registered with torch.library's lower-level API (Library.define,
+# register_fake, register_autograd) instead of the torch.library.custom_op
+# decorator, only to keep torch._dynamo's import out of the first call (see
+# _outside_dynamo); the dispatcher, torch.compile and opcheck see the same ops.
+_LIB = torch.library.Library("dualkv", "FRAGMENT")
+_define(_LIB, "forward", _forward_impl, _forward_fake)
+_define(_LIB, "backward", _backward_impl, _backward_fake)
+torch.library.register_autograd("dualkv::forward", _backward_formula,
+                                setup_context=_setup_context, lib=_LIB)
 
 
 def _require_cuda(t, name):

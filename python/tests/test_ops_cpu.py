@@ -271,6 +271,35 @@ class ValidationTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "q is on cpu"):
             dualkv.backward(q, k, k, q, q, torch.zeros(4, T), self.plan)
 
+    def test_first_call_does_not_import_dynamo(self):
+        # torch.library.custom_op's kernels import torch._dynamo on their
+        # first call (seconds: benchmarks/torch_custom_op_first_call.py);
+        # dualkv's ops must not. In a new process: the forward op's kernel
+        # (reached with CPU tensors: its ValueError) and attention's autograd
+        # forward+backward (meta tensors) leave torch._dynamo unimported.
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[1]); import torch\n"
+            "if 'torch._dynamo' in sys.modules: print('skip'); sys.exit(0)\n"
+            "import dualkv\n"
+            "plan = dualkv.Plan([(5, [3])])\n"
+            "q = torch.zeros(8, 4, 64, dtype=torch.bfloat16)\n"
+            "desc = dualkv.ops.plan_descriptor(plan)\n"
+            "try:\n"
+            "    torch.ops.dualkv.forward(q, q, q, desc, 0.0, False)\n"
+            "except ValueError as e:\n"
+            "    assert 'q is on cpu' in str(e), e\n"
+            "m = [torch.randn(8, h, 64, dtype=torch.bfloat16, device='meta',\n"
+            "                 requires_grad=True) for h in (4, 2, 2)]\n"
+            "dualkv.attention(*m, plan).float().sum().backward()\n"
+            "assert m[0].grad is not None\n"
+            "print('dynamo' if 'torch._dynamo' in sys.modules else 'ok')\n")
+        run = subprocess.run([sys.executable, "-c", code, PYTHON_DIR],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr[-2000:])
+        if run.stdout.strip() == "skip":
+            self.skipTest("this torch imports torch._dynamo with torch")
+        self.assertEqual(run.stdout.strip(), "ok")
+
     def test_descriptor_must_be_an_int32_cpu_vector(self):
         bad = torch.tensor(self.plan.key, dtype=torch.int64)
         with self.assertRaisesRegex(ValueError, "int32 CPU tensor"):
