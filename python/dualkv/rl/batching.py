@@ -106,6 +106,15 @@ def useful_pairs(lengths, parents):
     return total
 
 
+def _predicted(segments, parents, node):
+    """Tokens of a node that some earlier token predicts: all of them,
+    except the first when no ancestor holds a token (a root's first)."""
+    n, p = len(segments[node]), parents[node]
+    while p >= 0 and not segments[p]:
+        p = parents[p]
+    return n if p >= 0 or n == 0 else n - 1
+
+
 def _piece(unit, segments, parents, loss, is_group, nodes, claimed):
     nodes = sorted(nodes)
     index = {n: i for i, n in enumerate(nodes)}
@@ -116,7 +125,8 @@ def _piece(unit, segments, parents, loss, is_group, nodes, claimed):
     claimed.update(loss_nodes)
     return Piece(unit=unit, nodes=nodes, loss_nodes=loss_nodes,
                  tokens=sum(lengths),
-                 loss_tokens=sum(len(segments[n]) for n in loss_nodes),
+                 loss_tokens=sum(_predicted(segments, parents, n)
+                                 for n in loss_nodes),
                  pairs=useful_pairs(lengths, local_parents),
                  is_group=is_group)
 
