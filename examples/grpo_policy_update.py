@@ -1372,23 +1372,12 @@ def profile_step(torch, pipe, W, data, loss_tokens):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         pipe.step(W, data, loss_tokens)
         torch.cuda.synchronize()
+    from torch.autograd import DeviceType
     totals, by_name = {}, {}
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None)
-        if t is None:
-            t = getattr(ev, "cuda_time_total", 0)
-        if not t or ev.key.startswith("ProfilerStep"):
+    for ev in prof.events():        # kernels, copies and sets: device events
+        if ev.device_type != DeviceType.CUDA:
             continue
-        # Only kernels (and copies / sets) carry device time of their own.
-        if getattr(ev, "device_type", None) is not None and \
-                str(ev.device_type).endswith("CPU") and \
-                getattr(ev, "self_device_time_total", t) == 0:
-            continue
-        self_t = getattr(ev, "self_device_time_total",
-                         getattr(ev, "self_cuda_time_total", t))
-        if not self_t:
-            continue
-        by_name[ev.key] = by_name.get(ev.key, 0) + self_t
+        by_name[ev.name] = by_name.get(ev.name, 0) + ev.time_range.elapsed_us()
     for name, t in by_name.items():
         cat = kernel_category(name)
         totals[cat] = totals.get(cat, 0) + t
@@ -1523,6 +1512,8 @@ def main_budget(args):
             print(f"  {name:16s} {info['status']}", flush=True)
         del pipe
         free_memory(torch)
+        write_budget_report(results, None, args, env, cfg, n_params, rollout,
+                            time.perf_counter() - started, out_dir, quiet=True)
         if args.time_limit and time.perf_counter() - started > args.time_limit:
             print(f"# --time-limit {args.time_limit} s reached: the rest is skipped",
                   flush=True)
@@ -1552,7 +1543,8 @@ def main_budget(args):
     return 1 if problems else 0
 
 
-def write_budget_report(results, extra, args, env, cfg, n_params, rollout, wall, out_dir):
+def write_budget_report(results, extra, args, env, cfg, n_params, rollout, wall, out_dir,
+                        quiet=False):
     P, N, R = args.configs[0]
     header = ["method", "token budget", "micro-batches (tokens)", "layout tokens",
               "step ms", "resp. tok/s", "peak GiB", "x vs replicated", "x vs Flex",
@@ -1590,7 +1582,8 @@ def write_budget_report(results, extra, args, env, cfg, n_params, rollout, wall,
             targets.append(f"packed-DualKV vs {peer}: not measured "
                            f"(DualKV {results.get('packed-DualKV', {}).get('status', 'not run')}, "
                            f"{peer} {results.get(peer, {}).get('status', 'not run')})")
-    print("\n" + text_table(header, rows) + "\n\n" + "\n".join(targets))
+    if not quiet:
+        print("\n" + text_table(header, rows) + "\n\n" + "\n".join(targets))
     data = {"env": env, "model": cfg.as_dict(), "parameters": n_params,
             "args": dict(vars(args)), "step": {"P": P, "N": N, "R": R, "G": args.groups,
                                                "response_tokens": rollout.response_tokens},
@@ -1650,7 +1643,8 @@ def write_budget_report(results, extra, args, env, cfg, n_params, rollout, wall,
                       f"{fmt(x.get('logp_max_abs_diff_vs_full'), '.2e', '—')} |")
     with open(str(stem) + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
-    print(f"\nwrote {stem}.md, .json; wall time {wall:.0f} s")
+    if not quiet:
+        print(f"\nwrote {stem}.md, .json; wall time {wall:.0f} s")
 
 
 # ------------------------------------------------------------------- arguments
@@ -1729,9 +1723,11 @@ def parse_args(argv=None):
                     + ") on one rollout batch of --groups groups of the first --configs "
                     "entry, micro-batches of at most B packed tokens (dualkv.rl.schedule); "
                     "auto: each method's largest budget that fits (calibrated)")
-    ap.add_argument("--budget-methods", default=",".join(BUDGET_METHODS),
+    ap.add_argument("--budget-methods",
+                    default="replicated-SDPA,packed-DualKV,packed-Flex",
                     help="token-budget mode: comma-separated subset of "
-                    + ", ".join(BUDGET_METHODS))
+                    + ", ".join(BUDGET_METHODS) + ", run in this order (the first is "
+                    "the checks' reference; default replicated, DualKV, Flex)")
     ap.add_argument("--memory-fraction", type=float, default=0.9,
                     help="token-budget auto: fraction of the GPU's memory to fill")
     ap.add_argument("--logp-chunk", type=int, default=None,
@@ -1769,7 +1765,7 @@ def parse_args(argv=None):
     bad = [m for m in budget_methods if m not in BUDGET_METHODS]
     if bad or not budget_methods:
         ap.error(f"--budget-methods: unknown {', '.join(bad) or '(none given)'}")
-    args.budget_methods = [m for m in BUDGET_METHODS if m in budget_methods]
+    args.budget_methods = list(dict.fromkeys(budget_methods))   # in the order given
     if args.configs:
         args.configs = parse_configs(args.configs, ap)
     else:
