@@ -140,6 +140,21 @@ def pack_verl(input_ids, attention_mask, position_ids, responses,
     return VerlPacked(pack(groups), rows, lengths, R, input_ids.device)
 
 
+def _decoder(model):
+    """The base model of a causal LM (its final-normed hidden states)."""
+    try:
+        base = model.get_decoder()
+    except (AttributeError, NotImplementedError):
+        base = None
+    if base is None or base is model:
+        base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if base is None:
+        raise ValueError("dualkv: cannot find the model's decoder (no "
+                         "get_decoder() and no base model attribute); pass "
+                         "hidden_fn")
+    return base
+
+
 def forward_micro_batch(model, micro_batch, temperature=1.0,
                         calculate_entropy=False, group_ids=None, chunk=None,
                         hidden_fn=None, lm_head_weight=None):
@@ -155,7 +170,7 @@ def forward_micro_batch(model, micro_batch, temperature=1.0,
                        micro_batch["position_ids"], micro_batch["responses"],
                        group_ids=group_ids)
     if hidden_fn is None:
-        out = model.get_decoder()(input_ids=packed.input_ids,
+        out = _decoder(model)(input_ids=packed.input_ids,
                                   position_ids=packed.position_ids,
                                   dualkv_plan=packed.plan(), use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") \
