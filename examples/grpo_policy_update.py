@@ -48,6 +48,15 @@ Run (GPU, PyTorch >= 2.5; from the repository root, after building build/libdual
   python3 examples/grpo_policy_update.py --lib build/libdualkv.so --quick    # one small config
 Writes benchmarks/results/<today>/grpo_policy_update.{md,json,png} (--out DIR to change).
 
+Token-budget mode (docs/rl.md): the pipelines end to end on one rollout batch, each method's
+micro-batches formed by its token budget with dualkv.rl.schedule (auto: the largest budget that
+fits), response-only chunked log-probs, gradients accumulated; replicated-SDPA (the sequences
+back to back without padding, FA2 per run of equal lengths), packed-Flex, packed-DualKV:
+  python3 examples/grpo_policy_update.py --lib build/libdualkv.so --token-budget auto
+      --configs 8192:32:2048 --layers 4 --vocab 151936 --groups 1 --profile   # (one line)
+  python3 examples/grpo_policy_update.py --smoke     # the same pipelines on the CPU, tiny model
+Writes grpo_token_budget.{md,json} in the output folder.
+
 Several GPUs (one process each, under torchrun; packed-DualKV only):
   torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --sp 4
   torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --fsdp
