@@ -1152,6 +1152,10 @@ class BudgetPipeline:
             self.note = f"SDPA FLASH_ATTENTION, GQA: {self.sdpa.probe_gqa(device)}"
         elif name == "packed-Flex":
             self.flex = PackedFlex(torch, cfg)
+            if not args.flex_dynamic:
+                from torch.nn.attention.flex_attention import flex_attention
+                self.flex.flex = torch.compile(flex_attention, dynamic=False)
+            self.note = f"flex_attention compiled with dynamic={args.flex_dynamic}"
 
     def schedule(self, rollout, budget):
         return self.dualkv.rl.schedule(rollout.units(self.replicated), budget,
@@ -1273,17 +1277,29 @@ def calibrate(torch, pipe, W, rollout, args):
             "budget": budget}
 
 
-def run_budget_method(torch, pipe, W, rollout, args, ref):
-    """Schedules the rollout by the method's token budget (given, or
-    calibrated; shrunk by 15% after an out-of-memory step, twice at most),
-    runs a warm-up step, the measured step (peak memory, checks against
-    `ref`) and the timed steps. Returns (info, reference data or None)."""
+def run_budget_method(torch, pipe, W, rollout, args, ref, shared_budget=None):
+    """Schedules the rollout by the method's token budget (given, calibrated,
+    or ``shared_budget``, another method's calibrated one; shrunk by 15%
+    after an out-of-memory step, twice at most), runs a warm-up step, the
+    measured step (peak memory, checks against `ref`) and the timed steps,
+    printing each phase as it starts (a run cut short shows where it was).
+    Returns (info, reference data or None)."""
     info = {"status": "ok", "note": pipe.note}
     failed, new_ref = None, None
+    began = time.perf_counter()
+
+    def phase(text):
+        print(f"    {pipe.name}: {text} (+{time.perf_counter() - began:.0f} s)", flush=True)
+
     try:
-        if args.token_budget == "auto" and not args.smoke:
+        if shared_budget is not None:
+            budget = shared_budget
+            info["budget_from"] = "packed-DualKV's calibration (--flex-budget dualkv)"
+        elif args.token_budget == "auto" and not args.smoke:
+            phase("calibrating (two micro-batch sizes)")
             info["calibration"] = calibrate(torch, pipe, W, rollout, args)
             budget = info["calibration"]["budget"]
+            phase(f"budget {budget}")
         else:
             budget = int(args.token_budget if args.token_budget != "auto" else 256)
         for attempt in range(3):
@@ -1292,6 +1308,8 @@ def run_budget_method(torch, pipe, W, rollout, args, ref):
             try:
                 clear_grads(W)
                 free_memory(torch)
+                phase(f"first step, budget {budget}, micro-batches "
+                      f"{[d.tokens for d in data]}")
                 t0 = time.perf_counter()
                 pipe.step(W, data, sched.loss_tokens)
                 cuda_sync(torch)
@@ -1313,6 +1331,7 @@ def run_budget_method(torch, pipe, W, rollout, args, ref):
 
         clear_grads(W)
         free_memory(torch)
+        phase("measured step")
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         loss, logps = pipe.step(W, data, sched.loss_tokens, collect=True)
@@ -1327,6 +1346,7 @@ def run_budget_method(torch, pipe, W, rollout, args, ref):
             new_ref = {"name": pipe.name, "logp": logp, "loss": loss,
                        "grads": {n: w.grad.detach().to("cpu") for n, w in W.items()}}
         del logps, logp
+        phase(f"{args.reps} timed steps")
         times = []
         for _ in range(args.reps):
             clear_grads(W)
@@ -1347,6 +1367,7 @@ def run_budget_method(torch, pipe, W, rollout, args, ref):
         info["times_ms"] = times
         info["response_tokens_per_s"] = rollout.response_tokens / (info["step_ms"] / 1e3)
         if args.profile and torch.cuda.is_available():
+            phase("profiled step")
             info["kernels"] = profile_step(torch, pipe, W, data, sched.loss_tokens)
         del data
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
@@ -1503,7 +1524,13 @@ def main_budget(args):
             results[name] = {"status": failure_status(torch, e)}
             print(f"  {name:16s} {results[name]['status']}", flush=True)
             continue
-        info, new_ref = run_budget_method(torch, pipe, W, rollout, args, ref)
+        shared = None
+        dk = results.get("packed-DualKV", {})
+        if (name == "packed-Flex" and args.flex_budget == "dualkv"
+                and dk.get("status") == "ok"):
+            shared = dk["token_budget"]
+        info, new_ref = run_budget_method(torch, pipe, W, rollout, args, ref,
+                                          shared_budget=shared)
         if ref is None and new_ref is not None:
             ref = new_ref
         results[name] = info
@@ -1750,6 +1777,13 @@ def parse_args(argv=None):
                     "kernel kind)")
     ap.add_argument("--time-limit", type=float, default=None,
                     help="token-budget mode: skip the methods left after this many seconds")
+    ap.add_argument("--flex-budget", choices=("calibrate", "dualkv"), default="calibrate",
+                    help="token-budget auto: packed-Flex calibrates its own budget "
+                    "(default) or takes packed-DualKV's (same layout; skips two "
+                    "compiles of new shapes; run DualKV first)")
+    ap.add_argument("--flex-dynamic", choices=("true", "false"), default="true",
+                    help="token-budget mode: torch.compile(flex_attention, dynamic=...) "
+                    "(default true, as the rest of this example)")
     ap.add_argument("--smoke", action="store_true",
                     help="token-budget mode on the CPU: a tiny model, reference "
                     "attention for every layout, the methods checked against each "
@@ -1768,6 +1802,7 @@ def parse_args(argv=None):
             ap.error(f"--token-budget {args.token_budget}: an integer or auto")
         if args.token_budget < 1:
             ap.error("--token-budget must be >= 1")
+    args.flex_dynamic = args.flex_dynamic == "true"
     if args.smoke and args.token_budget is None:
         args.token_budget = "auto"
     budget_methods = [m.strip() for m in args.budget_methods.split(",") if m.strip()]
