@@ -20,8 +20,8 @@ Without ``dualkv_plan`` the plan comes from the packed ``position_ids``
 attention call: RL frameworks and collators that already hand a packed row
 and its positions to the model need no new keyword. The plan is built once
 per forward, at the first layer (one small device-to-host copy), and reused
-by every later layer of that forward: it is cached on the position_ids
-tensor itself (same object, unmodified). Eager only: under torch.compile,
+by every later layer of that forward: it is remembered for that position_ids
+tensor (same object, unmodified; per thread). Eager only: under torch.compile,
 pass ``dualkv_plan``.
 
 The packed micro-batch is one sequence (batch size 1) of T tokens; the plan
