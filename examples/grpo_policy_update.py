@@ -48,6 +48,15 @@ Run (GPU, PyTorch >= 2.5; from the repository root, after building build/libdual
   python3 examples/grpo_policy_update.py --lib build/libdualkv.so --quick    # one small config
 Writes benchmarks/results/<today>/<commit>/grpo_policy_update.{md,json,png} (--out DIR to change).
 
+Token-budget mode (docs/rl.md): the pipelines end to end on one rollout batch, each method's
+micro-batches formed by its token budget with dualkv.rl.schedule (auto: the largest budget that
+fits), response-only chunked log-probs, gradients accumulated; replicated-SDPA (the sequences
+back to back without padding, FA2 per run of equal lengths), packed-Flex, packed-DualKV:
+  python3 examples/grpo_policy_update.py --lib build/libdualkv.so --token-budget auto
+      --configs 8192:32:2048 --layers 4 --vocab 151936 --groups 1 --profile   # (one line)
+  python3 examples/grpo_policy_update.py --smoke     # the same pipelines on the CPU, tiny model
+Writes grpo_token_budget.{md,json} in the output folder.
+
 Several GPUs (one process each, under torchrun; packed-DualKV only):
   torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --sp 4
   torchrun --nproc-per-node 4 examples/grpo_policy_update.py --lib build/libdualkv.so --quick --fsdp
@@ -208,14 +217,16 @@ def hidden_states(torch, cfg, W, input_ids, position_ids, attn):
     return h
 
 
-def response_logprobs(torch, cfg, W, h, logit_index, targets):
+def response_logprobs(torch, cfg, W, h, logit_index, targets, chunk=None):
     """log p(target) at the flat positions logit_index of h: the final norm and
-    lm_head only where a response token is predicted; log-softmax in fp32."""
-    F = torch.nn.functional
-    x = h.reshape(-1, h.shape[-1]).index_select(0, logit_index)
-    x = rms_norm(torch, x, W["norm.weight"], cfg.eps)
-    logits = F.linear(x, W["lm_head.weight"]).float()
-    return -F.cross_entropy(logits, targets, reduction="none")
+    lm_head only where a response token is predicted (dualkv.rl's response-only
+    log-probs: the LM head in chunks of rows, forward and backward, so a
+    micro-batch's [M, vocab] logits are never held at once); fp32."""
+    from dualkv.rl.logprobs import response_logprobs as chunked
+    return chunked(h.reshape(-1, h.shape[-1]), logit_index, targets,
+                   W["lm_head.weight"],
+                   norm=lambda x: rms_norm(torch, x, W["norm.weight"], cfg.eps),
+                   chunk=chunk)
 
 
 def grpo_loss(torch, logp, logp_old, advantages, clip_eps):
@@ -446,8 +457,9 @@ def clear_grads(W):
 
 def free_memory(torch):
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():   # --smoke runs on the CPU
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def is_oom(torch, e):
@@ -1025,6 +1037,667 @@ def _run_distributed(args, torch, dist, dd, dualkv, device, started):
     return 1 if problems else 0
 
 
+# ------------------------------------------------------------------- token budget
+
+#: The token-budget pipelines (--token-budget): the same rollout batch, micro-
+#: batches by token budget (dualkv.rl.schedule), response-only chunked log-probs,
+#: gradients accumulated over the micro-batches; only the layout and the attention
+#: differ. replicated-SDPA is the replicated pipeline without padding: the
+#: micro-batch's sequences [prompt | response_n] back to back in one row, SDPA's
+#: FlashAttention-2 kernel (is_causal) on each run of equal-length sequences.
+BUDGET_METHODS = ("replicated-SDPA", "packed-Flex", "packed-DualKV")
+#: The issue's targets for this mode: response tokens per second at N = 32,
+#: P = 8K, R = 2K, 4 layers, each pipeline at the largest micro-batch it fits.
+BUDGET_TARGETS = {"replicated-SDPA": 2.5, "packed-Flex": 1.2}
+
+
+class Rollout:
+    """One policy-update step's data: G groups of a prompt and N responses
+    (random tokens) and group-normalised advantages per response, seeded."""
+
+    def __init__(self, torch, lengths, vocab, seed):
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+
+        def tokens(n):
+            return torch.randint(1, vocab, (n,), generator=gen).tolist()
+
+        self.groups, self.advantages = [], {}
+        for g, (P, Rs) in enumerate(lengths):
+            self.groups.append((tokens(P), [tokens(R) for R in Rs]))
+            r = torch.rand(len(Rs), generator=gen, dtype=torch.float64)
+            a = (r - r.mean()) / (r.std() + 1e-4)
+            for n in range(len(Rs)):
+                self.advantages[(g, n)] = a[n].item()
+        self.sequences = [(g, n) for g, (_, rs) in enumerate(self.groups)
+                          for n in range(len(rs))]
+        self.response_tokens = sum(len(r) for _, rs in self.groups for r in rs)
+
+    def units(self, replicated):
+        """The rollout as dualkv.rl units: the groups, or for the replicated
+        pipeline one single-response group per sequence [prompt | response]."""
+        if replicated:
+            return [(self.groups[g][0], [self.groups[g][1][n]])
+                    for g, n in self.sequences]
+        return self.groups
+
+    def owner(self, replicated, unit, part):
+        """(group, response) of a loss segment (unit, part)."""
+        return self.sequences[unit] if replicated else (unit, part)
+
+
+class MicroBatchData:
+    """One micro-batch on the device: ids and positions [1, T], the loss
+    positions, targets and advantages [M], and the host-side layout (the
+    plan or mask is built from it inside the timed step)."""
+
+    def __init__(self, torch, packed, rollout, replicated, device):
+        t = packed.to_torch(device)
+        self.ids, self.pos = t["input_ids"], t["position_ids"]
+        self.index, self.targets = t["logit_index"], t["targets"]
+        self.layout = packed.layout
+        self.tokens = packed.num_tokens
+        self.owners = [rollout.owner(replicated, u, part)
+                       for u, part, _ in packed.segments]
+        self.lengths = [length for _, _, length in packed.segments]
+        adv = [rollout.advantages[o] for o, n in zip(self.owners, self.lengths)
+               for _ in range(n)]
+        self.advantages = torch.tensor(adv, dtype=torch.float32, device=device)
+        # Runs of equal-length sequences (replicated): (first token, count, length).
+        self.runs = []
+        at = 0
+        for P, Rs in self.layout.groups:
+            L = P + sum(Rs)
+            if self.runs and self.runs[-1][2] == L:
+                self.runs[-1][1] += 1
+            else:
+                self.runs.append([at, 1, L])
+            at += L
+        # The Flex mask's inputs: per segment its length, group, prompt or not.
+        self.segment_lengths, self.segment_groups, self.segment_is_prompt = [], [], []
+        for g, (P, Rs) in enumerate(self.layout.groups):
+            for length, is_prompt in [(P, True)] + [(R, False) for R in Rs]:
+                self.segment_lengths.append(length)
+                self.segment_groups.append(g)
+                self.segment_is_prompt.append(is_prompt)
+        self.packed_tokens = self.tokens
+
+
+def reference_attention(torch, q, k, v, mask):
+    """Softmax attention in fp32 with a dense [T, T] bool mask (--smoke)."""
+    rep = q.shape[2] // k.shape[2]
+    qh = q[0].transpose(0, 1).float()
+    kh = k[0].repeat_interleave(rep, dim=1).transpose(0, 1).float()
+    vh = v[0].repeat_interleave(rep, dim=1).transpose(0, 1).float()
+    s = qh @ kh.transpose(1, 2) / q.shape[-1] ** 0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(s, -1) @ vh).transpose(0, 1)[None].to(q.dtype)
+
+
+def dense_mask(torch, mb, device):
+    """allowed(i, j) of docs/architecture.md section 1 as a [T, T] tensor."""
+    T = mb.tokens
+    lengths = torch.tensor(mb.segment_lengths, device=device)
+    seg = torch.repeat_interleave(torch.arange(len(mb.segment_lengths),
+                                               device=device), lengths)
+    group = torch.tensor(mb.segment_groups, device=device)[seg]
+    prompt = torch.tensor(mb.segment_is_prompt, device=device)[seg]
+    i = torch.arange(T, device=device)
+    return ((group[:, None] == group[None]) & (i[None] <= i[:, None]) &
+            (prompt[None] | (seg[:, None] == seg[None])))
+
+
+class BudgetPipeline:
+    """One method's pipeline: schedule, micro-batches, the step."""
+
+    def __init__(self, name, torch, cfg, dualkv, device, args):
+        self.name, self.torch, self.cfg, self.dualkv = name, torch, cfg, dualkv
+        self.device, self.args = device, args
+        self.replicated = name == "replicated-SDPA"
+        self.smoke = args.smoke
+        self.cost = dualkv.rl.CostModel.for_transformer(
+            cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim,
+            cfg.intermediate, cfg.vocab)
+        self.note = ""
+        if self.smoke:
+            self.note = "reference attention (--smoke)"
+        elif self.replicated:
+            from torch.nn.attention import SDPBackend
+            self.sdpa = Replicated(torch, cfg, SDPBackend.FLASH_ATTENTION)
+            self.note = f"SDPA FLASH_ATTENTION, GQA: {self.sdpa.probe_gqa(device)}"
+        elif name == "packed-Flex":
+            self.flex = PackedFlex(torch, cfg)
+            if not args.flex_dynamic:
+                from torch.nn.attention.flex_attention import flex_attention
+                self.flex.flex = torch.compile(flex_attention, dynamic=False)
+            self.note = f"flex_attention compiled with dynamic={args.flex_dynamic}"
+
+    def schedule(self, rollout, budget):
+        return self.dualkv.rl.schedule(rollout.units(self.replicated), budget,
+                                       cost=self.cost)
+
+    def prepare(self, sched, rollout):
+        return [MicroBatchData(self.torch, mb.pack(), rollout, self.replicated,
+                               self.device) for mb in sched.ranks[0]]
+
+    def attention(self, mb):
+        torch = self.torch
+        if self.smoke and not self.replicated:
+            if self.name == "packed-DualKV":    # the plan is built all the same
+                plan = mb.layout.plan()
+                assert plan.num_tokens == mb.tokens
+            mask = dense_mask(torch, mb, self.device)
+            return lambda q, k, v: reference_attention(torch, q, k, v, mask)
+        if self.replicated:
+            def causal(q, k, v):             # [B, L, H, D]: --smoke's SDPA
+                L = q.shape[1]
+                mask = torch.ones(L, L, dtype=torch.bool).tril()
+                return torch.cat([reference_attention(torch, q[b:b + 1], k[b:b + 1],
+                                                      v[b:b + 1], mask)
+                                  for b in range(q.shape[0])])
+            sdpa = causal if self.smoke else self.sdpa.attn
+
+            def attn(q, k, v):
+                outs = []
+                for start, count, L in mb.runs:
+                    sl = slice(start, start + count * L)
+                    o = sdpa(*(t[0, sl].view(count, L, *t.shape[2:])
+                               for t in (q, k, v)))
+                    outs.append(o.reshape(1, count * L, *o.shape[2:]))
+                return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+            return attn
+        if self.name == "packed-Flex":
+            block_mask = self.flex.block_mask(mb, self.device)
+
+            def attn(q, k, v):
+                q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+                o = self.flex.flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+                return o.transpose(1, 2)
+            return attn
+        plan = mb.layout.plan()          # built inside the step, as an RL loop does
+        return lambda q, k, v: self.dualkv.attention(q[0], k[0], v[0],
+                                                     plan).unsqueeze(0)
+
+    def step(self, W, data, loss_tokens, collect=False):
+        """Forward and backward of every micro-batch (gradients accumulate in
+        W[...].grad); the GRPO loss is the token mean over the whole step.
+        Returns (loss, {(group, response): log-probs}) with collect."""
+        torch, cfg = self.torch, self.cfg
+        eps = self.args.clip_eps
+        total, logps = 0.0, {}
+        for mb in data:
+            attn = self.attention(mb)
+            h = hidden_states(torch, cfg, W, mb.ids, mb.pos, attn)
+            logp = response_logprobs(torch, cfg, W, h, mb.index, mb.targets,
+                                     chunk=self.args.logp_chunk)
+            ratio = torch.exp(logp - logp.detach())
+            a = mb.advantages
+            loss = torch.maximum(-a * ratio, -a * torch.clamp(
+                ratio, 1.0 - eps, 1.0 + eps)).sum() / loss_tokens
+            loss.backward()
+            if collect:
+                total += loss.item()
+                at = 0
+                for owner, n in zip(mb.owners, mb.lengths):
+                    logps[owner] = logp[at:at + n].detach()
+                    at += n
+            del h, logp, ratio, loss
+        return total, logps
+
+
+def cuda_sync(torch):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_of_step(torch, pipe, W, rollout, units_subset):
+    """Peak bytes of one micro-batch step over part of the rollout (calibration)."""
+    dualkv = pipe.dualkv
+    sched = dualkv.rl.schedule(units_subset, 1 << 30, cost=pipe.cost)
+    data = [MicroBatchData(torch, mb.pack(), rollout, pipe.replicated, pipe.device)
+            for mb in sched.ranks[0]]
+    clear_grads(W)
+    free_memory(torch)
+    torch.cuda.reset_peak_memory_stats()
+    pipe.step(W, data, max(sched.loss_tokens, 1))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    tokens = sum(d.tokens for d in data)
+    del data
+    clear_grads(W)
+    free_memory(torch)
+    return tokens, peak
+
+
+def calibrate(torch, pipe, W, rollout, args):
+    """Bytes per token and fixed bytes of one micro-batch step, from the peaks of
+    two sizes; the budget is what fits in --memory-fraction of the GPU."""
+    prompt, responses = rollout.groups[0]
+    if pipe.replicated:
+        small = [(prompt, [responses[0]])]
+        big = small + [(prompt, [responses[1]])] * 2
+        # The owners of these units are looked up as sequences 0, 1, 2.
+    else:
+        small = [(prompt, responses[:2])]
+        big = [(prompt, responses[:min(len(responses), 8)])]
+    t1, p1 = peak_of_step(torch, pipe, W, rollout, small)
+    t2, p2 = peak_of_step(torch, pipe, W, rollout, big)
+    slope = (p2 - p1) / max(t2 - t1, 1)
+    fixed = p1 - slope * t1
+    total = torch.cuda.get_device_properties(pipe.device).total_memory
+    budget = int((args.memory_fraction * total - fixed) / slope)
+    budget -= budget % 256
+    return {"bytes_per_token": slope, "fixed_gib": fixed / 2**30,
+            "points": [[t1, p1 / 2**30], [t2, p2 / 2**30]],
+            "budget": budget}
+
+
+def run_budget_method(torch, pipe, W, rollout, args, ref, shared_budget=None):
+    """Schedules the rollout by the method's token budget (given, calibrated,
+    or ``shared_budget``, another method's calibrated one; shrunk by 15%
+    after an out-of-memory step, twice at most), runs a warm-up step, the
+    measured step (peak memory, checks against `ref`) and the timed steps,
+    printing each phase as it starts (a run cut short shows where it was).
+    Returns (info, reference data or None)."""
+    info = {"status": "ok", "note": pipe.note}
+    failed, new_ref = None, None
+    began = time.perf_counter()
+
+    def phase(text):
+        print(f"    {pipe.name}: {text} (+{time.perf_counter() - began:.0f} s)", flush=True)
+
+    try:
+        if shared_budget is not None:
+            budget = shared_budget
+            info["budget_from"] = "packed-DualKV's calibration (--flex-budget dualkv)"
+        elif args.token_budget == "auto" and not args.smoke:
+            phase("calibrating (two micro-batch sizes)")
+            info["calibration"] = calibrate(torch, pipe, W, rollout, args)
+            budget = info["calibration"]["budget"]
+            phase(f"budget {budget}")
+        else:
+            budget = int(args.token_budget if args.token_budget != "auto" else 256)
+        for attempt in range(3):
+            sched = pipe.schedule(rollout, budget)
+            data = pipe.prepare(sched, rollout)
+            try:
+                clear_grads(W)
+                free_memory(torch)
+                phase(f"first step, budget {budget}, micro-batches "
+                      f"{[d.tokens for d in data]}")
+                t0 = time.perf_counter()
+                pipe.step(W, data, sched.loss_tokens)
+                cuda_sync(torch)
+                info["first_step_ms"] = (time.perf_counter() - t0) * 1e3
+                break
+            except Exception as e:  # noqa: BLE001
+                if not (is_oom(torch, e) and args.token_budget == "auto"
+                        and attempt < 2):
+                    raise
+                info.setdefault("oom_budgets", []).append(budget)
+                budget = int(budget * 0.85) // 256 * 256
+                del data, sched
+                clear_grads(W)
+                free_memory(torch)
+        info["token_budget"] = budget
+        info["micro_batches"] = [d.tokens for d in data]
+        info["layout_tokens"] = sum(info["micro_batches"])
+        info["imbalance_cost"] = sched.imbalance()
+
+        clear_grads(W)
+        free_memory(torch)
+        phase("measured step")
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        loss, logps = pipe.step(W, data, sched.loss_tokens, collect=True)
+        cuda_sync(torch)
+        if torch.cuda.is_available():
+            info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        logp = torch.cat([logps[k] for k in sorted(logps)])
+        info["loss"] = loss
+        if ref is not None:
+            info["check"] = compare(torch, W, logp, loss, ref)
+        else:
+            new_ref = {"name": pipe.name, "logp": logp, "loss": loss,
+                       "grads": {n: w.grad.detach().to("cpu") for n, w in W.items()}}
+        del logps, logp
+        phase(f"{args.reps} timed steps")
+        times = []
+        for _ in range(args.reps):
+            clear_grads(W)
+            cuda_sync(torch)
+            if torch.cuda.is_available():
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                pipe.step(W, data, sched.loss_tokens)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                pipe.step(W, data, sched.loss_tokens)
+                times.append((time.perf_counter() - t0) * 1e3)
+        info["step_ms"] = statistics.median(times)
+        info["times_ms"] = times
+        info["response_tokens_per_s"] = rollout.response_tokens / (info["step_ms"] / 1e3)
+        if args.profile and torch.cuda.is_available():
+            phase("profiled step")
+            info["kernels"] = profile_step(torch, pipe, W, data, sched.loss_tokens)
+        del data
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        failed = failure_status(torch, e)
+    if failed is not None:
+        info = {"status": failed, "note": pipe.note,
+                "calibration": info.get("calibration"),
+                "oom_budgets": info.get("oom_budgets")}
+        new_ref = None
+    clear_grads(W)
+    free_memory(torch)
+    return info, new_ref
+
+
+def kernel_category(name):
+    low = name.lower()
+    if any(s in low for s in ("dualkv", "flash", "fmha", "flex", "attn",
+                              "attention", "triton_tem")):
+        return "attention"
+    if any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "cublas",
+                              "sm90_", "s16816", "wgmma")):
+        return "GEMM"
+    return "other"
+
+
+def profile_step(torch, pipe, W, data, loss_tokens):
+    """One step under torch.profiler: GPU time by kernel category and the top
+    kernels (where the step's time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+    clear_grads(W)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        pipe.step(W, data, loss_tokens)
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+    totals, by_name = {}, {}
+    for ev in prof.events():        # kernels, copies and sets: device events
+        if ev.device_type != DeviceType.CUDA:
+            continue
+        by_name[ev.name] = by_name.get(ev.name, 0) + ev.time_range.elapsed_us()
+    for name, t in by_name.items():
+        cat = kernel_category(name)
+        totals[cat] = totals.get(cat, 0) + t
+    top = sorted(by_name.items(), key=lambda x: -x[1])[:12]
+    clear_grads(W)
+    return {"ms_by_category": {k: v / 1e3 for k, v in totals.items()},
+            "top_kernels_ms": [[n[:120], t / 1e3] for n, t in top]}
+
+
+def logprob_memory(torch, dualkv, cfg, W, P, N, R, device, chunk):
+    """The loss step alone on one group's last hidden states (random): the LM
+    head over every packed position then gathered (full), over the response
+    positions only in one GEMM (response-only), and dualkv.rl's chunks. Peak
+    memory of its forward + backward and the largest log-prob difference from
+    the full path."""
+    F = torch.nn.functional
+    packed = dualkv.pack([([1] * P, [[1] * R] * N)])
+    index = [i for n in range(N) for i in packed.logit_positions(0, n)]
+    T, M = packed.num_tokens, len(index)
+    index = torch.tensor(index, device=device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    h0 = torch.randn(T, cfg.hidden, device=device, dtype=torch.bfloat16,
+                     generator=gen)
+    targets = torch.randint(0, cfg.vocab, (M,), device=device, generator=gen)
+    coef = torch.randn(M, device=device, generator=gen)
+    w = W["lm_head.weight"]
+    out = {"P": P, "N": N, "R": R, "T": T, "M": M, "vocab": cfg.vocab,
+           "prompt_share_of_logits": (T - M) / T}
+    ref = None
+    for kind in ("full", "response-only", "chunked"):
+        failed = None
+        try:
+            h = h0.clone().requires_grad_(True)
+            w.grad = None
+            free_memory(torch)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            if kind == "full":
+                logits = F.linear(h, w).float()
+                logp = torch.log_softmax(logits, -1)[index].gather(
+                    1, targets[:, None])[:, 0]
+                del logits
+            elif kind == "response-only":
+                logits = F.linear(h[index], w).float()
+                logp = torch.log_softmax(logits, -1).gather(
+                    1, targets[:, None])[:, 0]
+                del logits
+            else:
+                logp = dualkv.rl.response_logprobs(h, index, targets, w, chunk=chunk)
+            (logp * coef).sum().backward()
+            torch.cuda.synchronize()
+            out[kind] = {"peak_gib": (torch.cuda.max_memory_allocated() - base) / 2**30}
+            logp = logp.detach()
+            if ref is None:
+                ref = logp
+            else:
+                out[kind]["logp_max_abs_diff_vs_full"] = (logp - ref).abs().max().item()
+            del h, logp
+        except Exception as e:  # noqa: BLE001
+            failed = failure_status(torch, e)
+        if failed:
+            out[kind] = {"status": failed}
+    w.grad = None
+    free_memory(torch)
+    return out
+
+
+def smoke_config():
+    """A tiny model for --smoke (CPU, fp32): the pipelines' logic only."""
+    cfg = ModelConfig(2, 97)
+    cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim = 64, 4, 2, 16
+    cfg.intermediate = 128
+    return cfg
+
+
+def main_budget(args):
+    """--token-budget: the pipelines compared end to end on one rollout batch."""
+    started = time.perf_counter()
+    dualkv = import_dualkv(args.lib)
+    import dualkv.rl  # noqa: F401 - dualkv.rl.schedule, .logprobs
+    if args.smoke:
+        try:
+            import torch
+        except ImportError:
+            print("skipped: --smoke needs torch")
+            return 77
+        device, dtype = torch.device("cpu"), torch.float32
+        cfg = smoke_config()
+        env = {"device": "cpu (--smoke)", "torch": torch.__version__}
+    else:
+        torch = import_torch_for_gpu("--smoke runs the pipelines' logic on the CPU")
+        device = torch.device("cuda", torch.cuda.current_device())
+        dtype = torch.bfloat16
+        cfg = ModelConfig(args.layers, args.vocab)
+        env = environment(torch, dualkv)
+    out_dir = Path(args.out) if args.out else (
+        REPO / "benchmarks" / "results" / datetime.date.today().isoformat())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    W = init_weights(torch, cfg, device, dtype, args.seed)
+    n_params = sum(w.numel() for w in W.values())
+    P, N, R = args.configs[0]
+    rollout = Rollout(torch, [(P, [R] * N)] * args.groups, cfg.vocab, args.seed + 1)
+    print(f"# {env.get('gpu', env.get('device'))}, torch {env['torch']}")
+    print(f"# model: Qwen3-8B layer sizes, {cfg.layers} layers, vocab {cfg.vocab}, "
+          f"{n_params / 1e6:.0f}M parameters; step: G = {args.groups} group(s) of "
+          f"P={P}, N={N}, R={R} ({rollout.response_tokens} response tokens), "
+          f"token budget {args.token_budget}", flush=True)
+    results, ref = {}, None
+    for name in args.budget_methods:
+        try:
+            pipe = BudgetPipeline(name, torch, cfg, dualkv, device, args)
+        except Exception as e:  # noqa: BLE001 - e.g. no flex_attention here
+            results[name] = {"status": failure_status(torch, e)}
+            print(f"  {name:16s} {results[name]['status']}", flush=True)
+            continue
+        shared = None
+        dk = results.get("packed-DualKV", {})
+        if (name == "packed-Flex" and args.flex_budget == "dualkv"
+                and dk.get("status") == "ok"):
+            shared = dk["token_budget"]
+        info, new_ref = run_budget_method(torch, pipe, W, rollout, args, ref,
+                                          shared_budget=shared)
+        if ref is None and new_ref is not None:
+            ref = new_ref
+        results[name] = info
+        if info["status"] == "ok":
+            chk = info.get("check")
+            extra = (f", logp max|Δ| {chk['logp_max_abs_diff']:.2e}, worst grad rel "
+                     f"{chk['grad_rel_worst']:.2e} vs {chk['reference']}" if chk
+                     else " (reference)")
+            print(f"  {name:16s} budget {info['token_budget']:7d}: "
+                  f"{len(info['micro_batches'])} micro-batch(es) "
+                  f"{info['micro_batches'][:4]}{'...' if len(info['micro_batches']) > 4 else ''}"
+                  f" {info['step_ms']:9.1f} ms {info['response_tokens_per_s']:11,.0f} "
+                  f"resp tok/s peak {info.get('peak_gib', 0):6.1f} GiB{extra}", flush=True)
+        else:
+            print(f"  {name:16s} {info['status']}", flush=True)
+        del pipe
+        free_memory(torch)
+        write_budget_report(results, None, args, env, cfg, n_params, rollout,
+                            time.perf_counter() - started, out_dir, quiet=True)
+        if args.time_limit and time.perf_counter() - started > args.time_limit:
+            print(f"# --time-limit {args.time_limit} s reached: the rest is skipped",
+                  flush=True)
+            break
+    ref = None
+    extra = None
+    if args.logprob_memory and not args.smoke and (
+            not args.time_limit or time.perf_counter() - started < args.time_limit):
+        lP, lN, lR = args.logprob_memory
+        extra = logprob_memory(torch, dualkv, cfg, W, lP, lN, lR, device, args.logp_chunk)
+        print("# loss step alone (LM head + log-probs, fwd+bwd): " + json.dumps(extra),
+              flush=True)
+    wall = time.perf_counter() - started
+    write_budget_report(results, extra, args, env, cfg, n_params, rollout, wall, out_dir)
+    problems = [f"{m}: {i['status']}" for m, i in results.items()
+                if m == "packed-DualKV" and i["status"] != "ok"]
+    if args.smoke:
+        problems = []
+        for m, i in results.items():
+            chk = i.get("check")
+            if i["status"] != "ok":
+                problems.append(f"{m}: {i['status']}")
+            elif chk and (chk["logp_max_abs_diff"] > 1e-4 or chk["grad_rel_worst"] > 1e-4):
+                problems.append(f"{m}: logp {chk['logp_max_abs_diff']:.2e}, grad "
+                                f"{chk['grad_rel_worst']:.2e} vs {chk['reference']}")
+        print("smoke: " + ("ok" if not problems else "; ".join(problems)))
+    return 1 if problems else 0
+
+
+def write_budget_report(results, extra, args, env, cfg, n_params, rollout, wall, out_dir,
+                        quiet=False):
+    P, N, R = args.configs[0]
+    header = ["method", "token budget", "micro-batches (tokens)", "layout tokens",
+              "step ms", "resp. tok/s", "peak GiB", "x vs replicated", "x vs Flex",
+              "logp max|Δ|", "worst grad rel (param)"]
+    rows = []
+    ok = {m: i for m, i in results.items() if i.get("status") == "ok"}
+    for m in BUDGET_METHODS:
+        info = results.get(m)
+        if info is None:
+            continue
+        if info["status"] != "ok":
+            cal = info.get("calibration") or {}
+            rows.append([m, str(cal.get("budget", "—")), info["status"]] + ["—"] * 8)
+            continue
+        mbs = info["micro_batches"]
+        shown = (f"{len(mbs)} × ≤{max(mbs)}" if len(mbs) > 3 else
+                 f"{len(mbs)}: {', '.join(map(str, mbs))}")
+        sp = [fmt(ok[p]["step_ms"] / info["step_ms"], ".2f") if p in ok else "—"
+              for p in ("replicated-SDPA", "packed-Flex")]
+        chk = info.get("check")
+        rows.append([m, str(info["token_budget"]), shown, str(info["layout_tokens"]),
+                     fmt(info["step_ms"], ".1f"), fmt(info["response_tokens_per_s"], ",.0f"),
+                     fmt(info.get("peak_gib"), ".1f"), sp[0], sp[1],
+                     fmt(chk["logp_max_abs_diff"], ".2e") if chk else "ref.",
+                     f"{chk['grad_rel_worst']:.2e} ({chk['grad_rel_worst_param']})"
+                     if chk else "reference"])
+    targets = []
+    dk = ok.get("packed-DualKV")
+    for peer, need in BUDGET_TARGETS.items():
+        if dk and peer in ok:
+            ratio = ok[peer]["step_ms"] / dk["step_ms"]
+            targets.append(f"packed-DualKV vs {peer}: {ratio:.2f}x (target >= {need}x): "
+                           + ("MET" if ratio >= need else "NOT MET"))
+        else:
+            targets.append(f"packed-DualKV vs {peer}: not measured "
+                           f"(DualKV {results.get('packed-DualKV', {}).get('status', 'not run')}, "
+                           f"{peer} {results.get(peer, {}).get('status', 'not run')})")
+    if not quiet:
+        print("\n" + text_table(header, rows) + "\n\n" + "\n".join(targets))
+    data = {"env": env, "model": cfg.as_dict(), "parameters": n_params,
+            "args": dict(vars(args)), "step": {"P": P, "N": N, "R": R, "G": args.groups,
+                                               "response_tokens": rollout.response_tokens},
+            "results": results, "targets": targets, "logprob_memory": extra,
+            "wall_s": wall}
+    stem = Path(out_dir) / "grpo_token_budget"
+    with open(str(stem) + ".json", "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+    md = ["# GRPO policy update by token budget: replicated SDPA vs packed Flex vs packed DualKV",
+          "", f"`examples/grpo_policy_update.py --token-budget {args.token_budget}` "
+          f"({datetime.datetime.now().isoformat(timespec='seconds')}, wall {wall:.0f} s).", "",
+          "- " + "\n- ".join(f"{k}: {v}" for k, v in env.items()),
+          f"- model: Qwen3-8B layer sizes (hidden {cfg.hidden}, {cfg.heads}/{cfg.kv_heads} "
+          f"heads, head_dim {cfg.head_dim}, MLP {cfg.intermediate}), {cfg.layers} layers, "
+          f"vocab {cfg.vocab}, {n_params / 1e6:.0f}M parameters, bf16, random init",
+          f"- one step: G = {args.groups} group(s) of P = {P}, N = {N}, R = {R} "
+          f"({rollout.response_tokens} response tokens), the same for every method; "
+          "micro-batches by token budget (dualkv.rl.schedule; the replicated pipeline's "
+          "units are the sequences [prompt | response_n], padding-free), forward + "
+          "backward of each with gradients accumulated, the GRPO loss the token mean "
+          "of the step; response-only chunked log-probs "
+          f"(chunk {args.logp_chunk or 'auto'} rows) in every method",
+          "- token budget: " + ("calibrated per method (peak memory of two micro-batch "
+                                f"sizes, {args.memory_fraction:.0%} of the GPU), shrunk 15% "
+                                "after an OOM step" if args.token_budget == "auto"
+                                else f"{args.token_budget} tokens for every method"),
+          f"- step ms: median of {args.reps} timed steps (CUDA events) after a warm-up "
+          "step and the measured (checked) step; the plan / block mask built inside the "
+          "step; packing into tensors outside it",
+          "- peak GiB: torch.cuda.max_memory_allocated over the step (weights and "
+          "gradients included)",
+          "- logp and gradient differences: against the first method in the table",
+          "", markdown_table(header, rows), "", "\n".join(f"- {t}" for t in targets), ""]
+    for m, info in results.items():
+        cal = info.get("calibration")
+        if cal:
+            md.append(f"- {m} calibration: {cal['bytes_per_token'] / 2**20:.3f} MiB per "
+                      f"token, {cal['fixed_gib']:.1f} GiB fixed, points "
+                      f"{cal['points']} -> budget {cal['budget']}"
+                      + (f"; OOM at {info['oom_budgets']}" if info.get("oom_budgets") else ""))
+    for m, info in results.items():
+        if info.get("kernels"):
+            k = info["kernels"]
+            md.append(f"- {m} GPU time by kernel kind (ms, one profiled step): "
+                      + ", ".join(f"{c} {t:.1f}" for c, t in sorted(
+                          k["ms_by_category"].items(), key=lambda x: -x[1])))
+    if extra:
+        md += ["", f"Loss step alone (LM head, log-probs, forward + backward) at P = "
+               f"{extra['P']}, N = {extra['N']}, R = {extra['R']} (T = {extra['T']} packed "
+               f"tokens, M = {extra['M']} response positions, vocab {extra['vocab']}; the "
+               f"prompt's share of the full logits {extra['prompt_share_of_logits']:.0%}):", "",
+               "| path | peak GiB | logp max \\|Δ\\| vs full |", "| --- | --- | --- |"]
+        for kind in ("full", "response-only", "chunked"):
+            x = extra.get(kind, {})
+            md.append(f"| {kind} | {fmt(x.get('peak_gib'), '.2f', x.get('status', '—'))} | "
+                      f"{fmt(x.get('logp_max_abs_diff_vs_full'), '.2e', '—')} |")
+    with open(str(stem) + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+    if not quiet:
+        print(f"\nwrote {stem}.md, .json; wall time {wall:.0f} s")
+
+
 # ------------------------------------------------------------------- arguments
 
 def parse_configs(text, parser):
@@ -1096,11 +1769,62 @@ def parse_args(argv=None):
     ap.add_argument("--fsdp", action="store_true",
                     help="several GPUs, under torchrun: shard the weights with FSDP2 "
                     "(fully_shard) over all ranks; alone or with --sp")
+    ap.add_argument("--token-budget", metavar="B|auto",
+                    help="token-budget mode: the pipelines (" + ", ".join(BUDGET_METHODS)
+                    + ") on one rollout batch of --groups groups of the first --configs "
+                    "entry, micro-batches of at most B packed tokens (dualkv.rl.schedule); "
+                    "auto: each method's largest budget that fits (calibrated)")
+    ap.add_argument("--budget-methods",
+                    default="replicated-SDPA,packed-DualKV,packed-Flex",
+                    help="token-budget mode: comma-separated subset of "
+                    + ", ".join(BUDGET_METHODS) + ", run in this order (the first is "
+                    "the checks' reference; default replicated, DualKV, Flex)")
+    ap.add_argument("--memory-fraction", type=float, default=0.9,
+                    help="token-budget auto: fraction of the GPU's memory to fill")
+    ap.add_argument("--logp-chunk", type=int, default=None,
+                    help="rows per chunk of the LM head's log-probs (default: ~1 GiB "
+                    "of fp32 logits)")
+    ap.add_argument("--logprob-memory", metavar="P:N:R",
+                    help="token-budget mode: also measure the loss step alone at this "
+                    "shape: full logits vs response-only vs chunked")
+    ap.add_argument("--profile", action="store_true",
+                    help="token-budget mode: one profiled step per method (GPU time by "
+                    "kernel kind)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="token-budget mode: skip the methods left after this many seconds")
+    ap.add_argument("--flex-budget", choices=("calibrate", "dualkv"), default="calibrate",
+                    help="token-budget auto: packed-Flex calibrates its own budget "
+                    "(default) or takes packed-DualKV's (same layout; skips two "
+                    "compiles of new shapes; run DualKV first)")
+    ap.add_argument("--flex-dynamic", choices=("true", "false"), default="true",
+                    help="token-budget mode: torch.compile(flex_attention, dynamic=...) "
+                    "(default true, as the rest of this example)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="token-budget mode on the CPU: a tiny model, reference "
+                    "attention for every layout, the methods checked against each "
+                    "other (the pipelines' logic, no GPU)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="no GPU run: combine the results of earlier runs (their "
                     "grpo_policy_update.json files, in order) into one report in --out")
     args = ap.parse_args(argv)
 
+    if args.logprob_memory:
+        args.logprob_memory = parse_configs(args.logprob_memory, ap)[0]
+    if args.token_budget is not None and args.token_budget != "auto":
+        try:
+            args.token_budget = int(args.token_budget)
+        except ValueError:
+            ap.error(f"--token-budget {args.token_budget}: an integer or auto")
+        if args.token_budget < 1:
+            ap.error("--token-budget must be >= 1")
+    args.flex_dynamic = args.flex_dynamic == "true"
+    if args.smoke and args.token_budget is None:
+        args.token_budget = "auto"
+    budget_methods = [m.strip() for m in args.budget_methods.split(",") if m.strip()]
+    bad = [m for m in budget_methods if m not in BUDGET_METHODS]
+    if bad or not budget_methods:
+        ap.error(f"--budget-methods: unknown {', '.join(bad) or '(none given)'}")
+    args.budget_methods = list(dict.fromkeys(budget_methods))   # in the order given
     if args.configs:
         args.configs = parse_configs(args.configs, ap)
     else:
@@ -1199,6 +1923,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.merge:
         return merge_reports(args)
+    if args.token_budget is not None:
+        return main_budget(args)
     if args.sp is not None or args.fsdp:
         return main_distributed(args)
     started = time.perf_counter()

@@ -30,15 +30,15 @@ import sys
 from . import _lib, _version
 from ._checks import integer, scale_value as _scale_value, sequence
 from .packing import PackedGroups, PackedTree, pack, pack_tree
-from .plans import (check_tree, groups_from_key, is_tree_key, plan_key,
-                    tree_from_key, tree_key)
+from .plans import (check_tree, groups_from_key, is_tree_key,
+                    key_from_position_ids, plan_key, tree_from_key, tree_key)
 
 __version__ = _version.version()
 
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
     "cache_stats", "gpu_available", "library_path", "pack", "PackedGroups",
-    "precompile", "pack_tree", "PackedTree",
+    "precompile", "pack_tree", "PackedTree", "rl",
 ]
 
 
@@ -49,7 +49,7 @@ def __getattr__(name):
     if name == "attention":
         from .ops import attention
         return attention
-    if name in ("ops", "distributed"):
+    if name in ("ops", "distributed", "rl"):
         # import_module, not `from . import name`: the latter asks this
         # __getattr__ for the submodule first and would recurse forever.
         import importlib
@@ -195,6 +195,25 @@ class Plan:
         plan._adopt(handle, None, (lengths, parents),
                     tree_key(lengths, parents))
         return plan
+
+    @classmethod
+    def from_position_ids(cls, position_ids):
+        """The plan of a packed row from its rotary positions alone, as RL
+        frameworks and collators hand them over (``[T]`` or ``[1, T]``: a
+        list, array or tensor; a CUDA tensor costs one small transfer).
+        Positions restarting at 0 start a new group (or sequence); falling
+        back to the prompt's length starts a new response; falling back to
+        any other earlier point of the current path splits the run there
+        and starts a new branch of a prefix tree. Gives a groups plan when
+        every tree has depth <= 1, else a tree plan with maximal nodes
+        (``dualkv.plans.forest_from_position_ids``). What the positions
+        cannot tell apart is taken as the smaller structure: a group of one
+        response is one sequence, empty responses and nodes vanish, and a
+        node with a single child is merged with it; the attention is the
+        same. Raises ValueError for what is not packed this way
+        (multi-dimensional rotary positions, several rows, a first position
+        other than 0 as in left padding, positions that jump forward)."""
+        return cls.from_key(key_from_position_ids(position_ids))
 
     @classmethod
     def from_key(cls, key):

@@ -24,7 +24,8 @@ from collections import OrderedDict
 from ._checks import INT32_MAX, integer, sequence
 
 __all__ = ["plan_key", "groups_from_key", "tree_key", "check_tree",
-           "tree_from_key", "is_tree_key", "PlanCache"]
+           "tree_from_key", "is_tree_key", "PlanCache", "position_runs",
+           "forest_from_position_ids", "key_from_position_ids"]
 
 #: The first entry of a tree plan's key (a group count is never negative).
 TREE_KEY = -1
@@ -256,3 +257,162 @@ class PlanCache:
     def __contains__(self, device_and_key):
         with self._lock:
             return device_and_key in self._plans
+
+
+def position_runs(position_ids):
+    """The maximal runs of ``position_ids`` that count up by one, as a list
+    of ``(first_position, length)``; the packed row ``position_ids`` is a
+    sequence of ints, a 1-D tensor or array, or a ``[1, T]`` one. A tensor on
+    a GPU is read with one small transfer (the run starts), not token by
+    token. Raises ValueError for what is not one packed row (see
+    ``key_from_position_ids``)."""
+    shape = _shape(position_ids)
+    if shape is not None:
+        if len(shape) == 2 and shape[0] == 1:
+            position_ids = position_ids[0]
+        elif len(shape) >= 3 or (len(shape) == 2 and shape[0] != 1):
+            raise ValueError(
+                f"dualkv: position_ids has shape {tuple(shape)}; a plan is "
+                "built from one packed row ([T] or [1, T]). Multi-dimensional "
+                "rotary positions (e.g. Qwen2-VL's [3, 1, T] mrope) and "
+                "batches of several rows are not packed this way: pack the "
+                "rows into one (dualkv.pack) or pass dualkv_plan")
+        if len(shape) == 0:
+            raise ValueError("dualkv: position_ids is a scalar; give one "
+                             "packed row of positions")
+    if hasattr(position_ids, "dtype") and hasattr(position_ids, "device") \
+            and hasattr(position_ids, "is_floating_point"):
+        return _tensor_runs(position_ids)
+    values = sequence(position_ids, "position_ids")
+    if values and isinstance(values[0], (list, tuple)) or (
+            values and _shape(values[0]) not in (None, ())):
+        if len(values) != 1:
+            raise ValueError(
+                f"dualkv: position_ids has {len(values)} rows; a plan is "
+                "built from one packed row ([T] or [1, T]): pack the rows "
+                "into one (dualkv.pack) or pass dualkv_plan")
+        values = sequence(values[0], "position_ids[0]")
+    values = [integer(x, f"position_ids[{i}]") for i, x in enumerate(values)]
+    if not values:
+        raise ValueError("dualkv: position_ids is empty: a batch needs at "
+                         "least one token")
+    runs = []
+    for i, p in enumerate(values):
+        if runs and p == runs[-1][0] + runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1])
+    return [tuple(r) for r in runs]
+
+
+def _shape(x):
+    shape = getattr(x, "shape", None)
+    return None if shape is None else tuple(int(s) for s in shape)
+
+
+def _tensor_runs(pos):
+    import torch
+    if pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
+        raise ValueError(f"dualkv: position_ids must hold integers, got "
+                         f"{pos.dtype}")
+    T = pos.shape[0]
+    if T == 0:
+        raise ValueError("dualkv: position_ids is empty: a batch needs at "
+                         "least one token")
+    pos = pos.long()
+    breaks = torch.nonzero(pos[1:] - pos[:-1] != 1).flatten() + 1
+    starts = torch.cat([breaks.new_zeros(1), breaks])
+    # One transfer: the run starts' token indices and positions together.
+    both = torch.stack([starts, pos[starts]]).tolist()
+    bounds = both[0] + [T]
+    return [(both[1][r], bounds[r + 1] - bounds[r])
+            for r in range(len(both[0]))]
+
+
+class _Node:
+    __slots__ = ("start", "length", "children")
+
+    def __init__(self, start, length):
+        self.start, self.length, self.children = start, length, []
+
+
+def forest_from_position_ids(position_ids):
+    """The forest whose pre-order packing has these rotary positions, as
+    ``(lengths, parents)`` in pre-order: a run that starts at position 0 is
+    a new root; one that starts at p > 0 falls back to position p of the
+    current root-to-node path and becomes a child of the node holding
+    position p - 1, which is split there when p - 1 is not its last position.
+    Nodes are maximal (a node with a single child whose positions go on from
+    its own is one node) and never empty. Raises ValueError for what is not
+    packed this way: a first position other than 0 (left padding, a row cut
+    from a longer one), positions that skip forward, negative positions, a
+    row that is not 1-D."""
+    runs = position_runs(position_ids)
+    roots, path, token = [], [], 0
+    for first, length in runs:
+        if first < 0:
+            raise ValueError(f"dualkv: position_ids[{token}] = {first} is "
+                             "negative")
+        if first == 0:
+            node = _Node(0, length)
+            roots.append(node)
+            path = [node]
+        elif not path:
+            raise ValueError(
+                f"dualkv: position_ids starts at {first}, not 0: left "
+                "padding, or a row cut out of a longer sequence, is not a "
+                "packed layout (every sequence, prompt or tree root starts "
+                "at position 0)")
+        else:
+            end = path[-1].start + path[-1].length   # the next position
+            if first > end:
+                raise ValueError(
+                    f"dualkv: position_ids jumps from {end - 1} to {first} at "
+                    f"token {token}: packed positions go on by one, restart "
+                    "at 0 (a new sequence) or fall back to an earlier "
+                    "position of the current sequence (a new response or "
+                    "branch)")
+            while path[-1].start > first - 1:
+                path.pop()
+            parent = path[-1]
+            cut = first - parent.start           # tokens that stay in parent
+            if cut < parent.length:
+                tail = _Node(first, parent.length - cut)
+                tail.children, parent.children = parent.children, [tail]
+                parent.length = cut
+            node = _Node(first, length)
+            parent.children.append(node)
+            path.append(node)
+        token += length
+    lengths, parents = [], []
+    stack = [(r, -1) for r in reversed(roots)]
+    while stack:
+        node, parent = stack.pop()
+        index = len(lengths)
+        lengths.append(node.length)
+        parents.append(parent)
+        stack.extend((c, index) for c in reversed(node.children))
+    if token > INT32_MAX:
+        raise ValueError(f"dualkv: position_ids has {token} tokens, more "
+                         f"than the kernels' int32 limit ({INT32_MAX})")
+    return lengths, parents
+
+
+def key_from_position_ids(position_ids):
+    """The plan key (``plan_key`` or ``tree_key``) of a packed row of rotary
+    positions (``forest_from_position_ids``): the groups key when every tree
+    has depth at most 1 (a prompt and its responses; a lone sequence is a
+    prompt with no responses), else the tree key."""
+    lengths, parents = forest_from_position_ids(position_ids)
+    groups, depth_ok = [], True
+    for i, p in enumerate(parents):
+        if p == -1:
+            groups.append((lengths[i], []))
+        elif parents[p] == -1:
+            groups[-1][1].append(lengths[i])
+        else:
+            depth_ok = False
+            break
+    if depth_ok:
+        return plan_key(groups)
+    return tree_key(lengths, parents)

@@ -15,6 +15,15 @@ Prefix trees (multi-turn, branching rollouts) go the same way:
 root-to-leaf path, and ``tree.logit_positions(n)`` / ``tree.unpack_path(x, leaf)``
 read the logits back per node or per trajectory.
 
+Without ``dualkv_plan`` the plan comes from the packed ``position_ids``
+(``dualkv.Plan.from_position_ids``), which transformers' models pass to every
+attention call: RL frameworks and collators that already hand a packed row
+and its positions to the model need no new keyword. The plan is built once
+per forward, at the first layer (one small device-to-host copy), and reused
+by every later layer of that forward: it is remembered for that position_ids
+tensor (same object, unmodified; per thread). Eager only: under torch.compile,
+pass ``dualkv_plan``.
+
 The packed micro-batch is one sequence (batch size 1) of T tokens; the plan
 travels as the ``dualkv_plan`` keyword, which transformers' model forwards
 pass down to every attention call (``**kwargs``). ``position_ids`` must be the
@@ -31,9 +40,14 @@ backward.
 Importing this module does not import transformers; ``register()`` does.
 """
 
+import threading
+import weakref
+
+from . import Plan
 from .ops import attention
 
-__all__ = ["NAME", "dualkv_attention_forward", "register"]
+__all__ = ["NAME", "dualkv_attention_forward", "register",
+           "plan_from_position_ids"]
 
 #: The attn_implementation name registered by register().
 NAME = "dualkv"
@@ -46,13 +60,10 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
     query [1, Hq, T, D], key/value [1, Hkv, T, D] (not repeated for GQA:
     DualKV reads kv head h // (Hq / Hkv) itself). Returns (attn_output
     [1, T, Hq, D], None); attention weights are never materialised.
-    Needs ``dualkv_plan=`` (a dualkv.Plan of T tokens) among the keywords.
+    Takes the plan from ``dualkv_plan=`` (a dualkv.Plan of T tokens) or,
+    without it, from the packed ``position_ids`` transformers passes along
+    (``plan_from_position_ids``).
     """
-    plan = kwargs.get("dualkv_plan")
-    if plan is None:
-        raise ValueError("dualkv: the dualkv attention backend needs the "
-                         "packed micro-batch's plan: call the model with "
-                         "dualkv_plan=plan (a dualkv.Plan)")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(f"dualkv: query/key/value must be 4-D [B, H, T, D], "
                          f"got {tuple(query.shape)}, {tuple(key.shape)}, "
@@ -66,6 +77,18 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
                          "dualkv backend (set the model's attention_dropout "
                          "to 0)")
     T = query.shape[2]
+    plan = kwargs.get("dualkv_plan")
+    if plan is None:
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            raise ValueError("dualkv: the dualkv attention backend needs the "
+                             "packed micro-batch's plan: call the model with "
+                             "dualkv_plan=plan (a dualkv.Plan) or with the "
+                             "packed position_ids")
+        plan = plan_from_position_ids(position_ids)
+        if plan.num_tokens != T:
+            raise ValueError(f"dualkv: position_ids holds {plan.num_tokens} "
+                             f"positions but the layer has {T} tokens")
     window = kwargs.get("sliding_window")
     if window is not None and window < T:
         raise ValueError(f"dualkv: sliding_window={window} is not supported "
@@ -83,6 +106,29 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
                   deterministic=bool(kwargs.get("dualkv_deterministic",
                                                 False)))
     return o.unsqueeze(0), None
+
+
+_LAST = threading.local()
+
+
+def plan_from_position_ids(position_ids):
+    """``dualkv.Plan.from_position_ids(position_ids)``, remembered for this
+    tensor (per thread, the last one): the layers of one forward receive the
+    same position_ids object, so only the first builds the plan and reads
+    the positions from the device. A new tensor, or the same one modified in
+    place (its version counter moved), builds a new plan."""
+    ref = getattr(_LAST, "ref", None)
+    version = getattr(position_ids, "_version", None)
+    if (ref is not None and ref() is position_ids
+            and _LAST.version == version):
+        return _LAST.plan
+    plan = Plan.from_position_ids(position_ids)
+    try:
+        _LAST.ref = weakref.ref(position_ids)
+    except TypeError:  # not weak-referenceable (a list): not cached
+        _LAST.ref = None
+    _LAST.version, _LAST.plan = version, plan
+    return plan
 
 
 def register(name=NAME):
