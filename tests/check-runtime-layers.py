@@ -44,7 +44,7 @@ PUBLIC = {
     "Reference.h": "reference",
 }
 # Headers below the runtime: any layer may include them.
-BELOW = re.compile(r'^dualkv/(Export\.h|Version\.h|Compiler/.*)$')
+BELOW = re.compile(r'^dualkv/(Export\.h|Version\.h|Names\.h|Compiler/.*)$')
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
