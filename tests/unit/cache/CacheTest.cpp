@@ -74,10 +74,10 @@ TEST_CASE("cache key: canonical JSON and its SHA-256", "[runtime]") {
   CHECK(key.toJson().dump() ==
         R"({"N":0,"P":0,"arch":"sm_90a","compiler":"test-fingerprint",)"
         R"("dtype":"bf16","head_dim":128,"kind":"fwd","num_kv_heads":8,)"
-        R"("num_q_heads":32,"schedule":"wgmma","schema":2,"tiling":{)"
+        R"("num_q_heads":32,"schedule":"wgmma","schema":3,"tiling":{)"
         R"("block_m":128,"block_n":64,"stages":2,"warps":8}})");
   CHECK(key.hash() ==
-        "33f6b959aabc4188393de565587f219b62888a51216827f40d773c5909dfaf12");
+        "a6633cc76e6219d2e5407107139ea2305500a58bd232a6962e5ab5998d04f0ed");
   CHECK(sampleKey().hash() == key.hash());
   CHECK(CacheKey::fromSpec(key.spec(), key.compilerFingerprint) == key);
 }
@@ -159,7 +159,7 @@ TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
   REQUIRE(disk.store(key, sampleEntry(), &why));
   CHECK(why.empty());
   const std::string dir = disk.entryDir(key);
-  CHECK(dir == tmp.path + "/v2/sm_90a/" + key.hash());
+  CHECK(dir == tmp.path + "/v3/sm_90a/" + key.hash());
   // No temp file is left behind.
   CHECK(listDir(dir) ==
         std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});

@@ -124,55 +124,8 @@ TEST_CASE("modules: cubin first, PTX when the cubin does not fit",
   CHECK_THAT(e->what(), Contains("CUDA_ERROR_INVALID_PTX"));
 }
 
-namespace {
-
-/// Valid arguments for `plan`: Hq = 8, Hkv = 2, D = 128, dense THD tensors
-/// at distinct fake addresses (never dereferenced: the driver is fake).
-ForwardArgs validArgs(const Plan &plan) {
-  ForwardArgs a;
-  const int64_t T = plan.numTokens(), D = 128, Hq = 8, Hkv = 2;
-  a.q = {fakePointer(0x100000), Hq * D, D};
-  a.k = {fakePointer(0x200000), Hkv * D, D};
-  a.v = {fakePointer(0x300000), Hkv * D, D};
-  a.o = {fakePointer(0x400000), Hq * D, D};
-  a.lse = static_cast<float *>(fakePointer(0x500000));
-  a.lse_stride_h = T;
-  a.num_tokens = T;
-  a.num_q_heads = Hq;
-  a.num_kv_heads = Hkv;
-  a.head_dim = D;
-  a.dtype = DType::BF16;
-  a.plan = &plan;
-  return a;
-}
-
-/// The spec forward() asks for with `a` on an sm_90a device.
-KernelSpec specFor(const ForwardArgs &a) {
-  KernelSpec spec;
-  spec.kind = KernelKind::Fwd;
-  spec.P = spec.N = 0;
-  spec.headDim = a.head_dim;
-  spec.numQHeads = a.num_q_heads;
-  spec.numKVHeads = a.num_kv_heads;
-  spec.dtype = a.dtype;
-  spec.arch = "sm_90a";
-  spec.tiling = a.tiling;
-  return resolveSpec(spec);
-}
-
-/// Puts `entry` in the disk cache at `root` as the kernel forward(a) needs,
-/// so that no compile runs.
-void seedKernel(const std::string &root, const ForwardArgs &a,
-                const CacheEntry &entry) {
-  CacheKey key = CacheKey::fromSpec(specFor(a), compilerFingerprint());
-  REQUIRE(DiskCache(root).store(key, entry));
-}
-
-} // namespace
-
 TEST_CASE("launch parameters are filled by name from the kernel's table",
           "[runtime]") {
-  using detail::LaunchParams;
   uint64_t p = 0;
   int64_t i = 0;
   float f = 0;

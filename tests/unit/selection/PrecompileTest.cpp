@@ -55,7 +55,7 @@ TEST_CASE("precompile: an explicit arch fills the disk cache without a GPU, "
   CHECK(cacheStats().compiles == 6);
   size_t entries = 0;
   for (const auto &e :
-       fs::recursive_directory_iterator(tmp.path + "/cache/v2/sm_80"))
+       fs::recursive_directory_iterator(tmp.path + "/cache/v3/sm_80"))
     entries += e.path().filename() == "meta.json";
   CHECK(entries == 6);
 
@@ -178,7 +178,7 @@ TEST_CASE("precompile: without an arch it takes the current GPU's",
   args.backward = false;
   PrecompileReport r = precompile(args);
   CHECK(r.kernels == 1);
-  CHECK(fs::is_directory(tmp.path + "/v2/sm_80"));
+  CHECK(fs::is_directory(tmp.path + "/v3/sm_80"));
   // It loads nothing onto the GPU.
   CHECK(scoped.fake.cubinLoads + scoped.fake.ptxLoads == 0);
   clearKernelCache();

@@ -92,7 +92,7 @@ TEST_CASE("tuning: corrupt or foreign files are reported and ignored",
     std::string text, expect;
   };
   std::string wrongVersion = valid;
-  wrongVersion.replace(wrongVersion.find("\"version\": 1"), 12,
+  wrongVersion.replace(wrongVersion.find("\"version\": 2"), 12,
                        "\"version\": 7");
   std::string wrongType = valid;
   wrongType.replace(wrongType.find("\"block_m\": 128"), 14,
@@ -103,7 +103,7 @@ TEST_CASE("tuning: corrupt or foreign files are reported and ignored",
        {Bad{valid.substr(0, valid.size() / 2), "not valid JSON"},
         Bad{"{\"schema\": \"other\", \"version\": 1}", "not a DualKV tuning"},
         Bad{"[1, 2]", "not a DualKV tuning"},
-        Bad{wrongVersion, "schema version 7 is not 1"},
+        Bad{wrongVersion, "schema version 7 is not 2"},
         Bad{wrongType, "entries[0].block_m is not a valid integer"},
         Bad{zeroTile, "entries[0].tiling has a zero field"}}) {
     writeText(path, bad.text);
@@ -158,11 +158,11 @@ TEST_CASE("tuning: the kernel kind is part of the key", "[tuning]") {
   std::remove(path.c_str());
 }
 
-TEST_CASE("tuning: version 1 holds every kind and other versions or "
-          "unknown kinds are foreign",
+TEST_CASE("tuning: the current version holds every kind and other "
+          "versions or unknown kinds are foreign",
           "[tuning]") {
-  // A file written before the backward existed: version 1, forward entries.
-  // The kind has always been in the key, so it still reads as it did.
+  // The kind has always been in the key: forward and backward entries of
+  // the current version read as written.
   std::string path = tempPath("dualkv-tuning-schema");
   auto entry = [](const std::string &kind) {
     return R"({"kind": ")" + kind +
@@ -176,14 +176,14 @@ TEST_CASE("tuning: version 1 holds every kind and other versions or "
                        version, entries);
   };
   std::string error;
-  writeText(path, file(1, entry("fwd")));
+  writeText(path, file(TuningDb::kSchemaVersion, entry("fwd")));
   TuningDb old = TuningDb::load(path, &error);
   CHECK(error.empty());
   REQUIRE(old.entries().size() == 1);
   CHECK(old.entries()[0].spec.kind == KernelKind::Fwd);
 
   for (const char *kind : {"bwd", "bwd_kv"}) {
-    writeText(path, file(1, entry(kind)));
+    writeText(path, file(TuningDb::kSchemaVersion, entry(kind)));
     TuningDb db = TuningDb::load(path, &error);
     INFO(kind);
     CHECK(error.empty());
@@ -192,13 +192,19 @@ TEST_CASE("tuning: version 1 holds every kind and other versions or "
   }
 
   // Another version (a later schema) is foreign: reported, nothing read.
-  writeText(path, file(2, entry("fwd")));
+  writeText(path, file(3, entry("fwd")));
   TuningDb later = TuningDb::load(path, &error);
   CHECK(later.entries().empty());
-  CHECK(error.find("ignored: schema version 2 is not 1") != std::string::npos);
+  CHECK(error.find("ignored: schema version 3 is not 2") != std::string::npos);
+  // So is an earlier one (version 1 spelled fp16 "f16").
+  writeText(path, file(1, entry("fwd")));
+  TuningDb earlier = TuningDb::load(path, &error);
+  CHECK(earlier.entries().empty());
+  CHECK(error.find("ignored: schema version 1 is not 2") != std::string::npos);
 
   // An unknown kind names the field and the value, and the whole file goes.
-  writeText(path, file(1, entry("fwd") + ", " + entry("bwd_fused")));
+  writeText(path, file(TuningDb::kSchemaVersion,
+                       entry("fwd") + ", " + entry("bwd_fused")));
   TuningDb unknown = TuningDb::load(path, &error);
   CHECK(unknown.entries().empty());
   CHECK(error.find("entries[1].kind 'bwd_fused' is not a known kernel kind") !=
@@ -566,7 +572,7 @@ TEST_CASE("tuning: an entry whose P, N, R are not a shape class is malformed",
           "[tuning][class]") {
   std::string path = tempPath("dualkv-tuning-badclass");
   auto file = [](const std::string &pnr) {
-    return R"({"schema": "dualkv-tuning", "version": 1, "entries": [{"kind": )"
+    return R"({"schema": "dualkv-tuning", "version": 2, "entries": [{"kind": )"
            R"("fwd", )" +
            pnr +
            R"(, "head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, )"
