@@ -10,6 +10,7 @@
 #include "plans/WorkItems.h"
 #include "selection/Background.h"
 #include "selection/Select.h"
+#include "support/Status.h"
 
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
@@ -34,8 +35,7 @@
 
 namespace dualkv::testing {
 
-/// A fresh directory, removed with everything in it at scope exit. (The
-/// tests link libdualkv.so, whose LLVM is hidden, so they use std only.)
+/// A fresh directory, removed with everything in it at scope exit.
 struct TempDir {
   std::string path;
   TempDir() {
@@ -125,6 +125,41 @@ template <typename F> std::optional<Error> errorOf(F &&body) {
     return e;
   }
   return std::nullopt;
+}
+
+/// The parts (code, message, cause) of `error`, which must be a failure;
+/// consumes it.
+inline ErrorParts partsOf(llvm::Error error) {
+  const bool failed = static_cast<bool>(error);
+  REQUIRE(failed);
+  return takeErrorParts(std::move(error));
+}
+template <typename T> ErrorParts partsOf(llvm::Expected<T> value) {
+  return partsOf(value.takeError());
+}
+
+/// The message of a failure (an llvm::Error or an Expected that holds one).
+template <typename E> std::string messageOf(E &&failure) {
+  return partsOf(std::forward<E>(failure)).message;
+}
+
+/// The ErrorCode of a failure (an llvm::Error or an Expected that holds one).
+template <typename E> ErrorCode codeOf(E &&failure) {
+  return partsOf(std::forward<E>(failure)).code;
+}
+
+/// Requires `error` to be a success, else fails with its message.
+inline void requireSuccess(llvm::Error error) {
+  if (error)
+    FAIL(takeErrorParts(std::move(error)).message);
+}
+
+/// The value of `value`, which must be a success (else the test fails with
+/// its message).
+template <typename T> T valueOf(llvm::Expected<T> value) {
+  if (!value)
+    FAIL(takeErrorParts(value.takeError()).message);
+  return std::move(*value);
 }
 
 inline void *fakePointer(uintptr_t address) {
