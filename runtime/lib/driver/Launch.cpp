@@ -10,11 +10,14 @@
 
 namespace dualkv {
 
-LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree)
-    : kind(kind), table(abi::kernelParams(kind, schedule, tree)) {
-  if (table.size > slots.size())
-    keep(internalError("a kernel takes too many parameters"));
+namespace {
+llvm::Error tooManyParameters() {
+  return internalError("a kernel takes too many parameters");
 }
+} // namespace
+
+LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree)
+    : kind(kind), table(abi::kernelParams(kind, schedule, tree)) {}
 
 LaunchParams::~LaunchParams() { llvm::consumeError(std::move(error_)); }
 
@@ -27,6 +30,8 @@ void LaunchParams::keep(llvm::Error error) {
 
 llvm::Error LaunchParams::set(const char *name, void *v, bool pointer,
                               abi::ParamType type) {
+  if (table.size > slots.size())
+    return tooManyParameters();
   int i = table.indexOf(name);
   abi::ParamType declared = i < 0 ? type : table.params[i].type;
   bool declaredPointer = declared != abi::ParamType::I64 &&
@@ -63,6 +68,8 @@ LaunchParams &LaunchParams::tensorMap(const char *name, cuda::CUtensorMap &v) {
 }
 
 llvm::Expected<void **> LaunchParams::data() {
+  if (table.size > slots.size())
+    return tooManyParameters();
   if (error_)
     return std::exchange(error_, llvm::Error::success());
   for (size_t i = 0; i < table.size; ++i)
