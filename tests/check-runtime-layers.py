@@ -7,10 +7,14 @@ it, and the include graph of the runtime has no cycle:
 
     support < driver < cache < selection < operations < capi
                   driver < plans < operations;  selection may read plans'
-                  public header (shape classes); reference stands alone.
+                  public header (shape classes); reference uses support alone.
+
+Errors below the API are llvm::Error (support/Status.h): no file of
+runtime/lib throws but support/Status.* (the C++ API's edge, throwIfError).
 
 Usage: check-runtime-layers.py ROOT          check ROOT's runtime
-       check-runtime-layers.py --self-test   show that a wrong include fails
+       check-runtime-layers.py --self-test   show that a wrong include, a
+                                             cycle and a throw fail
 """
 import pathlib
 import re
@@ -28,7 +32,7 @@ ALLOWED = {
     "selection": {"support", "driver", "cache", "plans"},
     "operations": {"support", "driver", "cache", "plans", "selection"},
     "capi": {"support", "driver", "cache", "plans", "selection", "operations"},
-    "reference": set(),
+    "reference": {"support"},
 }
 # The layer of each public header (runtime/include/dualkv/<name>).
 PUBLIC = {
@@ -46,6 +50,19 @@ PUBLIC = {
 # Headers below the runtime: any layer may include them.
 BELOW = re.compile(r'^dualkv/(Export\.h|Version\.h|Names\.h|Compiler/.*)$')
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# The only files below the API that may throw: the edge helpers.
+THROWERS = {"support/Status.h", "support/Status.cpp"}
+# Comments, string and character literals (whose words are not code).
+NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|'
+                      r"'(?:\\.|[^'\\\n])*'", re.S)
+THROW = re.compile(r"\bthrow\b")
+
+
+def throws(text):
+    """The line numbers of `text` (C++) where code says `throw` (a throw
+    expression or a rethrow; `catch` is fine)."""
+    code = NOT_CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    return [code.count("\n", 0, m.start()) + 1 for m in THROW.finditer(code)]
 
 
 def files_of(root):
@@ -83,7 +100,15 @@ def check(root):
                           "a public header listed in this script)")
             continue
         graph[path] = []
-        for name in INCLUDE.findall(path.read_text()):
+        text = path.read_text()
+        lib = root / "runtime/lib"
+        if path.is_relative_to(lib) and \
+                str(path.relative_to(lib)) not in THROWERS:
+            for line in throws(text):
+                errors.append(f"{shown}:{line}: throws; below the API errors "
+                              "are llvm::Error (support/Status.h), thrown "
+                              "only by throwIfError at the C++ API's edge")
+        for name in INCLUDE.findall(text):
             header, to = resolve(root, name)
             if to == "below":
                 continue
@@ -120,7 +145,8 @@ def check(root):
 
 def self_test(root):
     """A copy of the runtime in which the driver includes the cache must
-    fail, and so must a cycle inside one layer."""
+    fail, and so must a cycle inside one layer and a throw outside
+    support/Status.cpp."""
     with tempfile.TemporaryDirectory() as tmp:
         copy = pathlib.Path(tmp)
         shutil.copytree(root / "runtime", copy / "runtime")
@@ -134,7 +160,23 @@ def self_test(root):
         launch.write_text('#include "driver/Launch.h"\n' + launch.read_text())
         cycle = check(copy)
         assert any(e.startswith("include cycle:") for e in cycle), cycle
-    print("runtime layers: the self-test's wrong include and cycle fail")
+        launch.write_text(launch.read_text().split("\n", 1)[1])
+        assert not check(copy), "the repaired copy should pass"
+        # A throw in the cache fails; one in a comment, a string or a catch
+        # does not.
+        cache = copy / "runtime/lib/cache/CompileTable.cpp"
+        original = cache.read_text()
+        cache.write_text(original + '\n// throw here? "throw" no\n'
+                         "void f() { try { g(); } catch (...) { h(); } }\n")
+        assert not check(copy), check(copy)
+        cache.write_text(original + "\nvoid f() { throw 1; }\n")
+        thrown = check(copy)
+        assert any("CompileTable.cpp" in e and "throws" in e
+                   for e in thrown), thrown
+        for e in thrown:
+            print(f"layers: {e}")
+    print("runtime layers: the self-test's wrong include, cycle and throw "
+          "fail")
 
 
 def main(argv):

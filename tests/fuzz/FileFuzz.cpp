@@ -312,11 +312,11 @@ std::string fuzzCache(Rng &rng, const std::string &work, long n) {
     if (chance(rng, 0.3))
       stored.info.name = chance(rng, 0.5) ? "" : "a b";
   }
-  std::string why;
-  if (!disk.store(key, stored, &why))
-    return fmt::format("input {}: store failed: {}", n, why);
+  if (llvm::Error e = disk.store(key, stored))
+    return fmt::format("input {}: store failed: {}", n,
+                       llvm::toString(std::move(e)));
   const std::string dir = disk.entryDir(key);
-  const bool usable = unusableLaunchShape(stored.info).empty();
+  const bool usable = !llvm::errorToBool(checkLaunchShape(stored.info));
 
   static const char *files[] = {"meta.json", "kernel.ptx", "kernel.cubin"};
   const std::string file = fmt::format("{}/{}", dir, files[pick(rng, 3)]);
@@ -362,7 +362,8 @@ std::string fuzzCache(Rng &rng, const std::string &work, long n) {
   // The store after a recompile repairs whatever can be repaired.
   if (disk.refused())
     return {};
-  if (!disk.store(key, sampleEntry(), &why)) {
+  if (llvm::Error e = disk.store(key, sampleEntry())) {
+    const std::string why = llvm::toString(std::move(e));
     // Only a folder where a file belongs cannot be replaced.
     if (fs::is_directory(fs::symlink_status(file)))
       return {};

@@ -184,7 +184,9 @@ private:
   Plan();
   /// Lays out a validated forest.
   void layout(std::vector<int64_t> lengths, std::vector<int64_t> parents);
-  ForwardTable forwardTableLocked(int blockM) const;
+  /// The runtime's side of the device tables (upload, forwardTable,
+  /// backwardTable), which the methods above call.
+  friend struct PlanDevice;
   struct Device;
   int64_t numTokens_ = 0;
   int numGroups_ = 0;

@@ -1,7 +1,7 @@
 // Kernels registered ahead of time (dualkv/Aot.h), found by spec.
 #include "cache/AotRegistry.h"
 
-#include "dualkv/Error.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -26,6 +26,12 @@ AotRegistry &aotRegistry() {
 std::string aotHash(const KernelSpec &spec) {
   return CacheKey::fromSpec(resolveSpec(spec), "aot").hash();
 }
+llvm::Error checkAotKernel(const AotKernel &kernel) {
+  if (!kernel.image || kernel.imageSize == 0)
+    return invalidArgument(
+        fmt::format("AOT kernel {} has no image", kernel.info.name));
+  return llvm::Error::success();
+}
 } // namespace
 
 std::optional<CacheEntry> findAot(const KernelSpec &spec) {
@@ -41,9 +47,7 @@ std::optional<CacheEntry> findAot(const KernelSpec &spec) {
 }
 
 void registerAotKernel(const AotKernel &kernel) {
-  if (!kernel.image || kernel.imageSize == 0)
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("AOT kernel {} has no image", kernel.info.name));
+  throwIfError(checkAotKernel(kernel));
   AotRegistry &r = aotRegistry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.kernels[aotHash(kernel.spec)] = kernel;

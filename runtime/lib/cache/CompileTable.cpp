@@ -5,8 +5,7 @@
 #include "cache/AotRegistry.h"
 #include "cache/Stats.h"
 #include "support/Env.h"
-
-#include "dualkv/Error.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -67,9 +66,11 @@ void rememberEntry(const std::string &hash, const CacheEntry &entry) {
   table.byHash.emplace(hash, ready.get_future().share());
 }
 
-CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
-                       const std::string &hash, const DiskCache *disk,
-                       bool *compiledHere) {
+llvm::Expected<CacheEntry> compileOnce(const KernelSpec &spec,
+                                       const CacheKey &key,
+                                       const std::string &hash,
+                                       const DiskCache *disk,
+                                       bool *compiledHere) {
   CompileTable &table = compileTable();
   std::promise<CompiledPtr> promise;
   std::shared_future<CompiledPtr> future;
@@ -115,9 +116,12 @@ CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
         done->entry = CacheEntry{result.info, std::move(result.ptx),
                                  std::move(result.cubin)};
         done->ok = true;
-        std::string why;
-        if (disk && !disk->store(key, done->entry, &why) && !disk->refused())
-          warnOnce(fmt::format("cannot write the kernel cache: {}", why));
+        if (disk)
+          if (llvm::Error stored = disk->store(key, done->entry)) {
+            std::string why = llvm::toString(std::move(stored));
+            if (!disk->refused())
+              warnOnce(fmt::format("cannot write the kernel cache: {}", why));
+          }
       }
     } catch (const std::exception &e) {
       done->error =
@@ -134,12 +138,14 @@ CacheEntry compileOnce(const KernelSpec &spec, const CacheKey &key,
   }
   CompiledPtr compiled = future.get();
   if (!compiled->ok)
-    throw Error(ErrorCode::Compile, compiled->error);
+    return makeError(ErrorCode::Compile, compiled->error);
   return compiled->entry;
 }
 
-CacheEntry findOrCompile(const KernelSpec &spec, const CacheKey &key,
-                         const std::string &hash, Origin *origin) {
+llvm::Expected<CacheEntry> findOrCompile(const KernelSpec &spec,
+                                         const CacheKey &key,
+                                         const std::string &hash,
+                                         Origin *origin) {
   auto from = [&](Origin o) {
     if (origin)
       *origin = o;
@@ -169,8 +175,10 @@ CacheEntry findOrCompile(const KernelSpec &spec, const CacheKey &key,
   // Memory if another thread started this key's compile meanwhile (decided
   // under the compile table's lock, where the compile is claimed).
   bool compiledHere = false;
-  CacheEntry entry = compileOnce(spec, key, hash, store, &compiledHere);
-  from(compiledHere ? Origin::Compiled : Origin::Memory);
+  llvm::Expected<CacheEntry> entry =
+      compileOnce(spec, key, hash, store, &compiledHere);
+  if (entry)
+    from(compiledHere ? Origin::Compiled : Origin::Memory);
   return entry;
 }
 

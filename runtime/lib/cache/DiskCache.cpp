@@ -2,6 +2,7 @@
 #include "cache/DiskCache.h"
 
 #include "support/Env.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 #include <llvm/ADT/SmallString.h>
@@ -82,10 +83,9 @@ OpenedDir openCacheDir(int parent, const std::string &name,
     r.fd = FileDescriptor();
     return r;
   }
-  std::string reason = untrustedReason(st.st_uid, st.st_mode);
-  if (!reason.empty()) {
+  if (llvm::Error untrusted = checkTrusted(st.st_uid, st.st_mode)) {
     r.untrusted = true;
-    r.why = fmt::format("{}: {}", shown, reason);
+    r.why = fmt::format("{}: {}", shown, llvm::toString(std::move(untrusted)));
     r.fd = FileDescriptor();
   }
   return r;
@@ -96,9 +96,8 @@ OpenedDir openCacheDir(int parent, const std::string &name,
 /// random characters, so threads and ranks never share one) in the same
 /// folder, then renameat(2), which is atomic and replaces whatever `name` was
 /// (a damaged file, a link, a FIFO).
-bool writeAtomically(int dir, const std::string &shownDir,
-                     const std::string &name, llvm::StringRef bytes,
-                     std::string *why) {
+llvm::Error writeAtomically(int dir, const std::string &shownDir,
+                            const std::string &name, llvm::StringRef bytes) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
   std::string tmp;
@@ -112,12 +111,9 @@ bool writeAtomically(int dir, const std::string &shownDir,
     if (!fd && errno != EEXIST)
       break;
   }
-  if (!fd) {
-    if (why)
-      *why = fmt::format("cannot create a temp file in {}: {}", shownDir,
-                         std::strerror(errno));
-    return false;
-  }
+  if (!fd)
+    return invalidArgument(fmt::format("cannot create a temp file in {}: {}",
+                                       shownDir, std::strerror(errno)));
   const char *at = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
@@ -125,24 +121,23 @@ bool writeAtomically(int dir, const std::string &shownDir,
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0) {
-      if (why)
-        *why = fmt::format("cannot write {}/{}: {}", shownDir, tmp,
-                           std::strerror(n < 0 ? errno : EIO));
+      llvm::Error error =
+          invalidArgument(fmt::format("cannot write {}/{}: {}", shownDir, tmp,
+                                      std::strerror(n < 0 ? errno : EIO)));
       ::unlinkat(dir, tmp.c_str(), 0);
-      return false;
+      return error;
     }
     at += n;
     left -= static_cast<size_t>(n);
   }
   if (::close(fd.release()) != 0 ||
       ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
-    if (why)
-      *why = fmt::format("cannot write {}/{}: {}", shownDir, name,
-                         std::strerror(errno));
+    llvm::Error error = invalidArgument(fmt::format(
+        "cannot write {}/{}: {}", shownDir, name, std::strerror(errno)));
     ::unlinkat(dir, tmp.c_str(), 0);
-    return false;
+    return error;
   }
-  return true;
+  return llvm::Error::success();
 }
 
 /// Roots refused in this process: each is reported once, then left alone.
@@ -217,18 +212,14 @@ bool DiskCache::refused() const {
   return r.roots.count(root_) != 0;
 }
 
-std::optional<DiskCache::EntryFolder>
-DiskCache::openEntry(const CacheKey &key, bool create, std::string *why) const {
-  if (root_.empty() || refused()) {
-    if (why)
-      *why = fmt::format("the kernel cache {} is not in use", root_);
-    return std::nullopt;
-  }
-  if (!isIdentifier(key.arch)) {
-    if (why)
-      *why = fmt::format("arch '{}' cannot name a cache folder", key.arch);
-    return std::nullopt;
-  }
+llvm::Expected<DiskCache::EntryFolder> DiskCache::openEntry(const CacheKey &key,
+                                                            bool create) const {
+  if (root_.empty() || refused())
+    return invalidArgument(
+        fmt::format("the kernel cache {} is not in use", root_));
+  if (!isIdentifier(key.arch))
+    return invalidArgument(
+        fmt::format("arch '{}' cannot name a cache folder", key.arch));
   OpenedDir dir = openCacheDir(AT_FDCWD, root_, root_, /*isRoot=*/true, create);
   std::string shown = root_;
   for (const std::string &name :
@@ -240,20 +231,20 @@ DiskCache::openEntry(const CacheKey &key, bool create, std::string *why) const {
   }
   if (dir.untrusted)
     refuse(dir.why);
-  if (!dir.fd) {
-    if (why)
-      *why = dir.missing ? std::string() : dir.why;
-    return std::nullopt;
-  }
+  if (!dir.fd)
+    return makeError(
+        ErrorCode::InvalidArgument, dir.why,
+        dir.missing ? std::make_error_code(std::errc::no_such_file_or_directory)
+                    : std::error_code());
   return EntryFolder{std::move(dir.fd), shown};
 }
 
 std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
-  std::string why;
-  std::optional<EntryFolder> folder = openEntry(key, /*create=*/false, &why);
+  llvm::Expected<EntryFolder> folder = openEntry(key, /*create=*/false);
   if (!folder) {
-    if (!why.empty() && !refused())
-      warnOnce(fmt::format("cannot read the kernel cache: {}", why));
+    ErrorParts why = takeErrorParts(folder.takeError());
+    if (!isMissingFile(why) && !refused())
+      warnOnce(fmt::format("cannot read the kernel cache: {}", why.message));
     return std::nullopt; // an ordinary miss says nothing
   }
   const std::string &dir = folder->path;
@@ -267,21 +258,18 @@ std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
   // Files are read without following links, only when they are this user's
   // regular files of a bounded size; anything else is a damaged entry, which
   // the store after the recompile replaces.
-  auto read = [&](const char *name, size_t maxBytes, std::string *error,
-                  bool *missing) {
-    return readFileChecked(fd, name,
-                           FileRules{maxBytes, /*noFollow=*/true,
-                                     /*ownedOnly=*/true},
-                           error, missing);
+  auto read = [&](const char *name, size_t maxBytes) {
+    return readFileChecked(
+        fd, name, FileRules{maxBytes, /*noFollow=*/true, /*ownedOnly=*/true});
   };
 
-  bool missing = false;
-  std::optional<std::string> metaText =
-      read("meta.json", kMaxMetaBytes, &why, &missing);
-  if (!metaText && missing)
-    return std::nullopt; // an ordinary miss: say nothing
-  if (!metaText)
-    return damaged(why);
+  llvm::Expected<std::string> metaText = read("meta.json", kMaxMetaBytes);
+  if (!metaText) {
+    ErrorParts why = takeErrorParts(metaText.takeError());
+    if (isMissingFile(why))
+      return std::nullopt; // an ordinary miss: say nothing
+    return damaged(why.message);
+  }
   if (jsonNestsDeeperThan(*metaText, kMaxJsonDepth))
     return damaged("meta.json nests too deeply");
   json meta = json::parse(*metaText, nullptr, /*allow_exceptions=*/false);
@@ -312,22 +300,21 @@ std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
   } catch (const json::exception &e) {
     return damaged(fmt::format("meta.json is malformed: {}", e.what()));
   }
-  if (std::string bad = unusableLaunchShape(entry.info); !bad.empty())
-    return damaged(bad);
+  if (llvm::Error bad = checkLaunchShape(entry.info))
+    return damaged(llvm::toString(std::move(bad)));
 
-  std::optional<std::string> ptx =
-      read("kernel.ptx", kMaxKernelFileBytes, &why, nullptr);
+  llvm::Expected<std::string> ptx = read("kernel.ptx", kMaxKernelFileBytes);
   if (!ptx)
-    return damaged(why);
+    return damaged(llvm::toString(ptx.takeError()));
   if (sha256Hex(*ptx) != ptxSum)
     return damaged("kernel.ptx does not match its checksum");
   entry.ptx = std::move(*ptx);
 
   if (!cubinSum.empty()) {
-    std::optional<std::string> cubin =
-        read("kernel.cubin", kMaxKernelFileBytes, &why, nullptr);
+    llvm::Expected<std::string> cubin =
+        read("kernel.cubin", kMaxKernelFileBytes);
     if (!cubin)
-      return damaged(why);
+      return damaged(llvm::toString(cubin.takeError()));
     if (sha256Hex(*cubin) != cubinSum)
       return damaged("kernel.cubin does not match its checksum");
     entry.cubin.assign(cubin->begin(), cubin->end());
@@ -335,11 +322,11 @@ std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
   return entry;
 }
 
-bool DiskCache::store(const CacheKey &key, const CacheEntry &entry,
-                      std::string *why) const {
-  std::optional<EntryFolder> folder = openEntry(key, /*create=*/true, why);
+llvm::Error DiskCache::store(const CacheKey &key,
+                             const CacheEntry &entry) const {
+  llvm::Expected<EntryFolder> folder = openEntry(key, /*create=*/true);
   if (!folder)
-    return false;
+    return folder.takeError();
   const std::string &dir = folder->path;
   const int fd = folder->fd.get();
   llvm::StringRef cubin(entry.cubin.data(), entry.cubin.size());
@@ -358,11 +345,23 @@ bool DiskCache::store(const CacheKey &key, const CacheEntry &entry,
   // meta.json goes last: it is what makes the entry visible to load(), and
   // its checksums catch a reader that interleaves with a writer whose output
   // differs from ours.
-  if (!writeAtomically(fd, dir, "kernel.ptx", entry.ptx, why))
-    return false;
-  if (!cubin.empty() && !writeAtomically(fd, dir, "kernel.cubin", cubin, why))
-    return false;
-  return writeAtomically(fd, dir, "meta.json", meta.dump(2) + "\n", why);
+  if (llvm::Error e = writeAtomically(fd, dir, "kernel.ptx", entry.ptx))
+    return e;
+  if (!cubin.empty())
+    if (llvm::Error e = writeAtomically(fd, dir, "kernel.cubin", cubin))
+      return e;
+  return writeAtomically(fd, dir, "meta.json", meta.dump(2) + "\n");
+}
+
+bool DiskCache::store(const CacheKey &key, const CacheEntry &entry,
+                      std::string *why) const {
+  llvm::Error error = store(key, entry);
+  if (!error)
+    return true;
+  std::string message = takeErrorParts(std::move(error)).message;
+  if (why)
+    *why = std::move(message);
+  return false;
 }
 
 } // namespace dualkv

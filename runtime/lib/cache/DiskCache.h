@@ -48,10 +48,13 @@ public:
   /// too, reported on stderr once per process.
   std::optional<CacheEntry> load(const CacheKey &key) const;
 
-  /// Writes `entry` for `key`, replacing what was there. Returns false and
-  /// sets `*why` when the files cannot be written.
+  /// Writes `entry` for `key`, replacing what was there. An
+  /// InvalidArgument error says why the files cannot be written.
+  llvm::Error store(const CacheKey &key, const CacheEntry &entry) const;
+  /// The form tools/dualkv-aot calls (store above, the message in *why):
+  /// false when the files cannot be written.
   bool store(const CacheKey &key, const CacheEntry &entry,
-             std::string *why = nullptr) const;
+             std::string *why) const;
 
   /// Whether this root was refused (not the user's alone) in this process.
   bool refused() const;
@@ -65,10 +68,9 @@ private:
     std::string path;
   };
   /// The entry folder of `key`, walked from the root without following links
-  /// below it and created (0700) with `create`. nullopt with *why empty on an
-  /// ordinary miss; an untrusted folder refuses the root.
-  std::optional<EntryFolder> openEntry(const CacheKey &key, bool create,
-                                       std::string *why) const;
+  /// below it and created (0700) with `create`. An ordinary miss is an error
+  /// for which isMissingFile holds; an untrusted folder refuses the root.
+  llvm::Expected<EntryFolder> openEntry(const CacheKey &key, bool create) const;
   /// Reports `why` once and stops using this root in this process.
   void refuse(const std::string &why) const;
 

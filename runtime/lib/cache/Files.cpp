@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -45,25 +46,25 @@ const char *fileTypeName(mode_t mode) {
   return "not a regular file";
 }
 
-std::string untrustedReason(uid_t owner, mode_t mode) {
+llvm::Error checkTrusted(uid_t owner, mode_t mode) {
   if (owner != ::geteuid())
-    return fmt::format("it belongs to uid {}, not to this user (uid {})", owner,
-                       ::geteuid());
+    return invalidArgument(fmt::format(
+        "it belongs to uid {}, not to this user (uid {})", owner, ::geteuid()));
   if (mode & (S_IWGRP | S_IWOTH))
-    return fmt::format("group or others may write it (mode {:04o})",
-                       mode & 07777);
-  return {};
+    return invalidArgument(fmt::format(
+        "group or others may write it (mode {:04o})", mode & 07777));
+  return llvm::Error::success();
 }
 
-std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
-                                           const FileRules &rules,
-                                           std::string *why, bool *missing) {
-  if (missing)
-    *missing = false;
-  auto fail = [&](const std::string &reason) -> std::optional<std::string> {
-    if (why)
-      *why = fmt::format("{} {}", path, reason);
-    return std::nullopt;
+bool isMissingFile(const ErrorParts &parts) {
+  return parts.cause == std::errc::no_such_file_or_directory;
+}
+
+llvm::Expected<std::string> readFileChecked(int dirFd, const std::string &path,
+                                            const FileRules &rules) {
+  auto fail = [&](const std::string &reason, std::error_code cause = {}) {
+    return makeError(ErrorCode::InvalidArgument,
+                     fmt::format("{} {}", path, reason), cause);
   };
   // A look before opening spares a device the open; the checks that count
   // are the ones on the opened descriptor below.
@@ -82,22 +83,19 @@ std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
   FileDescriptor fd(::openat(dirFd, path.c_str(), flags));
   if (!fd) {
     int err = errno;
-    if (err == ENOENT && missing)
-      *missing = true;
     if (err == ELOOP && rules.noFollow)
       return fail("is a symbolic link, which is not followed here");
-    return fail(fmt::format("cannot be opened: {}", std::strerror(err)));
+    return fail(fmt::format("cannot be opened: {}", std::strerror(err)),
+                std::error_code(err, std::generic_category()));
   }
   if (::fstat(fd.get(), &st) != 0)
     return fail(fmt::format("cannot be examined: {}", std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
     return fail(
         fmt::format("is {}, not a regular file", fileTypeName(st.st_mode)));
-  if (rules.ownedOnly) {
-    std::string reason = untrustedReason(st.st_uid, st.st_mode);
-    if (!reason.empty())
-      return fail("is not trusted: " + reason);
-  }
+  if (rules.ownedOnly)
+    if (llvm::Error untrusted = checkTrusted(st.st_uid, st.st_mode))
+      return fail("is not trusted: " + llvm::toString(std::move(untrusted)));
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > rules.maxBytes)
     return fail(fmt::format("is {} bytes, more than the {} allowed", st.st_size,
                             rules.maxBytes));
@@ -122,6 +120,18 @@ std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
                             size, done));
   bytes.resize(size);
   return bytes;
+}
+
+std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
+                                           const FileRules &rules,
+                                           std::string *why) {
+  llvm::Expected<std::string> bytes = readFileChecked(dirFd, path, rules);
+  if (bytes)
+    return std::move(*bytes);
+  std::string message = takeErrorParts(bytes.takeError()).message;
+  if (why)
+    *why = std::move(message);
+  return std::nullopt;
 }
 
 bool jsonNestsDeeperThan(std::string_view text, int maxDepth) {

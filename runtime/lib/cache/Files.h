@@ -3,6 +3,8 @@
 #ifndef DUALKV_RUNTIME_CACHE_FILES_H
 #define DUALKV_RUNTIME_CACHE_FILES_H
 
+#include "support/Status.h"
+
 #include <sys/types.h>
 
 #include <cstddef>
@@ -47,17 +49,27 @@ struct FileRules {
 /// The whole regular file `path` (relative to the directory `dirFd`, or to
 /// the working directory with AT_FDCWD). It is opened non-blocking (a FIFO
 /// cannot hang the open), checked with fstat on the opened descriptor (type,
-/// size, and with ownedOnly owner and mode) and read up to its size. Returns
-/// nullopt with *why set on any refusal; *missing says whether the file simply
-/// does not exist.
+/// size, and with ownedOnly owner and mode) and read up to its size. Any
+/// refusal is an InvalidArgument error whose message starts with `path`; a
+/// file that simply does not exist is one whose cause is
+/// std::errc::no_such_file_or_directory (isMissingFile).
+llvm::Expected<std::string> readFileChecked(int dirFd, const std::string &path,
+                                            const FileRules &rules);
+
+/// The form tools/dualkv-aot calls (readFileChecked above, the message in
+/// *why): nullopt on any refusal.
 std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
                                            const FileRules &rules,
-                                           std::string *why,
-                                           bool *missing = nullptr);
+                                           std::string *why);
 
-/// Why an fstat result is not a file or folder this user alone controls
-/// (another owner, or writable by group or others), or empty when it is.
-std::string untrustedReason(uid_t owner, mode_t mode);
+/// Whether `parts` (takeErrorParts of a readFileChecked error) says that the
+/// file does not exist.
+bool isMissingFile(const ErrorParts &parts);
+
+/// An InvalidArgument error when an fstat result is not a file or folder this
+/// user alone controls (another owner, or writable by group or others),
+/// saying why; success when it is.
+llvm::Error checkTrusted(uid_t owner, mode_t mode);
 
 /// A short name for a file type ("a FIFO", "a directory", ...) for messages.
 const char *fileTypeName(mode_t mode);

@@ -3,8 +3,7 @@
 
 #include "cache/CompileTable.h"
 #include "cache/Stats.h"
-
-#include "dualkv/Error.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -17,17 +16,20 @@ KernelCache &kernelCache() {
   return *cache;
 }
 
-const std::string &contextArch(KernelCache &cache, cuda::CUcontext ctx) {
+llvm::Expected<std::string> contextArch(KernelCache &cache,
+                                        cuda::CUcontext ctx) {
   auto it = cache.archs.find(ctx);
   if (it == cache.archs.end()) {
-    std::string arch = cuda::currentDeviceArch();
+    llvm::Expected<std::string> arch = cuda::currentDeviceArch();
+    if (!arch)
+      return arch.takeError();
     std::string why;
-    if (!Arch::parse(arch, &why))
-      throw Error(ErrorCode::NoGpu,
-                  fmt::format("the current GPU ({}) cannot run DualKV "
-                              "kernels: {}",
-                              arch, why));
-    it = cache.archs.emplace(ctx, arch).first;
+    if (!Arch::parse(*arch, &why))
+      return makeError(ErrorCode::NoGpu,
+                       fmt::format("the current GPU ({}) cannot run DualKV "
+                                   "kernels: {}",
+                                   *arch, why));
+    it = cache.archs.emplace(ctx, *arch).first;
   }
   return it->second;
 }
@@ -37,8 +39,10 @@ bool isLoaded(const KernelCache &cache, cuda::CUcontext ctx,
   return cache.kernels.count({ctx, hash}) != 0;
 }
 
-const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
-                               const FastKey &fast, KernelSpec spec) {
+llvm::Expected<const LoadedKernel *> loadKernel(KernelCache &cache,
+                                                cuda::CUcontext ctx,
+                                                const FastKey &fast,
+                                                KernelSpec spec) {
   spec = resolveSpec(spec);
   CacheKey key = CacheKey::fromSpec(spec, fingerprint());
   std::string hash = key.hash();
@@ -47,16 +51,20 @@ const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
   if (loaded != cache.kernels.end()) {
     updateStats([](CacheStats &stats) { ++stats.memoryHits; });
     cache.byRequest.emplace(fast, loaded->second.get());
-    return *loaded->second;
+    return loaded->second.get();
   }
 
-  std::optional<CacheEntry> entry = findOrCompile(spec, key, hash);
-  std::unique_ptr<LoadedKernel> kernel =
+  llvm::Expected<CacheEntry> entry = findOrCompile(spec, key, hash);
+  if (!entry)
+    return entry.takeError();
+  llvm::Expected<std::unique_ptr<LoadedKernel>> kernel =
       loadKernelImage(ctx, *entry, spec, hash, key.describe());
-  const LoadedKernel *result = kernel.get();
-  cache.kernels.emplace(std::make_pair(ctx, hash), std::move(kernel));
+  if (!kernel)
+    return kernel.takeError();
+  const LoadedKernel *result = kernel->get();
+  cache.kernels.emplace(std::make_pair(ctx, hash), std::move(*kernel));
   cache.byRequest.emplace(fast, result);
-  return *result;
+  return result;
 }
 
 void clearLoadedKernels() {

@@ -49,9 +49,10 @@ struct KernelCache {
 /// static destruction would race the driver's own teardown.
 KernelCache &kernelCache();
 
-/// The arch of the device of `ctx` (cached per context); throws Error
-/// (NoGpu) when DualKV cannot run on it. `cache.mutex` is held.
-const std::string &contextArch(KernelCache &cache, cuda::CUcontext ctx);
+/// The arch of the device of `ctx` (cached per context); a NoGpu error when
+/// DualKV cannot run on it. `cache.mutex` is held.
+llvm::Expected<std::string> contextArch(KernelCache &cache,
+                                        cuda::CUcontext ctx);
 
 /// Whether the kernel of key hash `hash` is loaded in `ctx`.
 bool isLoaded(const KernelCache &cache, cuda::CUcontext ctx,
@@ -59,9 +60,12 @@ bool isLoaded(const KernelCache &cache, cuda::CUcontext ctx,
 
 /// Finds, loads or compiles the kernel of `spec` (arch set, tiling maybe
 /// open) in the current context `ctx` and remembers it under the request
-/// `fast`; `cache.mutex` is held (compile workers never take it).
-const LoadedKernel &loadKernel(KernelCache &cache, cuda::CUcontext ctx,
-                               const FastKey &fast, KernelSpec spec);
+/// `fast`; `cache.mutex` is held (compile workers never take it). Compile,
+/// Cuda or Internal errors as findOrCompile and loadKernelImage report them.
+llvm::Expected<const LoadedKernel *> loadKernel(KernelCache &cache,
+                                                cuda::CUcontext ctx,
+                                                const FastKey &fast,
+                                                KernelSpec spec);
 
 /// Unloads every kernel of every context and empties the compile table.
 void clearLoadedKernels();

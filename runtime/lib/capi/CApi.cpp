@@ -1,5 +1,8 @@
-// The C API: thin wrappers that turn exceptions into status codes.
+// The C API: thin wrappers that turn errors (dualkv::Error from the C++ API,
+// llvm::Error from their own checks) into status codes.
 #include "dualkv/dualkv_c.h"
+
+#include "support/Status.h"
 
 #include "dualkv/dualkv.h"
 
@@ -19,11 +22,16 @@ namespace {
 
 thread_local std::string lastError;
 
-/// Runs `body`, recording the message of whatever it throws.
+/// Runs `body`, recording the message and status of the error it returns
+/// (its own checks) or of whatever the C++ API it calls throws.
 template <typename F> int guarded(F &&body) {
   try {
     lastError.clear();
-    body();
+    if (llvm::Error error = body()) {
+      dualkv::ErrorParts parts = dualkv::takeErrorParts(std::move(error));
+      lastError = std::move(parts.message);
+      return static_cast<int>(parts.code);
+    }
     return DUALKV_OK;
   } catch (const dualkv::Error &e) {
     lastError = e.what();
@@ -46,14 +54,16 @@ dualkv::TensorArg toTensor(const dualkv_tensor_t &t) {
   return {t.data, t.stride_t, t.stride_h};
 }
 
+/// Sets `out` to the enumerator of `value`, or says why not.
 template <typename E, size_t N>
-E toEnum(const dualkv::names::Row<E> (&rows)[N], int32_t value,
-         const char *what) {
+llvm::Error toEnum(const dualkv::names::Row<E> (&rows)[N], int32_t value,
+                   const char *what, E &out) {
   if (value < 0 || static_cast<size_t>(value) >= N)
-    throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
-                        fmt::format("{} ({}) is not one of 0..{} ({})", what,
-                                    value, N - 1, dualkv::names::listOf(rows)));
-  return rows[value].value;
+    return dualkv::invalidArgument(
+        fmt::format("{} ({}) is not one of 0..{} ({})", what, value, N - 1,
+                    dualkv::names::listOf(rows)));
+  out = rows[value].value;
+  return llvm::Error::success();
 }
 
 /// The struct at `args` as this library knows it: a caller's struct_size
@@ -62,14 +72,13 @@ E toEnum(const dualkv::names::Row<E> (&rows)[N], int32_t value,
 /// bytes past this library's sizeof(T) must be zero (a newer caller's fields
 /// this library would otherwise ignore).
 template <typename T>
-T readArgs(const T *args, const char *what, size_t firstSize = sizeof(T)) {
+llvm::Expected<T> readArgs(const T *args, const char *what,
+                           size_t firstSize = sizeof(T)) {
   if (!args)
-    throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
-                        fmt::format("{} is null", what));
+    return dualkv::invalidArgument(fmt::format("{} is null", what));
   const size_t size = args->struct_size;
   if (size < firstSize)
-    throw dualkv::Error(
-        dualkv::ErrorCode::InvalidArgument,
+    return dualkv::invalidArgument(
         fmt::format("{}->struct_size ({}) is below the struct's first "
                     "version ({} bytes): set it to sizeof the struct",
                     what, size, firstSize));
@@ -78,8 +87,7 @@ T readArgs(const T *args, const char *what, size_t firstSize = sizeof(T)) {
   const auto *extra = reinterpret_cast<const unsigned char *>(args);
   for (size_t i = sizeof(T); i < size; ++i)
     if (extra[i] != 0)
-      throw dualkv::Error(
-          dualkv::ErrorCode::InvalidArgument,
+      return dualkv::invalidArgument(
           fmt::format("{} sets a field at byte {}, past the {} bytes this "
                       "library ({}) knows",
                       what, i, sizeof(T), dualkv::version()));
@@ -88,20 +96,25 @@ T readArgs(const T *args, const char *what, size_t firstSize = sizeof(T)) {
 
 /// Writes `value` into `out` up to out->struct_size bytes (a caller built
 /// against an older header receives the fields it knows).
-template <typename T> void writeOut(T *out, T value, const char *what) {
+template <typename T> llvm::Error writeOut(T *out, T value, const char *what) {
   if (!out)
-    throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
-                        fmt::format("{} is null", what));
+    return dualkv::invalidArgument(fmt::format("{} is null", what));
   const size_t size = out->struct_size;
   if (size < sizeof(size_t))
-    throw dualkv::Error(
-        dualkv::ErrorCode::InvalidArgument,
+    return dualkv::invalidArgument(
         fmt::format("{}->struct_size ({}) is not set", what, size));
   value.struct_size = size;
   std::memcpy(out, &value, std::min(size, sizeof(T)));
+  return llvm::Error::success();
 }
 
-dualkv::BackwardArgs toBackwardArgs(const dualkv_backward_args_t &a) {
+/// The C++ arguments of the C struct at `in`.
+llvm::Expected<dualkv::BackwardArgs>
+toBackwardArgs(const dualkv_backward_args_t *in) {
+  llvm::Expected<dualkv_backward_args_t> read = readArgs(in, "args");
+  if (!read)
+    return read.takeError();
+  const dualkv_backward_args_t &a = *read;
   dualkv::BackwardArgs args;
   args.q = toTensor(a.q);
   args.k = toTensor(a.k);
@@ -117,17 +130,23 @@ dualkv::BackwardArgs toBackwardArgs(const dualkv_backward_args_t &a) {
   args.num_q_heads = a.num_q_heads;
   args.num_kv_heads = a.num_kv_heads;
   args.head_dim = a.head_dim;
-  args.dtype = toEnum(dualkv::names::kDTypes, a.dtype, "dtype");
+  if (llvm::Error e =
+          toEnum(dualkv::names::kDTypes, a.dtype, "dtype", args.dtype))
+    return e;
   args.scale = a.scale;
   args.deterministic = a.deterministic != 0;
-  args.algorithm = toEnum(dualkv::names::kAlgorithms, a.algorithm, "algorithm");
+  if (llvm::Error e = toEnum(dualkv::names::kAlgorithms, a.algorithm,
+                             "algorithm", args.algorithm))
+    return e;
   args.workspace = a.workspace;
   args.workspace_bytes = a.workspace_bytes;
   args.plan = a.plan ? &a.plan->plan : nullptr;
   args.stream = a.stream;
   args.tiling = toTiling(a.tiling);
   args.dq_tiling = toTiling(a.dq_tiling);
-  args.schedule = toEnum(dualkv::names::kSchedules, a.schedule, "schedule");
+  if (llvm::Error e = toEnum(dualkv::names::kSchedules, a.schedule, "schedule",
+                             args.schedule))
+    return e;
   return args;
 }
 
@@ -177,23 +196,25 @@ int dualkv_gpu_available(void) { return dualkv::gpuAvailable() ? 1 : 0; }
 int dualkv_plan_create(const int32_t *prompt_lens, const int32_t *num_responses,
                        const int32_t *response_lens, int32_t num_groups,
                        dualkv_plan **out) {
-  return guarded([&] {
+  return guarded([&]() -> llvm::Error {
     if (!out)
-      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument, "out is null");
+      return dualkv::invalidArgument("out is null");
     *out = nullptr;
     *out = new dualkv_plan{dualkv::Plan::fromArrays(prompt_lens, num_responses,
                                                     response_lens, num_groups)};
+    return llvm::Error::success();
   });
 }
 
 int dualkv_plan_create_tree(const int32_t *lengths, const int32_t *parents,
                             int32_t num_nodes, dualkv_plan **out) {
-  return guarded([&] {
+  return guarded([&]() -> llvm::Error {
     if (!out)
-      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument, "out is null");
+      return dualkv::invalidArgument("out is null");
     *out = nullptr;
     *out = new dualkv_plan{
         dualkv::Plan::fromTreeArrays(lengths, parents, num_nodes)};
+    return llvm::Error::success();
   });
 }
 
@@ -207,27 +228,28 @@ int32_t dualkv_plan_num_chain_rows(const dualkv_plan *plan) {
 
 int dualkv_plan_chain_table(const dualkv_plan *plan, int32_t *out,
                             int64_t capacity) {
-  return guarded([&] {
-    using dualkv::Error, dualkv::ErrorCode;
+  return guarded([&]() -> llvm::Error {
     if (!plan)
-      throw Error(ErrorCode::InvalidArgument, "plan is null");
+      return dualkv::invalidArgument("plan is null");
     const std::vector<int32_t> &table = plan->plan.chainTable();
     if (!out || capacity < static_cast<int64_t>(table.size()))
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("capacity ({}) is less than the chain table's "
-                              "{} entries (or out is null)",
-                              capacity, table.size()));
+      return dualkv::invalidArgument(
+          fmt::format("capacity ({}) is less than the chain table's {} "
+                      "entries (or out is null)",
+                      capacity, table.size()));
     std::copy(table.begin(), table.end(), out);
+    return llvm::Error::success();
   });
 }
 
 void dualkv_plan_destroy(dualkv_plan *plan) { delete plan; }
 
 int dualkv_plan_upload(const dualkv_plan *plan) {
-  return guarded([&] {
+  return guarded([&]() -> llvm::Error {
     if (!plan)
-      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument, "plan is null");
+      return dualkv::invalidArgument("plan is null");
     plan->plan.upload();
+    return llvm::Error::success();
   });
 }
 
@@ -241,23 +263,26 @@ int32_t dualkv_plan_num_segments(const dualkv_plan *plan) {
 
 int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
                               int64_t capacity) {
-  return guarded([&] {
-    using dualkv::Error, dualkv::ErrorCode;
+  return guarded([&]() -> llvm::Error {
     if (!plan)
-      throw Error(ErrorCode::InvalidArgument, "plan is null");
+      return dualkv::invalidArgument("plan is null");
     std::vector<int32_t> table = plan->plan.segmentTable();
     if (!out || capacity < static_cast<int64_t>(table.size()))
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("capacity ({}) is less than the table's {} "
-                              "entries (or out is null)",
-                              capacity, table.size()));
+      return dualkv::invalidArgument(
+          fmt::format("capacity ({}) is less than the table's {} entries (or "
+                      "out is null)",
+                      capacity, table.size()));
     std::copy(table.begin(), table.end(), out);
+    return llvm::Error::success();
   });
 }
 
 int dualkv_forward(const dualkv_forward_args_t *in) {
-  return guarded([&] {
-    const dualkv_forward_args_t a = readArgs(in, "args");
+  return guarded([&]() -> llvm::Error {
+    llvm::Expected<dualkv_forward_args_t> read = readArgs(in, "args");
+    if (!read)
+      return read.takeError();
+    const dualkv_forward_args_t &a = *read;
     dualkv::ForwardArgs args;
     args.q = toTensor(a.q);
     args.k = toTensor(a.k);
@@ -269,61 +294,79 @@ int dualkv_forward(const dualkv_forward_args_t *in) {
     args.num_q_heads = a.num_q_heads;
     args.num_kv_heads = a.num_kv_heads;
     args.head_dim = a.head_dim;
-    args.dtype = toEnum(dualkv::names::kDTypes, a.dtype, "dtype");
+    if (llvm::Error e =
+            toEnum(dualkv::names::kDTypes, a.dtype, "dtype", args.dtype))
+      return e;
     args.scale = a.scale;
     args.plan = a.plan ? &a.plan->plan : nullptr;
     args.stream = a.stream;
     args.tiling = toTiling(a.tiling);
-    args.schedule = toEnum(dualkv::names::kSchedules, a.schedule, "schedule");
+    if (llvm::Error e = toEnum(dualkv::names::kSchedules, a.schedule,
+                               "schedule", args.schedule))
+      return e;
     dualkv::forward(args);
+    return llvm::Error::success();
   });
 }
 
 int dualkv_backward(const dualkv_backward_args_t *in) {
-  return guarded(
-      [&] { dualkv::backward(toBackwardArgs(readArgs(in, "args"))); });
+  return guarded([&]() -> llvm::Error {
+    llvm::Expected<dualkv::BackwardArgs> args = toBackwardArgs(in);
+    if (!args)
+      return args.takeError();
+    dualkv::backward(*args);
+    return llvm::Error::success();
+  });
 }
 
 int dualkv_backward_workspace_size(const dualkv_backward_args_t *in,
                                    int64_t *out_bytes) {
-  return guarded([&] {
+  return guarded([&]() -> llvm::Error {
     if (!out_bytes)
-      throw dualkv::Error(dualkv::ErrorCode::InvalidArgument,
-                          "out_bytes is null");
-    *out_bytes =
-        dualkv::backwardWorkspaceBytes(toBackwardArgs(readArgs(in, "args")));
+      return dualkv::invalidArgument("out_bytes is null");
+    llvm::Expected<dualkv::BackwardArgs> args = toBackwardArgs(in);
+    if (!args)
+      return args.takeError();
+    *out_bytes = dualkv::backwardWorkspaceBytes(*args);
+    return llvm::Error::success();
   });
 }
 
 int dualkv_cache_stats(dualkv_cache_stats_t *out) {
-  return guarded([&] {
+  return guarded([&]() -> llvm::Error {
     dualkv::CacheStats s = dualkv::cacheStats();
-    writeOut(out,
-             {0, s.memoryHits, s.diskHits, s.diskMisses, s.compiles,
-              s.lastCompileMs, s.totalCompileMs, s.aotHits},
-             "out");
+    return writeOut(out,
+                    {0, s.memoryHits, s.diskHits, s.diskMisses, s.compiles,
+                     s.lastCompileMs, s.totalCompileMs, s.aotHits},
+                    "out");
   });
 }
 
 int dualkv_precompile(const dualkv_precompile_args_t *in,
                       dualkv_precompile_report_t *out) {
-  return guarded([&] {
-    const dualkv_precompile_args_t args = readArgs(in, "args");
+  return guarded([&]() -> llvm::Error {
+    llvm::Expected<dualkv_precompile_args_t> read = readArgs(in, "args");
+    if (!read)
+      return read.takeError();
+    const dualkv_precompile_args_t &args = *read;
     dualkv::PrecompileArgs a;
     a.head_dim = args.head_dim;
     a.num_q_heads = args.num_q_heads;
     a.num_kv_heads = args.num_kv_heads;
-    a.dtype = toEnum(dualkv::names::kDTypes, args.dtype, "dtype");
+    if (llvm::Error e =
+            toEnum(dualkv::names::kDTypes, args.dtype, "dtype", a.dtype))
+      return e;
     a.arch = args.arch ? args.arch : "";
     a.backward = args.backward != 0;
     a.deterministic = args.deterministic != 0;
     a.tiling = toTiling(args.tiling);
     dualkv::PrecompileReport r = dualkv::precompile(a);
-    if (out)
-      writeOut(out,
-               {0, r.kernels, r.compiles, r.diskHits, r.memoryHits, r.aotHits,
-                r.wallMs},
-               "out");
+    if (!out)
+      return llvm::Error::success();
+    return writeOut(out,
+                    {0, r.kernels, r.compiles, r.diskHits, r.memoryHits,
+                     r.aotHits, r.wallMs},
+                    "out");
   });
 }
 

@@ -1,9 +1,10 @@
 // The CUDA driver API opened with dlopen, so the library loads without a GPU.
 #include "driver/CudaDriver.h"
 
+#include "support/Status.h"
+
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Device.h"
-#include "dualkv/Error.h"
 
 #include <fmt/format.h>
 
@@ -193,12 +194,12 @@ RealDriver &realDriver() {
 
 } // namespace
 
-Driver &driver() {
+llvm::Expected<Driver &> driver() {
   if (Driver *fake = testDriver.load(std::memory_order_acquire))
     return *fake;
   RealDriver &real = realDriver();
   if (!real.error.empty())
-    throw Error(ErrorCode::NoGpu, real.error);
+    return makeError(ErrorCode::NoGpu, real.error);
   return real;
 }
 
@@ -209,13 +210,13 @@ void setDriverForTesting(Driver *fake) {
 std::string describe(CUresult result) {
   const char *name = nullptr;
   const char *text = nullptr;
-  try {
-    Driver &d = driver();
-    if (d.getErrorName(result, &name) != CUDA_SUCCESS)
+  if (llvm::Expected<Driver &> d = driver()) {
+    if (d->getErrorName(result, &name) != CUDA_SUCCESS)
       name = nullptr;
-    if (d.getErrorString(result, &text) != CUDA_SUCCESS)
+    if (d->getErrorString(result, &text) != CUDA_SUCCESS)
       text = nullptr;
-  } catch (const Error &) {
+  } else {
+    llvm::consumeError(d.takeError()); // the number alone, then
   }
   std::string out = name ? name : fmt::format("CUDA error {}", result);
   if (text)
@@ -223,27 +224,35 @@ std::string describe(CUresult result) {
   return out;
 }
 
-void check(CUresult result, const char *call) {
+llvm::Error check(CUresult result, const char *call) {
   if (result == CUDA_SUCCESS)
-    return;
+    return llvm::Error::success();
   ErrorCode code =
       result == CUDA_ERROR_NO_DEVICE ? ErrorCode::NoGpu : ErrorCode::Cuda;
-  throw Error(code, fmt::format("{} failed: {}", call, describe(result)));
+  return makeError(code, fmt::format("{} failed: {}", call, describe(result)));
 }
 
-CUcontext currentContext() {
-  Driver &d = driver();
-  check(d.initOnce(), "cuInit");
+llvm::Expected<CUcontext> currentContext() {
+  llvm::Expected<Driver &> d = driver();
+  if (!d)
+    return d.takeError();
+  if (llvm::Error e = check(d->initOnce(), "cuInit"))
+    return e;
   CUcontext ctx = nullptr;
-  check(d.ctxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (llvm::Error e = check(d->ctxGetCurrent(&ctx), "cuCtxGetCurrent"))
+    return e;
   if (ctx)
     return ctx;
   // The primary context is the one the CUDA runtime uses, so PyTorch and we
   // share it; retained once and never released (it lives for the process).
   CUdevice device = 0;
-  check(d.deviceGet(&device, 0), "cuDeviceGet");
-  check(d.devicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain");
-  check(d.ctxSetCurrent(ctx), "cuCtxSetCurrent");
+  if (llvm::Error e = check(d->deviceGet(&device, 0), "cuDeviceGet"))
+    return e;
+  if (llvm::Error e = check(d->devicePrimaryCtxRetain(&ctx, device),
+                            "cuDevicePrimaryCtxRetain"))
+    return e;
+  if (llvm::Error e = check(d->ctxSetCurrent(ctx), "cuCtxSetCurrent"))
+    return e;
   return ctx;
 }
 
@@ -251,17 +260,24 @@ std::string archForComputeCapability(int major, int minor) {
   return Arch::forComputeCapability(major, minor).str();
 }
 
-std::string currentDeviceArch() {
-  Driver &d = driver();
+llvm::Expected<std::string> currentDeviceArch() {
+  llvm::Expected<Driver &> d = driver();
+  if (!d)
+    return d.takeError();
   CUdevice device = 0;
-  check(d.ctxGetDevice(&device), "cuCtxGetDevice");
+  if (llvm::Error e = check(d->ctxGetDevice(&device), "cuCtxGetDevice"))
+    return e;
   int major = 0, minor = 0;
-  check(d.deviceGetAttribute(
-            &major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
-        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
-  check(d.deviceGetAttribute(
-            &minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
-        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+  if (llvm::Error e = check(
+          d->deviceGetAttribute(
+              &major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+          "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"))
+    return e;
+  if (llvm::Error e = check(
+          d->deviceGetAttribute(
+              &minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+          "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"))
+    return e;
   return archForComputeCapability(major, minor);
 }
 
@@ -270,15 +286,15 @@ std::string currentDeviceArch() {
 namespace dualkv {
 
 bool gpuAvailable() {
-  try {
-    cuda::Driver &d = cuda::driver();
-    if (d.initOnce() != cuda::CUDA_SUCCESS)
-      return false;
-    int count = 0;
-    return d.deviceGetCount(&count) == cuda::CUDA_SUCCESS && count > 0;
-  } catch (const Error &) {
+  llvm::Expected<cuda::Driver &> d = cuda::driver();
+  if (!d) {
+    llvm::consumeError(d.takeError());
     return false;
   }
+  if (d->initOnce() != cuda::CUDA_SUCCESS)
+    return false;
+  int count = 0;
+  return d->deviceGetCount(&count) == cuda::CUDA_SUCCESS && count > 0;
 }
 
 } // namespace dualkv

@@ -2,6 +2,8 @@
 #ifndef DUALKV_RUNTIME_DRIVER_CUDADRIVER_H
 #define DUALKV_RUNTIME_DRIVER_CUDADRIVER_H
 
+#include <llvm/Support/Error.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -101,18 +103,18 @@ private:
 };
 
 /// The driver in use: the one set by setDriverForTesting, else libcuda.so.1,
-/// opened at the first call. Throws Error (NoGpu) if libcuda cannot be
-/// loaded or lacks a needed entry point.
-Driver &driver();
+/// opened at the first call. A NoGpu error if libcuda cannot be loaded or
+/// lacks a needed entry point.
+llvm::Expected<Driver &> driver();
 
 /// Makes `fake` the driver of every later call (null goes back to libcuda).
 /// The caller keeps ownership and must clear the kernel cache
 /// (clearKernelCache) before the fake dies.
 void setDriverForTesting(Driver *fake);
 
-/// Throws Error (Cuda) naming `call` and the CUDA error if `result` is not
-/// CUDA_SUCCESS.
-void check(CUresult result, const char *call);
+/// A Cuda error (NoGpu for CUDA_ERROR_NO_DEVICE) naming `call` and the CUDA
+/// error if `result` is not CUDA_SUCCESS; success otherwise.
+llvm::Error check(CUresult result, const char *call);
 
 /// "CUDA_ERROR_X (description)" for `result`, as far as the driver knows it.
 std::string describe(CUresult result);
@@ -120,14 +122,14 @@ std::string describe(CUresult result);
 /// The context of this thread, initialising the driver first. With none
 /// current, device 0's primary context is retained and made current, as the
 /// CUDA runtime (and so PyTorch) would do.
-CUcontext currentContext();
+llvm::Expected<CUcontext> currentContext();
 
 /// The arch string the compiler targets for a compute capability: sm_90a for
 /// 9.0 (wgmma and TMA need the arch-specific target), else sm_<major><minor>.
 std::string archForComputeCapability(int major, int minor);
 
 /// archForComputeCapability of the device of the current context.
-std::string currentDeviceArch();
+llvm::Expected<std::string> currentDeviceArch();
 
 } // namespace dualkv::cuda
 

@@ -7,18 +7,25 @@
 
 #include "dualkv/Compiler/KernelAbi.h"
 
+#include <llvm/Support/Error.h>
+
 #include <array>
 #include <cstdint>
 
 namespace dualkv {
 
 /// The parameters of one launch, set by name as the kernel kind's table
-/// (KernelAbi.h) declares them; a name or type it does not declare throws
-/// Error (Internal). The values must outlive the launch.
+/// (KernelAbi.h) declares them. A name or type it does not declare is an
+/// Internal error, kept (the first one) and reported by data(), so that a
+/// launch's setters chain. The values must outlive the launch.
 class LaunchParams {
 public:
   explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
                         bool tree = false);
+  LaunchParams(const LaunchParams &) = delete;
+  LaunchParams &operator=(const LaunchParams &) = delete;
+  /// Consumes an error data() did not report.
+  ~LaunchParams();
   /// A device address (any pointer parameter).
   LaunchParams &ptr(const char *name, uint64_t &v);
   LaunchParams &i64(const char *name, int64_t &v);
@@ -27,29 +34,37 @@ public:
   LaunchParams &f32(const char *name, float &v);
   /// A CUtensorMap passed by value.
   LaunchParams &tensorMap(const char *name, cuda::CUtensorMap &v);
-  /// The parameters in launch order; throws Error (Internal) if one is unset.
-  void **data();
+  /// The parameters in launch order; the first setter's error (taken: the
+  /// next call reports the next one), else an Internal error if one is
+  /// unset.
+  llvm::Expected<void **> data();
 
 private:
-  void set(const char *name, void *v, bool pointer, abi::ParamType type);
+  /// Points the parameter `name` at `v`; an Internal error if the table does
+  /// not declare it with that type.
+  llvm::Error set(const char *name, void *v, bool pointer, abi::ParamType type);
+  /// Keeps `error` if it is the first.
+  void keep(llvm::Error error);
   KernelKind kind;
   abi::ParamTable table;
   std::array<void *, 32> slots{};
+  llvm::Error error_ = llvm::Error::success();
 };
 
 /// Launches `kernel` on `stream` with `params`; `info.threads` threads and
-/// `info.sharedBytes` of dynamic shared memory.
-void launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
-            unsigned gridZ, void *stream, LaunchParams &params);
+/// `info.sharedBytes` of dynamic shared memory. A Cuda error names the launch.
+llvm::Error launch(const LoadedKernel &kernel, unsigned gridX, unsigned gridY,
+                   unsigned gridZ, void *stream, LaunchParams &params);
 
 /// A 3-D tensor map (head_dim, heads, tokens) of the tensor at `data`, with
 /// strides in elements, whose box is 64
 /// columns (128 bytes, the swizzle's width) of one head and `rows` tokens,
 /// in the 128-byte swizzle the warp-specialized kernels read; tokens past
 /// the tensor read as zeros.
-cuda::CUtensorMap tensorMap(void *data, int64_t strideT, int64_t strideH,
-                            int64_t numTokens, int heads, int headDim,
-                            DType dtype, int rows);
+llvm::Expected<cuda::CUtensorMap> tensorMap(void *data, int64_t strideT,
+                                            int64_t strideH, int64_t numTokens,
+                                            int heads, int headDim, DType dtype,
+                                            int rows);
 
 } // namespace dualkv
 

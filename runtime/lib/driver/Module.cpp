@@ -1,7 +1,7 @@
 // Kernel images loaded as CUDA modules, and the launch shapes they may have.
 #include "driver/Module.h"
 
-#include "dualkv/Error.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -19,18 +19,21 @@ bool isIdentifier(const std::string &name) {
   return true;
 }
 
-std::string unusableLaunchShape(const KernelInfo &info) {
+llvm::Error checkLaunchShape(const KernelInfo &info) {
   if (!isIdentifier(info.name))
-    return fmt::format("entry point '{}' is not an identifier", info.name);
+    return internalError(
+        fmt::format("entry point '{}' is not an identifier", info.name));
   if (info.threads < 32 || info.threads > 1024 || info.threads % 32 != 0)
-    return fmt::format("{} threads is not a whole number of warps up to 1024",
-                       info.threads);
+    return internalError(fmt::format(
+        "{} threads is not a whole number of warps up to 1024", info.threads));
   if (info.blockM < 1 || info.blockM > 65536)
-    return fmt::format("block_m {} is outside [1, 65536]", info.blockM);
+    return internalError(
+        fmt::format("block_m {} is outside [1, 65536]", info.blockM));
   if (info.sharedBytes < 0 || info.sharedBytes > kMaxSharedBytes)
-    return fmt::format("{} bytes of shared memory is outside [0, {}]",
-                       info.sharedBytes, kMaxSharedBytes);
-  return {};
+    return internalError(
+        fmt::format("{} bytes of shared memory is outside [0, {}]",
+                    info.sharedBytes, kMaxSharedBytes));
+  return llvm::Error::success();
 }
 
 ModuleHandle &ModuleHandle::operator=(ModuleHandle &&o) noexcept {
@@ -53,8 +56,8 @@ void ModuleHandle::reset() {
   driver_ = nullptr;
 }
 
-ModuleHandle loadModule(cuda::Driver &driver, const KernelImage &entry,
-                        bool *fromPtx) {
+llvm::Expected<ModuleHandle>
+loadModule(cuda::Driver &driver, const KernelImage &entry, bool *fromPtx) {
   using namespace cuda;
   CUmodule module = nullptr;
   if (!entry.cubin.empty()) {
@@ -67,8 +70,9 @@ ModuleHandle loadModule(cuda::Driver &driver, const KernelImage &entry,
     // A cubin for another GPU, or from a ptxas newer than the driver: the
     // PTX still works through the driver's JIT. Anything else is real.
     if (r != CUDA_ERROR_NO_BINARY_FOR_GPU && r != CUDA_ERROR_INVALID_IMAGE)
-      check(r, fmt::format("cuModuleLoadData(cubin of {})", entry.info.name)
-                   .c_str());
+      return check(r,
+                   fmt::format("cuModuleLoadData(cubin of {})", entry.info.name)
+                       .c_str());
   }
   char log[8192] = {};
   CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER,
@@ -77,44 +81,50 @@ ModuleHandle loadModule(cuda::Driver &driver, const KernelImage &entry,
   CUresult r =
       driver.moduleLoadDataEx(&module, entry.ptx.c_str(), 2, options, values);
   if (r != CUDA_SUCCESS)
-    throw Error(ErrorCode::Cuda,
-                fmt::format("cuModuleLoadDataEx(PTX of {}) failed: {}{}{}",
-                            entry.info.name, describe(r), log[0] ? "\n" : "",
-                            log));
+    return makeError(ErrorCode::Cuda,
+                     fmt::format("cuModuleLoadDataEx(PTX of {}) failed: {}{}{}",
+                                 entry.info.name, describe(r),
+                                 log[0] ? "\n" : "", log));
   if (fromPtx)
     *fromPtx = true;
   return ModuleHandle(&driver, module);
 }
 
-std::unique_ptr<LoadedKernel> loadKernelImage(cuda::CUcontext ctx,
-                                              const KernelImage &image,
-                                              const KernelSpec &spec,
-                                              const std::string &hash,
-                                              const std::string &what) {
+llvm::Expected<std::unique_ptr<LoadedKernel>>
+loadKernelImage(cuda::CUcontext ctx, const KernelImage &image,
+                const KernelSpec &spec, const std::string &hash,
+                const std::string &what) {
   // A disk entry was checked on load; this catches a compiler or an AOT image
   // that reports nonsense.
-  if (std::string bad = unusableLaunchShape(image.info); !bad.empty())
-    throw Error(
-        ErrorCode::Internal,
-        fmt::format("the {} reports an unusable launch shape: {}", what, bad));
-  cuda::Driver &driver = cuda::driver();
+  if (llvm::Error bad = checkLaunchShape(image.info))
+    return internalError(
+        fmt::format("the {} reports an unusable launch shape: {}", what,
+                    llvm::toString(std::move(bad))));
+  llvm::Expected<cuda::Driver &> driver = cuda::driver();
+  if (!driver)
+    return driver.takeError();
   auto kernel = std::make_unique<LoadedKernel>();
   kernel->context = ctx;
   kernel->info = image.info;
   kernel->spec = spec;
   kernel->hash = hash;
-  kernel->module = loadModule(driver, image, &kernel->fromPtx);
-  cuda::check(
-      driver.moduleGetFunction(&kernel->function, kernel->module.get(),
-                               kernel->info.name.c_str()),
-      fmt::format("cuModuleGetFunction({})", kernel->info.name).c_str());
+  if (llvm::Error e =
+          loadModule(*driver, image, &kernel->fromPtx).moveInto(kernel->module))
+    return e;
+  if (llvm::Error e = cuda::check(
+          driver->moduleGetFunction(&kernel->function, kernel->module.get(),
+                                    kernel->info.name.c_str()),
+          fmt::format("cuModuleGetFunction({})", kernel->info.name).c_str()))
+    return e;
   // Above 48 KiB of dynamic shared memory a kernel must opt in.
   if (kernel->info.sharedBytes > 48 * 1024)
-    cuda::check(driver.funcSetAttribute(
-                    kernel->function,
-                    cuda::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    kernel->info.sharedBytes),
-                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    if (llvm::Error e = cuda::check(
+            driver->funcSetAttribute(
+                kernel->function,
+                cuda::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernel->info.sharedBytes),
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"))
+      return e;
   return kernel;
 }
 

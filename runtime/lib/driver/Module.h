@@ -6,6 +6,8 @@
 
 #include "dualkv/Compiler/Compiler.h"
 
+#include <llvm/Support/Error.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,10 +29,10 @@ constexpr int kMaxSharedBytes = 256 * 1024;
 /// kernel's entry point; also an arch folder's name).
 bool isIdentifier(const std::string &name);
 
-/// Why `info` cannot be launched (an entry point that is not an identifier,
-/// threads not a whole number of warps up to 1024, block_m or shared memory
-/// out of range), or empty when it can.
-std::string unusableLaunchShape(const KernelInfo &info);
+/// An Internal error saying why `info` cannot be launched (an entry point
+/// that is not an identifier, threads not a whole number of warps up to
+/// 1024, block_m or shared memory out of range); success when it can.
+llvm::Error checkLaunchShape(const KernelInfo &info);
 
 /// A loaded CUmodule, unloaded (through the driver that loaded it) when the
 /// handle dies.
@@ -66,19 +68,19 @@ struct LoadedKernel {
 
 /// Loads `image` as a module: the cubin when there is one and it fits the
 /// device, else the PTX through the driver's JIT. Sets *fromPtx accordingly.
-/// Throws Error (Cuda) when neither loads.
-ModuleHandle loadModule(cuda::Driver &driver, const KernelImage &image,
-                        bool *fromPtx = nullptr);
+/// A Cuda error when neither loads.
+llvm::Expected<ModuleHandle> loadModule(cuda::Driver &driver,
+                                        const KernelImage &image,
+                                        bool *fromPtx = nullptr);
 
 /// Loads `image` in the current context `ctx` as the kernel of `spec`
 /// (`hash` its cache key's): the module, its entry point, and the opt-in to
-/// more than 48 KiB of dynamic shared memory. Throws Error (Internal) for an
-/// unusable launch shape, (Cuda) when the driver refuses.
-std::unique_ptr<LoadedKernel> loadKernelImage(cuda::CUcontext ctx,
-                                              const KernelImage &image,
-                                              const KernelSpec &spec,
-                                              const std::string &hash,
-                                              const std::string &what);
+/// more than 48 KiB of dynamic shared memory. An Internal error for an
+/// unusable launch shape, a Cuda one when the driver refuses.
+llvm::Expected<std::unique_ptr<LoadedKernel>>
+loadKernelImage(cuda::CUcontext ctx, const KernelImage &image,
+                const KernelSpec &spec, const std::string &hash,
+                const std::string &what);
 
 } // namespace dualkv
 

@@ -2,9 +2,11 @@
 // sequence of docs/backward-abi.md.
 #include "operations/Validate.h"
 #include "operations/Workspace.h"
+#include "plans/PlanDevice.h"
 #include "plans/WorkItems.h"
 #include "selection/KernelSets.h"
 #include "selection/Select.h"
+#include "support/Status.h"
 
 #include "dualkv/dualkv.h"
 
@@ -21,23 +23,31 @@ using namespace detail;
 namespace {
 
 /// Checks what the workspace size depends on (and what backward() shares).
-void checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
-                int numKVHeads, int headDim, DType dtype) {
-  checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype);
+llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
+                       int numKVHeads, int headDim, DType dtype) {
+  if (llvm::Error e =
+          checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype))
+    return e;
   if (int64_t(numQHeads) + numKVHeads > kMaxGridYZ)
-    invalid(fmt::format("num_q_heads + num_kv_heads ({} + {}) exceeds the "
-                        "grid limit ({})",
-                        numQHeads, numKVHeads, kMaxGridYZ));
+    return invalidArgument(
+        fmt::format("num_q_heads + num_kv_heads ({} + {}) exceeds the grid "
+                    "limit ({})",
+                    numQHeads, numKVHeads, kMaxGridYZ));
+  return llvm::Error::success();
 }
 
 /// The workspace bytes of a backward of this shape in the split-dQ (`split`)
 /// or the atomic algorithm; checks the plan, num_tokens, heads, head_dim and
 /// tiling like backward() does.
-int64_t shapeWorkspaceBytes(const Plan *plan, int64_t numTokens, int numQHeads,
-                            int numKVHeads, int headDim, bool split,
-                            const Tiling &tiling) {
-  checkShape(plan, numTokens, numQHeads, numKVHeads, headDim, DType::BF16);
-  checkScaleAndTiling(0.f, tiling);
+llvm::Expected<int64_t> shapeWorkspaceBytes(const Plan *plan, int64_t numTokens,
+                                            int numQHeads, int numKVHeads,
+                                            int headDim, bool split,
+                                            const Tiling &tiling) {
+  if (llvm::Error e = checkShape(plan, numTokens, numQHeads, numKVHeads,
+                                 headDim, DType::BF16))
+    return e;
+  if (llvm::Error e = checkScaleAndTiling(0.f, tiling))
+    return e;
   // The accumulator rows depend on the main kernel's blockM, the bound does
   // not: the size is known without a GPU and whatever tiling is loaded.
   return backwardWorkspaceLayout(
@@ -47,32 +57,40 @@ int64_t shapeWorkspaceBytes(const Plan *plan, int64_t numTokens, int numQHeads,
       .bytes;
 }
 
-} // namespace
-
-namespace {
-
-void validate(const BackwardArgs &a) {
-  checkShape(a.plan, a.num_tokens, a.num_q_heads, a.num_kv_heads, a.head_dim,
-             a.dtype);
+llvm::Error validate(const BackwardArgs &a) {
+  if (llvm::Error e = checkShape(a.plan, a.num_tokens, a.num_q_heads,
+                                 a.num_kv_heads, a.head_dim, a.dtype))
+    return e;
   const int64_t T = a.num_tokens;
   const int Hq = a.num_q_heads, Hkv = a.num_kv_heads, D = a.head_dim;
-  checkTensor("q", a.q, T, Hq, D, false);
-  checkTensor("k", a.k, T, Hkv, D, false);
-  checkTensor("v", a.v, T, Hkv, D, false);
-  checkTensor("o", a.o, T, Hq, D, false);
-  checkTensor("dout", a.dout, T, Hq, D, false);
-  checkTensor("dq", a.dq, T, Hq, D, true);
-  checkTensor("dk", a.dk, T, Hkv, D, true);
-  checkTensor("dv", a.dv, T, Hkv, D, true);
-  checkLse("lse", a.lse, a.lse_stride_h, T, Hq);
-  checkScaleAndTiling(a.scale, a.tiling);
-  checkTiling("dq_tiling", a.dq_tiling);
+  struct Tensor {
+    const char *name;
+    const TensorArg &arg;
+    int heads;
+    bool isOutput;
+  };
+  for (const Tensor &t :
+       {Tensor{"q", a.q, Hq, false}, Tensor{"k", a.k, Hkv, false},
+        Tensor{"v", a.v, Hkv, false}, Tensor{"o", a.o, Hq, false},
+        Tensor{"dout", a.dout, Hq, false}, Tensor{"dq", a.dq, Hq, true},
+        Tensor{"dk", a.dk, Hkv, true}, Tensor{"dv", a.dv, Hkv, true}})
+    if (llvm::Error e = checkTensor(t.name, t.arg, T, t.heads, D, t.isOutput))
+      return e;
+  if (llvm::Error e = checkLse("lse", a.lse, a.lse_stride_h, T, Hq))
+    return e;
+  if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
+    return e;
+  if (llvm::Error e = checkTiling("dq_tiling", a.dq_tiling))
+    return e;
   if (a.workspace_bytes < 0)
-    invalid(fmt::format("workspace_bytes ({}) is negative", a.workspace_bytes));
+    return invalidArgument(
+        fmt::format("workspace_bytes ({}) is negative", a.workspace_bytes));
   auto address = reinterpret_cast<uintptr_t>(a.workspace);
   if (address % kWorkspaceAlign != 0)
-    invalid(fmt::format("workspace ({:#x}) is not {}-byte aligned", address,
-                        kWorkspaceAlign));
+    return invalidArgument(fmt::format("workspace ({:#x}) is not {}-byte "
+                                       "aligned",
+                                       address, kWorkspaceAlign));
+  return llvm::Error::success();
 }
 
 KernelSpec specOf(const BackwardArgs &a, KernelKind kind, Tiling tiling) {
@@ -100,14 +118,18 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
                                 : BackwardAlgorithm::Atomic;
 }
 
-int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
+namespace {
+
+llvm::Expected<int64_t> workspaceBytes(const BackwardArgs &args) {
   // Auto needs the device's arch; without a GPU (an empty arch: Atomic) the
   // atomic algorithm's workspace, the larger, serves either.
   std::string arch;
   if (!args.deterministic && args.algorithm == BackwardAlgorithm::Auto &&
       args.plan && gpuAvailable()) {
-    cuda::currentContext();
-    arch = cuda::currentDeviceArch();
+    if (llvm::Error e = cuda::currentContext().takeError())
+      return e;
+    if (llvm::Error e = cuda::currentDeviceArch().moveInto(arch))
+      return e;
   }
   const bool split =
       backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
@@ -116,14 +138,19 @@ int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
                              args.tiling);
 }
 
-void backward(const BackwardArgs &args) {
-  validate(args);
+llvm::Error runBackward(const BackwardArgs &args) {
+  if (llvm::Error e = validate(args))
+    return e;
   const Plan &plan = *args.plan;
-  cuda::currentContext();
+  if (llvm::Error e = cuda::currentContext().takeError())
+    return e;
   // The split-dQ algorithm (bwd_kv, bwd_dq) or the atomic one (bwd,
   // bwd_post).
-  const bool split = backwardAlgorithmFor(args, cuda::currentDeviceArch()) ==
-                     BackwardAlgorithm::SplitDQ;
+  std::string arch;
+  if (llvm::Error e = cuda::currentDeviceArch().moveInto(arch))
+    return e;
+  const bool split =
+      backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
   const int64_t T = args.num_tokens;
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
   // The main kernel (and bwd_post) run on `slice` KV heads and their query
@@ -135,45 +162,66 @@ void backward(const BackwardArgs &args) {
   const BackwardWorkspaceLayout layout =
       backwardWorkspaceLayout(T, Hq, Hkv, D, split, accBound, slice);
   if (args.workspace && args.workspace_bytes < layout.bytes)
-    invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
-                        "backward needs (backwardWorkspaceBytes)",
-                        args.workspace_bytes, layout.bytes));
+    return invalidArgument(
+        fmt::format("workspace_bytes ({}) is less than the {} bytes this "
+                    "backward needs (backwardWorkspaceBytes)",
+                    args.workspace_bytes, layout.bytes));
 
-  requirePlanInCurrentContext(plan);
+  if (llvm::Error e = requirePlanInCurrentContext(plan))
+    return e;
 
   // Every kernel is loaded before anything is launched, so that a compile
   // error leaves the stream untouched. The tiling applies to the main kernel;
   // a slice's kernel takes the tiling tuned for the whole problem.
-  const LoadedKernel &pre = getKernel(specOf(args, KernelKind::BwdPre, {}));
+  const LoadedKernel *prePtr = nullptr, *mainPtr = nullptr, *lastPtr = nullptr;
+  if (llvm::Error e =
+          getKernel(specOf(args, KernelKind::BwdPre, {})).moveInto(prePtr))
+    return e;
+  const LoadedKernel &pre = *prePtr;
   // ... and the one tuned for the batch's shape class first (getKernel).
-  const LoadedKernel &main = getKernel(
-      genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq,
-                  slice, args.dtype, args.tiling, args.schedule),
-      Hq, Hkv, shapeClassOf(plan));
+  if (llvm::Error e =
+          getKernel(genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D,
+                                sliceHq, slice, args.dtype, args.tiling,
+                                args.schedule),
+                    Hq, Hkv, shapeClassOf(plan))
+              .moveInto(mainPtr))
+    return e;
+  const LoadedKernel &main = *mainPtr;
   // A branching tree's segments walk its chain table (KernelSpec::tree).
   const bool tree = plan.maxAncestorRanges() > 1;
   KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, args.dq_tiling);
   dqSpec.tree = tree;
   // The dQ kernel too takes its shape class's tuned tiling first (tree
   // kernels are not tuned).
-  const LoadedKernel &last =
-      split ? getKernel(dqSpec, 0, 0, shapeClassOf(plan))
-            : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
-                                    args.dtype, {}));
+  if (llvm::Error e =
+          (split ? getKernel(dqSpec, 0, 0, shapeClassOf(plan))
+                 : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
+                                         args.dtype, {})))
+              .moveInto(lastPtr))
+    return e;
+  const LoadedKernel &last = *lastPtr;
 
-  const BackwardTable table = plan.backwardTable(
-      main.info.blockM, backwardChunk(main.info.blockM, split), args.order);
+  BackwardTable table;
+  if (llvm::Error e = PlanDevice::backwardTable(
+                          plan, main.info.blockM,
+                          backwardChunk(main.info.blockM, split), args.order)
+                          .moveInto(table))
+    return e;
   if (table.numAccRows > accBound)
-    throw Error(ErrorCode::Internal,
-                fmt::format("the backward needs {} accumulator rows, more than "
-                            "the {} its workspace holds",
-                            table.numAccRows, accBound));
+    return internalError(
+        fmt::format("the backward needs {} accumulator rows, more than the {} "
+                    "its workspace holds",
+                    table.numAccRows, accBound));
 
-  cuda::CUcontext ctx = cuda::currentContext();
+  cuda::CUcontext ctx = nullptr;
+  if (llvm::Error e = cuda::currentContext().moveInto(ctx))
+    return e;
   WorkspaceLease lease;
-  const uint64_t base =
-      args.workspace ? address(args.workspace)
-                     : ownedWorkspace(ctx, args.stream, layout.bytes, lease);
+  uint64_t base = address(args.workspace);
+  if (!args.workspace)
+    if (llvm::Error e = ownedWorkspace(ctx, args.stream, layout.bytes, lease)
+                            .moveInto(base))
+      return e;
   auto at = [&](int64_t offset) -> uint64_t {
     return offset < 0 ? 0 : base + static_cast<uint64_t>(offset);
   };
@@ -198,7 +246,9 @@ void backward(const BackwardArgs &args) {
   float scale = static_cast<float>(scaleD);
   float scaleLog2 = static_cast<float>(scaleD * kLog2e);
   auto stream = static_cast<cuda::CUstream>(args.stream);
-  cuda::Driver &driver = cuda::driver();
+  llvm::Expected<cuda::Driver &> driver = cuda::driver();
+  if (!driver)
+    return driver.takeError();
 
   // 1. bwd_pre: delta = rowsum(o * dout), every head.
   {
@@ -207,13 +257,15 @@ void backward(const BackwardArgs &args) {
     params.strides("o", oStrideT, oStrideH);
     params.strides("do", doStrideT, doStrideH);
     params.i64("deltaStrideH", deltaStrideH).i64("numTokens", numTokens);
-    launch(pre, static_cast<unsigned>(ceilDiv(T, pre.info.blockM)),
-           static_cast<unsigned>(Hq), 1, args.stream, params);
+    if (llvm::Error e =
+            launch(pre, static_cast<unsigned>(ceilDiv(T, pre.info.blockM)),
+                   static_cast<unsigned>(Hq), 1, args.stream, params))
+      return e;
   }
 
   auto zero = [&](uint64_t ptr, int64_t floats, const char *what) {
-    cuda::check(
-        driver.memsetD32Async(ptr, 0, static_cast<size_t>(floats), stream),
+    return cuda::check(
+        driver->memsetD32Async(ptr, 0, static_cast<size_t>(floats), stream),
         fmt::format("cuMemsetD32Async ({})", what).c_str());
   };
   // The tensors of KV heads [h0, h0 + slice) and their query heads: the
@@ -233,10 +285,13 @@ void backward(const BackwardArgs &args) {
 
     // 2. Zero the slice's fp32 accumulators (atomic algorithm).
     if (!split) {
-      zero(dqacc, T * sliceHq * D, "dqacc");
+      if (llvm::Error e = zero(dqacc, T * sliceHq * D, "dqacc"))
+        return e;
       if (numAccRows > 0) {
-        zero(dkacc, numAccRows * slice * D, "dkacc");
-        zero(dvacc, numAccRows * slice * D, "dvacc");
+        if (llvm::Error e = zero(dkacc, numAccRows * slice * D, "dkacc"))
+          return e;
+        if (llvm::Error e = zero(dvacc, numAccRows * slice * D, "dvacc"))
+          return e;
       }
     }
 
@@ -255,8 +310,13 @@ void backward(const BackwardArgs &args) {
           sliceQ.data = reinterpret_cast<void *>(q);
           sliceDo.data = reinterpret_cast<void *>(sliceDout);
           const int rows = main.spec.tiling.blockN;
-          qMap = tensorMap(sliceQ, T, sliceHq, D, args.dtype, rows);
-          doMap = tensorMap(sliceDo, T, sliceHq, D, args.dtype, rows);
+          if (llvm::Error e = tensorMap(sliceQ, T, sliceHq, D, args.dtype, rows)
+                                  .moveInto(qMap))
+            return e;
+          if (llvm::Error e =
+                  tensorMap(sliceDo, T, sliceHq, D, args.dtype, rows)
+                      .moveInto(doMap))
+            return e;
         }
         params.tensorMap("qMap", qMap).tensorMap("doMap", doMap);
       }
@@ -272,8 +332,10 @@ void backward(const BackwardArgs &args) {
       params.strides("dv", dvStrideT, dvStrideH);
       params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
       params.f32("scale", scale).f32("scaleLog2", scaleLog2);
-      launch(main, static_cast<unsigned>(table.numItems),
-             static_cast<unsigned>(slice), 1, args.stream, params);
+      if (llvm::Error e =
+              launch(main, static_cast<unsigned>(table.numItems),
+                     static_cast<unsigned>(slice), 1, args.stream, params))
+        return e;
     }
 
     // 4. bwd_post: the slice's fp32 accumulators to E.
@@ -286,10 +348,12 @@ void backward(const BackwardArgs &args) {
       params.strides("dk", dkStrideT, dkStrideH);
       params.strides("dv", dvStrideT, dvStrideH);
       params.i64("numTokens", numTokens).i64("numAccRows", numAccRows);
-      launch(last,
-             static_cast<unsigned>(
-                 ceilDiv(std::max(T, numAccRows), last.info.blockM)),
-             static_cast<unsigned>(sliceHq + slice), 1, args.stream, params);
+      if (llvm::Error e = launch(
+              last,
+              static_cast<unsigned>(
+                  ceilDiv(std::max(T, numAccRows), last.info.blockM)),
+              static_cast<unsigned>(sliceHq + slice), 1, args.stream, params))
+        return e;
     }
   }
 
@@ -321,20 +385,43 @@ void backward(const BackwardArgs &args) {
       // Q, dO, K and V load by TMA; one CTA per item of the plan's forward
       // order (the query tiles, longest KV walk first), per head.
       const Tiling &t = last.spec.tiling;
-      qMap = tensorMap(args.q, T, Hq, D, args.dtype, t.blockM);
-      doMap = tensorMap(args.dout, T, Hq, D, args.dtype, t.blockM);
-      kMap = tensorMap(args.k, T, Hkv, D, args.dtype, t.blockN);
-      vMap = tensorMap(args.v, T, Hkv, D, args.dtype, t.blockN);
+      struct Map {
+        cuda::CUtensorMap &map;
+        const TensorArg &tensor;
+        int heads, rows;
+      };
+      for (const Map &m :
+           {Map{qMap, args.q, Hq, t.blockM},
+            Map{doMap, args.dout, Hq, t.blockM},
+            Map{kMap, args.k, Hkv, t.blockN}, Map{vMap, args.v, Hkv, t.blockN}})
+        if (llvm::Error e =
+                tensorMap(m.tensor, T, m.heads, D, args.dtype, m.rows)
+                    .moveInto(m.map))
+          return e;
       params.tensorMap("qMap", qMap).tensorMap("kMap", kMap);
       params.tensorMap("vMap", vMap).tensorMap("doMap", doMap);
-      ForwardTable table = plan.forwardTable(last.info.blockM);
-      order = table.items;
+      llvm::Expected<ForwardTable> table =
+          PlanDevice::forwardTable(plan, last.info.blockM);
+      if (!table)
+        return table.takeError();
+      order = table->items;
       params.ptr("order", order);
-      gridX = static_cast<unsigned>(table.numItems);
+      gridX = static_cast<unsigned>(table->numItems);
       gridY = 1;
     }
-    launch(last, gridX, gridY, static_cast<unsigned>(Hq), args.stream, params);
+    if (llvm::Error e = launch(last, gridX, gridY, static_cast<unsigned>(Hq),
+                               args.stream, params))
+      return e;
   }
+  return llvm::Error::success();
 }
+
+} // namespace
+
+int64_t backwardWorkspaceBytes(const BackwardArgs &args) {
+  return valueOrThrow(workspaceBytes(args));
+}
+
+void backward(const BackwardArgs &args) { throwIfError(runBackward(args)); }
 
 } // namespace dualkv

@@ -1,7 +1,8 @@
 // dualkv::forward: argument checks, then one launch of the forward kernel.
 #include "operations/Validate.h"
-#include "plans/WorkItems.h"
+#include "plans/PlanDevice.h"
 #include "selection/Select.h"
+#include "support/Status.h"
 
 #include "dualkv/Tuning.h"
 #include "dualkv/dualkv.h"
@@ -16,26 +17,37 @@ using namespace detail;
 
 namespace {
 
-void validate(const ForwardArgs &a) {
-  checkProblem(a.plan, a.num_tokens, a.num_q_heads, a.num_kv_heads, a.head_dim,
-               a.dtype);
-  checkTensor("q", a.q, a.num_tokens, a.num_q_heads, a.head_dim, false);
-  checkTensor("k", a.k, a.num_tokens, a.num_kv_heads, a.head_dim, false);
-  checkTensor("v", a.v, a.num_tokens, a.num_kv_heads, a.head_dim, false);
-  checkTensor("o", a.o, a.num_tokens, a.num_q_heads, a.head_dim, true);
-  checkLse("lse", a.lse, a.lse_stride_h, a.num_tokens, a.num_q_heads);
-  checkScaleAndTiling(a.scale, a.tiling);
+llvm::Error validate(const ForwardArgs &a) {
+  if (llvm::Error e = checkProblem(a.plan, a.num_tokens, a.num_q_heads,
+                                   a.num_kv_heads, a.head_dim, a.dtype))
+    return e;
+  if (llvm::Error e =
+          checkTensor("q", a.q, a.num_tokens, a.num_q_heads, a.head_dim, false))
+    return e;
+  if (llvm::Error e = checkTensor("k", a.k, a.num_tokens, a.num_kv_heads,
+                                  a.head_dim, false))
+    return e;
+  if (llvm::Error e = checkTensor("v", a.v, a.num_tokens, a.num_kv_heads,
+                                  a.head_dim, false))
+    return e;
+  if (llvm::Error e =
+          checkTensor("o", a.o, a.num_tokens, a.num_q_heads, a.head_dim, true))
+    return e;
+  if (llvm::Error e =
+          checkLse("lse", a.lse, a.lse_stride_h, a.num_tokens, a.num_q_heads))
+    return e;
+  return checkScaleAndTiling(a.scale, a.tiling);
 }
 
-} // namespace
-
-void forward(const ForwardArgs &args) {
-  validate(args);
+llvm::Error runForward(const ForwardArgs &args) {
+  if (llvm::Error e = validate(args))
+    return e;
   const Plan &plan = *args.plan;
 
   // The plan's table must live in the context the kernel runs in; checked
   // before compiling so a wrong device fails fast.
-  requirePlanInCurrentContext(plan);
+  if (llvm::Error e = requirePlanInCurrentContext(plan))
+    return e;
 
   // A branching tree's segments see several ancestor ranges: the tree
   // kernel walks the plan's chain table (docs/forward-abi.md).
@@ -45,7 +57,10 @@ void forward(const ForwardArgs &args) {
                   args.num_kv_heads, args.dtype, args.tiling, args.schedule);
   spec.tree = tree;
   // The tiling tuned for the batch's shape class, if any (getKernel).
-  const LoadedKernel &kernel = getKernel(spec, 0, 0, shapeClassOf(plan));
+  const LoadedKernel *found = nullptr;
+  if (llvm::Error e = getKernel(spec, 0, 0, shapeClassOf(plan)).moveInto(found))
+    return e;
+  const LoadedKernel &kernel = *found;
 
   uint64_t q = reinterpret_cast<uintptr_t>(args.q.data);
   uint64_t k = reinterpret_cast<uintptr_t>(args.k.data);
@@ -85,23 +100,36 @@ void forward(const ForwardArgs &args) {
     // pointers and strides for this launch; one CTA per item of the plan's
     // forward order (heaviest first), per head.
     const Tiling &t = kernel.spec.tiling;
-    qMap = tensorMap(args.q, args.num_tokens, args.num_q_heads, args.head_dim,
-                     args.dtype, t.blockM);
-    kMap = tensorMap(args.k, args.num_tokens, args.num_kv_heads, args.head_dim,
-                     args.dtype, t.blockN);
-    vMap = tensorMap(args.v, args.num_tokens, args.num_kv_heads, args.head_dim,
-                     args.dtype, t.blockN);
+    if (llvm::Error e = tensorMap(args.q, args.num_tokens, args.num_q_heads,
+                                  args.head_dim, args.dtype, t.blockM)
+                            .moveInto(qMap))
+      return e;
+    if (llvm::Error e = tensorMap(args.k, args.num_tokens, args.num_kv_heads,
+                                  args.head_dim, args.dtype, t.blockN)
+                            .moveInto(kMap))
+      return e;
+    if (llvm::Error e = tensorMap(args.v, args.num_tokens, args.num_kv_heads,
+                                  args.head_dim, args.dtype, t.blockN)
+                            .moveInto(vMap))
+      return e;
     params.tensorMap("qMap", qMap)
         .tensorMap("kMap", kMap)
         .tensorMap("vMap", vMap);
-    ForwardTable table = plan.forwardTable(kernel.info.blockM);
-    order = table.items;
+    llvm::Expected<ForwardTable> table =
+        PlanDevice::forwardTable(plan, kernel.info.blockM);
+    if (!table)
+      return table.takeError();
+    order = table->items;
     params.ptr("order", order);
-    gridX = static_cast<unsigned>(table.numItems);
+    gridX = static_cast<unsigned>(table->numItems);
     gridY = 1;
   }
-  launch(kernel, gridX, gridY, static_cast<unsigned>(args.num_q_heads),
-         args.stream, params);
+  return launch(kernel, gridX, gridY, static_cast<unsigned>(args.num_q_heads),
+                args.stream, params);
 }
+
+} // namespace
+
+void forward(const ForwardArgs &args) { throwIfError(runForward(args)); }
 
 } // namespace dualkv

@@ -1,6 +1,8 @@
 // Argument checks shared by the forward and the backward.
 #include "operations/Validate.h"
 
+#include "support/Status.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -8,17 +10,13 @@
 
 namespace dualkv::detail {
 
-void invalid(const std::string &message) {
-  throw Error(ErrorCode::InvalidArgument, message);
-}
-
-void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
-                 int numHeads, int headDim, bool isOutput) {
+llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
+                        int numHeads, int headDim, bool isOutput) {
   if (!t.data)
-    invalid(fmt::format("{}.data is null", name));
+    return invalidArgument(fmt::format("{}.data is null", name));
   auto address = reinterpret_cast<uintptr_t>(t.data);
   if (address % 16 != 0)
-    invalid(
+    return invalidArgument(
         fmt::format("{}.data ({:#x}) is not 16-byte aligned", name, address));
   // A stride only matters along a dimension longer than 1 (PyTorch gives
   // size-1 dimensions arbitrary strides), except that none may be negative.
@@ -31,22 +29,24 @@ void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
                 {"stride_h", t.stride_h, numHeads}};
   for (const Dim &d : dims) {
     if (d.stride < 0)
-      invalid(fmt::format("{}.{} ({}) is negative", name, d.field, d.stride));
+      return invalidArgument(
+          fmt::format("{}.{} ({}) is negative", name, d.field, d.stride));
     if (d.extent <= 1)
       continue;
     if (d.stride < headDim)
-      invalid(fmt::format("{}.{} ({}) must be >= head_dim ({})", name, d.field,
-                          d.stride, headDim));
+      return invalidArgument(fmt::format("{}.{} ({}) must be >= head_dim ({})",
+                                         name, d.field, d.stride, headDim));
     if (d.stride % 8 != 0)
-      invalid(fmt::format("{}.{} ({}) must be a multiple of 8 elements, so "
-                          "that every row starts 16-byte aligned",
-                          name, d.field, d.stride));
+      return invalidArgument(
+          fmt::format("{}.{} ({}) must be a multiple of 8 elements, so "
+                      "that every row starts 16-byte aligned",
+                      name, d.field, d.stride));
   }
   // Kernels index in 32 bits: the last element must have an offset below 2^31.
   int64_t last =
       (numTokens - 1) * t.stride_t + (numHeads - 1) * t.stride_h + headDim - 1;
   if (numTokens > 0 && last > kMaxElementOffset)
-    invalid(fmt::format(
+    return invalidArgument(fmt::format(
         "{} spans {} elements from {}.data; kernels address at most "
         "2^31 (split the micro-batch)",
         name, last + 1, name));
@@ -55,88 +55,103 @@ void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
     const Dim &inner = dims[0].stride <= dims[1].stride ? dims[0] : dims[1];
     const Dim &outer = &inner == &dims[0] ? dims[1] : dims[0];
     if (outer.stride < inner.stride * inner.extent)
-      invalid(fmt::format("{} rows overlap: {}.{} ({}) < {}.{} ({}) x {} "
-                          "rows; an output must not alias itself",
-                          name, name, outer.field, outer.stride, name,
-                          inner.field, inner.stride, inner.extent));
+      return invalidArgument(
+          fmt::format("{} rows overlap: {}.{} ({}) < {}.{} ({}) x {} "
+                      "rows; an output must not alias itself",
+                      name, name, outer.field, outer.stride, name, inner.field,
+                      inner.stride, inner.extent));
   }
+  return llvm::Error::success();
 }
 
-void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
-                  int numKVHeads, int headDim, DType dtype) {
+llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
+                         int numKVHeads, int headDim, DType dtype) {
   if (!plan)
-    invalid("plan is null");
+    return invalidArgument("plan is null");
   if (numQHeads < 1)
-    invalid(fmt::format("num_q_heads ({}) must be positive", numQHeads));
+    return invalidArgument(
+        fmt::format("num_q_heads ({}) must be positive", numQHeads));
   if (numKVHeads < 1)
-    invalid(fmt::format("num_kv_heads ({}) must be positive", numKVHeads));
+    return invalidArgument(
+        fmt::format("num_kv_heads ({}) must be positive", numKVHeads));
   if (numQHeads % numKVHeads != 0)
-    invalid(fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads "
-                        "({})",
-                        numQHeads, numKVHeads));
+    return invalidArgument(
+        fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads "
+                    "({})",
+                    numQHeads, numKVHeads));
   if (numQHeads > kMaxGridYZ)
-    invalid(fmt::format("num_q_heads ({}) exceeds the grid limit ({})",
-                        numQHeads, kMaxGridYZ));
+    return invalidArgument(fmt::format(
+        "num_q_heads ({}) exceeds the grid limit ({})", numQHeads, kMaxGridYZ));
   if (headDim != 64 && headDim != 128 && headDim != 256)
-    invalid(
+    return invalidArgument(
         fmt::format("head_dim {} is not supported (64, 128, 256)", headDim));
   if (dtype != DType::BF16 && dtype != DType::FP16)
-    invalid(fmt::format("dtype ({}) is neither bf16 nor fp16",
-                        static_cast<int>(dtype)));
+    return invalidArgument(fmt::format("dtype ({}) is neither bf16 nor fp16",
+                                       static_cast<int>(dtype)));
   if (numTokens != plan->numTokens())
-    invalid(fmt::format("num_tokens ({}) differs from the plan's token count "
-                        "({})",
-                        numTokens, plan->numTokens()));
+    return invalidArgument(
+        fmt::format("num_tokens ({}) differs from the plan's token count "
+                    "({})",
+                    numTokens, plan->numTokens()));
   if (plan->numSegments() > kMaxGridYZ)
-    invalid(fmt::format("the plan has {} segments; a launch takes at most {} "
-                        "(split the micro-batch)",
-                        plan->numSegments(), kMaxGridYZ));
+    return invalidArgument(
+        fmt::format("the plan has {} segments; a launch takes at most {} "
+                    "(split the micro-batch)",
+                    plan->numSegments(), kMaxGridYZ));
+  return llvm::Error::success();
 }
 
-void checkLse(const char *name, const float *lse, int64_t strideH,
-              int64_t numTokens, int numQHeads) {
+llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
+                     int64_t numTokens, int numQHeads) {
   if (!lse)
-    invalid(fmt::format("{} is null", name));
+    return invalidArgument(fmt::format("{} is null", name));
   auto address = reinterpret_cast<uintptr_t>(lse);
   if (address % alignof(float) != 0)
-    invalid(fmt::format("{} ({:#x}) is not 4-byte aligned", name, address));
+    return invalidArgument(
+        fmt::format("{} ({:#x}) is not 4-byte aligned", name, address));
   if (strideH < 0)
-    invalid(fmt::format("{}_stride_h ({}) is negative", name, strideH));
+    return invalidArgument(
+        fmt::format("{}_stride_h ({}) is negative", name, strideH));
   if (numQHeads > 1 && strideH < numTokens)
-    invalid(fmt::format("{}_stride_h ({}) must be >= num_tokens ({})", name,
-                        strideH, numTokens));
+    return invalidArgument(
+        fmt::format("{}_stride_h ({}) must be >= num_tokens ({})", name,
+                    strideH, numTokens));
   if (numTokens > 0 &&
       (numQHeads - 1) * strideH + numTokens - 1 > kMaxElementOffset)
-    invalid(fmt::format(
+    return invalidArgument(fmt::format(
         "{} spans more than 2^31 elements ({}_stride_h {} x {} heads); "
         "split the micro-batch",
         name, name, strideH, numQHeads));
+  return llvm::Error::success();
 }
 
-void checkScaleAndTiling(float scale, const Tiling &t) {
+llvm::Error checkScaleAndTiling(float scale, const Tiling &t) {
   if (!std::isfinite(scale))
-    invalid(fmt::format("scale ({}) must be finite", scale));
+    return invalidArgument(fmt::format("scale ({}) must be finite", scale));
   // The kernels find each row's maximum before scaling, which a negative
   // scale turns into the minimum (and the result into NaN).
   if (scale < 0)
-    invalid(fmt::format("scale ({}) is negative: the kernels take a positive "
-                        "scale; pass -scale with q negated (and negate the dq "
-                        "that the backward gives), which is the same "
-                        "attention",
-                        scale));
-  checkTiling("tiling", t);
+    return invalidArgument(
+        fmt::format("scale ({}) is negative: the kernels take a positive "
+                    "scale; pass -scale with q negated (and negate the dq "
+                    "that the backward gives), which is the same "
+                    "attention",
+                    scale));
+  return checkTiling("tiling", t);
 }
 
-void checkTiling(const char *name, const Tiling &t) {
+llvm::Error checkTiling(const char *name, const Tiling &t) {
   for (auto [field, value] : {std::pair{"blockM", t.blockM},
                               {"blockN", t.blockN},
                               {"warps", t.warps},
                               {"stages", t.stages}})
     if (value < 0)
-      invalid(fmt::format("{}.{} ({}) is negative", name, field, value));
+      return invalidArgument(
+          fmt::format("{}.{} ({}) is negative", name, field, value));
   if (t.stages > 4)
-    invalid(fmt::format("{}.stages ({}) must be 1 to 4 (0 takes the default)",
-                        name, t.stages));
+    return invalidArgument(fmt::format(
+        "{}.stages ({}) must be 1 to 4 (0 takes the default)", name, t.stages));
+  return llvm::Error::success();
 }
 
 KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,

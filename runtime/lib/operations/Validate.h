@@ -6,6 +6,8 @@
 
 #include "dualkv/dualkv.h"
 
+#include <llvm/Support/Error.h>
+
 #include <cstdint>
 #include <string>
 
@@ -17,30 +19,30 @@ constexpr int64_t kMaxGridYZ = 65535;
 constexpr int64_t kMaxElementOffset = (int64_t(1) << 31) - 1;
 constexpr double kLog2e = 1.4426950408889634;
 
-/// Throws Error (InvalidArgument) with `message`.
-[[noreturn]] void invalid(const std::string &message);
+// Every check returns an InvalidArgument error naming the argument and its
+// value, or success.
 
 /// Checks one THD tensor of `numHeads` heads: what the kernels' 16-byte
 /// cp.async row loads and pointer arithmetic assume. An output must not
 /// alias itself.
-void checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
-                 int numHeads, int headDim, bool isOutput);
+llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
+                        int numHeads, int headDim, bool isOutput);
 
 /// Checks the shape of a call: the plan, head counts (GQA), head_dim (64,
 /// 128, 256), dtype, num_tokens against the plan, the plan's segment count.
-void checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
-                  int numKVHeads, int headDim, DType dtype);
+llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
+                         int numKVHeads, int headDim, DType dtype);
 
 /// Checks an fp32 [Hq][T] tensor such as lse.
-void checkLse(const char *name, const float *lse, int64_t strideH,
-              int64_t numTokens, int numQHeads);
+llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
+                     int64_t numTokens, int numQHeads);
 
 /// Checks a tiling override named `name` (zero fields take defaults):
 /// no negative field, at most 4 stages.
-void checkTiling(const char *name, const Tiling &tiling);
+llvm::Error checkTiling(const char *name, const Tiling &tiling);
 /// Checks that scale is finite, and the main kernel's `tiling`
 /// (checkTiling).
-void checkScaleAndTiling(float scale, const Tiling &tiling);
+llvm::Error checkScaleAndTiling(float scale, const Tiling &tiling);
 
 /// The spec of a shape-generic kernel (P = N = 0): kernels read exact lengths
 /// from the plan, so one binary serves every batch and RL's changing shapes
@@ -54,9 +56,10 @@ double effectiveScale(float scale, int headDim);
 
 /// The tensor map of `t` (dualkv::tensorMap), whose pointer and strides
 /// checkTensor has checked.
-inline cuda::CUtensorMap tensorMap(const TensorArg &t, int64_t numTokens,
-                                   int heads, int headDim, DType dtype,
-                                   int rows) {
+inline llvm::Expected<cuda::CUtensorMap> tensorMap(const TensorArg &t,
+                                                   int64_t numTokens, int heads,
+                                                   int headDim, DType dtype,
+                                                   int rows) {
   return dualkv::tensorMap(t.data, t.stride_t, t.stride_h, numTokens, heads,
                            headDim, dtype, rows);
 }

@@ -67,8 +67,8 @@ Workspaces &workspaces() {
 /// program making a stream per step does not leak one workspace per stream.
 /// Its stream may be gone, so the whole context is synchronised first (rare:
 /// only past that many streams).
-void evictOldestWorkspace(Workspaces &w, cuda::CUcontext ctx,
-                          cuda::Driver &driver) {
+llvm::Error evictOldestWorkspace(Workspaces &w, cuda::CUcontext ctx,
+                                 cuda::Driver &driver) {
   auto oldest = w.owned.end();
   size_t held = 0;
   for (auto it = w.owned.begin(); it != w.owned.end(); ++it)
@@ -82,12 +82,15 @@ void evictOldestWorkspace(Workspaces &w, cuda::CUcontext ctx,
         oldest = it;
     }
   if (held < kMaxOwnedWorkspaces || oldest == w.owned.end())
-    return;
-  cuda::check(driver.ctxSynchronize(),
-              "cuCtxSynchronize (freeing a backward workspace)");
+    return llvm::Error::success();
+  if (llvm::Error e =
+          cuda::check(driver.ctxSynchronize(),
+                      "cuCtxSynchronize (freeing a backward workspace)"))
+    return e;
   if (oldest->second.ptr)
     driver.memFree(oldest->second.ptr);
   w.owned.erase(oldest);
+  return llvm::Error::success();
 }
 
 } // namespace
@@ -102,16 +105,18 @@ WorkspaceLease::~WorkspaceLease() {
     --it->second.users;
 }
 
-/// A workspace of at least `bytes` for `stream` in `ctx`, allocated or grown
-/// on demand and kept for the next call; `lease` holds it until it dies.
-cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
-                                 int64_t bytes, WorkspaceLease &lease) {
+llvm::Expected<cuda::CUdeviceptr> ownedWorkspace(cuda::CUcontext ctx,
+                                                 void *stream, int64_t bytes,
+                                                 WorkspaceLease &lease) {
   Workspaces &w = workspaces();
   std::lock_guard<std::mutex> lock(w.mutex);
   auto s = static_cast<cuda::CUstream>(stream);
-  cuda::Driver &driver = cuda::driver();
+  llvm::Expected<cuda::Driver &> driver = cuda::driver();
+  if (!driver)
+    return driver.takeError();
   if (!w.owned.count({ctx, s}))
-    evictOldestWorkspace(w, ctx, driver);
+    if (llvm::Error e = evictOldestWorkspace(w, ctx, *driver))
+      return e;
   OwnedWorkspace &ws = w.owned[{ctx, s}];
   ws.lastUse = ++w.uses;
   ++ws.users;
@@ -120,19 +125,23 @@ cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
     return ws.ptr;
   if (ws.ptr) {
     // Earlier launches on this stream may still read the old buffer.
-    cuda::check(driver.streamSynchronize(s),
-                "cuStreamSynchronize (growing the backward workspace)");
-    driver.memFree(ws.ptr);
+    if (llvm::Error e =
+            cuda::check(driver->streamSynchronize(s),
+                        "cuStreamSynchronize (growing the backward workspace)"))
+      return e;
+    driver->memFree(ws.ptr);
     ws.ptr = 0;
     ws.bytes = 0;
   }
   // A little headroom, so that a batch a few tokens longer reuses it.
   int64_t size = alignUp(bytes + bytes / 8, int64_t(2) << 20);
   cuda::CUdeviceptr ptr = 0;
-  cuda::check(
-      driver.memAlloc(&ptr, static_cast<size_t>(size)),
-      fmt::format("cuMemAlloc ({} bytes of backward workspace)", size).c_str());
-  ws.driver = &driver;
+  if (llvm::Error e = cuda::check(
+          driver->memAlloc(&ptr, static_cast<size_t>(size)),
+          fmt::format("cuMemAlloc ({} bytes of backward workspace)", size)
+              .c_str()))
+    return e;
+  ws.driver = &*driver;
   ws.ptr = ptr;
   ws.bytes = size;
   return ptr;

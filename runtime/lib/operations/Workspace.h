@@ -5,6 +5,8 @@
 
 #include "driver/CudaDriver.h"
 
+#include <llvm/Support/Error.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -65,9 +67,11 @@ private:
 };
 
 /// A workspace of at least `bytes` for `stream` in `ctx`, allocated or grown
-/// on demand and kept for the next call; `lease` holds it until it dies.
-cuda::CUdeviceptr ownedWorkspace(cuda::CUcontext ctx, void *stream,
-                                 int64_t bytes, WorkspaceLease &lease);
+/// on demand and kept for the next call; `lease` holds it until it dies. A
+/// Cuda error when the driver refuses.
+llvm::Expected<cuda::CUdeviceptr> ownedWorkspace(cuda::CUcontext ctx,
+                                                 void *stream, int64_t bytes,
+                                                 WorkspaceLease &lease);
 
 /// Frees the workspaces backward() allocated for itself (tests; a context
 /// about to be destroyed).

@@ -2,9 +2,9 @@
 #include "dualkv/Plan.h"
 
 #include "driver/CudaDriver.h"
+#include "plans/PlanDevice.h"
 #include "plans/WorkItems.h"
-
-#include "dualkv/Error.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -16,14 +16,6 @@
 #include <utility>
 
 namespace dualkv {
-
-namespace {
-
-[[noreturn]] void invalid(const std::string &message) {
-  throw Error(ErrorCode::InvalidArgument, message);
-}
-
-} // namespace
 
 /// The device copies of the segment table and of the backward's work items,
 /// and the context they live in.
@@ -66,80 +58,101 @@ struct Plan::Device {
 
 Plan::Plan() : device_(std::make_unique<Device>()) {}
 
-Plan::Plan(const std::vector<PlanGroup> &groups) : Plan() {
+namespace {
+
+/// The forest of `groups` (each prompt a root, its responses, empty ones too,
+/// children of it) in `lengths` and `parents`; an InvalidArgument error
+/// naming the group at fault.
+llvm::Error forestOfGroups(const std::vector<PlanGroup> &groups,
+                           std::vector<int64_t> &lengths,
+                           std::vector<int64_t> &parents) {
   if (groups.empty())
-    invalid("the plan has no groups: a batch needs at least one group");
+    return invalidArgument(
+        "the plan has no groups: a batch needs at least one group");
   if (groups.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
-    invalid(fmt::format("the plan has {} groups, more than INT32_MAX",
-                        groups.size()));
+    return invalidArgument(fmt::format(
+        "the plan has {} groups, more than INT32_MAX", groups.size()));
   constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
   // The shorthand's own checks (and messages), then its forest: each prompt a
   // root, its responses (empty ones too) children of it.
-  std::vector<int64_t> lengths, parents;
   int64_t tokens = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const PlanGroup &group = groups[g];
     if (group.prompt_len < 1)
-      invalid(fmt::format("group {}: prompt_len = {}; every group needs a "
-                          "prompt of at least 1 token",
-                          g, group.prompt_len));
+      return invalidArgument(
+          fmt::format("group {}: prompt_len = {}; every group needs a "
+                      "prompt of at least 1 token",
+                      g, group.prompt_len));
     for (size_t r = 0; r < group.response_lens.size(); ++r)
       if (group.response_lens[r] < 0)
-        invalid(fmt::format("group {}: response_lens[{}] = {} is negative", g,
-                            r, group.response_lens[r]));
+        return invalidArgument(
+            fmt::format("group {}: response_lens[{}] = {} is negative", g, r,
+                        group.response_lens[r]));
     if (group.prompt_len > kMaxTokens)
-      invalid(fmt::format("group {}: prompt_len = {} exceeds the int32 limit",
-                          g, group.prompt_len));
+      return invalidArgument(
+          fmt::format("group {}: prompt_len = {} exceeds the int32 limit", g,
+                      group.prompt_len));
     // Kernels index tokens with int32, so the running total is checked
     // before every narrowing.
-    auto add = [&](int64_t length) {
+    auto add = [&](int64_t length) -> llvm::Error {
       if (tokens + length > kMaxTokens)
-        invalid(fmt::format("group {} brings the batch to {} tokens, more "
-                            "than the kernels' int32 limit ({})",
-                            g, tokens + length, kMaxTokens));
+        return invalidArgument(
+            fmt::format("group {} brings the batch to {} tokens, more than "
+                        "the kernels' int32 limit ({})",
+                        g, tokens + length, kMaxTokens));
       tokens += length;
+      return llvm::Error::success();
     };
-    add(group.prompt_len);
+    if (llvm::Error e = add(group.prompt_len))
+      return e;
     const int64_t root = static_cast<int64_t>(lengths.size());
     lengths.push_back(group.prompt_len);
     parents.push_back(-1);
     for (int64_t length : group.response_lens) {
       if (length > kMaxTokens)
-        invalid(fmt::format("group {}: a response of {} tokens exceeds the "
-                            "int32 limit",
-                            g, length));
-      add(length);
+        return invalidArgument(
+            fmt::format("group {}: a response of {} tokens exceeds the "
+                        "int32 limit",
+                        g, length));
+      if (llvm::Error e = add(length))
+        return e;
       lengths.push_back(length);
       parents.push_back(root);
     }
   }
   if (lengths.size() > static_cast<size_t>(kMaxTokens))
-    invalid(fmt::format("the plan has {} prompts and responses, more than "
-                        "INT32_MAX",
-                        lengths.size()));
-  layout(std::move(lengths), std::move(parents));
+    return invalidArgument(
+        fmt::format("the plan has {} prompts and responses, more than "
+                    "INT32_MAX",
+                    lengths.size()));
+  return llvm::Error::success();
 }
 
-Plan::Plan(const PlanTree &tree) : Plan() {
+/// An InvalidArgument error naming the node and field of `tree` at fault.
+llvm::Error checkTree(const PlanTree &tree) {
   constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
   const std::vector<int64_t> &lengths = tree.lengths, &parents = tree.parents;
   if (lengths.empty())
-    invalid("the tree has no nodes: a batch needs at least one node");
+    return invalidArgument(
+        "the tree has no nodes: a batch needs at least one node");
   if (parents.size() != lengths.size())
-    invalid(fmt::format("the tree has {} lengths but {} parents; give one "
-                        "of each per node",
-                        lengths.size(), parents.size()));
+    return invalidArgument(
+        fmt::format("the tree has {} lengths but {} parents; give one "
+                    "of each per node",
+                    lengths.size(), parents.size()));
   if (lengths.size() > static_cast<size_t>(kMaxTokens))
-    invalid(fmt::format("the tree has {} nodes, more than INT32_MAX",
-                        lengths.size()));
+    return invalidArgument(fmt::format(
+        "the tree has {} nodes, more than INT32_MAX", lengths.size()));
   const int64_t n = static_cast<int64_t>(lengths.size());
   for (int64_t i = 0; i < n; ++i) {
     if (lengths[i] < 0)
-      invalid(fmt::format("node {}: length = {} is negative", i, lengths[i]));
+      return invalidArgument(
+          fmt::format("node {}: length = {} is negative", i, lengths[i]));
     if (parents[i] < -1 || parents[i] >= n)
-      invalid(fmt::format("node {}: parent = {} is out of range (-1 for a "
-                          "root, else a node index below {})",
-                          i, parents[i], n));
+      return invalidArgument(
+          fmt::format("node {}: parent = {} is out of range (-1 for a "
+                      "root, else a node index below {})",
+                      i, parents[i], n));
   }
   // Cycles first (each is also a parent at or after its child, but the
   // cycle is what to report): colour every chain of parents once, O(nodes).
@@ -157,9 +170,10 @@ Plan::Plan(const PlanTree &tree) : Plan() {
         std::string cycle = std::to_string(x);
         for (int64_t y = parents[x]; y != x; y = parents[y])
           cycle += " -> " + std::to_string(y);
-        invalid(fmt::format("node {}: parent = {} closes a cycle ({} -> {}); "
-                            "a tree's parents end at a root (-1)",
-                            x, parents[x], cycle, x));
+        return invalidArgument(
+            fmt::format("node {}: parent = {} closes a cycle ({} -> {}); "
+                        "a tree's parents end at a root (-1)",
+                        x, parents[x], cycle, x));
       }
       for (int64_t y : walk)
         state[y] = 2;
@@ -173,13 +187,14 @@ Plan::Plan(const PlanTree &tree) : Plan() {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t p = parents[i];
       if (p >= i)
-        invalid(fmt::format("node {}: parent = {} comes after its child; list "
-                            "every parent before its children (pre-order)",
-                            i, p));
+        return invalidArgument(
+            fmt::format("node {}: parent = {} comes after its child; list "
+                        "every parent before its children (pre-order)",
+                        i, p));
       while (!path.empty() && path.back() != p)
         path.pop_back();
       if (p >= 0 && path.empty())
-        invalid(fmt::format(
+        return invalidArgument(fmt::format(
             "node {}: parent = {} is not node {} or one of its ancestors, so "
             "node {}'s subtree would not be contiguous; list the nodes in "
             "pre-order (each subtree right after its root)",
@@ -190,16 +205,31 @@ Plan::Plan(const PlanTree &tree) : Plan() {
   int64_t tokens = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (lengths[i] > kMaxTokens - tokens)
-      invalid(fmt::format("node {} brings the batch to {} tokens, more than "
-                          "the kernels' int32 limit ({})",
-                          i, tokens + lengths[i], kMaxTokens));
+      return invalidArgument(
+          fmt::format("node {} brings the batch to {} tokens, more than "
+                      "the kernels' int32 limit ({})",
+                      i, tokens + lengths[i], kMaxTokens));
     tokens += lengths[i];
   }
   if (tokens == 0)
-    invalid(fmt::format("the tree's {} nodes hold no tokens; a batch needs at "
-                        "least one",
-                        n));
-  layout(lengths, parents);
+    return invalidArgument(
+        fmt::format("the tree's {} nodes hold no tokens; a batch needs at "
+                    "least one",
+                    n));
+  return llvm::Error::success();
+}
+
+} // namespace
+
+Plan::Plan(const std::vector<PlanGroup> &groups) : Plan() {
+  std::vector<int64_t> lengths, parents;
+  throwIfError(forestOfGroups(groups, lengths, parents));
+  layout(std::move(lengths), std::move(parents));
+}
+
+Plan::Plan(const PlanTree &tree) : Plan() {
+  throwIfError(checkTree(tree));
+  layout(tree.lengths, tree.parents);
 }
 
 void Plan::layout(std::vector<int64_t> lengths, std::vector<int64_t> parents) {
@@ -270,43 +300,68 @@ void Plan::layout(std::vector<int64_t> lengths, std::vector<int64_t> parents) {
   nodeParents_ = std::move(parents);
 }
 
-Plan Plan::fromArrays(const int32_t *prompt_lens, const int32_t *num_responses,
-                      const int32_t *response_lens, int32_t num_groups) {
+namespace {
+
+/// The groups of the C API's flat arrays; an InvalidArgument error naming the
+/// array at fault.
+llvm::Error groupsOfArrays(const int32_t *prompt_lens,
+                           const int32_t *num_responses,
+                           const int32_t *response_lens, int32_t num_groups,
+                           std::vector<PlanGroup> &groups) {
   if (num_groups < 1)
-    invalid(fmt::format("num_groups = {}; a plan needs at least one group",
-                        num_groups));
+    return invalidArgument(fmt::format(
+        "num_groups = {}; a plan needs at least one group", num_groups));
   if (!prompt_lens)
-    invalid("prompt_lens is null");
+    return invalidArgument("prompt_lens is null");
   if (!num_responses)
-    invalid("num_responses is null");
-  std::vector<PlanGroup> groups(num_groups);
+    return invalidArgument("num_responses is null");
+  groups.assign(num_groups, PlanGroup());
   int64_t flat = 0; // index into response_lens
   for (int32_t g = 0; g < num_groups; ++g) {
     if (num_responses[g] < 0)
-      invalid(fmt::format("num_responses[{}] = {} is negative", g,
-                          num_responses[g]));
+      return invalidArgument(fmt::format("num_responses[{}] = {} is negative",
+                                         g, num_responses[g]));
     if (num_responses[g] > 0 && !response_lens)
-      invalid(fmt::format("response_lens is null but num_responses[{}] = {}", g,
-                          num_responses[g]));
+      return invalidArgument(
+          fmt::format("response_lens is null but num_responses[{}] = {}", g,
+                      num_responses[g]));
     groups[g].prompt_len = prompt_lens[g];
     for (int32_t r = 0; r < num_responses[g]; ++r)
       groups[g].response_lens.push_back(response_lens[flat++]);
   }
+  return llvm::Error::success();
+}
+
+/// The tree of the C API's flat arrays; an InvalidArgument error naming the
+/// array at fault.
+llvm::Error treeOfArrays(const int32_t *lengths, const int32_t *parents,
+                         int32_t num_nodes, PlanTree &tree) {
+  if (num_nodes < 1)
+    return invalidArgument(fmt::format(
+        "num_nodes = {}; a tree needs at least one node", num_nodes));
+  if (!lengths)
+    return invalidArgument("lengths is null");
+  if (!parents)
+    return invalidArgument("parents is null");
+  tree.lengths.assign(lengths, lengths + num_nodes);
+  tree.parents.assign(parents, parents + num_nodes);
+  return llvm::Error::success();
+}
+
+} // namespace
+
+Plan Plan::fromArrays(const int32_t *prompt_lens, const int32_t *num_responses,
+                      const int32_t *response_lens, int32_t num_groups) {
+  std::vector<PlanGroup> groups;
+  throwIfError(groupsOfArrays(prompt_lens, num_responses, response_lens,
+                              num_groups, groups));
   return Plan(groups);
 }
 
 Plan Plan::fromTreeArrays(const int32_t *lengths, const int32_t *parents,
                           int32_t num_nodes) {
-  if (num_nodes < 1)
-    invalid(fmt::format("num_nodes = {}; a tree needs at least one node",
-                        num_nodes));
-  if (!lengths)
-    invalid("lengths is null");
-  if (!parents)
-    invalid("parents is null");
   PlanTree tree;
-  tree.lengths.assign(lengths, lengths + num_nodes);
-  tree.parents.assign(parents, parents + num_nodes);
+  throwIfError(treeOfArrays(lengths, parents, num_nodes, tree));
   return Plan(tree);
 }
 
@@ -325,59 +380,70 @@ std::vector<int32_t> Plan::segmentTable() const {
 
 namespace {
 
-/// Copies `data` to a new device buffer, the copy complete on return; throws
-/// Error (Cuda) naming `what`. From pageable memory cuMemcpyHtoD returns once
-/// the data is staged, with the DMA possibly still in flight ("API
+/// Copies `data` to a new device buffer, the copy complete on return; a Cuda
+/// error names `what`. From pageable memory cuMemcpyHtoD returns once the
+/// data is staged, with the DMA possibly still in flight ("API
 /// synchronization behavior" in CUDA's documentation), ordered only on the
 /// legacy default stream: a kernel on a non-blocking stream could read the
 /// table before it lands. Waiting for the legacy stream closes that window
 /// (the copy already waited for its earlier work before starting).
-cuda::CUdeviceptr copyToDevice(cuda::Driver &driver,
-                               const std::vector<int32_t> &data,
-                               const char *what) {
+llvm::Expected<cuda::CUdeviceptr> copyToDevice(cuda::Driver &driver,
+                                               const std::vector<int32_t> &data,
+                                               const char *what) {
   size_t bytes = data.size() * sizeof(int32_t);
   cuda::CUdeviceptr ptr = 0;
-  cuda::check(driver.memAlloc(&ptr, bytes),
-              fmt::format("cuMemAlloc ({})", what).c_str());
+  if (llvm::Error e = cuda::check(driver.memAlloc(&ptr, bytes),
+                                  fmt::format("cuMemAlloc ({})", what).c_str()))
+    return e;
   cuda::CUresult r = driver.memcpyHtoD(ptr, data.data(), bytes);
   if (r == cuda::CUDA_SUCCESS)
     r = driver.streamSynchronize(nullptr);
   if (r != cuda::CUDA_SUCCESS) {
     driver.memFree(ptr);
-    cuda::check(r, fmt::format("cuMemcpyHtoD ({})", what).c_str());
+    return cuda::check(r, fmt::format("cuMemcpyHtoD ({})", what).c_str());
   }
   return ptr;
 }
 
 } // namespace
 
-void Plan::upload() const {
-  if (!device_)
-    invalid("the plan was moved from");
-  std::lock_guard<std::mutex> lock(device_->mutex);
-  if (device_->table)
-    return;
-  cuda::CUcontext ctx = cuda::currentContext();
-  cuda::Driver &driver = cuda::driver();
-  cuda::CUdeviceptr ptr =
-      copyToDevice(driver, segmentTable(), "plan segment table");
+llvm::Error PlanDevice::upload(const Plan &plan) {
+  if (!plan.device_)
+    return invalidArgument("the plan was moved from");
+  Plan::Device &device = *plan.device_;
+  std::lock_guard<std::mutex> lock(device.mutex);
+  if (device.table)
+    return llvm::Error::success();
+  llvm::Expected<cuda::CUcontext> ctx = cuda::currentContext();
+  if (!ctx)
+    return ctx.takeError();
+  llvm::Expected<cuda::Driver &> driver = cuda::driver();
+  if (!driver)
+    return driver.takeError();
+  llvm::Expected<cuda::CUdeviceptr> table =
+      copyToDevice(*driver, plan.segmentTable(), "plan segment table");
+  if (!table)
+    return table.takeError();
   cuda::CUdeviceptr chain = 0;
-  if (maxAncestorRanges_ > 1) {
-    try {
-      chain = copyToDevice(driver, chain_, "plan chain table");
-    } catch (...) {
-      driver.memFree(ptr);
-      throw;
+  if (plan.maxAncestorRanges_ > 1) {
+    llvm::Expected<cuda::CUdeviceptr> copied =
+        copyToDevice(*driver, plan.chain_, "plan chain table");
+    if (!copied) {
+      driver->memFree(*table);
+      return copied.takeError();
     }
+    chain = *copied;
   }
-  device_->driver = &driver;
-  device_->context = ctx;
-  device_->table = ptr;
-  device_->chain = chain;
+  device.driver = &*driver;
+  device.context = *ctx;
+  device.table = *table;
+  device.chain = chain;
   // The warp-specialized forward's order (128-row tiles) too, so a CUDA graph
   // captured after upload() never allocates or copies.
-  forwardTableLocked(kForwardOrderBlockM);
+  return forwardTableLocked(plan, Plan::kForwardOrderBlockM).takeError();
 }
+
+void Plan::upload() const { throwIfError(PlanDevice::upload(*this)); }
 
 bool Plan::uploaded() const {
   if (!device_)
@@ -407,51 +473,68 @@ uint64_t Plan::deviceChainTable() const {
   return device_->chain;
 }
 
-BackwardTable Plan::backwardTable(int blockM, int64_t chunk,
-                                  BackwardOrder order) const {
+llvm::Expected<BackwardTable> PlanDevice::backwardTable(const Plan &plan,
+                                                        int blockM,
+                                                        int64_t chunk,
+                                                        BackwardOrder order) {
   if (order == BackwardOrder::Auto)
     order = BackwardOrder::LongestFirst;
-  requirePlanInCurrentContext(*this); // uploads: fixes the context
-  std::lock_guard<std::mutex> lock(device_->mutex);
-  auto found = device_->backward.find({blockM, chunk, order});
-  if (found != device_->backward.end())
+  // Uploads: fixes the context.
+  if (llvm::Error e = requirePlanInCurrentContext(plan))
+    return e;
+  Plan::Device &device = *plan.device_;
+  std::lock_guard<std::mutex> lock(device.mutex);
+  auto found = device.backward.find({blockM, chunk, order});
+  if (found != device.backward.end())
     return found->second;
 
-  BackwardItems built = buildBackwardItems(*this, blockM, chunk, order);
-  cuda::Driver &driver = *device_->driver;
+  llvm::Expected<BackwardItems> built =
+      buildBackwardItems(plan, blockM, chunk, order);
+  if (!built)
+    return built.takeError();
+  cuda::Driver &driver = *device.driver;
   BackwardTable table;
-  table.numItems = built.numItems();
-  table.numAccRows = built.numAccRows();
-  table.items = copyToDevice(driver, built.items, "backward work items");
-  if (!built.accTokens.empty()) {
-    try {
-      table.accTokens =
-          copyToDevice(driver, built.accTokens, "backward accumulator tokens");
-    } catch (...) {
+  table.numItems = built->numItems();
+  table.numAccRows = built->numAccRows();
+  if (llvm::Error e = copyToDevice(driver, built->items, "backward work items")
+                          .moveInto(table.items))
+    return e;
+  if (!built->accTokens.empty()) {
+    llvm::Expected<cuda::CUdeviceptr> accTokens =
+        copyToDevice(driver, built->accTokens, "backward accumulator tokens");
+    if (!accTokens) {
       driver.memFree(table.items);
-      throw;
+      return accTokens.takeError();
     }
+    table.accTokens = *accTokens;
   }
-  device_->backward.emplace(std::make_tuple(blockM, chunk, order), table);
+  device.backward.emplace(std::make_tuple(blockM, chunk, order), table);
   return table;
 }
 
-std::vector<int32_t> Plan::forwardOrder(int blockM) const {
+BackwardTable Plan::backwardTable(int blockM, int64_t chunk,
+                                  BackwardOrder order) const {
+  return valueOrThrow(PlanDevice::backwardTable(*this, blockM, chunk, order));
+}
+
+llvm::Expected<std::vector<int32_t>> PlanDevice::forwardOrder(const Plan &plan,
+                                                              int blockM) {
   if (blockM <= 0)
-    invalid(
+    return invalidArgument(
         fmt::format("forwardOrder: blockM must be positive, got {}", blockM));
   struct Tile {
     int64_t keys;
     int32_t segment, tile;
   };
+  const std::vector<Segment> &segments = plan.segments();
   std::vector<Tile> tiles;
-  for (size_t s = 0; s < segments_.size(); ++s) {
-    const Segment &seg = segments_[s];
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const Segment &seg = segments[s];
     int64_t count = (int64_t(seg.length) + blockM - 1) / blockM;
     for (int64_t m = 0; m < count; ++m)
-      tiles.push_back(
-          {ancestorTokens_[s] + std::min<int64_t>((m + 1) * blockM, seg.length),
-           int32_t(s), int32_t(m)});
+      tiles.push_back({plan.ancestorTokens()[s] +
+                           std::min<int64_t>((m + 1) * blockM, seg.length),
+                       int32_t(s), int32_t(m)});
   }
   std::stable_sort(
       tiles.begin(), tiles.end(),
@@ -465,30 +548,53 @@ std::vector<int32_t> Plan::forwardOrder(int blockM) const {
   return order;
 }
 
-ForwardTable Plan::forwardTable(int blockM) const {
-  requirePlanInCurrentContext(*this); // uploads: fixes the context
-  std::lock_guard<std::mutex> lock(device_->mutex);
-  return forwardTableLocked(blockM);
+std::vector<int32_t> Plan::forwardOrder(int blockM) const {
+  return valueOrThrow(PlanDevice::forwardOrder(*this, blockM));
 }
 
-ForwardTable Plan::forwardTableLocked(int blockM) const {
-  auto found = device_->forward.find(blockM);
-  if (found != device_->forward.end())
+llvm::Expected<ForwardTable> PlanDevice::forwardTable(const Plan &plan,
+                                                      int blockM) {
+  // Uploads: fixes the context.
+  if (llvm::Error e = requirePlanInCurrentContext(plan))
+    return e;
+  std::lock_guard<std::mutex> lock(plan.device_->mutex);
+  return forwardTableLocked(plan, blockM);
+}
+
+ForwardTable Plan::forwardTable(int blockM) const {
+  return valueOrThrow(PlanDevice::forwardTable(*this, blockM));
+}
+
+llvm::Expected<ForwardTable> PlanDevice::forwardTableLocked(const Plan &plan,
+                                                            int blockM) {
+  Plan::Device &device = *plan.device_;
+  auto found = device.forward.find(blockM);
+  if (found != device.forward.end())
     return found->second;
-  std::vector<int32_t> order = forwardOrder(blockM);
+  llvm::Expected<std::vector<int32_t>> order = forwardOrder(plan, blockM);
+  if (!order)
+    return order.takeError();
   ForwardTable table;
-  table.numItems = int64_t(order.size() / 2);
-  table.items = copyToDevice(*device_->driver, order, "forward work order");
-  device_->forward.emplace(blockM, table);
+  table.numItems = int64_t(order->size() / 2);
+  if (llvm::Error e = copyToDevice(*device.driver, *order, "forward work order")
+                          .moveInto(table.items))
+    return e;
+  device.forward.emplace(blockM, table);
   return table;
 }
 
-void requirePlanInCurrentContext(const Plan &plan) {
-  cuda::CUcontext ctx = cuda::currentContext();
-  plan.upload(); // once per plan; a no-op afterwards
-  if (plan.deviceContext() != ctx)
-    invalid("the plan's segment table lives in another CUDA context than the "
-            "current one; build one plan per device");
+llvm::Error requirePlanInCurrentContext(const Plan &plan) {
+  llvm::Expected<cuda::CUcontext> ctx = cuda::currentContext();
+  if (!ctx)
+    return ctx.takeError();
+  // Once per plan; a no-op afterwards.
+  if (llvm::Error e = PlanDevice::upload(plan))
+    return e;
+  if (plan.deviceContext() != *ctx)
+    return invalidArgument(
+        "the plan's segment table lives in another CUDA context than the "
+        "current one; build one plan per device");
+  return llvm::Error::success();
 }
 
 } // namespace dualkv

@@ -1,7 +1,7 @@
 // The backward's work items: which query chunks meet which KV tiles.
 #include "plans/WorkItems.h"
 
-#include "dualkv/Error.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -35,13 +35,13 @@ template <typename Fn> void forEachSegment(const Plan &plan, Fn fn) {
 
 } // namespace
 
-BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
-                                 BackwardOrder order) {
+llvm::Expected<BackwardItems> buildBackwardItems(const Plan &plan, int blockM,
+                                                 int64_t chunk,
+                                                 BackwardOrder order) {
   if (blockM < 1 || chunk < blockM)
-    throw Error(ErrorCode::Internal,
-                fmt::format("backward items need blockM >= 1 and chunk >= "
-                            "blockM (blockM {}, chunk {})",
-                            blockM, chunk));
+    return internalError(fmt::format("backward items need blockM >= 1 and "
+                                     "chunk >= blockM (blockM {}, chunk {})",
+                                     blockM, chunk));
   using Item = std::array<int32_t, kBwdItemFields>;
   std::vector<Item> items;
   BackwardItems out;

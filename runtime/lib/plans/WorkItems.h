@@ -5,6 +5,8 @@
 #include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/Plan.h"
 
+#include <llvm/Support/Error.h>
+
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -40,9 +42,10 @@ struct BackwardItems {
 /// directly (accRow -1), a tile of several gets min(blockM, keys left)
 /// accumulator rows of its own, numbered in tile order. Response tiles see
 /// their own response only. Items are sorted in `order` (stable; Auto is
-/// LongestFirst). Throws Error (Internal) if blockM < 1 or chunk < blockM.
-BackwardItems buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
-                                 BackwardOrder order = BackwardOrder::Auto);
+/// LongestFirst). An Internal error if blockM < 1 or chunk < blockM.
+llvm::Expected<BackwardItems>
+buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
+                   BackwardOrder order = BackwardOrder::Auto);
 
 /// An upper bound of numAccRows over every blockM: only a prompt tile seen
 /// by more than kBwdChunkTokens queries is split, so only groups longer
@@ -63,10 +66,6 @@ constexpr int64_t kBwdMinItemsPerLaunch = 264;
 /// which has no accumulator. A function of the plan alone, so that the
 /// workspace size is known without a GPU or a kernel.
 int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads, bool split);
-
-/// Uploads the plan's segment table (once) and checks that it lives in the
-/// current CUDA context; throws Error (InvalidArgument) when it does not.
-void requirePlanInCurrentContext(const Plan &plan);
 
 } // namespace dualkv
 

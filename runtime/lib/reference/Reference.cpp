@@ -2,6 +2,8 @@
 // replicated.
 #include "dualkv/Reference.h"
 
+#include "support/Status.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,32 +16,40 @@
 namespace dualkv::reference {
 namespace {
 
-void validate(const Problem &p) {
-  auto fail = [](const std::string &msg) { throw std::invalid_argument(msg); };
+/// An InvalidArgument error naming the field of `p` at fault.
+llvm::Error checkProblem(const Problem &p) {
+  auto fail = [](const std::string &msg) { return invalidArgument(msg); };
   if (p.groups.empty())
-    fail("groups is empty: a problem needs at least one group");
+    return fail("groups is empty: a problem needs at least one group");
   for (size_t g = 0; g < p.groups.size(); ++g) {
     const Group &group = p.groups[g];
     if (group.prompt_len < 0)
-      fail(fmt::format("groups[{}].prompt_len ({}) is negative", g,
-                       group.prompt_len));
+      return fail(fmt::format("groups[{}].prompt_len ({}) is negative", g,
+                              group.prompt_len));
     for (size_t n = 0; n < group.response_lens.size(); ++n)
       if (group.response_lens[n] < 0)
-        fail(fmt::format("groups[{}].response_lens[{}] ({}) is negative", g, n,
-                         group.response_lens[n]));
+        return fail(fmt::format("groups[{}].response_lens[{}] ({}) is negative",
+                                g, n, group.response_lens[n]));
   }
   if (p.num_q_heads <= 0)
-    fail(fmt::format("num_q_heads ({}) must be positive", p.num_q_heads));
+    return fail(
+        fmt::format("num_q_heads ({}) must be positive", p.num_q_heads));
   if (p.num_kv_heads <= 0)
-    fail(fmt::format("num_kv_heads ({}) must be positive", p.num_kv_heads));
+    return fail(
+        fmt::format("num_kv_heads ({}) must be positive", p.num_kv_heads));
   if (p.num_q_heads % p.num_kv_heads != 0)
-    fail(fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads ({})",
-                     p.num_q_heads, p.num_kv_heads));
+    return fail(
+        fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads ({})",
+                    p.num_q_heads, p.num_kv_heads));
   if (p.head_dim <= 0)
-    fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
+    return fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
   if (!std::isfinite(p.scale))
-    fail(fmt::format("scale ({}) is not finite", p.scale));
+    return fail(fmt::format("scale ({}) is not finite", p.scale));
+  return llvm::Error::success();
 }
+
+/// The reference's edge: throws std::invalid_argument for a malformed `p`.
+void validate(const Problem &p) { throwIfReferenceError(checkProblem(p)); }
 
 /// Offsets into the dense row-major tensors of a sequence of `tokens` tokens.
 struct Layout {
@@ -255,20 +265,25 @@ void packedBackward(const Layout &l, double scale, const double *q,
   }
 }
 
-/// Validates the heads, head size and scale of any problem.
-template <typename P> void validateHeads(const P &p) {
-  auto fail = [](const std::string &msg) { throw std::invalid_argument(msg); };
+/// An InvalidArgument error naming the heads, head size or scale of any
+/// problem that is at fault.
+template <typename P> llvm::Error checkHeads(const P &p) {
+  auto fail = [](const std::string &msg) { return invalidArgument(msg); };
   if (p.num_q_heads <= 0)
-    fail(fmt::format("num_q_heads ({}) must be positive", p.num_q_heads));
+    return fail(
+        fmt::format("num_q_heads ({}) must be positive", p.num_q_heads));
   if (p.num_kv_heads <= 0)
-    fail(fmt::format("num_kv_heads ({}) must be positive", p.num_kv_heads));
+    return fail(
+        fmt::format("num_kv_heads ({}) must be positive", p.num_kv_heads));
   if (p.num_q_heads % p.num_kv_heads != 0)
-    fail(fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads ({})",
-                     p.num_q_heads, p.num_kv_heads));
+    return fail(
+        fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads ({})",
+                    p.num_q_heads, p.num_kv_heads));
   if (p.head_dim <= 0)
-    fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
+    return fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
   if (!std::isfinite(p.scale))
-    fail(fmt::format("scale ({}) is not finite", p.scale));
+    return fail(fmt::format("scale ({}) is not finite", p.scale));
+  return llvm::Error::success();
 }
 
 Layout treeDims(const TreeProblem &p, int64_t tokens) {
@@ -462,32 +477,47 @@ TreeProblem as_tree(const Problem &problem) {
   return t;
 }
 
-TreeLayout tree_layout(const TreeProblem &problem) {
-  auto fail = [](const std::string &msg) { throw std::invalid_argument(msg); };
-  validateHeads(problem);
+namespace {
+
+/// tree_layout below its edge: an InvalidArgument error naming the field of
+/// `problem` at fault.
+llvm::Expected<TreeLayout> layoutTree(const TreeProblem &problem) {
+  auto fail = [](const std::string &msg) { return invalidArgument(msg); };
+  if (llvm::Error e = checkHeads(problem))
+    return e;
   if (problem.nodes.empty())
-    fail("nodes is empty: a problem needs at least one node");
+    return fail("nodes is empty: a problem needs at least one node");
   TreeLayout l;
   std::vector<int64_t> path; // the previous node and its ancestors
   const int64_t n = static_cast<int64_t>(problem.nodes.size());
   for (int64_t i = 0; i < n; ++i) {
     const Node &node = problem.nodes[i];
     if (node.length < 0)
-      fail(fmt::format("nodes[{}].length ({}) is negative", i, node.length));
+      return fail(
+          fmt::format("nodes[{}].length ({}) is negative", i, node.length));
     if (node.parent < -1 || node.parent >= i)
-      fail(fmt::format("nodes[{}].parent ({}) is not -1 or an earlier node", i,
-                       node.parent));
+      return fail(
+          fmt::format("nodes[{}].parent ({}) is not -1 or an earlier node", i,
+                      node.parent));
     while (!path.empty() && path.back() != node.parent)
       path.pop_back();
     if (node.parent >= 0 && path.empty())
-      fail(fmt::format("nodes[{}].parent ({}) breaks the pre-order", i,
-                       node.parent));
+      return fail(fmt::format("nodes[{}].parent ({}) breaks the pre-order", i,
+                              node.parent));
     path.push_back(i);
     l.node_start.push_back(static_cast<int64_t>(l.node.size()));
     l.parent.push_back(node.parent);
     l.node.insert(l.node.end(), node.length, i);
   }
   return l;
+}
+
+} // namespace
+
+TreeLayout tree_layout(const TreeProblem &problem) {
+  llvm::Expected<TreeLayout> layout = layoutTree(problem);
+  throwIfReferenceError(layout.takeError());
+  return std::move(*layout);
 }
 
 bool tree_allowed(const TreeLayout &layout, int64_t i, int64_t j) {

@@ -5,6 +5,7 @@
 #include "cache/CompileTable.h"
 #include "cache/Stats.h"
 #include "support/Env.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 
@@ -91,13 +92,17 @@ ClassState classKernelState(const KernelSpec &spec, const CacheKey &key,
   bg.pending.insert(hash);
   try {
     bg.threads.emplace_back([spec, key, hash] {
+      // Its error becomes the class's warning (markClassFailed).
       std::string error;
       try {
         Origin origin = Origin::Compiled;
-        CacheEntry entry = findOrCompile(spec, key, hash, &origin);
-        if (origin == Origin::Disk) // written meanwhile by another process
-          rememberEntry(hash, entry);
-      } catch (const std::exception &e) {
+        llvm::Expected<CacheEntry> entry =
+            findOrCompile(spec, key, hash, &origin);
+        if (!entry)
+          error = takeErrorParts(entry.takeError()).message;
+        else if (origin == Origin::Disk) // written meanwhile by another process
+          rememberEntry(hash, *entry);
+      } catch (const std::exception &e) { // out of memory, say
         error = e.what();
       } catch (...) {
         error = "unknown error";

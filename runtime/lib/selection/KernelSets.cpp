@@ -7,9 +7,9 @@
 #include "selection/Tuned.h"
 #include "support/Env.h"
 #include "support/Parallel.h"
+#include "support/Status.h"
 
 #include "dualkv/Device.h"
-#include "dualkv/Error.h"
 
 #include <fmt/format.h>
 
@@ -71,71 +71,85 @@ std::vector<SetMember> backwardSet(const KernelSpec &base, bool deterministic,
   return set;
 }
 
+/// Makes `m`'s entry available, recording where it came from in `origin`:
+/// its tuned tiling first, then (when that does not build, with a warning,
+/// as a launch does) the default. `probeOnly` as for ensureSet.
+llvm::Error ensureMember(const SetMember &m, bool probeOnly, Origin &origin) {
+  std::vector<KernelSpec> tries;
+  if (std::optional<KernelSpec> tuned =
+          tunedSpec(m.spec, m.tunedQHeads, m.tunedKVHeads))
+    tries.push_back(*tuned);
+  tries.push_back(m.spec);
+  for (size_t t = 0; t < tries.size(); ++t) {
+    KernelSpec spec = resolveSpec(tries[t]);
+    if (std::string bad = checkSpec(spec); !bad.empty())
+      return invalidArgument(bad);
+    CacheKey key = CacheKey::fromSpec(spec, fingerprint());
+    std::string hash = key.hash();
+    auto attempt = [&]() -> llvm::Error {
+      if (probeOnly && !compileKnown(hash)) {
+        if (findAot(spec)) {
+          origin = Origin::Aot;
+          return llvm::Error::success();
+        }
+        DiskCache disk(DiskCache::defaultRoot());
+        if (!disk.root().empty() && !disk.refused() &&
+            !envFlag("DUALKV_ALWAYS_COMPILE") && disk.load(key)) {
+          origin = Origin::Disk;
+          return llvm::Error::success();
+        }
+        // Nothing to read: compile it now, for the launch to take.
+        return compileOnce(spec, key, hash,
+                           disk.root().empty() || disk.refused() ? nullptr
+                                                                 : &disk)
+            .takeError();
+      }
+      llvm::Expected<CacheEntry> entry =
+          findOrCompile(spec, key, hash, &origin);
+      if (entry && origin == Origin::Disk)
+        rememberEntry(hash, *entry);
+      return entry.takeError();
+    };
+    llvm::Error error = attempt();
+    if (!error || t + 1 == tries.size())
+      return error;
+    // The tuned tiling does not build: the default's turn.
+    if (llvm::Error other = handleCode(
+            std::move(error), ErrorCode::Compile, [&](const RuntimeError &e) {
+              warnOnce(fmt::format("the tuned tiling {},{},{},{} does not "
+                                   "build; using the default: {}",
+                                   spec.tiling.blockM, spec.tiling.blockN,
+                                   spec.tiling.warps, spec.tiling.stages,
+                                   e.message()));
+            }))
+      return other;
+  }
+  return llvm::Error::success();
+}
+
 /// Makes every member's entry available (counted in `report`, if given),
-/// compiling the missing ones in parallel on worker threads; a member whose
-/// tuned tiling does not build takes the default, as a launch does. Returns
-/// the first error (empty when none). `probeOnly` leaves the stats alone for
-/// entries the disk or the AOT registry already holds (the launch that
-/// needs them reads them, and counts, itself).
-std::string ensureSet(const std::vector<SetMember> &set, bool probeOnly,
+/// compiling the missing ones in parallel on worker threads (ensureMember).
+/// Returns the first member's error. `probeOnly` leaves the stats alone for
+/// entries the disk or the AOT registry already holds (the launch that needs
+/// them reads them, and counts, itself).
+llvm::Error ensureSet(const std::vector<SetMember> &set, bool probeOnly,
                       PrecompileReport *report) {
-  std::vector<std::string> errors(set.size());
+  // Messages, not llvm::Errors: each worker consumes its own error.
+  std::vector<std::optional<ErrorParts>> errors(set.size());
   std::vector<Origin> origins(set.size(), Origin::Compiled);
   parallelFor(set.size(), [&](size_t i) {
-    const SetMember &m = set[i];
     try {
-      std::vector<KernelSpec> tries;
-      if (std::optional<KernelSpec> tuned =
-              tunedSpec(m.spec, m.tunedQHeads, m.tunedKVHeads))
-        tries.push_back(*tuned);
-      tries.push_back(m.spec);
-      for (size_t t = 0; t < tries.size(); ++t) {
-        KernelSpec spec = resolveSpec(tries[t]);
-        if (std::string bad = checkSpec(spec); !bad.empty())
-          throw Error(ErrorCode::InvalidArgument, bad);
-        CacheKey key = CacheKey::fromSpec(spec, fingerprint());
-        std::string hash = key.hash();
-        try {
-          if (probeOnly && !compileKnown(hash)) {
-            if (findAot(spec)) {
-              origins[i] = Origin::Aot;
-              return;
-            }
-            DiskCache disk(DiskCache::defaultRoot());
-            if (!disk.root().empty() && !disk.refused() &&
-                !envFlag("DUALKV_ALWAYS_COMPILE") && disk.load(key)) {
-              origins[i] = Origin::Disk;
-              return;
-            }
-            // Nothing to read: compile it now, for the launch to take.
-            compileOnce(spec, key, hash,
-                        disk.root().empty() || disk.refused() ? nullptr
-                                                              : &disk);
-            return;
-          }
-          CacheEntry entry = findOrCompile(spec, key, hash, &origins[i]);
-          if (origins[i] == Origin::Disk)
-            rememberEntry(hash, entry);
-          return;
-        } catch (const Error &e) {
-          if (e.code() != ErrorCode::Compile || t + 1 == tries.size())
-            throw;
-          warnOnce(fmt::format("the tuned tiling {},{},{},{} does not build; "
-                               "using the default: {}",
-                               spec.tiling.blockM, spec.tiling.blockN,
-                               spec.tiling.warps, spec.tiling.stages,
-                               e.what()));
-        }
-      }
-    } catch (const std::exception &e) {
-      errors[i] = e.what();
+      if (llvm::Error e = ensureMember(set[i], probeOnly, origins[i]))
+        errors[i] = takeErrorParts(std::move(e));
+    } catch (const std::exception &e) { // out of memory, say
+      errors[i] = ErrorParts{ErrorCode::Internal, e.what(), {}};
     } catch (...) {
-      errors[i] = "unknown error";
+      errors[i] = ErrorParts{ErrorCode::Internal, "unknown error", {}};
     }
   });
   if (report)
     for (size_t i = 0; i < set.size(); ++i) {
-      if (!errors[i].empty())
+      if (errors[i])
         continue;
       ++report->kernels;
       switch (origins[i]) {
@@ -153,10 +167,10 @@ std::string ensureSet(const std::vector<SetMember> &set, bool probeOnly,
         break;
       }
     }
-  for (const std::string &e : errors)
-    if (!e.empty())
-      return e;
-  return {};
+  for (const std::optional<ErrorParts> &e : errors)
+    if (e)
+      return makeError(e->code, e->message, e->cause);
+  return llvm::Error::success();
 }
 
 } // namespace
@@ -175,46 +189,51 @@ void prefetchBackwardSet(const KernelSpec &spec, const CacheKey &key,
   DiskCache disk(DiskCache::defaultRoot());
   bool onDisk = !disk.root().empty() && !disk.refused() &&
                 !envFlag("DUALKV_ALWAYS_COMPILE") && disk.load(key);
+  // Errors are left for the launch that needs the kernel.
   if (!onDisk)
-    ensureSet(splitDQByDefault(spec.arch)
-                  ? backwardSet(spec, /*deterministic=*/true, false, {})
-                  : backwardSet(spec, false, /*both=*/true, {}),
-              /*probeOnly=*/true, nullptr);
+    llvm::consumeError(
+        ensureSet(splitDQByDefault(spec.arch)
+                      ? backwardSet(spec, /*deterministic=*/true, false, {})
+                      : backwardSet(spec, false, /*both=*/true, {}),
+                  /*probeOnly=*/true, nullptr));
 }
 
-PrecompileReport precompile(const PrecompileArgs &args) {
+namespace {
+
+llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   auto start = std::chrono::steady_clock::now();
   const int D = args.head_dim, Hq = args.num_q_heads, Hkv = args.num_kv_heads;
   if (D != 64 && D != 128 && D != 256)
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("head_dim ({}) must be 64, 128 or 256", D));
+    return invalidArgument(
+        fmt::format("head_dim ({}) must be 64, 128 or 256", D));
   if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("num_q_heads ({}) must be a positive multiple of "
-                            "num_kv_heads ({})",
-                            Hq, Hkv));
+    return invalidArgument(
+        fmt::format("num_q_heads ({}) must be a positive multiple of "
+                    "num_kv_heads ({})",
+                    Hq, Hkv));
   if (args.tiling.blockM < 0 || args.tiling.blockN < 0 ||
       args.tiling.warps < 0 || args.tiling.stages < 0)
-    throw Error(ErrorCode::InvalidArgument,
-                "a tiling field is negative (0 takes the default)");
+    return invalidArgument("a tiling field is negative (0 takes the default)");
   std::string arch = args.arch;
   if (arch.empty()) {
     if (!gpuAvailable())
-      throw Error(ErrorCode::NoGpu,
-                  "nothing to take the arch from: give precompile an arch "
-                  "(e.g. sm_90a), which needs no GPU");
+      return makeError(ErrorCode::NoGpu,
+                       "nothing to take the arch from: give precompile an "
+                       "arch (e.g. sm_90a), which needs no GPU");
     // The current context's device, as a launch takes it (the primary
     // context of device 0 when none is current).
-    cuda::currentContext();
-    arch = cuda::currentDeviceArch();
+    if (llvm::Error e = cuda::currentContext().takeError())
+      return e;
+    if (llvm::Error e = cuda::currentDeviceArch().moveInto(arch))
+      return e;
     std::string why;
     if (!Arch::parse(arch, &why))
-      throw Error(ErrorCode::NoGpu,
-                  fmt::format("the current GPU ({}) cannot run DualKV "
-                              "kernels: {}",
-                              arch, why));
+      return makeError(ErrorCode::NoGpu,
+                       fmt::format("the current GPU ({}) cannot run DualKV "
+                                   "kernels: {}",
+                                   arch, why));
   } else if (std::string why; !Arch::parse(arch, &why)) {
-    throw Error(ErrorCode::InvalidArgument, "arch: " + why);
+    return invalidArgument("arch: " + why);
   }
   KernelSpec base;
   base.kind = KernelKind::Fwd;
@@ -232,13 +251,19 @@ PrecompileReport precompile(const PrecompileArgs &args) {
     set.insert(set.end(), bwd.begin(), bwd.end());
   }
   PrecompileReport report;
-  std::string error = ensureSet(set, /*probeOnly=*/false, &report);
-  if (!error.empty())
-    throw Error(ErrorCode::Compile, error);
+  // Any member that cannot be made ready is a kernel that does not build.
+  if (llvm::Error e = ensureSet(set, /*probeOnly=*/false, &report))
+    return makeError(ErrorCode::Compile, takeErrorParts(std::move(e)).message);
   report.wallMs = std::chrono::duration<double, std::milli>(
                       std::chrono::steady_clock::now() - start)
                       .count();
   return report;
+}
+
+} // namespace
+
+PrecompileReport precompile(const PrecompileArgs &args) {
+  return valueOrThrow(precompileSet(args));
 }
 
 } // namespace dualkv

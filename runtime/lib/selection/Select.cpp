@@ -8,9 +8,9 @@
 #include "selection/KernelSets.h"
 #include "selection/Tuned.h"
 #include "support/Env.h"
+#include "support/Status.h"
 
 #include "dualkv/Cache.h"
-#include "dualkv/Error.h"
 
 #include <fmt/format.h>
 
@@ -20,8 +20,10 @@ namespace {
 
 /// loadKernel, after starting the rest of a backward's kernel set when
 /// `spec` is its first kernel and nothing of it is cached (KernelSets.h).
-const LoadedKernel &loadWithSet(KernelCache &cache, cuda::CUcontext ctx,
-                                const FastKey &fast, const KernelSpec &spec) {
+llvm::Expected<const LoadedKernel *> loadWithSet(KernelCache &cache,
+                                                 cuda::CUcontext ctx,
+                                                 const FastKey &fast,
+                                                 const KernelSpec &spec) {
   if (spec.kind == KernelKind::BwdPre) {
     KernelSpec resolved = resolveSpec(spec);
     CacheKey key = CacheKey::fromSpec(resolved, fingerprint());
@@ -32,37 +34,46 @@ const LoadedKernel &loadWithSet(KernelCache &cache, cuda::CUcontext ctx,
   return loadKernel(cache, ctx, fast, spec);
 }
 
-const LoadedKernel &loadGeneric(KernelCache &cache, cuda::CUcontext ctx,
-                                const FastKey &fast, const KernelSpec &spec,
-                                const KernelSpec &tunedKey) {
+llvm::Expected<const LoadedKernel *>
+loadGeneric(KernelCache &cache, cuda::CUcontext ctx, const FastKey &fast,
+            const KernelSpec &spec, const KernelSpec &tunedKey) {
   if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
     updateStats([](CacheStats &stats) { ++stats.memoryHits; });
-    return *it->second;
+    return it->second;
   }
   if (spec.tiling == Tiling{} && !spec.tree)
     if (std::optional<Tiling> tuned = processTuningDb().find(tunedKey)) {
       KernelSpec tunedSpec = spec;
       tunedSpec.tiling = *tuned;
-      try {
-        return loadWithSet(cache, ctx, fast, tunedSpec);
-      } catch (const Error &e) {
-        if (e.code() != ErrorCode::Compile)
-          throw;
-        warnOnce(fmt::format(
-            "the tuned tiling {},{},{},{} does not build; using the "
-            "default: {}",
-            tuned->blockM, tuned->blockN, tuned->warps, tuned->stages,
-            e.what()));
-      }
+      llvm::Expected<const LoadedKernel *> kernel =
+          loadWithSet(cache, ctx, fast, tunedSpec);
+      if (kernel)
+        return kernel;
+      // A tuned tiling that does not build falls back to the default.
+      if (llvm::Error e = handleCode(
+              kernel.takeError(), ErrorCode::Compile,
+              [&](const RuntimeError &error) {
+                warnOnce(fmt::format(
+                    "the tuned tiling {},{},{},{} does not build; using the "
+                    "default: {}",
+                    tuned->blockM, tuned->blockN, tuned->warps, tuned->stages,
+                    error.message()));
+              }))
+        return e;
     }
   return loadWithSet(cache, ctx, fast, spec);
 }
 
 } // namespace
 
-const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
-                              int tunedKVHeads, const ShapeClass &shape) {
-  cuda::CUcontext ctx = cuda::currentContext();
+llvm::Expected<const LoadedKernel *> getKernel(const KernelSpec &requested,
+                                               int tunedQHeads,
+                                               int tunedKVHeads,
+                                               const ShapeClass &shape) {
+  llvm::Expected<cuda::CUcontext> current = cuda::currentContext();
+  if (!current)
+    return current.takeError();
+  cuda::CUcontext ctx = *current;
   KernelCache &cache = kernelCache();
   std::lock_guard<std::mutex> lock(cache.mutex);
 
@@ -79,11 +90,12 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
   FastKey fast = fastKey(ctx, request, tunedQHeads, tunedKVHeads);
   if (auto it = cache.byRequest.find(fast); it != cache.byRequest.end()) {
     updateStats([](CacheStats &stats) { ++stats.memoryHits; });
-    return *it->second;
+    return it->second;
   }
 
   KernelSpec spec = requested;
-  spec.arch = contextArch(cache, ctx);
+  if (llvm::Error e = contextArch(cache, ctx).moveInto(spec.arch))
+    return e;
   // An open tiling takes the tuned one when dualkv-tune measured this spec
   // (with the heads it was tuned for, if given): the class's entry first,
   // then the generic one; a tuned tiling that no longer builds falls back
@@ -117,14 +129,19 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
                   ? ClassState::Ready
                   : classKernelState(resolved, key, hash);
       if (state == ClassState::Ready) {
-        try {
-          return loadWithSet(cache, ctx, fast, classSpec);
-        } catch (const Error &e) {
-          if (e.code() != ErrorCode::Compile)
-            throw;
-          markClassFailed(hash, key.describe(), e.what());
-          state = ClassState::Failed;
-        }
+        llvm::Expected<const LoadedKernel *> kernel =
+            loadWithSet(cache, ctx, fast, classSpec);
+        if (kernel)
+          return kernel;
+        // A class kernel that does not build leaves the class to the
+        // generic kernel.
+        if (llvm::Error e = handleCode(kernel.takeError(), ErrorCode::Compile,
+                                       [&](const RuntimeError &error) {
+                                         markClassFailed(hash, key.describe(),
+                                                         error.message());
+                                       }))
+          return e;
+        state = ClassState::Failed;
       }
     } else {
       warnOnce(fmt::format("the tuned tiling {},{},{},{} of shape class {} "
@@ -140,9 +157,10 @@ const LoadedKernel &getKernel(const KernelSpec &requested, int tunedQHeads,
   }
   // No entry for the class, or its kernel does not build: the generic kernel
   // serves the class for good (the database is read once per process).
-  const LoadedKernel &kernel =
+  llvm::Expected<const LoadedKernel *> kernel =
       loadGeneric(cache, ctx, genericFast, spec, tunedKey);
-  cache.byRequest.emplace(fast, &kernel);
+  if (kernel)
+    cache.byRequest.emplace(fast, *kernel);
   return kernel;
 }
 

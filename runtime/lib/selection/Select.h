@@ -6,6 +6,8 @@
 
 #include "dualkv/Tuning.h"
 
+#include <llvm/Support/Error.h>
+
 namespace dualkv {
 
 /// The kernel for `spec` in the current CUDA context (spec.arch is replaced
@@ -26,9 +28,13 @@ namespace dualkv {
 /// DUALKV_BACKGROUND_COMPILE=0 the launch compiles and waits for it instead.
 /// A class kernel that does not build is warned about once and the generic
 /// kernel serves the class from then on.
-const LoadedKernel &getKernel(const KernelSpec &spec, int tunedQHeads = 0,
-                              int tunedKVHeads = 0,
-                              const ShapeClass &shape = {});
+///
+/// Errors: NoGpu or Cuda from the driver, Compile when the kernel does not
+/// build, Internal for an image with an unusable launch shape.
+llvm::Expected<const LoadedKernel *> getKernel(const KernelSpec &spec,
+                                               int tunedQHeads = 0,
+                                               int tunedKVHeads = 0,
+                                               const ShapeClass &shape = {});
 
 } // namespace dualkv
 

@@ -5,6 +5,7 @@
 #include "cache/Files.h"
 #include "selection/Tuned.h"
 #include "support/Env.h"
+#include "support/Status.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -62,71 +63,102 @@ json toJsonEntry(const TunedEntry &e) {
   return j;
 }
 
-/// Throws std::runtime_error naming the field when `j` is not a well-formed
-/// entry.
-TunedEntry fromJsonEntry(const json &j, size_t index) {
+/// The entry `j` (entries[index]); an InvalidArgument error naming the field
+/// when it is not well formed.
+llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   auto where = [&](const char *field) {
     return fmt::format("entries[{}].{}", index, field);
   };
-  auto need = [&](const json &o, const char *field) -> const json & {
+  auto need = [&](const json &o, const char *field) -> const json * {
     if (!o.is_object() || !o.contains(field))
-      throw std::runtime_error(fmt::format("{} is missing", where(field)));
-    return o.at(field);
+      return nullptr;
+    return &o.at(field);
   };
-  auto integer = [&](const json &o, const char *field) {
-    const json &v = need(o, field);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-        v.get<int64_t>() > (1 << 30))
-      throw std::runtime_error(
-          fmt::format("{} is not a valid integer: {}", where(field), v.dump()));
-    return v.get<int64_t>();
+  auto missing = [&](const char *field) {
+    return invalidArgument(fmt::format("{} is missing", where(field)));
   };
-  auto text = [&](const char *field) {
-    const json &v = need(j, field);
-    if (!v.is_string())
-      throw std::runtime_error(
-          fmt::format("{} is not a string: {}", where(field), v.dump()));
-    return v.get<std::string>();
+  auto integer = [&](const json &o, const char *field,
+                     int64_t &out) -> llvm::Error {
+    const json *v = need(o, field);
+    if (!v)
+      return missing(field);
+    if (!v->is_number_integer() || v->get<int64_t>() < 0 ||
+        v->get<int64_t>() > (1 << 30))
+      return invalidArgument(fmt::format("{} is not a valid integer: {}",
+                                         where(field), v->dump()));
+    out = v->get<int64_t>();
+    return llvm::Error::success();
+  };
+  auto text = [&](const char *field, std::string &out) -> llvm::Error {
+    const json *v = need(j, field);
+    if (!v)
+      return missing(field);
+    if (!v->is_string())
+      return invalidArgument(
+          fmt::format("{} is not a string: {}", where(field), v->dump()));
+    out = v->get<std::string>();
+    return llvm::Error::success();
   };
   TunedEntry e;
   KernelSpec &s = e.spec;
   // The kind is part of the key: a forward entry never answers a backward
   // lookup, nor one backward kernel's entry another's.
-  std::string kind = text("kind");
+  std::string kind;
+  if (llvm::Error err = text("kind", kind))
+    return err;
   std::optional<KernelKind> known = parseKernelKind(kind);
   if (!known)
-    throw std::runtime_error(
+    return invalidArgument(
         fmt::format("{} '{}' is not a known kernel kind ({})", where("kind"),
                     kind, names::listOf(names::kKinds)));
   s.kind = *known;
-  s.P = integer(j, "P");
-  s.N = integer(j, "N");
-  s.R = j.is_object() && j.contains("R") ? integer(j, "R") : 0;
+  if (llvm::Error err = integer(j, "P", s.P))
+    return err;
+  if (llvm::Error err = integer(j, "N", s.N))
+    return err;
+  s.R = 0;
+  if (j.is_object() && j.contains("R"))
+    if (llvm::Error err = integer(j, "R", s.R))
+      return err;
   if (!isShapeClass({s.P, s.N, s.R}))
-    throw std::runtime_error(fmt::format(
+    return invalidArgument(fmt::format(
         "{} (P {}, N {}, R {}) is not a shape class: all 0, or powers of two "
         "with P >= {}, N >= {}, R >= {}",
         where("P"), s.P, s.N, s.R, kShapeClassMinP, kShapeClassMinN,
         kShapeClassMinR));
-  s.headDim = static_cast<int>(integer(j, "head_dim"));
-  s.numQHeads = static_cast<int>(integer(j, "num_q_heads"));
-  s.numKVHeads = static_cast<int>(integer(j, "num_kv_heads"));
-  std::string dtype = text("dtype");
+  int64_t headDim = 0, numQHeads = 0, numKVHeads = 0;
+  if (llvm::Error err = integer(j, "head_dim", headDim))
+    return err;
+  if (llvm::Error err = integer(j, "num_q_heads", numQHeads))
+    return err;
+  if (llvm::Error err = integer(j, "num_kv_heads", numKVHeads))
+    return err;
+  s.headDim = static_cast<int>(headDim);
+  s.numQHeads = static_cast<int>(numQHeads);
+  s.numKVHeads = static_cast<int>(numKVHeads);
+  std::string dtype;
+  if (llvm::Error err = text("dtype", dtype))
+    return err;
   std::optional<DType> knownDType = parseDType(dtype);
   if (!knownDType || dtype != toString(*knownDType))
-    throw std::runtime_error(fmt::format("{} '{}' is not {}", where("dtype"),
-                                         dtype, names::listOf(names::kDTypes)));
+    return invalidArgument(fmt::format("{} '{}' is not {}", where("dtype"),
+                                       dtype, names::listOf(names::kDTypes)));
   s.dtype = *knownDType;
-  s.arch = text("arch");
-  const json &t = need(j, "tiling");
-  s.tiling = {static_cast<int>(integer(t, "block_m")),
-              static_cast<int>(integer(t, "block_n")),
-              static_cast<int>(integer(t, "warps")),
-              static_cast<int>(integer(t, "stages"))};
+  if (llvm::Error err = text("arch", s.arch))
+    return err;
+  const json *t = need(j, "tiling");
+  if (!t)
+    return missing("tiling");
+  int64_t tiling[4] = {};
+  const char *fields[4] = {"block_m", "block_n", "warps", "stages"};
+  for (int f = 0; f < 4; ++f)
+    if (llvm::Error err = integer(*t, fields[f], tiling[f]))
+      return err;
+  s.tiling = {static_cast<int>(tiling[0]), static_cast<int>(tiling[1]),
+              static_cast<int>(tiling[2]), static_cast<int>(tiling[3])};
   if (!s.tiling.blockM || !s.tiling.blockN || !s.tiling.warps ||
       !s.tiling.stages)
-    throw std::runtime_error(
-        fmt::format("{} has a zero field", where("tiling")));
+    return invalidArgument(fmt::format("{} has a zero field", where("tiling")));
   if (j.contains("ms") && j["ms"].is_number())
     e.ms = j["ms"].get<double>();
   if (j.contains("tflops") && j["tflops"].is_number())
@@ -134,6 +166,36 @@ TunedEntry fromJsonEntry(const json &j, size_t index) {
   if (j.contains("shape") && j["shape"].is_string())
     e.shape = j["shape"].get<std::string>();
   return e;
+}
+
+/// The entries of the database text `text`; an InvalidArgument error saying
+/// what is wrong with it. (nlohmann's accessors may still throw json
+/// exceptions on values of the wrong type.)
+llvm::Expected<std::vector<TunedEntry>> parseEntries(const std::string &text) {
+  if (jsonNestsDeeperThan(text, kMaxJsonDepth))
+    return invalidArgument(
+        fmt::format("nests deeper than {} levels", kMaxJsonDepth));
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    return invalidArgument("not valid JSON (truncated?)");
+  if (!doc.is_object() || doc.value("schema", "") != kSchema)
+    return invalidArgument(
+        fmt::format("not a DualKV tuning database (schema '{}')",
+                    doc.is_object() ? doc.value("schema", "") : ""));
+  if (doc.value("version", -1) != TuningDb::kSchemaVersion)
+    return invalidArgument(fmt::format("schema version {} is not {}",
+                                       doc.value("version", -1),
+                                       TuningDb::kSchemaVersion));
+  if (!doc.contains("entries") || !doc["entries"].is_array())
+    return invalidArgument("'entries' is missing or not an array");
+  std::vector<TunedEntry> entries;
+  for (size_t i = 0; i < doc["entries"].size(); ++i) {
+    llvm::Expected<TunedEntry> entry = fromJsonEntry(doc["entries"][i], i);
+    if (!entry)
+      return entry.takeError();
+    entries.push_back(std::move(*entry));
+  }
+  return entries;
 }
 
 bool isPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
@@ -208,40 +270,28 @@ TuningDb TuningDb::load(const std::string &path, std::string *error) {
     return db;
   // The path may be a link (a shared database, say); what it leads to must
   // be a regular file of sane size, or nothing is read.
-  std::string why;
-  bool missing = false;
-  std::optional<std::string> text =
-      readFileChecked(AT_FDCWD, path, FileRules{kMaxFileBytes}, &why, &missing);
+  llvm::Expected<std::string> text =
+      readFileChecked(AT_FDCWD, path, FileRules{kMaxFileBytes});
   if (!text) {
-    if (!missing)
-      *error = fmt::format("tuning database {} ignored: {}", path, why);
+    ErrorParts why = takeErrorParts(text.takeError());
+    if (!isMissingFile(why))
+      *error = fmt::format("tuning database {} ignored: {}", path, why.message);
     return db; // no database is not an error
   }
-  json doc;
-  if (!jsonNestsDeeperThan(*text, kMaxJsonDepth))
-    doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  try {
-    if (jsonNestsDeeperThan(*text, kMaxJsonDepth))
-      throw std::runtime_error(
-          fmt::format("nests deeper than {} levels", kMaxJsonDepth));
-    if (doc.is_discarded())
-      throw std::runtime_error("not valid JSON (truncated?)");
-    if (!doc.is_object() || doc.value("schema", "") != kSchema)
-      throw std::runtime_error(
-          fmt::format("not a DualKV tuning database (schema '{}')",
-                      doc.is_object() ? doc.value("schema", "") : ""));
-    if (doc.value("version", -1) != kSchemaVersion)
-      throw std::runtime_error(fmt::format("schema version {} is not {}",
-                                           doc.value("version", -1),
-                                           kSchemaVersion));
-    if (!doc.contains("entries") || !doc["entries"].is_array())
-      throw std::runtime_error("'entries' is missing or not an array");
-    for (size_t i = 0; i < doc["entries"].size(); ++i)
-      db.entries_.push_back(fromJsonEntry(doc["entries"][i], i));
-  } catch (const std::exception &e) {
-    *error = fmt::format("tuning database {} ignored: {}", path, e.what());
+  auto parse = [&]() -> llvm::Expected<std::vector<TunedEntry>> {
+    try {
+      return parseEntries(*text);
+    } catch (const std::exception &e) { // a json accessor's type error
+      return invalidArgument(e.what());
+    }
+  };
+  llvm::Expected<std::vector<TunedEntry>> entries = parse();
+  if (!entries) {
+    *error = fmt::format("tuning database {} ignored: {}", path,
+                         takeErrorParts(entries.takeError()).message);
     return TuningDb();
   }
+  db.entries_ = std::move(*entries);
   return db;
 }
 

@@ -155,9 +155,7 @@ TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
   CacheKey key = sampleKey();
   CHECK_FALSE(disk.load(key));
 
-  std::string why;
-  REQUIRE(disk.store(key, sampleEntry(), &why));
-  CHECK(why.empty());
+  requireSuccess(disk.store(key, sampleEntry()));
   const std::string dir = disk.entryDir(key);
   CHECK(dir == tmp.path + "/v3/sm_90a/" + key.hash());
   // No temp file is left behind.
@@ -179,7 +177,7 @@ TEST_CASE("disk cache: an entry without a cubin", "[runtime]") {
   DiskCache disk(tmp.path);
   CacheEntry entry = sampleEntry();
   entry.cubin.clear();
-  REQUIRE(disk.store(sampleKey(), entry));
+  requireSuccess(disk.store(sampleKey(), entry));
   CHECK(listDir(disk.entryDir(sampleKey())) ==
         std::vector<std::string>{"kernel.ptx", "meta.json"});
   std::optional<CacheEntry> loaded = disk.load(sampleKey());
@@ -191,7 +189,7 @@ TEST_CASE("disk cache: damaged entries are misses", "[runtime]") {
   TempDir tmp;
   DiskCache disk(tmp.path);
   CacheKey key = sampleKey();
-  REQUIRE(disk.store(key, sampleEntry()));
+  requireSuccess(disk.store(key, sampleEntry()));
   const std::string dir = disk.entryDir(key);
   const std::string metaPath = dir + "/meta.json";
   REQUIRE(disk.load(key));
@@ -233,7 +231,7 @@ TEST_CASE("disk cache: damaged entries are misses", "[runtime]") {
   CHECK_FALSE(disk.load(key));
 
   // Storing again repairs the entry.
-  REQUIRE(disk.store(key, sampleEntry()));
+  requireSuccess(disk.store(key, sampleEntry()));
   std::optional<CacheEntry> loaded = disk.load(key);
   REQUIRE(loaded);
   requireSameEntry(*loaded, sampleEntry());
@@ -252,7 +250,7 @@ TEST_CASE("disk cache: 8 concurrent writers of one key leave a valid entry",
   for (int t = 0; t < kWriters; ++t)
     threads.emplace_back([&, t] {
       for (int round = 0; round < 20; ++round) {
-        stored[t] += disk.store(key, entry) ? 1 : 0;
+        stored[t] += llvm::errorToBool(disk.store(key, entry)) ? 0 : 1;
         // A reader racing the writers sees the whole entry or nothing.
         if (std::optional<CacheEntry> seen = disk.load(key))
           badReads[t] += seen->ptx != entry.ptx || seen->cubin != entry.cubin;

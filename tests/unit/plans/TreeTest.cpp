@@ -270,8 +270,8 @@ TEST_CASE("tree plan: groups are the depth-1 case", "[runtime][tree]") {
       CHECK(a.forwardOrder(blockM) == b.forwardOrder(blockM));
       for (bool det : {false, true}) {
         const int64_t chunk = backwardChunk(blockM, det);
-        BackwardItems x = buildBackwardItems(a, blockM, chunk);
-        BackwardItems y = buildBackwardItems(b, blockM, chunk);
+        BackwardItems x = valueOf(buildBackwardItems(a, blockM, chunk));
+        BackwardItems y = valueOf(buildBackwardItems(b, blockM, chunk));
         CHECK(x.items == y.items);
         CHECK(x.accTokens == y.accTokens);
       }
@@ -349,7 +349,7 @@ TEST_CASE("tree plan: backward items visit every allowed pair once",
       for (int64_t chunk :
            {int64_t(blockM), int64_t(100), kBwdChunkTokens, kBwdUnchunked}) {
         CAPTURE(blockM, chunk);
-        BackwardItems b = buildBackwardItems(plan, blockM, chunk);
+        BackwardItems b = valueOf(buildBackwardItems(plan, blockM, chunk));
         std::vector<uint8_t> visits(T * T, 0);
         std::map<int32_t, std::vector<int32_t>> accOf; // tile -> accRows
         int64_t previous = INT64_MAX;
@@ -570,10 +570,10 @@ TEST_CASE("tree kernels: a branching plan launches the tree forward with its "
   CacheEntry treeEntry = sampleEntry(), depth1Entry = sampleEntry();
   treeEntry.info = KernelInfo{"tree_fwd", 256, 64 * 1024, 16};
   depth1Entry.info = KernelInfo{"depth1_fwd", 384, 64 * 1024, 128};
-  REQUIRE(DiskCache(tmp.path).store(
+  requireSuccess(DiskCache(tmp.path).store(
       CacheKey::fromSpec(treeSpec(tree, true), compilerFingerprint()),
       treeEntry));
-  REQUIRE(DiskCache(tmp.path).store(
+  requireSuccess(DiskCache(tmp.path).store(
       CacheKey::fromSpec(treeSpec(depth1, false), compilerFingerprint()),
       depth1Entry));
   // kFwdTreeParams: 6 pointers, 10 int64, a float, the chain pointer.
@@ -614,7 +614,7 @@ TEST_CASE("tree kernels: a branching plan launches the tree forward with its "
   REQUIRE(wsSpec.schedule == Schedule::WarpSpecialized);
   CacheEntry wsEntry = sampleEntry();
   wsEntry.info = KernelInfo{"tree_ws_fwd", 384, 160 * 1024, 128};
-  REQUIRE(DiskCache(tmp.path).store(
+  requireSuccess(DiskCache(tmp.path).store(
       CacheKey::fromSpec(wsSpec, compilerFingerprint()), wsEntry));
   std::vector<int> wsSig(21, 8);
   wsSig[15] = 4;

@@ -246,8 +246,8 @@ void seedSpec(const std::string &root, KernelSpec spec, const std::string &name,
   entry.info = {name, threads, shared, spec.tiling.blockM};
   entry.ptx = fmt::format("// fake {}\n", name);
   entry.cubin = {'c', 'u', 'b', 'i', 'n'};
-  REQUIRE(DiskCache(root).store(CacheKey::fromSpec(spec, compilerFingerprint()),
-                                entry));
+  requireSuccess(DiskCache(root).store(
+      CacheKey::fromSpec(spec, compilerFingerprint()), entry));
 }
 
 /// Puts a fake kernel for (kind, head_dim, tiling; heads 8:2, bf16, sm_90a)
