@@ -337,8 +337,8 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
 }
 
 //===----------------------------------------------------------------------===//
-// The runtime's internals (cache/Files.h, cache/DiskCache.h): this file uses them
-// here only.
+// The runtime's internals (cache/Files.h, cache/DiskCache.h): this file uses
+// them here only.
 //===----------------------------------------------------------------------===//
 
 /// The most bytes a spec file may have (a spec is about a hundred).
@@ -349,16 +349,16 @@ constexpr size_t kMaxSpecFileBytes = 16u << 20;
 /// and printing recurse per level). Otherwise nothing, and *error says why.
 std::optional<std::string> readSpecText(const std::string &path,
                                         std::string *error) {
-  std::string why;
-  std::optional<std::string> text = dualkv::readFileChecked(
-      AT_FDCWD, path, dualkv::FileRules{kMaxSpecFileBytes}, &why);
+  llvm::Expected<std::string> text = dualkv::readFileChecked(
+      AT_FDCWD, path, dualkv::FileRules{kMaxSpecFileBytes});
   if (!text)
-    *error = fmt::format("cannot read --spec-file: {}", why);
+    *error = fmt::format("cannot read --spec-file: {}",
+                         llvm::toString(text.takeError()));
   else if (dualkv::jsonNestsDeeperThan(*text, dualkv::kMaxJsonDepth))
     *error = fmt::format("--spec-file '{}' nests deeper than {} levels", path,
                          dualkv::kMaxJsonDepth);
   else
-    return text;
+    return std::move(*text);
   return std::nullopt;
 }
 
@@ -385,8 +385,11 @@ public:
                                    std::string *why) const {
     dualkv::CacheKey key =
         dualkv::CacheKey::fromSpec(spec, dualkv::compilerFingerprint());
-    if (!disk_.store(key, {kernel.info, kernel.ptx, kernel.cubin}, why))
+    if (llvm::Error e =
+            disk_.store(key, {kernel.info, kernel.ptx, kernel.cubin})) {
+      *why = llvm::toString(std::move(e));
       return std::nullopt;
+    }
     return disk_.entryDir(key);
   }
 

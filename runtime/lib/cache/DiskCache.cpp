@@ -353,15 +353,4 @@ llvm::Error DiskCache::store(const CacheKey &key,
   return writeAtomically(fd, dir, "meta.json", meta.dump(2) + "\n");
 }
 
-bool DiskCache::store(const CacheKey &key, const CacheEntry &entry,
-                      std::string *why) const {
-  llvm::Error error = store(key, entry);
-  if (!error)
-    return true;
-  std::string message = takeErrorParts(std::move(error)).message;
-  if (why)
-    *why = std::move(message);
-  return false;
-}
-
 } // namespace dualkv

@@ -51,10 +51,6 @@ public:
   /// Writes `entry` for `key`, replacing what was there. An
   /// InvalidArgument error says why the files cannot be written.
   llvm::Error store(const CacheKey &key, const CacheEntry &entry) const;
-  /// The form tools/dualkv-aot calls (store above, the message in *why):
-  /// false when the files cannot be written.
-  bool store(const CacheKey &key, const CacheEntry &entry,
-             std::string *why) const;
 
   /// Whether this root was refused (not the user's alone) in this process.
   bool refused() const;

@@ -122,18 +122,6 @@ llvm::Expected<std::string> readFileChecked(int dirFd, const std::string &path,
   return bytes;
 }
 
-std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
-                                           const FileRules &rules,
-                                           std::string *why) {
-  llvm::Expected<std::string> bytes = readFileChecked(dirFd, path, rules);
-  if (bytes)
-    return std::move(*bytes);
-  std::string message = takeErrorParts(bytes.takeError()).message;
-  if (why)
-    *why = std::move(message);
-  return std::nullopt;
-}
-
 bool jsonNestsDeeperThan(std::string_view text, int maxDepth) {
   int depth = 0;
   bool inString = false;

@@ -56,12 +56,6 @@ struct FileRules {
 llvm::Expected<std::string> readFileChecked(int dirFd, const std::string &path,
                                             const FileRules &rules);
 
-/// The form tools/dualkv-aot calls (readFileChecked above, the message in
-/// *why): nullopt on any refusal.
-std::optional<std::string> readFileChecked(int dirFd, const std::string &path,
-                                           const FileRules &rules,
-                                           std::string *why);
-
 /// Whether `parts` (takeErrorParts of a readFileChecked error) says that the
 /// file does not exist.
 bool isMissingFile(const ErrorParts &parts);

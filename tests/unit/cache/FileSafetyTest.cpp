@@ -104,10 +104,6 @@ TEST_CASE("files: only regular files of a bounded size are read", "[files]") {
 
   CHECK_THAT(messageOf(readFileChecked(AT_FDCWD, tmp.path, rules)),
              Contains("is a directory, not a regular file"));
-  // The form tools/dualkv-aot calls says the same.
-  std::string why;
-  CHECK_FALSE(readFileChecked(AT_FDCWD, tmp.path, rules, &why));
-  CHECK_THAT(why, Contains("is a directory, not a regular file"));
 
   const std::string fifo = tmp.path + "/fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -216,10 +212,6 @@ TEST_CASE("disk cache: a root others can write or do not own is refused",
   CHECK(disk.refused());
   CHECK_THAT(messageOf(disk.store(sampleKey(), sampleEntry())),
              Contains("not in use"));
-  // The form tools/dualkv-aot calls says the same.
-  std::string why;
-  CHECK_FALSE(disk.store(sampleKey(), sampleEntry(), &why));
-  CHECK_THAT(why, Contains("not in use"));
 }
 
 TEST_CASE("disk cache: a link to the user's own folder is a usable root",
