@@ -90,6 +90,12 @@ snapshot() {
   done < <(configs)
   rm -f "$tmp"/*.json "$tmp/log"
   cp "$tmp"/*.ptx "$dir"/
+  # Binaries before dualkv/Names.h spelled fp16 "f16" in file names: the
+  # snapshot names every kernel the current way, so the two compare.
+  local f
+  for f in "$dir"/*_f16_*.ptx; do
+    [[ -e $f ]] && mv "$f" "${f//_f16_/_fp16_}"
+  done
   (cd "$dir" && ls -- *.ptx | sort >list.txt)
   echo "compare-ptx: $(wc -l <"$dir/list.txt") kernels in $dir"
 }
