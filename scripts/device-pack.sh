@@ -20,7 +20,11 @@ if [[ -n $ab ]]; then
 fi
 strip --strip-unneeded -o "$out/stage/build/libdualkv.so" "$build/libdualkv.so"
 cp "$build/libdualkv_runtime.so" "$out/stage/build/"
-cp "$build/tools/dualkv-aot" "$build/tools/dualkv-opt" "$build/tools/dualkv-tune" "$out/stage/build/tools/"
+# dualkv-aot and dualkv-opt carry the library's objects (dualkv_static): stripped
+# too, or the pack outgrows what a device call carries.
+for tool in dualkv-aot dualkv-opt dualkv-tune; do
+  strip --strip-unneeded -o "$out/stage/build/tools/$tool" "$build/tools/$tool"
+done
 cp "$build/tests/gpu/dualkv-gpu-tests" "$build/tests/gpu/CTestTestfile.cmake" \
   "$out/stage/build/tests/gpu/"
 mkdir -p "$out/stage/build/examples"
