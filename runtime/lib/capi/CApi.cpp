@@ -108,6 +108,28 @@ template <typename T> llvm::Error writeOut(T *out, T value, const char *what) {
   return llvm::Error::success();
 }
 
+/// The fields the forward's and the backward's arguments share, from the C
+/// struct `a` into the C++ `args` (the same names on both sides): q, k, v, o,
+/// lse, the shape, dtype, scale, plan, stream and the main kernel's tiling.
+template <typename C, typename Cpp>
+llvm::Error toSharedArgs(const C &a, Cpp &args) {
+  args.q = toTensor(a.q);
+  args.k = toTensor(a.k);
+  args.v = toTensor(a.v);
+  args.o = toTensor(a.o);
+  args.lse = a.lse;
+  args.lse_stride_h = a.lse_stride_h;
+  args.num_tokens = a.num_tokens;
+  args.num_q_heads = a.num_q_heads;
+  args.num_kv_heads = a.num_kv_heads;
+  args.head_dim = a.head_dim;
+  args.scale = a.scale;
+  args.plan = a.plan ? &a.plan->plan : nullptr;
+  args.stream = a.stream;
+  args.tiling = toTiling(a.tiling);
+  return toEnum(dualkv::names::kDTypes, a.dtype, "dtype", args.dtype);
+}
+
 /// The C++ arguments of the C struct at `in`.
 llvm::Expected<dualkv::BackwardArgs>
 toBackwardArgs(const dualkv_backward_args_t *in) {
@@ -116,33 +138,18 @@ toBackwardArgs(const dualkv_backward_args_t *in) {
     return read.takeError();
   const dualkv_backward_args_t &a = *read;
   dualkv::BackwardArgs args;
-  args.q = toTensor(a.q);
-  args.k = toTensor(a.k);
-  args.v = toTensor(a.v);
-  args.o = toTensor(a.o);
+  if (llvm::Error e = toSharedArgs(a, args))
+    return e;
   args.dout = toTensor(a.dout);
   args.dq = toTensor(a.dq);
   args.dk = toTensor(a.dk);
   args.dv = toTensor(a.dv);
-  args.lse = a.lse;
-  args.lse_stride_h = a.lse_stride_h;
-  args.num_tokens = a.num_tokens;
-  args.num_q_heads = a.num_q_heads;
-  args.num_kv_heads = a.num_kv_heads;
-  args.head_dim = a.head_dim;
-  if (llvm::Error e =
-          toEnum(dualkv::names::kDTypes, a.dtype, "dtype", args.dtype))
-    return e;
-  args.scale = a.scale;
   args.deterministic = a.deterministic != 0;
   if (llvm::Error e = toEnum(dualkv::names::kAlgorithms, a.algorithm,
                              "algorithm", args.algorithm))
     return e;
   args.workspace = a.workspace;
   args.workspace_bytes = a.workspace_bytes;
-  args.plan = a.plan ? &a.plan->plan : nullptr;
-  args.stream = a.stream;
-  args.tiling = toTiling(a.tiling);
   args.dq_tiling = toTiling(a.dq_tiling);
   if (llvm::Error e = toEnum(dualkv::names::kSchedules, a.schedule, "schedule",
                              args.schedule))
@@ -284,23 +291,8 @@ int dualkv_forward(const dualkv_forward_args_t *in) {
       return read.takeError();
     const dualkv_forward_args_t &a = *read;
     dualkv::ForwardArgs args;
-    args.q = toTensor(a.q);
-    args.k = toTensor(a.k);
-    args.v = toTensor(a.v);
-    args.o = toTensor(a.o);
-    args.lse = a.lse;
-    args.lse_stride_h = a.lse_stride_h;
-    args.num_tokens = a.num_tokens;
-    args.num_q_heads = a.num_q_heads;
-    args.num_kv_heads = a.num_kv_heads;
-    args.head_dim = a.head_dim;
-    if (llvm::Error e =
-            toEnum(dualkv::names::kDTypes, a.dtype, "dtype", args.dtype))
+    if (llvm::Error e = toSharedArgs(a, args))
       return e;
-    args.scale = a.scale;
-    args.plan = a.plan ? &a.plan->plan : nullptr;
-    args.stream = a.stream;
-    args.tiling = toTiling(a.tiling);
     if (llvm::Error e = toEnum(dualkv::names::kSchedules, a.schedule,
                                "schedule", args.schedule))
       return e;

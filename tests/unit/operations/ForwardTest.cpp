@@ -419,3 +419,69 @@ TEST_CASE("forward: an open tiling takes the tuned one, an unbuildable tuned "
   CHECK(fake.last.block[0] == unsigned(fallback.info.threads));
   CHECK(fake.last.shared == unsigned(fallback.info.sharedBytes));
 }
+
+TEST_CASE("forward: the C API's struct launches what the C++ arguments do",
+          "[runtime]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+
+  const std::vector<PlanGroup> groups = {{40, {24, 0, 32}}, {8, {8}}};
+  Plan plan(groups);
+  ForwardArgs args = validArgs(plan);
+  args.stream = fakePointer(0xABC);
+  args.tiling = {128, 32, 4, 2};
+  args.scale = 0.25f;
+  args.lse_stride_h = 120; // not the dense 112, so a dropped field shows
+  CacheEntry entry = sampleEntry();
+  entry.info.blockM = 16;
+  seedKernel(tmp.path, args, entry);
+
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  const FakeDriver::Launch cxx = fake.last;
+
+  int32_t prompts[] = {40, 8}, counts[] = {3, 1}, responses[] = {24, 0, 32, 8};
+  dualkv_plan *cplan = nullptr;
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+          DUALKV_OK);
+  auto tensor = [](const TensorArg &t) {
+    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
+  };
+  dualkv_forward_args_t c{};
+  c.struct_size = sizeof c;
+  c.q = tensor(args.q);
+  c.k = tensor(args.k);
+  c.v = tensor(args.v);
+  c.o = tensor(args.o);
+  c.lse = args.lse;
+  c.lse_stride_h = args.lse_stride_h;
+  c.num_tokens = args.num_tokens;
+  c.num_q_heads = args.num_q_heads;
+  c.num_kv_heads = args.num_kv_heads;
+  c.head_dim = args.head_dim;
+  c.dtype = static_cast<int32_t>(args.dtype);
+  c.scale = args.scale;
+  c.plan = cplan;
+  c.stream = args.stream;
+  c.tiling = {128, 32, 4, 2};
+  REQUIRE(dualkv_forward(&c) == DUALKV_OK);
+  REQUIRE(fake.launches == 2);
+  const FakeDriver::Launch &fromC = fake.last;
+  CHECK(std::vector<unsigned>(fromC.grid, fromC.grid + 3) ==
+        std::vector<unsigned>(cxx.grid, cxx.grid + 3));
+  CHECK(std::vector<unsigned>(fromC.block, fromC.block + 3) ==
+        std::vector<unsigned>(cxx.block, cxx.block + 3));
+  CHECK(fromC.shared == cxx.shared);
+  CHECK(fromC.stream == cxx.stream);
+  // Every pointer but the plan's own segment table (another plan's copy).
+  CHECK(std::vector<uint64_t>(fromC.ptrs, fromC.ptrs + 5) ==
+        std::vector<uint64_t>(cxx.ptrs, cxx.ptrs + 5));
+  CHECK(std::vector<int64_t>(fromC.strides, fromC.strides + 9) ==
+        std::vector<int64_t>(cxx.strides, cxx.strides + 9));
+  CHECK(fromC.strides[8] == 120);
+  CHECK(fromC.scaleLog2 == cxx.scaleLog2);
+  dualkv_plan_destroy(cplan);
+}
