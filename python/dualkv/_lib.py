@@ -141,6 +141,7 @@ _lock = threading.Lock()
 _handle = None
 _path = None
 _names = None
+_spellings = None
 
 
 def candidates():
@@ -200,34 +201,41 @@ def _describe(lib):
     return getattr(lib, "_name", "the library")
 
 
+def _vocabulary():
+    """dualkv_names()'s JSON, parsed once."""
+    global _names
+    if _names is None:
+        _names = json.loads(lib().dualkv_names().decode())
+    return _names
+
+
 def names():
     """The library's vocabulary (dualkv_names()): for each table ("kinds",
     "dtypes", "schedules", "algorithms", "orders") a dict from every spelling
     (name and alias) to the C enum value; "struct_sizes" maps each argument
-    struct to its sizeof in the library."""
-    global _names
-    if _names is None:
-        raw = json.loads(lib().dualkv_names().decode())
-        table = {}
-        for key, rows in raw.items():
-            if key == "struct_sizes":
-                table[key] = dict(rows)
-                continue
-            spellings = {row["name"]: row["value"] for row in rows}
-            spellings.update({row["alias"]: row["value"] for row in rows
-                              if "alias" in row})
-            table[key] = spellings
-        _names = table
-    return _names
+    struct to its sizeof in the library. Built once: the forward and the
+    backward look their dtype up here on every call."""
+    global _spellings
+    if _spellings is not None:
+        return _spellings
+    table = {}
+    for key, rows in _vocabulary().items():
+        if key == "struct_sizes":
+            table[key] = dict(rows)
+            continue
+        spellings = {row["name"]: row["value"] for row in rows}
+        spellings.update({row["alias"]: row["value"] for row in rows
+                          if "alias" in row})
+        table[key] = spellings
+    _spellings = table
+    return table
 
 
 def name_of(table, value):
     """The one spelling of `value` in `table` (e.g. name_of("dtypes", 1) is
     "fp16")."""
-    raw = json.loads(lib().dualkv_names().decode())[table]
-    return next(row["name"] for row in raw if row["value"] == value)
-
-
+    return next(row["name"] for row in _vocabulary()[table]
+                if row["value"] == value)
 
 
 def symbol(name):
