@@ -1,7 +1,8 @@
 // The runtime's environment variables and its once-per-process warnings.
 #include "support/Env.h"
 
-#include <llvm/Support/Process.h>
+#include "dualkv/Bounded.h"
+
 #include <llvm/Support/raw_ostream.h>
 
 #include <mutex>
@@ -9,12 +10,7 @@
 
 namespace dualkv {
 
-std::optional<std::string> env(const char *name) {
-  std::optional<std::string> value = llvm::sys::Process::GetEnv(name);
-  if (value && value->empty())
-    return std::nullopt;
-  return value;
-}
+std::optional<std::string> env(const char *name) { return envValue(name); }
 
 bool envFlag(const char *name) {
   std::optional<std::string> value = env(name);
