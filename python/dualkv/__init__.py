@@ -24,10 +24,11 @@ then a copy in ``dualkv/lib/``, then ``<repo>/build/`` (see ``dualkv._lib``).
 """
 
 import ctypes
-import math
+import re
 import sys
 
 from . import _lib, _version
+from ._bounded import MAX_QUOTED, clip, shown
 from ._checks import integer, scale_value as _scale_value, sequence
 from .packing import PackedGroups, PackedTree, pack, pack_tree
 from .plans import (check_tree, groups_from_key, is_tree_key,
@@ -71,7 +72,8 @@ def _check(status):
     """Turns a C status into an exception carrying dualkv_last_error()."""
     if status == _lib.OK:
         return
-    message = _lib.last_error()
+    # The library bounds what it quotes; this bounds an older library's too.
+    message = clip(_lib.last_error(), 4 * MAX_QUOTED)
     if status == _lib.ERROR_INVALID_ARGUMENT:
         raise ValueError(f"dualkv: {message}")
     raise DualKVError(status, message)
@@ -111,8 +113,31 @@ def _precompile_dtype(dtype):
     name = str(dtype).replace("torch.", "")
     code = _lib.names()["dtypes"].get(name)
     if code is None:
-        raise ValueError(f"dualkv: dtype {dtype!r} is neither bf16 nor fp16")
+        raise ValueError(f"dualkv: dtype {shown(dtype)} is neither bf16 nor "
+                         "fp16")
     return code
+
+
+# precompile's arch: "sm_" and the compute capability's digits, "a" for the
+# arch-specific feature set (sm_90a). The library checks which are supported;
+# this keeps what is no arch at all (a NUL, which C would end the string at,
+# spaces, non-ASCII digits) from reaching it.
+_ARCH_FORM = re.compile(r"sm_[0-9]{2,3}a?")
+
+
+def _precompile_arch(arch):
+    """precompile's arch as the C API's bytes, or None (the current GPU's);
+    ValueError for anything but None or a string of the form sm_NN[a]."""
+    if arch is None:
+        return None
+    if not isinstance(arch, str):
+        raise ValueError(f"dualkv: arch must be a string like 'sm_90a' or "
+                         f"None, got {type(arch).__name__} {shown(arch)}")
+    if not _ARCH_FORM.fullmatch(arch):
+        raise ValueError(f"dualkv: arch {shown(arch)} is not of the form "
+                         "sm_NN or sm_NNa (e.g. 'sm_80', 'sm_90a'); None "
+                         "takes the current GPU's")
+    return arch.encode("ascii")
 
 
 def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
@@ -124,20 +149,21 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
     compile nothing. Shapes never matter: the kernels are shape-generic.
 
     ``dtype``: "bf16"/"fp16" or torch.bfloat16/torch.float16. ``arch``: e.g.
-    "sm_90a"; None for the current GPU's (then a GPU is needed; with an arch
-    neither a GPU nor torch is). ``tiling``: None or (block_m, block_n, warps,
-    stages), as for the kernels' launches. Returns a dict: kernels, compiles,
-    disk_hits, memory_hits, aot_hits, wall_ms."""
+    "sm_90a": "sm_", the compute capability's digits and "a" for an
+    arch-specific feature set (any other string is a ValueError before the
+    library sees it; the library names the supported ones); None for the
+    current GPU's (then a GPU is needed; with an arch neither a GPU nor torch
+    is). ``tiling``: None or (block_m, block_n, warps, stages), as for the
+    kernels' launches. Returns a dict: kernels, compiles, disk_hits,
+    memory_hits, aot_hits, wall_ms."""
     ints = [integer(value, name, 0, 2**31 - 1) for name, value in
             (("head_dim", head_dim), ("num_q_heads", num_q_heads),
              ("num_kv_heads", num_kv_heads))]
+    arch_bytes = _precompile_arch(arch)
     code = _precompile_dtype(dtype)
-    if arch is not None and not isinstance(arch, str):
-        raise ValueError(f"dualkv: arch must be a string like 'sm_90a' or "
-                         f"None, got {arch!r}")
     args = _lib.PrecompileArgs(
         head_dim=ints[0], num_q_heads=ints[1], num_kv_heads=ints[2],
-        dtype=code, arch=arch.encode() if arch else None,
+        dtype=code, arch=arch_bytes,
         backward=int(bool(backward)), deterministic=int(bool(deterministic)),
         tiling=_tiling(tiling))
     report = _lib.PrecompileReport()
@@ -445,8 +471,10 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
             strides free, multiples of 8 elements, 16-byte aligned).
         k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
         plan: a ``Plan`` with ``plan.num_tokens == T``.
-        scale: softmax scale, any finite nonzero real (negative runs as a
-            positive scale on -q); None means 1/sqrt(D).
+        scale: softmax scale, any finite nonzero real whose float32 value
+            (the kernels') is finite and nonzero (negative runs as a positive
+            scale on -q); None means 1/sqrt(D). Anything else, 0 included,
+            is a ValueError naming the value.
         out: optional output [T, Hq, D] like q; allocated if None.
         lse: optional float32 [Hq, T] (token stride 1) for the natural-log
             log-sum-exp; allocated if None.
@@ -459,6 +487,9 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
         ValueError naming the argument at fault (checked here first, then by
         the library); DualKVError for CUDA, compile or internal failures.
     """
+    # Plain values first: they need neither torch nor the tensors.
+    scale_value = _scale_value(scale)
+    tiling_value = _tiling(tiling)
     import torch
 
     T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
@@ -472,8 +503,6 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
     else:
         _check_lse(torch, "lse", lse, device, Hq, T)
 
-    tiling_value = _tiling(tiling)
-    scale_value = _scale_value(scale)
     if scale_value < 0:
         # The kernels take a positive scale: scale * (q . k) is the same as
         # -scale * (-q . k), and negating bf16/fp16 is exact.
@@ -503,7 +532,8 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         dout: dL/dO, like o (same dtype and shape; last dim contiguous, other
             strides free).
         plan: the forward's ``Plan``.
-        scale: the forward's softmax scale; None means 1/sqrt(D).
+        scale: the forward's softmax scale (as ``forward`` takes it); None
+            means 1/sqrt(D).
         deterministic: True gives bitwise-reproducible dq/dk/dv (the split-dQ
             algorithm: fixed-order reductions, no fp32 atomics). On sm_90a
             that is also the default; elsewhere the default reduces with
@@ -520,6 +550,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     DualKVError for CUDA/compile/internal failures, OSError when the loaded
     library predates the backward.
     """
+    # Plain values first: they need neither torch nor the tensors.
+    scale_value = _scale_value(scale)
+    tiling_value = _tiling(tiling)
     import torch
 
     T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
@@ -540,8 +573,6 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     else:
         _check_like(torch, "dv", dv, "v", v, device)
 
-    tiling_value = _tiling(tiling)
-    scale_value = _scale_value(scale) or 1.0 / math.sqrt(D)
     negated = scale_value < 0
     if negated:
         # As the forward: a positive scale on -q, whose gradient is -dq.

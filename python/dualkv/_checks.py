@@ -9,17 +9,15 @@ that supports ``__index__``), never ``bool``, ``float``, ``str``, ``bytes``,
 import math
 import numbers
 import operator
+import struct
 from collections.abc import Sequence
+
+from ._bounded import shown as _shown
 
 __all__ = ["integer", "sequence", "scale_value", "INT32_MAX", "INT64_MAX"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-
-
-def _shown(value):
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def integer(value, name, lo=None, hi=None):
@@ -58,16 +56,46 @@ def sequence(value, name):
                          f"{type(value).__name__}") from None
 
 
+# The kernels compute with a float32 scale (dualkv_forward_args_t.scale).
+_FLOAT32 = struct.Struct("<f")
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_TRUE_MIN = 1.401298464324817e-45  # the smallest subnormal
+
+
 def scale_value(scale):
-    """The softmax scale as a finite float (None: 0.0, the library's 1/sqrt(D)),
-    or ValueError. Negative scales are valid: the callers run them as a
+    """The softmax scale the kernels get: 0.0 for None (the library's
+    1/sqrt(head_dim)); otherwise ``scale`` rounded to float32, which must be
+    a finite nonzero real whose float32 value is finite and nonzero (so it
+    keeps its sign: rounding to nearest never crosses zero), or ValueError
+    naming the value. Negative scales are valid: the callers run them as a
     positive scale on -q, which gives the same scores."""
     if scale is None:
         return 0.0
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise ValueError(f"dualkv: scale must be a real number, got "
                          f"{type(scale).__name__} {_shown(scale)}")
-    value = float(scale)
-    if not math.isfinite(value):
-        raise ValueError(f"dualkv: scale must be finite, got {value}")
-    return value
+    zero = scale == 0
+    try:
+        value = float(scale)
+    except OverflowError:  # an int or Fraction beyond a double: 10**400
+        value = math.inf
+    else:
+        if not math.isfinite(value):
+            raise ValueError(f"dualkv: scale must be finite, got {value}")
+    if zero:
+        # 0 was once taken for None and ran with 1/sqrt(head_dim).
+        raise ValueError(f"dualkv: scale must be nonzero, got {_shown(scale)} "
+                         "(None means 1/sqrt(head_dim))")
+    try:
+        single = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        single = math.inf
+    if math.isinf(single):
+        raise ValueError(f"dualkv: scale {_shown(scale)} overflows float32, "
+                         f"the kernels' precision (largest {_FLOAT32_MAX!r})")
+    if single == 0.0:
+        # It would reach the library as 0 (1/sqrt(head_dim)), or as -0.
+        raise ValueError(f"dualkv: scale {_shown(scale)} rounds to 0 in "
+                         f"float32, the kernels' precision (smallest "
+                         f"magnitude {_FLOAT32_TRUE_MIN!r})")
+    return single

@@ -2,20 +2,23 @@
 
 Lookup order, first hit wins:
 
-1. ``$DUALKV_LIB`` (a path to the .so),
+1. ``$DUALKV_LIB`` (a path to the .so; empty counts as unset),
 2. ``dualkv/lib/libdualkv.so`` inside this package (a packaged copy),
 3. ``<repo>/build/libdualkv.so`` relative to this file (a source checkout).
 
 The library is loaded on first use, so setting ``DUALKV_LIB`` (or
 ``DUALKV_CACHE_DIR`` and the other variables the library reads) any time
-before the first call works.
+before the first call works. A library without this package's C API (another
+library altogether, or an older DualKV) is refused with an OSError naming it.
 """
 
 import ctypes
 import json
-import os
 import threading
 from pathlib import Path
+
+from . import _version
+from ._bounded import clip, env_value
 
 # enum dualkv_status
 OK = 0
@@ -148,15 +151,17 @@ def candidates():
     """The paths tried, in order (the first one that exists is loaded)."""
     here = Path(__file__).resolve().parent
     paths = []
-    env = os.environ.get("DUALKV_LIB")
-    if env:
+    env = env_value("DUALKV_LIB")
+    if env is not None:
         paths.append(Path(env))
     paths.append(here / "lib" / "libdualkv.so")
     paths.append(here.parent.parent / "build" / "libdualkv.so")
     return paths
 
 
-def _declare(lib):
+def _declare(lib, where):
+    """Declares the C API's functions on ``lib``; OSError naming ``where``
+    when ``lib`` lacks any of them (no DualKV library, or an older one)."""
     i32p = ctypes.POINTER(ctypes.c_int32)
     ref = ctypes.POINTER
     signatures = {
@@ -183,29 +188,64 @@ def _declare(lib):
         "dualkv_precompile": ([ref(PrecompileArgs), ref(PrecompileReport)],
                               ctypes.c_int),
     }
+    missing = [name for name in signatures if not hasattr(lib, name)]
+    if len(missing) == len(signatures):
+        raise OSError(
+            f"dualkv: {where} is not a DualKV library: it has none of the "
+            "C API's functions (dualkv_version, dualkv_forward, ...); point "
+            "DUALKV_LIB at libdualkv.so or unset it")
+    if missing:
+        # Before dualkv_names the C API took positional arguments, which
+        # these declarations would pass wrongly: refuse such a library.
+        raise OSError(
+            f"dualkv: {where} is DualKV {_library_version(lib)}, whose C API "
+            f"lacks {', '.join(missing)}: it predates this package "
+            f"({_version.version()}); rebuild it (cmake --build build) or "
+            "point DUALKV_LIB at a build of this version")
     for name, (args, res) in signatures.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            # Before dualkv_names the C API took positional arguments, which
-            # these declarations would pass wrongly: refuse such a library.
-            raise OSError(
-                f"dualkv: {_describe(lib)} has no {name}: it predates this "
-                "package's C API (argument structs); rebuild it (cmake "
-                "--build build) or point DUALKV_LIB at a newer build") from None
+        fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = res
 
 
-def _describe(lib):
-    return getattr(lib, "_name", "the library")
+def _library_version(lib):
+    """dualkv_version() of a library that may lack it, for a message."""
+    fn = getattr(lib, "dualkv_version", None)
+    if fn is None:
+        return "of an unknown version (no dualkv_version)"
+    fn.argtypes, fn.restype = [], ctypes.c_char_p
+    text = fn()
+    if not text:
+        return "(no version)"
+    return clip(text.decode("utf-8", "replace"), 40)
+
+
+# The tables of dualkv_names() this package reads.
+_TABLES = ("kinds", "dtypes", "schedules", "algorithms", "orders",
+           "struct_sizes")
+
+
+def _read_vocabulary(lib, where):
+    """dualkv_names()'s JSON, or OSError when it is not the vocabulary this
+    package reads (a library of another version)."""
+    try:
+        names = json.loads(lib.dualkv_names().decode("utf-8"))
+        if not isinstance(names, dict) or not all(
+                isinstance(names.get(t), list) for t in _TABLES[:-1]) or \
+                not isinstance(names.get("struct_sizes"), dict):
+            raise ValueError("a table is missing")
+    except (AttributeError, ValueError) as e:  # UnicodeDecodeError too
+        raise OSError(
+            f"dualkv: {where} is DualKV {_library_version(lib)}, whose "
+            f"dualkv_names() is not the vocabulary this package "
+            f"({_version.version()}) reads ({clip(str(e), 200)}); use the "
+            "library of this package's version") from None
+    return names
 
 
 def _vocabulary():
-    """dualkv_names()'s JSON, parsed once."""
-    global _names
-    if _names is None:
-        _names = json.loads(lib().dualkv_names().decode())
+    """dualkv_names()'s JSON, parsed (and checked) once, on loading."""
+    lib()
     return _names
 
 
@@ -245,26 +285,35 @@ def symbol(name):
 
 def lib():
     """The loaded library (a ctypes.CDLL), loading it on the first call."""
-    global _handle, _path
+    global _handle, _path, _names
     if _handle is not None:
         return _handle
     with _lock:
         if _handle is None:
-            env = os.environ.get("DUALKV_LIB")
-            if env and not Path(env).is_file():
+            env = env_value("DUALKV_LIB")
+            if env is not None and not Path(env).is_file():
                 # An explicit choice is never swapped for another library.
-                raise OSError(f"DUALKV_LIB={env} is not a file; point it at "
-                              "libdualkv.so or unset it")
+                raise OSError(f"DUALKV_LIB={clip(env)} is not a file; point "
+                              "it at libdualkv.so or unset it")
             tried = candidates()
             found = next((p for p in tried if p.is_file()), None)
             if found is None:
                 raise OSError(
                     "libdualkv.so not found; tried " +
-                    ", ".join(str(p) for p in tried) +
+                    clip(", ".join(str(p) for p in tried)) +
                     ". Set DUALKV_LIB to the library's path.")
-            handle = ctypes.CDLL(str(found))
-            _declare(handle)
+            where = clip(f"DUALKV_LIB={found}" if env is not None
+                         else str(found))
+            try:
+                handle = ctypes.CDLL(str(found))
+            except OSError as e:
+                raise OSError(f"dualkv: {where} cannot be loaded: "
+                              f"{clip(str(e))}; point DUALKV_LIB at "
+                              "libdualkv.so") from None
+            _declare(handle, where)
+            names = _read_vocabulary(handle, where)
             _path = found
+            _names = names
             _handle = handle
     return _handle
 

@@ -73,6 +73,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from . import _checks
 from ._checks import integer
 
 __all__ = [
@@ -405,6 +406,8 @@ def ulysses_attention(q, k, v, plan, group=None, scale=None,
         call it with the same shapes and plan.
     """
     world, _ = _world_and_rank(group)
+    # A bad scale fails here on every rank, not after the all-to-all.
+    _checks.scale_value(scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"dualkv: {name} must be a 3-D tensor [L, H, D]")

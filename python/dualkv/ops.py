@@ -38,7 +38,6 @@ does it on first use.
 """
 
 import functools
-import os
 import sys
 from typing import Tuple
 
@@ -46,6 +45,7 @@ import torch
 from torch import Tensor
 
 from . import Plan, _check_qkv_shapes, _checks, backward, forward
+from ._bounded import env_flag
 from .plans import PlanCache
 
 __all__ = ["attention", "PLAN_CACHE", "plan_descriptor", "plan_for"]
@@ -83,7 +83,9 @@ def plan_for(descriptor, device):
 
 
 def _scale_or_none(scale):
-    # 0.0 stands for "default" (1/sqrt(D)) in the ops' schemas.
+    # 0.0 stands for "default" (1/sqrt(D)) in the ops' schemas, as in the C
+    # API; attention() never passes it for a given scale (scale_value refuses
+    # 0 and what rounds to 0), and any other value is checked by forward().
     return None if scale == 0.0 else scale
 
 
@@ -248,7 +250,7 @@ def _precompile_backward(q, k, deterministic):
     backward's in turn. Once per (device, head_dim, heads, dtype, mode);
     DUALKV_PRECOMPILE=0 turns it off. A failure is left for the calls, which
     report it."""
-    if os.environ.get("DUALKV_PRECOMPILE", "1") == "0":
+    if not env_flag("DUALKV_PRECOMPILE", True):
         return
     key = (q.device.index, q.shape[2], q.shape[1], k.shape[1], q.dtype,
            bool(deterministic))
@@ -275,8 +277,9 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             strides free: slices of a fused qkv projection work).
         k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
         plan: the ``dualkv.Plan`` of the packed micro-batch (T tokens).
-        scale: softmax scale, a finite nonzero real (negative too); None
-            means 1/sqrt(D).
+        scale: softmax scale, as ``dualkv.forward`` takes it: a finite
+            nonzero real whose float32 value is finite and nonzero (negative
+            too); None means 1/sqrt(D).
         deterministic: True makes dk/dv bitwise reproducible (fixed-order
             reduction of the prompt gradients in the backward).
         return_lse: also return the natural-log LSE, fp32 [Hq, T] (not
@@ -291,10 +294,9 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     Raises ValueError naming the argument at fault.
     """
     _check_inputs(q, k, v, plan)
+    # The float32 value the kernels take (0.0 only for None); ValueError for
+    # 0 and for what is 0 or infinite in float32.
     scale_value = _checks.scale_value(scale)
-    if scale is not None and scale_value == 0.0:
-        raise ValueError("dualkv: scale must be nonzero (None means "
-                         "1/sqrt(head_dim))")
     if scale_value < 0:
         # The kernels take a positive scale: scale * (q . k) = -scale * (-q . k);
         # autograd carries the sign back into dq.

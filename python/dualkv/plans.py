@@ -126,14 +126,9 @@ def check_tree(lengths, parents):
             walk.append(x)
             x = parents[x]
         if x >= 0 and state[x] == 1:
-            cycle, y = [x], parents[x]
-            while y != x:
-                cycle.append(y)
-                y = parents[y]
-            chain = " -> ".join(str(c) for c in cycle + [x])
             raise ValueError(f"dualkv: node {x}: parent = {parents[x]} closes "
-                             f"a cycle ({chain}); a tree's parents end at a "
-                             "root (-1)")
+                             f"a cycle ({_cycle_text(parents, x)}); a tree's "
+                             "parents end at a root (-1)")
         for y in walk:
             state[y] = 2
     path = []
@@ -163,6 +158,26 @@ def check_tree(lengths, parents):
         raise ValueError(f"dualkv: the tree's {n} nodes hold no tokens; a "
                          "batch needs at least one")
     return lengths, parents
+
+
+#: The most nodes of a cycle a message names (a 10^6-node cycle spelled out
+#: was a 9.9 MB message).
+CYCLE_NODES_SHOWN = 32
+
+
+def _cycle_text(parents, x):
+    """The cycle through node ``x`` as "x -> parent -> ... -> x": its first
+    CYCLE_NODES_SHOWN nodes and the count of the others cut."""
+    shown, y, length = [x], parents[x], 1
+    while y != x:
+        if len(shown) < CYCLE_NODES_SHOWN:
+            shown.append(y)
+        length += 1
+        y = parents[y]
+    text = " -> ".join(str(c) for c in shown)
+    if length > len(shown):
+        text += f" -> ... ({length - len(shown)} more nodes cut)"
+    return f"{text} -> {x}"
 
 
 def tree_key(lengths, parents):

@@ -11,16 +11,21 @@ rest needs libdualkv.so (found as dualkv._lib describes, e.g. DUALKV_LIB).
 """
 
 import ctypes
+import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 from decimal import Decimal
+from fractions import Fraction
+from unittest import mock
 
 PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, PYTHON_DIR)
 import dualkv  # noqa: E402
-from dualkv import _lib  # noqa: E402
+from dualkv import _bounded, _checks, _lib  # noqa: E402
 from dualkv.plans import PlanCache, groups_from_key, plan_key  # noqa: E402
 
 try:
@@ -215,6 +220,251 @@ class LibraryTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
 
 
+def float32(x):
+    """x as the C float it becomes in dualkv_forward_args_t (ctypes' cast:
+    the reference the package's struct-based rounding is checked against)."""
+    return ctypes.c_float(x).value
+
+
+class ScaleTest(unittest.TestCase):
+    """The softmax scale: None is the default, anything given must be a
+    finite nonzero real whose float32 value is finite and nonzero; 0 (once
+    run as 1/sqrt(D)), what rounds to 0 in float32 (the same, or -0 with q
+    negated) and what overflows it are ValueErrors naming the value. No torch
+    needed: forward and backward check it before anything else."""
+
+    REFUSED = [
+        (0, "scale must be nonzero, got 0 "), (0.0, "scale must be nonzero"),
+        (-0.0, "scale must be nonzero, got -0.0"),
+        (Fraction(0), "scale must be nonzero"),
+        (1e-46, "scale 1e-46 rounds to 0 in float32"),
+        (-1e-46, "scale -1e-46 rounds to 0 in float32"),
+        (1e-300, "rounds to 0 in float32"), (2.0**-150, "rounds to 0"),
+        (-(2.0**-150), "rounds to 0"), (5e-324, "rounds to 0"),
+        (Fraction(1, 10**400), "rounds to 0"),
+        (1e39, "scale 1e+39 overflows float32"), (-1e39, "overflows float32"),
+        (3.4028235677973366e38, "overflows float32"),  # past FLT_MAX's half ulp
+        (10**400, "overflows float32"), (-10**400, "overflows float32"),
+        (float("inf"), "scale must be finite, got inf"),
+        (float("-inf"), "must be finite"), (float("nan"), "must be finite"),
+        ("1", "scale must be a real number, got str '1'"),
+        (True, "must be a real number"), (Decimal("1"), "must be a real number"),
+        (1j, "must be a real number"), ([1.0], "must be a real number"),
+    ]
+    ACCEPTED = [0.125, -0.125, 1, -2, 1 / math.sqrt(128), 2.0**-149,
+                -(2.0**-149), 1e-45, 1.5 * 2.0**-150, 3.4028234663852886e38,
+                -3.4028234663852886e38, Fraction(1, 8), 1e-40, 7e37]
+
+    def test_refused_values_are_named(self):
+        for bad, message in self.REFUSED:
+            with self.assertRaises(ValueError, msg=repr(bad)) as err:
+                _checks.scale_value(bad)
+            self.assertIn(message, str(err.exception))
+            self.assertTrue(str(err.exception).startswith("dualkv: scale"))
+
+    def test_refused_exactly_when_float32_is_zero_or_infinite(self):
+        for x in [2.0**e * m for e in range(-152, -146) for m in (1, 1.25, 1.5)] + \
+                 [3.4028234663852886e38 * (1 + d) for d in (0, 1e-8, 2e-8, 3e-8, 1e-7)]:
+            for value in (x, -x):
+                single = float32(value)
+                if single == 0.0 or math.isinf(single):
+                    with self.assertRaises(ValueError, msg=repr(value)):
+                        _checks.scale_value(value)
+                else:
+                    self.assertEqual(_checks.scale_value(value), single, repr(value))
+
+    def test_accepted_values_are_their_float32_with_their_sign(self):
+        self.assertEqual(_checks.scale_value(None), 0.0)  # the C API's default
+        for good in self.ACCEPTED:
+            value = _checks.scale_value(good)
+            self.assertEqual(value, float32(float(good)), repr(good))
+            self.assertNotEqual(value, 0.0)
+            self.assertTrue(math.isfinite(value))
+            self.assertEqual(math.copysign(1, value), math.copysign(1, good))
+
+    def test_forward_and_backward_refuse_a_bad_scale_first(self):
+        # Before torch is imported or any tensor looked at: the same
+        # ValueError with or without torch.
+        for bad, message in self.REFUSED:
+            with self.assertRaises(ValueError, msg=repr(bad)) as err:
+                dualkv.forward(None, None, None, None, scale=bad)
+            self.assertIn(message, str(err.exception))
+            with self.assertRaises(ValueError, msg=repr(bad)) as err:
+                dualkv.backward(None, None, None, None, None, None, None,
+                                scale=bad)
+            self.assertIn(message, str(err.exception))
+
+
+class ArchTest(unittest.TestCase):
+    """precompile's arch: None or "sm_" with 2 or 3 ASCII digits and an
+    optional "a"; anything else (a NUL, which C would end the string at, so
+    "sm_80\x00x" compiled sm_80) is a ValueError before the library is
+    called. Well-formed archs go on to the library, which names the
+    supported ones."""
+
+    MALFORMED = ["sm_80\x00x", "sm_80\x00", "\x00", "", " sm_80", "sm_80 ",
+                 "sm_80\n", "SM_80", "sm80", "sm_8", "sm_1000", "sm_90b",
+                 "sm_90aa", "sm_\uff18\uff10", "sm_\u0668\u0660", "sm_\udc80",
+                 "x" * 10**6, "compute_80"]
+
+    def test_malformed_archs_never_reach_the_library(self):
+        def no_library():
+            raise AssertionError("the library was called")
+
+        with mock.patch.object(_lib, "lib", no_library):
+            for bad in self.MALFORMED:
+                with self.assertRaises(ValueError, msg=repr(bad[:20])) as err:
+                    dualkv.precompile(64, 4, 4, arch=bad, backward=False)
+                message = str(err.exception)
+                self.assertIn("is not of the form sm_NN or sm_NNa", message)
+                self.assertLess(len(message), 300)
+            for bad in [b"sm_80", 80, ["sm_80"]]:
+                with self.assertRaisesRegex(ValueError, "arch must be a string"):
+                    dualkv.precompile(64, 4, 4, arch=bad, backward=False)
+
+    def test_well_formed_archs_reach_the_library(self):
+        # An unsupported arch of the right form is the library's to refuse;
+        # head_dim 96 makes sure that no supported one compiles anything.
+        with self.assertRaisesRegex(ValueError, "arch 'sm_12' is not supported; "
+                                    "supported: sm_80, "):
+            dualkv.precompile(64, 4, 4, arch="sm_12", backward=False)
+        for arch in ["sm_80", "sm_90a", "sm_100"]:
+            with self.assertRaisesRegex(ValueError, "head_dim \\(96\\)"):
+                dualkv.precompile(96, 4, 4, arch=arch, backward=False)
+
+
+STUB_LIBRARY = r"""
+const char *dualkv_version(void) { return "%(version)s"; }
+const char *dualkv_names(void) { return "%(names)s"; }
+%(others)s
+"""
+
+
+class LibraryLoadTest(unittest.TestCase):
+    """What DUALKV_LIB may name: anything but libdualkv.so of this package's
+    C API is an OSError naming the path and why; empty is unset."""
+
+    def load(self, env_value):
+        """The outcome of loading with DUALKV_LIB=env_value (None: unset) in
+        a new process: the library's path, or 'OSError: <message>'."""
+        env = dict(os.environ)
+        env.pop("DUALKV_LIB", None)
+        if env_value is not None:
+            env["DUALKV_LIB"] = env_value
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import dualkv\n"
+                "from dualkv import _lib\n"
+                "print([str(p) for p in _lib.candidates()])\n"
+                "try:\n    print(dualkv.library_path(), dualkv.version())\n"
+                "except OSError as e:\n    print('OSError:', e)\n")
+        run = subprocess.run([sys.executable, "-c", code, PYTHON_DIR],
+                             env=env, capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+        return run.stdout
+
+    def test_another_library_is_not_a_dualkv_library(self):
+        # A shared library every Python has (_ctypes' extension module): it
+        # used to be reported as a DualKV that "predates this package".
+        import _ctypes
+        path = getattr(_ctypes, "__file__", None)
+        if path is None:
+            self.skipTest("_ctypes is built into this Python")
+        out = self.load(path)
+        self.assertIn(f"OSError: dualkv: DUALKV_LIB={path} is not a DualKV "
+                      "library: it has none of the C API's functions", out)
+        self.assertNotIn("predates", out)
+
+    def stub(self, folder, version, names, functions):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            self.skipTest("no C compiler to build a stub library")
+        source = os.path.join(folder, "stub.c")
+        with open(source, "w") as f:
+            f.write(STUB_LIBRARY % {
+                "version": version, "names": names,
+                "others": "\n".join(f"int {name}(void) {{ return 0; }}"
+                                    for name in functions)})
+        lib = os.path.join(folder, "libstub.so")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", lib, source], check=True)
+        return lib
+
+    def test_an_older_or_other_version_is_named(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            older = self.stub(tmp, "0.1.0", "{}", ["dualkv_last_error"])
+            out = self.load(older)
+            self.assertIn(f"OSError: dualkv: DUALKV_LIB={older} is DualKV "
+                          "0.1.0, whose C API lacks dualkv_gpu_available, ", out)
+            self.assertIn("it predates this package", out)
+            # Every function, but a vocabulary this package cannot read.
+            everything = [n for n in ("dualkv_last_error",
+                                      "dualkv_gpu_available",
+                                      "dualkv_plan_create",
+                                      "dualkv_plan_create_tree",
+                                      "dualkv_plan_max_ancestor_ranges",
+                                      "dualkv_plan_num_chain_rows",
+                                      "dualkv_plan_chain_table",
+                                      "dualkv_plan_destroy",
+                                      "dualkv_plan_upload",
+                                      "dualkv_plan_num_tokens",
+                                      "dualkv_plan_num_segments",
+                                      "dualkv_plan_segment_table",
+                                      "dualkv_forward", "dualkv_backward",
+                                      "dualkv_backward_workspace_size",
+                                      "dualkv_cache_stats",
+                                      "dualkv_precompile")]
+            os.makedirs(os.path.join(tmp, "other"))
+            other = self.stub(os.path.join(tmp, "other"), "9.0.0",
+                              '{\\"dtypes\\": 1}', everything)
+            out = self.load(other)
+            self.assertIn(f"OSError: dualkv: DUALKV_LIB={other} is DualKV "
+                          "9.0.0, whose dualkv_names() is not the vocabulary "
+                          "this package", out)
+
+    def test_empty_dualkv_lib_is_unset(self):
+        # The same candidates and the same outcome (this checkout's
+        # build/libdualkv.so, or the same "not found") as without it.
+        unset = self.load(None)
+        self.assertEqual(self.load(""), unset)
+        self.assertNotIn("DUALKV_LIB=", unset)
+
+    def test_empty_flags_are_unset(self):
+        for value, expected in [(None, True), ("", True), ("0", False),
+                                ("1", True), ("no", True)]:
+            env = {} if value is None else {"DUALKV_PRECOMPILE": value}
+            with mock.patch.dict(os.environ, env, clear=False):
+                if value is None:
+                    os.environ.pop("DUALKV_PRECOMPILE", None)
+                self.assertEqual(_bounded.env_flag("DUALKV_PRECOMPILE", True),
+                                 expected, repr(value))
+                self.assertEqual(_bounded.env_value("DUALKV_PRECOMPILE"),
+                                 value or None)
+
+
+class BoundedMessageTest(unittest.TestCase):
+    """Messages quote user input cut to a bounded length with the count of
+    what was cut, and never fail on what they quote."""
+
+    def test_long_and_deep_values_are_cut(self):
+        for bad, shown in [("7" * 10**6, "more characters cut"),
+                           (b"1" * 10**6, "more characters cut"),
+                           ([1] * 10**6, "...")]:
+            with self.assertRaises(ValueError) as err:
+                dualkv.Plan([(bad, [1])])
+            self.assertIn(shown, str(err.exception))
+            self.assertLess(len(str(err.exception)), 300)
+        deep = []
+        for _ in range(10**5):  # repr() of it raises RecursionError
+            deep = [deep]
+        with self.assertRaisesRegex(ValueError, "must be an integer"):
+            dualkv.Plan([(deep, [1])])
+        with self.assertRaisesRegex(ValueError, "more characters cut"):
+            dualkv.precompile(64, 4, 4, dtype="f" * 10**6, arch="sm_80")
+
+    def test_clip(self):
+        self.assertEqual(_bounded.clip("abc", 3), "abc")
+        self.assertEqual(_bounded.clip("abcdef", 2),
+                         "ab... (4 more characters cut)")
+
+
 def meta(*shape, dtype=None, requires_grad=False):
     return torch.randn(*shape, dtype=dtype or torch.bfloat16, device="meta",
                        requires_grad=requires_grad)
@@ -253,6 +503,9 @@ class ValidationTest(unittest.TestCase):
         self.check("plan must be a dualkv.Plan", q, k, v, [(5, [3])])
         self.check("q must be a torch.Tensor", None, k, v, plan)
         self.check("scale must be nonzero", q, k, v, plan, scale=0.0)
+        self.check("rounds to 0 in float32", q, k, v, plan, scale=1e-46)
+        self.check("rounds to 0 in float32", q, k, v, plan, scale=-1e-46)
+        self.check("overflows float32", q, k, v, plan, scale=1e39)
         self.check("scale must be a real number", q, k, v, plan, scale="1")
         self.check("scale must be a real number", q, k, v, plan, scale=True)
         self.check("scale must be finite", q, k, v, plan,

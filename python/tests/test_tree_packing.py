@@ -138,6 +138,33 @@ class TreePackingTest(unittest.TestCase):
             with self.assertRaises(ValueError, msg=repr(bad)):
                 tree.token_range(bad)
 
+    def test_a_long_cycle_gives_a_bounded_message_in_linear_time(self):
+        # Node 0's parent is the last node, every other node's the one before:
+        # one cycle through all n nodes. Its message was 9.9 MB for 10^6.
+        import time
+        shown = 32  # dualkv.plans.CYCLE_NODES_SHOWN
+        for n in (40, 10**6):
+            parents = [n - 1] + list(range(n - 1))
+            start = time.monotonic()
+            with self.assertRaises(ValueError) as err:
+                check_tree([1] * n, parents)
+            seconds = time.monotonic() - start
+            message = str(err.exception)
+            first = " -> ".join(str(x) for x in [0] + list(range(n - 1, n - shown, -1)))
+            self.assertTrue(message.startswith(
+                f"dualkv: node 0: parent = {n - 1} closes a cycle ({first} -> ... "
+                f"({n - shown} more nodes cut) -> 0); a tree's parents end"), message)
+            self.assertLess(len(message), 600)
+            # Linear: about a second for 10^6 nodes (a quadratic walk: hours).
+            self.assertLess(seconds, 60)
+        # A cycle of at most 32 nodes is spelled out whole.
+        n = shown
+        with self.assertRaises(ValueError) as err:
+            check_tree([1] * n, [n - 1] + list(range(n - 1)))
+        self.assertIn(" -> ".join(str(x) for x in [0] + list(range(n - 1, 0, -1)))
+                      + " -> 0)", str(err.exception))
+        self.assertNotIn("cut", str(err.exception))
+
     def test_keys_round_trip(self):
         rng = random.Random(5)
         for _ in range(50):
@@ -199,6 +226,16 @@ class TreePlanTest(unittest.TestCase):
     def test_bad_trees_are_value_errors(self):
         with self.assertRaisesRegex(ValueError, "node 2: parent = 0 is not node 1"):
             self.dualkv.Plan.from_tree([1, 1, 1, 1], [-1, -1, 0, 1])
+
+    def test_a_long_cycle_is_a_bounded_message_from_plan(self):
+        n = 10**6
+        for build in (lambda: self.dualkv.Plan.from_tree([1] * n, [n - 1] + list(range(n - 1))),
+                      lambda: tree_from_key([-1, n] + [1, n - 1] + [x for p in range(n - 1)
+                                                                   for x in (1, p)])):
+            with self.assertRaises(ValueError) as err:
+                build()
+            self.assertIn(f"({n - 32} more nodes cut) -> 0)", str(err.exception))
+            self.assertLess(len(str(err.exception)), 600)
 
 
 if __name__ == "__main__":

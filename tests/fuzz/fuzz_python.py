@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Seeded fuzzing of the Python binding's plain-data entry points: dualkv.Plan,
 dualkv.pack, PackedGroups' index methods, the plan keys (plan_key,
-groups_from_key), and prefix trees (dualkv.Plan.from_tree, dualkv.pack_tree,
-tree_key / tree_from_key). Needs libdualkv.so (DUALKV_LIB), not torch or a GPU.
+groups_from_key), prefix trees (dualkv.Plan.from_tree, dualkv.pack_tree,
+tree_key / tree_from_key), the softmax scale of dualkv.forward / backward and
+precompile's arch. Needs libdualkv.so (DUALKV_LIB), not torch or a GPU.
 
 Inputs are random structures built from integers of every size and sign, and
 from what must be refused: bool, float (inf, nan), str, bytes, Decimal,
@@ -13,6 +14,8 @@ packed ids, round-tripped keys) or raises ValueError with a message starting
 summary with the number of inputs tried.
 """
 import argparse
+import ctypes
+import math
 import os
 import random
 import sys
@@ -259,6 +262,98 @@ def fuzz_tree(rng):
             assert tree_reference(*back) is not None
 
 
+def scale_input(rng):
+    """A scale of any magnitude around float32's limits, or a non-number."""
+    r = rng.random()
+    if r < 0.6:
+        # 2^-160 .. 2^140: below the smallest subnormal (2^-149) to past the
+        # largest float32 (just under 2^128).
+        x = rng.uniform(0.5, 1.0) * 2.0 ** rng.randint(-160, 140)
+        return x if rng.random() < 0.5 else -x
+    if r < 0.8:
+        edge = rng.choice([2.0**-149, 2.0**-150, 3.4028234663852886e38,
+                           3.4028235677973366e38, 1.1754943508222875e-38])
+        x = edge * (1 + rng.choice([-1e-9, 0.0, 1e-9, 1e-7]))
+        return x if rng.random() < 0.5 else -x
+    return rng.choice([0, 0.0, -0.0, None, 1, -3, 10**400, -10**400,
+                       Fraction(1, 10**60), Fraction(0), float("inf"),
+                       float("-inf"), float("nan"), True, "0.1", b"1",
+                       Decimal("0.5"), 1j, [0.5]])
+
+
+def scale_reference(x):
+    """The float32 the kernels would get, or None when the scale must be
+    refused. Independent of dualkv._checks: ctypes' C cast to float."""
+    if x is None:
+        return 0.0
+    if isinstance(x, bool) or not isinstance(x, (int, float, Fraction)):
+        return None
+    if x == 0:
+        return None
+    try:
+        wide = float(x)
+    except OverflowError:
+        return None
+    if not math.isfinite(wide):
+        return None
+    single = ctypes.c_float(wide).value
+    return single if single != 0.0 and math.isfinite(single) else None
+
+
+def fuzz_scale(rng):
+    from dualkv._checks import scale_value
+    x = scale_input(rng)
+    ref = scale_reference(x)
+    got, refused = expect_value_error(lambda: scale_value(x))
+    assert (got is None) == (ref is None), ("scale_value", x, got)
+    if got is not None:
+        assert got == ref and math.copysign(1, got) == math.copysign(1, ref or 1), (x, got)
+        return
+    # The entry points refuse it before anything else (no torch needed).
+    for call in (lambda: dualkv.forward(None, None, None, None, scale=x),
+                 lambda: dualkv.backward(None, None, None, None, None, None, None,
+                                         scale=x)):
+        try:
+            call()
+            raise AssertionError("scale %r accepted" % (x,))
+        except ValueError as e:
+            assert str(e).startswith("dualkv: scale"), e
+
+
+ARCH_PIECES = ["sm_", "sm", "_", "8", "0", "9", "1", "2", "a", "b", "A", "\x00", " ",
+               "\n", "\u0668", "\uff18", "\udc80", "compute_", "x" * 300]
+
+
+def arch_reference_ok(arch):
+    """sm_ then 2 or 3 ASCII digits and an optional 'a' (written without a
+    regular expression, as an independent reference)."""
+    if not arch.startswith("sm_"):
+        return False
+    rest = arch[3:]
+    if rest.endswith("a"):
+        rest = rest[:-1]
+    return 2 <= len(rest) <= 3 and all(c in "0123456789" for c in rest)
+
+
+def fuzz_arch(rng):
+    if rng.random() < 0.3:
+        arch = "sm_" + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
+        arch += rng.choice(["", "", "a", "\x00", "\x00x", " "])
+    else:
+        arch = "".join(rng.choice(ARCH_PIECES) for _ in range(rng.randint(0, 5)))
+    # head_dim 96: a well-formed arch reaches the library, which refuses the
+    # head_dim (or the arch): nothing is ever compiled.
+    try:
+        dualkv.precompile(96, 4, 4, arch=arch, backward=False)
+        raise AssertionError("precompile accepted %r" % (arch,))
+    except ValueError as e:
+        message = str(e)
+    assert message.startswith("dualkv:"), message
+    malformed = "is not of the form sm_NN or sm_NNa" in message
+    assert malformed == (not arch_reference_ok(arch)), (arch, message)
+    assert len(message) < 400, (arch, len(message))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=10**9)
@@ -268,7 +363,7 @@ def main():
     rng = random.Random(args.seed)
     start = time.monotonic()
     tried, failures = 0, []
-    targets = [fuzz_plan, fuzz_keys, fuzz_pack, fuzz_tree]
+    targets = [fuzz_plan, fuzz_keys, fuzz_pack, fuzz_tree, fuzz_scale, fuzz_arch]
     for n in range(args.count):
         if time.monotonic() - start > args.seconds:
             break

@@ -22,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .._bounded import shown
+
 __all__ = ["gather", "chunked_logprobs", "response_logprobs", "unpack",
            "default_chunk"]
 
@@ -143,7 +145,7 @@ def chunked_logprobs(x, weight, targets, temperature=1.0, chunk=None,
     if not (isinstance(temperature, (int, float)) and temperature > 0
             and math.isfinite(temperature)):
         raise ValueError(f"dualkv: temperature must be a positive number, "
-                         f"got {temperature!r}")
+                         f"got {shown(temperature)}")
     chunk = int(chunk or default_chunk(weight.shape[0]))
     if chunk < 1:
         raise ValueError(f"dualkv: chunk must be >= 1, got {chunk}")

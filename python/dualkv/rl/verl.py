@@ -24,6 +24,7 @@ logits give there; both are masked by the response mask).
 
 import torch
 
+from .._bounded import shown
 from ..packing import pack
 from .logprobs import chunked_logprobs, gather
 
@@ -132,8 +133,9 @@ def pack_verl(input_ids, attention_mask, position_ids, responses,
             groups.append((prompt, []))
         g = keys[key]
         if groups[g][0] != prompt:
-            raise ValueError(f"dualkv: row {b} is in group {key!r} but its "
-                             "prompt differs from the group's first row's")
+            raise ValueError(f"dualkv: row {b} is in group {shown(key)} but "
+                             "its prompt differs from the group's first "
+                             "row's")
         rows.append((g, len(groups[g][1])))
         groups[g][1].append(response)
         lengths.append(L)
