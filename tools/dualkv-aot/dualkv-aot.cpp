@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fcntl.h>
@@ -139,12 +140,16 @@ cl::opt<int, false, Count>
     responseClass("N", cl::value_desc("N"),
                   cl::desc("response-count class; 0 = any (default 0)"),
                   cl::cat(kernelOptions));
-cl::opt<int, false, Count> headDim("head-dim", cl::value_desc("D"),
-                                   cl::desc("64, 128 or 256 (default 128)"),
-                                   cl::init(128), cl::cat(kernelOptions));
+cl::opt<int, false, dualkv::tools::HeadDimParser>
+    headDim("head-dim", cl::value_desc("D"),
+            cl::desc("64, 128 or 256 (default 128)"), cl::init(128),
+            cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false, dualkv::tools::HeadsParser<Count>>
     heads("heads",
-          cl::desc("HQ:HKV, query and key/value heads (default\n32:8)"),
+          cl::desc("HQ:HKV, query and key/value heads (default\n"
+                   "32:8): HQ a multiple of HKV, at most 65535\n"
+                   "(the launch grid's limit; HQ + HKV for the\n"
+                   "backward)"),
           cl::cat(kernelOptions));
 cl::opt<dualkv::DType, false, dualkv::tools::DTypeParser>
     dtype("dtype", cl::desc("element type (default bf16)"),
@@ -289,6 +294,13 @@ kindsNamed(const std::string &v) {
       return kindsOf(k);
   return std::nullopt;
 }
+/// Whether `kinds` holds a kernel of the backward.
+bool hasBackward(const std::vector<dualkv::KernelKind> &kinds) {
+  return std::any_of(kinds.begin(), kinds.end(), [](dualkv::KernelKind k) {
+    return k != dualkv::KernelKind::Fwd;
+  });
+}
+
 constexpr const char *kKindChoices =
     "fwd, bwd, bwd_pre, bwd_post, bwd_kv, bwd_dq";
 
@@ -459,6 +471,15 @@ Args parseArgs(int argc, char **argv) {
   }
   if (a.intoCache && !a.registration.empty() && a.out.empty())
     usageError("--emit-registration needs --out DIR");
+  // The parser checked the heads for every kernel; the backward's take one
+  // more grid row each (a spec file's kinds are checked as it is read).
+  if (a.specFile.empty() && hasBackward(a.kinds)) {
+    std::string problem = dualkv::tools::headsProblem(
+        a.spec.numQHeads, a.spec.numKVHeads, /*backward=*/true);
+    if (!problem.empty())
+      usageError(fmt::format("--heads {}:{}: {}", a.spec.numQHeads,
+                             a.spec.numKVHeads, problem));
+  }
   return a;
 }
 
@@ -467,6 +488,21 @@ std::string brief(const nlohmann::json &v) {
   std::string text =
       v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
+
+/// `v` as an integer when it is a JSON integer that int64 holds: never a
+/// bool, a float (64.0 included) or an unsigned number beyond 2^63 - 1 (which
+/// get<int64_t>() would wrap).
+std::optional<int64_t> jsonInteger(const nlohmann::json &v) {
+  if (v.is_number_unsigned()) {
+    auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer())
+    return v.get<int64_t>();
+  return std::nullopt;
 }
 
 [[noreturn]] void specError(const std::string &msg) {
@@ -502,11 +538,11 @@ std::vector<Job> readSpecFile(const Args &a) {
       if (!o.contains(field))
         return dflt;
       const auto &v = o[field];
-      if (!v.is_number_integer() || v.get<int64_t>() < lo ||
-          v.get<int64_t>() > hi)
+      std::optional<int64_t> n = jsonInteger(v);
+      if (!n || *n < lo || *n > hi)
         specError(fmt::format("{} must be an integer in [{}, {}], got {}",
                               where(field), lo, hi, brief(v)));
-      return v.get<int64_t>();
+      return *n;
     };
     auto text = [&](const char *field) -> std::optional<std::string> {
       if (!o.contains(field))
@@ -532,17 +568,41 @@ std::vector<Job> readSpecFile(const Args &a) {
     const int64_t maxInt = std::numeric_limits<int32_t>::max();
     job.spec.P = integer("P", 0, maxInt, job.spec.P);
     job.spec.N = integer("N", 0, maxInt, job.spec.N);
-    job.spec.headDim =
-        static_cast<int>(integer("head_dim", 1, maxInt, job.spec.headDim));
-    if (auto heads = text("heads")) {
-      int hq = 0, hkv = 0;
-      char extra = 0;
-      if (std::sscanf(heads->c_str(), "%d:%d%c", &hq, &hkv, &extra) != 2 ||
-          hq <= 0 || hkv <= 0)
-        specError(fmt::format("{} must be \"HQ:HKV\", got '{}'", where("heads"),
-                              *heads));
-      job.spec.numQHeads = hq;
-      job.spec.numKVHeads = hkv;
+    if (o.contains("head_dim")) {
+      std::optional<int64_t> d = jsonInteger(o["head_dim"]);
+      if (!d || !dualkv::tools::isSupportedHeadDim(*d))
+        specError(fmt::format("{} must be {}, got {}", where("head_dim"),
+                              dualkv::tools::headDimChoices(),
+                              brief(o["head_dim"])));
+      job.spec.headDim = static_cast<int>(*d);
+    }
+    if (o.contains("heads")) {
+      // Each count all digits and within int64 (no sscanf: "%d" wraps
+      // 4294967300 to 4), then the heads every launch takes.
+      const nlohmann::json &v = o["heads"];
+      std::string spelled = v.is_string() ? v.get<std::string>() : "";
+      llvm::StringRef q, kv;
+      std::tie(q, kv) = llvm::StringRef(spelled).split(':');
+      std::optional<int64_t> hq = dualkv::tools::readInteger(q),
+                             hkv = dualkv::tools::readInteger(kv);
+      if (!v.is_string() || q.size() == spelled.size() || !hq || !hkv)
+        specError(fmt::format("{} must be \"HQ:HKV\" (two integers), got {}",
+                              where("heads"), brief(v)));
+      std::string problem =
+          dualkv::tools::headsProblem(*hq, *hkv, hasBackward(kinds));
+      if (!problem.empty())
+        specError(fmt::format("{} {}: {}", where("heads"), brief(v), problem));
+      job.spec.numQHeads = static_cast<int>(*hq);
+      job.spec.numKVHeads = static_cast<int>(*hkv);
+    } else if (hasBackward(kinds)) {
+      // The heads from --heads (checked for the forward) and a backward kind
+      // from the spec.
+      std::string problem = dualkv::tools::headsProblem(
+          job.spec.numQHeads, job.spec.numKVHeads, /*backward=*/true);
+      if (!problem.empty())
+        specError(fmt::format("spec[{}]: heads {}:{}: {}", i,
+                              job.spec.numQHeads, job.spec.numKVHeads,
+                              problem));
     }
     if (auto dtype = text("dtype")) {
       if (std::optional<dualkv::DType> d = dualkv::parseDType(*dtype))
@@ -595,12 +655,12 @@ std::vector<Job> readSpecFile(const Args &a) {
           if (!field)
             specError(fmt::format("{} has an unknown field '{}'",
                                   where("tiling"), key));
-          if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-              value.get<int64_t>() > 4096)
+          std::optional<int64_t> n = jsonInteger(value);
+          if (!n || *n < 0 || *n > 4096)
             specError(
                 fmt::format("{}.{} must be an integer in [0, 4096], got {}",
                             where("tiling"), key, brief(value)));
-          *field = static_cast<int>(value.get<int64_t>());
+          *field = static_cast<int>(*n);
         }
       } else {
         specError(fmt::format(
