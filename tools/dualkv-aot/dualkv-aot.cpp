@@ -212,7 +212,8 @@ cl::opt<bool> tuned("tuned",
 cl::opt<std::string>
     tuningDb("tuning-db", cl::value_desc("F"),
              cl::desc("the tuning database (default: $DUALKV_TUNING_DB,\n"
-                      "else <kernel cache>/tuning.json)"),
+                      "else <kernel cache>/tuning.json, which is not\n"
+                      "read from a cache folder others may write)"),
              cl::cat(kernelOptions));
 cl::opt<std::string>
     specFile("spec-file", cl::value_desc("F"),
@@ -921,29 +922,53 @@ std::string writeKernelFiles(const std::string &dir, const std::string &name,
 
 /// The tuning database that --tuned and the --into-cache note read, loaded
 /// once: --tuning-db, else $DUALKV_TUNING_DB, else <kernel cache>/tuning.json.
+/// That last one is read only from a cache root the cache itself would use,
+/// as the runtime's own lookup does (processTuningDb): a root that others may
+/// write (0777, or another user's) could hold anybody's tiling. Refused, it
+/// reads as empty, said once; --tuned then builds the default tiling, which
+/// is also what launches take from such a root.
 class TuningSource {
 public:
   explicit TuningSource(const std::string &explicitPath)
-      : path_(explicitPath.empty() ? dualkv::TuningDb::defaultPath()
+      : explicit_(!explicitPath.empty() ||
+                  dualkv::envValue("DUALKV_TUNING_DB").has_value()),
+        path_(explicitPath.empty() ? dualkv::TuningDb::defaultPath()
                                    : explicitPath) {}
 
   const std::string &path() const { return path_; }
-  /// True when the database was not read (never, yet).
-  bool refused() { return false; }
+  /// True when the cache root holding the database was refused.
+  bool refused() {
+    get();
+    return refused_;
+  }
 
   const dualkv::TuningDb &get() {
     if (db_)
       return *db_;
+    db_.emplace();
+    std::string root = KernelCache::defaultFolder();
+    if (!explicit_ && !root.empty() && !KernelCache(root).usable()) {
+      fmt::print(stderr,
+                 "dualkv-aot: the tuning database '{}' is not read: the "
+                 "kernel cache at '{}' is not usable (see the warning "
+                 "above), and launches do not read it either; the default "
+                 "tiling is built\n",
+                 path_, root);
+      refused_ = true;
+      return *db_;
+    }
     std::string error;
-    db_ = dualkv::TuningDb::load(path_, &error);
+    *db_ = dualkv::TuningDb::load(path_, &error);
     if (!error.empty())
       fmt::print(stderr, "dualkv-aot: {}\n", error);
     return *db_;
   }
 
 private:
+  bool explicit_;
   std::string path_;
   std::optional<dualkv::TuningDb> db_;
+  bool refused_ = false;
 };
 
 } // namespace
