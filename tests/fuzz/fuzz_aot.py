@@ -12,6 +12,13 @@ A run passes when it exits 0, 1 or 2 within the timeout, with no signal and no
 abort ("terminate called", "LLVM ERROR", "Stack dump", ...), and a nonzero exit
 says why on stderr in a line starting "dualkv-aot:". The last line is a summary
 with the number of inputs tried. Standard library only.
+
+About one input in eight is an oracle case instead: a valid command with one
+head_dim or heads (on the command line, or in a spec file with the integer
+written in some form) whose verdict is known independently (ORACLE_* below).
+One that no kernel supports or no launch takes must be refused with exit 2 and
+one "dualkv-aot:" line before anything is written; one that is fine must
+compile (exit 0).
 """
 import argparse
 import json
@@ -34,7 +41,8 @@ JUNK = ["", " ", "-1", "0", "1", "2", "3", "7", "8", "16", "17", "32", "33", "64
         "2147483648", "-2147483649", "9223372036854775808", "1e3", "0x10", "1.5",
         "nan", "inf", "abc", "sm_", "sm_80,", ",", "::", "32:", ":8", "32:0", "0:0",
         "32:7", "bf16", "fp16", "f32", "fwd", "bwd", "bwd_kv", "bwd_dq", "bwd_pre",
-        "bwd_post", "bwd_x", "\u00e9", "$(id)", "';id;'", "a b", "--out", "-h"]
+        "bwd_post", "bwd_x", "\u00e9", "$(id)", "';id;'", "a b", "--out", "-h", "96",
+        "6:4", "4:8", "65536:1", "65535:1", "4294967300:4", "65532:4"]
 FLAGS = {
     "--kind": ["fwd", "bwd", "bwd_pre", "bwd_post", "bwd_kv", "bwd_dq"],
     "--P": ["0", "1", "64", "8192"],
@@ -55,7 +63,9 @@ VALID_SPEC = {"kind": "fwd", "P": 0, "N": 0, "head_dim": 64, "heads": "4:4",
               "dtype": "bf16", "arch": "sm_80",
               "tiling": {"block_m": 64, "block_n": 32, "warps": 4, "stages": 2}}
 VALUES = [None, True, False, 0, 1, -1, 64, 128, 256, 4097, 2**31, 2**63, -2**63, 2**64,
-          1.5, 1e308, "", "x", "fwd", "bwd", "bf16", "sm_80", "sm_75", "4:4", "0:0", "tuned",
+          2**64 - 1, 2**32 + 64, 64.0, 96, 1.5, 1e308, "", "x", "fwd", "bwd", "bf16", "sm_80",
+          "sm_75", "4:4", "0:0", "6:4", "4:8", "65536:1", "4294967300:4", "+4:4", " 4:4",
+          "4:4:4", "0x4:4", "tuned",
           "default", [], [1], ["sm_80", "sm_90a"], ["sm_80", 5], {}, {"block_m": 64},
           {"block_m": "64"}, {"warps": -1}, {"x": 1}, "\u00e9\u0000"]
 
@@ -173,11 +183,101 @@ def make_input(rng, work, n):
     return argv
 
 
-def check(aot, argv, timeout):
+# The oracle: head_dim and heads values whose verdict is known without the
+# tool. A head_dim is supported when it is 64, 128 or 256. Heads HQ:HKV are
+# launchable when both are integers >= 1, HQ a multiple of HKV and HQ <= 65535
+# (a grid dimension); for a backward kind also HQ + HKV <= 65535.
+ORACLE_HEAD_DIMS = [64, 128, 256, 0, -64, 96, 512, 4096, 2**32 + 64, 2**63 - 1]
+ORACLE_HEADS = [(4, 4), (8, 2), (65535, 1), (65530, 5), (0, 0), (4, 0), (0, 4), (6, 4),
+                (4, 8), (65536, 1), (65532, 4), (131072, 2), (2**32 + 4, 4), (4, 2**32 + 4)]
+
+
+def head_dim_ok(d):
+    return d in (64, 128, 256)
+
+
+def heads_ok(hq, hkv, backward):
+    return (hq >= 1 and hkv >= 1 and hq % hkv == 0 and hq <= 65535
+            and (not backward or hq + hkv <= 65535))
+
+
+def spell_integer(rng, n):
+    """n as a spec file writes it: sometimes in a form that is no JSON integer
+    (a float, a string) and so is refused whatever its value."""
+    form = rng.random()
+    if form < 0.7:
+        return str(n), True
+    if form < 0.85:
+        return "%d.0" % n, False
+    return json.dumps(str(n)), False
+
+
+def oracle_input(rng, work, n):
+    """(argv, expected exit, what each line of the refusal names) of an oracle
+    case."""
+    out = os.path.join(work, "out")
+    kind = rng.choice(["fwd", "fwd", "bwd_pre"])
+    backward = kind != "fwd"
+    d = rng.choice(ORACLE_HEAD_DIMS if rng.random() < 0.4 else [64])
+    hq, hkv = rng.choice(ORACLE_HEADS if rng.random() < 0.7 else [(4, 4)])
+    heads = "%d:%d" % (hq, hkv)
+    base = ["--no-cubin", "--arch", "sm_80", "--out", out]
+    if rng.random() < 0.5:
+        argv = ["--kind", kind, "--head-dim", str(d), "--heads", heads] + base
+        # llvm::cl reports each bad flag on a line of its own; the backward's
+        # HQ + HKV is checked once the flags are parsed.
+        names = [] if head_dim_ok(d) else ["--head-dim"]
+        if not heads_ok(hq, hkv, False) or (not names and not heads_ok(hq, hkv, backward)):
+            names.append("--heads")
+        return argv, (2 if names else 0), names
+    dim_text, dim_typed = spell_integer(rng, d)
+    heads_forms = [(json.dumps(heads), True)]
+    if rng.random() < 0.3:
+        heads_forms = [(json.dumps(rng.choice(["+", " ", "0x", ""]) + heads +
+                                   rng.choice([" ", ":1", ""])), None),
+                       (str(hq), False)]
+    heads_text, heads_typed = rng.choice(heads_forms)
+    if heads_typed is None:  # a prefix or suffix: refused unless it added none
+        heads_typed = json.loads(heads_text) == heads
+    text = '[{"kind": "%s", "head_dim": %s, "heads": %s}]' % (kind, dim_text, heads_text)
+    spec = os.path.join(work, "oracle-%05d.json" % n)
+    with open(spec, "w") as f:
+        f.write(text)
+    dim_good = dim_typed and head_dim_ok(d)
+    ok = dim_good and heads_typed and heads_ok(hq, hkv, backward)
+    # The first bad field of a spec ends the reading: head_dim comes first.
+    names = ["spec[0].head_dim" if not dim_good else "spec[0].heads"]
+    return ["--spec-file", spec] + base, (0 if ok else 2), names
+
+
+def check_oracle(aot, argv, expected, names, out, timeout):
+    """The oracle's verdict on one case, or None when the tool agreed."""
     try:
         r = subprocess.run([aot] + argv, stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           timeout=timeout)
+                           timeout=timeout, cwd=os.path.dirname(out))
+    except subprocess.TimeoutExpired:
+        return "hang (no exit after %ss)" % timeout, b"", None
+    rc = r.returncode
+    if rc != expected:
+        return "oracle: exit %d, expected %d" % (rc, expected), r.stderr, rc
+    if expected == 2:
+        lines = [l for l in r.stderr.splitlines() if l.startswith(b"dualkv-aot: ")]
+        if len(lines) != len(names) or not all(
+                n.encode() in l for n, l in zip(names, lines)):
+            return ("oracle: the refusal is not one dualkv-aot line naming each of %s"
+                    % ", ".join(names), r.stderr, rc)
+        if os.path.exists(out):
+            return "oracle: refused, yet --out was created", r.stderr, rc
+    return None, b"", rc
+
+
+def check(aot, argv, timeout, work):
+    # In the work folder: a junk --out or --dump-ir value is a relative path.
+    try:
+        r = subprocess.run([aot] + argv, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=timeout, cwd=work)
     except subprocess.TimeoutExpired:
         return "hang (no exit after %ss)" % timeout, b"", None
     rc = r.returncode
@@ -203,16 +303,26 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args()
 
+    args.work = os.path.abspath(args.work)
+    args.aot = shutil.which(args.aot) or args.aot
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     rng = random.Random(args.seed)
     start = time.monotonic()
     failures, tried, exits = [], 0, {}
+    oracle = {0: 0, 2: 0}  # oracle cases by expected exit
     for n in range(args.count):
         if time.monotonic() - start > args.seconds:
             break
-        argv = make_input(rng, args.work, n)
-        reason, stderr, rc = check(args.aot, argv, args.timeout)
+        if rng.random() < 0.125:
+            argv, expected, names = oracle_input(rng, args.work, n)
+            oracle[expected] += 1
+            reason, stderr, rc = check_oracle(args.aot, argv, expected, names,
+                                              os.path.join(args.work, "out"),
+                                              args.timeout)
+        else:
+            argv = make_input(rng, args.work, n)
+            reason, stderr, rc = check(args.aot, argv, args.timeout, args.work)
         tried += 1
         exits[rc] = exits.get(rc, 0) + 1
         if reason:
@@ -222,9 +332,10 @@ def main():
         print("FAIL: %s: %s %s" % (reason, args.aot, " ".join(repr(a) for a in argv)))
         for line in stderr.decode("utf-8", "replace").strip().splitlines()[:12]:
             print("    " + line)
-    print("fuzz dualkv-aot: %d inputs (seed %d, %.0f s; exit 0: %d, 1: %d, 2: %d), "
-          "%d failures" % (tried, args.seed, time.monotonic() - start, exits.get(0, 0),
-                           exits.get(1, 0), exits.get(2, 0), len(failures)))
+    print("fuzz dualkv-aot: %d inputs (seed %d, %.0f s; exit 0: %d, 1: %d, 2: %d; "
+          "oracle: %d to refuse, %d to compile), %d failures"
+          % (tried, args.seed, time.monotonic() - start, exits.get(0, 0), exits.get(1, 0),
+             exits.get(2, 0), oracle[2], oracle[0], len(failures)))
     return 1 if failures else 0
 
 

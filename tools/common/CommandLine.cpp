@@ -7,6 +7,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <system_error>
 #include <vector>
@@ -104,6 +105,49 @@ std::string expectsIntegerIn(llvm::StringRef flag, llvm::StringRef text,
   return (flag + " expects an integer in [" + llvm::Twine(lo) + ", " +
           llvm::Twine(hi) + "], got '" + text + "'")
       .str();
+}
+
+bool isSupportedHeadDim(int64_t headDim) {
+  for (int d : kHeadDims)
+    if (headDim == d)
+      return true;
+  return false;
+}
+
+std::string headDimChoices() {
+  std::string list;
+  for (size_t i = 0; i < std::size(kHeadDims); ++i)
+    list += (i == 0                          ? ""
+             : i + 1 == std::size(kHeadDims) ? " or "
+                                             : ", ") +
+            std::to_string(kHeadDims[i]);
+  return list;
+}
+
+bool HeadDimParser::parse(llvm::cl::Option &, llvm::StringRef name,
+                          llvm::StringRef text, int &value) {
+  std::optional<int64_t> v = readInteger(text);
+  if (!v || !isSupportedHeadDim(*v))
+    return badValue(flag(name) + " must be " + headDimChoices() + ", got '" +
+                    text + "'");
+  value = static_cast<int>(*v);
+  return false;
+}
+
+std::string headsProblem(int64_t hq, int64_t hkv, bool backward) {
+  if (hq < 1 || hkv < 1)
+    return "HQ and HKV must be at least 1";
+  if (hq % hkv != 0)
+    return "HQ must be a multiple of HKV";
+  if (hq > kMaxGridHeads)
+    return "HQ must be at most " + std::to_string(kMaxGridHeads) +
+           " (the heads are a launch grid dimension, which CUDA caps there)";
+  if (backward && hq + hkv > kMaxGridHeads)
+    return "the backward needs HQ + HKV at most " +
+           std::to_string(kMaxGridHeads) +
+           " (bwd_post's grid has HQ + HKV in one dimension, which CUDA caps "
+           "there)";
+  return {};
 }
 
 std::string unknownName(llvm::StringRef flag, llvm::StringRef text,

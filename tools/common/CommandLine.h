@@ -102,13 +102,47 @@ public:
                        size_t globalWidth) const;
 };
 
+/// The head dimensions every kernel kind supports (the compiler's spec check
+/// and the runtime's launch check take the same three).
+inline constexpr int kHeadDims[] = {64, 128, 256};
+
+/// Whether `headDim` is one of kHeadDims.
+bool isSupportedHeadDim(int64_t headDim);
+
+/// "64, 128 or 256", for messages.
+std::string headDimChoices();
+
+/// An int option whose value is a supported head dimension; anything else
+/// (junk, 96, a number beyond int64) is one bad value: "--head-dim must be
+/// 64, 128 or 256, got '96'".
+class HeadDimParser : public llvm::cl::parser<int> {
+public:
+  using llvm::cl::parser<int>::parser;
+  bool parse(llvm::cl::Option &, llvm::StringRef name, llvm::StringRef text,
+             int &value);
+};
+
+/// The most query heads a launch takes: every kernel puts the heads in a
+/// grid dimension (the forward's z, bwd_pre's y), and CUDA caps grid y and z
+/// at 65535 (runtime/lib/operations/Validate.h, kMaxGridYZ).
+inline constexpr int64_t kMaxGridHeads = 65535;
+
+/// Why `hq` query and `hkv` key/value heads can be launched by no kernel, or
+/// an empty string: both at least 1, HQ a multiple of HKV (so HQ >= HKV), HQ
+/// at most kMaxGridHeads. With `backward`, also HQ + HKV at most
+/// kMaxGridHeads: bwd_post converts the query and the key/value heads' rows
+/// in one grid dimension.
+std::string headsProblem(int64_t hq, int64_t hkv, bool backward = false);
+
 /// Query and key/value heads, "HQ:HKV".
 struct Heads {
   int query = 32;
   int kv = 8;
 };
 
-/// An option of type Heads: "HQ:HKV", each count read as Count::read does.
+/// An option of type Heads: "HQ:HKV", each count read as Count::read does,
+/// then checked as headsProblem does (one line: "--heads 6:4: HQ must be a
+/// multiple of HKV").
 template <typename Count> class HeadsParser : public llvm::cl::parser<Heads> {
 public:
   using llvm::cl::parser<Heads>::parser;
@@ -120,9 +154,13 @@ public:
       return badValue(flag(name) + " expects HQ:HKV, got '" + text + "'");
     std::optional<int> hq = Count::read(flag(name), q);
     std::optional<int> hkv = hq ? Count::read(flag(name), kv) : std::nullopt;
-    if (hkv)
-      heads = {*hq, *hkv};
-    return !hkv;
+    if (!hkv)
+      return true;
+    std::string problem = headsProblem(*hq, *hkv);
+    if (!problem.empty())
+      return badValue(flag(name) + " " + text + ": " + problem);
+    heads = {*hq, *hkv};
+    return false;
   }
 };
 

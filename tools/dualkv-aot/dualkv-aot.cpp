@@ -8,6 +8,8 @@
 #include "cache/DiskCache.h"
 #include "cache/Files.h"
 #include "common/CommandLine.h"
+#include "common/OutputFiles.h"
+#include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Tuning.h"
 
@@ -19,21 +21,22 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace {
 
@@ -65,7 +68,8 @@ differ by arch: the forward's on sm_90a is the warp-specialized schedule's).
 cl::OptionCategory kernelOptions("What to compile");
 cl::OptionCategory outputOptions("Where it goes");
 constexpr const char *kExitStatus =
-    "\nexit status: 0 success, 1 compile error, 2 bad arguments.\n";
+    "\nexit status: 0 success, 1 a compile error or an output that cannot be\n"
+    "written, 2 bad arguments.\n";
 
 /// "--P value '-1' is out of range (0 to 2^31 - 1)" and the like.
 std::string expectsCount(llvm::StringRef flag, llvm::StringRef text,
@@ -139,12 +143,16 @@ cl::opt<int, false, Count>
     responseClass("N", cl::value_desc("N"),
                   cl::desc("response-count class; 0 = any (default 0)"),
                   cl::cat(kernelOptions));
-cl::opt<int, false, Count> headDim("head-dim", cl::value_desc("D"),
-                                   cl::desc("64, 128 or 256 (default 128)"),
-                                   cl::init(128), cl::cat(kernelOptions));
+cl::opt<int, false, dualkv::tools::HeadDimParser>
+    headDim("head-dim", cl::value_desc("D"),
+            cl::desc("64, 128 or 256 (default 128)"), cl::init(128),
+            cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false, dualkv::tools::HeadsParser<Count>>
     heads("heads",
-          cl::desc("HQ:HKV, query and key/value heads (default\n32:8)"),
+          cl::desc("HQ:HKV, query and key/value heads (default\n"
+                   "32:8): HQ a multiple of HKV, at most 65535\n"
+                   "(the launch grid's limit; HQ + HKV for the\n"
+                   "backward)"),
           cl::cat(kernelOptions));
 cl::opt<dualkv::DType, false, dualkv::tools::DTypeParser>
     dtype("dtype", cl::desc("element type (default bf16)"),
@@ -204,7 +212,8 @@ cl::opt<bool> tuned("tuned",
 cl::opt<std::string>
     tuningDb("tuning-db", cl::value_desc("F"),
              cl::desc("the tuning database (default: $DUALKV_TUNING_DB,\n"
-                      "else <kernel cache>/tuning.json)"),
+                      "else <kernel cache>/tuning.json, which is not\n"
+                      "read from a cache folder others may write)"),
              cl::cat(kernelOptions));
 cl::opt<std::string>
     specFile("spec-file", cl::value_desc("F"),
@@ -289,6 +298,13 @@ kindsNamed(const std::string &v) {
       return kindsOf(k);
   return std::nullopt;
 }
+/// Whether `kinds` holds a kernel of the backward.
+bool hasBackward(const std::vector<dualkv::KernelKind> &kinds) {
+  return std::any_of(kinds.begin(), kinds.end(), [](dualkv::KernelKind k) {
+    return k != dualkv::KernelKind::Fwd;
+  });
+}
+
 constexpr const char *kKindChoices =
     "fwd, bwd, bwd_pre, bwd_post, bwd_kv, bwd_dq";
 
@@ -459,6 +475,15 @@ Args parseArgs(int argc, char **argv) {
   }
   if (a.intoCache && !a.registration.empty() && a.out.empty())
     usageError("--emit-registration needs --out DIR");
+  // The parser checked the heads for every kernel; the backward's take one
+  // more grid row each (a spec file's kinds are checked as it is read).
+  if (a.specFile.empty() && hasBackward(a.kinds)) {
+    std::string problem = dualkv::tools::headsProblem(
+        a.spec.numQHeads, a.spec.numKVHeads, /*backward=*/true);
+    if (!problem.empty())
+      usageError(fmt::format("--heads {}:{}: {}", a.spec.numQHeads,
+                             a.spec.numKVHeads, problem));
+  }
   return a;
 }
 
@@ -467,6 +492,21 @@ std::string brief(const nlohmann::json &v) {
   std::string text =
       v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
+
+/// `v` as an integer when it is a JSON integer that int64 holds: never a
+/// bool, a float (64.0 included) or an unsigned number beyond 2^63 - 1 (which
+/// get<int64_t>() would wrap).
+std::optional<int64_t> jsonInteger(const nlohmann::json &v) {
+  if (v.is_number_unsigned()) {
+    auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer())
+    return v.get<int64_t>();
+  return std::nullopt;
 }
 
 [[noreturn]] void specError(const std::string &msg) {
@@ -502,11 +542,11 @@ std::vector<Job> readSpecFile(const Args &a) {
       if (!o.contains(field))
         return dflt;
       const auto &v = o[field];
-      if (!v.is_number_integer() || v.get<int64_t>() < lo ||
-          v.get<int64_t>() > hi)
+      std::optional<int64_t> n = jsonInteger(v);
+      if (!n || *n < lo || *n > hi)
         specError(fmt::format("{} must be an integer in [{}, {}], got {}",
                               where(field), lo, hi, brief(v)));
-      return v.get<int64_t>();
+      return *n;
     };
     auto text = [&](const char *field) -> std::optional<std::string> {
       if (!o.contains(field))
@@ -532,17 +572,41 @@ std::vector<Job> readSpecFile(const Args &a) {
     const int64_t maxInt = std::numeric_limits<int32_t>::max();
     job.spec.P = integer("P", 0, maxInt, job.spec.P);
     job.spec.N = integer("N", 0, maxInt, job.spec.N);
-    job.spec.headDim =
-        static_cast<int>(integer("head_dim", 1, maxInt, job.spec.headDim));
-    if (auto heads = text("heads")) {
-      int hq = 0, hkv = 0;
-      char extra = 0;
-      if (std::sscanf(heads->c_str(), "%d:%d%c", &hq, &hkv, &extra) != 2 ||
-          hq <= 0 || hkv <= 0)
-        specError(fmt::format("{} must be \"HQ:HKV\", got '{}'", where("heads"),
-                              *heads));
-      job.spec.numQHeads = hq;
-      job.spec.numKVHeads = hkv;
+    if (o.contains("head_dim")) {
+      std::optional<int64_t> d = jsonInteger(o["head_dim"]);
+      if (!d || !dualkv::tools::isSupportedHeadDim(*d))
+        specError(fmt::format("{} must be {}, got {}", where("head_dim"),
+                              dualkv::tools::headDimChoices(),
+                              brief(o["head_dim"])));
+      job.spec.headDim = static_cast<int>(*d);
+    }
+    if (o.contains("heads")) {
+      // Each count all digits and within int64 (no sscanf: "%d" wraps
+      // 4294967300 to 4), then the heads every launch takes.
+      const nlohmann::json &v = o["heads"];
+      std::string spelled = v.is_string() ? v.get<std::string>() : "";
+      llvm::StringRef q, kv;
+      std::tie(q, kv) = llvm::StringRef(spelled).split(':');
+      std::optional<int64_t> hq = dualkv::tools::readInteger(q),
+                             hkv = dualkv::tools::readInteger(kv);
+      if (!v.is_string() || q.size() == spelled.size() || !hq || !hkv)
+        specError(fmt::format("{} must be \"HQ:HKV\" (two integers), got {}",
+                              where("heads"), brief(v)));
+      std::string problem =
+          dualkv::tools::headsProblem(*hq, *hkv, hasBackward(kinds));
+      if (!problem.empty())
+        specError(fmt::format("{} {}: {}", where("heads"), brief(v), problem));
+      job.spec.numQHeads = static_cast<int>(*hq);
+      job.spec.numKVHeads = static_cast<int>(*hkv);
+    } else if (hasBackward(kinds)) {
+      // The heads from --heads (checked for the forward) and a backward kind
+      // from the spec.
+      std::string problem = dualkv::tools::headsProblem(
+          job.spec.numQHeads, job.spec.numKVHeads, /*backward=*/true);
+      if (!problem.empty())
+        specError(fmt::format("spec[{}]: heads {}:{}: {}", i,
+                              job.spec.numQHeads, job.spec.numKVHeads,
+                              problem));
     }
     if (auto dtype = text("dtype")) {
       if (std::optional<dualkv::DType> d = dualkv::parseDType(*dtype))
@@ -595,12 +659,12 @@ std::vector<Job> readSpecFile(const Args &a) {
           if (!field)
             specError(fmt::format("{} has an unknown field '{}'",
                                   where("tiling"), key));
-          if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-              value.get<int64_t>() > 4096)
+          std::optional<int64_t> n = jsonInteger(value);
+          if (!n || *n < 0 || *n > 4096)
             specError(
                 fmt::format("{}.{} must be an integer in [0, 4096], got {}",
                             where("tiling"), key, brief(value)));
-          *field = static_cast<int>(value.get<int64_t>());
+          *field = static_cast<int>(*n);
         }
       } else {
         specError(fmt::format(
@@ -636,70 +700,110 @@ struct Built {
   dualkv::KernelInfo info;
   std::string ptx;
   std::vector<char> cubin;
-  std::string base; ///< DIR/<name>
 };
 
-/// Runs `argv` (argv[0] a path) without a shell and waits for it: no
-/// argument is ever interpreted, whatever characters it holds.
-bool runProgram(const std::vector<std::string> &argv) {
-  std::vector<char *> args;
-  for (const std::string &a : argv)
-    args.push_back(const_cast<char *>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0)
-    return false;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR)
-      return false;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+/// How long fatbinary may take: it packs a few megabytes at most, in well
+/// under a second.
+constexpr int kFatbinaryTimeoutSeconds = 120;
+/// The most bytes of a fatbin or of fatbinary's log read back.
+constexpr size_t kMaxFatbinBytes = 256u << 20;
+constexpr size_t kMaxLogBytes = 16u << 20;
+
+/// `name` of the private folder `scratch` (a file fatbinary wrote), read as
+/// the runtime reads a cache file: a regular file of this user, no link.
+llvm::Expected<std::string>
+readScratchFile(const dualkv::tools::ScratchFolder &scratch,
+                const std::string &name, size_t maxBytes) {
+  return dualkv::readFileChecked(
+      scratch.fd(), name,
+      dualkv::FileRules{maxBytes, /*noFollow=*/true, /*ownedOnly=*/true});
 }
 
-/// Runs `fatbinary` (beside ptxas) over every arch's cubin plus the lowest
-/// arch's PTX.
-bool writeFatbin(const std::vector<Built> &builds, const std::string &path) {
+/// Writes DIR/NAME.fatbin (`name`): every arch's cubin plus the lowest arch's
+/// PTX, packed by `fatbinary` (beside ptxas). fatbinary takes each input as
+/// "--image3=kind=elf,sm=80,file=PATH", a list that a ',' or '"' in PATH
+/// would break, and has no escaping: so it runs in a private scratch folder
+/// on copies named there (0.cubin, ..., kernel.ptx), never on a path of the
+/// user's, and the fatbin it writes there is copied to DIR. Empty, or why
+/// not.
+std::string writeFatbin(const std::vector<Built> &builds,
+                        const std::string &dir, const std::string &name) {
   std::string ptxas = dualkv::ptxasPath({});
   if (ptxas.empty())
-    return false;
+    return "no ptxas, and so no fatbinary beside it";
+  std::string why;
+  std::optional<dualkv::tools::ScratchFolder> scratch =
+      dualkv::tools::ScratchFolder::create("dualkv-aot", &why);
+  if (!scratch)
+    return why;
   std::filesystem::path tool =
       std::filesystem::path(ptxas).parent_path() / "fatbinary";
-  std::vector<std::string> argv = {tool.string(), "-64", "--create=" + path};
-  for (const Built &b : builds) {
-    std::string sm = b.spec.arch.substr(3);
-    if (!b.cubin.empty())
-      argv.push_back(
-          fmt::format("--image3=kind=elf,sm={},file={}.cubin", sm, b.base));
+  std::vector<std::string> argv = {tool.string(), "-64",
+                                   "--create=kernel.fatbin"};
+  for (size_t i = 0; i < builds.size(); ++i) {
+    const Built &b = builds[i];
+    if (b.cubin.empty())
+      continue;
+    std::string file = fmt::format("{}.cubin", i);
+    why = scratch->write(file, {b.cubin.data(), b.cubin.size()});
+    if (!why.empty())
+      return why;
+    argv.push_back(fmt::format("--image3=kind=elf,sm={},file={}",
+                               b.spec.arch.substr(3), file));
   }
-  argv.push_back(fmt::format("--image3=kind=ptx,sm={},file={}.ptx",
-                             builds.front().spec.arch.substr(3),
-                             builds.front().base));
-  return runProgram(argv);
+  why = scratch->write("kernel.ptx", builds.front().ptx);
+  if (!why.empty())
+    return why;
+  argv.push_back(fmt::format("--image3=kind=ptx,sm={},file=kernel.ptx",
+                             builds.front().spec.arch.substr(3)));
+  why = dualkv::tools::runInFolder(argv, *scratch, "fatbinary.log",
+                                   kFatbinaryTimeoutSeconds);
+  if (!why.empty()) {
+    llvm::Expected<std::string> log =
+        readScratchFile(*scratch, "fatbinary.log", kMaxLogBytes);
+    std::string said =
+        log ? *log : llvm::toString(log.takeError()); // what it said, or why
+    while (!said.empty() && std::isspace(static_cast<unsigned char>(
+                                said.back()))) // one message, no blank line
+      said.pop_back();
+    return fmt::format("{} failed ({}){}{}", tool.string(), why,
+                       said.empty() ? "" : ": ", dualkv::clipForMessage(said));
+  }
+  llvm::Expected<std::string> fatbin =
+      readScratchFile(*scratch, "kernel.fatbin", kMaxFatbinBytes);
+  if (!fatbin)
+    return fmt::format("{} wrote no fatbin: {}", tool.string(),
+                       llvm::toString(fatbin.takeError()));
+  if (fatbin->empty())
+    return fmt::format("{} wrote an empty fatbin", tool.string());
+  return dualkv::tools::writeFileAtomically(dir, name, *fatbin);
 }
 
-void writeBytes(std::ofstream &os, const std::string &name, const char *data,
+void writeBytes(std::string &out, const std::string &name, const char *data,
                 size_t size, bool terminate) {
-  os << "alignas(64) const unsigned char " << name << "[] = {";
+  out.reserve(out.size() + 4 * size + 6 * (size / 20) + name.size() + 64);
+  out += "alignas(64) const unsigned char " + name + "[] = {";
   for (size_t i = 0; i < size; ++i)
-    os << (i % 20 ? "" : "\n    ")
-       << static_cast<unsigned>(static_cast<unsigned char>(data[i])) << ",";
+    fmt::format_to(std::back_inserter(out), "{}{},", i % 20 ? "" : "\n    ",
+                   static_cast<unsigned>(static_cast<unsigned char>(data[i])));
   if (terminate)
-    os << "0";
-  os << "};\n";
+    out += "0";
+  out += "};\n";
 }
 
-/// DIR/NAME.h and DIR/NAME.cpp: every kernel embedded (cubin, PTX) and
-/// registered.
-void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
-                       const std::string &name) {
-  std::ofstream h(dir + "/" + name + ".h");
-  h << "// Generated by dualkv-aot; do not edit.\n#pragma once\n\n"
-    << "/// Registers this file's " << builds.size()
-    << " DualKV kernels with the runtime (dualkv/Aot.h).\nvoid " << name
-    << "_register();\n";
-  std::ofstream c(dir + "/" + name + ".cpp");
-  c << "// Generated by dualkv-aot; do not edit.\n#include \"" << name
-    << ".h\"\n\n#include \"dualkv/Aot.h\"\n\nnamespace {\n";
+/// The text of NAME.h and of NAME.cpp: every kernel embedded (cubin, PTX)
+/// and registered.
+std::pair<std::string, std::string>
+registrationSource(const std::vector<Built> &builds, const std::string &name) {
+  std::string h = fmt::format(
+      "// Generated by dualkv-aot; do not edit.\n#pragma once\n\n"
+      "/// Registers this file's {} DualKV kernels with the runtime "
+      "(dualkv/Aot.h).\nvoid {}_register();\n",
+      builds.size(), name);
+  std::string c = fmt::format(
+      "// Generated by dualkv-aot; do not edit.\n#include \"{}.h\"\n\n"
+      "#include \"dualkv/Aot.h\"\n\nnamespace {{\n",
+      name);
   for (size_t i = 0; i < builds.size(); ++i) {
     const Built &b = builds[i];
     const std::vector<char> &image = b.cubin;
@@ -708,41 +812,164 @@ void writeRegistration(const std::vector<Built> &builds, const std::string &dir,
                  false);
     writeBytes(c, fmt::format("kPtx{}", i), b.ptx.data(), b.ptx.size(), true);
   }
-  c << "} // namespace\n\nvoid " << name << "_register() {\n";
+  c += "} // namespace\n\nvoid " + name + "_register() {\n";
   for (size_t i = 0; i < builds.size(); ++i) {
     const Built &b = builds[i];
     const dualkv::KernelSpec &s = b.spec;
-    c << "  {\n    dualkv::AotKernel k;\n"
-      << fmt::format(
-             "    k.spec.kind = dualkv::KernelKind::{};\n    k.spec.P = {};\n "
-             "   "
-             "k.spec.N = {};\n    k.spec.headDim = {};\n    k.spec.numQHeads = "
-             "{};\n    "
-             "k.spec.numKVHeads = {};\n    k.spec.dtype = dualkv::DType::{};\n "
-             "   "
-             "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
-             "    k.spec.schedule = dualkv::Schedule::{};\n"
-             "    k.spec.tree = {};\n",
-             dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
-             s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch,
-             s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
-             dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false")
-      << fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
+    c += "  {\n    dualkv::AotKernel k;\n";
+    c += fmt::format(
+        "    k.spec.kind = dualkv::KernelKind::{};\n    k.spec.P = {};\n "
+        "   "
+        "k.spec.N = {};\n    k.spec.headDim = {};\n    k.spec.numQHeads = "
+        "{};\n    "
+        "k.spec.numKVHeads = {};\n    k.spec.dtype = dualkv::DType::{};\n "
+        "   "
+        "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
+        "    k.spec.schedule = dualkv::Schedule::{};\n"
+        "    k.spec.tree = {};\n",
+        dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
+        s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch, s.tiling.blockM,
+        s.tiling.blockN, s.tiling.warps, s.tiling.stages,
+        dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false");
+    c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
                      b.info.blockM);
     if (!b.cubin.empty())
-      c << fmt::format(
+      c += fmt::format(
           "    k.image = kImage{};\n    k.imageSize = sizeof(kImage{});\n", i,
           i);
     else
-      c << fmt::format(
+      c += fmt::format(
           "    k.image = kPtx{};\n    k.imageSize = sizeof(kPtx{});\n", i, i);
-    c << fmt::format("    k.ptx = reinterpret_cast<const char *>(kPtx{});\n", i)
-      << "    dualkv::registerAotKernel(k);\n  }\n";
+    c += fmt::format("    k.ptx = reinterpret_cast<const char *>(kPtx{});\n",
+                     i) +
+         "    dualkv::registerAotKernel(k);\n  }\n";
   }
-  c << "}\n";
+  c += "}\n";
+  return {std::move(h), std::move(c)};
 }
+
+/// Writes DIR/NAME.h and DIR/NAME.cpp, both or neither. Empty, or why not.
+std::string writeRegistration(const std::vector<Built> &builds,
+                              const std::string &dir, const std::string &name) {
+  auto [h, c] = registrationSource(builds, name);
+  std::string why = dualkv::tools::writeFileAtomically(dir, name + ".h", h);
+  if (why.empty()) {
+    why = dualkv::tools::writeFileAtomically(dir, name + ".cpp", c);
+    if (!why.empty())
+      dualkv::tools::removeFile(dir, name + ".h");
+  }
+  return why;
+}
+
+/// The JSON report of one kernel (DIR/<name>.json).
+std::string kernelReport(const dualkv::KernelSpec &spec,
+                         const dualkv::CompileResult &r) {
+  nlohmann::json meta = {
+      {"kind", dualkv::toString(spec.kind)},
+      {"P", spec.P},
+      {"N", spec.N},
+      {"head_dim", spec.headDim},
+      {"num_q_heads", spec.numQHeads},
+      {"num_kv_heads", spec.numKVHeads},
+      {"dtype", dualkv::toString(spec.dtype)},
+      {"arch", spec.arch},
+      {"tiling",
+       {{"block_m", spec.tiling.blockM},
+        {"block_n", spec.tiling.blockN},
+        {"warps", spec.tiling.warps},
+        {"stages", spec.tiling.stages}}},
+      {"schedule", dualkv::toString(spec.schedule)},
+      {"entry", r.info.name},
+      {"threads", r.info.threads},
+      {"shared_bytes", r.info.sharedBytes},
+      {"compiler", dualkv::compilerFingerprint()},
+      {"compile_ms", r.compileMs},
+      {"mlir_ms", r.mlirMs},
+      {"llvm_ms", r.llvmMs},
+      {"ptxas_ms", r.ptxasMs},
+      {"ptxas_log", r.ptxasLog},
+  };
+  // ptxas's log is outside text: a byte that is no UTF-8 is replaced, not
+  // thrown over.
+  return meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
+}
+
+/// Writes DIR/<name>.ptx, .cubin (when there is one) and .json: all of them,
+/// or none (those written first are removed again). Empty, or why not.
+std::string writeKernelFiles(const std::string &dir, const std::string &name,
+                             const dualkv::KernelSpec &spec,
+                             const dualkv::CompileResult &r) {
+  std::vector<std::pair<std::string, std::string_view>> files;
+  files.push_back({name + ".ptx", r.ptx});
+  if (!r.cubin.empty())
+    files.push_back({name + ".cubin", {r.cubin.data(), r.cubin.size()}});
+  std::string report = kernelReport(spec, r);
+  files.push_back({name + ".json", report});
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::string why = dualkv::tools::writeFileAtomically(dir, files[i].first,
+                                                         files[i].second);
+    if (!why.empty()) {
+      for (size_t j = 0; j < i; ++j)
+        dualkv::tools::removeFile(dir, files[j].first);
+      return why;
+    }
+  }
+  return {};
+}
+
+/// The tuning database that --tuned and the --into-cache note read, loaded
+/// once: --tuning-db, else $DUALKV_TUNING_DB, else <kernel cache>/tuning.json.
+/// That last one is read only from a cache root the cache itself would use,
+/// as the runtime's own lookup does (processTuningDb): a root that others may
+/// write (0777, or another user's) could hold anybody's tiling. Refused, it
+/// reads as empty, said once; --tuned then builds the default tiling, which
+/// is also what launches take from such a root.
+class TuningSource {
+public:
+  explicit TuningSource(const std::string &explicitPath)
+      : explicit_(!explicitPath.empty() ||
+                  dualkv::envValue("DUALKV_TUNING_DB").has_value()),
+        path_(explicitPath.empty() ? dualkv::TuningDb::defaultPath()
+                                   : explicitPath) {}
+
+  const std::string &path() const { return path_; }
+  /// True when the cache root holding the database was refused.
+  bool refused() {
+    get();
+    return refused_;
+  }
+
+  const dualkv::TuningDb &get() {
+    if (db_)
+      return *db_;
+    db_.emplace();
+    std::string root = KernelCache::defaultFolder();
+    if (!explicit_ && !root.empty() && !KernelCache(root).usable()) {
+      fmt::print(stderr,
+                 "dualkv-aot: the tuning database '{}' is not read: the "
+                 "kernel cache at '{}' is not usable (see the warning "
+                 "above), and launches do not read it either; the default "
+                 "tiling is built\n",
+                 path_, root);
+      refused_ = true;
+      return *db_;
+    }
+    std::string error;
+    *db_ = dualkv::TuningDb::load(path_, &error);
+    if (!error.empty())
+      fmt::print(stderr, "dualkv-aot: {}\n", error);
+    return *db_;
+  }
+
+private:
+  bool explicit_;
+  std::string path_;
+  std::optional<dualkv::TuningDb> db_;
+  bool refused_ = false;
+};
 
 } // namespace
 
@@ -753,24 +980,18 @@ int main(int argc, char **argv) {
     expandKinds({args.spec, args.archs, args.tuned}, args.kinds, jobs);
   else
     jobs = readSpecFile(args);
-  std::string dbPath =
-      args.tuningDb.empty() ? dualkv::TuningDb::defaultPath() : args.tuningDb;
-  std::optional<dualkv::TuningDb> db;
-  // --out may be absent with --into-cache: the kernels then go to the cache
-  // only (the files are written to a temporary folder, for the fatbin).
-  std::string outDir = args.out;
-  std::filesystem::path scratch;
-  if (outDir.empty()) {
-    scratch = std::filesystem::temp_directory_path() /
-              fmt::format("dualkv-aot.{}", ::getpid());
-    outDir = scratch.string();
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(outDir, ec);
-  if (ec) {
-    fmt::print(stderr, "dualkv-aot: cannot create --out '{}': {}\n", outDir,
-               ec.message());
-    return 2;
+  TuningSource tuning(args.tuningDb);
+  // Files go to --out only. With --into-cache alone the kernels go to the
+  // cache and nowhere else: no folder of its own, predictable or not.
+  const std::string &outDir = args.out;
+  if (!outDir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(outDir, ec);
+    if (ec) {
+      fmt::print(stderr, "dualkv-aot: cannot create --out '{}': {}\n", outDir,
+                 ec.message());
+      return 2;
+    }
   }
   std::optional<KernelCache> cache;
   if (args.intoCache) {
@@ -801,19 +1022,13 @@ int main(int argc, char **argv) {
     for (const std::string &arch : job.archs) {
       dualkv::KernelSpec spec = job.spec;
       spec.arch = arch;
-      if (job.tuned) {
-        if (!db) {
-          std::string error;
-          db = dualkv::TuningDb::load(dbPath, &error);
-          if (!error.empty())
-            fmt::print(stderr, "dualkv-aot: {}\n", error);
-        }
-        dualkv::KernelSpec key = spec;
-        if (job.tunedKVHeads) {
-          key.numQHeads = job.tunedQHeads;
-          key.numKVHeads = job.tunedKVHeads;
-        }
-        std::optional<dualkv::Tiling> tuned = db->find(key);
+      dualkv::KernelSpec key = spec;
+      if (job.tunedKVHeads) {
+        key.numQHeads = job.tunedQHeads;
+        key.numKVHeads = job.tunedKVHeads;
+      }
+      if (job.tuned && !tuning.refused()) {
+        std::optional<dualkv::Tiling> tuned = tuning.get().find(key);
         if (!tuned) {
           fmt::print(stderr,
                      "dualkv-aot: no tuned tiling for {} head_dim {} heads "
@@ -821,7 +1036,7 @@ int main(int argc, char **argv) {
                      "'{}': run dualkv-tune there first\n",
                      dualkv::toString(key.kind), key.headDim, key.numQHeads,
                      key.numKVHeads, dualkv::toString(key.dtype), key.arch,
-                     dbPath);
+                     tuning.path());
           ++failures;
           continue;
         }
@@ -830,21 +1045,12 @@ int main(int argc, char **argv) {
       if (args.intoCache && !job.tuned && spec.tiling == dualkv::Tiling{}) {
         // A launch with an open tiling takes the tuned one when the database
         // has it: the default's entry would then never be read.
-        if (!db) {
-          std::string error;
-          db = dualkv::TuningDb::load(dbPath, &error);
-        }
-        dualkv::KernelSpec key = spec;
-        if (job.tunedKVHeads) {
-          key.numQHeads = job.tunedQHeads;
-          key.numKVHeads = job.tunedKVHeads;
-        }
-        if (std::optional<dualkv::Tiling> tuned = db->find(key))
+        if (std::optional<dualkv::Tiling> tuned = tuning.get().find(key))
           fmt::print(stderr,
                      "dualkv-aot: note: '{}' has the tiling {},{},{},{} for "
                      "{} {}, which launches take: add --tuned to cache that "
                      "one\n",
-                     dbPath, tuned->blockM, tuned->blockN, tuned->warps,
+                     tuning.path(), tuned->blockM, tuned->blockN, tuned->warps,
                      tuned->stages, dualkv::toString(key.kind), key.arch);
       }
       spec = dualkv::resolveSpec(spec);
@@ -887,45 +1093,25 @@ int main(int argc, char **argv) {
         ++failures;
         continue;
       }
-      std::string base = outDir + "/" + name;
-      std::ofstream(base + ".ptx") << r.ptx;
-      if (!r.cubin.empty())
-        std::ofstream(base + ".cubin", std::ios::binary)
-            .write(r.cubin.data(),
-                   static_cast<std::streamsize>(r.cubin.size()));
-      nlohmann::json meta = {
-          {"kind", dualkv::toString(spec.kind)},
-          {"P", spec.P},
-          {"N", spec.N},
-          {"head_dim", spec.headDim},
-          {"num_q_heads", spec.numQHeads},
-          {"num_kv_heads", spec.numKVHeads},
-          {"dtype", dualkv::toString(spec.dtype)},
-          {"arch", spec.arch},
-          {"tiling",
-           {{"block_m", spec.tiling.blockM},
-            {"block_n", spec.tiling.blockN},
-            {"warps", spec.tiling.warps},
-            {"stages", spec.tiling.stages}}},
-          {"schedule", dualkv::toString(spec.schedule)},
-          {"entry", r.info.name},
-          {"threads", r.info.threads},
-          {"shared_bytes", r.info.sharedBytes},
-          {"compiler", dualkv::compilerFingerprint()},
-          {"compile_ms", r.compileMs},
-          {"mlir_ms", r.mlirMs},
-          {"llvm_ms", r.llvmMs},
-          {"ptxas_ms", r.ptxasMs},
-          {"ptxas_log", r.ptxasLog},
-      };
-      std::ofstream(base + ".json") << meta.dump(2) << "\n";
-      fmt::print(
-          "{}\n  entry {}  threads {}  shared {} B  PTX {} B  cubin {} B  "
-          "compile {:.0f} ms (MLIR {:.0f} + LLVM {:.0f}) + ptxas {:.0f} ms\n",
-          base, r.info.name, r.info.threads, r.info.sharedBytes, r.ptx.size(),
-          r.cubin.size(), r.compileMs, r.mlirMs, r.llvmMs, r.ptxasMs);
-      if (!r.ptxasLog.empty())
-        fmt::print("{}", r.ptxasLog);
+      bool written = true;
+      if (!outDir.empty()) {
+        std::string why = writeKernelFiles(outDir, name, spec, r);
+        if (!why.empty()) {
+          fmt::print(stderr, "dualkv-aot: {}\n", why);
+          ++failures;
+          written = false;
+        }
+      }
+      std::string base = outDir.empty() ? name : outDir + "/" + name;
+      if (written) {
+        fmt::print(
+            "{}\n  entry {}  threads {}  shared {} B  PTX {} B  cubin {} B  "
+            "compile {:.0f} ms (MLIR {:.0f} + LLVM {:.0f}) + ptxas {:.0f} ms\n",
+            base, r.info.name, r.info.threads, r.info.sharedBytes, r.ptx.size(),
+            r.cubin.size(), r.compileMs, r.mlirMs, r.llvmMs, r.ptxasMs);
+        if (!r.ptxasLog.empty())
+          fmt::print("{}", r.ptxasLog);
+      }
       if (cache) {
         std::string why;
         std::optional<std::string> entry;
@@ -946,11 +1132,11 @@ int main(int argc, char **argv) {
           fmt::print("  cached {}\n", *entry);
         }
       }
-      builds.push_back(
-          {spec, r.info, std::move(r.ptx), std::move(r.cubin), base});
+      if (written)
+        builds.push_back({spec, r.info, std::move(r.ptx), std::move(r.cubin)});
     }
     // A fatbin holds one kernel for every arch: one launch geometry and one
-    // entry point, so one tiling and one schedule.
+    // entry point, so one tiling and one schedule. It goes to --out only.
     bool oneTiling = true, oneEntry = true;
     std::string tilings, schedules;
     for (const Built &b : builds) {
@@ -963,32 +1149,45 @@ int main(int argc, char **argv) {
       schedules += fmt::format("{}{} {}", schedules.empty() ? "" : ", ",
                                b.spec.arch, dualkv::toString(b.spec.schedule));
     }
-    if (builds.size() > 1 && args.cubin && !oneTiling) {
+    const bool fatbin = builds.size() > 1 && args.cubin && !outDir.empty();
+    if (fatbin && !oneTiling) {
       fmt::print("  no fatbin: the archs' tilings differ ({}), and so do "
                  "their launch geometries\n",
                  tilings);
-    } else if (builds.size() > 1 && args.cubin && !oneEntry) {
+    } else if (fatbin && !oneEntry) {
       fmt::print("  no fatbin: the archs' schedules differ ({}), and so do "
                  "their entry points\n",
                  schedules);
-    } else if (builds.size() > 1 && args.cubin) {
-      std::string fatbin =
-          outDir + "/" + kernelFileName(builds.front().spec, false) + ".fatbin";
-      if (writeFatbin(builds, fatbin)) {
-        fmt::print("{}\n  fatbin of {} archs + PTX\n", fatbin, builds.size());
+    } else if (fatbin) {
+      std::string name = kernelFileName(builds.front().spec, false) + ".fatbin";
+      std::string why = writeFatbin(builds, outDir, name);
+      if (why.empty()) {
+        fmt::print("{}/{}\n  fatbin of {} archs + PTX\n", outDir, name,
+                   builds.size());
       } else {
-        fmt::print(stderr, "dualkv-aot: fatbinary failed for {}\n", fatbin);
+        fmt::print(stderr, "dualkv-aot: no fatbin {}/{}: {}\n", outDir, name,
+                   why);
         ++failures;
       }
     }
     all.insert(all.end(), builds.begin(), builds.end());
   }
   if (!args.registration.empty() && !failures) {
-    writeRegistration(all, args.out, args.registration);
-    fmt::print("{}/{}.h, .cpp\n  registration of {} kernels: {}_register()\n",
-               args.out, args.registration, all.size(), args.registration);
+    std::string why = writeRegistration(all, args.out, args.registration);
+    if (why.empty()) {
+      fmt::print("{}/{}.h, .cpp\n  registration of {} kernels: {}_register()\n",
+                 args.out, args.registration, all.size(), args.registration);
+    } else {
+      fmt::print(stderr, "dualkv-aot: --emit-registration: {}\n", why);
+      ++failures;
+    }
   }
-  if (!scratch.empty())
-    std::filesystem::remove_all(scratch, ec);
+  // The report is an output too: a full disk or a closed pipe behind stdout
+  // is no success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    fmt::print(stderr, "dualkv-aot: cannot write the report to stdout: {}\n",
+               std::strerror(errno));
+    return 1;
+  }
   return failures ? 1 : 0;
 }

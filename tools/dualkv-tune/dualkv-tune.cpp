@@ -110,7 +110,6 @@ constexpr const char *kExitStatus =
     "GPU/database error, 2 bad arguments (a --shapes file that cannot be read "
     "or\nparsed included).\n";
 
-constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxTokens = 1 << 20;
 
 cl::opt<
@@ -127,7 +126,7 @@ cl::opt<
                           clEnumValN(KernelKind::BwdDQ, "bwd_dq",
                                      "the split-dQ backward's dQ kernel")),
                cl::cat(kernelOptions));
-cl::opt<int, false, IntegerParser<1, kMaxInt>>
+cl::opt<int, false, dualkv::tools::HeadDimParser>
     headDim("head-dim", cl::value_desc("D"),
             cl::desc("64, 128 or 256 (default 128)"), cl::init(128),
             cl::cat(kernelOptions));
