@@ -1,13 +1,16 @@
 // Tests of the Compiler API: every shipped forward and backward spec compiles
 // to PTX with the sm_80 schedule's instructions, launch geometry matches the
 // tiling (docs/backward-abi.md for the backward), bad specs fail with a
-// message, and DUALKV_DUMP_IR-style dumps hold every stage.
+// message, DUALKV_DUMP_IR-style dumps hold every stage, and ptxas is found
+// as docs/environment.md says.
 #include "dualkv/Compiler/Compiler.h"
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <unistd.h>
@@ -22,6 +25,43 @@ std::string readFile(const std::filesystem::path &p) {
   s << in.rdbuf();
   return s.str();
 }
+
+/// A fresh folder under the temporary directory, removed at the end.
+struct TempFolder {
+  std::filesystem::path path;
+  TempFolder() {
+    static int n = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("dualkv-compiler-test-" + std::to_string(::getpid()) + "-" +
+            std::to_string(n++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+/// Sets (or, with nullopt, unsets) an environment variable for one scope.
+struct ScopedVariable {
+  std::string name;
+  std::optional<std::string> saved;
+  ScopedVariable(const char *n, std::optional<std::string> value) : name(n) {
+    if (const char *old = std::getenv(n))
+      saved = old;
+    if (value)
+      ::setenv(n, value->c_str(), 1);
+    else
+      ::unsetenv(n);
+  }
+  ~ScopedVariable() {
+    if (saved)
+      ::setenv(name.c_str(), saved->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
 
 size_t count(const std::string &text, const std::string &what) {
   size_t n = 0;
@@ -372,6 +412,28 @@ TEST_CASE("compiler: dumps hold every stage", "[compiler]") {
               "define ptx_kernel void @attention_fwd_mma_sync(") == 1);
   CHECK(readFile(dir / "kernel.ptx") == r.ptx);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("compiler: an empty DUALKV_PTXAS or CUDA_HOME is unset",
+          "[compiler]") {
+  TempFolder tmp;
+  std::filesystem::create_directories(tmp.path / "cuda" / "bin");
+  const auto fake = tmp.path / "cuda" / "bin" / "ptxas";
+  std::ofstream(fake) << "#!/bin/sh\nexit 0\n";
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  ScopedVariable cudaHome("CUDA_HOME", (tmp.path / "cuda").string());
+  {
+    // "" meant "no ptxas": kernels silently shipped without cubins.
+    ScopedVariable ptxas("DUALKV_PTXAS", std::string());
+    CHECK(ptxasPath({}) == fake.string());
+  }
+  ScopedVariable ptxas("DUALKV_PTXAS", std::nullopt);
+  CHECK(ptxasPath({}) == fake.string());
+  {
+    ScopedVariable emptyHome("CUDA_HOME", std::string());
+    ScopedVariable cudaPath("CUDA_PATH", (tmp.path / "cuda").string());
+    CHECK(ptxasPath({}) == fake.string());
+  }
 }
 
 TEST_CASE("compiler: the fingerprint is stable and covers the templates",
