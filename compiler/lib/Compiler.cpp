@@ -69,16 +69,57 @@ double msSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-void writeFile(const std::string &dir, const std::string &name,
-               llvm::StringRef text) {
-  if (dir.empty())
-    return;
-  llvm::sys::fs::create_directories(dir);
-  std::error_code ec;
-  llvm::raw_fd_ostream os(dir + "/" + name, ec);
-  if (!ec)
+/// Writes a compile's IR dump (CompileOptions::dumpDir). The dump is a
+/// debugging aid, so a folder or file it cannot write is no compile error:
+/// the first failure is one warning naming the path and the reason
+/// (printed, and kept in CompileResult::warnings), and the rest of the dump
+/// is skipped.
+class IRDump {
+public:
+  IRDump(std::string dir, std::vector<std::string> &warnings)
+      : dir_(std::move(dir)), warnings_(warnings) {}
+
+  /// Whether the dump is asked for and has not failed.
+  bool active() const { return !dir_.empty(); }
+
+  /// Writes `text` as `name` in the dump folder (created on first use).
+  void write(llvm::StringRef name, llvm::StringRef text) {
+    if (!active())
+      return;
+    if (!created_) {
+      if (std::error_code ec = llvm::sys::fs::create_directories(dir_))
+        return fail(dir_, ec.message());
+      created_ = true;
+    }
+    const std::string path = dir_ + "/" + name.str();
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (ec)
+      return fail(path, ec.message());
     os << text;
-}
+    os.close();
+    if (os.has_error()) {
+      std::string why = os.error().message();
+      os.clear_error(); // or its destructor aborts the process
+      return fail(path, why);
+    }
+  }
+
+private:
+  void fail(const std::string &path, const std::string &why) {
+    std::string warning =
+        fmt::format("cannot write the IR dump '{}': {}; the compile goes on "
+                    "without it",
+                    clipForMessage(path), why);
+    llvm::errs() << "dualkv: warning: " << warning << "\n";
+    warnings_.push_back(std::move(warning));
+    dir_.clear();
+  }
+
+  std::string dir_;
+  bool created_ = false;
+  std::vector<std::string> &warnings_;
+};
 
 //===----------------------------------------------------------------------===//
 // ptxas: a subprocess with a time limit, in a private scratch folder
@@ -372,8 +413,8 @@ void initializeLLVMOnce() {
 }
 
 /// LLVM dialect (inside gpu.module) -> optimised LLVM IR -> PTX text.
-std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
-                    const std::string &dumpDir, std::string &error) {
+std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch, IRDump &dump,
+                    std::string &error) {
   llvm::LLVMContext llvmCtx;
   std::unique_ptr<llvm::Module> module =
       mlir::translateModuleToLLVMIR(gpuModule, llvmCtx);
@@ -408,11 +449,11 @@ std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
   pb.crossRegisterProxies(lam, fam, cgam, mam);
   pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3)
       .run(*module, mam);
-  if (!dumpDir.empty()) {
+  if (dump.active()) {
     std::string ll;
     llvm::raw_string_ostream os(ll);
     module->print(os, nullptr);
-    writeFile(dumpDir, "kernel.ll", ll);
+    dump.write("kernel.ll", ll);
   }
 
   llvm::SmallString<0> ptx;
@@ -513,6 +554,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     dumpLock.lock();
 
   CompileResult result;
+  IRDump dump(options.dumpDir, result.warnings);
   KernelSpec spec = resolveSpec(specIn);
   // An arch or schedule the compiler cannot serve is reported here, before
   // LLVM (which aborts the process on targets it cannot select for).
@@ -539,7 +581,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     return mlir::success();
   });
 
-  writeFile(options.dumpDir, "template.mlir", text);
+  dump.write("template.mlir", text);
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::parseSourceString<mlir::ModuleOp>(text, &ctx,
                                               templateName(spec.kind));
@@ -567,7 +609,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   mlir::PassManager pm(&ctx);
   std::string passLog;
   llvm::raw_string_ostream passLogStream(passLog);
-  if (!options.dumpDir.empty())
+  if (dump.active())
     pm.enableIRPrinting([](mlir::Pass *, mlir::Operation *) { return false; },
                         [](mlir::Pass *, mlir::Operation *) { return true; },
                         /*printModuleScope=*/true,
@@ -577,7 +619,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   tile.maskEveryTile = maskEveryTile(spec);
   mlir::dualkv::buildKernelPipeline(pm, bind, tile);
   mlir::LogicalResult ran = pm.run(*module);
-  writeFile(options.dumpDir, "passes.mlir", passLog);
+  dump.write("passes.mlir", passLog);
   if (mlir::failed(ran)) {
     result.error = "kernel pipeline failed:\n" + diagnostics;
     return result;
@@ -604,14 +646,14 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   result.mlirMs = msSince(start);
 
   auto llvmStart = std::chrono::steady_clock::now();
-  result.ptx = emitPTX(gpuModule, arch, options.dumpDir, result.error);
+  result.ptx = emitPTX(gpuModule, arch, dump, result.error);
   if (result.ptx.empty()) {
     if (result.error.empty())
       result.error = "NVPTX produced no PTX";
     result.error += diagnostics.empty() ? "" : ":\n" + diagnostics;
     return result;
   }
-  writeFile(options.dumpDir, "kernel.ptx", result.ptx);
+  dump.write("kernel.ptx", result.ptx);
   result.llvmMs = msSince(llvmStart);
   result.compileMs = msSince(start);
 

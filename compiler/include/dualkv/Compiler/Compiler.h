@@ -128,7 +128,9 @@ struct KernelInfo {
 struct CompileOptions {
   /// Run ptxas on the PTX to produce a cubin (needs the CUDA toolkit).
   bool emitCubin = true;
-  /// Directory to write every stage's IR into, or empty.
+  /// Directory to write every stage's IR into (created if need be), or
+  /// empty. One it cannot write is a warning, not a compile error
+  /// (CompileResult::warnings).
   std::string dumpDir;
   /// Path of ptxas; empty means ptxasPath()'s search. Each run may take
   /// $DUALKV_PTXAS_TIMEOUT seconds (default 600) before it is killed.
@@ -144,6 +146,9 @@ struct CompileResult {
       cubin;            ///< empty if no cubin was asked for or ptxas is absent
   std::string ptxasLog; ///< ptxas -v output (registers, spills), whole up
                         ///< to 64 MiB; `error` quotes at most 4 KiB of it
+  /// What went wrong without failing the compile (an IR dump that could not
+  /// be written), each also printed on stderr as "dualkv: warning: ...".
+  std::vector<std::string> warnings;
   double compileMs = 0.0; ///< template to PTX: mlirMs + llvmMs
   double mlirMs = 0.0;    ///< parse, bind and the MLIR pass pipeline
   double llvmMs = 0.0;  ///< translation to LLVM IR, LLVM -O3 and NVPTX codegen
