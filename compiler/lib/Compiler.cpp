@@ -1,6 +1,7 @@
 //===- Compiler.cpp - KernelSpec to PTX and cubin, in process
 //--------------===//
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Passes.h"
 #include "dualkv/Version.h"
 
@@ -27,10 +28,20 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 extern "C" void LLVMInitializeNVPTXTargetInfo();
 extern "C" void LLVMInitializeNVPTXTarget();
@@ -58,57 +69,328 @@ double msSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-void writeFile(const std::string &dir, const std::string &name,
-               llvm::StringRef text) {
-  if (dir.empty())
-    return;
-  llvm::sys::fs::create_directories(dir);
-  std::error_code ec;
-  llvm::raw_fd_ostream os(dir + "/" + name, ec);
-  if (!ec)
+/// Writes a compile's IR dump (CompileOptions::dumpDir). The dump is a
+/// debugging aid, so a folder or file it cannot write is no compile error:
+/// the first failure is one warning naming the path and the reason
+/// (printed, and kept in CompileResult::warnings), and the rest of the dump
+/// is skipped.
+class IRDump {
+public:
+  IRDump(std::string dir, std::vector<std::string> &warnings)
+      : dir_(std::move(dir)), warnings_(warnings) {}
+
+  /// Whether the dump is asked for and has not failed.
+  bool active() const { return !dir_.empty(); }
+
+  /// Writes `text` as `name` in the dump folder (created on first use).
+  void write(llvm::StringRef name, llvm::StringRef text) {
+    if (!active())
+      return;
+    if (!created_) {
+      if (std::error_code ec = llvm::sys::fs::create_directories(dir_))
+        return fail(dir_, ec.message());
+      created_ = true;
+    }
+    const std::string path = dir_ + "/" + name.str();
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (ec)
+      return fail(path, ec.message());
     os << text;
+    os.close();
+    if (os.has_error()) {
+      std::string why = os.error().message();
+      os.clear_error(); // or its destructor aborts the process
+      return fail(path, why);
+    }
+  }
+
+private:
+  void fail(const std::string &path, const std::string &why) {
+    std::string warning =
+        fmt::format("cannot write the IR dump '{}': {}; the compile goes on "
+                    "without it",
+                    clipForMessage(path), why);
+    llvm::errs() << "dualkv: warning: " << warning << "\n";
+    warnings_.push_back(std::move(warning));
+    dir_.clear();
+  }
+
+  std::string dir_;
+  bool created_ = false;
+  std::vector<std::string> &warnings_;
+};
+
+//===----------------------------------------------------------------------===//
+// ptxas: a subprocess with a time limit, in a private scratch folder
+//===----------------------------------------------------------------------===//
+
+/// The seconds one ptxas run may take when DUALKV_PTXAS_TIMEOUT does not say:
+/// the slowest kernel assembles in well under a minute, so this only ends a
+/// ptxas that hangs.
+constexpr unsigned kDefaultPtxasSeconds = 600;
+/// The most seconds `ptxas --version` may take: it answers in milliseconds.
+constexpr unsigned kMaxVersionSeconds = 10;
+/// The longest DUALKV_PTXAS_TIMEOUT: a day.
+constexpr int64_t kMaxPtxasSeconds = 86400;
+/// The most bytes of a ptxas log kept in CompileResult::ptxasLog (a real one
+/// is a few KB; a runaway one is cut, saying how much).
+constexpr uint64_t kMaxPtxasLogBytes = 64u << 20;
+/// The most bytes of a cubin read back (a real one is at most a few MB).
+constexpr uint64_t kMaxCubinBytes = 256u << 20;
+
+/// The seconds each ptxas run may take: DUALKV_PTXAS_TIMEOUT, a whole number
+/// in [1, 86400], else kDefaultPtxasSeconds. A value that is no such number
+/// is an error message in *error.
+unsigned ptxasSeconds(std::string *error) {
+  std::optional<std::string> text = envValue("DUALKV_PTXAS_TIMEOUT");
+  if (!text)
+    return kDefaultPtxasSeconds;
+  int64_t seconds = 0;
+  if (llvm::StringRef(*text).getAsInteger(10, seconds) || seconds < 1 ||
+      seconds > kMaxPtxasSeconds) {
+    if (error)
+      *error = fmt::format("DUALKV_PTXAS_TIMEOUT '{}' is not a whole number "
+                           "of seconds in [1, {}]",
+                           clipForMessage(*text, 80), kMaxPtxasSeconds);
+    return kDefaultPtxasSeconds;
+  }
+  return static_cast<unsigned>(seconds);
+}
+
+/// A folder of this process's alone (mkdtemp: mode 0700, a fresh name in
+/// $TMPDIR, else /tmp), removed with its contents when the handle dies.
+class ScratchDir {
+public:
+  /// The folder, or nothing with *error saying why.
+  static std::optional<ScratchDir> create(std::string *error) {
+    std::string pattern =
+        envValue("TMPDIR").value_or("/tmp") + "/dualkv-ptxas.XXXXXX";
+    if (!::mkdtemp(pattern.data())) {
+      *error = fmt::format("cannot create a scratch folder for ptxas ('{}'): "
+                           "{}",
+                           clipForMessage(pattern), std::strerror(errno));
+      return std::nullopt;
+    }
+    return ScratchDir(std::move(pattern));
+  }
+  ScratchDir(ScratchDir &&o) noexcept : path_(std::move(o.path_)) {
+    o.path_.clear();
+  }
+  ScratchDir &operator=(ScratchDir &&) = delete;
+  ~ScratchDir() {
+    if (!path_.empty())
+      llvm::sys::fs::remove_directories(path_, /*IgnoreErrors=*/true);
+  }
+  /// `name` inside the folder.
+  std::string file(llvm::StringRef name) const {
+    return path_ + "/" + name.str();
+  }
+
+private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+/// Creates `path` (O_EXCL | O_NOFOLLOW: never an existing file or a link)
+/// holding `text`; an error message when any step fails.
+std::string writeNewFile(const std::string &path, llvm::StringRef text) {
+  int fd = ::open(path.c_str(),
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return fmt::format("cannot create '{}': {}", path, std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      std::string why = n < 0 ? std::strerror(errno) : "nothing written";
+      ::close(fd);
+      return fmt::format("cannot write '{}': {}", path, why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0)
+    return fmt::format("cannot write '{}': {}", path, std::strerror(errno));
+  return {};
+}
+
+/// How a subprocess ended.
+struct Ended {
+  bool started = false;  ///< false: *error says why it did not start
+  bool timedOut = false; ///< killed after the time limit
+  int exitCode = -1;     ///< its exit status, when it exited
+  int signal = 0;        ///< the signal that ended it, if one did
+  std::string error;
+
+  /// "exit 1", "killed by signal 11 (Segmentation fault)", ...
+  std::string describe(unsigned seconds) const {
+    if (!started)
+      return error;
+    if (timedOut)
+      return fmt::format("no exit within {} s (DUALKV_PTXAS_TIMEOUT): killed",
+                         seconds);
+    if (signal)
+      return fmt::format("killed by signal {} ({})", signal,
+                         ::strsignal(signal));
+    return fmt::format("exit {}", exitCode);
+  }
+};
+
+/// Runs `argv` (argv[0] a path; no shell) with stdin from /dev/null and
+/// stdout and stderr into the new file `outputPath`, and waits at most
+/// `seconds` for it. It runs in a process group of its own, which is killed
+/// (SIGKILL) at the limit: a hanging program, or a wrapper script's
+/// children, cannot hang the caller. The wait polls waitpid(WNOHANG) rather
+/// than llvm::sys::ExecuteAndWait's alarm(): one SIGALRM per process cannot
+/// time several compiles on several threads, and would take over the host
+/// program's own alarm.
+Ended runBounded(const std::vector<std::string> &argv,
+                 const std::string &outputPath, unsigned seconds) {
+  Ended ended;
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, outputPath.c_str(),
+                                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
+                                   0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  std::vector<char *> args;
+  for (const std::string &a : argv)
+    args.push_back(const_cast<char *>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  int spawned =
+      ::posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (spawned != 0) {
+    ended.error = fmt::format("cannot run '{}': {}", clipForMessage(argv[0]),
+                              std::strerror(spawned));
+    return ended;
+  }
+  // (glibc reports an exec that fails as the spawn's result, above.)
+  ended.started = true;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  auto pause = std::chrono::microseconds(500);
+  int status = 0;
+  for (;;) {
+    pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid)
+      break;
+    if (done < 0 && errno == EINTR)
+      continue;
+    if (done < 0) {
+      // ECHILD: the host program reaps children itself (SIGCHLD ignored);
+      // the pid may be another process's by now, so nothing is killed.
+      ended.started = false;
+      ended.error = fmt::format("cannot wait for '{}': {}",
+                                clipForMessage(argv[0]), std::strerror(errno));
+      return ended;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      // The unreaped leader keeps its group's id from being reused.
+      ::kill(-pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      ended.timedOut = true;
+      return ended;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(50000));
+  }
+  if (WIFEXITED(status))
+    ended.exitCode = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    ended.signal = WTERMSIG(status);
+  return ended;
+}
+
+/// At most `maxBytes` of the file `path` (in a scratch folder: written by a
+/// program of ours), and in *more the bytes past them; nothing when it cannot
+/// be read.
+std::optional<std::string> readOutput(const std::string &path,
+                                      uint64_t maxBytes, uint64_t *more) {
+  llvm::sys::fs::file_status st;
+  if (llvm::sys::fs::status(path, st, /*follow=*/false) ||
+      st.type() != llvm::sys::fs::file_type::regular_file)
+    return std::nullopt;
+  uint64_t size = st.getSize();
+  *more = size > maxBytes ? size - maxBytes : 0;
+  if (size == 0)
+    return std::string();
+  auto buf = llvm::MemoryBuffer::getFileSlice(path, size - *more, 0);
+  if (!buf)
+    return std::nullopt;
+  return (*buf)->getBuffer().str();
 }
 
 /// Runs ptxas on `ptx`; fills cubin and the -v log, or returns an error
-/// message.
+/// message (the log in it cut to clipForMessage's length; the whole log
+/// stays in result.ptxasLog).
 std::string runPtxas(const std::string &ptxas, const std::string &arch,
                      const std::string &ptx, CompileResult &result) {
-  llvm::SmallString<128> in, out, log;
-  int fd;
-  if (llvm::sys::fs::createTemporaryFile("dualkv", "ptx", fd, in))
-    return "cannot create a temporary file for ptxas input";
-  {
-    llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
-    os << ptx;
-  }
-  llvm::sys::fs::createTemporaryFile("dualkv", "cubin", out);
-  llvm::sys::fs::createTemporaryFile("dualkv", "log", log);
-  std::string archFlag = "-arch=" + arch;
-  std::string outPath = std::string(out);
-  llvm::SmallVector<llvm::StringRef> args = {
-      ptxas, archFlag, "-O3", "-v", "--warn-on-spills", in, "-o", outPath};
-  std::optional<llvm::StringRef> redirects[] = {
-      std::nullopt, llvm::StringRef(log), llvm::StringRef(log)};
-  std::string execError;
-  int rc = llvm::sys::ExecuteAndWait(ptxas, args, std::nullopt, redirects, 0, 0,
-                                     &execError);
-  if (auto buf = llvm::MemoryBuffer::getFile(log))
-    result.ptxasLog = (*buf)->getBuffer().str();
   std::string error;
-  if (rc != 0) {
-    error =
-        fmt::format("ptxas failed (exit {}{}):\n{}", rc,
-                    execError.empty() ? "" : ", " + execError, result.ptxasLog);
-  } else if (auto buf = llvm::MemoryBuffer::getFile(out)) {
-    llvm::StringRef bytes = (*buf)->getBuffer();
-    result.cubin.assign(bytes.begin(), bytes.end());
-  } else {
-    error = "ptxas produced no cubin";
-  }
-  llvm::sys::fs::remove(in);
-  llvm::sys::fs::remove(out);
-  llvm::sys::fs::remove(log);
-  return error;
+  const unsigned seconds = ptxasSeconds(&error);
+  if (!error.empty())
+    return error;
+  std::optional<ScratchDir> dir = ScratchDir::create(&error);
+  if (!dir)
+    return error;
+  const std::string in = dir->file("kernel.ptx"),
+                    out = dir->file("kernel.cubin"),
+                    log = dir->file("ptxas.log");
+  error = writeNewFile(in, ptx);
+  if (!error.empty())
+    return "cannot hand the PTX to ptxas: " + error;
+  Ended ended = runBounded(
+      {ptxas, "-arch=" + arch, "-O3", "-v", "--warn-on-spills", in, "-o", out},
+      log, seconds);
+  uint64_t logCut = 0;
+  if (std::optional<std::string> text =
+          readOutput(log, kMaxPtxasLogBytes, &logCut))
+    result.ptxasLog = std::move(*text);
+  if (logCut)
+    result.ptxasLog += fmt::format("... ({} more bytes cut)", logCut);
+  auto withLog = [&](std::string message) {
+    if (!result.ptxasLog.empty())
+      message += ":\n" + clipForMessage(result.ptxasLog);
+    return message;
+  };
+  if (!ended.started || ended.timedOut || ended.signal || ended.exitCode != 0)
+    return withLog(fmt::format("ptxas failed ({}{})",
+                               ended.started ? "" : "exit -1, ",
+                               ended.describe(seconds)));
+  uint64_t cubinCut = 0;
+  std::optional<std::string> cubin = readOutput(out, kMaxCubinBytes, &cubinCut);
+  if (!cubin)
+    return withLog(fmt::format("ptxas exited 0 but wrote no cubin ('{}' "
+                               "is missing)",
+                               out));
+  if (cubin->empty())
+    return withLog("ptxas exited 0 but wrote an empty cubin");
+  if (cubinCut)
+    return fmt::format("ptxas wrote a cubin of {} bytes, more than the {} "
+                       "read",
+                       cubin->size() + cubinCut, kMaxCubinBytes);
+  // A cubin is an ELF file.
+  if (llvm::StringRef(*cubin).substr(0, 4) != "\x7f"
+                                              "ELF")
+    return withLog(fmt::format("ptxas exited 0 but wrote {} bytes that are no "
+                               "cubin (no ELF header)",
+                               cubin->size()));
+  result.cubin.assign(cubin->begin(), cubin->end());
+  return {};
 }
 
 /// LLVM's process-wide state, set once before any compile: the NVPTX target
@@ -131,8 +413,8 @@ void initializeLLVMOnce() {
 }
 
 /// LLVM dialect (inside gpu.module) -> optimised LLVM IR -> PTX text.
-std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
-                    const std::string &dumpDir, std::string &error) {
+std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch, IRDump &dump,
+                    std::string &error) {
   llvm::LLVMContext llvmCtx;
   std::unique_ptr<llvm::Module> module =
       mlir::translateModuleToLLVMIR(gpuModule, llvmCtx);
@@ -167,11 +449,11 @@ std::string emitPTX(mlir::Operation *gpuModule, const Arch &arch,
   pb.crossRegisterProxies(lam, fam, cgam, mam);
   pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3)
       .run(*module, mam);
-  if (!dumpDir.empty()) {
+  if (dump.active()) {
     std::string ll;
     llvm::raw_string_ostream os(ll);
     module->print(os, nullptr);
-    writeFile(dumpDir, "kernel.ll", ll);
+    dump.write("kernel.ll", ll);
   }
 
   llvm::SmallString<0> ptx;
@@ -196,11 +478,13 @@ std::string kernelTemplate(KernelKind kind) {
 std::string ptxasPath(const CompileOptions &options) {
   if (!options.ptxas.empty())
     return options.ptxas;
-  if (const char *p = std::getenv("DUALKV_PTXAS"))
-    return p;
+  // Empty variables are unset (docs/environment.md): DUALKV_PTXAS="" falls
+  // through to the usual places instead of meaning "no ptxas".
+  if (std::optional<std::string> p = envValue("DUALKV_PTXAS"))
+    return *p;
   for (const char *var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char *home = std::getenv(var)) {
-      std::string p = std::string(home) + "/bin/ptxas";
+    if (std::optional<std::string> home = envValue(var)) {
+      std::string p = *home + "/bin/ptxas";
       if (llvm::sys::fs::can_execute(p))
         return p;
     }
@@ -212,27 +496,34 @@ std::string ptxasPath(const CompileOptions &options) {
   return {};
 }
 
-/// "ptxas: ... V13.0.88" or "ptxas: none": cubins depend on the assembler's
-/// version.
+/// What the fingerprint says of the assembler, since cubins depend on its
+/// version: "ptxas: none", "ptxas: <its --version text>" when that names a
+/// version (V<major>.<minor>...), else "ptxas: unusable (<why>)". Asked once
+/// a process (the fingerprint is computed once), with a time limit of
+/// kMaxVersionSeconds (or DUALKV_PTXAS_TIMEOUT if shorter), so a ptxas that
+/// hangs costs that much, once, and never hangs the caller.
 static std::string ptxasVersion() {
   std::string ptxas = ptxasPath({});
   if (ptxas.empty())
     return "ptxas: none";
-  llvm::SmallString<128> out;
-  llvm::sys::fs::createTemporaryFile("dualkv", "version", out);
-  std::optional<llvm::StringRef> redirects[] = {
-      std::nullopt, llvm::StringRef(out), llvm::StringRef(out)};
-  llvm::sys::ExecuteAndWait(ptxas, {ptxas, "--version"}, std::nullopt,
-                            redirects);
-  std::string version = "ptxas: unknown";
-  if (auto buf = llvm::MemoryBuffer::getFile(out)) {
-    llvm::StringRef text = (*buf)->getBuffer();
-    size_t at = text.rfind("V");
-    if (at != llvm::StringRef::npos)
-      version = ("ptxas: " + text.substr(at).trim()).str();
-  }
-  llvm::sys::fs::remove(out);
-  return version;
+  const unsigned seconds = std::min(kMaxVersionSeconds, ptxasSeconds(nullptr));
+  std::string error;
+  std::optional<ScratchDir> dir = ScratchDir::create(&error);
+  if (!dir)
+    return "ptxas: unusable (" + error + ")";
+  const std::string out = dir->file("version.txt");
+  Ended ended = runBounded({ptxas, "--version"}, out, seconds);
+  if (!ended.started || ended.timedOut || ended.signal || ended.exitCode != 0)
+    return "ptxas: unusable (" + ended.describe(seconds) + ")";
+  uint64_t more = 0;
+  std::optional<std::string> text = readOutput(out, 4096, &more);
+  llvm::StringRef version = text ? llvm::StringRef(*text).trim() : "";
+  // "Cuda compilation tools, release 13.0, V13.0.88".
+  size_t at = version.find(", V");
+  if (at == llvm::StringRef::npos || at + 3 >= version.size() ||
+      !llvm::isDigit(version[at + 3]))
+    return "ptxas: unusable (its --version names no version)";
+  return "ptxas: " + version.str();
 }
 
 std::string compilerFingerprint() {
@@ -263,6 +554,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     dumpLock.lock();
 
   CompileResult result;
+  IRDump dump(options.dumpDir, result.warnings);
   KernelSpec spec = resolveSpec(specIn);
   // An arch or schedule the compiler cannot serve is reported here, before
   // LLVM (which aborts the process on targets it cannot select for).
@@ -289,7 +581,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     return mlir::success();
   });
 
-  writeFile(options.dumpDir, "template.mlir", text);
+  dump.write("template.mlir", text);
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::parseSourceString<mlir::ModuleOp>(text, &ctx,
                                               templateName(spec.kind));
@@ -317,7 +609,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   mlir::PassManager pm(&ctx);
   std::string passLog;
   llvm::raw_string_ostream passLogStream(passLog);
-  if (!options.dumpDir.empty())
+  if (dump.active())
     pm.enableIRPrinting([](mlir::Pass *, mlir::Operation *) { return false; },
                         [](mlir::Pass *, mlir::Operation *) { return true; },
                         /*printModuleScope=*/true,
@@ -327,7 +619,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   tile.maskEveryTile = maskEveryTile(spec);
   mlir::dualkv::buildKernelPipeline(pm, bind, tile);
   mlir::LogicalResult ran = pm.run(*module);
-  writeFile(options.dumpDir, "passes.mlir", passLog);
+  dump.write("passes.mlir", passLog);
   if (mlir::failed(ran)) {
     result.error = "kernel pipeline failed:\n" + diagnostics;
     return result;
@@ -354,14 +646,14 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   result.mlirMs = msSince(start);
 
   auto llvmStart = std::chrono::steady_clock::now();
-  result.ptx = emitPTX(gpuModule, arch, options.dumpDir, result.error);
+  result.ptx = emitPTX(gpuModule, arch, dump, result.error);
   if (result.ptx.empty()) {
     if (result.error.empty())
       result.error = "NVPTX produced no PTX";
     result.error += diagnostics.empty() ? "" : ":\n" + diagnostics;
     return result;
   }
-  writeFile(options.dumpDir, "kernel.ptx", result.ptx);
+  dump.write("kernel.ptx", result.ptx);
   result.llvmMs = msSince(llvmStart);
   result.compileMs = msSince(start);
 

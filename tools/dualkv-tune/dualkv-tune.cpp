@@ -6,8 +6,10 @@
 // database that the runtime and dualkv-aot read.
 //
 //===----------------------------------------------------------------------===//
+#include "cache/Files.h"
 #include "common/CommandLine.h"
 #include "common/DeviceProblem.h"
+#include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"
@@ -17,6 +19,8 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <fcntl.h>
 
 #include <algorithm>
 #include <cctype>
@@ -197,29 +201,56 @@ struct Shape {
   int64_t P = 0, N = 0, R = 0;
 };
 
-/// A --shapes file's shapes; usageError() naming the line or index at fault.
+/// The most bytes a --shapes file may have: a million shapes of text or
+/// JSON, parsed in well under a second and a few hundred MB.
+constexpr size_t kMaxShapesFileBytes = 16u << 20;
+/// The most bytes of a value (a JSON entry, a word) a --shapes message
+/// quotes; the count of the rest is said.
+constexpr size_t kMaxEchoBytes = 80;
+
+/// Refuses the --shapes file: one line "dualkv-tune: <message>", exit 2.
+[[noreturn]] void shapesError(const std::string &message) {
+  dualkv::tools::badValue(message);
+  std::exit(2);
+}
+
+/// A --shapes file's shapes; shapesError() naming the line or index at fault.
+/// The file is read only when it is a regular file of at most
+/// kMaxShapesFileBytes (a FIFO, device or folder is refused before any read)
+/// and, as JSON, parsed only when it nests no deeper than kMaxJsonDepth.
 std::vector<Shape> readShapes(const std::string &path) {
-  std::ifstream in(path);
-  if (!in)
-    usageError(fmt::format("--shapes: cannot read '{}'", path));
-  std::string text((std::istreambuf_iterator<char>(in)),
-                   std::istreambuf_iterator<char>());
+  const std::string shownPath = clipForMessage(path);
+  llvm::Expected<std::string> read =
+      readFileChecked(AT_FDCWD, path, FileRules{kMaxShapesFileBytes});
+  if (!read)
+    shapesError("cannot read --shapes: " +
+                clipForMessage(llvm::toString(read.takeError())));
+  const std::string text = std::move(*read);
   auto bad = [&](const std::string &where, const std::string &why) {
-    usageError(where.empty()
-                   ? fmt::format("--shapes {}: {}", path, why)
-                   : fmt::format("--shapes {}: {}: {}", path, where, why));
+    shapesError(where.empty() ? fmt::format("--shapes {}: {}", shownPath, why)
+                              : fmt::format("--shapes {}: {}: {}", shownPath,
+                                            where, why));
   };
-  auto ranged = [&](const std::string &where, const char *name, int64_t v) {
-    const int64_t lo = name[0] == 'P' ? 1 : 0;
-    const int64_t hi = name[0] == 'N' ? 1024 : (1 << 20);
-    if (v < lo || v > hi)
-      bad(where, fmt::format("{} = {} is not in [{}, {}]", name, v, lo, hi));
-    return v;
+  // P >= 1, N and R >= 0; at most 1024 responses and 2^20 tokens, as --P,
+  // --N and --R.
+  struct Field {
+    const char *name;
+    int64_t lo, hi;
+  };
+  const Field fields[3] = {
+      {"P", 1, kMaxTokens}, {"N", 0, 1024}, {"R", 0, kMaxTokens}};
+  auto outOfRange = [&](const std::string &where, const Field &f,
+                        const std::string &value) {
+    bad(where, fmt::format("{} = {} is not in [{}, {}]", f.name,
+                           clipForMessage(value, kMaxEchoBytes), f.lo, f.hi));
   };
   std::vector<Shape> shapes;
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos &&
       (text[first] == '[' || text[first] == '{')) {
+    // Parsing, printing and destroying a document recurse once per level.
+    if (jsonNestsDeeperThan(text, kMaxJsonDepth))
+      bad("JSON", fmt::format("nests deeper than {} levels", kMaxJsonDepth));
     nlohmann::json doc =
         nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (doc.is_discarded())
@@ -227,54 +258,78 @@ std::vector<Shape> readShapes(const std::string &path) {
     if (doc.is_object()) {
       if (!doc.contains("shapes"))
         bad("JSON", "an object needs a \"shapes\" array");
-      doc = doc["shapes"];
+      nlohmann::json inner = std::move(doc["shapes"]);
+      doc = std::move(inner);
     }
     if (!doc.is_array())
       bad("JSON", "expected an array of shapes");
+    auto echo = [](const nlohmann::json &v) {
+      return clipForMessage(
+          v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+          kMaxEchoBytes);
+    };
     for (size_t i = 0; i < doc.size(); ++i) {
       const nlohmann::json &e = doc[i];
       std::string where = fmt::format("shapes[{}]", i);
-      auto field = [&](const nlohmann::json &v, const char *name) {
+      // An integer as nlohmann holds it: unsigned when it is positive (read
+      // as int64 it would wrap: 2^64 - 1 is -1), signed when negative.
+      auto field = [&](const nlohmann::json &v, const Field &f) -> int64_t {
+        if (v.is_number_unsigned()) {
+          uint64_t u = v.get<uint64_t>();
+          if (u > static_cast<uint64_t>(f.hi))
+            outOfRange(where, f, std::to_string(u));
+          return static_cast<int64_t>(u);
+        }
         if (!v.is_number_integer())
-          bad(where, fmt::format("{} is not an integer: {}", name, v.dump()));
-        return ranged(where, name, v.get<int64_t>());
+          bad(where, fmt::format("{} is not an integer: {}", f.name, echo(v)));
+        int64_t x = v.get<int64_t>();
+        if (x < f.lo || x > f.hi)
+          outOfRange(where, f, std::to_string(x));
+        return x;
       };
       if (e.is_array() && e.size() == 3) {
-        shapes.push_back(
-            {field(e[0], "P"), field(e[1], "N"), field(e[2], "R")});
+        shapes.push_back({field(e[0], fields[0]), field(e[1], fields[1]),
+                          field(e[2], fields[2])});
       } else if (e.is_object() && e.contains("P") && e.contains("N") &&
                  e.contains("R")) {
-        shapes.push_back(
-            {field(e["P"], "P"), field(e["N"], "N"), field(e["R"], "R")});
+        shapes.push_back({field(e["P"], fields[0]), field(e["N"], fields[1]),
+                          field(e["R"], fields[2])});
       } else {
         bad(where,
-            "expected [P, N, R] or {\"P\", \"N\", \"R\"}, got " + e.dump());
+            "expected [P, N, R] or {\"P\", \"N\", \"R\"}, got " + echo(e));
       }
     }
   } else {
     std::istringstream lines(text);
     std::string line;
-    for (int number = 1; std::getline(lines, line); ++number) {
+    for (int64_t number = 1; std::getline(lines, line); ++number) {
       std::string where = fmt::format("line {}", number);
       line = line.substr(0, line.find('#'));
       std::replace(line.begin(), line.end(), ',', ' ');
-      std::istringstream fields(line);
-      std::vector<std::string> words;
-      for (std::string w; fields >> w;)
-        words.push_back(w);
-      if (words.empty())
+      std::istringstream words(line);
+      std::vector<std::string> w;
+      for (std::string word; words >> word;)
+        w.push_back(word);
+      if (w.empty())
         continue;
-      if (words.size() != 3)
+      if (w.size() != 3)
         bad(where, fmt::format("expected three integers P N R, got {} fields",
-                               words.size()));
+                               w.size()));
       int64_t v[3];
-      const char *names[3] = {"P", "N", "R"};
-      for (int k = 0; k < 3; ++k) {
-        std::optional<int64_t> x = dualkv::tools::readInteger(words[size_t(k)]);
-        if (!x)
-          bad(where, fmt::format("{} '{}' is not an integer", names[k],
-                                 words[size_t(k)]));
-        v[k] = ranged(where, names[k], *x);
+      for (size_t k = 0; k < 3; ++k) {
+        const Field &f = fields[k];
+        std::optional<int64_t> x = dualkv::tools::readInteger(w[k]);
+        // All digits but beyond int64: a number, out of range.
+        bool digits =
+            w[k].find_first_not_of("0123456789", w[k][0] == '-' ? 1 : 0) ==
+                std::string::npos &&
+            w[k] != "-";
+        if (!x && !digits)
+          bad(where, fmt::format("{} '{}' is not an integer", f.name,
+                                 clipForMessage(w[k], kMaxEchoBytes)));
+        if (!x || *x < f.lo || *x > f.hi)
+          outOfRange(where, f, w[k]);
+        v[k] = *x;
       }
       shapes.push_back({v[0], v[1], v[2]});
     }

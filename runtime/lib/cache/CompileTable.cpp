@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <chrono>
 #include <future>
 #include <map>
@@ -40,6 +41,22 @@ struct CompileTable {
 CompileTable &compileTable() {
   static CompileTable *table = new CompileTable(); // leaked, as kernelCache()
   return *table;
+}
+
+/// The folder of `spec`'s IR dump under $DUALKV_DUMP_IR: one a kernel, so
+/// that the kernels of a process do not overwrite each other's files, named
+/// as dualkv-aot names its kernels (schedule included). Only letters, digits
+/// and '_' are kept: the name is one folder, whatever the arch string holds.
+std::string dumpFolderName(const KernelSpec &s) {
+  std::string name = fmt::format(
+      "dualkv_{}{}_d{}_h{}x{}_{}_{}_m{}n{}w{}s{}_{}", toString(s.kind),
+      s.tree ? "_tree" : "", s.headDim, s.numQHeads, s.numKVHeads,
+      toString(s.dtype), s.arch, s.tiling.blockM, s.tiling.blockN,
+      s.tiling.warps, s.tiling.stages, toString(s.schedule));
+  for (char &c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)))
+      c = '_';
+  return name;
 }
 
 } // namespace
@@ -93,7 +110,7 @@ llvm::Expected<CacheEntry> compileOnce(const KernelSpec &spec,
     try {
       CompileOptions options;
       if (std::optional<std::string> dump = env("DUALKV_DUMP_IR"))
-        options.dumpDir = *dump;
+        options.dumpDir = *dump + "/" + dumpFolderName(spec);
       // A class's kernel is the generic kernel at the class's tiling: the
       // kernels read exact lengths at run time, and the class (P, N, R)
       // only keys its cache entry, so its code is the generic code.

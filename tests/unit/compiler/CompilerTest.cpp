@@ -1,13 +1,22 @@
 // Tests of the Compiler API: every shipped forward and backward spec compiles
 // to PTX with the sm_80 schedule's instructions, launch geometry matches the
 // tiling (docs/backward-abi.md for the backward), bad specs fail with a
-// message, and DUALKV_DUMP_IR-style dumps hold every stage.
+// message, DUALKV_DUMP_IR-style dumps hold every stage (one folder a kernel;
+// a dump that cannot be written is a warning), and ptxas is found as
+// docs/environment.md says.
 #include "dualkv/Compiler/Compiler.h"
+
+// The runtime's compile table, for the per-kernel DUALKV_DUMP_IR folders.
+#include "cache/CacheKey.h"
+#include "cache/CompileTable.h"
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include <unistd.h>
@@ -22,6 +31,43 @@ std::string readFile(const std::filesystem::path &p) {
   s << in.rdbuf();
   return s.str();
 }
+
+/// A fresh folder under the temporary directory, removed at the end.
+struct TempFolder {
+  std::filesystem::path path;
+  TempFolder() {
+    static int n = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("dualkv-compiler-test-" + std::to_string(::getpid()) + "-" +
+            std::to_string(n++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+/// Sets (or, with nullopt, unsets) an environment variable for one scope.
+struct ScopedVariable {
+  std::string name;
+  std::optional<std::string> saved;
+  ScopedVariable(const char *n, std::optional<std::string> value) : name(n) {
+    if (const char *old = std::getenv(n))
+      saved = old;
+    if (value)
+      ::setenv(n, value->c_str(), 1);
+    else
+      ::unsetenv(n);
+  }
+  ~ScopedVariable() {
+    if (saved)
+      ::setenv(name.c_str(), saved->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
 
 size_t count(const std::string &text, const std::string &what) {
   size_t n = 0;
@@ -372,6 +418,123 @@ TEST_CASE("compiler: dumps hold every stage", "[compiler]") {
               "define ptx_kernel void @attention_fwd_mma_sync(") == 1);
   CHECK(readFile(dir / "kernel.ptx") == r.ptx);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("compiler: a dump it cannot write is one warning naming the path",
+          "[compiler]") {
+  TempFolder tmp;
+  KernelSpec spec;
+  spec.headDim = 64;
+  spec.arch = "sm_80";
+  CompileOptions options;
+  options.emitCubin = false;
+
+  // A file where a folder of the path goes: nothing can be created below it
+  // (DUALKV_DUMP_IR=/etc/passwd/x). The compile succeeds, with one warning.
+  const auto file = tmp.path / "file";
+  std::ofstream(file) << "x";
+  options.dumpDir = (file / "dump").string();
+  CompileResult r = compile(spec, options);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK_FALSE(r.ptx.empty());
+  REQUIRE(r.warnings.size() == 1);
+  CHECK(r.warnings[0] == "cannot write the IR dump '" + options.dumpDir +
+                             "': Not a directory; the compile goes on "
+                             "without it");
+  CHECK(readFile(file) == "x");
+
+  // A folder where one of the files goes: the files before it are written,
+  // then one warning names that file, and nothing after it is written.
+  const auto dir = tmp.path / "partial";
+  std::filesystem::create_directories(dir / "kernel.ll");
+  options.dumpDir = dir.string();
+  r = compile(spec, options);
+  REQUIRE(r.ok);
+  REQUIRE(r.warnings.size() == 1);
+  CHECK(r.warnings[0] == "cannot write the IR dump '" +
+                             (dir / "kernel.ll").string() +
+                             "': Is a directory; the compile goes on "
+                             "without it");
+  CHECK(readFile(dir / "template.mlir") == kernelTemplate(KernelKind::Fwd));
+  CHECK_FALSE(std::filesystem::exists(dir / "kernel.ptx"));
+
+  // A dump that works has no warning.
+  options.dumpDir = (tmp.path / "good").string();
+  r = compile(spec, options);
+  REQUIRE(r.ok);
+  CHECK(r.warnings.empty());
+  CHECK(readFile(tmp.path / "good" / "kernel.ptx") == r.ptx);
+}
+
+TEST_CASE("compiler: DUALKV_DUMP_IR gives each kernel its own folder",
+          "[compiler]") {
+  // The runtime's compiles (compileOnce) of two kernels of one process: each
+  // dumps into <DUALKV_DUMP_IR>/<kernel name>, so neither overwrites the
+  // other's four files (they all went to the same four).
+  TempFolder tmp;
+  ScopedVariable dumpIR("DUALKV_DUMP_IR", tmp.path.string());
+  ScopedVariable ptxas("DUALKV_PTXAS", (tmp.path / "no-ptxas").string());
+  KernelSpec fwd;
+  fwd.headDim = 64;
+  fwd.numQHeads = fwd.numKVHeads = 4;
+  fwd.arch = "sm_80";
+  KernelSpec dq = fwd;
+  dq.kind = KernelKind::BwdDQ;
+  // A fingerprint of this test's own, so that no other test's compile of
+  // these keys is joined instead of compiled here.
+  const std::string fingerprint = "dump-test-" + std::to_string(::getpid());
+  std::map<std::string, std::string> ptxOf;
+  for (KernelSpec spec : {fwd, dq}) {
+    spec = resolveSpec(spec);
+    CacheKey key = CacheKey::fromSpec(spec, fingerprint);
+    // No ptxas (DUALKV_PTXAS names none): the compile fails after the PTX,
+    // which the dump holds all the same.
+    llvm::Expected<CacheEntry> entry =
+        compileOnce(spec, key, key.hash(), /*disk=*/nullptr);
+    CHECK_FALSE(static_cast<bool>(entry));
+    llvm::consumeError(entry.takeError());
+    ptxOf[toString(spec.kind)] = compile(spec, {false, "", ""}).ptx;
+  }
+  const auto fwdDir =
+      tmp.path / "dualkv_fwd_d64_h4x4_bf16_sm_80_m128n32w4s2_mma_sync";
+  const auto dqDir =
+      tmp.path / "dualkv_bwd_dq_d64_h4x4_bf16_sm_80_m64n32w4s1_mma_sync";
+  size_t folders = 0;
+  for (const auto &e : std::filesystem::directory_iterator(tmp.path)) {
+    CAPTURE(e.path().string());
+    CHECK(e.is_directory());
+    ++folders;
+  }
+  CHECK(folders == 2);
+  REQUIRE(std::filesystem::exists(fwdDir / "kernel.ptx"));
+  REQUIRE(std::filesystem::exists(dqDir / "kernel.ptx"));
+  CHECK(readFile(fwdDir / "kernel.ptx") == ptxOf["fwd"]);
+  CHECK(readFile(dqDir / "kernel.ptx") == ptxOf["bwd_dq"]);
+  CHECK(readFile(fwdDir / "template.mlir") == kernelTemplate(KernelKind::Fwd));
+  CHECK(readFile(dqDir / "template.mlir") == kernelTemplate(KernelKind::BwdDQ));
+}
+
+TEST_CASE("compiler: an empty DUALKV_PTXAS or CUDA_HOME is unset",
+          "[compiler]") {
+  TempFolder tmp;
+  std::filesystem::create_directories(tmp.path / "cuda" / "bin");
+  const auto fake = tmp.path / "cuda" / "bin" / "ptxas";
+  std::ofstream(fake) << "#!/bin/sh\nexit 0\n";
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  ScopedVariable cudaHome("CUDA_HOME", (tmp.path / "cuda").string());
+  {
+    // "" meant "no ptxas": kernels silently shipped without cubins.
+    ScopedVariable ptxas("DUALKV_PTXAS", std::string());
+    CHECK(ptxasPath({}) == fake.string());
+  }
+  ScopedVariable ptxas("DUALKV_PTXAS", std::nullopt);
+  CHECK(ptxasPath({}) == fake.string());
+  {
+    ScopedVariable emptyHome("CUDA_HOME", std::string());
+    ScopedVariable cudaPath("CUDA_PATH", (tmp.path / "cuda").string());
+    CHECK(ptxasPath({}) == fake.string());
+  }
 }
 
 TEST_CASE("compiler: the fingerprint is stable and covers the templates",

@@ -128,10 +128,12 @@ struct KernelInfo {
 struct CompileOptions {
   /// Run ptxas on the PTX to produce a cubin (needs the CUDA toolkit).
   bool emitCubin = true;
-  /// Directory to write every stage's IR into, or empty.
+  /// Directory to write every stage's IR into (created if need be), or
+  /// empty. One it cannot write is a warning, not a compile error
+  /// (CompileResult::warnings).
   std::string dumpDir;
-  /// Path of ptxas; empty means $DUALKV_PTXAS, $CUDA_HOME/bin/ptxas,
-  /// /usr/local/cuda/bin/ptxas.
+  /// Path of ptxas; empty means ptxasPath()'s search. Each run may take
+  /// $DUALKV_PTXAS_TIMEOUT seconds (default 600) before it is killed.
   std::string ptxas;
 };
 
@@ -142,7 +144,11 @@ struct CompileResult {
   std::string ptx;
   std::vector<char>
       cubin;            ///< empty if no cubin was asked for or ptxas is absent
-  std::string ptxasLog; ///< ptxas -v output (registers, spills)
+  std::string ptxasLog; ///< ptxas -v output (registers, spills), whole up
+                        ///< to 64 MiB; `error` quotes at most 4 KiB of it
+  /// What went wrong without failing the compile (an IR dump that could not
+  /// be written), each also printed on stderr as "dualkv: warning: ...".
+  std::vector<std::string> warnings;
   double compileMs = 0.0; ///< template to PTX: mlirMs + llvmMs
   double mlirMs = 0.0;    ///< parse, bind and the MLIR pass pipeline
   double llvmMs = 0.0;  ///< translation to LLVM IR, LLVM -O3 and NVPTX codegen
@@ -157,15 +163,17 @@ DUALKV_API CompileResult compile(const KernelSpec &spec,
                                  const CompileOptions &options = {});
 
 /// A fingerprint of everything in the compiler that changes code: project
-/// version, LLVM version, template hashes. Part of every cache key.
+/// version, LLVM version, template hashes and the version ptxas reports
+/// (asked once a process, at most 10 s: a ptxas that hangs or names no
+/// version is fingerprinted as unusable). Part of every cache key.
 DUALKV_API std::string compilerFingerprint();
 
 /// The template text a kernel kind is compiled from.
 DUALKV_API std::string kernelTemplate(KernelKind kind);
 
 /// The ptxas compile() runs: options.ptxas, $DUALKV_PTXAS,
-/// $CUDA_HOME/bin/ptxas, the configured CUDA root, then PATH; empty if none
-/// exists.
+/// $CUDA_HOME/bin/ptxas, $CUDA_PATH/bin/ptxas, the configured CUDA root,
+/// then PATH; empty if none exists. An empty variable counts as unset.
 DUALKV_API std::string ptxasPath(const CompileOptions &options);
 
 } // namespace dualkv
