@@ -4,6 +4,8 @@
 #include "support/Env.h"
 #include "support/Status.h"
 
+#include "dualkv/Bounded.h"
+
 #include <fmt/format.h>
 #include <llvm/ADT/SmallString.h>
 #include <llvm/Support/FileSystem.h>
@@ -12,12 +14,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
 #include <system_error>
+#include <vector>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,11 +97,59 @@ OpenedDir openCacheDir(int parent, const std::string &name,
   return r;
 }
 
+/// How deep removeTree descends into a folder that took a file's place;
+/// what lies deeper stays (under a name no reader opens).
+constexpr int kMaxRemoveDepth = 16;
+
+/// Removes `name` in the folder `dir` and, for a folder, everything in it,
+/// opening nothing through a symbolic link (a link is removed, never what it
+/// leads to). Best effort: used only inside an entry folder the cache has
+/// checked is the user's alone.
+void removeTree(int dir, const std::string &name, int depth) {
+  if (::unlinkat(dir, name.c_str(), 0) == 0 ||
+      (errno != EISDIR && errno != EPERM))
+    return;
+  if (depth >= kMaxRemoveDepth)
+    return;
+  int fd = ::openat(dir, name.c_str(),
+                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  DIR *folder = ::fdopendir(fd);
+  if (!folder) {
+    ::close(fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (const struct dirent *e = ::readdir(folder))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+      names.emplace_back(e->d_name);
+  for (const std::string &n : names)
+    removeTree(::dirfd(folder), n, depth + 1);
+  ::closedir(folder);
+  ::unlinkat(dir, name.c_str(), AT_REMOVEDIR);
+}
+
+/// Moves the folder `name` in `dir` to a name of its own in `dir`, then
+/// removes it (removeTree). A writer racing this one may have renamed a file
+/// into place meanwhile: that file is moved and removed the same way, and
+/// each writer then renames its own copy in.
+void moveAsideAndRemove(int dir, const std::string &name) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  const std::string aside =
+      fmt::format("{}.damaged.{}.{:x}", name, ::getpid(),
+                  salt ^ (counter++ * 0x9E3779B97F4A7C15ull));
+  if (::renameat(dir, name.c_str(), dir, aside.c_str()) == 0)
+    removeTree(dir, aside, 0);
+}
+
 /// Writes `bytes` to `name` in the folder `dir` so that no reader ever sees a
 /// partial file: a 0600 temp file unique to this process and call (pid plus
 /// random characters, so threads and ranks never share one) in the same
 /// folder, then renameat(2), which is atomic and replaces whatever `name` was
-/// (a damaged file, a link, a FIFO).
+/// (a damaged file, a link, a FIFO; a folder is moved aside and removed
+/// first).
 llvm::Error writeAtomically(int dir, const std::string &shownDir,
                             const std::string &name, llvm::StringRef bytes) {
   static std::atomic<uint64_t> counter{0};
@@ -130,8 +184,15 @@ llvm::Error writeAtomically(int dir, const std::string &shownDir,
     at += n;
     left -= static_cast<size_t>(n);
   }
-  if (::close(fd.release()) != 0 ||
-      ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
+  bool renamed = ::close(fd.release()) == 0 &&
+                 ::renameat(dir, tmp.c_str(), dir, name.c_str()) == 0;
+  if (!renamed && (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)) {
+    // A folder where the file belongs (a damaged entry): rename(2) replaces
+    // no folder with a file, so it is moved aside, then removed.
+    moveAsideAndRemove(dir, name);
+    renamed = ::renameat(dir, tmp.c_str(), dir, name.c_str()) == 0;
+  }
+  if (!renamed) {
     llvm::Error error = invalidArgument(fmt::format(
         "cannot write {}/{}: {}", shownDir, name, std::strerror(errno)));
     ::unlinkat(dir, tmp.c_str(), 0);
