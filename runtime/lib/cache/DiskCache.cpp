@@ -339,25 +339,55 @@ std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
 
   CacheEntry entry;
   std::string ptxSum, cubinSum;
+  // Every field typed: integers are JSON integers that fit an int (128.9,
+  // 1e300 and 2^32 + 128 are no thread counts), then the launch shape is
+  // ranged (checkLaunchShape). A checksum only proves who wrote the values.
+  auto integer = [](const json &v) -> std::optional<int> {
+    std::optional<int64_t> value = jsonInteger(
+        v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+    return value ? std::optional<int>(static_cast<int>(*value)) : std::nullopt;
+  };
+  auto badField = [&](const char *field, const json &v) {
+    return damaged(fmt::format("meta.json's {} {} is not a 32-bit integer",
+                               field, clipForMessage(v.dump(), 80)));
+  };
   try {
     if (!meta.contains("sha256") || !meta["sha256"].is_string())
       return damaged("meta.json has no entry checksum");
     if (meta["sha256"].get<std::string>() != entryChecksum(meta))
       return damaged("meta.json does not match its checksum");
-    if (meta.at("schema").get<int>() != CacheKey::kSchemaVersion)
+    std::optional<int> schema = integer(meta.at("schema"));
+    if (schema != CacheKey::kSchemaVersion)
       return damaged(fmt::format("schema version {} is not {}",
-                                 meta.at("schema").dump(),
+                                 clipForMessage(meta.at("schema").dump(), 80),
                                  CacheKey::kSchemaVersion));
     if (meta.at("key") != key.toJson())
       return damaged("meta.json describes another key");
     const json &kernel = meta.at("kernel");
+    if (!kernel.at("name").is_string())
+      return damaged("meta.json's kernel.name is not a string");
     entry.info.name = kernel.at("name").get<std::string>();
-    entry.info.threads = kernel.at("threads").get<int>();
-    entry.info.sharedBytes = kernel.at("shared_bytes").get<int>();
-    entry.info.blockM = kernel.at("block_m").get<int>();
+    struct Field {
+      const char *name, *shown;
+      int &out;
+    };
+    for (const Field &f :
+         {Field{"threads", "kernel.threads", entry.info.threads},
+          Field{"shared_bytes", "kernel.shared_bytes", entry.info.sharedBytes},
+          Field{"block_m", "kernel.block_m", entry.info.blockM}}) {
+      std::optional<int> value = integer(kernel.at(f.name));
+      if (!value)
+        return badField(f.shown, kernel.at(f.name));
+      f.out = *value;
+    }
+    if (!meta.at("ptx_sha256").is_string())
+      return damaged("meta.json's ptx_sha256 is not a string");
     ptxSum = meta.at("ptx_sha256").get<std::string>();
-    if (!meta.at("cubin_sha256").is_null())
+    if (!meta.at("cubin_sha256").is_null()) {
+      if (!meta.at("cubin_sha256").is_string())
+        return damaged("meta.json's cubin_sha256 is neither null nor a string");
       cubinSum = meta.at("cubin_sha256").get<std::string>();
+    }
   } catch (const json::exception &e) {
     return damaged(fmt::format("meta.json is malformed: {}", e.what()));
   }
