@@ -225,18 +225,47 @@ std::string joinPath(llvm::StringRef a, llvm::StringRef b) {
   return path.str().str();
 }
 
+/// This user's home folder from the password database (where $HOME is
+/// unset or empty), or nothing.
+std::optional<std::string> passwdHome() {
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buffer(size > 0 ? static_cast<size_t>(size) : 16384);
+  struct passwd entry, *found = nullptr;
+  if (::getpwuid_r(::geteuid(), &entry, buffer.data(), buffer.size(), &found) !=
+          0 ||
+      !found || !found->pw_dir || !*found->pw_dir)
+    return std::nullopt;
+  return std::string(found->pw_dir);
+}
+
 } // namespace
 
 DiskCache::DiskCache(std::string root) : root_(std::move(root)) {}
 
 std::string DiskCache::defaultRoot() {
-  if (std::optional<std::string> dir = env("DUALKV_CACHE_DIR"))
-    return *dir;
-  // $XDG_CACHE_HOME, else ~/.cache: LLVM implements exactly that lookup.
-  llvm::SmallString<256> base;
-  if (!llvm::sys::path::cache_directory(base))
+  // Each variable is read as the XDG base directory spec reads its own: empty
+  // is unset, and a relative path is invalid (it would follow the working
+  // folder: `XDG_CACHE_HOME=` once put the cache at ./dualkv).
+  auto absolute = [](const std::optional<std::string> &dir) {
+    return dir && llvm::sys::path::is_absolute(*dir);
+  };
+  if (std::optional<std::string> dir = env("DUALKV_CACHE_DIR")) {
+    if (absolute(dir))
+      return *dir;
+    // An explicit choice is not swapped for another folder.
+    warnOnce(fmt::format("DUALKV_CACHE_DIR '{}' is not an absolute path; "
+                         "kernels are cached in memory only",
+                         clipForMessage(*dir, 256)));
     return {};
-  return joinPath(base, "dualkv");
+  }
+  if (std::optional<std::string> xdg = env("XDG_CACHE_HOME"); absolute(xdg))
+    return joinPath(*xdg, "dualkv");
+  std::optional<std::string> home = env("HOME");
+  if (!home)
+    home = passwdHome();
+  if (!absolute(home))
+    return {};
+  return joinPath(joinPath(*home, ".cache"), "dualkv");
 }
 
 std::string DiskCache::entryDir(const CacheKey &key) const {

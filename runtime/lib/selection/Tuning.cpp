@@ -296,8 +296,8 @@ TuningDb TuningDb::load(const std::string &path, std::string *error) {
 }
 
 std::string TuningDb::defaultPath() {
-  if (const char *p = std::getenv("DUALKV_TUNING_DB"))
-    return p;
+  if (std::optional<std::string> p = env("DUALKV_TUNING_DB"))
+    return *p;
   std::string root = DiskCache::defaultRoot();
   return root.empty() ? std::string() : root + "/tuning.json";
 }

@@ -150,6 +150,54 @@ TEST_CASE("disk cache: root from the environment", "[runtime]") {
   }
 }
 
+TEST_CASE("disk cache: empty variables are unset and relative ones are no "
+          "root",
+          "[runtime]") {
+  ScopedEnv home("HOME", "/tmp/home");
+  {
+    // XDG_CACHE_HOME= once put the cache at the relative path ./dualkv.
+    ScopedEnv dir("DUALKV_CACHE_DIR", "");
+    ScopedEnv xdg("XDG_CACHE_HOME", "");
+    CHECK(DiskCache::defaultRoot() == "/tmp/home/.cache/dualkv");
+    CHECK(TuningDb::defaultPath() == "/tmp/home/.cache/dualkv/tuning.json");
+    ScopedEnv db("DUALKV_TUNING_DB", ""); // empty: the root's database
+    CHECK(TuningDb::defaultPath() == "/tmp/home/.cache/dualkv/tuning.json");
+  }
+  {
+    // XDG: a relative path in the variable is invalid and ignored.
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "relative/cache");
+    CHECK(DiskCache::defaultRoot() == "/tmp/home/.cache/dualkv");
+  }
+  {
+    // An explicit relative root is refused, not swapped for another.
+    ScopedEnv dir("DUALKV_CACHE_DIR", "cache");
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    CHECK(DiskCache::defaultRoot().empty());
+    CHECK(TuningDb::defaultPath().empty());
+  }
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", std::nullopt);
+    ScopedEnv relative("HOME", "relative/home");
+    CHECK(DiskCache::defaultRoot().empty());
+  }
+  {
+    // HOME= is HOME unset: both take the password database's home, which
+    // is absolute, or give no root.
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "");
+    std::string unset;
+    {
+      ScopedEnv none("HOME", std::nullopt);
+      unset = DiskCache::defaultRoot();
+    }
+    ScopedEnv empty("HOME", "");
+    CHECK(DiskCache::defaultRoot() == unset);
+    CHECK((unset.empty() || unset.front() == '/'));
+  }
+}
+
 TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
   TempDir tmp;
   DiskCache disk(tmp.path);
