@@ -6,9 +6,12 @@
 //
 // A tuning database must load or be refused with a message, never throw, and
 // what loads must survive a save and a reload unchanged. A cache entry must
-// load as exactly what was stored or be a miss, never throw; after a store the
-// entry must load again (the repair). The whole run is under an alarm, so a
-// hang fails it; the last line gives the number of inputs tried.
+// load as exactly what was stored or be a miss, never throw; a forged
+// meta.json (values put in, checksum recomputed) must load with exactly the
+// forged values when they are valid and be a miss otherwise; after a store
+// the entry must load again (the repair), whatever took a file's place. The
+// whole run is under an alarm, so a hang fails it; the last line gives the
+// number of inputs tried.
 #include "cache/DiskCache.h"
 #include "cache/Files.h"
 
@@ -17,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +28,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -290,6 +296,82 @@ CacheEntry sampleEntry() {
   return entry;
 }
 
+/// Values a forger may put in meta.json's integer fields: out of range,
+/// fractional, huge, negative, of the wrong type, and valid ones.
+json forgedValue(Rng &rng) {
+  static const std::vector<json> values = {
+      0,
+      1,
+      32,
+      64,
+      96,
+      100,
+      128,
+      256,
+      1024,
+      1056,
+      65536,
+      65537,
+      227 * 1024,
+      227 * 1024 + 1,
+      -1,
+      -32,
+      int64_t(4294967296) + 128, // 2^32 + 128: 128 as a wrapped int
+      -int64_t(4294967296) + 128,
+      int64_t(1) << 31,
+      (int64_t(1) << 31) - 1,
+      -(int64_t(1) << 31),
+      std::numeric_limits<int64_t>::max(),
+      std::numeric_limits<int64_t>::min(),
+      std::numeric_limits<uint64_t>::max(),
+      uint64_t(1) << 63,
+      128.9,
+      128.0,
+      -0.0,
+      0.5,
+      1e300,
+      -1e300,
+      1e10,
+      "128",
+      "",
+      true,
+      false,
+      nullptr,
+      json::array({128}),
+      json::object()};
+  return values[pick(rng, values.size())];
+}
+
+/// Whether `v` is what a store writes for an int field: a JSON integer
+/// (neither a float, even 128.0, nor a bool) that fits an int. Written from
+/// the JSON type rules, not from the reader.
+std::optional<int> storedInt(const json &v) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+               ? std::optional<int>(static_cast<int>(v.get<uint64_t>()))
+               : std::nullopt;
+  if (v.is_number_integer()) {
+    int64_t x = v.get<int64_t>();
+    if (x < std::numeric_limits<int>::min() ||
+        x > std::numeric_limits<int>::max())
+      return std::nullopt;
+    return static_cast<int>(x);
+  }
+  return std::nullopt;
+}
+
+/// The launch shape docs/errors.md allows a cached kernel: a C identifier,
+/// 1 to 32 warps, block_m 1 to 65536, shared memory 0 to 227 KiB.
+bool launchable(const KernelInfo &info) {
+  bool identifier = !info.name.empty() && info.name.size() <= 256 &&
+                    !std::isdigit(static_cast<unsigned char>(info.name[0]));
+  for (char c : info.name)
+    identifier &= std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  return identifier && info.threads >= 32 && info.threads <= 1024 &&
+         info.threads % 32 == 0 && info.blockM >= 1 && info.blockM <= 65536 &&
+         info.sharedBytes >= 0 && info.sharedBytes <= 227 * 1024;
+}
+
 bool sameEntry(const CacheEntry &a, const CacheEntry &b) {
   return a.info.name == b.info.name && a.info.threads == b.info.threads &&
          a.info.sharedBytes == b.info.sharedBytes &&
@@ -321,8 +403,60 @@ std::string fuzzCache(Rng &rng, const std::string &work, long n) {
   static const char *files[] = {"meta.json", "kernel.ptx", "kernel.cubin"};
   const std::string file = fmt::format("{}/{}", dir, files[pick(rng, 3)]);
   writeBytes(work + "/copy", stored.ptx);
-  size_t kind = pick(rng, 12);
-  if (kind < 3 && file.find("meta.json") != std::string::npos) {
+  size_t kind = pick(rng, 14);
+  if (kind >= 12) {
+    // A forger's meta.json: values put in with the checksum recomputed
+    // (SHA-256 of the canonical JSON without it, DiskCache.h). The entry must
+    // load with exactly the forged values when they are what a store writes
+    // and launchable, and be a miss otherwise, never wrap, truncate or crash.
+    std::ifstream in(dir + "/meta.json");
+    json meta = json::parse(in, nullptr, false);
+    static const char *fields[] = {"threads", "shared_bytes", "block_m", "name",
+                                   "schema"};
+    for (size_t i = 0, k = 1 + pick(rng, 3); i < k; ++i) {
+      const std::string field = fields[pick(rng, 5)];
+      json value = forgedValue(rng);
+      if (field == "name" && chance(rng, 0.5))
+        value = chance(rng, 0.5) ? json("other_kernel") : json("a b");
+      if (field == "schema" && chance(rng, 0.3))
+        value = CacheKey::kSchemaVersion;
+      (field == "schema" ? meta["schema"] : meta["kernel"][field]) = value;
+    }
+    // What the forged meta.json says, read by the JSON type rules.
+    const json &kernel = meta["kernel"];
+    CacheEntry expected = stored;
+    bool valid = storedInt(meta["schema"]) == CacheKey::kSchemaVersion &&
+                 kernel.at("name").is_string();
+    if (kernel.at("name").is_string())
+      expected.info.name = kernel.at("name").get<std::string>();
+    for (auto [field, out] :
+         {std::pair{"threads", &expected.info.threads},
+          std::pair{"shared_bytes", &expected.info.sharedBytes},
+          std::pair{"block_m", &expected.info.blockM}}) {
+      std::optional<int> v = storedInt(kernel.at(field));
+      valid &= v.has_value();
+      if (v)
+        *out = *v;
+    }
+    valid &= launchable(expected.info);
+    meta.erase("sha256");
+    meta["sha256"] = sha256Hex(meta.dump());
+    writeBytes(dir + "/meta.json", meta.dump(2));
+    std::optional<CacheEntry> loaded;
+    try {
+      loaded = disk.load(key);
+    } catch (const std::exception &e) {
+      return fmt::format("input {}: load of a forged entry threw {}", n,
+                         e.what());
+    }
+    if (loaded && !valid)
+      return fmt::format("input {}: a forged meta.json ({}) was a hit", n,
+                         meta["kernel"].dump());
+    if (valid && (!loaded || !sameEntry(*loaded, expected)))
+      return fmt::format("input {}: a valid forged meta.json ({}) did not load "
+                         "as forged",
+                         n, meta["kernel"].dump());
+  } else if (kind < 3 && file.find("meta.json") != std::string::npos) {
     std::ifstream in(file);
     json meta = json::parse(in, nullptr, false);
     mutateJson(rng, meta);
@@ -355,20 +489,18 @@ std::string fuzzCache(Rng &rng, const std::string &work, long n) {
   } catch (const std::exception &e) {
     return fmt::format("input {}: load threw {}", n, e.what());
   }
-  if (loaded && (!usable || !sameEntry(*loaded, stored)))
+  // (A forged entry was checked above, against the forged values.)
+  if (kind < 12 && loaded && (!usable || !sameEntry(*loaded, stored)))
     return fmt::format("input {}: loaded an entry that differs from the one "
                        "stored",
                        n);
   // The store after a recompile repairs whatever can be repaired.
   if (disk.refused())
     return {};
-  if (llvm::Error e = disk.store(key, sampleEntry())) {
-    const std::string why = llvm::toString(std::move(e));
-    // Only a folder where a file belongs cannot be replaced.
-    if (fs::is_directory(fs::symlink_status(file)))
-      return {};
-    return fmt::format("input {}: the repairing store failed: {}", n, why);
-  }
+  // Whatever took a file's place (a folder included) is replaced.
+  if (llvm::Error e = disk.store(key, sampleEntry()))
+    return fmt::format("input {}: the repairing store failed: {}", n,
+                       llvm::toString(std::move(e)));
   std::optional<CacheEntry> repaired = disk.load(key);
   if (!repaired || !sameEntry(*repaired, sampleEntry()))
     return fmt::format("input {}: the entry does not load after a store", n);

@@ -72,12 +72,18 @@ struct TunedEntry {
 /// backward's main kernels (bwd, bwd_kv) each have their own entry, and so is
 /// the shape class (P, N, R; "R" is written only when non-zero, so a generic
 /// entry is spelled as before classes existed, and absent reads as 0). An
-/// entry whose P, N, R are not a shape class (isShapeClass) is malformed.
-/// Version 1 has always stored the kind; readers before the backward reject an
-/// entry of a backward kind, and with it the whole file, as they do any
-/// malformed entry. Anything wrong with a file (unreadable, not JSON, another
-/// schema or version, truncated, fields of the wrong type) makes load() report
-/// it and return an empty database: a tuning file is never trusted in part.
+/// entry whose P, N, R are not a shape class (isShapeClass) is malformed, as
+/// is one whose integers are not JSON integers within their ranges (head_dim
+/// 64, 128 or 256; heads within the grid; tiling fields within the compiler's
+/// ranges). Version 1 has always stored the kind; readers before the backward
+/// reject an entry of a backward kind, and with it the whole file, as they do
+/// any malformed entry. Anything wrong with a file (unreadable, not JSON,
+/// another schema or version, truncated, fields of the wrong type or range)
+/// makes load() report it and return an empty database: a tuning file is
+/// never trusted in part. A well-formed entry the compiler's spec check
+/// (checkSpec) refuses, such as a forward of 3 stages, is left out alone, with
+/// a warning: that kernel takes the default tiling, as a launch does when a
+/// tuned tiling does not build.
 class DUALKV_API TuningDb {
 public:
   /// 2: dtypes spelled by dualkv/Names.h ("fp16", not "f16"); a file of
@@ -85,8 +91,10 @@ public:
   static constexpr int kSchemaVersion = 2;
 
   /// Reads `path`; problems go to *error (empty when the file is fine or
-  /// absent).
-  static TuningDb load(const std::string &path, std::string *error);
+  /// absent). An entry left out because checkSpec refuses it is a line in
+  /// *skipped when given, else a warning on stderr (once per process).
+  static TuningDb load(const std::string &path, std::string *error,
+                       std::vector<std::string> *skipped = nullptr);
   /// $DUALKV_TUNING_DB, else <kernel cache root>/tuning.json.
   static std::string defaultPath();
 

@@ -4,6 +4,8 @@
 #include "support/Env.h"
 #include "support/Status.h"
 
+#include "dualkv/Bounded.h"
+
 #include <fmt/format.h>
 #include <llvm/ADT/SmallString.h>
 #include <llvm/Support/FileSystem.h>
@@ -12,12 +14,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
 #include <system_error>
+#include <vector>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,11 +97,59 @@ OpenedDir openCacheDir(int parent, const std::string &name,
   return r;
 }
 
+/// How deep removeTree descends into a folder that took a file's place;
+/// what lies deeper stays (under a name no reader opens).
+constexpr int kMaxRemoveDepth = 16;
+
+/// Removes `name` in the folder `dir` and, for a folder, everything in it,
+/// opening nothing through a symbolic link (a link is removed, never what it
+/// leads to). Best effort: used only inside an entry folder the cache has
+/// checked is the user's alone.
+void removeTree(int dir, const std::string &name, int depth) {
+  if (::unlinkat(dir, name.c_str(), 0) == 0 ||
+      (errno != EISDIR && errno != EPERM))
+    return;
+  if (depth >= kMaxRemoveDepth)
+    return;
+  int fd = ::openat(dir, name.c_str(),
+                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  DIR *folder = ::fdopendir(fd);
+  if (!folder) {
+    ::close(fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (const struct dirent *e = ::readdir(folder))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+      names.emplace_back(e->d_name);
+  for (const std::string &n : names)
+    removeTree(::dirfd(folder), n, depth + 1);
+  ::closedir(folder);
+  ::unlinkat(dir, name.c_str(), AT_REMOVEDIR);
+}
+
+/// Moves the folder `name` in `dir` to a name of its own in `dir`, then
+/// removes it (removeTree). A writer racing this one may have renamed a file
+/// into place meanwhile: that file is moved and removed the same way, and
+/// each writer then renames its own copy in.
+void moveAsideAndRemove(int dir, const std::string &name) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  const std::string aside =
+      fmt::format("{}.damaged.{}.{:x}", name, ::getpid(),
+                  salt ^ (counter++ * 0x9E3779B97F4A7C15ull));
+  if (::renameat(dir, name.c_str(), dir, aside.c_str()) == 0)
+    removeTree(dir, aside, 0);
+}
+
 /// Writes `bytes` to `name` in the folder `dir` so that no reader ever sees a
 /// partial file: a 0600 temp file unique to this process and call (pid plus
 /// random characters, so threads and ranks never share one) in the same
 /// folder, then renameat(2), which is atomic and replaces whatever `name` was
-/// (a damaged file, a link, a FIFO).
+/// (a damaged file, a link, a FIFO; a folder is moved aside and removed
+/// first).
 llvm::Error writeAtomically(int dir, const std::string &shownDir,
                             const std::string &name, llvm::StringRef bytes) {
   static std::atomic<uint64_t> counter{0};
@@ -130,8 +184,15 @@ llvm::Error writeAtomically(int dir, const std::string &shownDir,
     at += n;
     left -= static_cast<size_t>(n);
   }
-  if (::close(fd.release()) != 0 ||
-      ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
+  bool renamed = ::close(fd.release()) == 0 &&
+                 ::renameat(dir, tmp.c_str(), dir, name.c_str()) == 0;
+  if (!renamed && (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)) {
+    // A folder where the file belongs (a damaged entry): rename(2) replaces
+    // no folder with a file, so it is moved aside, then removed.
+    moveAsideAndRemove(dir, name);
+    renamed = ::renameat(dir, tmp.c_str(), dir, name.c_str()) == 0;
+  }
+  if (!renamed) {
     llvm::Error error = invalidArgument(fmt::format(
         "cannot write {}/{}: {}", shownDir, name, std::strerror(errno)));
     ::unlinkat(dir, tmp.c_str(), 0);
@@ -164,18 +225,47 @@ std::string joinPath(llvm::StringRef a, llvm::StringRef b) {
   return path.str().str();
 }
 
+/// This user's home folder from the password database (where $HOME is
+/// unset or empty), or nothing.
+std::optional<std::string> passwdHome() {
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buffer(size > 0 ? static_cast<size_t>(size) : 16384);
+  struct passwd entry, *found = nullptr;
+  if (::getpwuid_r(::geteuid(), &entry, buffer.data(), buffer.size(), &found) !=
+          0 ||
+      !found || !found->pw_dir || !*found->pw_dir)
+    return std::nullopt;
+  return std::string(found->pw_dir);
+}
+
 } // namespace
 
 DiskCache::DiskCache(std::string root) : root_(std::move(root)) {}
 
 std::string DiskCache::defaultRoot() {
-  if (std::optional<std::string> dir = env("DUALKV_CACHE_DIR"))
-    return *dir;
-  // $XDG_CACHE_HOME, else ~/.cache: LLVM implements exactly that lookup.
-  llvm::SmallString<256> base;
-  if (!llvm::sys::path::cache_directory(base))
+  // Each variable is read as the XDG base directory spec reads its own: empty
+  // is unset, and a relative path is invalid (it would follow the working
+  // folder: `XDG_CACHE_HOME=` once put the cache at ./dualkv).
+  auto absolute = [](const std::optional<std::string> &dir) {
+    return dir && llvm::sys::path::is_absolute(*dir);
+  };
+  if (std::optional<std::string> dir = env("DUALKV_CACHE_DIR")) {
+    if (absolute(dir))
+      return *dir;
+    // An explicit choice is not swapped for another folder.
+    warnOnce(fmt::format("DUALKV_CACHE_DIR '{}' is not an absolute path; "
+                         "kernels are cached in memory only",
+                         clipForMessage(*dir, 256)));
     return {};
-  return joinPath(base, "dualkv");
+  }
+  if (std::optional<std::string> xdg = env("XDG_CACHE_HOME"); absolute(xdg))
+    return joinPath(*xdg, "dualkv");
+  std::optional<std::string> home = env("HOME");
+  if (!home)
+    home = passwdHome();
+  if (!absolute(home))
+    return {};
+  return joinPath(joinPath(*home, ".cache"), "dualkv");
 }
 
 std::string DiskCache::entryDir(const CacheKey &key) const {
@@ -278,25 +368,55 @@ std::optional<CacheEntry> DiskCache::load(const CacheKey &key) const {
 
   CacheEntry entry;
   std::string ptxSum, cubinSum;
+  // Every field typed: integers are JSON integers that fit an int (128.9,
+  // 1e300 and 2^32 + 128 are no thread counts), then the launch shape is
+  // ranged (checkLaunchShape). A checksum only proves who wrote the values.
+  auto integer = [](const json &v) -> std::optional<int> {
+    std::optional<int64_t> value = jsonInteger(
+        v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+    return value ? std::optional<int>(static_cast<int>(*value)) : std::nullopt;
+  };
+  auto badField = [&](const char *field, const json &v) {
+    return damaged(fmt::format("meta.json's {} {} is not a 32-bit integer",
+                               field, clipForMessage(v.dump(), 80)));
+  };
   try {
     if (!meta.contains("sha256") || !meta["sha256"].is_string())
       return damaged("meta.json has no entry checksum");
     if (meta["sha256"].get<std::string>() != entryChecksum(meta))
       return damaged("meta.json does not match its checksum");
-    if (meta.at("schema").get<int>() != CacheKey::kSchemaVersion)
+    std::optional<int> schema = integer(meta.at("schema"));
+    if (schema != CacheKey::kSchemaVersion)
       return damaged(fmt::format("schema version {} is not {}",
-                                 meta.at("schema").dump(),
+                                 clipForMessage(meta.at("schema").dump(), 80),
                                  CacheKey::kSchemaVersion));
     if (meta.at("key") != key.toJson())
       return damaged("meta.json describes another key");
     const json &kernel = meta.at("kernel");
+    if (!kernel.at("name").is_string())
+      return damaged("meta.json's kernel.name is not a string");
     entry.info.name = kernel.at("name").get<std::string>();
-    entry.info.threads = kernel.at("threads").get<int>();
-    entry.info.sharedBytes = kernel.at("shared_bytes").get<int>();
-    entry.info.blockM = kernel.at("block_m").get<int>();
+    struct Field {
+      const char *name, *shown;
+      int &out;
+    };
+    for (const Field &f :
+         {Field{"threads", "kernel.threads", entry.info.threads},
+          Field{"shared_bytes", "kernel.shared_bytes", entry.info.sharedBytes},
+          Field{"block_m", "kernel.block_m", entry.info.blockM}}) {
+      std::optional<int> value = integer(kernel.at(f.name));
+      if (!value)
+        return badField(f.shown, kernel.at(f.name));
+      f.out = *value;
+    }
+    if (!meta.at("ptx_sha256").is_string())
+      return damaged("meta.json's ptx_sha256 is not a string");
     ptxSum = meta.at("ptx_sha256").get<std::string>();
-    if (!meta.at("cubin_sha256").is_null())
+    if (!meta.at("cubin_sha256").is_null()) {
+      if (!meta.at("cubin_sha256").is_string())
+        return damaged("meta.json's cubin_sha256 is neither null nor a string");
       cubinSum = meta.at("cubin_sha256").get<std::string>();
+    }
   } catch (const json::exception &e) {
     return damaged(fmt::format("meta.json is malformed: {}", e.what()));
   }

@@ -35,8 +35,13 @@ class DiskCache {
 public:
   explicit DiskCache(std::string root);
 
-  /// $DUALKV_CACHE_DIR, else $XDG_CACHE_HOME/dualkv, else ~/.cache/dualkv;
-  /// empty when none of them can be formed (the disk cache is then off).
+  /// $DUALKV_CACHE_DIR, else $XDG_CACHE_HOME/dualkv, else ~/.cache/dualkv
+  /// ($HOME, else the password database's home); empty when none of them can
+  /// be formed (the disk cache is then off). Empty variables are unset and
+  /// relative ones invalid (XDG's rule): a relative $XDG_CACHE_HOME is passed
+  /// over for $HOME, a relative $HOME leaves no root, a relative
+  /// $DUALKV_CACHE_DIR turns the disk cache off with a warning. Every reader of
+  /// the root (the default tuning database included) takes it from here.
   static std::string defaultRoot();
 
   const std::string &root() const { return root_; }

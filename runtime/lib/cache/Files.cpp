@@ -3,9 +3,11 @@
 #include "cache/Files.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <system_error>
 
 #include <fcntl.h>
@@ -120,6 +122,25 @@ llvm::Expected<std::string> readFileChecked(int dirFd, const std::string &path,
                             size, done));
   bytes.resize(size);
   return bytes;
+}
+
+std::optional<int64_t> jsonInteger(const nlohmann::json &v, int64_t lo,
+                                   int64_t hi) {
+  int64_t value = 0;
+  if (v.is_number_unsigned()) {
+    // nlohmann keeps non-negative integers unsigned: 2^64 - 1 included.
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max()))
+      return std::nullopt;
+    value = static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    value = v.get<int64_t>();
+  } else {
+    return std::nullopt;
+  }
+  if (value < lo || value > hi)
+    return std::nullopt;
+  return value;
 }
 
 bool jsonNestsDeeperThan(std::string_view text, int maxDepth) {

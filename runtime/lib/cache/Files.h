@@ -5,9 +5,12 @@
 
 #include "support/Status.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,6 +76,13 @@ const char *fileTypeName(mode_t mode);
 /// parsing, since printing or destroying a deep document recurses once per
 /// level.
 bool jsonNestsDeeperThan(std::string_view text, int maxDepth);
+
+/// The JSON value `v` as an integer in [lo, hi], or nothing when it is not a
+/// JSON integer (a fraction such as 128.9, a float such as 1e300 or 128.0, a
+/// bool, a string) or lies outside the range: no value is ever converted with
+/// a wrap or a truncation.
+std::optional<int64_t> jsonInteger(const nlohmann::json &v, int64_t lo,
+                                   int64_t hi);
 
 /// The deepest nesting any DualKV JSON file (cache entry, tuning database,
 /// spec file) may have; theirs is 3 or less.

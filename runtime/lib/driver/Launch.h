@@ -14,6 +14,9 @@
 
 namespace dualkv {
 
+/// CUDA's limit on gridDim.y and gridDim.z, where segments and heads go.
+constexpr int64_t kMaxGridYZ = 65535;
+
 /// The parameters of one launch, set by name as the kernel kind's table
 /// (KernelAbi.h) declares them. A name or type it does not declare is an
 /// Internal error, kept (the first one) and reported by data(), so that a

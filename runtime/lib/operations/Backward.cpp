@@ -28,12 +28,7 @@ llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
   if (llvm::Error e =
           checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype))
     return e;
-  if (int64_t(numQHeads) + numKVHeads > kMaxGridYZ)
-    return invalidArgument(
-        fmt::format("num_q_heads + num_kv_heads ({} + {}) exceeds the grid "
-                    "limit ({})",
-                    numQHeads, numKVHeads, kMaxGridYZ));
-  return llvm::Error::success();
+  return checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/true);
 }
 
 /// The workspace bytes of a backward of this shape in the split-dQ (`split`)

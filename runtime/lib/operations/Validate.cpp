@@ -1,6 +1,7 @@
 // Argument checks shared by the forward and the backward.
 #include "operations/Validate.h"
 
+#include "selection/KernelSets.h"
 #include "support/Status.h"
 
 #include <fmt/format.h>
@@ -79,9 +80,9 @@ llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
         fmt::format("num_q_heads ({}) is not a multiple of num_kv_heads "
                     "({})",
                     numQHeads, numKVHeads));
-  if (numQHeads > kMaxGridYZ)
-    return invalidArgument(fmt::format(
-        "num_q_heads ({}) exceeds the grid limit ({})", numQHeads, kMaxGridYZ));
+  if (llvm::Error e =
+          checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/false))
+    return e;
   if (headDim != 64 && headDim != 128 && headDim != 256)
     return invalidArgument(
         fmt::format("head_dim {} is not supported (64, 128, 256)", headDim));
@@ -141,17 +142,7 @@ llvm::Error checkScaleAndTiling(float scale, const Tiling &t) {
 }
 
 llvm::Error checkTiling(const char *name, const Tiling &t) {
-  for (auto [field, value] : {std::pair{"blockM", t.blockM},
-                              {"blockN", t.blockN},
-                              {"warps", t.warps},
-                              {"stages", t.stages}})
-    if (value < 0)
-      return invalidArgument(
-          fmt::format("{}.{} ({}) is negative", name, field, value));
-  if (t.stages > 4)
-    return invalidArgument(fmt::format(
-        "{}.stages ({}) must be 1 to 4 (0 takes the default)", name, t.stages));
-  return llvm::Error::success();
+  return checkTilingFields(name, t, /*zeroTakesDefault=*/true);
 }
 
 KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,

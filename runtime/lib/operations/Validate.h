@@ -13,8 +13,6 @@
 
 namespace dualkv::detail {
 
-/// CUDA's limit on gridDim.y and gridDim.z, where segments and heads go.
-constexpr int64_t kMaxGridYZ = 65535;
 /// Kernels compute element offsets in 32-bit arithmetic.
 constexpr int64_t kMaxElementOffset = (int64_t(1) << 31) - 1;
 constexpr double kLog2e = 1.4426950408889634;
@@ -38,7 +36,7 @@ llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
                      int64_t numTokens, int numQHeads);
 
 /// Checks a tiling override named `name` (zero fields take defaults):
-/// no negative field, at most 4 stages.
+/// every field within the compiler's ranges (checkTilingFields).
 llvm::Error checkTiling(const char *name, const Tiling &tiling);
 /// Checks that scale is finite, and the main kernel's `tiling`
 /// (checkTiling).

@@ -167,9 +167,17 @@ llvm::Error checkTree(const PlanTree &tree) {
         x = parents[x];
       }
       if (x >= 0 && state[x] == 1) {
+        // The cycle's first nodes and the count of the rest: a cycle of 10^6
+        // nodes spelled out was a 9.9 MB message.
+        constexpr int64_t kShownNodes = 16;
         std::string cycle = std::to_string(x);
-        for (int64_t y = parents[x]; y != x; y = parents[y])
-          cycle += " -> " + std::to_string(y);
+        int64_t length = 1;
+        for (int64_t y = parents[x]; y != x; y = parents[y], ++length)
+          if (length < kShownNodes)
+            cycle += " -> " + std::to_string(y);
+        if (length > kShownNodes)
+          cycle += fmt::format(" -> ... ({} more node{})", length - kShownNodes,
+                               length - kShownNodes == 1 ? "" : "s");
         return invalidArgument(
             fmt::format("node {}: parent = {} closes a cycle ({} -> {}); "
                         "a tree's parents end at a root (-1)",

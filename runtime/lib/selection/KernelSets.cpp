@@ -4,11 +4,13 @@
 #include "cache/AotRegistry.h"
 #include "cache/CompileTable.h"
 #include "driver/CudaDriver.h"
+#include "driver/Launch.h"
 #include "selection/Tuned.h"
 #include "support/Env.h"
 #include "support/Parallel.h"
 #include "support/Status.h"
 
+#include "dualkv/Bounded.h"
 #include "dualkv/Device.h"
 
 #include <fmt/format.h>
@@ -23,7 +25,57 @@ bool splitDQByDefault(const std::string &arch) {
   return a && a->hasWgmma();
 }
 
+llvm::Error checkHeadsFitGrid(int numQHeads, int numKVHeads, bool backward) {
+  if (numQHeads > kMaxGridYZ)
+    return invalidArgument(fmt::format(
+        "num_q_heads ({}) exceeds the grid limit ({})", numQHeads, kMaxGridYZ));
+  // bwd_post launches a CTA row per query head and per KV head of a slice,
+  // and a slice may hold every KV head.
+  if (backward && int64_t(numQHeads) + numKVHeads > kMaxGridYZ)
+    return invalidArgument(
+        fmt::format("num_q_heads + num_kv_heads ({} + {}) exceeds the grid "
+                    "limit ({})",
+                    numQHeads, numKVHeads, kMaxGridYZ));
+  return llvm::Error::success();
+}
+
+llvm::Error checkTilingFields(const std::string &name, const Tiling &t,
+                              bool zeroTakesDefault) {
+  auto powerOfTwo = [](int x) { return x > 0 && (x & (x - 1)) == 0; };
+  struct Field {
+    const char *name;
+    int value;
+    bool ok;
+    const char *rule;
+  };
+  const Field fields[] = {
+      {"blockM", t.blockM,
+       powerOfTwo(t.blockM) && t.blockM >= 16 && t.blockM <= 256,
+       "a power of two in [16, 256]"},
+      {"blockN", t.blockN,
+       powerOfTwo(t.blockN) && t.blockN >= 16 && t.blockN <= 256,
+       "a power of two in [16, 256]"},
+      {"warps", t.warps, powerOfTwo(t.warps) && t.warps <= 16,
+       "a power of two up to 16"},
+      {"stages", t.stages, t.stages >= 1 && t.stages <= 4, "1 to 4"}};
+  for (const Field &f : fields) {
+    if (f.value < 0)
+      return invalidArgument(
+          fmt::format("{}.{} ({}) is negative", name, f.name, f.value));
+    if (f.ok || (zeroTakesDefault && f.value == 0))
+      continue;
+    return invalidArgument(
+        fmt::format("{}.{} ({}) must be {}{}", name, f.name, f.value, f.rule,
+                    zeroTakesDefault ? " (0 takes the default)" : ""));
+  }
+  return llvm::Error::success();
+}
+
 namespace {
+
+/// The most characters of an arch a message quotes (supported ones have at
+/// most 6).
+constexpr size_t kMaxArchQuoted = 64;
 
 /// One kernel of a set, with the heads its tiling is tuned under.
 struct SetMember {
@@ -82,8 +134,17 @@ llvm::Error ensureMember(const SetMember &m, bool probeOnly, Origin &origin) {
   tries.push_back(m.spec);
   for (size_t t = 0; t < tries.size(); ++t) {
     KernelSpec spec = resolveSpec(tries[t]);
-    if (std::string bad = checkSpec(spec); !bad.empty())
-      return invalidArgument(bad);
+    if (std::string bad = checkSpec(spec); !bad.empty()) {
+      if (t + 1 == tries.size())
+        return invalidArgument(bad);
+      // A tuned tiling the compiler refuses (the loader leaves such entries
+      // out, so a compiler newer than the database): the default's turn.
+      warnOnce(fmt::format("the tuned tiling {},{},{},{} does not build; "
+                           "using the default: {}",
+                           spec.tiling.blockM, spec.tiling.blockN,
+                           spec.tiling.warps, spec.tiling.stages, bad));
+      continue;
+    }
     CacheKey key = CacheKey::fromSpec(spec, fingerprint());
     std::string hash = key.hash();
     auto attempt = [&]() -> llvm::Error {
@@ -211,9 +272,12 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
         fmt::format("num_q_heads ({}) must be a positive multiple of "
                     "num_kv_heads ({})",
                     Hq, Hkv));
-  if (args.tiling.blockM < 0 || args.tiling.blockN < 0 ||
-      args.tiling.warps < 0 || args.tiling.stages < 0)
-    return invalidArgument("a tiling field is negative (0 takes the default)");
+  // Kernels every launch of these heads would refuse are not compiled.
+  if (llvm::Error e = checkHeadsFitGrid(Hq, Hkv, args.backward))
+    return e;
+  if (llvm::Error e = checkTilingFields("tiling", args.tiling,
+                                        /*zeroTakesDefault=*/true))
+    return e;
   std::string arch = args.arch;
   if (arch.empty()) {
     if (!gpuAvailable())
@@ -232,8 +296,11 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
                        fmt::format("the current GPU ({}) cannot run DualKV "
                                    "kernels: {}",
                                    arch, why));
-  } else if (std::string why; !Arch::parse(arch, &why)) {
-    return invalidArgument("arch: " + why);
+  } else if (!Arch::parse(arch)) {
+    // The arch is the caller's text: quoted within bounds.
+    return invalidArgument(
+        fmt::format("arch: arch '{}' is not supported; supported: {}",
+                    clipForMessage(arch, kMaxArchQuoted), supportedArchs()));
   }
   KernelSpec base;
   base.kind = KernelKind::Fwd;
@@ -250,10 +317,22 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
         base, args.deterministic || splitDQByDefault(arch), false, args.tiling);
     set.insert(set.end(), bwd.begin(), bwd.end());
   }
+  // A pinned tiling the compiler cannot use for one of the set's kernels is
+  // the caller's mistake: refused before anything compiles.
+  if (!(args.tiling == Tiling{}))
+    for (const SetMember &m : set) {
+      if (!(m.spec.tiling == args.tiling))
+        continue;
+      if (std::string why = checkSpec(m.spec); !why.empty())
+        return invalidArgument(fmt::format(
+            "tiling ({}, {}, {}, {}) cannot build the {} kernel: {}",
+            args.tiling.blockM, args.tiling.blockN, args.tiling.warps,
+            args.tiling.stages, toString(m.spec.kind), why));
+    }
   PrecompileReport report;
-  // Any member that cannot be made ready is a kernel that does not build.
+  // Errors keep their code: Compile for a kernel that does not build.
   if (llvm::Error e = ensureSet(set, /*probeOnly=*/false, &report))
-    return makeError(ErrorCode::Compile, takeErrorParts(std::move(e)).message);
+    return e;
   report.wallMs = std::chrono::duration<double, std::milli>(
                       std::chrono::steady_clock::now() - start)
                       .count();

@@ -3,9 +3,13 @@
 
 #include "cache/DiskCache.h"
 #include "cache/Files.h"
+#include "driver/Launch.h"
+#include "selection/KernelSets.h"
 #include "selection/Tuned.h"
 #include "support/Env.h"
 #include "support/Status.h"
+
+#include "dualkv/Bounded.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -64,7 +68,8 @@ json toJsonEntry(const TunedEntry &e) {
 }
 
 /// The entry `j` (entries[index]); an InvalidArgument error naming the field
-/// when it is not well formed.
+/// when it is not well formed: every integer a JSON integer within its range
+/// (no wrap, no truncation), every tiling field within the compiler's ranges.
 llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   auto where = [&](const char *field) {
     return fmt::format("entries[{}].{}", index, field);
@@ -77,16 +82,17 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   auto missing = [&](const char *field) {
     return invalidArgument(fmt::format("{} is missing", where(field)));
   };
-  auto integer = [&](const json &o, const char *field,
+  auto integer = [&](const json &o, const char *field, int64_t lo, int64_t hi,
                      int64_t &out) -> llvm::Error {
     const json *v = need(o, field);
     if (!v)
       return missing(field);
-    if (!v->is_number_integer() || v->get<int64_t>() < 0 ||
-        v->get<int64_t>() > (1 << 30))
-      return invalidArgument(fmt::format("{} is not a valid integer: {}",
-                                         where(field), v->dump()));
-    out = v->get<int64_t>();
+    std::optional<int64_t> value = jsonInteger(*v, lo, hi);
+    if (!value)
+      return invalidArgument(
+          fmt::format("{} is not a valid integer (one in [{}, {}]): {}",
+                      where(field), lo, hi, clipForMessage(v->dump(), 80)));
+    out = *value;
     return llvm::Error::success();
   };
   auto text = [&](const char *field, std::string &out) -> llvm::Error {
@@ -94,8 +100,8 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
     if (!v)
       return missing(field);
     if (!v->is_string())
-      return invalidArgument(
-          fmt::format("{} is not a string: {}", where(field), v->dump()));
+      return invalidArgument(fmt::format("{} is not a string: {}", where(field),
+                                         clipForMessage(v->dump(), 80)));
     out = v->get<std::string>();
     return llvm::Error::success();
   };
@@ -110,15 +116,15 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   if (!known)
     return invalidArgument(
         fmt::format("{} '{}' is not a known kernel kind ({})", where("kind"),
-                    kind, names::listOf(names::kKinds)));
+                    clipForMessage(kind, 80), names::listOf(names::kKinds)));
   s.kind = *known;
-  if (llvm::Error err = integer(j, "P", s.P))
+  if (llvm::Error err = integer(j, "P", 0, kShapeClassMax, s.P))
     return err;
-  if (llvm::Error err = integer(j, "N", s.N))
+  if (llvm::Error err = integer(j, "N", 0, kShapeClassMax, s.N))
     return err;
   s.R = 0;
   if (j.is_object() && j.contains("R"))
-    if (llvm::Error err = integer(j, "R", s.R))
+    if (llvm::Error err = integer(j, "R", 0, kShapeClassMax, s.R))
       return err;
   if (!isShapeClass({s.P, s.N, s.R}))
     return invalidArgument(fmt::format(
@@ -126,13 +132,22 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
         "with P >= {}, N >= {}, R >= {}",
         where("P"), s.P, s.N, s.R, kShapeClassMinP, kShapeClassMinN,
         kShapeClassMinR));
+  // Heads as a launch takes them: within the grid (kMaxGridYZ).
   int64_t headDim = 0, numQHeads = 0, numKVHeads = 0;
-  if (llvm::Error err = integer(j, "head_dim", headDim))
+  if (llvm::Error err = integer(j, "head_dim", 0, 1 << 30, headDim))
     return err;
-  if (llvm::Error err = integer(j, "num_q_heads", numQHeads))
+  if (headDim != 64 && headDim != 128 && headDim != 256)
+    return invalidArgument(fmt::format("{} ({}) must be 64, 128 or 256",
+                                       where("head_dim"), headDim));
+  if (llvm::Error err = integer(j, "num_q_heads", 1, kMaxGridYZ, numQHeads))
     return err;
-  if (llvm::Error err = integer(j, "num_kv_heads", numKVHeads))
+  if (llvm::Error err = integer(j, "num_kv_heads", 1, kMaxGridYZ, numKVHeads))
     return err;
+  if (numQHeads % numKVHeads != 0)
+    return invalidArgument(fmt::format("{} ({}) is not a multiple of "
+                                       "num_kv_heads ({})",
+                                       where("num_q_heads"), numQHeads,
+                                       numKVHeads));
   s.headDim = static_cast<int>(headDim);
   s.numQHeads = static_cast<int>(numQHeads);
   s.numKVHeads = static_cast<int>(numKVHeads);
@@ -142,7 +157,8 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   std::optional<DType> knownDType = parseDType(dtype);
   if (!knownDType || dtype != toString(*knownDType))
     return invalidArgument(fmt::format("{} '{}' is not {}", where("dtype"),
-                                       dtype, names::listOf(names::kDTypes)));
+                                       clipForMessage(dtype, 80),
+                                       names::listOf(names::kDTypes)));
   s.dtype = *knownDType;
   if (llvm::Error err = text("arch", s.arch))
     return err;
@@ -152,13 +168,16 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   int64_t tiling[4] = {};
   const char *fields[4] = {"block_m", "block_n", "warps", "stages"};
   for (int f = 0; f < 4; ++f)
-    if (llvm::Error err = integer(*t, fields[f], tiling[f]))
+    if (llvm::Error err = integer(*t, fields[f], 0, 1 << 30, tiling[f]))
       return err;
   s.tiling = {static_cast<int>(tiling[0]), static_cast<int>(tiling[1]),
               static_cast<int>(tiling[2]), static_cast<int>(tiling[3])};
   if (!s.tiling.blockM || !s.tiling.blockN || !s.tiling.warps ||
       !s.tiling.stages)
     return invalidArgument(fmt::format("{} has a zero field", where("tiling")));
+  if (llvm::Error err = checkTilingFields(where("tiling"), s.tiling,
+                                          /*zeroTakesDefault=*/false))
+    return err;
   if (j.contains("ms") && j["ms"].is_number())
     e.ms = j["ms"].get<double>();
   if (j.contains("tflops") && j["tflops"].is_number())
@@ -168,10 +187,25 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   return e;
 }
 
+/// An entry's key and tiling, for messages: "fwd generic head_dim 64 heads
+/// 4:4 bf16 sm_80 tiling 128,32,4,3" ("fwd P=1024 N=8 R=256 ..." for a
+/// class's).
+std::string describeEntry(const KernelSpec &s) {
+  std::string shape =
+      s.R ? fmt::format("P={} N={} R={}", s.P, s.N, s.R) : "generic";
+  return fmt::format("{} {} head_dim {} heads {}:{} {} {} tiling {},{},{},{}",
+                     toString(s.kind), shape, s.headDim, s.numQHeads,
+                     s.numKVHeads, toString(s.dtype),
+                     clipForMessage(s.arch, 80), s.tiling.blockM,
+                     s.tiling.blockN, s.tiling.warps, s.tiling.stages);
+}
+
 /// The entries of the database text `text`; an InvalidArgument error saying
-/// what is wrong with it. (nlohmann's accessors may still throw json
-/// exceptions on values of the wrong type.)
-llvm::Expected<std::vector<TunedEntry>> parseEntries(const std::string &text) {
+/// what is wrong with it. A well-formed entry the compiler's spec check
+/// refuses is left out, with a line in `skipped`. (nlohmann's accessors may
+/// still throw json exceptions on values of the wrong type.)
+llvm::Expected<std::vector<TunedEntry>>
+parseEntries(const std::string &text, std::vector<std::string> &skipped) {
   if (jsonNestsDeeperThan(text, kMaxJsonDepth))
     return invalidArgument(
         fmt::format("nests deeper than {} levels", kMaxJsonDepth));
@@ -193,6 +227,15 @@ llvm::Expected<std::vector<TunedEntry>> parseEntries(const std::string &text) {
     llvm::Expected<TunedEntry> entry = fromJsonEntry(doc["entries"][i], i);
     if (!entry)
       return entry.takeError();
+    // The spec check a compile of this entry's kernel runs (a fwd entry of
+    // 3 stages, an arch the compiler does not know): its kernel takes the
+    // default tiling, as a launch of an unbuildable tuned tiling does.
+    if (std::string why = checkSpec(entry->spec); !why.empty()) {
+      skipped.push_back(fmt::format("entries[{}] ({}) is left out: {}; its "
+                                    "kernel takes the default tiling",
+                                    i, describeEntry(entry->spec), why));
+      continue;
+    }
     entries.push_back(std::move(*entry));
   }
   return entries;
@@ -263,8 +306,11 @@ std::string ShapeClass::name() const {
   return any() ? std::string("any") : fmt::format("P{}_N{}_R{}", P, N, R);
 }
 
-TuningDb TuningDb::load(const std::string &path, std::string *error) {
+TuningDb TuningDb::load(const std::string &path, std::string *error,
+                        std::vector<std::string> *skipped) {
   error->clear();
+  if (skipped)
+    skipped->clear();
   TuningDb db;
   if (path.empty())
     return db;
@@ -275,29 +321,39 @@ TuningDb TuningDb::load(const std::string &path, std::string *error) {
   if (!text) {
     ErrorParts why = takeErrorParts(text.takeError());
     if (!isMissingFile(why))
-      *error = fmt::format("tuning database {} ignored: {}", path, why.message);
+      *error = clipForMessage(
+          fmt::format("tuning database {} ignored: {}", path, why.message));
     return db; // no database is not an error
   }
+  std::vector<std::string> left;
   auto parse = [&]() -> llvm::Expected<std::vector<TunedEntry>> {
     try {
-      return parseEntries(*text);
+      return parseEntries(*text, left);
     } catch (const std::exception &e) { // a json accessor's type error
       return invalidArgument(e.what());
     }
   };
   llvm::Expected<std::vector<TunedEntry>> entries = parse();
   if (!entries) {
-    *error = fmt::format("tuning database {} ignored: {}", path,
-                         takeErrorParts(entries.takeError()).message);
+    *error = clipForMessage(
+        fmt::format("tuning database {} ignored: {}", path,
+                    takeErrorParts(entries.takeError()).message));
     return TuningDb();
+  }
+  for (const std::string &why : left) {
+    std::string line = fmt::format("tuning database {}: {}", path, why);
+    if (skipped)
+      skipped->push_back(std::move(line));
+    else
+      warnOnce(line);
   }
   db.entries_ = std::move(*entries);
   return db;
 }
 
 std::string TuningDb::defaultPath() {
-  if (const char *p = std::getenv("DUALKV_TUNING_DB"))
-    return p;
+  if (std::optional<std::string> p = env("DUALKV_TUNING_DB"))
+    return *p;
   std::string root = DiskCache::defaultRoot();
   return root.empty() ? std::string() : root + "/tuning.json";
 }

@@ -20,9 +20,12 @@ bool envFlag(const char *name) {
 void warnOnce(const std::string &message) {
   static std::mutex mutex;
   static std::set<std::string> seen;
+  // A warning may quote outside text (a compiler's log, a file's field): it
+  // is cut to a bounded length, however long that text is.
+  std::string line = clipForMessage(message);
   std::lock_guard<std::mutex> lock(mutex);
-  if (seen.insert(message).second)
-    llvm::errs() << "dualkv: warning: " << message << "\n";
+  if (seen.insert(line).second)
+    llvm::errs() << "dualkv: warning: " << line << "\n";
 }
 
 } // namespace dualkv

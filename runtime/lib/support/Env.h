@@ -16,7 +16,8 @@ bool envFlag(const char *name);
 
 /// Prints "dualkv: warning: <message>" on stderr, once per distinct message
 /// and process: a damaged cache entry or a refused tuning entry is worth one
-/// line, not one per launch or per rank.
+/// line, not one per launch or per rank. The message is cut to
+/// kMaxQuotedBytes (clipForMessage).
 void warnOnce(const std::string &message);
 
 } // namespace dualkv

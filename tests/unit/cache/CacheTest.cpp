@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
@@ -149,6 +150,54 @@ TEST_CASE("disk cache: root from the environment", "[runtime]") {
   }
 }
 
+TEST_CASE("disk cache: empty variables are unset and relative ones are no "
+          "root",
+          "[runtime]") {
+  ScopedEnv home("HOME", "/tmp/home");
+  {
+    // XDG_CACHE_HOME= once put the cache at the relative path ./dualkv.
+    ScopedEnv dir("DUALKV_CACHE_DIR", "");
+    ScopedEnv xdg("XDG_CACHE_HOME", "");
+    CHECK(DiskCache::defaultRoot() == "/tmp/home/.cache/dualkv");
+    CHECK(TuningDb::defaultPath() == "/tmp/home/.cache/dualkv/tuning.json");
+    ScopedEnv db("DUALKV_TUNING_DB", ""); // empty: the root's database
+    CHECK(TuningDb::defaultPath() == "/tmp/home/.cache/dualkv/tuning.json");
+  }
+  {
+    // XDG: a relative path in the variable is invalid and ignored.
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "relative/cache");
+    CHECK(DiskCache::defaultRoot() == "/tmp/home/.cache/dualkv");
+  }
+  {
+    // An explicit relative root is refused, not swapped for another.
+    ScopedEnv dir("DUALKV_CACHE_DIR", "cache");
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    CHECK(DiskCache::defaultRoot().empty());
+    CHECK(TuningDb::defaultPath().empty());
+  }
+  {
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", std::nullopt);
+    ScopedEnv relative("HOME", "relative/home");
+    CHECK(DiskCache::defaultRoot().empty());
+  }
+  {
+    // HOME= is HOME unset: both take the password database's home, which
+    // is absolute, or give no root.
+    ScopedEnv dir("DUALKV_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "");
+    std::string unset;
+    {
+      ScopedEnv none("HOME", std::nullopt);
+      unset = DiskCache::defaultRoot();
+    }
+    ScopedEnv empty("HOME", "");
+    CHECK(DiskCache::defaultRoot() == unset);
+    CHECK((unset.empty() || unset.front() == '/'));
+  }
+}
+
 TEST_CASE("disk cache: store then load round-trips", "[runtime]") {
   TempDir tmp;
   DiskCache disk(tmp.path);
@@ -235,6 +284,98 @@ TEST_CASE("disk cache: damaged entries are misses", "[runtime]") {
   std::optional<CacheEntry> loaded = disk.load(key);
   REQUIRE(loaded);
   requireSameEntry(*loaded, sampleEntry());
+}
+
+TEST_CASE("disk cache: forged meta.json values with a valid checksum are "
+          "misses, never wrapped or truncated",
+          "[runtime]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path);
+  const CacheKey key = sampleKey();
+  requireSuccess(disk.store(key, sampleEntry()));
+  const std::string metaPath = disk.entryDir(key) + "/meta.json";
+  const nlohmann::json stored = nlohmann::json::parse(readFile(metaPath));
+  // The forger's checksum: SHA-256 of the canonical JSON without it
+  // (DiskCache.h).
+  auto forge = [&](const std::function<void(nlohmann::json &)> &edit) {
+    nlohmann::json meta = stored;
+    edit(meta);
+    meta.erase("sha256");
+    meta["sha256"] = sha256Hex(meta.dump());
+    writeFile(metaPath, meta.dump(2));
+  };
+  using nlohmann::json;
+  struct Forged {
+    const char *field;
+    json value;
+  };
+  const std::vector<Forged> bad = {
+      // 2^32 + 128 read as an int is 128; 128.9 truncates to 128.
+      {"threads", json(uint64_t(4294967424u))},
+      {"threads", json(128.9)},
+      {"threads", json(128.0)},
+      {"threads", json(-4294967168ll)}, // -2^32 + 128
+      {"threads", json(std::numeric_limits<uint64_t>::max())},
+      {"threads", json("128")},
+      {"threads", json(true)},
+      {"threads", json(nullptr)},
+      {"threads", json(1056)},
+      {"threads", json(100)},
+      {"threads", json(0)},
+      // 1e300 converted to an int is undefined behaviour.
+      {"shared_bytes", json(1e300)},
+      {"shared_bytes", json(-1e300)},
+      {"shared_bytes", json(-1)},
+      {"shared_bytes", json(227 * 1024 + 1)},
+      {"shared_bytes", json(int64_t(1) << 32)},
+      {"shared_bytes", json(1024.5)},
+      {"block_m", json(0)},
+      {"block_m", json(65537)},
+      {"block_m", json(uint64_t(4294967424u))},
+      {"block_m", json(64.0)},
+      {"name", json(42)},
+      {"name", json("a b")},
+  };
+  for (const Forged &f : bad) {
+    INFO(f.field << " = " << f.value.dump());
+    forge([&](json &m) { m["kernel"][f.field] = f.value; });
+    CHECK_FALSE(disk.load(key));
+  }
+  // Fields outside "kernel": the schema (2^32 + 3 read as an int is 3), the
+  // checksums' types.
+  for (const json &schema :
+       {json(uint64_t(4294967296u) + CacheKey::kSchemaVersion),
+        json(double(CacheKey::kSchemaVersion)),
+        json(std::to_string(CacheKey::kSchemaVersion))}) {
+    INFO("schema = " << schema.dump());
+    forge([&](json &m) { m["schema"] = schema; });
+    CHECK_FALSE(disk.load(key));
+  }
+  forge([](json &m) { m["ptx_sha256"] = 7; });
+  CHECK_FALSE(disk.load(key));
+  forge([](json &m) { m["cubin_sha256"] = json::array(); });
+  CHECK_FALSE(disk.load(key));
+
+  // Valid values forged in are indistinguishable from a store: a hit with
+  // exactly those values.
+  forge([](json &m) {
+    m["kernel"]["threads"] = 1024;
+    m["kernel"]["shared_bytes"] = 227 * 1024;
+    m["kernel"]["block_m"] = 64;
+  });
+  std::optional<CacheEntry> forged = disk.load(key);
+  REQUIRE(forged);
+  CHECK(forged->info.threads == 1024);
+  CHECK(forged->info.sharedBytes == 227 * 1024);
+  CHECK(forged->info.blockM == 64);
+
+  // A bad entry is a damaged one: the next store repairs it.
+  forge([](json &m) { m["kernel"]["threads"] = uint64_t(4294967424u); });
+  CHECK_FALSE(disk.load(key));
+  requireSuccess(disk.store(key, sampleEntry()));
+  std::optional<CacheEntry> repaired = disk.load(key);
+  REQUIRE(repaired);
+  requireSameEntry(*repaired, sampleEntry());
 }
 
 TEST_CASE("disk cache: 8 concurrent writers of one key leave a valid entry",

@@ -278,22 +278,72 @@ TEST_CASE("disk cache: entry files that are not the user's own regular files "
     fs::remove(dir + "/kernel.ptx");
     fs::create_directory(dir + "/kernel.ptx");
   }
+  SECTION("cubin a folder holding files") {
+    fs::remove(dir + "/kernel.cubin");
+    fs::create_directories(dir + "/kernel.cubin/a/b");
+    writeFile(dir + "/kernel.cubin/a/b/x", "x");
+  }
 
   auto start = std::chrono::steady_clock::now();
   CHECK(boundedRun(10, [&] { return !disk.load(sampleKey()); }));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK_FALSE(disk.refused());
-  // The store after the recompile replaces the file (a folder in its place
-  // cannot be replaced: the store then fails and says why).
-  if (fs::is_directory(fs::symlink_status(dir + "/kernel.ptx"))) {
-    CHECK_FALSE(messageOf(disk.store(sampleKey(), sampleEntry())).empty());
-    return;
-  }
+  // The store after the recompile replaces the file, whatever is in its
+  // place (a folder included), and leaves nothing else behind.
   requireSuccess(disk.store(sampleKey(), sampleEntry()));
   std::optional<CacheEntry> back = disk.load(sampleKey());
   REQUIRE(back);
   CHECK(back->ptx == sampleEntry().ptx);
-  CHECK(fs::is_regular_file(fs::symlink_status(dir + "/kernel.ptx")));
+  CHECK(back->cubin == sampleEntry().cubin);
+  std::vector<std::string> names;
+  for (const fs::directory_entry &e : fs::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+    CHECK(fs::is_regular_file(fs::symlink_status(e.path())));
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(names ==
+        std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
+}
+
+TEST_CASE("disk cache: an entry whose meta.json became a folder is repaired "
+          "by the next store, and a second process hits",
+          "[files]") {
+  TempDir tmp;
+  DiskCache disk(tmp.path + "/cache");
+  requireSuccess(disk.store(sampleKey(), sampleEntry()));
+  const std::string dir = disk.entryDir(sampleKey());
+  // The folder holds a file, a folder, and links to a file and a folder of
+  // the user's outside the cache: the repair follows neither link.
+  const std::string outsideFile = tmp.path + "/keep.txt";
+  const std::string outsideDir = tmp.path + "/keep";
+  writeFile(outsideFile, "keep");
+  fs::create_directory(outsideDir);
+  writeFile(outsideDir + "/inner.txt", "keep");
+  fs::remove(dir + "/meta.json");
+  fs::create_directories(dir + "/meta.json/sub");
+  writeFile(dir + "/meta.json/sub/file", "junk");
+  fs::create_symlink(outsideFile, dir + "/meta.json/link-to-file");
+  fs::create_symlink(outsideDir, dir + "/meta.json/sub/link-to-dir");
+
+  CHECK_FALSE(disk.load(sampleKey())); // a miss, warned about
+  // The store after the recompile (as precompile's) replaces the folder.
+  requireSuccess(disk.store(sampleKey(), sampleEntry()));
+  CHECK(fs::is_regular_file(fs::symlink_status(dir + "/meta.json")));
+  // A second process (a new DiskCache, no memory of this one) hits.
+  std::optional<CacheEntry> back =
+      DiskCache(tmp.path + "/cache").load(sampleKey());
+  REQUIRE(back);
+  CHECK(back->ptx == sampleEntry().ptx);
+  CHECK(back->info.threads == sampleEntry().info.threads);
+  // What the links led to is untouched; nothing of the folder is left.
+  CHECK(readFile(outsideFile) == "keep");
+  CHECK(readFile(outsideDir + "/inner.txt") == "keep");
+  std::vector<std::string> names;
+  for (const fs::directory_entry &e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names ==
+        std::vector<std::string>{"kernel.cubin", "kernel.ptx", "meta.json"});
 }
 
 TEST_CASE("disk cache: the checksum covers the launch geometry and every "

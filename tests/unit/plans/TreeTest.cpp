@@ -241,6 +241,42 @@ TEST_CASE("tree plan: invalid trees are rejected by name", "[runtime][tree]") {
         DUALKV_ERROR_INVALID_ARGUMENT);
 }
 
+TEST_CASE("tree plan: a cycle of 10^6 nodes is named by its first nodes and "
+          "a count",
+          "[runtime][tree]") {
+  // Node i's parent is i + 1, the last node's is 0: one cycle through every
+  // node. Spelled out, its message was 9.9 MB.
+  constexpr int32_t n = 1000000;
+  std::vector<int32_t> lengths(n, 1), parents(n);
+  for (int32_t i = 0; i < n; ++i)
+    parents[i] = (i + 1) % n;
+  std::string expected = "node 0: parent = 1 closes a cycle (0";
+  for (int i = 1; i < 16; ++i)
+    expected += " -> " + std::to_string(i);
+  expected += " -> ... (999984 more nodes) -> 0); a tree's parents end at a "
+              "root (-1)";
+  dualkv_plan *handle = nullptr;
+  CHECK(dualkv_plan_create_tree(lengths.data(), parents.data(), n, &handle) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK(handle == nullptr);
+  const std::string message = dualkv_last_error();
+  CHECK(message == expected);
+  CHECK(message.size() < 200);
+  // A cycle of 16 nodes is still spelled out whole; one of 17 is cut.
+  for (int32_t len : {16, 17}) {
+    std::vector<int32_t> l(len, 1), p(len);
+    for (int32_t i = 0; i < len; ++i)
+      p[i] = (i + 1) % len;
+    std::optional<Error> e =
+        errorOf([&] { Plan::fromTreeArrays(l.data(), p.data(), len); });
+    REQUIRE(e);
+    const std::string what = e->what();
+    CHECK((what.find(" -> 15 -> 0)") != std::string::npos) == (len == 16));
+    CHECK((what.find(" -> 15 -> ... (1 more node) -> 0)") !=
+           std::string::npos) == (len == 17));
+  }
+}
+
 TEST_CASE("tree plan: groups are the depth-1 case", "[runtime][tree]") {
   std::vector<std::vector<PlanGroup>> batches = {
       {{1, {}}},

@@ -183,3 +183,193 @@ TEST_CASE("precompile: without an arch it takes the current GPU's",
   CHECK(scoped.fake.cubinLoads + scoped.fake.ptxLoads == 0);
   clearKernelCache();
 }
+
+TEST_CASE("precompile: a tuned entry the spec check refuses is left out and "
+          "the default tiling is compiled",
+          "[runtime][precompile][tuning]") {
+  // The database is read once per process, at the first lookup: this test
+  // runs in a process of its own (one ctest entry per test case).
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  const std::string db = tmp.path + "/tuning.json";
+  ScopedEnv dbEnv("DUALKV_TUNING_DB", db);
+  // A forward of 3 stages: every field within the loader's ranges, refused
+  // by the compiler's spec check (stages 3 and 4 are the dQ kernel's).
+  writeFile(db, R"({"schema": "dualkv-tuning", "version": 2, "entries": [)"
+                R"({"kind": "fwd", "P": 0, "N": 0, "head_dim": 64, )"
+                R"("num_q_heads": 4, "num_kv_heads": 4, "dtype": "bf16", )"
+                R"("arch": "sm_80", "tiling": {"block_m": 128, "block_n": 32, )"
+                R"("warps": 4, "stages": 3}}]})");
+  clearKernelCache();
+  resetCacheStats();
+  PrecompileArgs args;
+  args.head_dim = 64;
+  args.num_q_heads = 4;
+  args.num_kv_heads = 4;
+  args.arch = "sm_80";
+  args.backward = false;
+  PrecompileReport report = precompile(args); // threw a Compile error
+  CHECK(report.kernels == 1);
+  CHECK(report.compiles == 1);
+  // What was compiled and stored is the default tiling's kernel.
+  KernelSpec spec;
+  spec.headDim = 64;
+  spec.numQHeads = 4;
+  spec.numKVHeads = 4;
+  spec.arch = "sm_80";
+  spec = resolveSpec(spec);
+  REQUIRE(spec.tiling.stages != 3);
+  CHECK(DiskCache(tmp.path + "/cache")
+            .load(CacheKey::fromSpec(spec, compilerFingerprint()))
+            .has_value());
+  clearKernelCache();
+}
+
+TEST_CASE("precompile: an explicit tiling and heads beyond the grid are "
+          "refused by name before anything compiles",
+          "[runtime][precompile]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  clearKernelCache();
+  resetCacheStats();
+  PrecompileArgs args;
+  args.head_dim = 64;
+  args.num_q_heads = 4;
+  args.num_kv_heads = 4;
+  args.arch = "sm_80";
+  auto refused = [&](const std::string &expected) {
+    std::optional<Error> e = errorOf([&] { precompile(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK(std::string(e->what()) == expected);
+  };
+  struct Case {
+    Tiling tiling;
+    const char *expected;
+  };
+  for (const Case &c : {
+           Case{{0, 0, 0, 5},
+                "tiling.stages (5) must be 1 to 4 (0 takes the default)"},
+           Case{{0, 0, 48, 0},
+                "tiling.warps (48) must be a power of two up "
+                "to 16 (0 takes the default)"},
+           Case{{1 << 30, 0, 0, 0},
+                "tiling.blockM (1073741824) must be a "
+                "power of two in [16, 256] (0 takes the "
+                "default)"},
+           Case{{0, -32, 0, 0}, "tiling.blockN (-32) is negative"},
+           Case{{128, 32, 4, 3},
+                "tiling (128, 32, 4, 3) cannot build the fwd kernel: stages 3 "
+                "and 4 are the warp-specialized dQ kernel's only; this fwd "
+                "kernel takes 1 or 2"},
+       }) {
+    INFO(c.expected);
+    args.tiling = c.tiling;
+    refused(c.expected);
+  }
+  args.tiling = {};
+
+  // Heads go along the grid's y and z (at most 65535 CTAs): every launch of
+  // these kernels would be refused, so none is compiled.
+  args.num_q_heads = 65536;
+  args.num_kv_heads = 1;
+  args.backward = false;
+  refused("num_q_heads (65536) exceeds the grid limit (65535)");
+  args.num_q_heads = 65535;
+  args.backward = true; // bwd_post: num_q_heads + num_kv_heads CTAs along y
+  refused("num_q_heads + num_kv_heads (65535 + 1) exceeds the grid limit "
+          "(65535)");
+
+  // The C API says the same with its status.
+  dualkv_precompile_args_t c{};
+  c.struct_size = sizeof c;
+  c.head_dim = 64;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 4;
+  c.dtype = DUALKV_BF16;
+  c.arch = "sm_80";
+  c.tiling = {0, 0, 0, 5};
+  dualkv_precompile_report_t report{};
+  report.struct_size = sizeof report;
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("tiling.stages (5)"));
+  c.tiling = {};
+  c.num_q_heads = 65536;
+  c.num_kv_heads = 2;
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("num_q_heads (65536) exceeds"));
+  CHECK(cacheStats().compiles == 0);
+  CHECK_FALSE(fs::exists(tmp.path + "/cache"));
+}
+
+TEST_CASE("precompile: the C API's arch is matched exactly",
+          "[runtime][precompile]") {
+  dualkv_precompile_args_t c{};
+  c.struct_size = sizeof c;
+  c.head_dim = 64;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 4;
+  c.dtype = DUALKV_BF16;
+  dualkv_precompile_report_t report{};
+  report.struct_size = sizeof report;
+  for (const char *arch : {"sm_80x", " sm_80", "sm_80 ", "SM_80", "sm_80\n",
+                           "sm_8", "sm_800", "sm_90a\t"}) {
+    INFO('\'' << arch << '\'');
+    c.arch = arch;
+    CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(dualkv_last_error())
+              .rfind(fmt::format("arch: arch '{}' is not supported; "
+                                 "supported: sm_80, ",
+                                 arch),
+                     0) == 0);
+  }
+  // An arch of 100,000 characters is quoted in part.
+  const std::string huge(100000, 'x');
+  c.arch = huge.c_str();
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+  const std::string message = dualkv_last_error();
+  CHECK(message.size() < 1000);
+  CHECK_THAT(message, Contains("... (99936 more bytes cut)"));
+}
+
+TEST_CASE("precompile: an entry whose meta.json became a folder is compiled "
+          "once more and repaired, and the next process hits",
+          "[runtime][precompile]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  clearKernelCache();
+  resetCacheStats();
+  PrecompileArgs args;
+  args.head_dim = 64;
+  args.num_q_heads = 2;
+  args.num_kv_heads = 1;
+  args.arch = "sm_80";
+  args.backward = false;
+  REQUIRE(precompile(args).compiles == 1);
+  std::string meta;
+  for (const auto &e :
+       fs::recursive_directory_iterator(tmp.path + "/cache/v3/sm_80"))
+    if (e.path().filename() == "meta.json")
+      meta = e.path().string();
+  REQUIRE(!meta.empty());
+  fs::remove(meta);
+  fs::create_directories(meta + "/inside");
+
+  // Each process below is one cleared kernel cache: the first recompiles
+  // the damaged entry and writes it, the second reads it from disk.
+  clearKernelCache();
+  PrecompileReport repair = precompile(args);
+  CHECK(repair.compiles == 1);
+  CHECK(repair.diskHits == 0);
+  CHECK(fs::is_regular_file(fs::symlink_status(meta)));
+  clearKernelCache();
+  PrecompileReport hit = precompile(args);
+  CHECK(hit.diskHits == 1);
+  CHECK(hit.compiles == 0);
+  clearKernelCache();
+}

@@ -221,6 +221,115 @@ TEST_CASE("tuning: version 2 holds every kind and other versions or "
   std::remove(path.c_str());
 }
 
+TEST_CASE("tuning: an entry the compiler's spec check refuses is left out "
+          "with a warning, fields out of range refuse the file",
+          "[tuning]") {
+  std::string path = tempPath("dualkv-tuning-spec");
+  auto entry = [](const std::string &kind, const std::string &arch,
+                  const std::string &tiling,
+                  const std::string &heads = R"("num_q_heads": 4, )"
+                                             R"("num_kv_heads": 4)",
+                  const std::string &headDim = "64") {
+    return R"({"kind": ")" + kind + R"(", "P": 0, "N": 0, "head_dim": )" +
+           headDim + ", " + heads + R"(, "dtype": "bf16", "arch": ")" + arch +
+           R"(", "tiling": )" + tiling + "}";
+  };
+  auto file = [](const std::string &entries) {
+    return R"({"schema": "dualkv-tuning", "version": 2, "entries": [)" +
+           entries + "]}";
+  };
+  const std::string good = R"({"block_m": 128, "block_n": 32, "warps": 4, )"
+                           R"("stages": 2})";
+  // The loader's own checks passed these (every field in [0, 2^30]); the
+  // spec check refuses a forward of 3 stages, and an arch it does not know.
+  const std::string threeStages = R"({"block_m": 128, "block_n": 32, )"
+                                  R"("warps": 4, "stages": 3})";
+  writeText(path, file(entry("fwd", "sm_80", threeStages) + ", " +
+                       entry("fwd", "sm_86", good) + ", " +
+                       entry("fwd", "sm_75", good)));
+  std::string error;
+  std::vector<std::string> skipped;
+  TuningDb db = TuningDb::load(path, &error, &skipped);
+  CHECK(error.empty());
+  REQUIRE(db.entries().size() == 1);
+  CHECK(db.entries()[0].spec.arch == "sm_86");
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0] ==
+        fmt::format("tuning database {}: entries[0] (fwd generic head_dim 64 "
+                    "heads 4:4 bf16 sm_80 tiling 128,32,4,3) is left out: "
+                    "stages 3 and 4 are the warp-specialized dQ kernel's "
+                    "only; this fwd kernel takes 1 or 2; its kernel takes the "
+                    "default tiling",
+                    path));
+  CHECK(skipped[1].find("entries[2] (") != std::string::npos);
+  CHECK(skipped[1].find("arch 'sm_75' is not supported") != std::string::npos);
+  // The lookup finds nothing for the refused entry: the default tiling.
+  KernelSpec spec;
+  spec.headDim = 64;
+  spec.numQHeads = 4;
+  spec.numKVHeads = 4;
+  spec.arch = "sm_80";
+  CHECK_FALSE(db.find(spec).has_value());
+
+  // Values out of range (up to 2^30 passed before, wrapping as int on the
+  // way to the spec helpers) make the file malformed: it is not used at all.
+  struct Bad {
+    std::string entry, expect;
+  };
+  for (const Bad &bad : {
+           Bad{entry("fwd", "sm_80",
+                     R"({"block_m": 1073741824, "block_n": 32, "warps": 4, )"
+                     R"("stages": 2})"),
+               "entries[0].tiling.blockM (1073741824) must be a power of two "
+               "in [16, 256]"},
+           Bad{entry("fwd", "sm_80",
+                     R"({"block_m": 128, "block_n": 48, "warps": 4, )"
+                     R"("stages": 2})"),
+               "entries[0].tiling.blockN (48) must be a power of two in [16, "
+               "256]"},
+           Bad{entry("fwd", "sm_80",
+                     R"({"block_m": 128, "block_n": 32, "warps": 1073741824, )"
+                     R"("stages": 2})"),
+               "entries[0].tiling.warps (1073741824) must be a power of two "
+               "up to 16"},
+           Bad{entry("fwd", "sm_80",
+                     R"({"block_m": 128, "block_n": 32, "warps": 4, )"
+                     R"("stages": 5})"),
+               "entries[0].tiling.stages (5) must be 1 to 4"},
+           Bad{entry("fwd", "sm_80",
+                     R"({"block_m": 128.0, "block_n": 32, "warps": 4, )"
+                     R"("stages": 2})"),
+               "entries[0].block_m is not a valid integer"},
+           Bad{entry("fwd", "sm_80",
+                     R"({"block_m": 18446744073709551615, "block_n": 32, )"
+                     R"("warps": 4, "stages": 2})"),
+               "entries[0].block_m is not a valid integer"},
+           Bad{entry("fwd", "sm_80", good,
+                     R"("num_q_heads": 65536, "num_kv_heads": 1)"),
+               "entries[0].num_q_heads is not a valid integer (one in [1, "
+               "65535]): 65536"},
+           Bad{entry("fwd", "sm_80", good,
+                     R"("num_q_heads": 6, "num_kv_heads": 4)"),
+               "entries[0].num_q_heads (6) is not a multiple of num_kv_heads "
+               "(4)"},
+           Bad{entry("fwd", "sm_80", good,
+                     R"("num_q_heads": 4, "num_kv_heads": 4)", "96"),
+               "entries[0].head_dim (96) must be 64, 128 or 256"},
+       }) {
+    INFO(bad.entry);
+    writeText(path, file(entry("fwd", "sm_86", good) + ", " + bad.entry));
+    TuningDb refused = TuningDb::load(path, &error, &skipped);
+    CHECK(refused.entries().empty());
+    CHECK(skipped.empty());
+    CHECK(error.find("ignored") != std::string::npos);
+    // The second entry is entries[1].
+    std::string expect = bad.expect;
+    expect.replace(expect.find("entries[0]"), 10, "entries[1]");
+    CHECK(error.find(expect) != std::string::npos);
+  }
+  std::remove(path.c_str());
+}
+
 namespace {
 
 /// Parameter sizes of the backward's kernels (docs/backward-abi.md), so the
