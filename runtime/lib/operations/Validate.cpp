@@ -138,6 +138,11 @@ llvm::Error checkScaleAndTiling(float scale, const Tiling &t) {
                     "that the backward gives), which is the same "
                     "attention",
                     scale));
+  // The kernels work in the log2 domain: scale * log2(e) must be an fp32
+  // number too (FLT_MAX / log2(e) is about 2.4e38).
+  if (!std::isfinite(scale * 1.44269504f))
+    return invalidArgument(fmt::format(
+        "scale ({}) is too large: scale * log2(e) overflows fp32", scale));
   return checkTiling("tiling", t);
 }
 

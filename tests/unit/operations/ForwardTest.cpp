@@ -135,6 +135,8 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
       {[](ForwardArgs &a) { a.lse_stride_h = -5; },
        "lse_stride_h (-5) is negative"},
       {[](ForwardArgs &a) { a.scale = std::nanf(""); }, "scale (nan)"},
+      {[](ForwardArgs &a) { a.scale = 3e38f; },
+       "scale (3e+38) is too large: scale * log2(e) overflows fp32"},
       {[](ForwardArgs &a) { a.tiling.blockM = -64; },
        "tiling.blockM (-64) is negative"},
   };
