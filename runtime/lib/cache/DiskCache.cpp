@@ -144,12 +144,51 @@ void moveAsideAndRemove(int dir, const std::string &name) {
     removeTree(dir, aside, 0);
 }
 
-/// Writes `bytes` to `name` in the folder `dir` so that no reader ever sees a
-/// partial file: a 0600 temp file unique to this process and call (pid plus
-/// random characters, so threads and ranks never share one) in the same
-/// folder, then renameat(2), which is atomic and replaces whatever `name` was
-/// (a damaged file, a link, a FIFO; a folder is moved aside and removed
-/// first).
+/// Roots refused in this process: each is reported once, then left alone.
+struct RefusedRoots {
+  std::mutex mutex;
+  std::set<std::string> roots;
+};
+RefusedRoots &refusedRoots() {
+  static RefusedRoots refused;
+  return refused;
+}
+
+/// The checksum of a meta.json: SHA-256 of its canonical JSON without the
+/// checksum field itself, so that it covers the key, the launch geometry and
+/// (through their own sums) the PTX and cubin.
+std::string entryChecksum(json meta) {
+  meta.erase("sha256");
+  return sha256Hex(meta.dump());
+}
+
+std::string joinPath(llvm::StringRef a, llvm::StringRef b) {
+  llvm::SmallString<256> path(a);
+  llvm::sys::path::append(path, b);
+  return path.str().str();
+}
+
+/// This user's home folder from the password database (where $HOME is
+/// unset or empty), or nothing.
+std::optional<std::string> passwdHome() {
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buffer(size > 0 ? static_cast<size_t>(size) : 16384);
+  struct passwd entry, *found = nullptr;
+  if (::getpwuid_r(::geteuid(), &entry, buffer.data(), buffer.size(), &found) !=
+          0 ||
+      !found || !found->pw_dir || !*found->pw_dir)
+    return std::nullopt;
+  return std::string(found->pw_dir);
+}
+
+} // namespace
+
+// Writes `bytes` to `name` in the folder `dir` so that no reader ever sees a
+// partial file: a 0600 temp file unique to this process and call (pid plus
+// random characters, so threads and ranks never share one) in the same
+// folder, then renameat(2), which is atomic and replaces whatever `name` was
+// (a damaged file, a link, a FIFO; a folder is moved aside and removed
+// first).
 llvm::Error writeAtomically(int dir, const std::string &shownDir,
                             const std::string &name, llvm::StringRef bytes) {
   static std::atomic<uint64_t> counter{0};
@@ -200,45 +239,6 @@ llvm::Error writeAtomically(int dir, const std::string &shownDir,
   }
   return llvm::Error::success();
 }
-
-/// Roots refused in this process: each is reported once, then left alone.
-struct RefusedRoots {
-  std::mutex mutex;
-  std::set<std::string> roots;
-};
-RefusedRoots &refusedRoots() {
-  static RefusedRoots refused;
-  return refused;
-}
-
-/// The checksum of a meta.json: SHA-256 of its canonical JSON without the
-/// checksum field itself, so that it covers the key, the launch geometry and
-/// (through their own sums) the PTX and cubin.
-std::string entryChecksum(json meta) {
-  meta.erase("sha256");
-  return sha256Hex(meta.dump());
-}
-
-std::string joinPath(llvm::StringRef a, llvm::StringRef b) {
-  llvm::SmallString<256> path(a);
-  llvm::sys::path::append(path, b);
-  return path.str().str();
-}
-
-/// This user's home folder from the password database (where $HOME is
-/// unset or empty), or nothing.
-std::optional<std::string> passwdHome() {
-  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
-  std::vector<char> buffer(size > 0 ? static_cast<size_t>(size) : 16384);
-  struct passwd entry, *found = nullptr;
-  if (::getpwuid_r(::geteuid(), &entry, buffer.data(), buffer.size(), &found) !=
-          0 ||
-      !found || !found->pw_dir || !*found->pw_dir)
-    return std::nullopt;
-  return std::string(found->pw_dir);
-}
-
-} // namespace
 
 DiskCache::DiskCache(std::string root) : root_(std::move(root)) {}
 

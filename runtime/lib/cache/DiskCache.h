@@ -78,6 +78,14 @@ private:
   std::string root_;
 };
 
+/// Writes `bytes` to `name` in the folder `dir` (shown as `shownDir` in
+/// messages) so that no reader ever sees a partial file: a 0600 temp file
+/// created O_EXCL|O_NOFOLLOW beside it, every write checked, then renameat(2)
+/// over `name` (a link there is replaced, never followed). On failure the
+/// temp file is removed and `name` is untouched.
+llvm::Error writeAtomically(int dir, const std::string &shownDir,
+                            const std::string &name, llvm::StringRef bytes);
+
 } // namespace dualkv
 
 #endif

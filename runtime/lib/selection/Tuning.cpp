@@ -14,9 +14,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <llvm/ADT/SmallString.h>
+#include <llvm/Support/Path.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -404,19 +408,21 @@ std::string TuningDb::toJson() const {
 }
 
 bool TuningDb::save(const std::string &path, std::string *error) const {
-  std::mt19937_64 rng(std::random_device{}());
-  std::string tmp = fmt::format("{}.tmp.{}.{:x}", path, ::getpid(), rng());
-  {
-    std::ofstream out(tmp);
-    out << toJson();
-    if (!out) {
-      *error = fmt::format("cannot write {}", tmp);
-      return false;
-    }
+  // Through the cache's writer: a complete file or none, no link followed.
+  llvm::SmallString<256> dir(path);
+  llvm::sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+  std::string name = llvm::sys::path::filename(path).str();
+  FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) {
+    *error = fmt::format("cannot write {}: cannot open the folder {}: {}", path,
+                         dir.str(), std::strerror(errno));
+    return false;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    *error = fmt::format("cannot rename {} to {}", tmp, path);
+  if (llvm::Error e =
+          writeAtomically(fd.get(), dir.str().str(), name, toJson())) {
+    *error = takeErrorParts(std::move(e)).message;
     return false;
   }
   return true;

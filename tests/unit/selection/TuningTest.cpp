@@ -992,3 +992,31 @@ TEST_CASE("tuning: a class tiling that does not build leaves the class to the "
   CHECK(fake.launches == 3);
   CHECK(backgroundCompilesStarted() == 1);
 }
+
+TEST_CASE("tuning: save replaces a link without following it and reports "
+          "a write it cannot make",
+          "[tuning]") {
+  TempDir tmp;
+  const std::string victim = tmp.path + "/victim.txt";
+  writeText(victim, "keep me\n");
+  const std::string path = tmp.path + "/tuning.json";
+  REQUIRE(::symlink(victim.c_str(), path.c_str()) == 0);
+  TuningDb db;
+  db.put(sample(128, "sm_90a", {128, 64, 8, 2}));
+  std::string error;
+  REQUIRE(db.save(path, &error));
+  // The link is gone, replaced by the database; its target is untouched.
+  struct stat st {};
+  REQUIRE(::lstat(path.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  std::ifstream in(victim);
+  std::string line;
+  std::getline(in, line);
+  CHECK(line == "keep me");
+  CHECK(TuningDb::load(path, &error).entries().size() == 1);
+
+  // A folder where the file's folder should be: an error, nothing written.
+  const std::string bad = victim + "/tuning.json";
+  CHECK_FALSE(db.save(bad, &error));
+  CHECK(error.find("cannot write " + bad) != std::string::npos);
+}
