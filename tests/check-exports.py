@@ -21,6 +21,7 @@ import sys
 HEADERS = [
     "runtime/include/dualkv/*.h",
     "compiler/include/dualkv/Compiler/Compiler.h",
+    "compiler/include/dualkv/Compiler/KernelSpec.h",
     "compiler/include/dualkv/Compiler/KernelAbi.h",
     "base/include/dualkv/*.h",
 ]

@@ -1,0 +1,117 @@
+//===- KernelSpec.h - what one kernel is, and whether it can be built -----===//
+//
+// A typed description of one kernel (kind, problem, arch, tiling, schedule),
+// its defaults (resolveSpec) and the spec check (checkSpec). Needs no MLIR:
+// the runtime-only library includes it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUALKV_COMPILER_KERNELSPEC_H
+#define DUALKV_COMPILER_KERNELSPEC_H
+
+#include "dualkv/Export.h"
+#include "dualkv/Names.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace dualkv {
+
+/// A GPU target, sm_<number>[a], parsed once from its spelling.
+struct DUALKV_API Arch {
+  int number = 0;            ///< 80 for sm_80, 90 for sm_90a
+  bool archSpecific = false; ///< the "a": features of this arch only (wgmma)
+  /// `text` as an Arch if the compiler supports it; otherwise nullopt, with
+  /// *error (if given) naming the supported archs.
+  static std::optional<Arch> parse(const std::string &text,
+                                   std::string *error = nullptr);
+  /// The target of a GPU of compute capability major.minor: sm_90a on 9.0
+  /// (wgmma), else sm_<major><minor>, which parse() may refuse.
+  static Arch forComputeCapability(int major, int minor);
+  /// "sm_80", "sm_90a".
+  std::string str() const;
+  /// Whether wgmma exists: sm_90a only.
+  bool hasWgmma() const { return number == 90 && archSpecific; }
+  /// The PTX ISA version emitted for this arch, times ten: 81 up to sm_90a
+  /// (any CUDA 12.1+ driver reads it), the first version that knows the arch
+  /// after that.
+  int ptxVersion() const;
+  bool operator==(const Arch &o) const {
+    return number == o.number && archSpecific == o.archSpecific;
+  }
+};
+/// The archs Arch::parse accepts, for messages: "sm_80, sm_86, ...".
+DUALKV_API std::string supportedArchs();
+
+/// Tile shape and schedule. Zero fields mean "the default for this spec".
+struct Tiling {
+  int blockM = 0;
+  int blockN = 0;
+  int warps = 0;
+  int stages = 0;
+  bool operator==(const Tiling &o) const {
+    return blockM == o.blockM && blockN == o.blockN && warps == o.warps &&
+           stages == o.stages;
+  }
+};
+
+/// Every input that changes generated code. P, N and R are a shape class
+/// (dualkv::shapeClassOf, runtime/include/dualkv/Tuning.h): the kernels read
+/// exact lengths at run time, so P = N = R = 0 means "any", and the runtime
+/// compiles a class's kernel as the generic one (same PTX); the class only
+/// selects the tiling the tuning database holds for it. The compiler does not
+/// read R.
+struct KernelSpec {
+  KernelKind kind = KernelKind::Fwd;
+  int64_t P = 0;
+  int64_t N = 0;
+  int64_t R = 0;
+  int headDim = 128;
+  int numQHeads = 32;
+  int numKVHeads = 8;
+  DType dtype = DType::BF16;
+  std::string arch = "sm_90a";
+  Tiling tiling;
+  /// Auto: the default for the rest of the spec (resolveSpec fills it in).
+  Schedule schedule = Schedule::Auto;
+  /// Query-major kernels (fwd, bwd_dq) of prefix trees whose segments see
+  /// several disjoint ancestor ranges: they walk the plan's chain table
+  /// (an extra `chain` parameter, docs/forward-abi.md) instead of one shared
+  /// range. False for groups and chains of first children.
+  bool tree = false;
+};
+
+/// The tiling the compiler uses when the spec leaves it open (for the
+/// spec's schedule when one is asked for).
+DUALKV_API Tiling defaultTiling(const KernelSpec &spec);
+/// `spec` with its tiling completed by defaultTiling and, with Schedule::Auto,
+/// its schedule chosen: the one place that choice is made.
+DUALKV_API KernelSpec resolveSpec(KernelSpec spec);
+/// Whether the resolved `spec`'s KV loops run every tile through the region's
+/// mask (one loop body a region, dualkv-tile-regions' mask-every-tile)
+/// instead of unmasked full tiles and masked edges: the head_dim-256 dQ
+/// kernel on sm_90 and later, whose four tile bodies of 192 mma.sync each
+/// made it the slowest kernel to compile.
+DUALKV_API bool maskEveryTile(const KernelSpec &spec);
+/// Threads per CTA of `spec`: the tiling's warps, and the producer warpgroup
+/// of the warp-specialized schedule.
+DUALKV_API int threadsPerBlock(const KernelSpec &spec);
+/// Dynamic shared memory of the warp-specialized forward (or, for `kind`
+/// bwd_dq, dQ kernel) at `tiling`: Q (and dO), a ring of `stages` K and V
+/// tiles (unpadded, 128-byte swizzle), an 8-byte mbarrier for Q and four a
+/// stage, and 1 KB to align the tiles.
+DUALKV_API int64_t warpSpecializedSharedBytes(
+    const Tiling &tiling, int headDim, KernelKind kind = KernelKind::Fwd);
+/// The ring depth of the warp-specialized dQ kernel's default tiling.
+inline constexpr int kDqWarpSpecializedStages = 3;
+/// The stages of a warp-specialized bwd/bwd_kv tiling whose producer loads
+/// Q and dO by TMA (with 1, by cp.async).
+inline constexpr int kKVMajorTmaStages = 2;
+
+/// Why the resolved `spec` cannot be compiled as it stands (an arch outside
+/// the supported set, a schedule it cannot use), or an empty string.
+DUALKV_API std::string checkSpec(const KernelSpec &spec);
+
+} // namespace dualkv
+
+#endif
