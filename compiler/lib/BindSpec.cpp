@@ -51,6 +51,16 @@ struct BindSpecPass
         return signalPassFailure();
       }
     }
+    // Head counts: the problem's verifier refuses those below 1.
+    for (auto [name, value] :
+         {std::pair<const char *, int64_t>{"num-q-heads", numQHeads},
+          {"num-kv-heads", numKVHeads}}) {
+      if (value > std::numeric_limits<int32_t>::max()) {
+        getOperation().emitError() << "dualkv-bind-spec: " << name << " = "
+                                   << value << " is out of range";
+        return signalPassFailure();
+      }
+    }
     auto emitErr = [&] { return getOperation().emitError(); };
     double scale = 1.0 / std::sqrt(static_cast<double>(headDim));
     if (failed(ProblemAttr::verify(
@@ -86,13 +96,11 @@ struct BindSpecPass
                      static_cast<int>(warps), static_cast<int>(stages)};
       spec.schedule = *requested;
       spec.tree = tree;
+      spec.numQHeads = static_cast<int>(numQHeads);
+      spec.numKVHeads = static_cast<int>(numKVHeads);
       spec = ::dualkv::resolveSpec(spec);
-      const ::dualkv::Tiling &t = spec.tiling;
-      if (failed(TilingAttr::verify(emitErr, t.blockM, t.blockN, t.warps,
-                                    t.stages)) ||
-          failed(verifyWarpRows(emitErr, kernel.getKind(), headDim, t.blockM,
-                                t.warps)))
-        return std::nullopt;
+      // The one rule set (tiling, schedule, launch limits), which the
+      // dualkv.kernel verifier runs again on the bound kernel.
       if (std::string why = ::dualkv::checkSpec(spec); !why.empty()) {
         kernel.emitOpError() << why;
         return std::nullopt;

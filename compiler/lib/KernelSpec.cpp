@@ -1,12 +1,13 @@
-//===- KernelSpec.cpp - spellings and default tilings of kernel specs
-//-------===//
+//===- KernelSpec.cpp - spellings, default tilings and checks of specs ----===//
 //
-// Needs no MLIR: the runtime-only library links this file too.
+// Needs no MLIR: the runtime-only library links this file too, and the
+// dialect's dualkv.kernel verifier calls checkSpec.
 //
 //===----------------------------------------------------------------------===//
-#include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Compiler/KernelSpec.h"
+#include "dualkv/Bounded.h"
 
-#include <cstdio>
+#include <algorithm>
 
 namespace dualkv {
 
@@ -45,8 +46,8 @@ std::optional<Arch> Arch::parse(const std::string &text, std::string *error) {
     if (text == a.arch.str())
       return a.arch;
   if (error)
-    *error =
-        "arch '" + text + "' is not supported; supported: " + supportedArchs();
+    *error = "arch '" + clipForMessage(text) +
+             "' is not supported; supported: " + supportedArchs();
   return std::nullopt;
 }
 
@@ -189,6 +190,25 @@ Schedule defaultSchedule(const KernelSpec &resolved) {
   return wgmmaUnfit(resolved).empty() ? Schedule::Wgmma : Schedule::MmaSync;
 }
 
+/// `tiling`, the KV-major backward's default at head_dim 64 or 128, or, on
+/// the archs of 99 KB of shared memory a CTA (sm_86, sm_89, sm_120, sm_121)
+/// where the mma.sync kernel of it takes more (sm_80's 128:32:8 116 KB at
+/// head_dim 128, sm_90's 128:64:8 110 KB at head_dim 64), 64 keys and
+/// 32-query tiles in 4 warps: 75 KB at head_dim 128, no spills on sm_86 and
+/// the fewest of the fitting tilings on sm_120 (dualkv-tune --dry-run). None
+/// of these archs has run the kernels (README).
+Tiling fitSharedMemory(const KernelSpec &spec, Tiling tiling) {
+  std::optional<Arch> arch = Arch::parse(spec.arch);
+  if (!arch || arch->hasWgmma())
+    return tiling;
+  KernelSpec mma = spec;
+  mma.tiling = tiling;
+  mma.schedule = Schedule::MmaSync;
+  if (sharedBytes(mma) <= maxSharedBytes(*arch))
+    return tiling;
+  return {64, 32, 4, 1};
+}
+
 } // namespace
 
 Tiling defaultTiling(const KernelSpec &spec) {
@@ -219,16 +239,16 @@ Tiling defaultTiling(const KernelSpec &spec) {
     // and 128 the warp-specialized schedule); its 171 KB of shared memory
     // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
     // tiles past warps of 16 keys.
-    if (archNumber(spec.arch) >= 90)
-      return {128, 64, 8, 1};
-    return {128, 32, 8, 1};
+    return fitSharedMemory(spec, archNumber(spec.arch) >= 90
+                                     ? Tiling{128, 64, 8, 1}
+                                     : Tiling{128, 32, 8, 1});
   case KernelKind::BwdKV:
     // sm_90 and later: as the fused kernel (on sm_90a at head_dim 64 and
     // 128, the warp-specialized schedule). sm_80: without dQ, 64 keys in 4
     // warps ran as fast as 128 in 8 with half the shared memory.
-    if (archNumber(spec.arch) >= 90)
-      return {128, 64, 8, 1};
-    return {64, 64, 4, 1};
+    return fitSharedMemory(spec, archNumber(spec.arch) >= 90
+                                     ? Tiling{128, 64, 8, 1}
+                                     : Tiling{64, 64, 4, 1});
   case KernelKind::BwdDQ:
     // sm_90a, head_dim 64 and 128: the warp-specialized schedule
     // (WarpSpecialized/WarpSpecialized.cpp), a TMA producer warpgroup and two
@@ -341,11 +361,207 @@ int64_t warpSpecializedSharedBytes(const Tiling &t, int headDim,
          8 * (1 + 4 * t.stages) + 1024;
 }
 
+int64_t maxSharedBytes(const Arch &arch) {
+  switch (arch.number) {
+  case 80:
+  case 87:
+    return 163 * 1024;
+  case 86:
+  case 89:
+  case 120:
+  case 121:
+    return 99 * 1024;
+  case 90:
+  case 100:
+  case 103:
+  case 110:
+    return 227 * 1024;
+  default:
+    return 0;
+  }
+}
+
+int64_t sharedBytes(const KernelSpec &resolved) {
+  // Mirrors the emitters' layouts (their sharedBytes()); dualkv-lower-to-
+  // nvgpu refuses a kernel whose emitter laid out another size. Rows of the
+  // mma.sync schedule are padded by 8 elements (Common/Fragments.h kRowPad);
+  // the warpgroup schedules' tiles are unpadded in the 128-byte swizzle and
+  // take 1 KB more to align it.
+  constexpr int64_t kRowPad = 8, kSwizzleAlign = 1024;
+  const Tiling &t = resolved.tiling;
+  const int64_t bm = t.blockM, bn = t.blockN, d = resolved.headDim;
+  const bool mma = resolved.schedule == Schedule::MmaSync ||
+                   resolved.schedule == Schedule::Auto;
+  switch (resolved.kind) {
+  case KernelKind::BwdPre:
+  case KernelKind::BwdPost:
+    return 0;
+  case KernelKind::Fwd:
+  case KernelKind::BwdDQ: {
+    if (resolved.schedule == Schedule::WarpSpecialized)
+      return warpSpecializedSharedBytes(t, resolved.headDim, resolved.kind);
+    // Common/QueryMajor.h: [Q][dO (bwd_dq)][K][V].
+    int64_t rows = (resolved.kind == KernelKind::BwdDQ ? 2 : 1) * bm + 2 * bn;
+    return mma ? rows * (d + kRowPad) * 2 : rows * d * 2 + kSwizzleAlign;
+  }
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    break;
+  }
+  // Common/KVMajor.h: [K][V][Q x 2][dO x 2], dSᵀ (bwd) or, in the mma.sync
+  // schedule's two-dimensional warp layout (MmaSync/KVMajor.cpp), P and dS;
+  // then LSE and Delta of two query tiles, a float a query or a thread.
+  const bool withDq = resolved.kind == KernelKind::Bwd;
+  const bool grid2d = mma && t.warps == 8 &&
+                      ((bm == 128 && bn == 64) || (d == 256 && bm == 64));
+  const int64_t rowStride = mma ? d + kRowPad : d;
+  const int64_t dsRowStride = mma ? bn + kRowPad : bn;
+  int64_t bytes = 2 * bm * rowStride * 2 + 4 * bn * rowStride * 2;
+  if (grid2d)
+    bytes += 2 * bn * (bm + kRowPad) * 2;
+  else if (withDq)
+    bytes += bm * dsRowStride * 2;
+  bytes += 4 * std::max<int64_t>(bn, int64_t(t.warps) * 32) * 4;
+  if (mma)
+    return bytes;
+  // Wgmma/KVMajor.h: a dQ staging tile of fp32 rows padded by 8; the
+  // warp-specialized one (WarpSpecialized/KVMajor.cpp) stages two at
+  // head_dim 64 and adds six mbarriers.
+  int64_t dqTile = withDq ? bn * (d + 8) * 4 : 0;
+  if (resolved.schedule == Schedule::Wgmma)
+    return bytes + dqTile + kSwizzleAlign;
+  return bytes + (d == 64 ? 2 : 1) * dqTile + 8 * 6 + kSwizzleAlign;
+}
+
+std::string checkTiling(int64_t blockM, int64_t blockN, int64_t warps,
+                        int64_t stages) {
+  auto pow2 = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
+  auto str = [](int64_t x) { return std::to_string(x); };
+  if (!pow2(blockM) || blockM < 16 || blockM > 256)
+    return "block_m must be a power of two in [16, 256], got " + str(blockM);
+  if (!pow2(blockN) || blockN < 16 || blockN > 256)
+    return "block_n must be a power of two in [16, 256], got " + str(blockN);
+  if (blockM % blockN != 0)
+    return "block_m (" + str(blockM) + ") must be a multiple of block_n (" +
+           str(blockN) + ") so causal diagonals stay tile-aligned";
+  if (!pow2(warps) || warps > 16)
+    return "warps must be a power of two <= 16, got " + str(warps);
+  if (stages < 1 || stages > 4)
+    return "stages must be 1 to 4, got " + str(stages);
+  return {};
+}
+
+std::string checkProblem(int64_t headDim, int64_t numQHeads,
+                         int64_t numKVHeads) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  if (numQHeads <= 0 || numKVHeads <= 0)
+    return "head counts must be positive, got num_q_heads = " + str(numQHeads) +
+           ", num_kv_heads = " + str(numKVHeads);
+  if (numQHeads % numKVHeads != 0)
+    return "num_q_heads (" + str(numQHeads) +
+           ") must be a multiple of num_kv_heads (" + str(numKVHeads) + ")";
+  if (headDim != 64 && headDim != 128 && headDim != 256)
+    return "head_dim must be 64, 128 or 256, got " + str(headDim);
+  return {};
+}
+
+namespace {
+
+/// Why the warps and threads of the resolved `spec` cannot split its tiles
+/// (every schedule's register and copy layouts), or an empty string.
+std::string warpLayoutUnfit(const KernelSpec &spec) {
+  const Tiling &t = spec.tiling;
+  const int64_t d = spec.headDim;
+  auto str = [](int64_t x) { return std::to_string(x); };
+  bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
+  // Each warp owns whole m16 row blocks of block_m, except in the KV-major
+  // backward's two-dimensional warp layout at head_dim 256: block_m 64 in 8
+  // warps, each 32 keys x 64 columns of dK and dV (MmaSync/KVMajor.cpp).
+  if (!(kvMajor && d == 256 && t.blockM == 64 && t.warps == 8) &&
+      t.blockM % (16 * t.warps) != 0)
+    return "block_m (" + str(t.blockM) +
+           ") must be a multiple of 16 * warps (" + str(16 * t.warps) +
+           "), as each warp owns whole m16 row blocks";
+  // Tile copies give every thread whole 16-byte columns of rows.
+  const int64_t threads = int64_t(t.warps) * 32;
+  for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
+    if (rows * d / 8 % threads != 0)
+      return "tiling copies " + str(rows) + " rows of " + str(d / 8) +
+             " 16-byte chunks with " + str(threads) +
+             " threads: the chunks must split evenly";
+  // Registers per thread for the fp32 accumulators alone: O (forward, dQ),
+  // or dK and dV (KV-major backward).
+  int64_t accRegs = (kvMajor ? 2 : 1) * t.blockM * d / threads;
+  if (accRegs > 128)
+    return "tiling gives each thread " + str(accRegs) +
+           " accumulator registers (accumulators * block_m * head_dim / "
+           "threads); at most 128 fit beside the scores";
+  return {};
+}
+
+/// Why a launch of the resolved `spec`'s kernel exceeds CUDA's limits, or an
+/// empty string. The grid dimension the heads take is the runtime's
+/// (runtime/lib/operations/Forward.cpp, Backward.cpp): z for fwd and bwd_dq,
+/// y for bwd_pre (query heads), bwd and bwd_kv (KV heads) and bwd_post
+/// (query and KV heads together).
+std::string launchUnfit(const KernelSpec &spec, const Arch &arch) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  const std::string kind = toString(spec.kind);
+  if (int64_t threads = threadsPerBlock(spec); threads > kMaxBlockThreads)
+    return "a " + kind + " kernel of " + str(spec.tiling.warps) +
+           " warps launches " + str(threads) +
+           " threads a CTA, more than CUDA's " + str(kMaxBlockThreads);
+  const int64_t hq = spec.numQHeads, hkv = spec.numKVHeads;
+  std::string field, dim = "y";
+  int64_t heads = 0;
+  switch (spec.kind) {
+  case KernelKind::Fwd:
+  case KernelKind::BwdDQ:
+    field = "num_q_heads = " + str(hq), heads = hq, dim = "z";
+    break;
+  case KernelKind::BwdPre:
+    field = "num_q_heads = " + str(hq), heads = hq;
+    break;
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    field = "num_kv_heads = " + str(hkv), heads = hkv;
+    break;
+  case KernelKind::BwdPost:
+    field = "num_q_heads + num_kv_heads = " + str(hq) + " + " + str(hkv);
+    heads = hq + hkv;
+    break;
+  }
+  if (heads > kMaxGridDimYZ)
+    return field + " exceeds " + str(kMaxGridDimYZ) +
+           ", the limit of gridDim." + dim + ", along which a " + kind +
+           " kernel launches its heads";
+  int64_t bytes = sharedBytes(spec), limit = maxSharedBytes(arch);
+  if (bytes > limit)
+    return "a " + kind + " kernel of tiling " + str(spec.tiling.blockM) + ":" +
+           str(spec.tiling.blockN) + ":" + str(spec.tiling.warps) + ":" +
+           str(spec.tiling.stages) + " at head_dim " + str(spec.headDim) +
+           " needs " + str(bytes) + " bytes of shared memory, more than " +
+           arch.str() + "'s " + str(limit) + " (" + str(limit / 1024) +
+           " KB) a CTA";
+  return {};
+}
+
+} // namespace
+
 std::string checkSpec(const KernelSpec &specIn) {
   KernelSpec spec = resolveSpec(specIn);
   std::string error;
-  if (!Arch::parse(spec.arch, &error))
+  std::optional<Arch> arch = Arch::parse(spec.arch, &error);
+  if (!arch)
     return error;
+  if (std::string why =
+          checkProblem(spec.headDim, spec.numQHeads, spec.numKVHeads);
+      !why.empty())
+    return why;
+  const Tiling &t = spec.tiling;
+  if (std::string why = checkTiling(t.blockM, t.blockN, t.warps, t.stages);
+      !why.empty())
+    return why;
   if (spec.tree && spec.kind != KernelKind::Fwd &&
       spec.kind != KernelKind::BwdDQ)
     return std::string("a ") + toString(spec.kind) +
@@ -358,19 +574,21 @@ std::string checkSpec(const KernelSpec &specIn) {
   switch (spec.schedule) {
   case Schedule::Auto:
   case Schedule::MmaSync:
-    return {};
+    break;
   case Schedule::Wgmma:
     if (std::string why = wgmmaUnfit(spec); !why.empty())
       return "the wgmma schedule cannot compute this " +
              std::string(toString(spec.kind)) + " kernel: " + why;
-    return {};
+    break;
   case Schedule::WarpSpecialized:
     if (std::string why = warpSpecializedUnfit(spec); !why.empty())
       return "the warp_specialized schedule cannot compute this " +
              std::string(toString(spec.kind)) + " kernel: " + why;
-    return {};
+    break;
   }
-  return {};
+  if (std::string why = warpLayoutUnfit(spec); !why.empty())
+    return why;
+  return launchUnfit(spec, *arch);
 }
 
 } // namespace dualkv

@@ -75,6 +75,12 @@ struct LowerToNVGPUPass
             << "is not bound to a spec: run dualkv-bind-spec first";
         return signalPassFailure();
       }
+      // The verifier's spec check once more, as no emitter may see a spec
+      // that cannot run even when verification was skipped
+      // (--mlir-very-unsafe-disable-verifier-on-parsing, --verify-each=0).
+      FailureOr<::dualkv::KernelSpec> spec = kernel.checkedSpec();
+      if (failed(spec))
+        return signalPassFailure();
       // The entry point is named after the schedule: attention_fwd_wgmma.
       std::string entry =
           (kernel.getSymName() + "_" + stringifySchedule(*kernel.getSchedule()))
@@ -83,6 +89,17 @@ struct LowerToNVGPUPass
       int64_t sharedBytes = 0;
       if (failed(emitKernel(kernel, b, gpuModule, &sharedBytes)))
         return signalPassFailure();
+      // checkSpec held the kernel to its arch's shared memory by the spec's
+      // own count: it must be the layout the emitter made.
+      if (int64_t expected = ::dualkv::sharedBytes(*spec);
+          sharedBytes != expected) {
+        kernel.emitOpError()
+            << "laid out " << sharedBytes
+            << " bytes of shared memory where the spec counts " << expected
+            << " (::dualkv::sharedBytes in compiler/lib/KernelSpec.cpp must "
+               "follow the emitter's layout)";
+        return signalPassFailure();
+      }
       // The launch reads these off the IR (and the runtime off KernelInfo).
       auto func = gpuModule.lookupSymbol<gpu::GPUFuncOp>(entry);
       func->setAttr("dualkv.shared_bytes", b.getI64IntegerAttr(sharedBytes));

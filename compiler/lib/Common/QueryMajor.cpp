@@ -176,7 +176,17 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
 
 LogicalResult QueryMajorEmitter::emitQK(QKOp op) {
   waitFor(op.getK());
-  map.map(op.getResult(), pack(computeScores(op)));
+  SmallVector<Value> scores = computeScores(op);
+  // The softmax and masks index MT x NT C fragments a warp: a schedule whose
+  // products lay out another count (wgmma at two m16 blocks a warp) would
+  // have them read past the end.
+  if (int64_t(scores.size()) != mTiles * nTiles * 4)
+    return op.emitOpError()
+           << "the " << stringifySchedule(*kernel.getSchedule())
+           << " schedule gives " << scores.size()
+           << " score registers a thread where the tiling's fragments need "
+           << mTiles * nTiles * 4;
+  map.map(op.getResult(), pack(scores));
   // The dQ kernel reads K again (dS K) after its scores: no key prefetch there.
   if (stages >= 2 && !isDq)
     prefetchNextKey(op);
@@ -339,6 +349,13 @@ LogicalResult QueryMajorEmitter::emitPV(PVOp op) {
   SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   acc = accumulatePV(p, std::move(acc), map.lookup(op.getV()));
+  if (int64_t(acc.size()) != mTiles * dTiles * 4)
+    return op.emitOpError()
+           << "the " << stringifySchedule(*kernel.getSchedule())
+           << " schedule gives " << acc.size()
+           << " accumulator registers a thread where the tiling's fragments "
+              "need "
+           << mTiles * dTiles * 4;
   map.map(op.getResult(), pack(acc));
   return success();
 }

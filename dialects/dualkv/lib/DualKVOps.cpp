@@ -7,6 +7,8 @@
 #include "mlir/Interfaces/FunctionImplementation.h"
 #include "llvm/ADT/STLExtras.h"
 
+#include <limits>
+
 using namespace mlir;
 using namespace mlir::dualkv;
 
@@ -24,15 +26,11 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << P;
   if (N < 0)
     return emitError() << "N must be >= 0, got " << N;
-  if (numQHeads <= 0 || numKVHeads <= 0)
-    return emitError() << "head counts must be positive, got num_q_heads = "
-                       << numQHeads << ", num_kv_heads = " << numKVHeads;
-  if (numQHeads % numKVHeads != 0)
-    return emitError() << "num_q_heads (" << numQHeads
-                       << ") must be a multiple of num_kv_heads (" << numKVHeads
-                       << ")";
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    return emitError() << "head_dim must be 64, 128 or 256, got " << headDim;
+  // The spec's rules (compiler/lib/KernelSpec.cpp), which the runtime checks
+  // too.
+  if (std::string why = ::dualkv::checkProblem(headDim, numQHeads, numKVHeads);
+      !why.empty())
+    return emitError() << why;
   if (!dtype || !(dtype.isBF16() || dtype.isF16()))
     return emitError() << "dtype must be bf16 or f16, got " << dtype;
   if (!scale || !(scale.getValueAsDouble() > 0.0))
@@ -45,35 +43,9 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  int64_t blockM, int64_t blockN, int64_t warps,
                                  int64_t stages) {
-  auto pow2 = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
-  if (!pow2(blockM) || blockM < 16 || blockM > 256)
-    return emitError() << "block_m must be a power of two in [16, 256], got "
-                       << blockM;
-  if (!pow2(blockN) || blockN < 16 || blockN > 256)
-    return emitError() << "block_n must be a power of two in [16, 256], got "
-                       << blockN;
-  if (blockM % blockN != 0)
-    return emitError() << "block_m (" << blockM
-                       << ") must be a multiple of block_n (" << blockN
-                       << ") so causal diagonals stay tile-aligned";
-  if (!pow2(warps) || warps > 16)
-    return emitError() << "warps must be a power of two <= 16, got " << warps;
-  if (stages < 1 || stages > 4)
-    return emitError() << "stages must be 1 to 4, got " << stages;
-  return success();
-}
-
-LogicalResult
-mlir::dualkv::verifyWarpRows(function_ref<InFlightDiagnostic()> emitError,
-                             KernelKind kind, int64_t headDim, int64_t blockM,
-                             int64_t warps) {
-  bool kvMajor = kind == KernelKind::bwd || kind == KernelKind::bwd_kv;
-  if (kvMajor && headDim == 256 && blockM == 64 && warps == 8)
-    return success();
-  if (blockM % (16 * warps) != 0)
-    return emitError() << "block_m (" << blockM
-                       << ") must be a multiple of 16 * warps (" << 16 * warps
-                       << "): each warp owns whole m16 row blocks";
+  if (std::string why = ::dualkv::checkTiling(blockM, blockN, warps, stages);
+      !why.empty())
+    return emitError() << why;
   return success();
 }
 
@@ -168,43 +140,63 @@ LogicalResult AttentionBwdOp::verify() {
 // KernelOp
 //===----------------------------------------------------------------------===//
 
+// The spec's enumerations list their values in the dialect's order (the
+// schedules after Auto), so a bound kernel converts to a KernelSpec by casts.
+static_assert(static_cast<int>(::dualkv::KernelKind::BwdDQ) ==
+              static_cast<int>(KernelKind::bwd_dq));
+static_assert(static_cast<int>(::dualkv::Schedule::WarpSpecialized) ==
+              static_cast<int>(Schedule::warp_specialized) + 1);
+
+FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
+  ProblemAttr problem = *getProblem();
+  TilingAttr tiling = *getTiling();
+  // The attributes' own verifiers bound head_dim and the tiling; head counts
+  // are only positive there, and the spec holds ints.
+  for (auto [name, value] :
+       {std::pair<const char *, int64_t>{"num_q_heads", problem.getNumQHeads()},
+        {"num_kv_heads", problem.getNumKvHeads()}})
+    if (value > std::numeric_limits<int32_t>::max())
+      return emitOpError() << name << " = " << value << " is out of range";
+  if (std::string why =
+          ::dualkv::checkTiling(tiling.getBlockM(), tiling.getBlockN(),
+                                tiling.getWarps(), tiling.getStages());
+      !why.empty())
+    return emitOpError() << why;
+  ::dualkv::KernelSpec spec;
+  spec.kind = static_cast<::dualkv::KernelKind>(getKind());
+  spec.P = problem.getP();
+  spec.N = problem.getN();
+  spec.headDim = static_cast<int>(problem.getHeadDim());
+  spec.numQHeads = static_cast<int>(problem.getNumQHeads());
+  spec.numKVHeads = static_cast<int>(problem.getNumKvHeads());
+  spec.dtype = problem.getDtype() && problem.getDtype().isF16()
+                   ? ::dualkv::DType::FP16
+                   : ::dualkv::DType::BF16;
+  spec.arch = getArch()->str();
+  spec.tiling = {static_cast<int>(tiling.getBlockM()),
+                 static_cast<int>(tiling.getBlockN()),
+                 static_cast<int>(tiling.getWarps()),
+                 static_cast<int>(tiling.getStages())};
+  spec.schedule =
+      static_cast<::dualkv::Schedule>(static_cast<int>(*getSchedule()) + 1);
+  spec.tree = problem.getTree();
+  if (std::string why = ::dualkv::checkSpec(spec); !why.empty())
+    return emitOpError() << why;
+  return spec;
+}
+
 LogicalResult KernelOp::verify() {
   bool anyBound = getProblem() || getTiling() || getArch() || getSchedule();
   if (anyBound && !isBound())
     return emitOpError()
            << "problem, tiling, arch and schedule are bound together: either "
               "all four or none";
-  if (auto arch = getArch()) {
-    if (!arch->starts_with("sm_"))
-      return emitOpError() << "arch must look like sm_80 or sm_90a, got '"
-                           << *arch << "'";
-  }
-  if (auto tiling = getTiling()) {
-    int64_t d = getProblem()->getHeadDim();
-    if (failed(verifyWarpRows([&] { return emitOpError(); }, getKind(), d,
-                              tiling->getBlockM(), tiling->getWarps())))
-      return failure();
-    // Registers per thread for the fp32 accumulators alone: O (forward, dQ),
-    // or dK and dV (KV-major backward).
-    int64_t accCount =
-        getKind() == KernelKind::bwd || getKind() == KernelKind::bwd_kv ? 2 : 1;
-    int64_t accRegs =
-        accCount * tiling->getBlockM() * d / (tiling->getWarps() * 32);
-    // Tile copies give every thread whole 16-byte columns of rows.
-    int64_t threads = tiling->getWarps() * 32;
-    for (int64_t rows : {tiling->getBlockM(), tiling->getBlockN()})
-      if (rows * d / 8 % threads != 0)
-        return emitOpError() << "tiling copies " << rows << " rows of " << d / 8
-                             << " 16-byte chunks with " << threads
-                             << " threads: the chunks must split evenly";
-    if (accRegs > 128)
-      return emitOpError()
-             << "tiling gives each thread " << accRegs
-             << " accumulator registers (accumulators * block_m * head_dim / "
-                "threads); "
-                "at most 128 fit beside the scores";
-  }
-  return success();
+  if (!isBound())
+    return success();
+  // The spec check of dualkv-bind-spec and the runtime, so that no pass
+  // lowers a spec that cannot run (a schedule its arch lacks, a tiling its
+  // schedule cannot compute, a launch beyond CUDA's limits).
+  return success(succeeded(checkedSpec()));
 }
 
 LogicalResult KernelOp::verifyRegions() {

@@ -122,7 +122,7 @@ func.func @tiling_warps_zero() attributes {x = #dualkv.tiling<block_m = 64, bloc
 
 // Warps own whole m16 row blocks of block_m: a kernel's check, as the KV-major
 // backward at head_dim 256 splits the head dimension instead (below).
-// expected-error @+1 {{'dualkv.kernel' op block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks}}
+// expected-error @+1 {{'dualkv.kernel' op block_m (64) must be a multiple of 16 * warps (128), as each warp owns whole m16 row blocks}}
 dualkv.kernel @tiling_warps_do_not_cover_block_m kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 8, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
@@ -320,7 +320,7 @@ dualkv.kernel @bad_schedule kind <bwd_post> problem <P = 0, N = 0, num_q_heads =
 
 // -----
 
-// expected-error @+1 {{'dualkv.kernel' op arch must look like sm_80 or sm_90a, got 'gfx90a'}}
+// expected-error @+1 {{'dualkv.kernel' op arch 'gfx90a' is not supported; supported: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_103, sm_110, sm_120, sm_121}}
 dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 64, block_n = 64, warps = 4, stages = 1> arch "gfx90a" schedule <mma_sync> {
 }
 

@@ -96,11 +96,11 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=P=-1 2>&1 | FileCheck %s --check-prefix=ERR-P
 // ERR-P: error: P must be >= 0 (0 means any prompt length), got -1
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=warps=3 2>&1 | FileCheck %s --check-prefix=ERR-WARPS
-// ERR-WARPS: error: warps must be a power of two <= 16, got 3
+// ERR-WARPS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op warps must be a power of two <= 16, got 3
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 block-m=16" 2>&1 | FileCheck %s --check-prefix=ERR-BLOCK
-// ERR-BLOCK: error: block_m (16) must be a multiple of block_n (32) so causal diagonals stay tile-aligned
+// ERR-BLOCK: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op block_m (16) must be a multiple of block_n (32) so causal diagonals stay tile-aligned
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=stages=5 2>&1 | FileCheck %s --check-prefix=ERR-STAGES
-// ERR-STAGES: error: stages must be 1 to 4, got 5
+// ERR-STAGES: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op stages must be 1 to 4, got 5
 // The options are valid alone but the kernel verifier rejects the combination.
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=128 warps=4" 2>&1 | FileCheck %s --check-prefix=ERR-REGS
 // ERR-REGS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op tiling gives each thread 256 accumulator registers
@@ -193,7 +193,32 @@ func.func @no_kernel() {
 // The 64-key, 8-warp exception is the KV-major backward's at head_dim 256 only:
 // the forward keeps its whole m16 blocks a warp.
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 block-m=64 block-n=32 warps=8" 2>&1 | FileCheck %s --check-prefix=ERR-FWD-ROWS
-// ERR-FWD-ROWS: error: block_m (64) must be a multiple of 16 * warps (128): each warp owns whole m16 row blocks
+// ERR-FWD-ROWS: attention_fwd.mlir:{{[0-9]+}}:{{[0-9]+}}: error: 'dualkv.kernel' op block_m (64) must be a multiple of 16 * warps (128), as each warp owns whole m16 row blocks
+
+// === launch limits: the arch's shared memory, heads in their grid dimension ===
+// The archs of 99 KB of shared memory a CTA (sm_86, sm_89, sm_120, sm_121) take
+// 64:32:4 for the KV-major backward where the usual default does not fit: sm_80's
+// 128:32:8 needs 116 KB at head_dim 128, sm_90's 128:64:8 110 KB at head_dim 64
+// (defaultTiling); sm_86 keeps 128:32:8 at head_dim 64 (68 KB).
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="arch=sm_86 head-dim=64" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=arch=sm_86 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_89 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="arch=sm_120 head-dim=64" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="arch=sm_90 head-dim=64" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=mma_sync
+// No KV-major tiling at head_dim 256 fits 99 KB: its default is refused, naming
+// the bytes and the limit.
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="arch=sm_86 head-dim=256" 2>&1 | FileCheck %s --check-prefix=ERR-SMEM-D256
+// ERR-SMEM-D256: error: 'dualkv.kernel' op a bwd kernel of tiling 64:32:8:1 at head_dim 256 needs 148480 bytes of shared memory, more than sm_86's 101376 (99 KB) a CTA
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 block-m=256 block-n=256 warps=16" 2>&1 | FileCheck %s --check-prefix=ERR-SMEM
+// ERR-SMEM: error: 'dualkv.kernel' op a fwd kernel of tiling 256:256:16:2 at head_dim 128 needs 208896 bytes of shared memory, more than sm_80's 166912 (163 KB) a CTA
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_90 block-m=256 block-n=256 warps=16" | FileCheck %s --check-prefix=SMEM-SM90
+// SMEM-SM90: tiling <block_m = 256, block_n = 256, warps = 16, stages = 2> arch "sm_90" schedule <mma_sync>
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=65536 num-kv-heads=1" 2>&1 | FileCheck %s --check-prefix=ERR-GRID
+// ERR-GRID: error: 'dualkv.kernel' op num_q_heads = 65536 exceeds 65535, the limit of gridDim.z, along which a fwd kernel launches its heads
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=65535 num-kv-heads=1" | FileCheck %s --check-prefix=GRID
+// GRID: num_q_heads = 65535, num_kv_heads = 1,
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=4294967296 num-kv-heads=1" 2>&1 | FileCheck %s --check-prefix=ERR-HEADS-RANGE
+// ERR-HEADS-RANGE: error: dualkv-bind-spec: num-q-heads = 4294967296 is out of range
 
 // === the schedule: chosen once (resolveSpec), recorded on the kernel ===
 // auto (the default) takes wgmma exactly where it fits: sm_90a, head_dim 128, the

@@ -225,15 +225,16 @@ dualkv.kernel @foreign_op kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num
 // -----
 
 // The lowering dispatches on the schedule the kernel records and never
-// re-derives it: a schedule without a lowering of the kernel's kind is an error.
-// expected-error @+1 {{'dualkv.kernel' op has no warp_specialized lowering}}
+// re-derives it; a schedule without a lowering of the kernel's kind never gets
+// there: the kernel's verifier runs the spec check (checkSpec).
+// expected-error @+1 {{'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_post kernel: it has no bwd_post kernel}}
 dualkv.kernel @not_wired kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a" schedule <warp_specialized> {
   dualkv.convert_grads
 }
 
 // -----
 
-// expected-error @+1 {{'dualkv.kernel' op has no wgmma lowering}}
+// expected-error @+1 {{'dualkv.kernel' op the wgmma schedule cannot compute this bwd_post kernel: it has no bwd_post kernel}}
 dualkv.kernel @no_wgmma_post kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 64, block_n = 16, warps = 4, stages = 1> arch "sm_90a" schedule <wgmma> {
   dualkv.convert_grads
 }

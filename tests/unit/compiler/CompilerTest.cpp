@@ -118,23 +118,32 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
   // smaller) and the dK/dV one holds 64 keys in 4 warps; at head_dim 256 both
   // hold 64 keys in 8 warps (dK and dV split across them) and stream 32-query
   // tiles on every arch; dQ 64 rows x 32 keys; elementwise 64 rows; one stage
-  // each.
+  // each. The archs of 99 KB of shared memory a CTA (sm_86, sm_89, sm_120)
+  // take 64:32:4 where those do not fit them (at head_dim 128; sm_120 at 64
+  // too).
   KernelSpec spec;
+  const Tiling small = {64, 32, 4, 1};
   for (int d : {64, 128, 256}) {
     spec.headDim = d;
     for (const char *arch : {"sm_80", "sm_86", "sm_89", "", "compute_90"}) {
       spec.arch = arch;
+      bool fits = d == 64 || (std::string(arch) != "sm_86" &&
+                              std::string(arch) != "sm_89");
       spec.kind = KernelKind::Bwd;
-      CHECK(defaultTiling(spec) ==
-            (d == 256 ? Tiling{64, 32, 8, 1} : Tiling{128, 32, 8, 1}));
+      CHECK(defaultTiling(spec) == (d == 256 ? Tiling{64, 32, 8, 1}
+                                    : fits   ? Tiling{128, 32, 8, 1}
+                                             : small));
       spec.kind = KernelKind::BwdKV;
-      CHECK(defaultTiling(spec) ==
-            (d == 256 ? Tiling{64, 32, 8, 1} : Tiling{64, 64, 4, 1}));
+      CHECK(defaultTiling(spec) == (d == 256 ? Tiling{64, 32, 8, 1}
+                                    : fits   ? Tiling{64, 64, 4, 1}
+                                             : small));
     }
     for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"}) {
       spec.arch = arch;
       spec.kind = KernelKind::Bwd;
-      Tiling kvMajor = d == 256 ? Tiling{64, 32, 8, 1} : Tiling{128, 64, 8, 1};
+      Tiling kvMajor = d == 256                        ? Tiling{64, 32, 8, 1}
+                       : std::string(arch) == "sm_120" ? small
+                                                       : Tiling{128, 64, 8, 1};
       CHECK(defaultTiling(spec) == kvMajor);
       spec.kind = KernelKind::BwdKV;
       CHECK(defaultTiling(spec) == kvMajor);
@@ -629,8 +638,7 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::Fwd, "sm_90a", 128, {64, 64, 4, 1}), W},
       {specOf(K::Fwd, "sm_90a", 128, {256, 256, 16, 2}), W},
       {specOf(K::Fwd, "sm_90a", 128, {128, 32, 4, 2}), M}, // 2 m16 a warp
-      {specOf(K::Fwd, "sm_90a", 128, {32, 64, 2, 1}), M},  // half a group
-      {specOf(K::Fwd, "sm_90a", 128, {128, 8, 8, 2}), M},  // block_n % 16
+      {specOf(K::Fwd, "sm_90a", 128, {32, 32, 2, 1}), M},  // half a group
       {specOf(K::Fwd, "sm_90a", 64, {128, 32, 4, 2}), M},
       {specOf(K::Fwd, "sm_90", 128), M},
       {specOf(K::Fwd, "sm_80", 128), M},
@@ -772,6 +780,88 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
     CHECK(r.error == why);
     CHECK(r.ptx.empty());
   }
+}
+
+TEST_CASE("compiler: checkSpec holds every kernel to CUDA's launch limits",
+          "[compiler][schedule]") {
+  using K = KernelKind;
+  // The opt-in shared memory a CTA, per arch (the CUDA C++ Programming Guide).
+  const std::pair<const char *, int64_t> limits[] = {
+      {"sm_80", 166912},  {"sm_86", 101376},  {"sm_87", 166912},
+      {"sm_89", 101376},  {"sm_90", 232448},  {"sm_90a", 232448},
+      {"sm_100", 232448}, {"sm_103", 232448}, {"sm_110", 232448},
+      {"sm_120", 101376}, {"sm_121", 101376}};
+  for (const auto &[arch, bytes] : limits) {
+    CAPTURE(arch);
+    CHECK(maxSharedBytes(*Arch::parse(arch)) == bytes);
+  }
+  // Every default kernel fits its arch but the KV-major backward at head_dim
+  // 256 on the 99 KB archs, which no tiling fits.
+  for (const auto &[arch, bytes] : limits)
+    for (K kind : {K::Fwd, K::BwdPre, K::Bwd, K::BwdPost, K::BwdKV, K::BwdDQ})
+      for (int d : {64, 128, 256}) {
+        KernelSpec r = resolveSpec(specOf(kind, arch, d));
+        CAPTURE(arch, toString(kind), d);
+        bool kvMajor = kind == K::Bwd || kind == K::BwdKV;
+        if (bytes == 101376 && kvMajor && d == 256) {
+          CHECK(checkSpec(r).find("bytes of shared memory, more than") !=
+                std::string::npos);
+          continue;
+        }
+        CHECK(checkSpec(r).empty());
+        CHECK(sharedBytes(r) <= bytes);
+      }
+  // The KV-major backward takes 64:32:4 there only where its usual default
+  // does not fit.
+  auto tiling = [](K kind, const char *arch, int d) {
+    return resolveSpec(specOf(kind, arch, d)).tiling;
+  };
+  CHECK(tiling(K::Bwd, "sm_86", 128) == Tiling{64, 32, 4, 1});
+  CHECK(tiling(K::BwdKV, "sm_89", 128) == Tiling{64, 32, 4, 1});
+  CHECK(tiling(K::Bwd, "sm_120", 64) == Tiling{64, 32, 4, 1});
+  CHECK(tiling(K::BwdKV, "sm_121", 64) == Tiling{64, 32, 4, 1});
+  CHECK(tiling(K::Bwd, "sm_86", 64) == Tiling{128, 32, 8, 1});
+  CHECK(tiling(K::BwdKV, "sm_86", 64) == Tiling{64, 64, 4, 1});
+  CHECK(tiling(K::Bwd, "sm_80", 128) == Tiling{128, 32, 8, 1});
+  CHECK(tiling(K::Bwd, "sm_90", 64) == Tiling{128, 64, 8, 1});
+  // The mma.sync forward's layout: (128 + 2 * 32) rows of (128 + 8) * 2 bytes.
+  CHECK(sharedBytes(resolveSpec(specOf(K::Fwd, "sm_80", 128))) == 52224);
+  CHECK(checkSpec(specOf(K::Fwd, "sm_80", 128, {256, 256, 16, 2})) ==
+        "a fwd kernel of tiling 256:256:16:2 at head_dim 128 needs 208896 "
+        "bytes of shared memory, more than sm_80's 166912 (163 KB) a CTA");
+  CHECK(checkSpec(specOf(K::Fwd, "sm_90", 128, {256, 256, 16, 2})).empty());
+
+  // Heads: z for fwd and bwd_dq, y for the backward's others (bwd_post holds
+  // the query and the KV heads), 65535 at most.
+  auto heads = [](K kind, int hq, int hkv) {
+    KernelSpec spec = specOf(kind, "sm_80", 128);
+    spec.numQHeads = hq;
+    spec.numKVHeads = hkv;
+    return checkSpec(spec);
+  };
+  CHECK(heads(K::Fwd, 65535, 1).empty());
+  CHECK(heads(K::Fwd, 65536, 1) ==
+        "num_q_heads = 65536 exceeds 65535, the limit of gridDim.z, along "
+        "which a fwd kernel launches its heads");
+  CHECK(heads(K::BwdDQ, 65536, 2).find("gridDim.z") != std::string::npos);
+  CHECK(heads(K::BwdPre, 65536, 1).find("gridDim.y") != std::string::npos);
+  CHECK(heads(K::Bwd, 65536, 65536) ==
+        "num_kv_heads = 65536 exceeds 65535, the limit of gridDim.y, along "
+        "which a bwd kernel launches its heads");
+  CHECK(heads(K::Bwd, 65536, 1).empty());
+  CHECK(heads(K::BwdPost, 65535, 5) ==
+        "num_q_heads + num_kv_heads = 65535 + 5 exceeds 65535, the limit of "
+        "gridDim.y, along which a bwd_post kernel launches its heads");
+  CHECK(heads(K::BwdPost, 65530, 5).empty());
+  // What no kernel takes is refused by the same check, not by the pipeline.
+  CHECK(heads(K::Fwd, 12, 8) ==
+        "num_q_heads (12) must be a multiple of num_kv_heads (8)");
+  KernelSpec d96 = specOf(K::Fwd, "sm_80", 96);
+  CHECK(checkSpec(d96) == "head_dim must be 64, 128 or 256, got 96");
+  CHECK(checkSpec(specOf(K::Fwd, "sm_90a", 128, {128, 8, 8, 2})) ==
+        "block_n must be a power of two in [16, 256], got 8");
+  CHECK(checkSpec(specOf(K::Fwd, "sm_80", 128, {1 << 30, 32, 4, 2})) ==
+        "block_m must be a power of two in [16, 256], got 1073741824");
 }
 
 TEST_CASE("compiler: archs LLVM aborted on compile or are refused",

@@ -2,7 +2,8 @@
 //
 // A typed description of one kernel (kind, problem, arch, tiling, schedule),
 // its defaults (resolveSpec) and the spec check (checkSpec). Needs no MLIR:
-// the runtime-only library includes it.
+// the runtime-only library includes it, and so does the dialect, whose
+// dualkv.kernel verifier runs checkSpec (docs/architecture.md §3).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_KERNELSPEC_H
@@ -108,8 +109,38 @@ inline constexpr int kDqWarpSpecializedStages = 3;
 /// Q and dO by TMA (with 1, by cp.async).
 inline constexpr int kKVMajorTmaStages = 2;
 
-/// Why the resolved `spec` cannot be compiled as it stands (an arch outside
-/// the supported set, a schedule it cannot use), or an empty string.
+/// CUDA's launch limits on every arch DualKV targets: threads a CTA, and
+/// gridDim.y and gridDim.z, where the kernels put heads (and segments).
+inline constexpr int64_t kMaxBlockThreads = 1024;
+inline constexpr int64_t kMaxGridDimYZ = 65535;
+/// The dynamic shared memory a CTA may opt in to on `arch`: 163 KB on
+/// sm_80 and sm_87, 99 KB on sm_86, sm_89, sm_120 and sm_121, 227 KB on
+/// sm_90, sm_90a, sm_100, sm_103 and sm_110 (the CUDA C++ Programming
+/// Guide's table of compute capabilities); 0 for an unsupported arch.
+DUALKV_API int64_t maxSharedBytes(const Arch &arch);
+/// The dynamic shared memory of the resolved `spec`'s kernel: what its
+/// schedule's emitter lays out (dualkv-lower-to-nvgpu checks that the two
+/// agree on every kernel it emits).
+DUALKV_API int64_t sharedBytes(const KernelSpec &resolved);
+
+/// Why `block_m`, `block_n`, `warps`, `stages` are no tiling of any kernel
+/// (powers of two in range, block_m a multiple of block_n, 1 to 4 stages),
+/// or an empty string. #dualkv.tiling's verifier and checkSpec run it.
+DUALKV_API std::string checkTiling(int64_t blockM, int64_t blockN,
+                                   int64_t warps, int64_t stages);
+/// Why `headDim`, `numQHeads`, `numKVHeads` are no problem any kernel takes
+/// (head_dim 64, 128 or 256; positive head counts, num_q_heads a multiple of
+/// num_kv_heads), or an empty string. #dualkv.problem's verifier and
+/// checkSpec run it.
+DUALKV_API std::string checkProblem(int64_t headDim, int64_t numQHeads,
+                                    int64_t numKVHeads);
+/// Why `spec` (resolved first) cannot be compiled and launched as it stands,
+/// or an empty string: an arch outside the supported set, a head_dim or head
+/// counts no kernel takes, a tiling its kind or schedule cannot compute, a
+/// schedule its arch lacks, or a launch beyond CUDA's limits (threads a CTA,
+/// heads in their grid dimension, the arch's shared memory). The one rule
+/// set: dualkv-bind-spec, the dualkv.kernel verifier (so no pass lowers a
+/// spec that cannot run) and the runtime's kernel selection all call it.
 DUALKV_API std::string checkSpec(const KernelSpec &spec);
 
 } // namespace dualkv

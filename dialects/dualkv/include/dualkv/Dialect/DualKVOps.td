@@ -86,7 +86,11 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
     head (docs/backward-abi.md). Before
     `dualkv-bind-spec` the problem, tiling, arch and schedule are absent (a template);
     after it they are set and every pass below reads shapes from them, and the
-    lowering dispatches on the schedule (`#dualkv.schedule`).
+    lowering dispatches on the schedule (`#dualkv.schedule`). The verifier runs
+    the spec check of `dualkv-bind-spec` (`checkSpec`, compiler/lib/KernelSpec.cpp)
+    on a bound kernel, so a schedule its arch lacks (`wgmma` on `sm_80`), a tiling
+    its schedule cannot compute or a launch beyond CUDA's limits is an error
+    before any pass lowers it.
 
     ```mlir
     dualkv.kernel @attention_fwd kind <fwd> {
@@ -112,6 +116,11 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
     bool isBound() {
       return getProblem() && getTiling() && getArch() && getSchedule();
     }
+    /// The bound kernel's spec, checked by ::dualkv::checkSpec (the rule set
+    /// of dualkv-bind-spec and the runtime): failure, with an error on this
+    /// op, for a spec that cannot be compiled and launched. The verifier and
+    /// dualkv-lower-to-nvgpu (before any emitter runs) call it.
+    FailureOr<::dualkv::KernelSpec> checkedSpec();
   }];
 }
 
