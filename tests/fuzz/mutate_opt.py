@@ -9,7 +9,14 @@ mutants of the template the lowering too. A run must exit 0 or 1 (never a signal
 or an abort), a failing run must say where (`file:line:col: error:` or `loc(`),
 and nothing may print an LLVM fatal error or a stack dump. Failures are written
 to --out for reproduction and listed; the last line is a summary for FileCheck.
-Standard library only.
+
+Then specs (issue 31 D4): every kernel kind, schedule, arch and head_dim against a
+set of tilings that fit and that do not (--combos of them, seeded), each bound by
+dualkv-bind-spec and also written into a bound kernel's text by hand (the route
+that crashed the lowering). A spec the spec check refuses must be a located error
+of dualkv-bind-spec or the dualkv.kernel verifier; one it accepts must tile and
+lower; wgmma and warp_specialized are refused on every arch but sm_90a; nothing
+crashes. Standard library only.
 """
 import argparse
 import concurrent.futures
@@ -181,6 +188,142 @@ def check(opt, path, flags, timeout):
     return None, b""
 
 
+# ---- spec combinations -------------------------------------------------------------
+
+KINDS = ["fwd", "bwd_dq", "bwd", "bwd_kv", "bwd_pre", "bwd_post"]
+SCHEDULES = ["auto", "mma_sync", "wgmma", "warp_specialized"]
+ARCHS = ["sm_80", "sm_86", "sm_90", "sm_90a", "sm_120"]
+HEAD_DIMS = [64, 128, 256]
+# block_m:block_n:warps:stages. Defaults (None), the tilings the schedules are
+# measured at, the issue's crash (128:32:4:2 under wgmma), and ones no schedule or
+# arch takes: too many accumulator registers, copies that do not split, shared
+# memory beyond sm_80's 163 KB or the 99 KB archs', a ring of 3-4 stages, 8 key rows.
+TILINGS = [None, (128, 32, 4, 2), (128, 64, 8, 1), (128, 64, 8, 2), (128, 64, 8, 3),
+           (128, 128, 8, 2), (64, 32, 4, 1), (64, 64, 4, 1), (64, 32, 8, 1),
+           (128, 32, 8, 1), (256, 256, 16, 2), (64, 16, 4, 1), (32, 32, 2, 1),
+           (16, 16, 1, 1), (256, 32, 16, 2), (128, 16, 8, 4), (128, 8, 8, 2)]
+WARPGROUP = ("wgmma", "warp_specialized")
+TILING_TEXT = re.compile(rb"tiling <[^>]*>")
+ARCH_TEXT = re.compile(rb'arch "[^"]*"')
+SCHEDULE_TEXT = re.compile(rb"schedule <[a-z_]+>")
+
+
+def spec_combos(rng, count):
+    """`count` distinct (kind, schedule, arch, head_dim, tiling), seeded; the issue's
+    reproductions always among them."""
+    every = [(k, s, a, d, t) for k in KINDS for s in SCHEDULES for a in ARCHS
+             for d in HEAD_DIMS for t in TILINGS]
+    must = [(k, "wgmma", a, 128, (128, 32, 4, 2)) for k in ("fwd", "bwd_dq")
+            for a in ("sm_80", "sm_90a")]
+    rest = [c for c in every if c not in must]
+    return must + rng.sample(rest, max(0, min(count, len(every)) - len(must)))
+
+
+def bind_option(kind, schedule, arch, head_dim, tiling):
+    opts = "arch=%s head-dim=%d schedule=%s" % (arch, head_dim, schedule)
+    if tiling:
+        opts += " block-m=%d block-n=%d warps=%d stages=%d" % tiling
+    return "--dualkv-bind-spec=" + opts
+
+
+def bound_kernels(opt, templates, out):
+    """Per (kind, head_dim): the template bound on sm_80 with mma_sync's defaults,
+    the text the hand-edited specs start from."""
+    bound = {}
+    for kind in KINDS:
+        for d in HEAD_DIMS:
+            r = subprocess.run([opt, os.path.join(templates, "attention_%s.mlir" % kind),
+                                "--dualkv-bind-spec=arch=sm_80 head-dim=%d schedule=mma_sync" % d],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            if r.returncode == 0:
+                bound[(kind, d)] = r.stdout
+    return bound
+
+
+def is_crash(failure):
+    return failure[2].startswith(("crash", "hang", "fatal", "exit"))
+
+
+def run_opt(opt, path, flags, out_path, timeout):
+    """Runs dualkv-opt writing to out_path; returns (None or why it misbehaved, exit
+    status, stderr), by check()'s rules."""
+    cmd = [opt, path, "--mlir-print-op-on-diagnostic=false", "-o", out_path] + flags
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "hang (no exit after %ss)" % timeout, None, b""
+    if r.returncode < 0 or r.returncode >= 128:
+        return "crash (exit %d)" % r.returncode, r.returncode, r.stderr
+    if r.returncode not in (0, 1):
+        return "exit %d" % r.returncode, r.returncode, r.stderr
+    if FATAL.search(r.stderr):
+        return "fatal error reported (exit %d)" % r.returncode, r.returncode, r.stderr
+    if r.returncode == 1 and not LOCATED.search(r.stderr):
+        return "failure without a located diagnostic", 1, r.stderr
+    return None, r.returncode, r.stderr
+
+
+def run_combo(opt, templates, out, bound, n, combo, timeout):
+    """Runs one spec both ways; returns (outcomes, failures)."""
+    kind, schedule, arch, d, tiling = combo
+    name = "%s %s %s d%d %s" % (kind, schedule, arch, d,
+                                "default" if tiling is None else ":".join(map(str, tiling)))
+    outcomes, failures = [], []
+    lower = ["--dualkv-tile-regions", "--dualkv-lower-to-nvgpu"]
+
+    def judge(path, flags, refusal):
+        """flags bind (or, empty, only parse and verify) `path`; a spec accepted
+        must then tile and lower. refusal: why the spec must be refused, or None."""
+        bound_path = path + ".bound.mlir"
+        reason, rc, stderr = run_opt(opt, path, flags, bound_path, timeout)
+        if reason:
+            failures.append((path, flags, "%s [%s]" % (reason, name), stderr))
+            return
+        if rc != 0:
+            outcomes.append("refused")
+            return
+        if refusal:
+            failures.append((path, flags, "accepted a spec that must be refused "
+                             "(%s) [%s]" % (refusal, name), b""))
+        reason, rc, stderr = run_opt(opt, bound_path, lower, os.devnull, timeout)
+        if reason is None and rc != 0:
+            reason = "the lowering refused a spec the verifier accepted"
+        if reason:
+            failures.append((bound_path, lower, "%s [%s]" % (reason, name), stderr))
+        elif not refusal:
+            outcomes.append("lowered")
+
+    refusal = None
+    if schedule in WARPGROUP and arch != "sm_90a":
+        refusal = "%s needs sm_90a" % schedule
+    elif schedule == "wgmma" and tiling == (128, 32, 4, 2):
+        refusal = "wgmma gives a warp one m16 block, this tiling two"
+    base = os.path.join(out, "spec-%04d" % n)
+    # 1. Bound by dualkv-bind-spec (its check, then the kernel verifier's).
+    bind_path = base + "-template.mlir"
+    with open(os.path.join(templates, "attention_%s.mlir" % kind), "rb") as t:
+        template = t.read()
+    with open(bind_path, "wb") as f:
+        f.write(template)
+    judge(bind_path, [bind_option(kind, schedule, arch, d, tiling)], refusal)
+    # 2. Written into a bound kernel by hand: only the verifier stands between the
+    # text and the lowering. auto is no schedule a kernel records.
+    text = bound.get((kind, d))
+    if text is None or schedule == "auto":
+        return outcomes, failures
+    if tiling:
+        text = TILING_TEXT.sub(b"tiling <block_m = %d, block_n = %d, warps = %d, stages = %d>"
+                               % tiling, text, count=1)
+    text = ARCH_TEXT.sub(b'arch "%s"' % arch.encode(), text, count=1)
+    text = SCHEDULE_TEXT.sub(b"schedule <%s>" % schedule.encode(), text, count=1)
+    edit_path = base + "-edited.mlir"
+    with open(edit_path, "wb") as f:
+        f.write(text)
+    judge(edit_path, [], refusal)
+    return outcomes, failures
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", nargs="+", help=".mlir files or folders to take cases from")
@@ -191,7 +334,13 @@ def main():
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--templates", help="the templates folder (every kernel kind); "
+                    "default: the --template's folder")
+    ap.add_argument("--combos", type=int, default=240,
+                    help="kind x schedule x arch x head_dim x tiling combinations tried")
     args = ap.parse_args()
+    if args.templates is None:
+        args.templates = os.path.dirname(os.path.abspath(args.template))
 
     files = []
     for p in args.inputs:
@@ -232,20 +381,31 @@ def main():
                                 "--dualkv-to-llvm"]))
 
     failures = []
+    combos = spec_combos(rng, args.combos)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
         results = ex.map(lambda j: check(args.opt, j[0], j[1], args.timeout), jobs)
         for (path, flags), (reason, stderr) in zip(jobs, results):
             if reason:
                 failures.append((path, flags, reason, stderr))
+        bound = bound_kernels(args.opt, args.templates, args.out)
+        outcomes = list(ex.map(
+            lambda c: run_combo(args.opt, args.templates, args.out, bound, c[0], c[1],
+                                args.timeout), enumerate(combos)))
+    spec_failures = [f for o in outcomes for f in o[1]]
+    unlocated = len(failures) - sum(1 for f in failures if is_crash(f))
+    failures += spec_failures
 
-    crashes = sum(1 for f in failures if f[2].startswith(("crash", "hang", "fatal", "exit")))
+    crashes = sum(1 for f in failures if is_crash(f))
     for path, flags, reason, stderr in failures:
         print("FAIL: %s: %s %s %s" % (reason, args.opt, path, " ".join(flags)))
         tail = stderr.decode("utf-8", "replace").strip().splitlines()
         for line in tail[:12]:
             print("    " + line)
+    counts = {k: sum(o[0].count(k) for o in outcomes) for k in ("lowered", "refused")}
+    print("specs: %d combinations, %d runs lowered, %d refused by the spec check, %d failures"
+          % (len(combos), counts["lowered"], counts["refused"], len(spec_failures)))
     print("fuzz: %d inputs, %d runs, %d crashes, %d unlocated diagnostics"
-          % (args.count, len(jobs), crashes, len(failures) - crashes))
+          % (args.count, len(jobs), crashes, unlocated))
     return 1 if failures else 0
 
 
