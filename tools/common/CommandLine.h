@@ -124,8 +124,8 @@ public:
 
 /// The most query heads a launch takes: every kernel puts the heads in a
 /// grid dimension (the forward's z, bwd_pre's y), and CUDA caps grid y and z
-/// at 65535 (runtime/lib/operations/Validate.h, kMaxGridYZ).
-inline constexpr int64_t kMaxGridHeads = 65535;
+/// at 65535 (kMaxGridDimYZ, the limit the compiler's spec check applies).
+inline constexpr int64_t kMaxGridHeads = kMaxGridDimYZ;
 
 /// Why `hq` query and `hkv` key/value heads can be launched by no kernel, or
 /// an empty string: both at least 1, HQ a multiple of HKV (so HQ >= HKV), HQ

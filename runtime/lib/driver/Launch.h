@@ -6,6 +6,7 @@
 #include "driver/Module.h"
 
 #include "dualkv/Compiler/KernelAbi.h"
+#include "dualkv/Compiler/KernelSpec.h"
 
 #include <llvm/Support/Error.h>
 
@@ -14,8 +15,9 @@
 
 namespace dualkv {
 
-/// CUDA's limit on gridDim.y and gridDim.z, where segments and heads go.
-constexpr int64_t kMaxGridYZ = 65535;
+/// CUDA's limit on gridDim.y and gridDim.z, where segments and heads go
+/// (the compiler's spec check holds kernels to the same constant).
+constexpr int64_t kMaxGridYZ = kMaxGridDimYZ;
 
 /// The parameters of one launch, set by name as the kernel kind's table
 /// (KernelAbi.h) declares them. A name or type it does not declare is an
