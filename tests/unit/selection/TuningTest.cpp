@@ -994,6 +994,31 @@ TEST_CASE("tuning: a class tiling the spec check refuses leaves the class "
   CHECK(backgroundCompilesStarted() == 0);
 }
 
+TEST_CASE("tuning: a class tiling that the spec check takes but does not "
+          "build leaves the class to the generic kernel and is compiled once",
+          "[tuning][runtime][class]") {
+  if (ptxasPath({}).empty())
+    return; // the class's kernel is compiled for real here
+  // First: the plans below free their tables through it.
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  Plan a({{1024, std::vector<int64_t>(8, 256)}});
+  // A tiling checkSpec takes, whose kernel then fails in ptxas.
+  TunedCache cache(
+      {tunedFor(KernelKind::Fwd, shapeClassOf(a), Tiling{64, 16, 4, 2}, 64)});
+  ScopedEnv background("DUALKV_BACKGROUND_COMPILE", std::nullopt);
+  seed(cache.tmp.path, KernelKind::Fwd, 64, {}, "attention_fwd", 128, 7);
+  // After seed(): the compiler's fingerprint (which names ptxas) is taken.
+  ScopedEnv failingPtxas("DUALKV_PTXAS", "/bin/false");
+  for (int i = 0; i < 3; ++i) {
+    forward(fakeForwardArgs(a, 64));
+    CHECK(fake.last.shared == 7);
+    waitForBackgroundCompiles();
+  }
+  CHECK(fake.launches == 3);
+  CHECK(backgroundCompilesStarted() == 1);
+}
+
 TEST_CASE("tuning: save replaces a link without following it and reports "
           "a write it cannot make",
           "[tuning]") {
