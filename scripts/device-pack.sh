@@ -10,7 +10,7 @@ if [[ ${1:-} == --ab ]]; then
   ab=$2
   shift 2
 fi
-build=${1:-$root/build}
+build=$(cd "${1:-$root/build}" && pwd)
 out=$root/.device
 rm -rf "$out" && mkdir -p "$out/stage/build/tools" "$out/stage/build/tests/gpu"
 if [[ -n $ab ]]; then
