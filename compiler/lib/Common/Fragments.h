@@ -12,8 +12,9 @@
 #ifndef DUALKV_COMPILER_COMMON_FRAGMENTS_H
 #define DUALKV_COMPILER_COMMON_FRAGMENTS_H
 
+#include "Common/Builders.h"
+#include "Common/TileOps.h"
 #include "dualkv/Compiler/KernelAbi.h"
-#include "dualkv/Compiler/Passes.h"
 
 #include <array>
 #include <limits>
@@ -30,8 +31,6 @@ constexpr int64_t kUnboundedElements = std::numeric_limits<int32_t>::max();
 /// banks later, so the 8 row addresses of one ldmatrix phase hit distinct
 /// banks.
 constexpr int64_t kRowPad = 8;
-/// log2(e): the kernels compute exp(x) as exp2(x * log2(e)).
-constexpr float kLog2e = 1.4426950408889634f;
 
 /// Volatile inline PTX with `results` f32 results (returned); ties between
 /// results and operands are spelled in `constraints`.
@@ -56,63 +55,14 @@ inline SmallVector<Value> inlinePtxF32(OpBuilder &b, Location loc,
 }
 
 /// The builders shared by the kernel emitters.
-class FragmentBuilder {
+class FragmentBuilder : public ScalarBuilder {
 public:
   FragmentBuilder(OpBuilder &b, Location loc, Type elemType, int64_t headDim,
                   int64_t warps)
-      : b(b), loc(loc), elemType(elemType), headDim(headDim), warps(warps) {}
+      : ScalarBuilder(b, loc), elemType(elemType), headDim(headDim),
+        warps(warps) {}
 
 protected:
-  // ---- small builders ------------------------------------------------------
-  Value idx(int64_t v) { return arith::ConstantIndexOp::create(b, loc, v); }
-  Value i32c(int32_t v) { return arith::ConstantIntOp::create(b, loc, v, 32); }
-  Value f32c(float v) {
-    return arith::ConstantFloatOp::create(b, loc, b.getF32Type(), APFloat(v));
-  }
-  Value add(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
-  Value mul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
-  Value divu(Value x, int64_t y) {
-    return arith::DivUIOp::create(b, loc, x, idx(y));
-  }
-  Value remu(Value x, int64_t y) {
-    return arith::RemUIOp::create(b, loc, x, idx(y));
-  }
-  Value ceilDiv(Value x, int64_t y) { return divu(add(x, idx(y - 1)), y); }
-  Value cmp(arith::CmpIPredicate pred, Value x, Value y) {
-    return arith::CmpIOp::create(b, loc, pred, x, y);
-  }
-  Value select(Value c, Value x, Value y) {
-    return arith::SelectOp::create(b, loc, c, x, y);
-  }
-  Value toIndex(Value i32) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32);
-  }
-  Value intrinsic(StringRef name, Value x) {
-    return LLVM::CallIntrinsicOp::create(b, loc, b.getF32Type(),
-                                         b.getStringAttr(name), ValueRange{x})
-        .getResult(0);
-  }
-  Value exp2(Value x) { return intrinsic("llvm.nvvm.ex2.approx.ftz.f", x); }
-  Value log2(Value x) { return intrinsic("llvm.nvvm.lg2.approx.ftz.f", x); }
-  Value shuffleXor(Value v, int32_t offset) {
-    return gpu::ShuffleOp::create(b, loc, v, i32c(offset), i32c(32),
-                                  gpu::ShuffleMode::XOR)
-        .getShuffleResult();
-  }
-
-  SmallVector<Value> unpack(Value vec) {
-    auto type = cast<VectorType>(vec.getType());
-    SmallVector<Value> out;
-    for (int64_t i = 0; i < type.getNumElements(); ++i)
-      out.push_back(
-          vector::ExtractOp::create(b, loc, vec, ArrayRef<int64_t>{i}));
-    return out;
-  }
-  Value pack(ArrayRef<Value> elems) {
-    auto type =
-        VectorType::get({int64_t(elems.size())}, elems.front().getType());
-    return vector::FromElementsOp::create(b, loc, type, elems);
-  }
   /// Two fp32 values rounded to the element type and packed into one i32
   /// register.
   Value packPair(Value lo, Value hi) {
@@ -237,77 +187,6 @@ protected:
   // thread is qRow0 + 16 mTiles warp + 16 mt + 8 h + g, relative to the
   // segment start (qRow0: the CTA's first query row).
 
-  /// The scores `s` with key column j of tile `keyBase` (the tile's first key,
-  /// relative to its region) dropped to -inf where `kind` says: causal, key >
-  /// row; bound, key >= `bound` (the shared prompt's length).
-  void maskScores(MutableArrayRef<Value> s, MaskKind kind, Value keyBase,
-                  Value qRow0, Value bound, int64_t mTiles, int64_t nTiles) {
-    Value ninf = f32c(-std::numeric_limits<float>::infinity());
-    for (int64_t mt = 0; mt < mTiles; ++mt)
-      for (int64_t nt = 0; nt < nTiles; ++nt)
-        for (int64_t c = 0; c < 4; ++c) {
-          Value key = add(keyBase, add(idx(nt * 8 + (c % 2)), mul(t, idx(2))));
-          Value drop;
-          if (kind == MaskKind::causal) {
-            Value row = add(add(qRow0, mul(warp, idx(16 * mTiles))),
-                            add(idx(mt * 16 + (c / 2) * 8), g));
-            drop = cmp(arith::CmpIPredicate::ugt, key, row);
-          } else {
-            drop = cmp(arith::CmpIPredicate::uge, key, bound);
-          }
-          Value &v = s[(mt * nTiles + nt) * 4 + c];
-          v = select(drop, ninf, v);
-        }
-  }
-  /// One online-softmax step: the new running max `m` (log2 domain of the
-  /// scaled scores) and per-lane partial sum `l` of every row, the factor
-  /// `alpha` the accumulator is rescaled by, and the fp32 probabilities of
-  /// `s` (C fragments, returned).
-  SmallVector<Value> onlineSoftmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
-                                   MutableArrayRef<Value> l,
-                                   MutableArrayRef<Value> alpha,
-                                   Value scaleLog2, int64_t mTiles,
-                                   int64_t nTiles) {
-    SmallVector<Value> p(s.size());
-    Value ninf = f32c(-std::numeric_limits<float>::infinity());
-    for (int64_t mt = 0; mt < mTiles; ++mt)
-      for (int64_t h = 0; h < 2; ++h) {
-        int64_t r = mt * 2 + h;
-        auto at = [&](int64_t nt, int64_t e) {
-          return s[(mt * nTiles + nt) * 4 + h * 2 + e];
-        };
-        Value mx = at(0, 0);
-        for (int64_t nt = 0; nt < nTiles; ++nt)
-          for (int64_t e = 0; e < 2; ++e)
-            if (nt || e)
-              mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
-        // The four lanes of a quad hold the same row.
-        mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 1));
-        mx = arith::MaximumFOp::create(b, loc, mx, shuffleXor(mx, 2));
-        Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
-        Value mNew = arith::MaximumFOp::create(b, loc, m[r], scaled);
-        // A row with no allowed key yet keeps max -inf; subtract 0 so exp2
-        // gives 0, not NaN.
-        Value isNinf = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ,
-                                             mNew, ninf);
-        Value mUse = select(isNinf, f32c(0.0f), mNew);
-        alpha[r] = exp2(arith::SubFOp::create(b, loc, m[r], mUse));
-        Value negM = arith::NegFOp::create(b, loc, mUse);
-        Value rowSum = f32c(0.0f);
-        for (int64_t nt = 0; nt < nTiles; ++nt)
-          for (int64_t e = 0; e < 2; ++e) {
-            Value x = LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM);
-            Value pe = exp2(x);
-            p[(mt * nTiles + nt) * 4 + h * 2 + e] = pe;
-            rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
-          }
-        // The running sum stays a per-lane partial; storeRows reduces the
-        // quad.
-        l[r] = LLVM::FMAOp::create(b, loc, l[r], alpha[r], rowSum);
-        m[r] = mNew;
-      }
-    return p;
-  }
   /// Where storeRows writes: O (element type) and LSE (fp32, natural log)
   /// of one head of one segment.
   struct OutputRows {
@@ -319,13 +198,10 @@ protected:
   /// natural log) of the rows inside the segment.
   void storeRows(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l,
                  const OutputRows &out, int64_t mTiles, int64_t dTiles) {
-    Value ln2 = f32c(0.6931471805599453f);
     for (int64_t mt = 0; mt < mTiles; ++mt)
       for (int64_t h = 0; h < 2; ++h) {
         int64_t r = mt * 2 + h;
-        Value sum = l[r];
-        sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
-        sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
+        Value sum = tile::rowSum(*this, l[r]);
         Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
         Value row = add(add(out.qRow0, mul(warp, idx(16 * mTiles))),
                         add(idx(mt * 16 + h * 8), g));
@@ -352,9 +228,7 @@ protected:
             scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
                               /*withElseRegion=*/false);
         b.setInsertionPointToStart(lead.thenBlock());
-        // LSE in natural log: m is kept in the log2 domain of scaled scores.
-        Value lse = arith::MulFOp::create(
-            b, loc, arith::AddFOp::create(b, loc, m[r], log2(sum)), ln2);
+        Value lse = tile::logSumExp(*this, m[r], sum);
         memref::StoreOp::create(
             b, loc, lse, out.lsePtr,
             ValueRange{add(mul(out.head, out.lseStrideH), token)});
@@ -646,8 +520,6 @@ protected:
   /// the landed copies visible to it (proxyFence) before the barrier.
   bool wgmmaReadsTiles = false;
 
-  OpBuilder &b;
-  Location loc;
   Type elemType;
   int64_t headDim, warps;
   Value tid, lane, warp, g, t;

@@ -287,58 +287,27 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
   return success();
 }
 
-LogicalResult KVMajorEmitter::emitMask(MaskOp op) {
-  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
-  Value first = add(qBegin, mul(map.lookup(op.getTile()), idx(blockN)));
-  Value ninf = f32c(-std::numeric_limits<float>::infinity());
-  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
-  for (int64_t mt = 0; mt < sm; ++mt)
-    for (int64_t nt = 0; nt < sn; ++nt)
-      for (int64_t c = 0; c < 4; ++c) {
-        Value key = add(kRow0, grid2d ? sKey(nt, c % 2) : keyRow(mt, c / 2));
-        Value query =
-            add(first, grid2d ? sQuery(mt, c / 2) : queryCol(nt, c % 2));
-        Value &v = s[(mt * sn + nt) * 4 + c];
-        v = select(cmp(arith::CmpIPredicate::ugt, key, query), ninf, v);
-      }
-  map.map(op.getResult(), pack(s));
-  return success();
-}
-
-LogicalResult KVMajorEmitter::emitRecomputeProbs(RecomputeProbsOp op) {
-  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
-  SmallVector<Value> lse = unpack(map.lookup(op.getLse()));
-  SmallVector<Value> negLse;
-  for (Value v : lse)
-    negLse.push_back(arith::NegFOp::create(b, loc, v));
-  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
-  for (int64_t mt = 0; mt < sm; ++mt)
-    for (int64_t nt = 0; nt < sn; ++nt)
-      for (int64_t c = 0; c < 4; ++c) {
-        Value &v = s[(mt * sn + nt) * 4 + c];
-        v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2,
-                                     negLse[statIndex(mt, nt, c)]));
-      }
-  map.map(op.getResult(), pack(s));
-  return success();
-}
-
-LogicalResult KVMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
-  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
-  SmallVector<Value> dp = unpack(map.lookup(op.getDprobs()));
-  SmallVector<Value> delta = unpack(map.lookup(op.getDelta()));
-  const int64_t sm = scoreMTiles(), sn = scoreNTiles();
-  for (int64_t mt = 0; mt < sm; ++mt)
-    for (int64_t nt = 0; nt < sn; ++nt)
-      for (int64_t c = 0; c < 4; ++c) {
-        int64_t i = (mt * sn + nt) * 4 + c;
-        Value diff =
-            arith::SubFOp::create(b, loc, dp[i], delta[statIndex(mt, nt, c)]);
-        Value ps = arith::MulFOp::create(b, loc, p[i], scale);
-        p[i] = arith::MulFOp::create(b, loc, ps, diff);
-      }
-  map.map(op.getResult(), pack(p));
-  return success();
+TileEnv KVMajorEmitter::tileEnv() {
+  const int64_t sn = scoreNTiles();
+  TileEnv env;
+  env.layoutOf = [this, sn](Value tile) {
+    Value first = add(qBegin, mul(tile, idx(blockN)));
+    ScoreLayout layout;
+    layout.key = [this, sn](int64_t i) {
+      int64_t mt = i / 4 / sn, nt = i / 4 % sn, c = i % 4;
+      return add(kRow0, grid2d ? sKey(nt, c % 2) : keyRow(mt, c / 2));
+    };
+    layout.query = [this, sn, first](int64_t i) {
+      int64_t mt = i / 4 / sn, nt = i / 4 % sn, c = i % 4;
+      return add(first, grid2d ? sQuery(mt, c / 2) : queryCol(nt, c % 2));
+    };
+    return layout;
+  };
+  env.stat = [this, sn](int64_t i) {
+    return statIndex(i / 4 / sn, i / 4 % sn, i % 4);
+  };
+  env.scaleLog2 = scaleLog2, env.scale = scale;
+  return env;
 }
 
 void KVMajorEmitter::reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles,
@@ -468,13 +437,12 @@ LogicalResult KVMajorEmitter::emitOp(Operation *op) {
       .Case([&](LoadQBlockOp o) { return emitLoadQBlock(o); })
       .Case([&](LoadColStatsOp o) { return emitLoadColStats(o); })
       .Case([&](QKTOp o) { return emitQKT(o); })
-      .Case([&](MaskOp o) { return emitMask(o); })
-      .Case([&](RecomputeProbsOp o) { return emitRecomputeProbs(o); })
-      .Case([&](SoftmaxGradOp o) { return emitSoftmaxGrad(o); })
       .Case([&](AccumulateOp o) { return emitAccumulate(o); })
       .Case([&](AccumulateDqOp o) { return emitAccumulateDq(o); })
       .Case([&](StoreKVGradsOp o) { return emitStoreKVGrads(o); })
-      .Default([&](Operation *o) {
+      .Default([&](Operation *o) -> LogicalResult {
+        if (isTileOp(o))
+          return emitTileOp(o, *this, tileEnv(), map);
         return o->emitOpError()
                << "has no sm_80 lowering in a "
                << stringifyKernelKind(kernel.getKind()) << " kernel";

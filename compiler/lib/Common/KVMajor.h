@@ -133,9 +133,9 @@ protected:
   LogicalResult emitInitGrad(InitGradOp op);
   LogicalResult emitLoadQBlock(LoadQBlockOp op);
   LogicalResult emitLoadColStats(LoadColStatsOp op);
-  LogicalResult emitMask(MaskOp op);
-  LogicalResult emitRecomputeProbs(RecomputeProbsOp op);
-  LogicalResult emitSoftmaxGrad(SoftmaxGradOp op);
+  /// What the tile-op library needs of this kernel: where the values of Sᵀ
+  /// (or, grid2d, S) sit.
+  TileEnv tileEnv();
   LogicalResult emitStoreKVGrads(StoreKVGradsOp op);
 
   /// Key row (relative to the block) of C-fragment row half `h` of m16 block

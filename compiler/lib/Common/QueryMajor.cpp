@@ -218,28 +218,6 @@ Value QueryMajorEmitter::issueKeyCopy(KVLoopOp loop, Value tile,
                   /*swizzled=*/swizzledTiles);
 }
 
-LogicalResult QueryMajorEmitter::emitMask(MaskOp op) {
-  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
-  Value keyBase = mul(map.lookup(op.getTile()), idx(blockN));
-  maskScores(s, op.getKind(), keyBase, qRow0, sharedLen, mTiles, nTiles);
-  map.map(op.getResult(), pack(s));
-  return success();
-}
-
-LogicalResult QueryMajorEmitter::emitOnlineSoftmax(OnlineSoftmaxOp op) {
-  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
-  SmallVector<Value> m = unpack(map.lookup(op.getMax()));
-  SmallVector<Value> l = unpack(map.lookup(op.getSum()));
-  SmallVector<Value> alpha(m.size());
-  SmallVector<Value> p =
-      onlineSoftmax(s, m, l, alpha, scaleLog2, mTiles, nTiles);
-  map.map(op.getProbs(), packAFragments(p));
-  map.map(op.getNewMax(), pack(m));
-  map.map(op.getNewSum(), pack(l));
-  map.map(op.getAlpha(), pack(alpha));
-  return success();
-}
-
 Value QueryMajorEmitter::packAFragments(ArrayRef<Value> p) {
   return pack(FragmentBuilder::packAFragments(p, mTiles, nTiles));
 }
@@ -275,37 +253,6 @@ LogicalResult QueryMajorEmitter::emitLoadRowStats(LoadRowStatsOp op) {
   return success();
 }
 
-LogicalResult QueryMajorEmitter::emitRecomputeProbs(RecomputeProbsOp op) {
-  SmallVector<Value> s = unpack(map.lookup(op.getScores()));
-  SmallVector<Value> lse = unpack(map.lookup(op.getLse()));
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
-      for (int64_t c = 0; c < 4; ++c) {
-        Value &v = s[(mt * nTiles + nt) * 4 + c];
-        Value negLse = arith::NegFOp::create(b, loc, lse[mt * 2 + c / 2]);
-        v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse));
-      }
-  map.map(op.getResult(), pack(s));
-  return success();
-}
-
-LogicalResult QueryMajorEmitter::emitSoftmaxGrad(SoftmaxGradOp op) {
-  SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
-  SmallVector<Value> dp = unpack(map.lookup(op.getDprobs()));
-  SmallVector<Value> delta = unpack(map.lookup(op.getDelta()));
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t nt = 0; nt < nTiles; ++nt)
-      for (int64_t c = 0; c < 4; ++c) {
-        int64_t i = (mt * nTiles + nt) * 4 + c;
-        Value diff =
-            arith::SubFOp::create(b, loc, dp[i], delta[mt * 2 + c / 2]);
-        Value ps = arith::MulFOp::create(b, loc, p[i], scale);
-        p[i] = arith::MulFOp::create(b, loc, ps, diff);
-      }
-  map.map(op.getResult(), packAFragments(p));
-  return success();
-}
-
 LogicalResult QueryMajorEmitter::emitStoreDq(StoreDqOp op) {
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   for (int64_t mt = 0; mt < mTiles; ++mt)
@@ -328,19 +275,6 @@ LogicalResult QueryMajorEmitter::emitStoreDq(StoreDqOp op) {
                                 ValueRange{add(rowBase, col)});
       }
     }
-  return success();
-}
-
-LogicalResult QueryMajorEmitter::emitRescale(RescaleOp op) {
-  SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
-  SmallVector<Value> alpha = unpack(map.lookup(op.getAlpha()));
-  for (int64_t mt = 0; mt < mTiles; ++mt)
-    for (int64_t dt = 0; dt < dTiles; ++dt)
-      for (int64_t c = 0; c < 4; ++c) {
-        Value &v = acc[(mt * dTiles + dt) * 4 + c];
-        v = arith::MulFOp::create(b, loc, v, alpha[mt * 2 + c / 2]);
-      }
-  map.map(op.getResult(), pack(acc));
   return success();
 }
 
@@ -380,19 +314,31 @@ LogicalResult QueryMajorEmitter::emitOp(Operation *op) {
       .Case([&](ChainLoopOp o) { return emitChainLoop(o); })
       .Case([&](LoadKVOp o) { return emitLoadKV(o); })
       .Case([&](QKOp o) { return emitQK(o); })
-      .Case([&](MaskOp o) { return emitMask(o); })
-      .Case([&](OnlineSoftmaxOp o) { return emitOnlineSoftmax(o); })
-      .Case([&](RescaleOp o) { return emitRescale(o); })
       .Case([&](PVOp o) { return emitPV(o); })
       .Case([&](StoreOutputOp o) { return emitStoreOutput(o); })
       .Case([&](LoadDoutOp o) { return emitLoadDout(o); })
       .Case([&](LoadRowStatsOp o) { return emitLoadRowStats(o); })
-      .Case([&](RecomputeProbsOp o) { return emitRecomputeProbs(o); })
-      .Case([&](SoftmaxGradOp o) { return emitSoftmaxGrad(o); })
       .Case([&](StoreDqOp o) { return emitStoreDq(o); })
-      .Default([&](Operation *o) {
+      .Default([&](Operation *o) -> LogicalResult {
+        if (isTileOp(o))
+          return emitTileOp(o, *this, tileEnv(), map);
         return o->emitOpError() << "has no sm_80 lowering";
       });
+}
+
+TileEnv QueryMajorEmitter::tileEnv() {
+  TileEnv env;
+  env.layoutOf = [this](Value tile) {
+    return queryMajorLayout(*this, mTiles, nTiles, qRow0,
+                            mul(tile, idx(blockN)), warp, g, t);
+  };
+  env.stat = queryMajorStats(nTiles);
+  // The shared region of this point of the walk (a tree's ancestor range).
+  env.bound = sharedLen;
+  env.scaleLog2 = scaleLog2, env.scale = scale;
+  env.mTiles = mTiles, env.nTiles = nTiles, env.dTiles = dTiles;
+  env.packOperand = [this](ArrayRef<Value> p) { return packAFragments(p); };
+  return env;
 }
 
 LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {

@@ -66,17 +66,15 @@ protected:
   LogicalResult emitChainLoop(ChainLoopOp op);
   LogicalResult emitLoadKV(LoadKVOp op);
   LogicalResult emitQK(QKOp op);
-  LogicalResult emitMask(MaskOp op);
-  LogicalResult emitOnlineSoftmax(OnlineSoftmaxOp op);
-  LogicalResult emitRescale(RescaleOp op);
   LogicalResult emitPV(PVOp op);
   LogicalResult emitStoreOutput(StoreOutputOp op);
   // The deterministic dQ kernel.
   LogicalResult emitLoadDout(LoadDoutOp op);
   LogicalResult emitLoadRowStats(LoadRowStatsOp op);
-  LogicalResult emitRecomputeProbs(RecomputeProbsOp op);
-  LogicalResult emitSoftmaxGrad(SoftmaxGradOp op);
   LogicalResult emitStoreDq(StoreDqOp op);
+  /// What the tile-op library needs of this kernel at this point of the
+  /// walk (the masks' shared bound changes along a tree's chain).
+  TileEnv tileEnv();
   /// The packed-token row of C-fragment row (mt, h) of this thread, relative
   /// to the segment start.
   Value fragmentRow(int64_t mt, int64_t h) {

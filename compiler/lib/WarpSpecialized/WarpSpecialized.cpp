@@ -375,8 +375,10 @@ SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
       OpBuilder::InsertionGuard inner(b);
       b.setInsertionPointToStart(tail.thenBlock());
       SmallVector<Value> masked(s);
-      maskScores(masked, MaskKind::bound, mul(w[kTile], idx(blockN)), qRow0,
-                 w[kLen], 1, nTiles);
+      tile::mask(*this, masked, MaskKind::bound,
+                 queryMajorLayout(*this, 1, nTiles, qRow0,
+                                  mul(w[kTile], idx(blockN)), warp, g, t),
+                 w[kLen]);
       scf::YieldOp::create(b, loc, pack(masked));
       b.setInsertionPointToStart(tail.elseBlock());
       scf::YieldOp::create(b, loc, vec);
@@ -478,7 +480,10 @@ void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
 SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
                                                 MaskKind kind, Value tile) {
   SmallVector<Value> s(sIn);
-  maskScores(s, kind, mul(tile, idx(blockN)), qRow0, sharedLen, 1, nTiles);
+  tile::mask(*this, s, kind,
+             queryMajorLayout(*this, 1, nTiles, qRow0, mul(tile, idx(blockN)),
+                              warp, g, t),
+             sharedLen);
   return s;
 }
 
@@ -510,8 +515,9 @@ SmallVector<Value>
 WarpSpecializedForward::softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
                                 MutableArrayRef<Value> l,
                                 MutableArrayRef<Value> alpha) {
-  return packAFragments(onlineSoftmax(s, m, l, alpha, scaleLog2, 1, nTiles), 1,
-                        nTiles);
+  return packAFragments(
+      tile::onlineSoftmax(*this, s, m, l, alpha, scaleLog2, 1, nTiles), 1,
+      nTiles);
 }
 
 void WarpSpecializedForward::emitConsumer() {
@@ -580,11 +586,7 @@ void WarpSpecializedForward::emitConsumer() {
     // it retires, and LLVM would otherwise give them to the next tile's P.
     mma.waitKeeping(0, acc, p);
     arrive(vEmpty(prevSlot));
-    for (int64_t dt = 0; dt < dTiles; ++dt)
-      for (int64_t c = 0; c < 4; ++c) {
-        Value &v = acc[dt * 4 + c];
-        v = arith::MulFOp::create(b, loc, v, alpha[c / 2]);
-      }
+    tile::rescale(*this, acc, alpha, 1, dTiles);
     SmallVector<Value> yielded(acc);
     yielded.append(m);
     yielded.append(l);
@@ -613,12 +615,9 @@ void WarpSpecializedForward::emitConsumer() {
 
 void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
                                          ArrayRef<Value> l) {
-  Value ln2 = f32c(0.6931471805599453f);
   SmallVector<Value> inv;
   for (int64_t h = 0; h < 2; ++h) {
-    Value sum = l[h];
-    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 1));
-    sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, 2));
+    Value sum = tile::rowSum(*this, l[h]);
     inv.push_back(arith::DivFOp::create(b, loc, f32c(1.0f), sum));
     Value row = add(qRow0, add(mul(warp, idx(16)), add(idx(h * 8), g)));
     Value lead =
@@ -627,9 +626,7 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
     auto lseIf = scf::IfOp::create(b, loc, lead, /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(lseIf.thenBlock());
-    // LSE in natural log: m is kept in the log2 domain of scaled scores.
-    Value lse = arith::MulFOp::create(
-        b, loc, arith::AddFOp::create(b, loc, m[h], log2(sum)), ln2);
+    Value lse = tile::logSumExp(*this, m[h], sum);
     memref::StoreOp::create(
         b, loc, lse, lsePtr,
         ValueRange{add(mul(head, lseStrideH), add(segStart, row))});
@@ -698,12 +695,7 @@ SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
 SmallVector<Value> WarpSpecializedForward::probs(ArrayRef<Value> sIn,
                                                  ArrayRef<Value> lse) {
   SmallVector<Value> s(sIn);
-  for (int64_t nt = 0; nt < nTiles; ++nt)
-    for (int64_t c = 0; c < 4; ++c) {
-      Value &v = s[nt * 4 + c];
-      Value negLse = arith::NegFOp::create(b, loc, lse[c / 2]);
-      v = exp2(LLVM::FMAOp::create(b, loc, v, scaleLog2, negLse));
-    }
+  tile::recomputeProbs(*this, s, lse, queryMajorStats(nTiles), scaleLog2);
   return s;
 }
 
@@ -711,13 +703,7 @@ SmallVector<Value> WarpSpecializedForward::dScores(ArrayRef<Value> pIn,
                                                    ArrayRef<Value> dp,
                                                    ArrayRef<Value> delta) {
   SmallVector<Value> p(pIn);
-  for (int64_t nt = 0; nt < nTiles; ++nt)
-    for (int64_t c = 0; c < 4; ++c) {
-      int64_t i = nt * 4 + c;
-      Value diff = arith::SubFOp::create(b, loc, dp[i], delta[c / 2]);
-      Value ps = arith::MulFOp::create(b, loc, p[i], scale);
-      p[i] = arith::MulFOp::create(b, loc, ps, diff);
-    }
+  tile::softmaxGrad(*this, p, dp, delta, queryMajorStats(nTiles), scale);
   return packAFragments(p, 1, nTiles);
 }
 
