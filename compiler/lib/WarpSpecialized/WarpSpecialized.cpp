@@ -18,6 +18,11 @@
 // masked tail, the response's full tiles and its causal diagonal) is one
 // iteration of a single software pipeline, in the loops' order; the masks of
 // the IR's edge loops are applied only to the iterations of those loops.
+// The consumers walk the template: the pipeline issues the loop body's
+// products (its qk ops and its pv) and emits every other op of the body
+// through the tile-op library (Common/TileOps.h) as soon as the values it
+// reads are there, so a change to the template's math reaches this schedule
+// as it reaches the others.
 // The tiles sit in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_
 // 128B, boxes of 64 columns) and wgmma read: D / 64 atoms of rows x 128 bytes.
 // The runtime passes one CUtensorMap each for Q, K and V (3-D: head_dim, heads,
@@ -108,8 +113,8 @@ private:
   };
   LogicalResult collectLoops();
   void emitProducer();
-  void emitConsumer();
-  void emitDqConsumer();
+  LogicalResult emitConsumer();
+  LogicalResult emitDqConsumer();
 
   int64_t qBytes() const { return blockM * headDim * 2; }
   /// dO (bwd_dq) follows Q.
@@ -180,20 +185,56 @@ private:
   void storeRows(ArrayRef<Value> acc, ArrayRef<Value> rowScale, Value out,
                  Value strideT, Value strideH);
   /// The P V (dQ: dS K) product of `p` and the tile at `vAddr` into `acc`.
-  /// Online softmax of the scores `s` against the running max `m` and sum
-  /// `l` (updated); returns P packed as A fragments, sets `alpha`.
-  SmallVector<Value> softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
-                             MutableArrayRef<Value> l,
-                             MutableArrayRef<Value> alpha);
   void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
   /// bwd_dq: the scores (or dP) of this warpgroup's rows of the tile at
   /// `aOffset` (Q or dO) against the key tile at `kAddr` (K or V).
   SmallVector<Value> rowProducts(int64_t aOffset, Value kAddr);
-  /// bwd_dq: P = exp2(S scaleLog2 - LSE) of the masked scores `s`.
-  SmallVector<Value> probs(ArrayRef<Value> s, ArrayRef<Value> lse);
-  /// bwd_dq: dS = P scale (dP - Delta), packed as A fragments.
-  SmallVector<Value> dScores(ArrayRef<Value> p, ArrayRef<Value> dp,
-                             ArrayRef<Value> delta);
+
+  // ---- the template's tile program ---------------------------------------
+  // The pipeline issues the body's products itself (the scores Q Kᵀ, the dQ
+  // kernel's dP = dO Vᵀ, the accumulating P V or dS K) and emits the rest of
+  // the body, op by op through the tile-op library, as soon as the values an
+  // op reads are there: the scores' ops once the scores have landed, the
+  // accumulator's (the forward's rescale) once the previous tile's product
+  // has retired. Every kv_loop's body must be the first one's but for its
+  // masks, which maskAt applies where the body masks the scores.
+  LogicalResult collectTileProgram();
+  /// A mapping for one tile: `state` bound to the body's iter_args other
+  /// than the accumulator, in order (as packed vectors).
+  IRMapping tileMapping(ArrayRef<SmallVector<Value>> state);
+  /// Binds the result of the product `op` (a qk) to the fragment `values`;
+  /// the scores pass through this iteration's masks (`masked`) first.
+  void bindProduct(IRMapping &map, Operation *op, ArrayRef<Value> values);
+  /// Emits, once each, the body's library ops whose operands `map` holds.
+  LogicalResult emitReady(IRMapping &map, DenseSet<Operation *> &done);
+  /// The values `map` gives the body's values `v` (a fragment each).
+  SmallVector<Value> lookup(IRMapping &map, Value v) {
+    return unpack(map.lookup(v));
+  }
+  /// The iter_args that are not the accumulator: the values the body's
+  /// yield gives them after one tile.
+  SmallVector<SmallVector<Value>> nextState(IRMapping &map);
+  TileEnv tileEnv();
+  /// The first value of the iter_arg whose first loop's init is `v`
+  /// (init_stats, init_acc).
+  SmallVector<Value> initialValue(Value v);
+  /// `v`, or through chain_loop iter_args the value it starts from.
+  static Value origin(Value v);
+  ValueRange tileLoopInits() { return tileLoop.getInits(); }
+  KVLoopOp lastKVLoop() {
+    KVLoopOp last;
+    for (Operation &op : kernel.getBody().front())
+      if (auto loop = dyn_cast<KVLoopOp>(op))
+        last = loop;
+    return last;
+  }
+  /// The kernel's values the tiles read (the dQ kernel's LSE and Delta).
+  IRMapping kernelValues;
+  KVLoopOp tileLoop;
+  QKOp scoresOp, dpOp;
+  PVOp productOp;
+  /// The iter_arg the product accumulates into.
+  unsigned accArg = 0;
 
   // ---- prefix trees: the walk over the segment's ancestor ranges ---------
   /// Field `f` of row `row` of the chain table: {start, length, next,
@@ -511,24 +552,204 @@ SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
   return s;
 }
 
-SmallVector<Value>
-WarpSpecializedForward::softmax(ArrayRef<Value> s, MutableArrayRef<Value> m,
-                                MutableArrayRef<Value> l,
-                                MutableArrayRef<Value> alpha) {
-  return packAFragments(
-      tile::onlineSoftmax(*this, s, m, l, alpha, scaleLog2, 1, nTiles), 1,
-      nTiles);
+LogicalResult WarpSpecializedForward::collectTileProgram() {
+  // A loop's ops, masks aside: what every loop of the pipeline must share.
+  auto signature = [](KVLoopOp loop) {
+    SmallVector<std::pair<StringRef, DictionaryAttr>> ops;
+    for (Operation &op : loop.getBody().front())
+      if (!isa<MaskOp>(op))
+        ops.push_back({op.getName().getStringRef(), op.getAttrDictionary()});
+    return ops;
+  };
+  auto readsQ = [](Value v) {
+    return isa_and_nonnull<LoadQOp>(v.getDefiningOp());
+  };
+  // Every kv_loop, a tree's chain_loop's included, in pipeline order.
+  SmallVector<KVLoopOp> all;
+  kernel.getBody().walk<WalkOrder::PreOrder>(
+      [&](KVLoopOp loop) { all.push_back(loop); });
+  for (KVLoopOp loop : all) {
+    if (!tileLoop)
+      tileLoop = loop;
+    else if (signature(loop) != signature(tileLoop))
+      return loop.emitOpError()
+             << "differs from the first kv_loop in more than its masks: the "
+                "warp-specialized schedule runs every loop's tiles through "
+                "one pipeline";
+    WalkResult masks = loop.getBody().walk([&](MaskOp mask) {
+      auto qk = mask.getScores().getDefiningOp<QKOp>();
+      if (qk && readsQ(qk.getQ()))
+        return WalkResult::advance();
+      mask.emitOpError() << "masks values other than the scores Q Kᵀ, which "
+                            "is where the warp-specialized pipeline masks";
+      return WalkResult::interrupt();
+    });
+    if (masks.wasInterrupted())
+      return failure();
+  }
+  if (!tileLoop)
+    return kernel.emitOpError() << "has no kv_loop to schedule";
+  Block &body = tileLoop.getBody().front();
+  for (Operation &op : body.without_terminator()) {
+    if (auto qk = dyn_cast<QKOp>(op)) {
+      bool fromQ = readsQ(qk.getQ());
+      bool fromDout = isa_and_nonnull<LoadDoutOp>(qk.getQ().getDefiningOp());
+      QKOp &slot = fromQ ? scoresOp : dpOp;
+      if ((!fromQ && !fromDout) || slot)
+        return qk.emitOpError() << "is not a product the warp-specialized "
+                                   "pipeline issues (one Q Kᵀ, and dO Vᵀ in "
+                                   "the dQ kernel)";
+      slot = qk;
+    } else if (auto pv = dyn_cast<PVOp>(op)) {
+      if (productOp)
+        return pv.emitOpError() << "is a second accumulating product; the "
+                                   "warp-specialized pipeline issues one";
+      productOp = pv;
+    } else if (!isa<LoadKVOp, MaskOp>(op) && !isTileOp(&op)) {
+      return op.emitOpError()
+             << "has no place in the warp-specialized pipeline (neither a "
+                "load, a product nor an op of the tile-op library)";
+    }
+  }
+  if (!scoresOp || !productOp || (isDq != bool(dpOp)))
+    return tileLoop.emitOpError()
+           << "does not compute what the warp-specialized "
+           << (isDq ? "dQ kernel" : "forward") << " pipelines: Q Kᵀ, "
+           << (isDq ? "dO Vᵀ, " : "") << "and one accumulating product";
+  Operation *yield = body.getTerminator();
+  auto acc = llvm::find(yield->getOperands(), productOp.getResult());
+  if (acc == yield->operand_end())
+    return tileLoop.emitOpError()
+           << "does not carry its product's accumulator to the next tile";
+  accArg = acc - yield->operand_begin();
+  for (auto [j, init] : llvm::enumerate(tileLoop.getInits())) {
+    Operation *def = origin(init).getDefiningOp();
+    if (j == accArg ? !isa_and_nonnull<InitAccOp>(def)
+                    : !isa_and_nonnull<InitStatsOp>(def))
+      return tileLoop.emitOpError()
+             << "starts iter_arg " << j << " from a value the warp-specialized "
+             << "pipeline does not build (init_acc for the accumulator, "
+                "init_stats for the rest)";
+  }
+  return success();
 }
 
-void WarpSpecializedForward::emitConsumer() {
+IRMapping
+WarpSpecializedForward::tileMapping(ArrayRef<SmallVector<Value>> state) {
+  IRMapping map = kernelValues;
+  Block &body = tileLoop.getBody().front();
+  size_t next = 0;
+  for (unsigned j = 0, e = body.getNumArguments() - 1; j < e; ++j)
+    if (j != accArg)
+      map.map(body.getArgument(1 + j), pack(state[next++]));
+  return map;
+}
+
+void WarpSpecializedForward::bindProduct(IRMapping &map, Operation *op,
+                                         ArrayRef<Value> values) {
+  map.map(op->getResult(0), pack(values));
+}
+
+LogicalResult WarpSpecializedForward::emitReady(IRMapping &map,
+                                                DenseSet<Operation *> &done) {
+  for (Operation &op : tileLoop.getBody().front().without_terminator()) {
+    if (done.contains(&op))
+      continue;
+    // The skeleton bound the scores masked (maskAt): a mask passes them on.
+    if (auto mask = dyn_cast<MaskOp>(op)) {
+      if (!map.contains(mask.getScores()))
+        continue;
+      map.map(mask.getResult(), map.lookup(mask.getScores()));
+    } else {
+      if (!isTileOp(&op) || !llvm::all_of(op.getOperands(), [&](Value v) {
+            return map.contains(v);
+          }))
+        continue;
+      if (failed(emitTileOp(&op, *this, tileEnv(), map)))
+        return failure();
+    }
+    done.insert(&op);
+  }
+  return success();
+}
+
+SmallVector<SmallVector<Value>>
+WarpSpecializedForward::nextState(IRMapping &map) {
+  SmallVector<SmallVector<Value>> state;
+  Operation *yield = tileLoop.getBody().front().getTerminator();
+  for (auto [j, v] : llvm::enumerate(yield->getOperands()))
+    if (j != accArg)
+      state.push_back(lookup(map, v));
+  return state;
+}
+
+TileEnv WarpSpecializedForward::tileEnv() {
+  TileEnv env;
+  env.stat = queryMajorStats(nTiles);
+  env.scaleLog2 = scaleLog2, env.scale = scale;
+  env.mTiles = 1, env.nTiles = nTiles, env.dTiles = dTiles;
+  env.packOperand = [this](ArrayRef<Value> p) {
+    return pack(packAFragments(p, 1, nTiles));
+  };
+  return env;
+}
+
+Value WarpSpecializedForward::origin(Value v) {
+  // Through a chain_loop's iter_args to the values it starts from.
+  while (auto arg = dyn_cast<BlockArgument>(v)) {
+    auto chain = dyn_cast<ChainLoopOp>(arg.getOwner()->getParentOp());
+    if (!chain)
+      break;
+    v = chain.getInits()[llvm::find(chain.getRegionIterArgs(), arg) -
+                         chain.getRegionIterArgs().begin()];
+  }
+  return v;
+}
+
+SmallVector<Value> WarpSpecializedForward::initialValue(Value init) {
+  Value v = origin(init);
+  if (auto stats = v.getDefiningOp<InitStatsOp>())
+    return unpack(splat(2, v == stats.getMax()
+                               ? -std::numeric_limits<float>::infinity()
+                               : 0.0f));
+  return unpack(splat(dTiles * 4, 0.0f));
+}
+
+/// Loop-carried values of the pipeline: parts, flattened in order.
+struct Carried {
+  SmallVector<SmallVector<Value>> parts;
+  SmallVector<Value> flat() const {
+    SmallVector<Value> out;
+    for (const SmallVector<Value> &p : parts)
+      out.append(p);
+    return out;
+  }
+  /// `values` cut into parts of the sizes of `shape`'s.
+  static Carried like(const Carried &shape, ValueRange values) {
+    Carried c;
+    size_t at = 0;
+    for (const SmallVector<Value> &p : shape.parts) {
+      c.parts.emplace_back(values.begin() + at, values.begin() + at + p.size());
+      at += p.size();
+    }
+    return c;
+  }
+};
+
+LogicalResult WarpSpecializedForward::emitConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   waitParity(barrier(0), idx(0));
 
-  // Iteration 0: its scores and probabilities.
-  SmallVector<Value> m(2, f32c(-std::numeric_limits<float>::infinity()));
-  SmallVector<Value> l(2, f32c(0.0f)), alpha(2);
+  // The iter_args' first values: the first loop's inits.
+  SmallVector<SmallVector<Value>> state;
+  for (auto [j, init] : llvm::enumerate(tileLoopInits()))
+    if (j != accArg)
+      state.push_back(initialValue(init));
   wgIdx = divu(warp, 4);
+  // Iteration 0: its scores and the ops on them. Its product accumulates
+  // into init_acc's zeros, so the ops on the accumulator (the rescale) have
+  // nothing to do.
   turnEndIf(1);
   Value first = idx(0);
   waitParity(kFull(first), idx(0));
@@ -542,31 +763,34 @@ void WarpSpecializedForward::emitConsumer() {
   SmallVector<Value> walk;
   if (isTree)
     walk = walkBegin();
-  SmallVector<Value> p = softmax(maskAt(s, first, walk), m, l, alpha);
-  SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
+  IRMapping map = tileMapping(state);
+  DenseSet<Operation *> done;
+  bindProduct(map, scoresOp, maskAt(s, first, walk));
+  if (failed(emitReady(map, done)))
+    return failure();
+  SmallVector<Value> p = lookup(map, productOp.getProbs());
+  state = nextState(map);
+  SmallVector<Value> acc = initialValue(tileLoopInits()[accArg]);
   walk = walkAfter(first, walk);
 
-  // Iterations 1..n-1: scores of i, then P V of i - 1 behind them.
-  SmallVector<Value> inits(acc);
-  inits.append(m);
-  inits.append(l);
-  inits.append(p);
-  const size_t pEnd = inits.size();
-  inits.append(walk);
-  auto loop = scf::ForOp::create(b, loc, idx(1), numIters, idx(1), inits);
+  // Iterations 1..n-1: scores of i, then the product of i - 1 behind them.
+  // Carried: the product's accumulator, the other iter_args, the product's
+  // operand, the tree walk.
+  Carried carried;
+  carried.parts.push_back(acc);
+  carried.parts.append(state);
+  carried.parts.push_back(p);
+  carried.parts.push_back(walk);
+  const size_t pPart = carried.parts.size() - 2;
+  auto loop =
+      scf::ForOp::create(b, loc, idx(1), numIters, idx(1), carried.flat());
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value i = loop.getInductionVar();
-    auto args = loop.getRegionIterArgs();
-    SmallVector<Value> acc(args.begin(), args.begin() + dTiles * 4);
-    SmallVector<Value> m(args.begin() + dTiles * 4,
-                         args.begin() + dTiles * 4 + 2);
-    SmallVector<Value> l(args.begin() + dTiles * 4 + 2,
-                         args.begin() + dTiles * 4 + 4);
-    SmallVector<Value> p(args.begin() + dTiles * 4 + 4, args.begin() + pEnd);
-    SmallVector<Value> w(args.begin() + pEnd, args.end());
-    SmallVector<Value> alpha(2);
+    Carried in = Carried::like(carried, loop.getRegionIterArgs());
+    SmallVector<Value> acc = in.parts[0], p = in.parts[pPart],
+                       w = in.parts.back();
     auto [slot, parity] = slotOf(i);
     auto [prevSlot, prevParity] =
         slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
@@ -581,26 +805,30 @@ void WarpSpecializedForward::emitConsumer() {
     turnEnd();
     mma.wait(1, s);
     arrive(kEmpty(slot));
-    SmallVector<Value> pNext = softmax(maskAt(s, i, w), m, l, alpha);
+    IRMapping map = tileMapping(ArrayRef(in.parts).slice(1, pPart - 1));
+    DenseSet<Operation *> done;
+    bindProduct(map, scoresOp, maskAt(s, i, w));
+    if (failed(emitReady(map, done)))
+      return failure();
+    SmallVector<Value> pNext = lookup(map, productOp.getProbs());
     // P passes through the wait too: the P V group reads its registers until
     // it retires, and LLVM would otherwise give them to the next tile's P.
     mma.waitKeeping(0, acc, p);
     arrive(vEmpty(prevSlot));
-    tile::rescale(*this, acc, alpha, 1, dTiles);
-    SmallVector<Value> yielded(acc);
-    yielded.append(m);
-    yielded.append(l);
-    yielded.append(pNext);
-    yielded.append(walkAfter(i, w));
-    scf::YieldOp::create(b, loc, yielded);
+    map.map(tileLoop.getBody().front().getArgument(1 + accArg), pack(acc));
+    if (failed(emitReady(map, done)))
+      return failure();
+    Carried out;
+    out.parts.push_back(lookup(map, productOp.getAcc()));
+    out.parts.append(nextState(map));
+    out.parts.push_back(pNext);
+    out.parts.push_back(walkAfter(i, w));
+    scf::YieldOp::create(b, loc, out.flat());
   }
-  auto results = loop.getResults();
-  acc.assign(results.begin(), results.begin() + dTiles * 4);
-  m.assign(results.begin() + dTiles * 4, results.begin() + dTiles * 4 + 2);
-  l.assign(results.begin() + dTiles * 4 + 2, results.begin() + dTiles * 4 + 4);
-  p.assign(results.begin() + dTiles * 4 + 4, results.begin() + pEnd);
+  Carried last = Carried::like(carried, loop.getResults());
+  acc = last.parts[0], p = last.parts[pPart];
 
-  // The last tile's P V.
+  // The last tile's product.
   auto [lastSlot, lastParity] =
       slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
   waitParity(vFull(lastSlot), lastParity);
@@ -610,7 +838,18 @@ void WarpSpecializedForward::emitConsumer() {
   turnEndIf(0);
   mma.wait(0, acc);
   arrive(vEmpty(lastSlot));
-  storeOutput(acc, m, l);
+  // The epilogue reads the last loop's results.
+  IRMapping results = kernelValues;
+  KVLoopOp lastLoop = lastKVLoop();
+  size_t next = 1;
+  for (auto [j, r] : llvm::enumerate(lastLoop.getResults()))
+    results.map(r, pack(j == accArg ? acc : last.parts[next++]));
+  kernel.getBody().walk([&](StoreOutputOp store) {
+    storeOutput(lookup(results, store.getAcc()),
+                lookup(results, store.getMax()),
+                lookup(results, store.getSum()));
+  });
+  return success();
 }
 
 void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
@@ -692,22 +931,7 @@ SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
 }
 
-SmallVector<Value> WarpSpecializedForward::probs(ArrayRef<Value> sIn,
-                                                 ArrayRef<Value> lse) {
-  SmallVector<Value> s(sIn);
-  tile::recomputeProbs(*this, s, lse, queryMajorStats(nTiles), scaleLog2);
-  return s;
-}
-
-SmallVector<Value> WarpSpecializedForward::dScores(ArrayRef<Value> pIn,
-                                                   ArrayRef<Value> dp,
-                                                   ArrayRef<Value> delta) {
-  SmallVector<Value> p(pIn);
-  tile::softmaxGrad(*this, p, dp, delta, queryMajorStats(nTiles), scale);
-  return packAFragments(p, 1, nTiles);
-}
-
-void WarpSpecializedForward::emitDqConsumer() {
+LogicalResult WarpSpecializedForward::emitDqConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   wgIdx = divu(warp, 4);
@@ -727,9 +951,13 @@ void WarpSpecializedForward::emitDqConsumer() {
         b, loc, deltaPtr, ValueRange{add(mul(head, deltaStrideH), token)});
     delta.push_back(select(valid, d, f32c(0.0f)));
   }
+  kernel.getBody().walk([&](LoadRowStatsOp op) {
+    kernelValues.map(op.getResult(),
+                     pack(op.getStat() == StatKind::lse ? lse : delta));
+  });
   waitParity(barrier(0), idx(0));
 
-  // Iteration 0: S and dP, then P and dS.
+  // Iteration 0: S and dP, then the ops on them (P, dS).
   turnEndIf(1);
   Value first = idx(0);
   waitParity(kFull(first), idx(0));
@@ -746,27 +974,34 @@ void WarpSpecializedForward::emitDqConsumer() {
   SmallVector<Value> walk;
   if (isTree)
     walk = walkBegin();
-  SmallVector<Value> p = probs(maskAt(s, first, walk), lse);
+  IRMapping map = tileMapping({});
+  DenseSet<Operation *> done;
+  bindProduct(map, scoresOp, maskAt(s, first, walk));
+  if (failed(emitReady(map, done)))
+    return failure();
   mma.wait(0, dp);
   arrive(vEmpty(first));
-  SmallVector<Value> ds = dScores(p, dp, delta);
-  SmallVector<Value> acc = unpack(splat(dTiles * 4, 0.0f));
+  bindProduct(map, dpOp, dp);
+  if (failed(emitReady(map, done)))
+    return failure();
+  SmallVector<Value> ds = lookup(map, productOp.getProbs());
+  SmallVector<Value> acc = initialValue(tileLoopInits()[accArg]);
   walk = walkAfter(first, walk);
 
-  // Iterations 1..n-1: S and dP of i, then dQ += dS K of i - 1 behind them.
-  SmallVector<Value> inits(acc);
-  inits.append(ds);
-  const size_t dsEnd = inits.size();
-  inits.append(walk);
-  auto loop = scf::ForOp::create(b, loc, idx(1), numIters, idx(1), inits);
+  // Iterations 1..n-1: S and dP of i, then the product (dQ += dS K) of i - 1
+  // behind them.
+  Carried carried;
+  carried.parts.push_back(acc);
+  carried.parts.push_back(ds);
+  carried.parts.push_back(walk);
+  auto loop =
+      scf::ForOp::create(b, loc, idx(1), numIters, idx(1), carried.flat());
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value i = loop.getInductionVar();
-    auto args = loop.getRegionIterArgs();
-    SmallVector<Value> acc(args.begin(), args.begin() + dTiles * 4);
-    SmallVector<Value> ds(args.begin() + dTiles * 4, args.begin() + dsEnd);
-    SmallVector<Value> w(args.begin() + dsEnd, args.end());
+    Carried in = Carried::like(carried, loop.getRegionIterArgs());
+    SmallVector<Value> acc = in.parts[0], ds = in.parts[1], w = in.parts[2];
     auto [slot, parity] = slotOf(i);
     auto [prevSlot, prevParity] =
         slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
@@ -783,22 +1018,32 @@ void WarpSpecializedForward::emitDqConsumer() {
     mma.commit();
     turnEnd();
     mma.wait(2, s);
-    SmallVector<Value> p = probs(maskAt(s, i, w), lse);
+    IRMapping map = tileMapping({});
+    DenseSet<Operation *> done;
+    bindProduct(map, scoresOp, maskAt(s, i, w));
+    if (failed(emitReady(map, done)))
+      return failure();
     mma.wait(1, dp);
     arrive(vEmpty(slot));
-    SmallVector<Value> dsNext = dScores(p, dp, delta);
+    bindProduct(map, dpOp, dp);
+    if (failed(emitReady(map, done)))
+      return failure();
+    SmallVector<Value> dsNext = lookup(map, productOp.getProbs());
     // dS of i - 1 passes through the wait too: the dQ group reads its
     // registers until it retires.
     mma.waitKeeping(0, acc, ds);
     arrive(kEmpty(prevSlot));
-    SmallVector<Value> yielded(acc);
-    yielded.append(dsNext);
-    yielded.append(walkAfter(i, w));
-    scf::YieldOp::create(b, loc, yielded);
+    map.map(tileLoop.getBody().front().getArgument(1 + accArg), pack(acc));
+    if (failed(emitReady(map, done)))
+      return failure();
+    Carried out;
+    out.parts.push_back(lookup(map, productOp.getAcc()));
+    out.parts.push_back(dsNext);
+    out.parts.push_back(walkAfter(i, w));
+    scf::YieldOp::create(b, loc, out.flat());
   }
-  auto results = loop.getResults();
-  acc.assign(results.begin(), results.begin() + dTiles * 4);
-  ds.assign(results.begin() + dTiles * 4, results.begin() + dsEnd);
+  Carried last = Carried::like(carried, loop.getResults());
+  acc = last.parts[0], ds = last.parts[1];
 
   // The last tile's dQ product.
   auto [lastSlot, lastParity] =
@@ -810,7 +1055,13 @@ void WarpSpecializedForward::emitDqConsumer() {
   turnEndIf(0);
   mma.waitKeeping(0, acc, ds);
   arrive(kEmpty(lastSlot));
-  storeRows(acc, {}, oPtr, oStrideT, oStrideH);
+  // The epilogue stores the last loop's accumulator.
+  IRMapping results = kernelValues;
+  results.map(lastKVLoop().getResult(accArg), pack(acc));
+  kernel.getBody().walk([&](StoreDqOp store) {
+    storeRows(lookup(results, store.getAcc()), {}, oPtr, oStrideT, oStrideH);
+  });
+  return success();
 }
 
 LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
@@ -881,7 +1132,7 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
   smemAddr = alignToSwizzle(smem, sharedBytes());
   qTile = swizzledTile(smem, 0, blockM);
-  if (failed(collectLoops()))
+  if (failed(collectLoops()) || failed(collectTileProgram()))
     return failure();
   if (isTree) {
     // The ancestor ranges' tiles come first.
@@ -919,10 +1170,8 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
     b.setInsertionPointToStart(role.thenBlock());
     emitProducer();
     b.setInsertionPointToStart(role.elseBlock());
-    if (isDq)
-      emitDqConsumer();
-    else
-      emitConsumer();
+    if (failed(isDq ? emitDqConsumer() : emitConsumer()))
+      return failure();
   }
 
   b.setInsertionPointToEnd(&entry);
