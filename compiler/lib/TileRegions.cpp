@@ -20,15 +20,16 @@ using namespace mlir;
 using namespace mlir::dualkv;
 
 /// True when `scores` become probabilities: they reach an online_softmax or a
-/// recompute_probs, directly or through a mask. Only such scores are masked; a
+/// recompute_probs, directly or through score-elementwise ops (masks,
+/// scalings). Only such scores are masked; a
 /// dP tile of the backward never is (its masked entries meet P = 0).
 static bool feedsSoftmax(Value scores) {
   for (Operation *user : scores.getUsers()) {
     if (isa<OnlineSoftmaxOp, RecomputeProbsOp>(user))
       return true;
-    if (auto mask = dyn_cast<MaskOp>(user))
-      if (feedsSoftmax(mask.getResult()))
-        return true;
+    if (user->hasTrait<OpTrait::DualKVScoreElementwise>() &&
+        feedsSoftmax(user->getResult(0)))
+      return true;
   }
   return false;
 }

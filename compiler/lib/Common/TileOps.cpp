@@ -94,6 +94,13 @@ SmallVector<Value> tile::onlineSoftmax(ScalarBuilder &o, ArrayRef<Value> s,
   return p;
 }
 
+void tile::scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s,
+                       float factor) {
+  Value c = o.f32c(factor);
+  for (Value &v : s)
+    v = arith::MulFOp::create(o.b, o.loc, v, c);
+}
+
 void tile::rescale(ScalarBuilder &o, MutableArrayRef<Value> acc,
                    ArrayRef<Value> alpha, int64_t mTiles, int64_t dTiles) {
   for (int64_t mt = 0; mt < mTiles; ++mt)
@@ -139,8 +146,8 @@ Value tile::logSumExp(ScalarBuilder &o, Value m, Value sum) {
 }
 
 bool mlir::dualkv::isTileOp(Operation *op) {
-  return isa<MaskOp, OnlineSoftmaxOp, RescaleOp, RecomputeProbsOp,
-             SoftmaxGradOp>(op);
+  return isa<MaskOp, ScaleScoresOp, OnlineSoftmaxOp, RescaleOp,
+             RecomputeProbsOp, SoftmaxGradOp>(op);
 }
 
 LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
@@ -154,6 +161,12 @@ LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
         SmallVector<Value> s = operand(op.getScores());
         ScoreLayout layout = env.layoutOf(map.lookup(op.getTile()));
         tile::mask(o, s, op.getKind(), layout, env.bound);
+        map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](ScaleScoresOp op) {
+        SmallVector<Value> s = operand(op.getScores());
+        tile::scaleScores(o, s, op.getFactor().convertToFloat());
         map.map(op.getResult(), o.pack(s));
         return success();
       })

@@ -71,6 +71,8 @@ namespace tile {
 /// key >= `bound`.
 void mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
           const ScoreLayout &layout, Value bound);
+/// `s` times `factor` (dualkv.scale_scores).
+void scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s, float factor);
 /// One online-softmax step over query-major scores `s` (layout of
 /// queryMajorLayout): the new running max `m` (log2 domain of the scaled
 /// scores) and per-lane partial sum `l` of each row, the factor `alpha` the
@@ -96,10 +98,10 @@ Value logSumExp(ScalarBuilder &o, Value m, Value sum);
 
 } // namespace tile
 
-/// Emits the elementwise dualkv op `op` (mask, online_softmax, rescale,
-/// recompute_probs, softmax_grad) on the values `map` gives its operands and
-/// maps its results; fails with a diagnostic on an op the library does not
-/// define.
+/// Emits the elementwise dualkv op `op` (mask, scale_scores, online_softmax,
+/// rescale, recompute_probs, softmax_grad) on the values `map` gives its
+/// operands and maps its results; fails with a diagnostic on an op the library
+/// does not define.
 LogicalResult emitTileOp(Operation *op, ScalarBuilder &o, const TileEnv &env,
                          IRMapping &map);
 /// Whether emitTileOp defines `op`.

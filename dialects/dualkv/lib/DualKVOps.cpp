@@ -2,6 +2,8 @@
 //-----------===//
 #include "dualkv/Dialect/DualKVOps.h"
 
+#include <cmath>
+
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/FunctionImplementation.h"
@@ -474,6 +476,14 @@ LogicalResult ChainLoopOp::verifyRegions() {
   if (auto problem = kernel.getProblem(); problem && !problem->getTree())
     return emitOpError() << "walks ancestor chains, which only tree kernels "
                             "(#dualkv.problem<..., tree = true>) have";
+  return success();
+}
+
+LogicalResult ScaleScoresOp::verify() {
+  float factor = getFactor().convertToFloat();
+  if (!std::isfinite(factor) || factor <= 0.0f)
+    return emitOpError() << "factor must be positive and finite, got "
+                         << factor;
   return success();
 }
 

@@ -1319,3 +1319,18 @@ func.func @wgmma_type(%a: i64, %b: i64) {
   %d:4 = dualkv.wgmma m64n 8 k16 f32 a_desc(%a) b_desc(%b) : f32, f32, f32, f32
   return
 }
+
+// -----
+
+// === dualkv.scale_scores ===
+
+dualkv.kernel @scale_not_positive kind <fwd> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  dualkv.kv_loop <response> part <all> {
+  ^bb0(%j: index):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.scale_scores' op factor must be positive and finite, got -2}}
+    %t = dualkv.scale_scores %s {factor = -2.0 : f32} : !dualkv.scores
+  }
+}

@@ -22,6 +22,14 @@
 #define GET_TYPEDEF_CLASSES
 #include "dualkv/Dialect/DualKVTypes.h.inc"
 
+namespace mlir::OpTrait {
+/// ODS's DualKV_ScoreElementwise: a score tile to a score tile, value by
+/// value (DualKVOps.td).
+template <typename ConcreteType>
+class DualKVScoreElementwise
+    : public TraitBase<ConcreteType, DualKVScoreElementwise> {};
+} // namespace mlir::OpTrait
+
 #define GET_OP_CLASSES
 #include "dualkv/Dialect/DualKVOps.h.inc"
 

@@ -14,6 +14,12 @@ include "mlir/Interfaces/ControlFlowInterfaces.td"
 class DualKV_Op<string mnemonic, list<Trait> traits = []>
     : Op<DualKV_Dialect, mnemonic, traits>;
 
+// An op from a score tile to a score tile of the same shape, value by value
+// (a mask, a scaling): dualkv-tile-regions looks through such ops for the
+// scores that become probabilities, and every schedule emits them through its
+// tile-op library.
+def DualKV_ScoreElementwise : NativeOpTrait<"DualKVScoreElementwise">;
+
 //===----------------------------------------------------------------------===//
 // Problem level
 //===----------------------------------------------------------------------===//
@@ -270,7 +276,8 @@ def DualKV_QKOp : DualKV_Op<"qk", [Pure]> {
   let assemblyFormat = "$q `,` $k attr-dict `:` type($scores)";
 }
 
-def DualKV_MaskOp : DualKV_Op<"mask", [Pure, AllTypesMatch<["scores", "result"]>]> {
+def DualKV_MaskOp : DualKV_Op<"mask", [Pure, DualKV_ScoreElementwise,
+    AllTypesMatch<["scores", "result"]>]> {
   let summary = "Set the scores of disallowed (query, key) pairs to -inf";
   let description = [{
     `causal` keeps key <= query (response region, diagonal tiles; in a backward
@@ -287,6 +294,24 @@ def DualKV_MaskOp : DualKV_Op<"mask", [Pure, AllTypesMatch<["scores", "result"]>
                        Index:$tile);
   let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
   let assemblyFormat = "$kind $scores `,` $tile attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DualKV_ScaleScoresOp : DualKV_Op<"scale_scores", [Pure,
+    DualKV_ScoreElementwise, AllTypesMatch<["scores", "result"]>]> {
+  let summary = "Multiply a score tile by a positive constant";
+  let description = [{
+    `factor` times every score, before the softmax scale: a temperature on the
+    logits. Masked scores stay -inf, as `factor` is positive and finite.
+
+    ```mlir
+    %s1 = dualkv.scale_scores %s {factor = 0.75 : f32} : !dualkv.scores
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores,
+                       F32Attr:$factor);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = "$scores attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
 
