@@ -23,6 +23,7 @@ HEADERS = [
     "compiler/include/dualkv/Compiler/Compiler.h",
     "compiler/include/dualkv/Compiler/KernelSpec.h",
     "compiler/include/dualkv/Compiler/KernelAbi.h",
+    "compiler/include/dualkv/Compiler/Schedule.h",
     "base/include/dualkv/*.h",
 ]
 LINKER = {"_init", "_fini", "_edata", "_end", "__bss_start"}

@@ -2,8 +2,8 @@
 # The layer rules of docs/architecture.md §3, checked on the sources: base/ includes
 # nothing of the project's but its own headers; the dialect, the compiler and base never
 # include the runtime; the dialect includes nothing of the compiler but KernelSpec.h; the
-# runtime never includes MLIR; the compiler's public headers and KernelSpec.cpp, which the
-# runtime-only library links, include neither MLIR nor LLVM; the tools use nothing of
+# runtime never includes MLIR; the compiler's public headers, KernelSpec.cpp and the
+# schedule records, which the runtime-only library links, include neither MLIR nor LLVM; the tools use nothing of
 # examples/.
 set -eu
 root=$1
@@ -42,7 +42,10 @@ fi
 if hits=$(grep -nE '#include [<"](mlir|llvm)/|Passes\.h' \
   "$root/compiler/include/dualkv/Compiler/Compiler.h" \
   "$root/compiler/include/dualkv/Compiler/KernelSpec.h" \
-  "$root/compiler/include/dualkv/Compiler/KernelAbi.h" "$root/compiler/lib/KernelSpec.cpp"); then
+  "$root/compiler/include/dualkv/Compiler/KernelAbi.h" \
+  "$root/compiler/include/dualkv/Compiler/Schedule.h" "$root/compiler/lib/KernelSpec.cpp" \
+  "$root/compiler/lib/Schedules.cpp" "$root/compiler/lib/ScheduleRecords.h" \
+  "$root"/compiler/lib/*/Schedule.cpp); then
   bad "what the runtime-only library links includes MLIR or LLVM" "$hits"
 fi
 # The tools share nothing with the examples (tools/common has what they need).

@@ -2,6 +2,7 @@
 //===//
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
+#include "dualkv/Compiler/Schedule.h"
 
 #include "mlir/IR/Verifier.h"
 
@@ -15,10 +16,6 @@ namespace mlir::dualkv {
 
 using namespace mlir;
 using namespace mlir::dualkv;
-
-// The dialect's Schedule lists ::dualkv::Schedule's values after Auto.
-static_assert(static_cast<int>(Schedule::warp_specialized) + 1 ==
-              static_cast<int>(::dualkv::Schedule::WarpSpecialized));
 
 namespace {
 struct BindSpecPass
@@ -120,9 +117,15 @@ struct BindSpecPass
       kernel.setTilingAttr(
           TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages));
       kernel.setArchAttr(StringAttr::get(ctx, arch));
-      // The dialect lists the schedules in Schedule's order, after Auto.
-      kernel.setScheduleAttr(ScheduleAttr::get(
-          ctx, static_cast<Schedule>(static_cast<int>(spec->schedule) - 1)));
+      // The dialect spells each schedule as its record does.
+      std::optional<Schedule> bound =
+          symbolizeSchedule(::dualkv::recordOf(spec->schedule).name);
+      if (!bound) {
+        kernel.emitOpError() << "has no dialect schedule named "
+                             << ::dualkv::recordOf(spec->schedule).name;
+        return WalkResult::interrupt();
+      }
+      kernel.setScheduleAttr(ScheduleAttr::get(ctx, *bound));
       if (failed(mlir::verify(kernel)))
         return WalkResult::interrupt();
       return WalkResult::advance();

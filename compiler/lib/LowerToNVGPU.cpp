@@ -4,14 +4,10 @@
 // <kernel>_<schedule>. The pass only dispatches on the schedule the kernel
 // records (chosen by dualkv-bind-spec): each schedule lives in a folder of its
 // own (MmaSync/, Wgmma/, WarpSpecialized/), built on what they share
-// (Common/); the elementwise backward kernels (bwd_pre, bwd_post) belong to
-// the mma_sync schedule.
+// (Common/), and lists its emitters there (<Schedule>/Emitters.cpp).
 //
 //===----------------------------------------------------------------------===//
-#include "Common/KVMajor.h"
-#include "MmaSync/MmaSync.h"
-#include "WarpSpecialized/WarpSpecialized.h"
-#include "Wgmma/Wgmma.h"
+#include "ScheduleEmitters.h"
 
 namespace mlir::dualkv {
 #define GEN_PASS_DEF_DUALKVLOWERTONVGPU
@@ -23,35 +19,30 @@ using namespace mlir::dualkv;
 
 namespace {
 
-/// Emits `kernel` (bound, tiled) with the schedule it records. The
-/// schedule's folder holds its emitters; this is the only place that maps
-/// schedules to them.
+const ScheduleEmitters *const kEmitters[] = {&kMmaSyncEmitters, &kWgmmaEmitters,
+                                             &kWarpSpecializedEmitters};
+
+/// Emits `kernel` (bound, tiled) with the emitter its schedule lists for its
+/// kind.
 LogicalResult emitKernel(KernelOp kernel, OpBuilder &b,
                          gpu::GPUModuleOp gpuModule, int64_t *sharedBytes) {
   KernelKind kind = kernel.getKind();
-  bool queryMajor = kind == KernelKind::fwd || kind == KernelKind::bwd_dq;
-  bool kvMajor = kind == KernelKind::bwd || kind == KernelKind::bwd_kv;
   Schedule schedule = *kernel.getSchedule();
-  switch (schedule) {
-  case Schedule::mma_sync:
-    if (queryMajor)
-      return emitMmaSyncQueryMajor(kernel, b, gpuModule, sharedBytes);
-    if (kvMajor)
-      return emitMmaSyncKVMajor(kernel, b, gpuModule, sharedBytes);
-    return emitElementwiseKernel(kernel, b, gpuModule, sharedBytes);
-  case Schedule::wgmma:
-    if (queryMajor)
-      return emitWgmmaQueryMajor(kernel, b, gpuModule, sharedBytes);
-    if (kvMajor)
-      return emitWgmmaKVMajor(kernel, b, gpuModule, sharedBytes);
-    break;
-  case Schedule::warp_specialized:
-    if (queryMajor)
-      return emitWarpSpecializedForward(kernel, b, gpuModule, sharedBytes);
-    if (kvMajor)
-      return emitWarpSpecializedKVMajor(kernel, b, gpuModule, sharedBytes);
-    break;
-  }
+  std::optional<::dualkv::Schedule> spec =
+      ::dualkv::parseSchedule(stringifySchedule(schedule).str());
+  const ScheduleEmitters *entry = nullptr;
+  for (const ScheduleEmitters *e : kEmitters)
+    if (spec && e->schedule == *spec)
+      entry = e;
+  EmitFn emit = nullptr;
+  if (entry)
+    emit = kind == KernelKind::fwd || kind == KernelKind::bwd_dq
+               ? entry->queryMajor
+           : kind == KernelKind::bwd || kind == KernelKind::bwd_kv
+               ? entry->kvMajor
+               : entry->elementwise;
+  if (emit)
+    return emit(kernel, b, gpuModule, sharedBytes);
   return kernel.emitOpError()
          << "has no " << stringifySchedule(schedule) << " lowering";
 }
@@ -96,8 +87,8 @@ struct LowerToNVGPUPass
         kernel.emitOpError()
             << "laid out " << sharedBytes
             << " bytes of shared memory where the spec counts " << expected
-            << " (::dualkv::sharedBytes in compiler/lib/KernelSpec.cpp must "
-               "follow the emitter's layout)";
+            << " (the schedule record's sharedBytes, "
+               "<Schedule>/Schedule.cpp, must follow the emitter's layout)";
         return signalPassFailure();
       }
       // The launch reads these off the IR (and the runtime off KernelInfo).

@@ -11,6 +11,7 @@
 #include "common/OutputFiles.h"
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Compiler/Schedule.h"
 #include "dualkv/Tuning.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -165,22 +166,15 @@ cl::list<std::string, bool, dualkv::tools::ArchParser>
                    "compile-tested only); repeat or comma-separate\n"
                    "for several (default sm_90a)"),
           cl::cat(kernelOptions));
-cl::opt<dualkv::Schedule, false, Names<dualkv::Schedule>> schedule(
-    "schedule",
-    cl::desc("how each kernel is computed (default auto); one\n"
-             "that a spec cannot use is an error; bwd_pre and\n"
-             "bwd_post always take mma_sync"),
-    cl::init(dualkv::Schedule::Auto),
-    cl::values(clEnumValN(dualkv::Schedule::Auto, "auto",
-                          "the compiler's choice for each spec"),
-               clEnumValN(dualkv::Schedule::MmaSync, "mma_sync",
-                          "mma.sync, sm_80 and later"),
-               clEnumValN(dualkv::Schedule::Wgmma, "wgmma",
-                          "warpgroup MMA, sm_90a"),
-               clEnumValN(dualkv::Schedule::WarpSpecialized, "warp_specialized",
-                          "sm_90a: the forward, bwd and bwd_kv at\n"
-                          "head_dim 64 and 128")),
-    cl::cat(kernelOptions));
+cl::opt<dualkv::Schedule, false, Names<dualkv::Schedule>>
+    schedule("schedule",
+             cl::desc("how each kernel is computed (default auto); one\n"
+                      "that a spec cannot use is an error; bwd_pre and\n"
+                      "bwd_post always take mma_sync"),
+             cl::init(dualkv::Schedule::Auto),
+             cl::values(clEnumValN(dualkv::Schedule::Auto, "auto",
+                                   "the compiler's choice for each spec")),
+             cl::cat(kernelOptions));
 cl::opt<bool> tree("tree",
                    cl::desc("the tree variants of the query-major kernels\n"
                             "(fwd, bwd_dq) that branching prefix trees launch\n"
@@ -430,6 +424,9 @@ struct Args {
 };
 
 Args parseArgs(int argc, char **argv) {
+  // The schedules after auto, as their records name and describe them.
+  for (const dualkv::ScheduleRecord *r : dualkv::scheduleRecords())
+    schedule.getParser().addLiteralOption(r->name, r->schedule, r->summary);
   dualkv::tools::parseCommandLine(argc, argv, "dualkv-aot",
                                   {&kernelOptions, &outputOptions}, kOverview,
                                   kExitStatus);

@@ -252,9 +252,12 @@ llvm::Error runBackward(const BackwardArgs &args) {
     params.strides("o", oStrideT, oStrideH);
     params.strides("do", doStrideT, doStrideH);
     params.i64("deltaStrideH", deltaStrideH).i64("numTokens", numTokens);
+    LaunchCounts counts;
+    counts.blockM = pre.info.blockM;
+    counts.tokens = T, counts.qHeads = Hq, counts.kvHeads = Hkv;
+    Grid grid = recordOf(pre.spec.schedule).grid(pre.spec, counts);
     if (llvm::Error e =
-            launch(pre, static_cast<unsigned>(ceilDiv(T, pre.info.blockM)),
-                   static_cast<unsigned>(Hq), 1, args.stream, params))
+            launch(pre, grid.x, grid.y, grid.z, args.stream, params))
       return e;
   }
 
@@ -294,27 +297,25 @@ llvm::Error runBackward(const BackwardArgs &args) {
     {
       LaunchParams params(split ? KernelKind::BwdKV : KernelKind::Bwd,
                           main.spec.schedule);
-      cuda::CUtensorMap qMap{}, doMap{};
-      if (main.spec.schedule == Schedule::WarpSpecialized) {
-        // The slice's Q and dO as tensor maps (its query heads from 0),
-        // boxes of one query tile, for the producer's TMA copies; the
-        // cp.async producer takes the parameters unread, so they are not
-        // built for it (host time on every call).
-        if (main.spec.tiling.stages == kKVMajorTmaStages) {
-          TensorArg sliceQ = args.q, sliceDo = args.dout;
-          sliceQ.data = reinterpret_cast<void *>(q);
-          sliceDo.data = reinterpret_cast<void *>(sliceDout);
-          const int rows = main.spec.tiling.blockN;
-          if (llvm::Error e = tensorMap(sliceQ, T, sliceHq, D, args.dtype, rows)
-                                  .moveInto(qMap))
-            return e;
-          if (llvm::Error e =
-                  tensorMap(sliceDo, T, sliceHq, D, args.dtype, rows)
-                      .moveInto(doMap))
-            return e;
-        }
-        params.tensorMap("qMap", qMap).tensorMap("doMap", doMap);
-      }
+      // The schedule's tensor maps, if any: the slice's tensors (its heads
+      // from 0), for the producer's TMA copies.
+      const ScheduleRecord &record = recordOf(main.spec.schedule);
+      const LaunchGeometry geometry = record.launch(main.spec);
+      TensorArg sliceQ = args.q, sliceK = args.k, sliceV = args.v,
+                sliceDo = args.dout;
+      sliceQ.data = reinterpret_cast<void *>(q);
+      sliceK.data = reinterpret_cast<void *>(k);
+      sliceV.data = reinterpret_cast<void *>(v);
+      sliceDo.data = reinterpret_cast<void *>(sliceDout);
+      MapTensors tensors;
+      tensors.q = &sliceQ, tensors.k = &sliceK, tensors.v = &sliceV;
+      tensors.dout = &sliceDo, tensors.numTokens = T;
+      tensors.qHeads = sliceHq, tensors.kvHeads = slice, tensors.headDim = D;
+      tensors.dtype = args.dtype;
+      cuda::CUtensorMap maps[4] = {};
+      if (llvm::Error e =
+              bindTensorMaps(geometry, main.spec.tiling, tensors, maps, params))
+        return e;
       params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", sliceDout);
       params.ptr("dk", dk).ptr("dv", dv).ptr("lse", sliceLse);
       params.ptr("delta", sliceDelta).ptr("dqacc", dqacc);
@@ -327,9 +328,13 @@ llvm::Error runBackward(const BackwardArgs &args) {
       params.strides("dv", dvStrideT, dvStrideH);
       params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
       params.f32("scale", scale).f32("scaleLog2", scaleLog2);
+      LaunchCounts counts;
+      counts.blockM = main.info.blockM;
+      counts.tokens = T, counts.workItems = table.numItems;
+      counts.qHeads = sliceHq, counts.kvHeads = slice;
+      Grid grid = record.grid(main.spec, counts);
       if (llvm::Error e =
-              launch(main, static_cast<unsigned>(table.numItems),
-                     static_cast<unsigned>(slice), 1, args.stream, params))
+              launch(main, grid.x, grid.y, grid.z, args.stream, params))
         return e;
     }
 
@@ -343,11 +348,13 @@ llvm::Error runBackward(const BackwardArgs &args) {
       params.strides("dk", dkStrideT, dkStrideH);
       params.strides("dv", dvStrideT, dvStrideH);
       params.i64("numTokens", numTokens).i64("numAccRows", numAccRows);
-      if (llvm::Error e = launch(
-              last,
-              static_cast<unsigned>(
-                  ceilDiv(std::max(T, numAccRows), last.info.blockM)),
-              static_cast<unsigned>(sliceHq + slice), 1, args.stream, params))
+      LaunchCounts counts;
+      counts.blockM = last.info.blockM;
+      counts.tokens = T, counts.accRows = numAccRows;
+      counts.qHeads = sliceHq, counts.kvHeads = slice;
+      Grid grid = recordOf(last.spec.schedule).grid(last.spec, counts);
+      if (llvm::Error e =
+              launch(last, grid.x, grid.y, grid.z, args.stream, params))
         return e;
     }
   }
@@ -370,42 +377,39 @@ llvm::Error runBackward(const BackwardArgs &args) {
     params.strides("dq", dqStrideT, dqStrideH);
     params.i64("lseStrideH", lseStrideH).i64("deltaStrideH", deltaStrideH);
     params.f32("scale", scale).f32("scaleLog2", scaleLog2);
-    // The cp.async schedules: a CTA per (query tile, segment, head).
-    unsigned gridX =
-        static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), last.info.blockM));
-    unsigned gridY = static_cast<unsigned>(plan.numSegments());
-    cuda::CUtensorMap qMap, kMap, vMap, doMap;
+    // The schedule's launch: its tensor maps and its grid, over the plan's
+    // segments or its forward work order (the query tiles, longest KV walk
+    // first).
+    const ScheduleRecord &record = recordOf(last.spec.schedule);
+    const LaunchGeometry geometry = record.launch(last.spec);
+    MapTensors tensors;
+    tensors.q = &args.q, tensors.k = &args.k, tensors.v = &args.v;
+    tensors.dout = &args.dout, tensors.numTokens = T;
+    tensors.qHeads = Hq, tensors.kvHeads = Hkv, tensors.headDim = D;
+    tensors.dtype = args.dtype;
+    cuda::CUtensorMap maps[4] = {};
+    if (llvm::Error e =
+            bindTensorMaps(geometry, last.spec.tiling, tensors, maps, params))
+      return e;
+    LaunchCounts counts;
+    counts.blockM = last.info.blockM;
+    counts.tokens = T;
+    counts.maxSegmentLen = plan.maxSegmentLen();
+    counts.numSegments = plan.numSegments();
+    counts.qHeads = Hq, counts.kvHeads = Hkv;
     uint64_t order = 0;
-    if (last.spec.schedule == Schedule::WarpSpecialized) {
-      // Q, dO, K and V load by TMA; one CTA per item of the plan's forward
-      // order (the query tiles, longest KV walk first), per head.
-      const Tiling &t = last.spec.tiling;
-      struct Map {
-        cuda::CUtensorMap &map;
-        const TensorArg &tensor;
-        int heads, rows;
-      };
-      for (const Map &m :
-           {Map{qMap, args.q, Hq, t.blockM},
-            Map{doMap, args.dout, Hq, t.blockM},
-            Map{kMap, args.k, Hkv, t.blockN}, Map{vMap, args.v, Hkv, t.blockN}})
-        if (llvm::Error e =
-                tensorMap(m.tensor, T, m.heads, D, args.dtype, m.rows)
-                    .moveInto(m.map))
-          return e;
-      params.tensorMap("qMap", qMap).tensorMap("kMap", kMap);
-      params.tensorMap("vMap", vMap).tensorMap("doMap", doMap);
+    if (geometry.forwardOrder) {
       llvm::Expected<ForwardTable> table =
           PlanDevice::forwardTable(plan, last.info.blockM);
       if (!table)
         return table.takeError();
       order = table->items;
       params.ptr("order", order);
-      gridX = static_cast<unsigned>(table->numItems);
-      gridY = 1;
+      counts.workItems = table->numItems;
     }
-    if (llvm::Error e = launch(last, gridX, gridY, static_cast<unsigned>(Hq),
-                               args.stream, params))
+    Grid grid = record.grid(last.spec, counts);
+    if (llvm::Error e =
+            launch(last, grid.x, grid.y, grid.z, args.stream, params))
       return e;
   }
   return llvm::Error::success();

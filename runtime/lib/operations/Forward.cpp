@@ -76,7 +76,6 @@ llvm::Error runForward(const ForwardArgs &args) {
   // The kernels use exp2, so the scale arrives premultiplied by log2(e).
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
-  bool warpSpecialized = kernel.spec.schedule == Schedule::WarpSpecialized;
   LaunchParams params(KernelKind::Fwd, kernel.spec.schedule, tree);
   uint64_t chain = plan.deviceChainTable();
   if (tree)
@@ -88,44 +87,39 @@ llvm::Error runForward(const ForwardArgs &args) {
   params.strides("v", vStrideT, vStrideH);
   params.strides("o", oStrideT, oStrideH);
   params.i64("lseStrideH", lseStrideH);
-  // The cp.async schedules: a CTA per (query tile, segment, head), idle where
-  // a segment has fewer tiles than the longest.
-  unsigned gridX =
-      static_cast<unsigned>(ceilDiv(plan.maxSegmentLen(), kernel.info.blockM));
-  unsigned gridY = static_cast<unsigned>(plan.numSegments());
-  cuda::CUtensorMap qMap, kMap, vMap;
+  // The schedule's launch: its tensor maps (built from the caller's pointers
+  // and strides for this launch) and its grid, over the plan's segments or
+  // its forward work order (heaviest first).
+  const ScheduleRecord &record = recordOf(kernel.spec.schedule);
+  const LaunchGeometry geometry = record.launch(kernel.spec);
+  cuda::CUtensorMap maps[4] = {};
+  MapTensors tensors;
+  tensors.q = &args.q, tensors.k = &args.k, tensors.v = &args.v;
+  tensors.numTokens = args.num_tokens, tensors.qHeads = args.num_q_heads;
+  tensors.kvHeads = args.num_kv_heads, tensors.headDim = args.head_dim;
+  tensors.dtype = args.dtype;
+  if (llvm::Error e =
+          bindTensorMaps(geometry, kernel.spec.tiling, tensors, maps, params))
+    return e;
+  LaunchCounts counts;
+  counts.blockM = kernel.info.blockM;
+  counts.tokens = args.num_tokens;
+  counts.maxSegmentLen = plan.maxSegmentLen();
+  counts.numSegments = plan.numSegments();
+  counts.qHeads = args.num_q_heads;
+  counts.kvHeads = args.num_kv_heads;
   uint64_t order = 0;
-  if (warpSpecialized) {
-    // Q, K and V load by TMA: a tensor map each, built from the caller's
-    // pointers and strides for this launch; one CTA per item of the plan's
-    // forward order (heaviest first), per head.
-    const Tiling &t = kernel.spec.tiling;
-    if (llvm::Error e = tensorMap(args.q, args.num_tokens, args.num_q_heads,
-                                  args.head_dim, args.dtype, t.blockM)
-                            .moveInto(qMap))
-      return e;
-    if (llvm::Error e = tensorMap(args.k, args.num_tokens, args.num_kv_heads,
-                                  args.head_dim, args.dtype, t.blockN)
-                            .moveInto(kMap))
-      return e;
-    if (llvm::Error e = tensorMap(args.v, args.num_tokens, args.num_kv_heads,
-                                  args.head_dim, args.dtype, t.blockN)
-                            .moveInto(vMap))
-      return e;
-    params.tensorMap("qMap", qMap)
-        .tensorMap("kMap", kMap)
-        .tensorMap("vMap", vMap);
+  if (geometry.forwardOrder) {
     llvm::Expected<ForwardTable> table =
         PlanDevice::forwardTable(plan, kernel.info.blockM);
     if (!table)
       return table.takeError();
     order = table->items;
     params.ptr("order", order);
-    gridX = static_cast<unsigned>(table->numItems);
-    gridY = 1;
+    counts.workItems = table->numItems;
   }
-  return launch(kernel, gridX, gridY, static_cast<unsigned>(args.num_q_heads),
-                args.stream, params);
+  Grid grid = record.grid(kernel.spec, counts);
+  return launch(kernel, grid.x, grid.y, grid.z, args.stream, params);
 }
 
 } // namespace

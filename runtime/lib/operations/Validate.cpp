@@ -170,4 +170,42 @@ double effectiveScale(float scale, int headDim) {
   return scale != 0 ? scale : 1.0 / std::sqrt(headDim);
 }
 
+llvm::Error bindTensorMaps(const LaunchGeometry &geometry, const Tiling &tiling,
+                           const MapTensors &tensors,
+                           cuda::CUtensorMap (&maps)[4], LaunchParams &params) {
+  for (int i = 0; i < geometry.numMaps; ++i) {
+    const TensorMapUse &use = geometry.maps[i];
+    maps[i] = {};
+    if (geometry.mapsRead) {
+      const TensorArg *tensor = nullptr;
+      int heads = tensors.qHeads;
+      switch (use.operand) {
+      case MapOperand::Q:
+        tensor = tensors.q;
+        break;
+      case MapOperand::DOut:
+        tensor = tensors.dout;
+        break;
+      case MapOperand::K:
+        tensor = tensors.k, heads = tensors.kvHeads;
+        break;
+      case MapOperand::V:
+        tensor = tensors.v, heads = tensors.kvHeads;
+        break;
+      }
+      if (!tensor)
+        return internalError(
+            fmt::format("no tensor for the tensor map {}", use.param));
+      if (llvm::Error e =
+              tensorMap(*tensor, tensors.numTokens, heads, tensors.headDim,
+                        tensors.dtype,
+                        use.blockNRows ? tiling.blockN : tiling.blockM)
+                  .moveInto(maps[i]))
+        return e;
+    }
+    params.tensorMap(use.param, maps[i]);
+  }
+  return llvm::Error::success();
+}
+
 } // namespace dualkv::detail

@@ -4,6 +4,7 @@
 
 #include "driver/Launch.h"
 
+#include "dualkv/Compiler/Schedule.h"
 #include "dualkv/dualkv.h"
 
 #include <llvm/Support/Error.h>
@@ -61,6 +62,22 @@ inline llvm::Expected<cuda::CUtensorMap> tensorMap(const TensorArg &t,
   return dualkv::tensorMap(t.data, t.stride_t, t.stride_h, numTokens, heads,
                            headDim, dtype, rows);
 }
+
+/// The tensors of a launch that its tensor maps (LaunchGeometry::maps) may
+/// cover: Q and dO over `qHeads`, K and V over `kvHeads`.
+struct MapTensors {
+  const TensorArg *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  int64_t numTokens = 0;
+  int qHeads = 0, kvHeads = 0, headDim = 0;
+  DType dtype = DType::BF16;
+};
+
+/// Builds the tensor maps `geometry` lists for a kernel of `tiling` into
+/// `maps` (left zeroed where the kernel does not read them) and sets them in
+/// `params`. `maps` must outlive the launch.
+llvm::Error bindTensorMaps(const LaunchGeometry &geometry, const Tiling &tiling,
+                           const MapTensors &tensors,
+                           cuda::CUtensorMap (&maps)[4], LaunchParams &params);
 
 /// ceil(a / b) for positive b.
 inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

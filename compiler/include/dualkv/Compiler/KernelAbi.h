@@ -11,6 +11,7 @@
 #define DUALKV_COMPILER_KERNELABI_H
 
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Export.h"
 
 #include <array>
 #include <cstddef>
@@ -179,39 +180,11 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
 }
 
 /// The parameter table of `kind` in `schedule` (resolved); `tree`: the
-/// query-major kernels of prefix trees (KernelSpec::tree).
-inline ParamTable kernelParams(KernelKind kind,
-                               Schedule schedule = Schedule::Auto,
-                               bool tree = false) {
-  if (tree && kind == KernelKind::Fwd)
-    return schedule == Schedule::WarpSpecialized
-               ? tableOf(kFwdWarpSpecializedTreeParams)
-               : tableOf(kFwdTreeParams);
-  if (tree && kind == KernelKind::BwdDQ)
-    return schedule == Schedule::WarpSpecialized
-               ? tableOf(kBwdDQWarpSpecializedTreeParams)
-               : tableOf(kBwdDQTreeParams);
-  switch (kind) {
-  case KernelKind::Fwd:
-    if (schedule == Schedule::WarpSpecialized)
-      return tableOf(kFwdWarpSpecializedParams);
-    return tableOf(kFwdParams);
-  case KernelKind::BwdPre:
-    return tableOf(kBwdPreParams);
-  case KernelKind::Bwd:
-  case KernelKind::BwdKV:
-    if (schedule == Schedule::WarpSpecialized)
-      return tableOf(kBwdWarpSpecializedParams);
-    return tableOf(kBwdParams);
-  case KernelKind::BwdPost:
-    return tableOf(kBwdPostParams);
-  case KernelKind::BwdDQ:
-    if (schedule == Schedule::WarpSpecialized)
-      return tableOf(kBwdDQWarpSpecializedParams);
-    return tableOf(kBwdDQParams);
-  }
-  return tableOf(kFwdParams);
-}
+/// query-major kernels of prefix trees (KernelSpec::tree). The schedule's
+/// record says which (dualkv/Compiler/Schedule.h; Auto: the common tables).
+DUALKV_API ParamTable kernelParams(KernelKind kind,
+                                   Schedule schedule = Schedule::Auto,
+                                   bool tree = false);
 
 } // namespace dualkv::abi
 
