@@ -13,6 +13,7 @@
 #define DUALKV_COMPILER_COMMON_FRAGMENTS_H
 
 #include "Common/Builders.h"
+#include "Common/NamedBarriers.h"
 #include "Common/TileOps.h"
 #include "dualkv/Compiler/KernelAbi.h"
 
@@ -460,13 +461,13 @@ protected:
   }
   /// Syncs the threads that compute: the whole CTA (bar.sync 0), or, when
   /// syncedThreads is set (a warp-specialized kernel, whose producer runs
-  /// apart), those threads only on named barrier 1.
+  /// apart), those threads only (KVMajorBarrier::Consumers).
   void syncThreads() {
     if (!syncedThreads) {
       gpu::BarrierOp::create(b, loc);
       return;
     }
-    namedBarrier(i32c(1), syncedThreads);
+    namedBarrier(i32c(barrierId(KVMajorBarrier::Consumers)), syncedThreads);
   }
   // ---- the warp-specialized schedules' synchronisation (sm_90a) -----------
   /// An index as an i32.

@@ -137,8 +137,9 @@ private:
   SmallVector<Value> dqOwnKeys(ArrayRef<Value> ds) {
     storeDsT(ds);
     proxyFence();
-    // The warpgroup's 128 threads (named barrier 2 + w) see each other's rows.
-    namedBarrier(i32Of(add(idx(2), warpGroup)), 128);
+    // The warpgroup's 128 threads see each other's rows.
+    namedBarrier(
+        i32Of(add(idx(barrierId(KVMajorBarrier::Warpgroup0)), warpGroup)), 128);
     // dQ (queries x D) = dS (queries x own keys, M-major: dSᵀ rows) K (own
     // keys x D, N-major), 4 k-steps of 16 keys.
     Value own = mul(warpGroup, idx(64 * 128));

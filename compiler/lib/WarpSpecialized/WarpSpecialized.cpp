@@ -11,9 +11,10 @@
 //     issued before P V of tile i, so the softmax of tile i + 1 runs while
 //     the tensor cores still multiply tile i (FlashAttention-3's
 //     intra-warpgroup overlap); the two warpgroups take turns to issue their
-//     GEMMs (named barriers 1 and 2), so one's softmax runs under the other's
-//     GEMMs (ping-pong); at the end each stages its O through its rows of the
-//     Q tile and stores whole rows (named barriers 3 and 4).
+//     GEMMs (QueryMajorBarrier::Turn0, Turn1), so one's softmax runs under the
+//     other's GEMMs (ping-pong); at the end each stages its O through its rows
+//     of the Q tile and stores whole rows (QueryMajorBarrier::Epilogue0,
+//     Epilogue1).
 // Every tile of the kernel's kv_loops (the shared prompt's full tiles and its
 // masked tail, the response's full tiles and its causal diagonal) is one
 // iteration of a single software pipeline, in the loops' order; the masks of
@@ -146,15 +147,20 @@ private:
   Value vEmpty(Value s) { return barrierAt(4, s); }
 
   /// Ping-pong of the two consumer warpgroups (FlashAttention-3): a warpgroup
-  /// issues its GEMMs only in its turn (named barrier 1 + w, both warpgroups'
-  /// 256 threads), then hands the turn to the other, so one's softmax runs
-  /// under the other's GEMMs. Warpgroup 1 hands warpgroup 0 the first turn;
-  /// each warpgroup takes as many turns as the other, and warpgroup 1 passes
-  /// none on after its last, so both barriers end balanced.
-  void turnBegin() { namedBarrier(i32Of(add(idx(1), wgIdx)), threads()); }
+  /// issues its GEMMs only in its turn (QueryMajorBarrier::Turn0 + w, both
+  /// warpgroups' 256 threads), then hands the turn to the other, so one's
+  /// softmax runs under the other's GEMMs. Warpgroup 1 hands warpgroup 0 the
+  /// first turn; each warpgroup takes as many turns as the other, and warpgroup
+  /// 1 passes none on after its last, so both barriers end balanced.
+  void turnBegin() {
+    namedBarrier(i32Of(add(idx(barrierId(QueryMajorBarrier::Turn0)), wgIdx)),
+                 threads());
+  }
   void turnEnd() {
     NVVM::BarrierArriveOp::create(
-        b, loc, i32Of(arith::SubIOp::create(b, loc, idx(2), wgIdx)),
+        b, loc,
+        i32Of(arith::SubIOp::create(
+            b, loc, idx(barrierId(QueryMajorBarrier::Turn1)), wgIdx)),
         i32c(int32_t(threads())));
   }
   /// turnEnd for warpgroup `w` only.
@@ -895,8 +901,9 @@ void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
                               ValueRange{at[0], add(at[1], mul(t, idx(2)))});
     }
   }
-  // The warpgroup's 128 threads (named barrier 3 + w) see each other's rows.
-  namedBarrier(i32Of(add(idx(3), wgIdx)), kWarpgroupThreads);
+  // The warpgroup's 128 threads see each other's rows.
+  namedBarrier(i32Of(add(idx(barrierId(QueryMajorBarrier::Epilogue0)), wgIdx)),
+               kWarpgroupThreads);
   int64_t chunks = headDim / 8;
   int64_t rowsPerPass = kWarpgroupThreads / chunks;
   Value lt = remu(tid, kWarpgroupThreads);
