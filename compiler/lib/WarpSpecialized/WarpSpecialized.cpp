@@ -56,6 +56,7 @@
 
 #include "Common/Fragments.h"
 #include "Wgmma/WgmmaBuilder.h"
+#include "dualkv/Compiler/Schedule.h"
 
 #include <limits>
 #include <tuple>
@@ -92,17 +93,16 @@ public:
     wgmmaReadsTiles = true;
     isDq = kernel.getKind() == KernelKind::bwd_dq;
     isTree = kernel.getProblem()->getTree();
+    ring = ::dualkv::RingLayout::of(
+        {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
+        isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd);
   }
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
   /// [Q][dO (bwd_dq)][K x stages][V x stages][mbarriers], 1 KB spare for
-  /// the alignment.
-  int64_t sharedBytes() const {
-    return ::dualkv::warpSpecializedSharedBytes(
-        {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
-        isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd);
-  }
+  /// the alignment: the schedule record's RingLayout.
+  int64_t sharedBytes() const { return ring.total; }
 
 private:
   /// One kv_loop of the tiled IR: its tiles [lb, ub) of `region`, the mask its
@@ -117,29 +117,22 @@ private:
   LogicalResult emitConsumer();
   LogicalResult emitDqConsumer();
 
-  int64_t qBytes() const { return blockM * headDim * 2; }
-  /// dO (bwd_dq) follows Q.
-  int64_t doOffset() const { return qBytes(); }
-  int64_t kvBytes() const { return blockN * headDim * 2; }
-  int64_t kOffset(int64_t s) const {
-    return (isDq ? 2 : 1) * qBytes() + s * kvBytes();
-  }
-  int64_t vOffset(int64_t s) const { return kOffset(stages) + s * kvBytes(); }
-  int64_t barrierOffset() const { return vOffset(stages); }
+  /// Where the tiles and barriers sit: the layout the record counts.
+  ::dualkv::RingLayout ring;
   // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
   Value barrier(int64_t index) {
-    return sharedPtr(add(smemAddr, idx(barrierOffset() + 8 * index)));
+    return sharedPtr(add(smemAddr, idx(ring.barriers + 8 * index)));
   }
   Value barrierAt(int64_t first, Value slot) {
-    return sharedPtr(add(smemAddr, add(idx(barrierOffset() + 8 * first),
-                                       mul(slot, idx(8 * 4)))));
+    return sharedPtr(add(
+        smemAddr, add(idx(ring.barriers + 8 * first), mul(slot, idx(8 * 4)))));
   }
   /// Shared addresses of ring slot `slot`'s K and V tiles.
   Value kAddrOf(Value slot) {
-    return add(smemAddr, add(idx(kOffset(0)), mul(slot, idx(kvBytes()))));
+    return add(smemAddr, add(idx(ring.kRing), mul(slot, idx(ring.slotBytes))));
   }
   Value vAddrOf(Value slot) {
-    return add(smemAddr, add(idx(vOffset(0)), mul(slot, idx(kvBytes()))));
+    return add(smemAddr, add(idx(ring.vRing), mul(slot, idx(ring.slotBytes))));
   }
   Value kFull(Value s) { return barrierAt(1, s); }
   Value vFull(Value s) { return barrierAt(2, s); }
@@ -465,12 +458,13 @@ void WarpSpecializedForward::emitProducer() {
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(one.thenBlock());
   Value qBar = barrier(0);
+  // Q (and dO) fill the bytes before the K ring.
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), qBar, i32c(int32_t((isDq ? 2 : 1) * qBytes())),
-      NVVM::MemScopeKind::CTA, false, Value());
+      b, loc, Type(), qBar, i32c(int32_t(ring.kRing)), NVVM::MemScopeKind::CTA,
+      false, Value());
   tmaLoadTile(qMap, smemAddr, blockM, add(segStart, qRow0), head, qBar);
   if (isDq)
-    tmaLoadTile(doMap, add(smemAddr, idx(doOffset())), blockM,
+    tmaLoadTile(doMap, add(smemAddr, idx(ring.dO)), blockM,
                 add(segStart, qRow0), head, qBar);
 
   SmallVector<Value> walk;
@@ -486,18 +480,18 @@ void WarpSpecializedForward::emitProducer() {
   Value free = arith::XOrIOp::create(b, loc, parity, idx(1));
   auto [start, tile] = tileAt(i, w);
   Value row = add(start, mul(tile, idx(blockN)));
-  Value slotBytes = mul(slot, idx(kvBytes()));
+  Value slotBytes = mul(slot, idx(ring.slotBytes));
   waitParity(kEmpty(slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), kFull(slot), i32c(int32_t(kvBytes())),
+      b, loc, Type(), kFull(slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
-  tmaLoadTile(kMap, add(smemAddr, add(idx(kOffset(0)), slotBytes)), blockN, row,
+  tmaLoadTile(kMap, add(smemAddr, add(idx(ring.kRing), slotBytes)), blockN, row,
               kvHead, kFull(slot));
   waitParity(vEmpty(slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), vFull(slot), i32c(int32_t(kvBytes())),
+      b, loc, Type(), vFull(slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
-  tmaLoadTile(vMap, add(smemAddr, add(idx(vOffset(0)), slotBytes)), blockN, row,
+  tmaLoadTile(vMap, add(smemAddr, add(idx(ring.vRing), slotBytes)), blockN, row,
               kvHead, vFull(slot));
   if (isTree)
     scf::YieldOp::create(b, loc, walkAfter(i, w));
@@ -973,7 +967,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
   mma.fence();
   SmallVector<Value> s = rowProducts(0, kAddrOf(first));
   mma.commit();
-  SmallVector<Value> dp = rowProducts(doOffset(), vAddrOf(first));
+  SmallVector<Value> dp = rowProducts(ring.dO, vAddrOf(first));
   mma.commit();
   turnEnd();
   mma.wait(1, s);
@@ -1019,7 +1013,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
     mma.fence();
     SmallVector<Value> s = rowProducts(0, kAddrOf(slot));
     mma.commit();
-    SmallVector<Value> dp = rowProducts(doOffset(), vAddrOf(slot));
+    SmallVector<Value> dp = rowProducts(ring.dO, vAddrOf(slot));
     mma.commit();
     accumulate(acc, ds, kAddrOf(prevSlot));
     mma.commit();
