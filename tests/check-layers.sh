@@ -43,9 +43,9 @@ if hits=$(grep -nE '#include [<"](mlir|llvm)/|Passes\.h' \
   "$root/compiler/include/dualkv/Compiler/Compiler.h" \
   "$root/compiler/include/dualkv/Compiler/KernelSpec.h" \
   "$root/compiler/include/dualkv/Compiler/KernelAbi.h" \
-  "$root/compiler/include/dualkv/Compiler/Schedule.h" "$root/compiler/lib/KernelSpec.cpp" \
-  "$root/compiler/lib/Schedules.cpp" "$root/compiler/lib/ScheduleRecords.h" \
-  "$root"/compiler/lib/*/Schedule.cpp); then
+  "$root/compiler/include/dualkv/Compiler/Schedule.h" "$root/compiler/lib/Spec/KernelSpec.cpp" \
+  "$root/compiler/lib/Spec/Schedules.cpp" "$root/compiler/lib/Spec/ScheduleRecords.h" \
+  "$root"/compiler/lib/Schedules/*/*Schedule.cpp); then
   bad "what the runtime-only library links includes MLIR or LLVM" "$hits"
 fi
 # The tools share nothing with the examples (tools/common has what they need).

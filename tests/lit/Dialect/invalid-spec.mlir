@@ -1,5 +1,5 @@
 // The dualkv.kernel verifier runs the spec check of dualkv-bind-spec and the runtime
-// (checkSpec, compiler/lib/KernelSpec.cpp) on a bound kernel, so bound text edited
+// (checkSpec, compiler/lib/Spec/KernelSpec.cpp) on a bound kernel, so bound text edited
 // by hand (or by a fuzzer) cannot carry a spec no kernel can run into the passes:
 // a schedule its arch lacks, a tiling its schedule cannot compute, a launch beyond
 // CUDA's limits (heads in their grid dimension, the arch's shared memory).

@@ -120,7 +120,7 @@ func.func @no_kernel() {
 // ERR-REBIND: error: 'dualkv.kernel' op is already bound: templates are bound once
 
 // === backward: per-kind default tilings ===
-// dualkv::defaultTiling (compiler/lib/KernelSpec.cpp) gives the backward kinds
+// dualkv::defaultTiling (compiler/lib/Spec/KernelSpec.cpp) gives the backward kinds
 // tilings of their own, the same for head_dim 64 and 128 (256: below):
 // - bwd: block_m = 128 keys and values a CTA in 8 warps, stages 1 (twice the keys
 //   of bwd_kv halve the dQ reductions); query tiles of block_n = 64 on sm_90a (the

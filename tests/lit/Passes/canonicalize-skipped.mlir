@@ -1,7 +1,7 @@
 // The kernel pipeline's canonicalizer (dualkv-canonicalize, the first step of
 // dualkv-to-llvm) leaves out RegionBranchOpInterface's
 // RemoveDuplicateSuccessorInputUses: on the head_dim-256 forward it took 110
-// of canonicalize's 150 ms and rewrote nothing (compiler/lib/Pipeline.cpp).
+// of canonicalize's 150 ms and rewrote nothing (compiler/lib/Driver/Pipeline.cpp).
 // A loop whose two iter_args always carry the same value is what that pattern
 // merges; here it stays two. The second RUN shows that upstream's
 // canonicalize does merge it, so a renamed pattern (whose debug name the

@@ -1,9 +1,9 @@
-// dualkv-lower-to-nvgpu for the backward kinds (Common/KVMajor.cpp and the
-// schedules' KVMajor.cpp: bwd, bwd_kv; Common/Elementwise.cpp: bwd_pre, bwd_post;
-// Common/QueryMajor.cpp: bwd_dq). Checked against docs/backward-abi.md:
+// dualkv-lower-to-nvgpu for the backward kinds (Lowering/Skeletons/KVMajorSkeleton.cpp and the
+// schedules' KVMajor.cpp: bwd, bwd_kv; Lowering/Skeletons/ElementwiseSkeleton.cpp: bwd_pre, bwd_post;
+// Lowering/Skeletons/QueryMajorSkeleton.cpp: bwd_dq). Checked against docs/backward-abi.md:
 // the gpu.func parameters in ABI order and type, and the dynamic shared memory of
 // each kind, computed here from the buffers the emitters lay out (2-byte elements,
-// rows padded by 8 elements, Common/KVMajor.h sharedBytes):
+// rows padded by 8 elements, Lowering/Skeletons/KVMajorSkeleton.h sharedBytes):
 //   bwd:    [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] rows of (D + 8) (query tiles
 //           double buffered), dSᵀ BM x (BN + 8), then LSE and Delta of the two
 //           query tiles in flight (4 x S fp32, S = max(BN, threads): a slot
@@ -11,7 +11,7 @@
 //           2 * BM * (D + 8) * 2 + 4 * BN * (D + 8) * 2 + BM * (BN + 8) * 2 + 16 * S
 //   bwd_kv: the same without dSᵀ (no dQ):
 //           2 * BM * (D + 8) * 2 + 4 * BN * (D + 8) * 2 + 16 * S
-//   bwd_dq: [Q: BM][dO: BM][K: BN][V: BN] (Common/QueryMajor.h sharedBytes):
+//   bwd_dq: [Q: BM][dO: BM][K: BN][V: BN] (Lowering/Skeletons/QueryMajorSkeleton.h sharedBytes):
 //           (2 * BM + 2 * BN) * (D + 8) * 2
 //   bwd_pre, bwd_post: none (a warp per row, registers only).
 // With BM = block_m, BN = block_n, D = head_dim:

@@ -1,5 +1,5 @@
 // The warp-specialized forward and dQ kernels run every kv_loop of the template
-// through one pipeline (WarpSpecialized.cpp, collectTileProgram): a template it
+// through one pipeline (WarpSpecializedQueryMajor.cpp, collectTileProgram): a template it
 // cannot pipeline is an error naming the op, never a kernel that computes
 // something else. The mma_sync schedule takes the same templates.
 

@@ -1,7 +1,7 @@
 // dualkv-lower-to-nvgpu: a bound, tiled kernel becomes one gpu.func (sm_80 schedule:
 // cp.async -> ldmatrix -> mma.sync m16n8k16, exp2 online softmax with quad
 // shuffles). Q stays in shared memory; shared memory holds Q, one K and one V tile,
-// rows padded to head_dim + 8 elements of 2 bytes (Common/QueryMajor.h, sharedBytes):
+// rows padded to head_dim + 8 elements of 2 bytes (Lowering/Skeletons/QueryMajorSkeleton.h, sharedBytes):
 //   (block_m + 2 * block_n) * (head_dim + 8) * 2
 //   head_dim 128, block_m 128, block_n 32: (128 + 64) * 136 * 2 = 52224
 //   head_dim  64, block_m 128, block_n 32: (128 + 64) *  72 * 2 = 27648

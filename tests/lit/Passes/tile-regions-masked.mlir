@@ -3,7 +3,7 @@
 // prompt, causal for the response), instead of full tiles and a masked edge: one
 // loop body a region. In a tree kernel the prompt's loop stays inside the
 // chain_loop. The compiler asks for it for the head_dim-256 dQ kernel from sm_90 on
-// (maskEveryTile, compiler/lib/KernelSpec.cpp): dualkv-aot's IR dump shows it, and
+// (maskEveryTile, compiler/lib/Spec/KernelSpec.cpp): dualkv-aot's IR dump shows it, and
 // the kernel has half the mma.sync of the split form.
 
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-tile-regions="mask-every-tile=true" | FileCheck %s

@@ -112,7 +112,7 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
 TEST_CASE("compiler: backward default tilings depend on the kind and, for "
           "the KV-major kernels, the arch",
           "[compiler][backward]") {
-  // compiler/lib/KernelSpec.cpp: the KV-major kernels (fused and deterministic
+  // compiler/lib/Spec/KernelSpec.cpp: the KV-major kernels (fused and deterministic
   // dK/dV) 128 keys in 8 warps with 64-query tiles from sm_90 on; before it
   // the fused kernel streams 32-query tiles (an sm_80 SM's shared memory is
   // smaller) and the dK/dV one holds 64 keys in 4 warps; at head_dim 256 both
@@ -160,7 +160,7 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
 TEST_CASE("compiler: only the head_dim-256 dQ kernel from sm_90 on masks "
           "every tile",
           "[compiler][backward]") {
-  // compiler/lib/KernelSpec.cpp maskEveryTile: one masked loop a region (two
+  // compiler/lib/Spec/KernelSpec.cpp maskEveryTile: one masked loop a region (two
   // tile bodies instead of four) where a tile body is 192 mma.sync a warp.
   auto resolved = [](KernelKind kind, int d, const char *arch) {
     KernelSpec spec;
@@ -223,7 +223,7 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
 namespace {
 
 /// Dynamic shared memory of a backward kernel by docs/backward-abi.md and the
-/// buffers Common/KVMajor.h / Common/QueryMajor.h lay out: tiles of 2-byte
+/// buffers Lowering/Skeletons/KVMajorSkeleton.h / Lowering/Skeletons/QueryMajorSkeleton.h lay out: tiles of 2-byte
 /// elements with rows padded by 8 elements.
 int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   const int row = (d + 8) * 2;

@@ -60,7 +60,7 @@ int64_t maxSmem(int n) {
 }
 
 /// Shared memory as the emitters lay it out (KernelSpec.h, Common/
-/// QueryMajor.h, Common/KVMajor.h, Wgmma/KVMajor.h, WarpSpecialized/).
+/// QueryMajor.h, Lowering/Skeletons/KVMajorSkeleton.h, Schedules/Wgmma/WgmmaKVMajor.h, WarpSpecialized/).
 int64_t refSharedBytes(const KernelSpec &r) {
   const int64_t bm = r.tiling.blockM, bn = r.tiling.blockN, d = r.headDim,
                 w = r.tiling.warps, st = r.tiling.stages;

@@ -11,7 +11,7 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     Sets the `problem`, `tiling`, `arch` and `schedule` of every unbound
     `dualkv.kernel` in the module from the pass options. Tiling fields left at 0 take
     the defaults for the spec's head_dim; `schedule=auto` takes the default schedule
-    for kind, arch, head_dim and tiling (`resolveSpec`, compiler/lib/KernelSpec.cpp,
+    for kind, arch, head_dim and tiling (`resolveSpec`, compiler/lib/Spec/KernelSpec.cpp,
     the one place it is chosen). An arch outside the supported set, or a schedule the
     spec cannot use, is an error naming why, never a fallback. A kernel already bound
     is an error: templates are bound once.
@@ -54,7 +54,7 @@ def DualKVTileRegions : Pass<"dualkv-tile-regions", "::mlir::ModuleOp"> {
     With `mask-every-tile`, each region's `kv_loop` becomes one `masked` loop instead:
     every tile, the full ones included, passes through the region's mask. One loop body
     instead of two: half the code for a kernel whose tile body is large (the head_dim-256
-    dQ kernel, `maskEveryTile` in compiler/lib/KernelSpec.cpp), for a few selects a
+    dQ kernel, `maskEveryTile` in compiler/lib/Spec/KernelSpec.cpp), for a few selects a
     score. Query loops of the KV-major backward are split as always.
   }];
   let options = [
@@ -65,19 +65,31 @@ def DualKVTileRegions : Pass<"dualkv-tile-regions", "::mlir::ModuleOp"> {
 }
 
 def DualKVLowerToNVGPU : Pass<"dualkv-lower-to-nvgpu", "::mlir::ModuleOp"> {
-  let summary = "Lower bound, tiled dualkv kernels to gpu/nvgpu/vector/scf";
+  let summary = "Lower bound, tiled dualkv kernels to gpu/nvgpu/nvvm/vector/scf";
   let description = [{
     Each `dualkv.kernel` becomes a `gpu.func` kernel in a `gpu.module`, named
-    `<kernel>_<schedule>` and emitted by the schedule the kernel records
-    (compiler/lib/MmaSync, compiler/lib/Wgmma). The `mma_sync` schedule: per-thread register fragments of `mma.sync.m16n8k16` (`nvvm.mma.sync`),
-    Q, K and V tiles staged in padded shared memory with `cp.async`
-    (`nvgpu.device_async_copy`, zero-fill past the region end) and read with
-    `ldmatrix` (transposed for V); with `stages = 2` the next key tile is prefetched
-    while softmax and P·V run. An exp2 online softmax with row reductions over
-    `gpu.shuffle xor`, fp32 accumulation. Runs on sm_80 and newer, sm_90a included.
-    The `wgmma` schedule (sm_90a, head_dim 128: the forward and the KV-major
-    backward) keeps those register layouts and moves the products to
-    `wgmma.mma_async` over tiles in the 128-byte swizzle.
+    `<kernel>_<schedule>`. The pass only dispatches: the schedule the kernel
+    records (`dualkv-bind-spec`) names a folder of compiler/lib/Schedules/, whose
+    emitters (its `ScheduleEmitters` entry) walk the template's ops. They issue the
+    copies and the products (`qk`, `pv`, `qk_t`, `accumulate`) in their own order
+    and hand every other op of the template (masks, `scale_scores`, the online
+    softmax, the rescale, recomputed probabilities, the softmax gradient) to the
+    tile-op library (compiler/lib/Lowering/TileOps/), the one implementation of
+    each; an op a schedule cannot place is an error naming it.
+
+    - `mma_sync` (sm_80 and newer): register fragments of `mma.sync.m16n8k16`
+      (`nvvm.mma.sync`), tiles in padded shared memory by `cp.async`
+      (`nvgpu.device_async_copy`), read with `ldmatrix`; `stages = 2` prefetches
+      the next tile while the softmax and P·V run. Every kernel kind.
+    - `wgmma` (sm_90a, head_dim 128): the same register layouts with the products
+      as `wgmma.mma_async` over tiles in the 128-byte swizzle.
+    - `warp_specialized` (sm_90a): a producer warpgroup fills an mbarrier ring by
+      TMA (or `cp.async`), consumer warpgroups compute with `wgmma` and
+      `setmaxnreg`; the forward, the dQ kernel and the KV-major backward.
+
+    The kernel's dynamic shared memory and rows per CTA become the attributes
+    `dualkv.shared_bytes` and `dualkv.block_m`; a size other than the schedule
+    record's is an error.
   }];
   let dependentDialects = [
     "::mlir::gpu::GPUDialect", "::mlir::nvgpu::NVGPUDialect",
@@ -89,12 +101,17 @@ def DualKVLowerToNVGPU : Pass<"dualkv-lower-to-nvgpu", "::mlir::ModuleOp"> {
 }
 
 def DualKVNVGPUToNVVM : Pass<"dualkv-nvgpu-to-nvvm", "::mlir::gpu::GPUModuleOp"> {
-  let summary = "convert-nvgpu-to-nvvm with a chosen index width";
+  let summary = "convert-nvgpu-to-nvvm with a chosen index width, and the wgmma ops";
   let description = [{
     Upstream's convert-nvgpu-to-nvvm always lowers `index` to i64. DualKV kernels
     index in 32 bits (every tensor offset is checked to fit by the runtime), which
     halves the registers held by addresses; this pass runs the same patterns with the
-    index width that convert-gpu-to-nvvm uses, so the two conversions agree.
+    index width that convert-gpu-to-nvvm uses, so the two conversions agree. It also
+    lowers the project's `dualkv.wgmma*` ops to PTX, the one place it is spelled:
+    `dualkv.wgmma` (A from registers or a descriptor; MLIR 22's
+    `nvvm.wgmma.mma_async` takes no register A), `dualkv.wgmma_wait` (which passes
+    the accumulators through, so that nothing touches them before the wait),
+    `dualkv.wgmma_fence` and `dualkv.wgmma_commit`.
   }];
   let options = [
     Option<"indexBitwidth", "index-bitwidth", "unsigned", "32", "bits of an index">,

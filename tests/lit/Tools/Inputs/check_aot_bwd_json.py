@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks dualkv-aot's JSON reports of backward kernels against the spec they name,
 independently of the compiler: file name, schedule and entry point, launch geometry, dynamic
-shared memory (docs/backward-abi.md and the buffer layouts of compiler/lib/Common/KVMajor.h
-and Common/QueryMajor.h), and, with --ptxas, a cubin and a spill-free ptxas log.
+shared memory (docs/backward-abi.md and the buffer layouts of compiler/lib/Lowering/Skeletons/KVMajorSkeleton.h
+and Lowering/Skeletons/QueryMajorSkeleton.h), and, with --ptxas, a cubin and a spill-free ptxas log.
 
 usage: check_aot_bwd_json.py [--ptxas] DIR
 (prints one line per kernel, then a summary; exit 1 if any kernel is bad)

@@ -86,9 +86,9 @@ def DualKV_ScheduleAttr : EnumAttr<DualKV_Dialect, DualKV_Schedule, "schedule"> 
                 "(sm_90a TMA producer/consumer; not available yet)";
   let description = [{
     Chosen once, by `dualkv-bind-spec` from the spec (`resolveSpec` in
-    compiler/lib/KernelSpec.cpp), and only read after that:
-    `dualkv-lower-to-nvgpu` dispatches on it to compiler/lib/MmaSync,
-    compiler/lib/Wgmma or compiler/lib/WarpSpecialized, and the kernel's entry
+    compiler/lib/Spec/KernelSpec.cpp), and only read after that:
+    `dualkv-lower-to-nvgpu` dispatches on it to compiler/lib/Schedules/MmaSync,
+    compiler/lib/Schedules/Wgmma or compiler/lib/Schedules/WarpSpecialized, and the kernel's entry
     point is named after it (`attention_fwd_wgmma`).
   }];
   let assemblyFormat = "`<` $value `>`";

@@ -93,7 +93,7 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
     `dualkv-bind-spec` the problem, tiling, arch and schedule are absent (a template);
     after it they are set and every pass below reads shapes from them, and the
     lowering dispatches on the schedule (`#dualkv.schedule`). The verifier runs
-    the spec check of `dualkv-bind-spec` (`checkSpec`, compiler/lib/KernelSpec.cpp)
+    the spec check of `dualkv-bind-spec` (`checkSpec`, compiler/lib/Spec/KernelSpec.cpp)
     on a bound kernel, so a schedule its arch lacks (`wgmma` on `sm_80`), a tiling
     its schedule cannot compute or a launch beyond CUDA's limits is an error
     before any pass lowers it.

@@ -1,0 +1,144 @@
+//===- ElementwiseSkeleton.cpp - bwd_pre and bwd_post, on every arch ------===//
+//
+// A warp per row, each lane D / 32 contiguous elements: Delta = rowsum(O dO)
+// before the backward, the fp32 accumulators to the element type after it
+// (docs/backward-abi.md).
+//
+//===----------------------------------------------------------------------===//
+#include "Lowering/Skeletons/KVMajorSkeleton.h"
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+namespace {
+
+class ElementwiseEmitter : public BackwardEmitterBase {
+public:
+  ElementwiseEmitter(KernelOp kernel, OpBuilder &b)
+      : BackwardEmitterBase(kernel, b) {}
+  LogicalResult emit(gpu::GPUModuleOp gpuModule);
+  /// Registers only.
+  int64_t sharedBytes() const { return 0; }
+
+private:
+  /// Calls body(row) for rows [first, first + blockM) below `limit`, one warp
+  /// per row.
+  template <typename Fn> void forEachRow(Value first, Value limit, Fn body) {
+    int64_t rowsPerWarp = blockM / warps;
+    auto loop = scf::ForOp::create(b, loc, idx(0), idx(rowsPerWarp), idx(1));
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value row =
+        add(first, add(mul(warp, idx(rowsPerWarp)), loop.getInductionVar()));
+    emitIf(cmp(arith::CmpIPredicate::ult, row, limit), [&] { body(row); });
+  }
+  Value loadVec(Value ptr, Value at, Type elem) {
+    return vector::LoadOp::create(b, loc, VectorType::get({perLane()}, elem),
+                                  ptr, ValueRange{at});
+  }
+  int64_t perLane() const { return headDim / 32; }
+  Value laneCol() { return mul(lane, idx(perLane())); }
+  LogicalResult emitPre();
+  LogicalResult emitPost();
+};
+
+LogicalResult ElementwiseEmitter::emitPre() {
+  Value o = param("o"), dout = param("dout"), delta = param("delta");
+  Value oT = indexParam("oStrideT"), oH = indexParam("oStrideH"),
+        doT = indexParam("doStrideT"), doH = indexParam("doStrideH"),
+        deltaH = indexParam("deltaStrideH"), tokens = indexParam("numTokens");
+  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  auto f32Vec = VectorType::get({perLane()}, b.getF32Type());
+  forEachRow(mul(block, idx(blockM)), tokens, [&](Value row) {
+    Value ov =
+        loadVec(o, add(add(mul(row, oT), mul(head, oH)), laneCol()), elemType);
+    Value dv = loadVec(dout, add(add(mul(row, doT), mul(head, doH)), laneCol()),
+                       elemType);
+    Value prod =
+        arith::MulFOp::create(b, loc, arith::ExtFOp::create(b, loc, f32Vec, ov),
+                              arith::ExtFOp::create(b, loc, f32Vec, dv));
+    Value sum =
+        vector::ReductionOp::create(b, loc, vector::CombiningKind::ADD, prod);
+    for (int32_t offset : {16, 8, 4, 2, 1})
+      sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, offset));
+    emitIf(cmp(arith::CmpIPredicate::eq, lane, idx(0)), [&] {
+      memref::StoreOp::create(b, loc, sum, delta,
+                              ValueRange{add(mul(head, deltaH), row)});
+    });
+  });
+  return success();
+}
+
+LogicalResult ElementwiseEmitter::emitPost() {
+  Value dqAcc = param("dqacc"), dkAcc = param("dkacc"), dvAcc = param("dvacc"),
+        dq = param("dq"), dk = param("dk"), dv = param("dv"),
+        accTokens = param("accTokens");
+  Value dqT = indexParam("dqStrideT"), dqH = indexParam("dqStrideH"),
+        dkT = indexParam("dkStrideT"), dkH = indexParam("dkStrideH"),
+        dvT = indexParam("dvStrideT"), dvH = indexParam("dvStrideH"),
+        tokens = indexParam("numTokens"), accRows = indexParam("numAccRows");
+  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value y = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
+  Value first = mul(block, idx(blockM));
+  auto narrowType = VectorType::get({perLane()}, elemType);
+  auto convert = [&](Value src, Value srcAt, Value dst, Value dstAt) {
+    Value v = loadVec(src, srcAt, b.getF32Type());
+    vector::StoreOp::create(b, loc,
+                            arith::TruncFOp::create(b, loc, narrowType, v), dst,
+                            ValueRange{dstAt});
+  };
+  auto isQ = scf::IfOp::create(
+      b, loc, cmp(arith::CmpIPredicate::ult, y, idx(numQHeads)),
+      /*withElseRegion=*/true);
+  {
+    // dQ of query head y: [T][Hq][D] fp32 to dq.
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(isQ.thenBlock());
+    forEachRow(first, tokens, [&](Value row) {
+      Value src =
+          add(mul(add(mul(row, idx(numQHeads)), y), idx(headDim)), laneCol());
+      convert(dqAcc, src, dq, add(add(mul(row, dqT), mul(y, dqH)), laneCol()));
+    });
+  }
+  {
+    // Prompt dK/dV of KV head y - Hq: accumulator row r belongs to token
+    // accTokens[r].
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(isQ.elseBlock());
+    Value kvHead = arith::SubIOp::create(b, loc, y, idx(numQHeads));
+    forEachRow(first, accRows, [&](Value row) {
+      Value token =
+          toIndex(memref::LoadOp::create(b, loc, accTokens, ValueRange{row}));
+      Value src = add(mul(add(mul(row, idx(numKVHeads)), kvHead), idx(headDim)),
+                      laneCol());
+      convert(dkAcc, src, dk,
+              add(add(mul(token, dkT), mul(kvHead, dkH)), laneCol()));
+      convert(dvAcc, src, dv,
+              add(add(mul(token, dvT), mul(kvHead, dvH)), laneCol()));
+    });
+  }
+  return success();
+}
+
+LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
+  if (blockM % warps != 0)
+    return kernel.emitOpError()
+           << "block_m (" << blockM << ") must split evenly over " << warps
+           << " warps";
+  bool pre = kernel.getKind() == KernelKind::bwd_pre;
+  createFunc(gpuModule, kernel.getSymName(), kernel.getKind());
+  emitThreadIds();
+  if (failed(pre ? emitPre() : emitPost()))
+    return failure();
+  gpu::ReturnOp::create(b, loc);
+  return success();
+}
+
+} // namespace
+
+LogicalResult mlir::dualkv::emitElementwiseKernel(KernelOp kernel, OpBuilder &b,
+                                                  gpu::GPUModuleOp gpuModule,
+                                                  int64_t *sharedBytes) {
+  return emitWith<ElementwiseEmitter>(kernel, b, gpuModule, sharedBytes);
+}

@@ -1,0 +1,119 @@
+//===- QueryMajorSkeleton.h - what the query-major schedules share --------===//
+//
+// Query-major kernels (the forward, the deterministic dQ) walk the two KV
+// regions of one query tile. Tile values are register fragments
+// (Fragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
+// DT = D / 8 their layouts are:
+//   q_tile     memref<BM x (D+8) x E> in shared memory (A fragments via
+//              ldmatrix); the deterministic dQ kernel holds dO the same way
+//   kv_tile    memref<BN x (D+8) x E> in shared memory
+//   scores     vector<MT*NT*4 x f32>  C fragments: rows g and g+8, cols 2t,
+//              2t+1
+//   probs      vector<MT*BN/16*4 x i32> A fragments of P (or dS), repacked
+//   acc        vector<MT*DT*4 x f32>  C fragments of O (or dQ)
+//   row_stats  vector<MT*2 x f32>     rows g and g+8 of each m16 block
+// QueryMajorEmitter emits everything but the two products and the tiles'
+// place in shared memory: the loop bounds of the two regions (in tree kernels
+// the walk over the segment's ancestor ranges, dualkv.chain_loop), the copies,
+// the masks, the online softmax, the epilogue. A schedule (MmaSync/, Wgmma/)
+// derives from it and fills in those hooks.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUALKV_COMPILER_COMMON_QUERYMAJOR_H
+#define DUALKV_COMPILER_COMMON_QUERYMAJOR_H
+
+#include "Lowering/Support/Fragments.h"
+
+#include "mlir/IR/IRMapping.h"
+
+namespace mlir::dualkv {
+
+/// Emits the gpu.func of one query-major kernel (fwd or bwd_dq). One method per
+/// dualkv op.
+class QueryMajorEmitter : public FragmentBuilder {
+public:
+  QueryMajorEmitter(KernelOp kernel, OpBuilder &b);
+  virtual ~QueryMajorEmitter() = default;
+
+  /// Emits the gpu.func into `gpuModule`; returns failure with a diagnostic.
+  LogicalResult emit(gpu::GPUModuleOp gpuModule);
+
+  /// [Q][dO (bwd_dq)][K][V], rows of rowStride elements.
+  virtual int64_t sharedBytes() const {
+    return ((isDq ? 2 : 1) * blockM + 2 * blockN) * rowStride * 2;
+  }
+
+protected:
+  // ---- the schedule's hooks ------------------------------------------------
+  /// Places the tiles in the dynamic shared memory `smem` (qBuf, doBuf,
+  /// kBuf, vBuf): Q at 0, K at kvOffset, V after K.
+  virtual void layoutTiles(Value smem, int64_t qBytes, int64_t kvOffset) = 0;
+  /// Called at the top of every KV iteration.
+  virtual void beginKVIteration() {}
+  /// The scores S = Q Kᵀ of `op` as C fragments (K has landed).
+  virtual SmallVector<Value> computeScores(QKOp op) = 0;
+  /// acc += P V with P the packed probabilities `p` and V in `vTile` (landed).
+  virtual SmallVector<Value>
+  accumulatePV(ArrayRef<Value> p, SmallVector<Value> acc, Value vTile) = 0;
+
+  LogicalResult emitOp(Operation *op);
+  LogicalResult emitLoadQ(LoadQOp op);
+  LogicalResult emitInitAcc(InitAccOp op);
+  LogicalResult emitInitStats(InitStatsOp op);
+  LogicalResult emitKVLoop(KVLoopOp op);
+  /// Tree kernels: the body once per ancestor range of the segment, the
+  /// shared region bound to it (docs/forward-abi.md, the chain table).
+  LogicalResult emitChainLoop(ChainLoopOp op);
+  LogicalResult emitLoadKV(LoadKVOp op);
+  LogicalResult emitQK(QKOp op);
+  LogicalResult emitPV(PVOp op);
+  LogicalResult emitStoreOutput(StoreOutputOp op);
+  // The deterministic dQ kernel.
+  LogicalResult emitLoadDout(LoadDoutOp op);
+  LogicalResult emitLoadRowStats(LoadRowStatsOp op);
+  LogicalResult emitStoreDq(StoreDqOp op);
+  /// What the tile-op library needs of this kernel at this point of the
+  /// walk (the masks' shared bound changes along a tree's chain).
+  TileEnv tileEnv();
+  /// The packed-token row of C-fragment row (mt, h) of this thread, relative
+  /// to the segment start.
+  Value fragmentRow(int64_t mt, int64_t h) {
+    return add(add(qRow0, mul(warp, idx(16 * mTiles))),
+               add(idx(mt * 16 + h * 8), g));
+  }
+  /// P (fp32, C layout) repacked as A fragments of the element type: keys
+  /// 16kk..16kk+15 are the C fragments of n-tiles 2kk, 2kk+1.
+  Value packAFragments(ArrayRef<Value> p);
+  /// stages >= 2: after the scores of tile j, start copying key tile j + 1.
+  void prefetchNextKey(QKOp op);
+  /// Copies key tile `tile` of `loop`'s region; rows past the region, or all
+  /// rows when !tileValid, are zero-filled from a valid address.
+  Value issueKeyCopy(KVLoopOp loop, Value tile, Value tileValid);
+  Value loopUpper;
+
+  KernelOp kernel;
+  int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
+      stages;
+  bool isDq = false;
+  /// Whether the tiles are stored in the 128-byte swizzle (Fragments.h).
+  bool swizzledTiles = false;
+  // The prefetched key copy group of the current loop (stages >= 2), if any.
+  Value prefetchedKey;
+
+  // Kernel arguments (fwd: o, lse; bwd_dq: dout, dq, lse, delta).
+  Value qPtr, kPtr, vPtr, oPtr, lsePtr, segPtr, doPtr, dqPtr, deltaPtr;
+  /// The plan's chain table (tree kernels only).
+  Value chainPtr;
+  Value qStrideT, qStrideH, kStrideT, kStrideH, vStrideT, vStrideH, oStrideT,
+      oStrideH, lseStrideH, scaleLog2, doStrideT, doStrideH, deltaStrideH,
+      scale;
+  // Per-CTA values.
+  Value head, kvHead, segIndex;
+  Value segStart, segLen, sharedStart, sharedLen, qRow0;
+  Value kBuf, vBuf, qBuf, doBuf;
+  IRMapping map;
+};
+
+} // namespace mlir::dualkv
+
+#endif

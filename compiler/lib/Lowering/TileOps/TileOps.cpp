@@ -1,0 +1,211 @@
+//===- TileOps.cpp - the attention math, once, over register fragments ----===//
+//
+// TileOps.h says what each function computes; the order in which values are
+// built here is what the generated code follows.
+//
+//===----------------------------------------------------------------------===//
+#include "Lowering/TileOps/TileOps.h"
+
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::dualkv;
+
+ScoreLayout mlir::dualkv::queryMajorLayout(ScalarBuilder &o, int64_t mTiles,
+                                           int64_t nTiles, Value qRow0,
+                                           Value keyBase, Value warp, Value g,
+                                           Value t) {
+  ScoreLayout layout;
+  layout.key = [&o, nTiles, keyBase, t](int64_t i) {
+    int64_t nt = i / 4 % nTiles, c = i % 4;
+    return o.add(keyBase, o.add(o.idx(nt * 8 + (c % 2)), o.mul(t, o.idx(2))));
+  };
+  layout.query = [&o, mTiles, nTiles, qRow0, warp, g](int64_t i) {
+    int64_t mt = i / 4 / nTiles, c = i % 4;
+    return o.add(o.add(qRow0, o.mul(warp, o.idx(16 * mTiles))),
+                 o.add(o.idx(mt * 16 + (c / 2) * 8), g));
+  };
+  return layout;
+}
+
+StatSlot mlir::dualkv::queryMajorStats(int64_t nTiles) {
+  return [nTiles](int64_t i) { return i / 4 / nTiles * 2 + i % 4 / 2; };
+}
+
+void tile::mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
+                const ScoreLayout &layout, Value bound) {
+  Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0, e = s.size(); i < e; ++i) {
+    Value key = layout.key(i);
+    Value drop = kind == MaskKind::causal
+                     ? o.cmp(arith::CmpIPredicate::ugt, key, layout.query(i))
+                     : o.cmp(arith::CmpIPredicate::uge, key, bound);
+    s[i] = o.select(drop, ninf, s[i]);
+  }
+}
+
+SmallVector<Value> tile::onlineSoftmax(ScalarBuilder &o, ArrayRef<Value> s,
+                                       MutableArrayRef<Value> m,
+                                       MutableArrayRef<Value> l,
+                                       MutableArrayRef<Value> alpha,
+                                       Value scaleLog2, int64_t mTiles,
+                                       int64_t nTiles) {
+  OpBuilder &b = o.b;
+  Location loc = o.loc;
+  SmallVector<Value> p(s.size());
+  Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t r = mt * 2 + h;
+      auto at = [&](int64_t nt, int64_t e) {
+        return s[(mt * nTiles + nt) * 4 + h * 2 + e];
+      };
+      Value mx = at(0, 0);
+      for (int64_t nt = 0; nt < nTiles; ++nt)
+        for (int64_t e = 0; e < 2; ++e)
+          if (nt || e)
+            mx = arith::MaximumFOp::create(b, loc, mx, at(nt, e));
+      // The four lanes of a quad hold the same row.
+      mx = arith::MaximumFOp::create(b, loc, mx, o.shuffleXor(mx, 1));
+      mx = arith::MaximumFOp::create(b, loc, mx, o.shuffleXor(mx, 2));
+      Value scaled = arith::MulFOp::create(b, loc, mx, scaleLog2);
+      Value mNew = arith::MaximumFOp::create(b, loc, m[r], scaled);
+      // A row with no allowed key yet keeps max -inf; subtract 0 so exp2
+      // gives 0, not NaN.
+      Value isNinf =
+          arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, mNew, ninf);
+      Value mUse = o.select(isNinf, o.f32c(0.0f), mNew);
+      alpha[r] = o.exp2(arith::SubFOp::create(b, loc, m[r], mUse));
+      Value negM = arith::NegFOp::create(b, loc, mUse);
+      Value rowSum = o.f32c(0.0f);
+      for (int64_t nt = 0; nt < nTiles; ++nt)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value x = LLVM::FMAOp::create(b, loc, at(nt, e), scaleLog2, negM);
+          Value pe = o.exp2(x);
+          p[(mt * nTiles + nt) * 4 + h * 2 + e] = pe;
+          rowSum = arith::AddFOp::create(b, loc, rowSum, pe);
+        }
+      // The running sum stays a per-lane partial (rowSum reduces the quad).
+      l[r] = LLVM::FMAOp::create(b, loc, l[r], alpha[r], rowSum);
+      m[r] = mNew;
+    }
+  return p;
+}
+
+void tile::scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s,
+                       float factor) {
+  Value c = o.f32c(factor);
+  for (Value &v : s)
+    v = arith::MulFOp::create(o.b, o.loc, v, c);
+}
+
+void tile::rescale(ScalarBuilder &o, MutableArrayRef<Value> acc,
+                   ArrayRef<Value> alpha, int64_t mTiles, int64_t dTiles) {
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t dt = 0; dt < dTiles; ++dt)
+      for (int64_t c = 0; c < 4; ++c) {
+        Value &v = acc[(mt * dTiles + dt) * 4 + c];
+        v = arith::MulFOp::create(o.b, o.loc, v, alpha[mt * 2 + c / 2]);
+      }
+}
+
+void tile::recomputeProbs(ScalarBuilder &o, MutableArrayRef<Value> s,
+                          ArrayRef<Value> lse, const StatSlot &stat,
+                          Value scaleLog2) {
+  SmallVector<Value> negLse;
+  for (Value v : lse)
+    negLse.push_back(arith::NegFOp::create(o.b, o.loc, v));
+  for (int64_t i = 0, e = s.size(); i < e; ++i)
+    s[i] = o.exp2(
+        LLVM::FMAOp::create(o.b, o.loc, s[i], scaleLog2, negLse[stat(i)]));
+}
+
+void tile::softmaxGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
+                       ArrayRef<Value> dp, ArrayRef<Value> delta,
+                       const StatSlot &stat, Value scale) {
+  for (int64_t i = 0, e = p.size(); i < e; ++i) {
+    Value diff = arith::SubFOp::create(o.b, o.loc, dp[i], delta[stat(i)]);
+    Value ps = arith::MulFOp::create(o.b, o.loc, p[i], scale);
+    p[i] = arith::MulFOp::create(o.b, o.loc, ps, diff);
+  }
+}
+
+Value tile::rowSum(ScalarBuilder &o, Value partial) {
+  Value sum = partial;
+  sum = arith::AddFOp::create(o.b, o.loc, sum, o.shuffleXor(sum, 1));
+  return arith::AddFOp::create(o.b, o.loc, sum, o.shuffleXor(sum, 2));
+}
+
+Value tile::logSumExp(ScalarBuilder &o, Value m, Value sum) {
+  // m is kept in the log2 domain of the scaled scores.
+  return arith::MulFOp::create(
+      o.b, o.loc, arith::AddFOp::create(o.b, o.loc, m, o.log2(sum)),
+      o.f32c(kLn2));
+}
+
+bool mlir::dualkv::isTileOp(Operation *op) {
+  return isa<MaskOp, ScaleScoresOp, OnlineSoftmaxOp, RescaleOp,
+             RecomputeProbsOp, SoftmaxGradOp>(op);
+}
+
+LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
+                                       const TileEnv &env, IRMapping &map) {
+  auto operand = [&](Value v) { return o.unpack(map.lookup(v)); };
+  auto packed = [&](ArrayRef<Value> v) {
+    return env.packOperand ? env.packOperand(v) : o.pack(v);
+  };
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](MaskOp op) {
+        SmallVector<Value> s = operand(op.getScores());
+        ScoreLayout layout = env.layoutOf(map.lookup(op.getTile()));
+        tile::mask(o, s, op.getKind(), layout, env.bound);
+        map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](ScaleScoresOp op) {
+        SmallVector<Value> s = operand(op.getScores());
+        tile::scaleScores(o, s, op.getFactor().convertToFloat());
+        map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](OnlineSoftmaxOp op) {
+        SmallVector<Value> s = operand(op.getScores());
+        SmallVector<Value> m = operand(op.getMax());
+        SmallVector<Value> l = operand(op.getSum());
+        SmallVector<Value> alpha(m.size());
+        SmallVector<Value> p = tile::onlineSoftmax(
+            o, s, m, l, alpha, env.scaleLog2, env.mTiles, env.nTiles);
+        map.map(op.getProbs(), packed(p));
+        map.map(op.getNewMax(), o.pack(m));
+        map.map(op.getNewSum(), o.pack(l));
+        map.map(op.getAlpha(), o.pack(alpha));
+        return success();
+      })
+      .Case([&](RescaleOp op) {
+        SmallVector<Value> acc = operand(op.getAcc());
+        SmallVector<Value> alpha = operand(op.getAlpha());
+        tile::rescale(o, acc, alpha, env.mTiles, env.dTiles);
+        map.map(op.getResult(), o.pack(acc));
+        return success();
+      })
+      .Case([&](RecomputeProbsOp op) {
+        SmallVector<Value> s = operand(op.getScores());
+        SmallVector<Value> lse = operand(op.getLse());
+        tile::recomputeProbs(o, s, lse, env.stat, env.scaleLog2);
+        map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](SoftmaxGradOp op) {
+        SmallVector<Value> p = operand(op.getProbs());
+        SmallVector<Value> dp = operand(op.getDprobs());
+        SmallVector<Value> delta = operand(op.getDelta());
+        tile::softmaxGrad(o, p, dp, delta, env.stat, env.scale);
+        map.map(op.getResult(), packed(p));
+        return success();
+      })
+      .Default([&](Operation *op) {
+        return op->emitOpError() << "is not an elementwise tile op";
+      });
+}

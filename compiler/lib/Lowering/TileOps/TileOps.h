@@ -1,0 +1,112 @@
+//===- TileOps.h - the attention math, once, over register fragments ------===//
+//
+// The tile-op library: one function per elementwise dualkv op on register
+// fragments (the masks, the online softmax, the rescale, recomputed
+// probabilities, the softmax gradient, the epilogue's row normalisers), for
+// every schedule. A skeleton (the cp.async loop of mma.sync, the wgmma loop,
+// the warp-specialized ring) issues the products itself and calls the library
+// for everything between them; emitTileOp is the one dispatch from a
+// template's op to its function, so a new elementwise op is its ODS
+// definition, one function here and its use in a template.
+//
+// Fragments are flat vectors of fp32 scalars. A score-shaped tile's values
+// (S, Sᵀ, P, dP, dS) each belong to one query, whose row statistics (running
+// max and sum, LSE, Delta) sit at a compile-time slot (StatSlot), and relate
+// it to one key; a ScoreLayout builds both positions for the masks.
+//
+//===----------------------------------------------------------------------===//
+#ifndef DUALKV_COMPILER_COMMON_TILEOPS_H
+#define DUALKV_COMPILER_COMMON_TILEOPS_H
+
+#include "Lowering/Support/Builders.h"
+
+#include "mlir/IR/IRMapping.h"
+
+#include <functional>
+
+namespace mlir::dualkv {
+
+/// The slot of value i's row statistics in a fragment of statistics.
+using StatSlot = std::function<int64_t(int64_t)>;
+/// Where the values of one score-shaped register fragment sit: index values
+/// in the frame the masks compare (a bound mask's `bound` is in the key's).
+struct ScoreLayout {
+  std::function<Value(int64_t)> key;
+  std::function<Value(int64_t)> query;
+};
+
+/// The C-fragment layout of query-major tiles: each warp holds `mTiles` x
+/// `nTiles` m16n8 tiles (mma.sync, or one m16 block of a wgmma m64nN
+/// accumulator), value (mt, nt, c) at (mt * nTiles + nt) * 4 + c; with
+/// lane = 4g + t it is query row qRow0 + 16 mTiles warp + 16 mt + 8 (c / 2) + g
+/// and key keyBase + 8 nt + 2t + c % 2.
+ScoreLayout queryMajorLayout(ScalarBuilder &o, int64_t mTiles, int64_t nTiles,
+                             Value qRow0, Value keyBase, Value warp, Value g,
+                             Value t);
+/// Rows (mt, h) of the query-major layout have statistic slot 2 mt + h.
+StatSlot queryMajorStats(int64_t nTiles);
+
+/// What emitTileOp needs of the kernel: its scalars and the layout of its
+/// score tiles. A skeleton that emits an op itself (a mask over a pipeline's
+/// changing regions) does not pass it to emitTileOp.
+struct TileEnv {
+  /// The layout of the scores of key/query tile `tile` (a mask's operand).
+  std::function<ScoreLayout(Value tile)> layoutOf;
+  StatSlot stat;
+  /// A bound mask's bound: the shared region's length.
+  Value bound;
+  Value scaleLog2, scale;
+  /// Query-major tiles: m16 blocks a warp, key tiles of 8 and accumulator
+  /// tiles of 8 columns.
+  int64_t mTiles = 0, nTiles = 0, dTiles = 0;
+  /// Packs fp32 probabilities (or dS) into the operand the next product
+  /// reads: the C-to-A fragment repack of the query-major kernels; none
+  /// keeps them as they are.
+  std::function<Value(ArrayRef<Value>)> packOperand;
+};
+
+namespace tile {
+
+/// `s` with the keys `kind` excludes at -inf: causal, key > query; bound,
+/// key >= `bound`.
+void mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
+          const ScoreLayout &layout, Value bound);
+/// `s` times `factor` (dualkv.scale_scores).
+void scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s, float factor);
+/// One online-softmax step over query-major scores `s` (layout of
+/// queryMajorLayout): the new running max `m` (log2 domain of the scaled
+/// scores) and per-lane partial sum `l` of each row, the factor `alpha` the
+/// accumulator is rescaled by; returns the fp32 probabilities.
+SmallVector<Value> onlineSoftmax(ScalarBuilder &o, ArrayRef<Value> s,
+                                 MutableArrayRef<Value> m,
+                                 MutableArrayRef<Value> l,
+                                 MutableArrayRef<Value> alpha, Value scaleLog2,
+                                 int64_t mTiles, int64_t nTiles);
+/// acc (mTiles x dTiles C fragments) times the factor of each row.
+void rescale(ScalarBuilder &o, MutableArrayRef<Value> acc,
+             ArrayRef<Value> alpha, int64_t mTiles, int64_t dTiles);
+/// P = exp2(S scaleLog2 - LSE) in place, LSE in the log2 domain.
+void recomputeProbs(ScalarBuilder &o, MutableArrayRef<Value> s,
+                    ArrayRef<Value> lse, const StatSlot &stat, Value scaleLog2);
+/// dS = P scale (dP - Delta) in place of P.
+void softmaxGrad(ScalarBuilder &o, MutableArrayRef<Value> p, ArrayRef<Value> dp,
+                 ArrayRef<Value> delta, const StatSlot &stat, Value scale);
+/// A row's softmax sum from the per-lane partial sums of its quad.
+Value rowSum(ScalarBuilder &o, Value partial);
+/// LSE (natural log) of a row of running max `m` (log2 domain) and sum.
+Value logSumExp(ScalarBuilder &o, Value m, Value sum);
+
+} // namespace tile
+
+/// Emits the elementwise dualkv op `op` (mask, scale_scores, online_softmax,
+/// rescale, recompute_probs, softmax_grad) on the values `map` gives its
+/// operands and maps its results; fails with a diagnostic on an op the library
+/// does not define.
+LogicalResult emitTileOp(Operation *op, ScalarBuilder &o, const TileEnv &env,
+                         IRMapping &map);
+/// Whether emitTileOp defines `op`.
+bool isTileOp(Operation *op);
+
+} // namespace mlir::dualkv
+
+#endif

@@ -1,0 +1,283 @@
+//===- KernelSpec.cpp - spellings, default tilings and checks of specs ----===//
+//
+// Needs no MLIR: the runtime-only library links this file too, and the
+// dialect's dualkv.kernel verifier calls checkSpec. What depends on the
+// schedule comes from its record (dualkv/Compiler/Schedule.h).
+//
+//===----------------------------------------------------------------------===//
+#include "dualkv/Compiler/KernelSpec.h"
+#include "dualkv/Bounded.h"
+#include "dualkv/Compiler/Schedule.h"
+
+namespace dualkv {
+
+// The dialect's KernelKind (dualkv-bind-spec casts between them) lists the
+// kinds in this order.
+static_assert(static_cast<int>(KernelKind::BwdDQ) == 5);
+
+namespace {
+
+/// Every arch the compiler targets, with the PTX ISA version (x10) emitted
+/// for it. sm_80 to sm_90a: 8.1, the version the backward's vector
+/// reductions need, which any CUDA 12.1+ driver reads. Later archs: the
+/// first version that knows them (the mma.sync schedule, compile-tested only:
+/// no such GPU has run these kernels).
+struct ArchInfo {
+  Arch arch;
+  int ptxVersion;
+};
+constexpr ArchInfo kArchs[] = {
+    {{80, false}, 81},  {{86, false}, 81},  {{87, false}, 81},
+    {{89, false}, 81},  {{90, false}, 81},  {{90, true}, 81},
+    {{100, false}, 86}, {{103, false}, 88}, {{110, false}, 90},
+    {{120, false}, 87}, {{121, false}, 88}};
+
+} // namespace
+
+std::string supportedArchs() {
+  std::string out;
+  for (const ArchInfo &a : kArchs)
+    out += (out.empty() ? "" : ", ") + a.arch.str();
+  return out;
+}
+
+std::optional<Arch> Arch::parse(const std::string &text, std::string *error) {
+  for (const ArchInfo &a : kArchs)
+    if (text == a.arch.str())
+      return a.arch;
+  if (error)
+    *error = "arch '" + clipForMessage(text) +
+             "' is not supported; supported: " + supportedArchs();
+  return std::nullopt;
+}
+
+Arch Arch::forComputeCapability(int major, int minor) {
+  return {major * 10 + minor, major == 9 && minor == 0};
+}
+
+std::string Arch::str() const {
+  return "sm_" + std::to_string(number) + (archSpecific ? "a" : "");
+}
+
+int Arch::ptxVersion() const {
+  for (const ArchInfo &a : kArchs)
+    if (a.arch == *this)
+      return a.ptxVersion;
+  return 0;
+}
+
+Tiling defaultTiling(const KernelSpec &spec) {
+  // The first schedule in Auto's order that claims the spec's default; the
+  // last (the baseline) claims every spec.
+  for (const ScheduleRecord *r : autoOrder())
+    if (std::optional<Tiling> t = r->defaultTiling(spec))
+      return *t;
+  return {};
+}
+
+bool maskEveryTile(const KernelSpec &spec) {
+  return spec.schedule != Schedule::Auto &&
+         recordOf(spec.schedule).maskEveryTile(spec);
+}
+
+int threadsPerBlock(const KernelSpec &spec) {
+  KernelSpec r = resolveSpec(spec);
+  return recordOf(r.schedule).threadsPerBlock(r.tiling);
+}
+
+KernelSpec resolveSpec(KernelSpec spec) {
+  Tiling d = defaultTiling(spec);
+  Tiling &t = spec.tiling;
+  if (!t.blockM)
+    t.blockM = d.blockM;
+  if (!t.blockN)
+    t.blockN = d.blockN;
+  if (!t.warps)
+    t.warps = d.warps;
+  if (!t.stages)
+    t.stages = d.stages;
+  // The schedule Auto stands for: the first in Auto's order that picks it.
+  if (spec.schedule == Schedule::Auto)
+    for (const ScheduleRecord *r : autoOrder())
+      if (r->autoPicks(spec)) {
+        spec.schedule = r->schedule;
+        break;
+      }
+  return spec;
+}
+
+int64_t maxSharedBytes(const Arch &arch) {
+  switch (arch.number) {
+  case 80:
+  case 87:
+    return 163 * 1024;
+  case 86:
+  case 89:
+  case 120:
+  case 121:
+    return 99 * 1024;
+  case 90:
+  case 100:
+  case 103:
+  case 110:
+    return 227 * 1024;
+  default:
+    return 0;
+  }
+}
+
+int64_t sharedBytes(const KernelSpec &resolved) {
+  // Each schedule counts its emitters' layouts (dualkv/Compiler/Schedule.h);
+  // dualkv-lower-to-nvgpu refuses a kernel whose emitter laid out another
+  // size.
+  return recordOf(resolved.schedule).sharedBytes(resolved);
+}
+
+std::string checkTiling(int64_t blockM, int64_t blockN, int64_t warps,
+                        int64_t stages) {
+  auto pow2 = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
+  auto str = [](int64_t x) { return std::to_string(x); };
+  if (!pow2(blockM) || blockM < 16 || blockM > 256)
+    return "block_m must be a power of two in [16, 256], got " + str(blockM);
+  if (!pow2(blockN) || blockN < 16 || blockN > 256)
+    return "block_n must be a power of two in [16, 256], got " + str(blockN);
+  if (blockM % blockN != 0)
+    return "block_m (" + str(blockM) + ") must be a multiple of block_n (" +
+           str(blockN) + ") so causal diagonals stay tile-aligned";
+  if (!pow2(warps) || warps > 16)
+    return "warps must be a power of two <= 16, got " + str(warps);
+  if (stages < 1 || stages > 4)
+    return "stages must be 1 to 4, got " + str(stages);
+  return {};
+}
+
+std::string checkProblem(int64_t headDim, int64_t numQHeads,
+                         int64_t numKVHeads) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  if (numQHeads <= 0 || numKVHeads <= 0)
+    return "head counts must be positive, got num_q_heads = " + str(numQHeads) +
+           ", num_kv_heads = " + str(numKVHeads);
+  if (numQHeads % numKVHeads != 0)
+    return "num_q_heads (" + str(numQHeads) +
+           ") must be a multiple of num_kv_heads (" + str(numKVHeads) + ")";
+  if (headDim != 64 && headDim != 128 && headDim != 256)
+    return "head_dim must be 64, 128 or 256, got " + str(headDim);
+  return {};
+}
+
+namespace {
+
+/// Why the warps and threads of the resolved `spec` cannot split its tiles
+/// (every schedule's register and copy layouts), or an empty string.
+std::string warpLayoutUnfit(const KernelSpec &spec) {
+  const Tiling &t = spec.tiling;
+  const int64_t d = spec.headDim;
+  auto str = [](int64_t x) { return std::to_string(x); };
+  bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
+  // Each warp owns whole m16 row blocks of block_m, except in the KV-major
+  // backward's two-dimensional warp layout at head_dim 256: block_m 64 in 8
+  // warps, each 32 keys x 64 columns of dK and dV (Schedules/MmaSync/MmaSyncKVMajor.cpp).
+  if (!(kvMajor && d == 256 && t.blockM == 64 && t.warps == 8) &&
+      t.blockM % (16 * t.warps) != 0)
+    return "block_m (" + str(t.blockM) +
+           ") must be a multiple of 16 * warps (" + str(16 * t.warps) +
+           "), as each warp owns whole m16 row blocks";
+  // Tile copies give every thread whole 16-byte columns of rows.
+  const int64_t threads = int64_t(t.warps) * 32;
+  for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
+    if (rows * d / 8 % threads != 0)
+      return "tiling copies " + str(rows) + " rows of " + str(d / 8) +
+             " 16-byte chunks with " + str(threads) +
+             " threads: the chunks must split evenly";
+  // Registers per thread for the fp32 accumulators alone: O (forward, dQ),
+  // or dK and dV (KV-major backward).
+  int64_t accRegs = (kvMajor ? 2 : 1) * t.blockM * d / threads;
+  if (accRegs > 128)
+    return "tiling gives each thread " + str(accRegs) +
+           " accumulator registers (accumulators * block_m * head_dim / "
+           "threads); at most 128 fit beside the scores";
+  return {};
+}
+
+/// Why a launch of the resolved `spec`'s kernel exceeds CUDA's limits, or an
+/// empty string. The grid dimension the heads take is the runtime's
+/// (runtime/lib/operations/Forward.cpp, Backward.cpp): z for fwd and bwd_dq,
+/// y for bwd_pre (query heads), bwd and bwd_kv (KV heads) and bwd_post
+/// (query and KV heads together).
+std::string launchUnfit(const KernelSpec &spec, const Arch &arch) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  const std::string kind = toString(spec.kind);
+  if (int64_t threads = threadsPerBlock(spec); threads > kMaxBlockThreads)
+    return "a " + kind + " kernel of " + str(spec.tiling.warps) +
+           " warps launches " + str(threads) +
+           " threads a CTA, more than CUDA's " + str(kMaxBlockThreads);
+  const int64_t hq = spec.numQHeads, hkv = spec.numKVHeads;
+  std::string field, dim = "y";
+  int64_t heads = 0;
+  switch (spec.kind) {
+  case KernelKind::Fwd:
+  case KernelKind::BwdDQ:
+    field = "num_q_heads = " + str(hq), heads = hq, dim = "z";
+    break;
+  case KernelKind::BwdPre:
+    field = "num_q_heads = " + str(hq), heads = hq;
+    break;
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    field = "num_kv_heads = " + str(hkv), heads = hkv;
+    break;
+  case KernelKind::BwdPost:
+    field = "num_q_heads + num_kv_heads = " + str(hq) + " + " + str(hkv);
+    heads = hq + hkv;
+    break;
+  }
+  if (heads > kMaxGridDimYZ)
+    return field + " exceeds " + str(kMaxGridDimYZ) +
+           ", the limit of gridDim." + dim + ", along which a " + kind +
+           " kernel launches its heads";
+  int64_t bytes = sharedBytes(spec), limit = maxSharedBytes(arch);
+  if (bytes > limit)
+    return "a " + kind + " kernel of tiling " + str(spec.tiling.blockM) + ":" +
+           str(spec.tiling.blockN) + ":" + str(spec.tiling.warps) + ":" +
+           str(spec.tiling.stages) + " at head_dim " + str(spec.headDim) +
+           " needs " + str(bytes) + " bytes of shared memory, more than " +
+           arch.str() + "'s " + str(limit) + " (" + str(limit / 1024) +
+           " KB) a CTA";
+  return {};
+}
+
+} // namespace
+
+std::string checkSpec(const KernelSpec &specIn) {
+  KernelSpec spec = resolveSpec(specIn);
+  std::string error;
+  std::optional<Arch> arch = Arch::parse(spec.arch, &error);
+  if (!arch)
+    return error;
+  if (std::string why =
+          checkProblem(spec.headDim, spec.numQHeads, spec.numKVHeads);
+      !why.empty())
+    return why;
+  const Tiling &t = spec.tiling;
+  if (std::string why = checkTiling(t.blockM, t.blockN, t.warps, t.stages);
+      !why.empty())
+    return why;
+  if (spec.tree && spec.kind != KernelKind::Fwd &&
+      spec.kind != KernelKind::BwdDQ)
+    return std::string("a ") + toString(spec.kind) +
+           " kernel has no tree variant: only the query-major kernels (fwd, "
+           "bwd_dq) walk ancestor chains";
+  const ScheduleRecord &record = recordOf(spec.schedule);
+  if (spec.tiling.stages > record.maxStages(spec.kind))
+    return "stages 3 and 4 are the warp-specialized dQ kernel's only; this " +
+           std::string(toString(spec.kind)) + " kernel takes 1 or 2";
+  if (std::string why = record.unfit(spec); !why.empty())
+    return std::string("the ") + record.name +
+           " schedule cannot compute this " + std::string(toString(spec.kind)) +
+           " kernel: " + why;
+  if (std::string why = warpLayoutUnfit(spec); !why.empty())
+    return why;
+  return launchUnfit(spec, *arch);
+}
+
+} // namespace dualkv

@@ -1,0 +1,89 @@
+//===- Schedules.cpp - the table of schedule records ----------------------===//
+//
+// Needs no MLIR: the runtime-only library links this file too. The records
+// themselves live in their schedules' folders (Schedules/<Schedule>/<Schedule>Schedule.cpp).
+//
+//===----------------------------------------------------------------------===//
+#include "Spec/ScheduleRecords.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace dualkv {
+
+namespace {
+
+/// In Schedule's order.
+const ScheduleRecord *const kRecords[] = {&kMmaSyncRecord, &kWgmmaRecord,
+                                          &kWarpSpecializedRecord};
+/// The most specialized first; the last computes every spec.
+const ScheduleRecord *const kAutoOrder[] = {&kWarpSpecializedRecord,
+                                            &kWgmmaRecord, &kMmaSyncRecord};
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+} // namespace
+
+ScheduleList scheduleRecords() { return {kRecords, std::size(kRecords)}; }
+
+ScheduleList autoOrder() { return {kAutoOrder, std::size(kAutoOrder)}; }
+
+const ScheduleRecord &recordOf(Schedule schedule) {
+  for (const ScheduleRecord *r : kRecords)
+    if (r->schedule == schedule)
+      return *r;
+  return *kAutoOrder[std::size(kAutoOrder) - 1];
+}
+
+int twoStages(KernelKind) { return 2; }
+
+LaunchGeometry plainLaunch(const KernelSpec &) { return {}; }
+
+bool neverMasksEveryTile(const KernelSpec &) { return false; }
+
+abi::ParamTable commonKernelParams(KernelKind kind, bool tree) {
+  using namespace abi;
+  switch (kind) {
+  case KernelKind::Fwd:
+    return tree ? tableOf(kFwdTreeParams) : tableOf(kFwdParams);
+  case KernelKind::BwdPre:
+    return tableOf(kBwdPreParams);
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    return tableOf(kBwdParams);
+  case KernelKind::BwdPost:
+    return tableOf(kBwdPostParams);
+  case KernelKind::BwdDQ:
+    return tree ? tableOf(kBwdDQTreeParams) : tableOf(kBwdDQParams);
+  }
+  return tableOf(kFwdParams);
+}
+
+abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule,
+                                  bool tree) {
+  return recordOf(schedule).params(kind, tree);
+}
+
+Grid kindGrid(const KernelSpec &resolved, const LaunchGeometry &geometry,
+              const LaunchCounts &c) {
+  const int64_t bm = c.blockM;
+  auto u = [](int64_t x) { return static_cast<unsigned>(x); };
+  switch (resolved.kind) {
+  case KernelKind::Fwd:
+  case KernelKind::BwdDQ:
+    if (geometry.forwardOrder)
+      return {u(c.workItems), 1, u(c.qHeads)};
+    return {u(ceilDiv(c.maxSegmentLen, bm)), u(c.numSegments), u(c.qHeads)};
+  case KernelKind::Bwd:
+  case KernelKind::BwdKV:
+    return {u(c.workItems), u(c.kvHeads), 1};
+  case KernelKind::BwdPre:
+    return {u(ceilDiv(c.tokens, bm)), u(c.qHeads), 1};
+  case KernelKind::BwdPost:
+    return {u(ceilDiv(std::max(c.tokens, c.accRows), bm)),
+            u(c.qHeads + c.kvHeads), 1};
+  }
+  return {};
+}
+
+} // namespace dualkv
