@@ -585,8 +585,11 @@ int testDeterministic(uint64_t seed) {
 
 std::string dualkv::testing::backwardReferenceError(const Case &c,
                                                     const ForwardResult &fwd,
-                                                    const BackwardResult &r) {
+                                                    const BackwardResult &kr,
+                                                    double scoreFactor) {
   auto p = c.problem();
+  BackwardResult r = kr;
+  p.scale = scaledReference(p.scale, scoreFactor, &r);
   auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v),
        dout = c.widen(c.dout);
   std::vector<double> o(fwd.o.begin(), fwd.o.end()),

@@ -239,8 +239,10 @@ int testGraph(uint64_t seed) {
 } // namespace
 
 std::string dualkv::testing::forwardReferenceError(const Case &c,
-                                                   const ForwardResult &r) {
+                                                   const ForwardResult &r,
+                                                   double scoreFactor) {
   auto p = c.problem();
+  p.scale = scaledReference(p.scale, scoreFactor);
   auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v);
   std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
   reference::forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());

@@ -519,6 +519,22 @@ TensorErrors compareTensor(const float *x, const T *ref, size_t n) {
   return e;
 }
 
+/// What kernels whose template multiplies the scores by `factor` before the
+/// softmax (dualkv.scale_scores), and leaves dS unscaled, compute, in terms
+/// of the reference: the attention at softmax scale `factor` x scale, so
+/// `referenceScale` is returned times `factor`; their dV is that attention's
+/// gradient, and their dQ and dK that gradient divided by `factor` (the
+/// chain rule's factor is missing), so `r`'s dQ and dK are multiplied by it
+/// here. factor 1 changes nothing.
+inline double scaledReference(double referenceScale, double factor,
+                              BackwardResult *r = nullptr) {
+  if (r && factor != 1.0)
+    for (std::vector<float> *g : {&r->dq, &r->dk})
+      for (float &x : *g)
+        x = float(double(x) * factor);
+  return referenceScale * factor;
+}
+
 /// Runs dualkv::forward on `c` with outputs poisoned first.
 inline ForwardResult runForward(const Case &c, const Tiling &tiling = {}) {
   DeviceCase dc(c);

@@ -1,6 +1,7 @@
 // dualkv-gpu-tests: runs one GPU test, `<test> [count]` for the forward and
-// `backward-<test> [count]` for the backward, `sanitize` for the sanitizer
-// workload; exits 77 (skipped) without a GPU.
+// `backward-<test> [count]` for the backward, `tree-<test>` for prefix trees,
+// `sanitize` for the sanitizer workload, `template-<test>` for the test
+// templates; exits 77 (skipped) without a GPU.
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -16,19 +17,20 @@ int main(int argc, char **argv) {
     fmt::print("no GPU: skipping {}\n", which);
     return kSkip;
   }
-  const std::string bwd = "backward-", tree = "tree-";
+  const std::string bwd = "backward-", tree = "tree-", tmpl = "template-";
   try {
     if (which == "sanitize") // [head_dim | tree]: those cases only
       return sanitizeTest(argc > 2 && std::string(argv[2]) == "tree" ? -1
                           : argc > 2                                 ? count
                                                                      : 0);
-    int status = isStress ? stressTest(which.substr(stress.size()), count,
-                                       argc > 3 ? argv + 3 : nullptr)
-                 : which.rfind(bwd, 0) == 0
-                     ? backwardTest(which.substr(bwd.size()), count)
-                 : which.rfind(tree, 0) == 0
-                     ? treeTest(which.substr(tree.size()), count)
-                     : forwardTest(which, count);
+    int status =
+        isStress ? stressTest(which.substr(stress.size()), count,
+                              argc > 3 ? argv + 3 : nullptr)
+        : which.rfind(bwd, 0) == 0
+            ? backwardTest(which.substr(bwd.size()), count)
+        : which.rfind(tree, 0) == 0 ? treeTest(which.substr(tree.size()), count)
+        : which.rfind(tmpl, 0) == 0 ? templateTest(which.substr(tmpl.size()))
+                                    : forwardTest(which, count);
     if (status != kUnknownTest)
       return status;
     fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | "
@@ -36,6 +38,7 @@ int main(int argc, char **argv) {
                        "backward-edges | backward-equivalence | "
                        "backward-deterministic | tree-random [count] | "
                        "tree-paths [count] | sanitize [head_dim | tree] | "
+                       "template-scaled | template-scaled-control | "
                        "stress-threads [rounds] | "
                        "stress-processes [rounds] | stress-leak [launches]\n");
     return 2;

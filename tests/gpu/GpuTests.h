@@ -22,8 +22,9 @@ int backwardTest(const std::string &which, int count);
 int treeTest(const std::string &which, int count);
 /// The sanitizer workload's prefix trees: one branching forest through the
 /// tree kernels at head_dim 64, 128, 256, bf16 and fp16, both backward
-/// modes, checked against fp64; returns the number of failures.
-int treeSanitizeWorkload();
+/// modes, checked against fp64 (with `scoreFactor` as in sanitizeTest);
+/// returns the number of failures.
+int treeSanitizeWorkload(double scoreFactor = 1.0);
 /// Many callers at once and many launches: threads | processes | leak
 /// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
 int stressTest(const std::string &which, int count, char **argv);
@@ -32,15 +33,28 @@ int stressTest(const std::string &which, int count, char **argv);
 /// schedules on one small batch, checked against fp64: the workload that
 /// tests/gpu/sanitize.sh runs under compute-sanitizer (SanitizeGpuTest.cpp).
 /// onlyHeadDim: 0 every case, a head_dim its packed cases, -1 the trees.
-int sanitizeTest(int onlyHeadDim = 0);
+/// scoreFactor: the factor by which the kernels' templates multiply the
+/// scores before the softmax (1: the shipped templates; see
+/// scaledReference()).
+int sanitizeTest(int onlyHeadDim = 0, double scoreFactor = 1.0);
+
+/// The test templates (`scaled`, tests/templates/scaled/, loaded through
+/// DUALKV_TEMPLATE_DIR): the sanitize workload's kernels, every kind and
+/// schedule, checked against fp64 with the templates' change
+/// (TemplateGpuTest.cpp).
+int templateTest(const std::string &which);
 
 /// Why the forward's result `r` of `c` is outside the forward tests' fp64
-/// reference tolerance, or empty when it is within.
-std::string forwardReferenceError(const Case &c, const ForwardResult &r);
+/// reference tolerance, or empty when it is within. With a `scoreFactor`
+/// other than 1, the reference is that of kernels whose template multiplies
+/// the scores by it (scaledReference()).
+std::string forwardReferenceError(const Case &c, const ForwardResult &r,
+                                  double scoreFactor = 1.0);
 /// The same for the backward's result `r` given the forward's `fwd` (whose O
 /// and LSE the reference backward takes); `c` needs its dout.
 std::string backwardReferenceError(const Case &c, const ForwardResult &fwd,
-                                   const BackwardResult &r);
+                                   const BackwardResult &r,
+                                   double scoreFactor = 1.0);
 
 } // namespace dualkv::testing
 

@@ -1,10 +1,11 @@
 // The sanitizer workload: every kernel kind the library ships (fwd, bwd_pre,
 // bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 128 and 256, bf16 and fp16,
 // in the device's default schedules and in the mma.sync schedule at sm_80's
-// default tilings (and on sm_90 at head_dim 128 the TMA producer of the
-// warp-specialized backward and the wgmma dQ kernel, which no default picks
-// for packed groups), both backward algorithms (atomic, split-dQ) of each, on
-// one small packed batch, each result checked against the fp64 reference.
+// default tilings (and on sm_90 at head_dim 128 the wgmma forward, the TMA
+// producer of the warp-specialized backward and the wgmma dQ kernel, which no
+// default picks for packed groups), both backward algorithms (atomic,
+// split-dQ) of each, on one small packed batch, each result checked against
+// the fp64 reference.
 // `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees),
 // `dualkv-gpu-tests sanitize tree` the trees only.
 // tests/gpu/sanitize.sh runs it under compute-sanitizer (memcheck, racecheck,
@@ -25,6 +26,7 @@ namespace {
 struct Variant {
   const char *name;
   Tiling fwd, bwd, bwdKV, dq;
+  Schedule fwdSchedule = Schedule::Auto;
 };
 
 /// sm_80's default tilings (defaultTiling with arch sm_80): mma.sync on every
@@ -61,7 +63,7 @@ Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
 
 } // namespace
 
-int dualkv::testing::sanitizeTest(int onlyHeadDim) {
+int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor) {
   std::mt19937_64 rng(20261201);
   int failures = 0, checks = 0;
   auto record = [&](const std::string &what, const std::string &error) {
@@ -78,25 +80,30 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim) {
       Case c = sanitizeCase(d, t, rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
-      // The kernels no default picks for packed groups, by their tilings:
-      // the KV-major backward's TMA producer (two stages) and the wgmma dQ
-      // kernel (one stage; prefix trees' at head_dim 128).
+      // The kernels no default picks for packed groups: the wgmma forward
+      // (by name) and, by their tilings, the KV-major backward's TMA
+      // producer (two stages) and the wgmma dQ kernel (one stage; prefix
+      // trees' at head_dim 128).
       if (deviceIsSm90() && d == 128) {
         Tiling tma{128, 64, 8, 2};
-        variants.push_back(Variant{"warp_specialized TMA producer, wgmma dQ",
-                                   {},
-                                   tma,
-                                   tma,
-                                   {128, 64, 8, 1}});
+        variants.push_back(
+            Variant{"wgmma forward, warp_specialized TMA producer, wgmma dQ",
+                    {},
+                    tma,
+                    tma,
+                    {128, 64, 8, 1},
+                    Schedule::Wgmma});
       }
       for (const Variant &v : variants) {
         std::string what = fmt::format("{} [{}]", c.describe(), v.name);
         try {
           BackwardDeviceCase dc(c);
-          dualkv::forward(dc.args(v.fwd));
+          ForwardArgs fa = dc.args(v.fwd);
+          fa.schedule = v.fwdSchedule;
+          dualkv::forward(fa);
           check(cudaDeviceSynchronize(), "forward");
           ForwardResult fwd = dc.download();
-          record(what + " fwd", forwardReferenceError(c, fwd));
+          record(what + " fwd", forwardReferenceError(c, fwd, scoreFactor));
           // Both algorithms, whichever is the device's default: the
           // split-dQ one as the deterministic mode.
           for (bool deterministic : {false, true}) {
@@ -107,7 +114,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim) {
             o.dqTiling = v.dq;
             BackwardResult r = dc.runBackward(o);
             record(what + (deterministic ? " bwd deterministic" : " bwd"),
-                   backwardReferenceError(c, fwd, r));
+                   backwardReferenceError(c, fwd, r, scoreFactor));
           }
         } catch (const std::exception &e) {
           record(what, e.what());
@@ -118,7 +125,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim) {
   // the KV-major kernels on a forest's work items.
   if (onlyHeadDim <= 0)
     try {
-      const int treeFailures = treeSanitizeWorkload();
+      const int treeFailures = treeSanitizeWorkload(scoreFactor);
       checks += deviceIsSm90() ? 12 : 6;
       failures += treeFailures;
     } catch (const std::exception &e) {

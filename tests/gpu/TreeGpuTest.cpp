@@ -251,10 +251,14 @@ TreeRun runTree(const TreeCase &c, std::optional<Schedule> fwd = {},
 
 /// Checks a run of `c` against fp64 and the deterministic bits; the
 /// failures, or an empty string.
-std::string verifyTree(const TreeCase &c, const TreeRun &run) {
+std::string verifyTree(const TreeCase &c, const TreeRun &run,
+                       double scoreFactor = 1.0) {
   const ForwardResult &f = run.f;
-  const BackwardResult &atomic = run.atomic, &det = run.det, &det2 = run.det2;
+  BackwardResult atomic = run.atomic, det = run.det;
+  const BackwardResult &det2 = run.det2;
   auto p = c.problem();
+  p.scale = scaledReference(p.scale, scoreFactor, &atomic);
+  scaledReference(p.scale, scoreFactor, &det);
   auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v),
        dout = c.widen(c.dout);
   std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
@@ -284,9 +288,9 @@ std::string verifyTree(const TreeCase &c, const TreeRun &run) {
                          eq.relL2, ek.maxAbsRel(), ek.relL2, ev.maxAbsRel(),
                          ev.relL2);
   }
-  int64_t bits = bitwiseMismatches(det.dq, det2.dq) +
-                 bitwiseMismatches(det.dk, det2.dk) +
-                 bitwiseMismatches(det.dv, det2.dv);
+  int64_t bits = bitwiseMismatches(run.det.dq, det2.dq) +
+                 bitwiseMismatches(run.det.dk, det2.dk) +
+                 bitwiseMismatches(run.det.dv, det2.dv);
   if (bits)
     why += fmt::format(" deterministic runs differ in {} values", bits);
   if (!why.empty())
@@ -295,8 +299,8 @@ std::string verifyTree(const TreeCase &c, const TreeRun &run) {
 }
 
 std::string checkTree(const TreeCase &c, std::optional<Schedule> fwd = {},
-                      std::optional<Tiling> dq = {}) {
-  return verifyTree(c, runTree(c, fwd, dq));
+                      std::optional<Tiling> dq = {}, double scoreFactor = 1.0) {
+  return verifyTree(c, runTree(c, fwd, dq), scoreFactor);
 }
 
 /// Forward and backward (both modes) of random forests against fp64; the
@@ -437,7 +441,7 @@ int testPaths(int count, uint64_t seed) {
 
 } // namespace
 
-int dualkv::testing::treeSanitizeWorkload() {
+int dualkv::testing::treeSanitizeWorkload(double scoreFactor) {
   // A branching tree whose segments see up to three ancestor ranges, with an
   // empty node, a one-token node, a subtree longer than a backward query
   // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
@@ -453,7 +457,7 @@ int dualkv::testing::treeSanitizeWorkload() {
       c.d = d;
       c.dtype = t;
       c.fill(rng);
-      std::string why = checkTree(c);
+      std::string why = checkTree(c, {}, {}, scoreFactor);
       if (!why.empty()) {
         ++failures;
         fmt::print("FAIL tree ({}): {}\n", c.describe(), why);
@@ -467,7 +471,7 @@ int dualkv::testing::treeSanitizeWorkload() {
         std::optional<Tiling> dq;
         if (d != 256)
           dq = d == 128 ? Tiling{128, 64, 8, 1} : Tiling{64, 32, 4, 1};
-        why = checkTree(c, fwd, dq);
+        why = checkTree(c, fwd, dq, scoreFactor);
         if (!why.empty()) {
           ++failures;
           fmt::print("FAIL tree, {} forward and dQ kernel ({}): {}\n",

@@ -19,6 +19,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/SHA256.h"
 #include "llvm/Support/TargetSelect.h"
@@ -51,11 +52,67 @@ extern "C" void LLVMInitializeNVPTXAsmPrinter();
 namespace dualkv {
 namespace {
 
-const std::map<std::string, std::string> &templates() {
-  static const std::map<std::string, std::string> all = {
+/// The kernel templates: the built-in ones (templates/*.mlir), each replaced
+/// by a file of its name in $DUALKV_TEMPLATE_DIR, if set (read once a
+/// process; docs/environment.md). A problem with that folder leaves the
+/// built-in templates in place and fails every compile, naming it.
+struct TemplateSet {
+  std::map<std::string, std::string> texts;
+  std::string error;
+};
+
+const TemplateSet &templateSet() {
+  static const TemplateSet set = [] {
+    TemplateSet s;
+    s.texts = {
 #include "dualkv/Compiler/Templates.inc"
-  };
-  return all;
+    };
+    std::optional<std::string> dir = envValue("DUALKV_TEMPLATE_DIR");
+    if (!dir)
+      return s;
+    if (!llvm::sys::fs::is_directory(*dir)) {
+      s.error = fmt::format("DUALKV_TEMPLATE_DIR '{}' is not a folder", *dir);
+      return s;
+    }
+    std::map<std::string, std::string> replaced = s.texts;
+    std::error_code ec;
+    for (llvm::sys::fs::directory_iterator it(*dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      llvm::StringRef file = llvm::sys::path::filename(it->path());
+      if (!file.ends_with(".mlir"))
+        continue;
+      std::string name = file.drop_back(5).str();
+      if (!replaced.count(name)) {
+        std::string known;
+        for (const auto &[k, text] : s.texts)
+          known += (known.empty() ? "" : ", ") + k + ".mlir";
+        s.error = fmt::format("DUALKV_TEMPLATE_DIR '{}' holds '{}', which "
+                              "names no kernel template ({})",
+                              *dir, file.str(), known);
+        return s;
+      }
+      llvm::ErrorOr<std::unique_ptr<llvm::MemoryBuffer>> buffer =
+          llvm::MemoryBuffer::getFile(it->path());
+      if (!buffer) {
+        s.error = fmt::format("cannot read '{}' (DUALKV_TEMPLATE_DIR): {}",
+                              it->path(), buffer.getError().message());
+        return s;
+      }
+      replaced[name] = (*buffer)->getBuffer().str();
+    }
+    if (ec) {
+      s.error = fmt::format("cannot list DUALKV_TEMPLATE_DIR '{}': {}", *dir,
+                            ec.message());
+      return s;
+    }
+    s.texts = std::move(replaced);
+    return s;
+  }();
+  return set;
+}
+
+const std::map<std::string, std::string> &templates() {
+  return templateSet().texts;
 }
 
 /// The template of `kind`: templates/attention_<kind>.mlir.
@@ -537,6 +594,7 @@ std::string compilerFingerprint() {
       h.update(name);
       h.update(text);
     }
+    h.update(templateSet().error);
     return llvm::toHex(h.final(), /*LowerCase=*/true).substr(0, 16);
   }();
   return fingerprint;
@@ -563,6 +621,10 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     return result;
   const Arch arch = *Arch::parse(spec.arch);
   auto start = std::chrono::steady_clock::now();
+  if (!templateSet().error.empty()) {
+    result.error = templateSet().error;
+    return result;
+  }
   std::string text = kernelTemplate(spec.kind);
   if (text.empty()) {
     result.error =

@@ -1,5 +1,7 @@
 // A test template: the dQ kernel with its scores times 0.75 before the
-// probabilities (dualkv.scale_scores), for lower-to-nvgpu-scale-scores.mlir.
+// recomputed probabilities (dualkv.scale_scores) and dS left unscaled: with
+// attention_fwd.mlir here its dQ is the gradient of the scaled forward divided
+// by 0.75 (gpu:template_scaled, lower-to-nvgpu-scale-scores.mlir).
 dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   %do = dualkv.load_dout : !dualkv.q_tile

@@ -1,6 +1,8 @@
 // A test template: the forward with its scores times 0.75 before the softmax
 // (dualkv.scale_scores), to show that a change to the template's math reaches
-// every schedule (lower-to-nvgpu-scale-scores.mlir).
+// every schedule: the forward at softmax scale 0.75 s (gpu:template_scaled
+// checks it against fp64; lower-to-nvgpu-scale-scores.mlir shows the factor in
+// each schedule's IR).
 dualkv.kernel @attention_fwd kind <fwd> {
   %q = dualkv.load_q : !dualkv.q_tile
   %acc0 = dualkv.init_acc : !dualkv.acc

@@ -76,7 +76,9 @@ DUALKV_API CompileResult compile(const KernelSpec &spec,
 /// version is fingerprinted as unusable). Part of every cache key.
 DUALKV_API std::string compilerFingerprint();
 
-/// The template text a kernel kind is compiled from.
+/// The template text a kernel kind is compiled from: the built-in
+/// templates/attention_<kind>.mlir, or the file of that name in
+/// $DUALKV_TEMPLATE_DIR (docs/environment.md).
 DUALKV_API std::string kernelTemplate(KernelKind kind);
 
 /// The ptxas compile() runs: options.ptxas, $DUALKV_PTXAS,
