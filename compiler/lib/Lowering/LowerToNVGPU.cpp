@@ -3,8 +3,9 @@
 // Turns every bound, tiled dualkv.kernel into a gpu.func named
 // <kernel>_<schedule>. The pass only dispatches on the schedule the kernel
 // records (chosen by dualkv-bind-spec): each schedule lives in a folder of its
-// own (MmaSync/, Wgmma/, WarpSpecialized/), built on what they share
-// (Lowering/), and lists its emitters there (Schedules/<Schedule>/<Schedule>Emitters.cpp).
+// own (Schedules/MmaSync/, Wgmma/, WarpSpecialized/), built on what they
+// share (Lowering/), and lists its emitters there
+// (Schedules/<Schedule>/<Schedule>Emitters.cpp).
 //
 //===----------------------------------------------------------------------===//
 #include "Lowering/ScheduleEmitters.h"
@@ -72,6 +73,16 @@ struct LowerToNVGPUPass
       FailureOr<::dualkv::KernelSpec> spec = kernel.checkedSpec();
       if (failed(spec))
         return signalPassFailure();
+      // Emitters take a kernel's tree-ness from its IR (walksChain), the
+      // runtime from the spec: the two must agree.
+      if (kernel.walksChain() != spec->tree) {
+        kernel.emitOpError()
+            << (spec->tree ? "is bound as a prefix-tree kernel but walks no "
+                             "dualkv.chain_loop: run dualkv-tile-regions first"
+                           : "walks a dualkv.chain_loop but is not bound as "
+                             "a prefix-tree kernel");
+        return signalPassFailure();
+      }
       // The entry point is named after the schedule: attention_fwd_wgmma.
       std::string entry =
           (kernel.getSymName() + "_" + stringifySchedule(*kernel.getSchedule()))
@@ -88,7 +99,8 @@ struct LowerToNVGPUPass
             << "laid out " << sharedBytes
             << " bytes of shared memory where the spec counts " << expected
             << " (the schedule record's sharedBytes, "
-               "<Schedule>/Schedule.cpp, must follow the emitter's layout)";
+               "Schedules/<Schedule>/<Schedule>Schedule.cpp, must follow "
+               "the emitter's layout)";
         return signalPassFailure();
       }
       // The launch reads these off the IR (and the runtime off KernelInfo).

@@ -1,7 +1,10 @@
 //===- NVGPUToNVVM.cpp - dualkv-nvgpu-to-nvvm ---------------------------===//
 //
 // nvgpu ops at a chosen index width, and the warpgroup machine ops
-// (dualkv.wgmma*) as their PTX.
+// (dualkv.wgmma*): the fence and the commit as upstream's NVVM ops, the
+// product and the wait as inline PTX, which MLIR 22 has no op for (its
+// nvvm.wgmma.mma_async takes no A from registers; its wait no accumulators to
+// pass through).
 //
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Passes.h"
@@ -48,14 +51,13 @@ void replaceWithPtx(ConversionPatternRewriter &rewriter, Operation *op,
   rewriter.replaceOp(op, results);
 }
 
-/// The warpgroup machine ops (DualKVOps.td) become their PTX, the one place
-/// those strings are spelled.
+/// The warpgroup machine ops (DualKVOps.td): the one place they are lowered.
 struct WgmmaFenceLowering : OpConversionPattern<WgmmaFenceOp> {
   using OpConversionPattern::OpConversionPattern;
   LogicalResult
   matchAndRewrite(WgmmaFenceOp op, OpAdaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    replaceWithPtx(rewriter, op, "wgmma.fence.sync.aligned;", "", {}, {});
+    rewriter.replaceOpWithNewOp<NVVM::WgmmaFenceAlignedOp>(op);
     return success();
   }
 };
@@ -65,8 +67,7 @@ struct WgmmaCommitLowering : OpConversionPattern<WgmmaCommitOp> {
   LogicalResult
   matchAndRewrite(WgmmaCommitOp op, OpAdaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    replaceWithPtx(rewriter, op, "wgmma.commit_group.sync.aligned;", "", {},
-                   {});
+    rewriter.replaceOpWithNewOp<NVVM::WgmmaGroupSyncAlignedOp>(op);
     return success();
   }
 };

@@ -149,6 +149,12 @@ static_assert(static_cast<int>(::dualkv::KernelKind::BwdDQ) ==
 static_assert(static_cast<int>(::dualkv::Schedule::WarpSpecialized) ==
               static_cast<int>(Schedule::warp_specialized) + 1);
 
+bool KernelOp::walksChain() {
+  bool found = false;
+  walk([&](ChainLoopOp) { found = true; });
+  return found;
+}
+
 FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
   ProblemAttr problem = *getProblem();
   TilingAttr tiling = *getTiling();

@@ -107,11 +107,13 @@ def DualKVNVGPUToNVVM : Pass<"dualkv-nvgpu-to-nvvm", "::mlir::gpu::GPUModuleOp">
     index in 32 bits (every tensor offset is checked to fit by the runtime), which
     halves the registers held by addresses; this pass runs the same patterns with the
     index width that convert-gpu-to-nvvm uses, so the two conversions agree. It also
-    lowers the project's `dualkv.wgmma*` ops to PTX, the one place it is spelled:
-    `dualkv.wgmma` (A from registers or a descriptor; MLIR 22's
-    `nvvm.wgmma.mma_async` takes no register A), `dualkv.wgmma_wait` (which passes
-    the accumulators through, so that nothing touches them before the wait),
-    `dualkv.wgmma_fence` and `dualkv.wgmma_commit`.
+    lowers the project's `dualkv.wgmma*` ops, the one place they are lowered:
+    `dualkv.wgmma_fence` and `dualkv.wgmma_commit` to upstream's
+    `nvvm.wgmma.fence.aligned` and `nvvm.wgmma.commit.group.sync.aligned`;
+    `dualkv.wgmma` (A from registers or a descriptor) and `dualkv.wgmma_wait`
+    (which passes the accumulators through, so that nothing touches them before
+    the wait) to inline PTX, as MLIR 22's `nvvm.wgmma.mma_async` takes no register
+    A and its wait no operands.
   }];
   let options = [
     Option<"indexBitwidth", "index-bitwidth", "unsigned", "32", "bits of an index">,

@@ -365,6 +365,8 @@ void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values, Value enabled) {
     return;
   }
   // A masked-off lane issues nothing, so its address may point anywhere.
+  // Inline PTX: MLIR 22's NVVM has no vector reduction (llvm.atomicrmw takes
+  // one value), and four scalar ones would be four instructions.
   SmallVector<Value> operands = {ptr};
   operands.append(values.begin(), values.end());
   operands.push_back(arith::ExtUIOp::create(b, loc, b.getI32Type(), enabled));

@@ -345,7 +345,7 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   MLIRContext *ctx = b.getContext();
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
-  const bool tree = kernel.getProblem()->getTree();
+  const bool tree = kernel.walksChain();
   createFunc(gpuModule, kernel.getSymName(), kernel.getKind(),
              ::dualkv::Schedule::Auto, tree);
   qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),

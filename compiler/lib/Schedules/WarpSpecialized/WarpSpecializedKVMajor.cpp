@@ -312,7 +312,7 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
     emitIf(cmp(arith::CmpIPredicate::ugt, it, idx(0)), [&] {
       writeDq(arith::SubIOp::create(b, loc, it, idx(1)), prevFirst, prevHead);
     });
-    asmF32("cp.async.bulk.wait_group 0;", "", {}, 0);
+    bulkWait(0, /*readOnly=*/false);
   }
   return success();
 }
@@ -324,8 +324,8 @@ void WarpSpecializedKVMajor::writeDq(Value it, Value first, Value tileHead) {
     for (int64_t buffer = 0; buffer < dqBuffers(); ++buffer)
       reduceDqRow(tid, first, buffer);
   });
-  asmF32("cp.async.bulk.commit_group;", "", {}, 0);
-  asmF32("cp.async.bulk.wait_group.read 0;", "", {}, 0);
+  bulkCommit();
+  bulkWait(0, /*readOnly=*/true);
   arrive(dqEmptyBarrier());
 }
 

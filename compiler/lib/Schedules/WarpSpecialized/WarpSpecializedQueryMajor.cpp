@@ -92,7 +92,7 @@ public:
     dTiles = headDim / 8;
     wgmmaReadsTiles = true;
     isDq = kernel.getKind() == KernelKind::bwd_dq;
-    isTree = kernel.getProblem()->getTree();
+    isTree = kernel.walksChain();
     ring = ::dualkv::RingLayout::of(
         {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
         isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd);

@@ -165,6 +165,8 @@ void WgmmaKVMajorEmitter::reduceDqRow(Value row, Value first, int64_t buffer) {
         b, loc, b.getI32Type(),
         add(smemAddr, add(idx(dqOffset() + buffer * blockN * dqRowBytes()),
                           mul(row, idx(dqRowBytes())))));
+    // Inline PTX: MLIR 22's NVVM has the tensor form of the bulk reduction
+    // (nvvm.cp.async.bulk.tensor.reduce), not this one of contiguous bytes.
     asmF32("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
            "[$0], [$1], " +
                std::to_string(headDim * 4) + ";",
@@ -180,7 +182,7 @@ void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
   syncThreads();
   onDqIssuers([&] {
     reduceDqRow(tid, first);
-    asmF32("cp.async.bulk.commit_group;", "", {}, 0);
+    bulkCommit();
   });
 }
 

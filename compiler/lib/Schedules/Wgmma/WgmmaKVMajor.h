@@ -59,13 +59,12 @@ protected:
     if (!inFlight.empty())
       waitWgmma(Value());
     if (withDq)
-      onDqIssuers(
-          [&] { asmF32("cp.async.bulk.wait_group.read 0;", "", {}, 0); });
+      onDqIssuers([&] { bulkWait(0, /*readOnly=*/true); });
   }
   void endKernel() override {
     // Every bulk reduction has reached global memory before the CTA ends.
     if (withDq)
-      onDqIssuers([&] { asmF32("cp.async.bulk.wait_group 0;", "", {}, 0); });
+      onDqIssuers([&] { bulkWait(0, /*readOnly=*/false); });
   }
   LogicalResult emitQKT(QKTOp op) override;
   LogicalResult emitAccumulate(AccumulateOp op) override;

@@ -127,6 +127,10 @@ def DualKV_KernelOp : DualKV_Op<"kernel", [Symbol, SingleBlock, NoTerminator,
     /// op, for a spec that cannot be compiled and launched. The verifier and
     /// dualkv-lower-to-nvgpu (before any emitter runs) call it.
     FailureOr<::dualkv::KernelSpec> checkedSpec();
+    /// Whether the body walks a prefix tree's ancestor chain (a
+    /// dualkv.chain_loop, which dualkv-tile-regions makes for a kernel bound
+    /// with tree = true): the emitters read a kernel's tree-ness here.
+    bool walksChain();
   }];
 }
 
