@@ -2,7 +2,8 @@
 //-------===//
 //
 // The dialect, its passes and the lit suite's driver. The work happens inside
-// libdualkv.so (see compiler/lib/Driver/OptMain.cpp), where MLIR is linked privately.
+// libdualkv.so (see compiler/lib/Driver/OptMain.cpp), where MLIR is linked
+// privately.
 //
 //===----------------------------------------------------------------------===//
 

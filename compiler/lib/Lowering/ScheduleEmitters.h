@@ -2,8 +2,8 @@
 //
 // The MLIR side of a schedule record (dualkv/Compiler/Schedule.h): the
 // functions that emit its kernels, one a kernel family. Each schedule's
-// folder fills its entry (Schedules/<Schedule>/<Schedule>Emitters.cpp); dualkv-lower-to-nvgpu
-// looks the kernel's schedule up in scheduleEmitters().
+// folder fills its entry (Schedules/<Schedule>/<Schedule>Emitters.cpp);
+// dualkv-lower-to-nvgpu looks the kernel's schedule up in scheduleEmitters().
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_LIB_SCHEDULEEMITTERS_H

@@ -176,7 +176,8 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
   bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
   // Each warp owns whole m16 row blocks of block_m, except in the KV-major
   // backward's two-dimensional warp layout at head_dim 256: block_m 64 in 8
-  // warps, each 32 keys x 64 columns of dK and dV (Schedules/MmaSync/MmaSyncKVMajor.cpp).
+  // warps, each 32 keys x 64 columns of dK and dV
+  // (Schedules/MmaSync/MmaSyncKVMajor.cpp).
   if (!(kvMajor && d == 256 && t.blockM == 64 && t.warps == 8) &&
       t.blockM % (16 * t.warps) != 0)
     return "block_m (" + str(t.blockM) +

@@ -1,8 +1,8 @@
 //===- ScheduleRecords.h - the schedule records, each in its folder -------===//
 //
-// Each schedule's folder defines its record (Schedules/<Schedule>/<Schedule>Schedule.cpp);
-// Schedules.cpp lists them. MLIR-free, as the runtime-only library links
-// them too.
+// Each schedule's folder defines its record
+// (Schedules/<Schedule>/<Schedule>Schedule.cpp); Schedules.cpp lists them.
+// MLIR-free, as the runtime-only library links them too.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_LIB_SCHEDULERECORDS_H
@@ -12,8 +12,9 @@
 
 namespace dualkv {
 
-extern const ScheduleRecord kMmaSyncRecord;         // Schedules/MmaSync/MmaSyncSchedule.cpp
-extern const ScheduleRecord kWgmmaRecord;           // Schedules/Wgmma/WgmmaSchedule.cpp
+extern const ScheduleRecord
+    kMmaSyncRecord; // Schedules/MmaSync/MmaSyncSchedule.cpp
+extern const ScheduleRecord kWgmmaRecord; // Schedules/Wgmma/WgmmaSchedule.cpp
 extern const ScheduleRecord kWarpSpecializedRecord; // WarpSpecialized/
 
 /// The most stages of a tiling in the schedules that do not ring more than

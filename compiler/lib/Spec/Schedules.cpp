@@ -1,7 +1,8 @@
 //===- Schedules.cpp - the table of schedule records ----------------------===//
 //
 // Needs no MLIR: the runtime-only library links this file too. The records
-// themselves live in their schedules' folders (Schedules/<Schedule>/<Schedule>Schedule.cpp).
+// themselves live in their schedules' folders
+// (Schedules/<Schedule>/<Schedule>Schedule.cpp).
 //
 //===----------------------------------------------------------------------===//
 #include "Spec/ScheduleRecords.h"

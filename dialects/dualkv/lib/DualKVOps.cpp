@@ -28,8 +28,8 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << P;
   if (N < 0)
     return emitError() << "N must be >= 0, got " << N;
-  // The spec's rules (compiler/lib/Spec/KernelSpec.cpp), which the runtime checks
-  // too.
+  // The spec's rules (compiler/lib/Spec/KernelSpec.cpp), which the runtime
+  // checks too.
   if (std::string why = ::dualkv::checkProblem(headDim, numQHeads, numKVHeads);
       !why.empty())
     return emitError() << why;

@@ -37,10 +37,10 @@ gpu.module @m {
 // descriptors (scale-d 0 without accumulators), one with A from registers and B
 // N-major, the fence, the commit, and a wait that ties f32 and i32 values through.
 // CHECK-LABEL: gpu.func @wgmma_ptx
-// CHECK: llvm.inline_asm has_side_effects {{.*}}"wgmma.fence.sync.aligned;", ""
+// CHECK: nvvm.wgmma.fence.aligned
 // CHECK: llvm.inline_asm has_side_effects {{.*}}"{ .reg .pred p; setp.ne.b32 p, $6, 0; wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {$0, $1, $2, $3}, $4, $5, p, 1, 1, 0, 0; }", "=f,=f,=f,=f,l,l,r"
 // CHECK: llvm.inline_asm has_side_effects {{.*}}"{ .reg .pred p; setp.ne.b32 p, $13, 0; wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {$0, $1, $2, $3}, {$8, $9, $10, $11}, $12, p, 1, 1, 1; }", "=f,=f,=f,=f,0,1,2,3,r,r,r,r,l,r"
-// CHECK: llvm.inline_asm has_side_effects {{.*}}"wgmma.commit_group.sync.aligned;", ""
+// CHECK: nvvm.wgmma.commit.group.sync.aligned
 // CHECK: llvm.inline_asm has_side_effects {{.*}}"wgmma.wait_group.sync.aligned 1;", "=f,=r,0,1" {{.*}} -> !llvm.struct<(f32, i32)>
 // CHECK-NOT: dualkv.wgmma
 gpu.module @m {

@@ -112,15 +112,15 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
 TEST_CASE("compiler: backward default tilings depend on the kind and, for "
           "the KV-major kernels, the arch",
           "[compiler][backward]") {
-  // compiler/lib/Spec/KernelSpec.cpp: the KV-major kernels (fused and deterministic
-  // dK/dV) 128 keys in 8 warps with 64-query tiles from sm_90 on; before it
-  // the fused kernel streams 32-query tiles (an sm_80 SM's shared memory is
-  // smaller) and the dK/dV one holds 64 keys in 4 warps; at head_dim 256 both
-  // hold 64 keys in 8 warps (dK and dV split across them) and stream 32-query
-  // tiles on every arch; dQ 64 rows x 32 keys; elementwise 64 rows; one stage
-  // each. The archs of 99 KB of shared memory a CTA (sm_86, sm_89, sm_120)
-  // take 64:32:4 where those do not fit them (at head_dim 128; sm_120 at 64
-  // too).
+  // compiler/lib/Spec/KernelSpec.cpp: the KV-major kernels (fused and
+  // deterministic dK/dV) 128 keys in 8 warps with 64-query tiles from sm_90 on;
+  // before it the fused kernel streams 32-query tiles (an sm_80 SM's shared
+  // memory is smaller) and the dK/dV one holds 64 keys in 4 warps; at head_dim
+  // 256 both hold 64 keys in 8 warps (dK and dV split across them) and stream
+  // 32-query tiles on every arch; dQ 64 rows x 32 keys; elementwise 64 rows;
+  // one stage each. The archs of 99 KB of shared memory a CTA (sm_86, sm_89,
+  // sm_120) take 64:32:4 where those do not fit them (at head_dim 128; sm_120
+  // at 64 too).
   KernelSpec spec;
   const Tiling small = {64, 32, 4, 1};
   for (int d : {64, 128, 256}) {
@@ -160,8 +160,8 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
 TEST_CASE("compiler: only the head_dim-256 dQ kernel from sm_90 on masks "
           "every tile",
           "[compiler][backward]") {
-  // compiler/lib/Spec/KernelSpec.cpp maskEveryTile: one masked loop a region (two
-  // tile bodies instead of four) where a tile body is 192 mma.sync a warp.
+  // compiler/lib/Spec/KernelSpec.cpp maskEveryTile: one masked loop a region
+  // (two tile bodies instead of four) where a tile body is 192 mma.sync a warp.
   auto resolved = [](KernelKind kind, int d, const char *arch) {
     KernelSpec spec;
     spec.kind = kind;
@@ -223,8 +223,9 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
 namespace {
 
 /// Dynamic shared memory of a backward kernel by docs/backward-abi.md and the
-/// buffers Lowering/Skeletons/KVMajorSkeleton.h / Lowering/Skeletons/QueryMajorSkeleton.h lay out: tiles of 2-byte
-/// elements with rows padded by 8 elements.
+/// buffers Lowering/Skeletons/KVMajorSkeleton.h /
+/// Lowering/Skeletons/QueryMajorSkeleton.h lay out: tiles of 2-byte elements
+/// with rows padded by 8 elements.
 int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   const int row = (d + 8) * 2;
   switch (kind) {

@@ -59,8 +59,10 @@ int64_t maxSmem(int n) {
   return n ? 227 * 1024 : 0;
 }
 
-/// Shared memory as the emitters lay it out (KernelSpec.h, Common/
-/// QueryMajor.h, Lowering/Skeletons/KVMajorSkeleton.h, Schedules/Wgmma/WgmmaKVMajor.h, WarpSpecialized/).
+/// Shared memory as the emitters lay it out (KernelSpec.h,
+/// Lowering/Skeletons/QueryMajorSkeleton.h,
+/// Lowering/Skeletons/KVMajorSkeleton.h, Schedules/Wgmma/WgmmaKVMajor.h,
+/// Schedules/WarpSpecialized/).
 int64_t refSharedBytes(const KernelSpec &r) {
   const int64_t bm = r.tiling.blockM, bn = r.tiling.blockN, d = r.headDim,
                 w = r.tiling.warps, st = r.tiling.stages;

@@ -4,11 +4,12 @@
 // record a schedule: why a spec does not fit it, its default tiling, its
 // threads a CTA, its shared memory (from the layouts below, which its
 // emitters lay out), its kernel parameters and its launch geometry. Each
-// record is defined in its schedule's folder (compiler/lib/Schedules/<Schedule>/
-// Schedule.cpp); resolveSpec, checkSpec, the parameter tables, the runtime's
-// launches and the tools read the records, so no code outside a schedule's
-// folder branches on which schedule it is (docs/architecture.md, "Schedule
-// records"). Needs no MLIR: the runtime-only library links the records too.
+// record is defined in its schedule's folder
+// (compiler/lib/Schedules/<S>/<S>Schedule.cpp); resolveSpec, checkSpec,
+// the parameter tables, the runtime's launches and the tools read the records,
+// so no code outside a schedule's folder branches on which schedule it is
+// (docs/architecture.md, "Schedule records"). Needs no MLIR: the runtime-only
+// library links the records too.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_SCHEDULE_H

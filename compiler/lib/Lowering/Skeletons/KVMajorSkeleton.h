@@ -22,8 +22,8 @@
 // and 2t + 1, and col_stats the BN/16 statistics of the thread's query rows;
 // dK and dV are BM/32 x GC warps of 32 keys x D/GC, GC = 8 / (BM/32) (grad_acc:
 // 2 x D/(8 GC) C fragments): 4 x 2 warps of 32 keys x D/2 at BM = 128, 2 x 4
-// of 32 keys x 64 at BM = 64 and D = 256. Schedules/MmaSync/MmaSyncKVMajor.cpp says how the
-// products are computed.
+// of 32 keys x 64 at BM = 64 and D = 256. Schedules/MmaSync/MmaSyncKVMajor.cpp
+// says how the products are computed.
 //
 // KVMajorEmitter emits what every schedule shares: the work item, the loops
 // over query heads and query tiles (the causal ones first), the double

@@ -462,9 +462,9 @@ protected:
   /// flight; with `readOnly`, only until they have read their sources
   /// (cp.async.bulk.wait_group[.read]).
   void bulkWait(int32_t pending, bool readOnly) {
-    NVVM::CpAsyncBulkWaitGroupOp::create(
-        b, loc, b.getI32IntegerAttr(pending),
-        readOnly ? b.getUnitAttr() : UnitAttr());
+    NVVM::CpAsyncBulkWaitGroupOp::create(b, loc, b.getI32IntegerAttr(pending),
+                                         readOnly ? b.getUnitAttr()
+                                                  : UnitAttr());
   }
 
   /// Waits until the copy group that filled `tile` has landed, then syncs the

@@ -13,8 +13,8 @@
 namespace mlir::dualkv {
 
 /// The warp-specialized query-major kernels (forward, dQ;
-/// Schedules/WarpSpecialized/WarpSpecializedQueryMajor.cpp), whose two consumer warpgroups take
-/// turns to issue their GEMMs.
+/// Schedules/WarpSpecialized/WarpSpecializedQueryMajor.cpp), whose two consumer
+/// warpgroups take turns to issue their GEMMs.
 enum class QueryMajorBarrier : int32_t {
   /// Warpgroup w waits on Turn0 + w for its turn; the other warpgroup
   /// arrives there when it hands the turn on (both warpgroups' threads).
@@ -29,8 +29,9 @@ static_assert(int32_t(QueryMajorBarrier::Turn1) ==
                   int32_t(QueryMajorBarrier::Turn0) + 1,
               "a warpgroup's turn is Turn0 + w, the other's Turn1 - w");
 
-/// The warp-specialized KV-major backward (Schedules/WarpSpecialized/WarpSpecializedKVMajor.cpp),
-/// whose producer warpgroup runs apart from the two consumer warpgroups.
+/// The warp-specialized KV-major backward
+/// (Schedules/WarpSpecialized/WarpSpecializedKVMajor.cpp), whose producer
+/// warpgroup runs apart from the two consumer warpgroups.
 enum class KVMajorBarrier : int32_t {
   /// The consumer threads only (FragmentBuilder::syncThreads).
   Consumers = 1,

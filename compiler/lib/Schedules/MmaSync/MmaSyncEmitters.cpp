@@ -4,9 +4,9 @@
 // schedule.
 //
 //===----------------------------------------------------------------------===//
+#include "Lowering/ScheduleEmitters.h"
 #include "Lowering/Skeletons/KVMajorSkeleton.h"
 #include "Schedules/MmaSync/MmaSync.h"
-#include "Lowering/ScheduleEmitters.h"
 
 namespace mlir::dualkv {
 

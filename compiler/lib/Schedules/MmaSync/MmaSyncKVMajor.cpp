@@ -1,7 +1,8 @@
 //===- MmaSyncKVMajor.cpp - the mma.sync KV-major backward ----------------===//
 //
-// bwd and bwd_kv on sm_80 and later (Lowering/Skeletons/KVMajorSkeleton.h has the register
-// layouts). Every product is mma.sync.m16n8k16 with ldmatrix operands.
+// bwd and bwd_kv on sm_80 and later (Lowering/Skeletons/KVMajorSkeleton.h has
+// the register layouts). Every product is mma.sync.m16n8k16 with ldmatrix
+// operands.
 //
 // One-block layouts: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ take A from the key block and
 // B from the query tile; dV += Pᵀ dO and dK += dSᵀ Q take A from registers

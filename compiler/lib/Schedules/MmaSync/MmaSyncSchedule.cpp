@@ -31,7 +31,8 @@ int64_t mmaSyncSharedBytes(const KernelSpec &resolved) {
   case KernelKind::BwdKV:
     break;
   }
-  // The two-dimensional warp layout (Schedules/MmaSync/MmaSyncKVMajor.cpp) keeps P and dS.
+  // The two-dimensional warp layout (Schedules/MmaSync/MmaSyncKVMajor.cpp)
+  // keeps P and dS.
   KVMajorLayout::Options o;
   o.padded = true;
   o.grid2d = t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
@@ -62,13 +63,14 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
   // head_dim 256, bwd and bwd_kv, every arch: dK and dV of a key block are
   // 2 x 256 fp32 columns a key, so 128 keys need 256 registers a thread even
   // in 8 warps; 64 keys in 8 warps need 128, with the head dimension split
-  // across the warps (the two-dimensional layout of Schedules/MmaSync/MmaSyncKVMajor.cpp: 2 x 4
-  // warps of 32 keys x 64 columns). 32-query tiles: K, V, Q and dO double
-  // buffered, P and dS take 141.5 KB, within sm_80's 163 KB a CTA; ptxas fits
-  // them without spills (fused: 243 registers on sm_80, 255 on sm_90a).
-  // 64-query tiles (217 KB) fit sm_90a's 227 KB but the fused kernel spills
-  // 8 bytes at 255 registers there (bwd_kv does not). tests/lit/Tools/
-  // aot-ptxas-bwd.test checks every kind for spills.
+  // across the warps (the two-dimensional layout of
+  // Schedules/MmaSync/MmaSyncKVMajor.cpp: 2 x 4 warps of 32 keys x 64 columns).
+  // 32-query tiles: K, V, Q and dO double buffered, P and dS take 141.5 KB,
+  // within sm_80's 163 KB a CTA; ptxas fits them without spills (fused: 243
+  // registers on sm_80, 255 on sm_90a). 64-query tiles (217 KB) fit sm_90a's
+  // 227 KB but the fused kernel spills 8 bytes at 255 registers there (bwd_kv
+  // does not). tests/lit/Tools/aot-ptxas-bwd.test checks every kind for
+  // spills.
   if (spec.headDim == 256 &&
       (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV))
     return Tiling{64, 32, 8, 1};
@@ -81,11 +83,11 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
     // 128 keys and values a CTA in 8 warps (dK and dV take 2 x 64 fp32
     // registers a thread at head_dim 128): twice the keys of 64:64:4 halve
     // the dQ reductions (docs/performance.md). sm_90 and later: 64-query
-    // tiles in the two-dimensional warp layout (Schedules/MmaSync/MmaSyncKVMajor.cpp), which
-    // reads a third less shared memory a query (on sm_90a at head_dim 64
-    // and 128 the warp-specialized schedule); its 171 KB of shared memory
-    // at head_dim 128 exceed an sm_80 SM's 163 KB, so sm_80 streams 32-query
-    // tiles past warps of 16 keys.
+    // tiles in the two-dimensional warp layout
+    // (Schedules/MmaSync/MmaSyncKVMajor.cpp), which reads a third less shared
+    // memory a query (on sm_90a at head_dim 64 and 128 the warp-specialized
+    // schedule); its 171 KB of shared memory at head_dim 128 exceed an sm_80
+    // SM's 163 KB, so sm_80 streams 32-query tiles past warps of 16 keys.
     return fitSharedMemory(spec, archNumber(spec.arch) >= 90
                                      ? Tiling{128, 64, 8, 1}
                                      : Tiling{128, 32, 8, 1});

@@ -2,8 +2,8 @@
 //
 // The forward as FlashAttention-3 builds it on Hopper: a producer warpgroup
 // loads Q, K and V by TMA into an mbarrier-guarded ring, two consumer
-// warpgroups (setmaxnreg) compute with wgmma (WarpSpecializedQueryMajor.cpp); the
-// KV-major backward in the same roles (KVMajor.cpp).
+// warpgroups (setmaxnreg) compute with wgmma (WarpSpecializedQueryMajor.cpp);
+// the KV-major backward in the same roles (KVMajor.cpp).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WARPSPECIALIZED_H

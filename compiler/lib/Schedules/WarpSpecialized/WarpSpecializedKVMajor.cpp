@@ -1,10 +1,10 @@
 //===- WarpSpecializedKVMajor.cpp - the sm_90a KV-major backward ----------===//
 //
 // bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries:
-// the products of the warpgroup schedule (Schedules/Wgmma/WgmmaKVMajor.h: Sᵀ = K Qᵀ and dPᵀ =
-// V dOᵀ from shared memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers,
-// dQ = dS K leaving by bulk reduction), with the query tiles' copies taken
-// off the warps that compute. A CTA has three warpgroups:
+// the products of the warpgroup schedule (Schedules/Wgmma/WgmmaKVMajor.h: Sᵀ =
+// K Qᵀ and dPᵀ = V dOᵀ from shared memory, dV += Pᵀ dO and dK += dSᵀ Q with A
+// from registers, dQ = dS K leaving by bulk reduction), with the query tiles'
+// copies taken off the warps that compute. A CTA has three warpgroups:
 //   warpgroup 2, the producer (setmaxnreg down to 24 registers), for each
 //   query tile the CTA walks (each query head of the KV head's group, the
 //   causal tiles first):

@@ -21,15 +21,14 @@
 // the IR's edge loops are applied only to the iterations of those loops.
 // The consumers walk the template: the pipeline issues the loop body's
 // products (its qk ops and its pv) and emits every other op of the body
-// through the tile-op library (Lowering/TileOps/TileOps.h) as soon as the values it
-// reads are there, so a change to the template's math reaches this schedule
-// as it reaches the others.
-// The tiles sit in the 128-byte swizzle that both TMA (CU_TENSOR_MAP_SWIZZLE_
-// 128B, boxes of 64 columns) and wgmma read: D / 64 atoms of rows x 128 bytes.
-// The runtime passes one CUtensorMap each for Q, K and V (3-D: head_dim, heads,
-// tokens) as 128-byte grid-constant parameters after the forward's ABI, then
-// the plan's forward work order (Plan::forwardTable): CTA x computes item x,
-// the longest KV walks first.
+// through the tile-op library (Lowering/TileOps/TileOps.h) as soon as the
+// values it reads are there, so a change to the template's math reaches this
+// schedule as it reaches the others. The tiles sit in the 128-byte swizzle that
+// both TMA (CU_TENSOR_MAP_SWIZZLE_ 128B, boxes of 64 columns) and wgmma read: D
+// / 64 atoms of rows x 128 bytes. The runtime passes one CUtensorMap each for
+// Q, K and V (3-D: head_dim, heads, tokens) as 128-byte grid-constant
+// parameters after the forward's ABI, then the plan's forward work order
+// (Plan::forwardTable): CTA x computes item x, the longest KV walks first.
 //
 // Prefix trees (KernelSpec::tree; the default on sm_90a, the dQ kernel's
 // too): a segment's keys are its ancestor ranges,

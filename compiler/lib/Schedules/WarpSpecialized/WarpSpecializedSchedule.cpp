@@ -102,13 +102,14 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
       (spec.headDim == 64 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two
     // consumer warpgroups of 64 query rows (WarpSpecialized/
-    // WarpSpecializedQueryMajor.cpp); 64-key tiles in a three-stage ring, as each K
-    // tile stays until the next tile's products are issued (the dQ product
-    // of tile i runs behind the scores of tile i + 1). With it the split-dQ
-    // forward+backward took 47.9 ms at P = 16384 on the H200 against 55.1
-    // with the wgmma dQ kernel (docs/performance.md); race-free under
-    // compute-sanitizer. Under Auto only when the fields the caller pinned
-    // agree with it, so that a pinned tiling (e.g. dualkv-aot's --block-m 64
+    // WarpSpecializedQueryMajor.cpp); 64-key tiles in a three-stage ring, as
+    // each K tile stays until the next tile's products are issued (the dQ
+    // product of tile i runs behind the scores of tile i + 1). With it the
+    // split-dQ forward+backward took 47.9 ms at P = 16384 on the H200
+    // against 55.1 with the wgmma dQ kernel (docs/performance.md); race-free
+    // under compute-sanitizer. Under Auto only when the fields the caller
+    // pinned agree with it, so that a pinned tiling (e.g. dualkv-aot's
+    // --block-m 64
     // --block-n 32 --warps 4 for a whole backward set) keeps the other
     // schedules' defaults. Prefix trees too: the tree variant walks the
     // ancestor chains.
@@ -153,8 +154,9 @@ int64_t warpSpecializedSharedBytesOf(const KernelSpec &resolved) {
     break;
   }
   // The warpgroup schedule's layout, two dQ staging tiles at head_dim 64
-  // (Schedules/WarpSpecialized/WarpSpecializedKVMajor.cpp: each warpgroup reduces its own), and six
-  // mbarriers: full and empty of two slots, dQ full, dQ empty.
+  // (Schedules/WarpSpecialized/WarpSpecializedKVMajor.cpp: each warpgroup
+  // reduces its own), and six mbarriers: full and empty of two slots, dQ full,
+  // dQ empty.
   KVMajorLayout::Options o;
   o.dqStagingTiles = resolved.headDim == 64 ? 2 : 1;
   o.barriers = 6;

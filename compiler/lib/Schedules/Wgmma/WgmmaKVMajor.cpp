@@ -1,13 +1,13 @@
 //===- WgmmaKVMajor.cpp - the warpgroup schedule of the KV-major backward -===//
 //
 // sm_90a, BM = 128, BN = 64, 8 warps, D = 128 (the default there, for bwd and
-// bwd_kv). It keeps the one-m16-block register layout of Lowering/Skeletons/KVMajorSkeleton.h
-// (MT = 1: warp w holds keys 16w + g and 16w + g + 8, the wgmma m64nN
-// accumulator layout of warpgroup w / 4) and moves every product to
-// wgmma.mma_async: K, V, Q and dO sit in shared memory in the 128-byte
-// swizzle (Fragments.h), no padding. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ read both
-// operands K-major from shared memory (m64n64k16, 8 k-steps); dV += Pᵀ dO and
-// dK += dSᵀ Q take A from registers (Pᵀ, dSᵀ packed as for mma.sync) and B
+// bwd_kv). It keeps the one-m16-block register layout of
+// Lowering/Skeletons/KVMajorSkeleton.h (MT = 1: warp w holds keys 16w + g and
+// 16w + g + 8, the wgmma m64nN accumulator layout of warpgroup w / 4) and moves
+// every product to wgmma.mma_async: K, V, Q and dO sit in shared memory in the
+// 128-byte swizzle (Fragments.h), no padding. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ read
+// both operands K-major from shared memory (m64n64k16, 8 k-steps); dV += Pᵀ dO
+// and dK += dSᵀ Q take A from registers (Pᵀ, dSᵀ packed as for mma.sync) and B
 // N-major from the tile (m64n128k16, 4 k-steps), committed but not waited for
 // until the next product needs its registers; dQ = dS K reads dSᵀ (stored
 // swizzled, keys x queries) M-major and K N-major, each warpgroup 64 queries x

@@ -1,8 +1,9 @@
 //===- WgmmaKVMajor.h - the warpgroup schedule of the KV-major backward ---===//
 //
-// The emitter of Schedules/Wgmma/WgmmaKVMajor.cpp (its file comment says how it computes),
-// declared here so that the warp-specialized backward (WarpSpecialized/
-// KVMajor.cpp) computes its products the same way.
+// The emitter of Schedules/Wgmma/WgmmaKVMajor.cpp (its file comment says how it
+// computes), declared here so that the warp-specialized backward
+// (Schedules/WarpSpecialized/WarpSpecializedKVMajor.cpp) computes its products
+// the same way.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WGMMA_KVMAJOR_H

@@ -2,10 +2,10 @@
 //
 // sm_90a, head_dim 128, one m16 block a warp (block_m = 16 warps, warps a
 // multiple of 4; the default 128:128:8:2). The register layouts of
-// Lowering/Skeletons/QueryMajorSkeleton.h stay: warp w holds rows 16w + g and 16w + g + 8, the
-// m64nN accumulator layout of warpgroup w / 4. Q, K and V sit unpadded in the
-// 128-byte swizzle (Fragments.h); S = Q Kᵀ reads both K-major (m64nBNk16,
-// D / 16 k-steps) and O += P V takes P from registers and V N-major
+// Lowering/Skeletons/QueryMajorSkeleton.h stay: warp w holds rows 16w + g and
+// 16w + g + 8, the m64nN accumulator layout of warpgroup w / 4. Q, K and V sit
+// unpadded in the 128-byte swizzle (Fragments.h); S = Q Kᵀ reads both K-major
+// (m64nBNk16, D / 16 k-steps) and O += P V takes P from registers and V N-major
 // (m64n128k16, BN / 16 k-steps); each waits for its own group.
 //
 // The deterministic dQ kernel (bwd_dq) runs the same two products on other

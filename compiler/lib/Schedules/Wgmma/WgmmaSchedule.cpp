@@ -57,9 +57,10 @@ std::optional<Tiling> wgmmaDefaultTiling(const KernelSpec &spec) {
   if (!a || !a->hasWgmma() || spec.headDim != 128)
     return std::nullopt;
   // sm_90a, head_dim 128: the dQ kernel of the warpgroup schedule
-  // (Schedules/Wgmma/WgmmaQueryMajor.cpp), 128 query rows in two warpgroups sharing each
-  // 64-key tile of K and V (185 registers, 97 KB of shared memory); the
-  // default of every schedule but the warp-specialized one's there.
+  // (Schedules/Wgmma/WgmmaQueryMajor.cpp), 128 query rows in two warpgroups
+  // sharing each 64-key tile of K and V (185 registers, 97 KB of shared
+  // memory); the default of every schedule but the warp-specialized one's
+  // there.
   if (spec.kind == KernelKind::BwdDQ)
     return Tiling{128, 64, 8, 1};
   // The forward, asked for by name: 128 query rows in 8 warps (a warpgroup
