@@ -24,7 +24,7 @@ log=$out/device.log
 cd "$root" || exit 1
 tar -xJf .device/build.tar.xz
 old=$(cat build/BUILD_DIR)
-sed -i "s|$old|$root/build|g; s|$(dirname "$old")/tests/gpu/|$root/tests/gpu/|g" \
+sed -i "s|$old|$root/build|g; s|$(dirname "$old")/tests/|$root/tests/|g" \
   build/tests/gpu/CTestTestfile.cmake
 export DUALKV_CACHE_DIR=$root/.dualkv-cache DUALKV_TEST_REPORT_DIR=$reports
 export PYTHONUNBUFFERED=1
