@@ -2,7 +2,7 @@
 //
 // Query-major kernels (the forward, the deterministic dQ) walk the two KV
 // regions of one query tile. Tile values are register fragments
-// (Fragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
+// (MmaFragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
 // DT = D / 8 their layouts are:
 //   q_tile     memref<BM x (D+8) x E> in shared memory (A fragments via
 //              ldmatrix); the deterministic dQ kernel holds dO the same way
@@ -22,7 +22,11 @@
 #ifndef DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 #define DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 
-#include "Lowering/Support/Fragments.h"
+#include "Lowering/Support/KernelFunction.h"
+#include "Lowering/Support/MmaFragments.h"
+#include "Lowering/Support/Segments.h"
+#include "Lowering/Support/SharedTiles.h"
+#include "Lowering/TileOps/TileOps.h"
 
 #include "mlir/IR/IRMapping.h"
 
@@ -30,7 +34,7 @@ namespace mlir::dualkv {
 
 /// Emits the gpu.func of one query-major kernel (fwd or bwd_dq). One method per
 /// dualkv op.
-class QueryMajorEmitter : public FragmentBuilder {
+class QueryMajorEmitter : public ScalarBuilder {
 public:
   QueryMajorEmitter(KernelOp kernel, OpBuilder &b);
   virtual ~QueryMajorEmitter() = default;
@@ -44,6 +48,16 @@ public:
   }
 
 protected:
+  /// The element type, head_dim, and warps a CTA.
+  Type elemType;
+  int64_t headDim, warps;
+  int64_t threads() const { return warps * 32; }
+  KernelFunction fn;
+  ThreadIds ids;
+  MmaFragments frags;
+  SharedTiles smemTiles;
+  CopyGroups copies;
+
   // ---- the schedule's hooks ------------------------------------------------
   /// Places the tiles in the dynamic shared memory `smem` (qBuf, doBuf,
   /// kBuf, vBuf): Q at 0, K at kvOffset, V after K.
@@ -78,8 +92,8 @@ protected:
   /// The packed-token row of C-fragment row (mt, h) of this thread, relative
   /// to the segment start.
   Value fragmentRow(int64_t mt, int64_t h) {
-    return add(add(qRow0, mul(warp, idx(16 * mTiles))),
-               add(idx(mt * 16 + h * 8), g));
+    return add(add(qRow0, mul(ids.warp, idx(16 * mTiles))),
+               add(idx(mt * 16 + h * 8), ids.g));
   }
   /// P (fp32, C layout) repacked as A fragments of the element type: keys
   /// 16kk..16kk+15 are the C fragments of n-tiles 2kk, 2kk+1.
@@ -95,7 +109,7 @@ protected:
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
       stages;
   bool isDq = false;
-  /// Whether the tiles are stored in the 128-byte swizzle (Fragments.h).
+  /// Whether the tiles are stored in the 128-byte swizzle (SharedTiles.h).
   bool swizzledTiles = false;
   // The prefetched key copy group of the current loop (stages >= 2), if any.
   Value prefetchedKey;
