@@ -122,8 +122,11 @@ public:
   }
 
 protected:
+  /// ldmatrix, mma.sync, and the C-to-A repack of Pᵀ and dSᵀ.
   MmaFragments frags;
+  /// K, V, the query tiles and dSᵀ in shared memory, and their copies.
   SharedTiles smemTiles;
+  /// The copy groups of the current query tile.
   CopyGroups copies;
 
   // ---- the schedule's hooks ------------------------------------------------

@@ -16,7 +16,10 @@
 // place in shared memory: the loop bounds of the two regions (in tree kernels
 // the walk over the segment's ancestor ranges, dualkv.chain_loop), the copies,
 // the masks, the online softmax, the epilogue. A schedule (MmaSync/, Wgmma/)
-// derives from it and fills in those hooks.
+// derives from it and fills in those hooks. It holds the kernel function and
+// thread ids (KernelFunction.h), the mma fragments' builders
+// (MmaFragments.h), the tiles in shared memory and their copy groups
+// (SharedTiles.h), and reads the segment table (Segments.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_COMMON_QUERYMAJOR_H
@@ -54,8 +57,11 @@ protected:
   int64_t threads() const { return warps * 32; }
   KernelFunction fn;
   ThreadIds ids;
+  /// ldmatrix, mma.sync, and the C-to-A repack of P.
   MmaFragments frags;
+  /// Q, dO, K and V in shared memory, and their copies.
   SharedTiles smemTiles;
+  /// The copy groups of the current KV iteration.
   CopyGroups copies;
 
   // ---- the schedule's hooks ------------------------------------------------
