@@ -5,6 +5,7 @@
 // (docs/backward-abi.md).
 //
 //===----------------------------------------------------------------------===//
+#include "Lowering/ScheduleEmitters.h"
 #include "Lowering/Skeletons/KVMajorSkeleton.h"
 
 using namespace mlir;
@@ -28,8 +29,8 @@ private:
     auto loop = scf::ForOp::create(b, loc, idx(0), idx(rowsPerWarp), idx(1));
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
-    Value row =
-        add(first, add(mul(warp, idx(rowsPerWarp)), loop.getInductionVar()));
+    Value row = add(
+        first, add(mul(ids.warp, idx(rowsPerWarp)), loop.getInductionVar()));
     emitIf(cmp(arith::CmpIPredicate::ult, row, limit), [&] { body(row); });
   }
   Value loadVec(Value ptr, Value at, Type elem) {
@@ -37,16 +38,17 @@ private:
                                   ptr, ValueRange{at});
   }
   int64_t perLane() const { return headDim / 32; }
-  Value laneCol() { return mul(lane, idx(perLane())); }
+  Value laneCol() { return mul(ids.lane, idx(perLane())); }
   LogicalResult emitPre();
   LogicalResult emitPost();
 };
 
 LogicalResult ElementwiseEmitter::emitPre() {
-  Value o = param("o"), dout = param("dout"), delta = param("delta");
-  Value oT = indexParam("oStrideT"), oH = indexParam("oStrideH"),
-        doT = indexParam("doStrideT"), doH = indexParam("doStrideH"),
-        deltaH = indexParam("deltaStrideH"), tokens = indexParam("numTokens");
+  Value o = fn.param("o"), dout = fn.param("dout"), delta = fn.param("delta");
+  Value oT = fn.indexParam("oStrideT"), oH = fn.indexParam("oStrideH"),
+        doT = fn.indexParam("doStrideT"), doH = fn.indexParam("doStrideH"),
+        deltaH = fn.indexParam("deltaStrideH"),
+        tokens = fn.indexParam("numTokens");
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   auto f32Vec = VectorType::get({perLane()}, b.getF32Type());
@@ -62,7 +64,7 @@ LogicalResult ElementwiseEmitter::emitPre() {
         vector::ReductionOp::create(b, loc, vector::CombiningKind::ADD, prod);
     for (int32_t offset : {16, 8, 4, 2, 1})
       sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, offset));
-    emitIf(cmp(arith::CmpIPredicate::eq, lane, idx(0)), [&] {
+    emitIf(cmp(arith::CmpIPredicate::eq, ids.lane, idx(0)), [&] {
       memref::StoreOp::create(b, loc, sum, delta,
                               ValueRange{add(mul(head, deltaH), row)});
     });
@@ -71,13 +73,14 @@ LogicalResult ElementwiseEmitter::emitPre() {
 }
 
 LogicalResult ElementwiseEmitter::emitPost() {
-  Value dqAcc = param("dqacc"), dkAcc = param("dkacc"), dvAcc = param("dvacc"),
-        dq = param("dq"), dk = param("dk"), dv = param("dv"),
-        accTokens = param("accTokens");
-  Value dqT = indexParam("dqStrideT"), dqH = indexParam("dqStrideH"),
-        dkT = indexParam("dkStrideT"), dkH = indexParam("dkStrideH"),
-        dvT = indexParam("dvStrideT"), dvH = indexParam("dvStrideH"),
-        tokens = indexParam("numTokens"), accRows = indexParam("numAccRows");
+  Value dqAcc = fn.param("dqacc"), dkAcc = fn.param("dkacc"),
+        dvAcc = fn.param("dvacc"), dq = fn.param("dq"), dk = fn.param("dk"),
+        dv = fn.param("dv"), accTokens = fn.param("accTokens");
+  Value dqT = fn.indexParam("dqStrideT"), dqH = fn.indexParam("dqStrideH"),
+        dkT = fn.indexParam("dkStrideT"), dkH = fn.indexParam("dkStrideH"),
+        dvT = fn.indexParam("dvStrideT"), dvH = fn.indexParam("dvStrideH"),
+        tokens = fn.indexParam("numTokens"),
+        accRows = fn.indexParam("numAccRows");
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value y = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   Value first = mul(block, idx(blockM));
@@ -127,8 +130,8 @@ LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
            << "block_m (" << blockM << ") must split evenly over " << warps
            << " warps";
   bool pre = kernel.getKind() == KernelKind::bwd_pre;
-  createFunc(gpuModule, kernel.getSymName(), kernel.getKind());
-  emitThreadIds();
+  fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads());
+  ids = ThreadIds::emit(*this);
   if (failed(pre ? emitPre() : emitPost()))
     return failure();
   gpu::ReturnOp::create(b, loc);

@@ -1,7 +1,7 @@
 //===- KVMajorSkeleton.cpp - the KV-major backward's shared emission ------===//
 //
 // Everything of bwd and bwd_kv that does not depend on the schedule
-// (KVMajor.h).
+// (KVMajorSkeleton.h).
 //
 //===----------------------------------------------------------------------===//
 #include "Lowering/Skeletons/KVMajorSkeleton.h"
@@ -16,7 +16,8 @@ using namespace mlir;
 using namespace mlir::dualkv;
 
 KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
-    : BackwardEmitterBase(kernel, b) {
+    : BackwardEmitterBase(kernel, b), frags(*this, elemType),
+      smemTiles(*this, elemType, headDim), copies(*this) {
   mTiles = blockM / (16 * warps);
   nTiles = blockN / 8;
   kTiles = headDim / 16;
@@ -32,7 +33,7 @@ KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
 }
 
 Value KVMajorEmitter::itemField(int64_t f, bool fresh) {
-  Value item = fresh ? opaque(itemIndex) : itemIndex;
+  Value item = fresh ? opaque(*this, itemIndex) : itemIndex;
   Value v = memref::LoadOp::create(
       b, loc, itemsPtr,
       ValueRange{add(mul(item, idx(::dualkv::kBwdItemFields)), idx(f))});
@@ -42,18 +43,19 @@ Value KVMajorEmitter::itemField(int64_t f, bool fresh) {
 LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
   bool isKey = op.getOperand() == KVOperand::key;
   Value buf = isKey ? kBuf : vBuf;
-  Value group = copyTile(
-      buf, isKey ? kPtr : vPtr, blockM, idx(0), kRow0, kvEnd,
-      isKey ? kStrideT : vStrideT, mul(kvHead, isKey ? kStrideH : vStrideH),
+  Value group = smemTiles.copyTile(
+      ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockM, idx(0), kRow0,
+      kvEnd, isKey ? kStrideT : vStrideT,
+      mul(kvHead, isKey ? kStrideH : vStrideH),
       /*predicated=*/true, Value(), /*swizzled=*/swizzledTiles);
   // Loaded once per CTA: wait right away.
-  waitAll(group);
+  copies.waitAll(group);
   map.map(op.getResult(), buf);
   return success();
 }
 
 LogicalResult KVMajorEmitter::emitInitGrad(InitGradOp op) {
-  map.map(op.getResult(), splat(gradMTiles() * gradDTiles() * 4, 0.0f));
+  map.map(op.getResult(), splat(*this, gradMTiles() * gradDTiles() * 4, 0.0f));
   return success();
 }
 
@@ -117,22 +119,22 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
       SmallVector<Value, 4> views = tileViews(parity);
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
       beginQIteration(parity);
-      pending.clear();
+      copies.clear();
       tileReady = false;
-      pending.push_back({qCur, first[0]});
-      pending.push_back({doCur, first[1]});
-      pending.push_back({lseCur, first[2]});
+      copies.add(qCur, first[0]);
+      copies.add(doCur, first[1]);
+      copies.add(lseCur, first[2]);
       Value next = add(i, idx(1));
       for (Value group :
            issueTileCopies(next, arith::SubIOp::create(b, loc, idx(1), parity),
                            cmp(arith::CmpIPredicate::ult, next, ub)))
-        pending.push_back({Value(), group});
+        copies.add(Value(), group);
       if (failed(emitQIterationOps(op)))
         return failure();
       endQIteration();
       // Every warp must be done with this tile's shared memory before the
       // next iteration's copies overwrite it.
-      syncThreads();
+      copies.syncThreads();
       scf::YieldOp::create(b, loc, qIterationYields(op));
     }
     // The last iteration's (empty) prefetch lands before the buffers are
@@ -146,7 +148,7 @@ LogicalResult KVMajorEmitter::emitQLoop(QLoopOp op) {
 }
 
 LogicalResult KVMajorEmitter::emitQIterationOps(QLoopOp op) {
-  aLane = opaque(lane);
+  aLane = opaque(*this, ids.lane);
   aG = divu(aLane, 4);
   aT = remu(aLane, 4);
   for (Operation &inner : op.getBody().front().without_terminator())
@@ -190,14 +192,16 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
   SmallVector<Value, 4> views = tileViews(parity);
   Value first = mul(tile, idx(blockN));
   SmallVector<Value, 3> groups;
-  groups.push_back(copyTile(views[0], qPtr, blockN, qBegin, first, qLen,
-                            qStrideT, mul(head, qStrideH),
-                            /*predicated=*/true, valid,
-                            /*swizzled=*/swizzledTiles));
-  groups.push_back(copyTile(views[1], doPtr, blockN, qBegin, first, qLen,
-                            doStrideT, mul(head, doStrideH),
-                            /*predicated=*/true, valid,
-                            /*swizzled=*/swizzledTiles));
+  groups.push_back(smemTiles.copyTile(ids.tid, threads(), views[0], qPtr,
+                                      blockN, qBegin, first, qLen, qStrideT,
+                                      mul(head, qStrideH),
+                                      /*predicated=*/true, valid,
+                                      /*swizzled=*/swizzledTiles));
+  groups.push_back(smemTiles.copyTile(ids.tid, threads(), views[1], doPtr,
+                                      blockN, qBegin, first, qLen, doStrideT,
+                                      mul(head, doStrideH),
+                                      /*predicated=*/true, valid,
+                                      /*swizzled=*/swizzledTiles));
   groups.push_back(issueStatCopies(first, parity, valid));
   return groups;
 }
@@ -215,7 +219,7 @@ Value KVMajorEmitter::issueStatCopies(Value first, Value parity, Value valid,
   SmallVector<Value> tokens;
   SmallVector<std::pair<Value, Value>> pastItem; // (slot, in the item)
   for (int64_t j0 = 0; j0 < blockN; j0 += threads()) {
-    Value j = add(tid, idx(j0));
+    Value j = add(ids.tid, idx(j0));
     Value col = add(first, j);
     Value ok = arith::AndIOp::create(b, loc, valid,
                                      cmp(arith::CmpIPredicate::ult, col, qLen));
@@ -320,9 +324,9 @@ void KVMajorEmitter::reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles,
       Value row0 = add(first, add(warpRow0, idx(qm * 16)));
       if (!vectorRed) {
         for (int64_t h = 0; h < 2; ++h) {
-          Value q = add(row0, add(idx(h * 8), g));
+          Value q = add(row0, add(idx(h * 8), ids.g));
           emitIf(cmp(arith::CmpIPredicate::ult, q, qLen), [&] {
-            Value base = add(rowBase(q), mul(t, idx(2)));
+            Value base = add(rowBase(q), mul(ids.t, idx(2)));
             for (int64_t dt = 0; dt < cTiles; ++dt)
               for (int64_t e = 0; e < 2; ++e)
                 reduceDq(add(base, idx(c0 + dt * 8 + e)),
@@ -334,9 +338,10 @@ void KVMajorEmitter::reduceDqTile(ArrayRef<Value> acc, int64_t qmTiles,
       // Lanes t and t ^ 1 trade halves: even t then holds columns 2t..2t+3
       // of row g, odd t those of row g + 8 (from column 2t - 2), and each
       // adds its four with one red.global.add.v4.f32.
-      Value odd = cmp(arith::CmpIPredicate::eq, remu(t, 2), idx(1));
-      Value q = add(row0, add(select(odd, idx(8), idx(0)), g));
-      Value col = mul(arith::SubIOp::create(b, loc, t, remu(t, 2)), idx(2));
+      Value odd = cmp(arith::CmpIPredicate::eq, remu(ids.t, 2), idx(1));
+      Value q = add(row0, add(select(odd, idx(8), idx(0)), ids.g));
+      Value col =
+          mul(arith::SubIOp::create(b, loc, ids.t, remu(ids.t, 2)), idx(2));
       // Straight-line code, the row check a predicate of each reduction: a
       // tile's four values die right after its shuffles.
       Value inItem = cmp(arith::CmpIPredicate::ult, q, qLen);
@@ -370,9 +375,10 @@ void KVMajorEmitter::reduceDq(Value at, ArrayRef<Value> values, Value enabled) {
   SmallVector<Value> operands = {ptr};
   operands.append(values.begin(), values.end());
   operands.push_back(arith::ExtUIOp::create(b, loc, b.getI32Type(), enabled));
-  asmF32("{ .reg .pred p; setp.ne.b32 p, $5, 0; "
-         "@p red.global.add.v4.f32 [$0], {$1, $2, $3, $4}; }",
-         "l,f,f,f,f,r", operands, 0);
+  inlinePtxF32(b, loc,
+               "{ .reg .pred p; setp.ne.b32 p, $5, 0; "
+               "@p red.global.add.v4.f32 [$0], {$1, $2, $3, $4}; }",
+               "l,f,f,f,f,r", operands, 0);
 }
 
 LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
@@ -466,24 +472,28 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
               "and block_n a multiple of 32 (2 x 4 warps of whole m16 x n16 "
               "blocks of scores), got "
            << blockM << " and " << blockN;
-  createFunc(gpuModule, kernel.getSymName(), kernel.getKind(), abiSchedule());
-  qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),
-  doPtr = param("dout"), dkPtr = param("dk"), dvPtr = param("dv"),
-  lsePtr = param("lse"), deltaPtr = param("delta"), dqAccPtr = param("dqacc"),
-  dkAccPtr = param("dkacc"), dvAccPtr = param("dvacc"),
-  itemsPtr = param("items");
-  qStrideT = indexParam("qStrideT"), qStrideH = indexParam("qStrideH"),
-  kStrideT = indexParam("kStrideT"), kStrideH = indexParam("kStrideH"),
-  vStrideT = indexParam("vStrideT"), vStrideH = indexParam("vStrideH"),
-  doStrideT = indexParam("doStrideT"), doStrideH = indexParam("doStrideH"),
-  dkStrideT = indexParam("dkStrideT"), dkStrideH = indexParam("dkStrideH"),
-  dvStrideT = indexParam("dvStrideT"), dvStrideH = indexParam("dvStrideH"),
-  lseStrideH = indexParam("lseStrideH"),
-  deltaStrideH = indexParam("deltaStrideH");
-  scale = param("scale");
-  scaleLog2 = param("scaleLog2");
+  fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
+            abiSchedule());
+  qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
+  doPtr = fn.param("dout"), dkPtr = fn.param("dk"), dvPtr = fn.param("dv"),
+  lsePtr = fn.param("lse"), deltaPtr = fn.param("delta"),
+  dqAccPtr = fn.param("dqacc"), dkAccPtr = fn.param("dkacc"),
+  dvAccPtr = fn.param("dvacc"), itemsPtr = fn.param("items");
+  qStrideT = fn.indexParam("qStrideT"), qStrideH = fn.indexParam("qStrideH"),
+  kStrideT = fn.indexParam("kStrideT"), kStrideH = fn.indexParam("kStrideH"),
+  vStrideT = fn.indexParam("vStrideT"), vStrideH = fn.indexParam("vStrideH"),
+  doStrideT = fn.indexParam("doStrideT"),
+  doStrideH = fn.indexParam("doStrideH"),
+  dkStrideT = fn.indexParam("dkStrideT"),
+  dkStrideH = fn.indexParam("dkStrideH"),
+  dvStrideT = fn.indexParam("dvStrideT"),
+  dvStrideH = fn.indexParam("dvStrideH"),
+  lseStrideH = fn.indexParam("lseStrideH"),
+  deltaStrideH = fn.indexParam("deltaStrideH");
+  scale = fn.param("scale");
+  scaleLog2 = fn.param("scaleLog2");
 
-  emitThreadIds();
+  ids = ThreadIds::emit(*this);
   Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   kvHead = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   itemIndex = item;

@@ -29,25 +29,32 @@
 // over query heads and query tiles (the causal ones first), the double
 // buffered copies, column statistics, masks, probabilities, dS, the stores
 // of dK/dV and the reduction of dQ into global memory. A schedule derives
-// from it and computes the products.
+// from it and computes the products. It holds the mma fragments' builders
+// (MmaFragments.h), the tiles in shared memory and their copy groups
+// (SharedTiles.h); BackwardEmitterBase, under it and the elementwise kernels,
+// the kernel function and the thread ids (KernelFunction.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_COMMON_KVMAJOR_H
 #define DUALKV_COMPILER_COMMON_KVMAJOR_H
 
-#include "Lowering/Support/Fragments.h"
+#include "Lowering/Support/KernelFunction.h"
+#include "Lowering/Support/MmaFragments.h"
+#include "Lowering/Support/SharedTiles.h"
+#include "Lowering/TileOps/TileOps.h"
 
 #include "mlir/IR/IRMapping.h"
 
 namespace mlir::dualkv {
 
 /// Common set-up of a backward gpu.func: signature, launch bounds, entry.
-class BackwardEmitterBase : public FragmentBuilder {
+class BackwardEmitterBase : public ScalarBuilder {
 protected:
   BackwardEmitterBase(KernelOp kernel, OpBuilder &b)
-      : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
-                        kernel.getProblem()->getHeadDim(),
-                        kernel.getTiling()->getWarps()),
+      : ScalarBuilder(b, kernel.getLoc()),
+        elemType(kernel.getProblem()->getDtype()),
+        headDim(kernel.getProblem()->getHeadDim()),
+        warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
         kernel(kernel) {
     ProblemAttr p = *kernel.getProblem();
     numQHeads = p.getNumQHeads();
@@ -56,6 +63,13 @@ protected:
     blockM = kernel.getTiling()->getBlockM();
     blockN = kernel.getTiling()->getBlockN();
   }
+
+  /// The element type, head_dim, and warps a CTA.
+  Type elemType;
+  int64_t headDim, warps;
+  int64_t threads() const { return warps * 32; }
+  KernelFunction fn;
+  ThreadIds ids;
 
   /// Two fp32 values rounded to the element type, stored at `at` of `ptr`.
   void storePair(Value ptr, Value at, Value lo, Value hi) {
@@ -108,6 +122,13 @@ public:
   }
 
 protected:
+  /// ldmatrix, mma.sync, and the C-to-A repack of Pᵀ and dSᵀ.
+  MmaFragments frags;
+  /// K, V, the query tiles and dSᵀ in shared memory, and their copies.
+  SharedTiles smemTiles;
+  /// The copy groups of the current query tile.
+  CopyGroups copies;
+
   // ---- the schedule's hooks ------------------------------------------------
   /// Places kBuf, vBuf (and dsBuf) in `smem`.
   virtual void layoutTiles() = 0;
@@ -120,7 +141,7 @@ protected:
   virtual void endKernel() {}
   /// Waits until the current query tile (Q, dO, LSE, Delta) has landed
   /// and is visible to every computing thread (waitOncePerTile).
-  virtual void waitTile() { FragmentBuilder::waitFor(lseCur); }
+  virtual void waitTile() { copies.waitFor(lseCur); }
   /// Emits the kernel body's ops after the set-up, then endKernel().
   virtual LogicalResult emitBody();
   virtual LogicalResult emitQLoop(QLoopOp op);
@@ -141,31 +162,32 @@ protected:
   /// Key row (relative to the block) of C-fragment row half `h` of m16 block
   /// `mt` of this thread.
   Value keyRow(int64_t mt, int64_t h) {
-    return add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), g));
+    return add(mul(ids.warp, idx(16 * mTiles)),
+               add(idx(mt * 16 + h * 8), ids.g));
   }
   /// Query column (relative to the tile) of element `e` of n8 tile `nt`.
   Value queryCol(int64_t nt, int64_t e) {
-    return add(idx(nt * 8 + e), mul(t, idx(2)));
+    return add(idx(nt * 8 + e), mul(ids.t, idx(2)));
   }
   Value sQuery(int64_t mt, int64_t h) { // S layout: query row in the tile
-    return add(mul(divu(warp, 4), idx(blockN / 2)),
-               add(idx(mt * 16 + h * 8), g));
+    return add(mul(divu(ids.warp, 4), idx(blockN / 2)),
+               add(idx(mt * 16 + h * 8), ids.g));
   }
   Value sKey(int64_t nt, int64_t e) { // S layout: key row in the block
-    return add(mul(remu(warp, 4), idx(blockM / 4)),
-               add(idx(nt * 8 + e), mul(t, idx(2))));
+    return add(mul(remu(ids.warp, 4), idx(blockM / 4)),
+               add(idx(nt * 8 + e), mul(ids.t, idx(2))));
   }
   /// Rows and columns of the dK/dV accumulators: key row of half `h` of m16
   /// block `mt`, first column of n8 tile `dt`.
   Value gradRow(int64_t mt, int64_t h) {
     if (!grid2d)
       return keyRow(mt, h);
-    return add(mul(divu(warp, gradColWarps()), idx(32)),
-               add(idx(mt * 16 + h * 8), g));
+    return add(mul(divu(ids.warp, gradColWarps()), idx(32)),
+               add(idx(mt * 16 + h * 8), ids.g));
   }
   Value gradCol(int64_t dt) {
-    Value col = add(idx(dt * 8), mul(t, idx(2)));
-    return grid2d ? add(mul(remu(warp, gradColWarps()),
+    Value col = add(idx(dt * 8), mul(ids.t, idx(2)));
+    return grid2d ? add(mul(remu(ids.warp, gradColWarps()),
                             idx(headDim / gradColWarps())),
                         col)
                   : col;
@@ -191,7 +213,7 @@ protected:
   /// (one barrier fewer there lets the 64-key bwd_kv spill).
   void waitFor(Value tile) {
     if (!waitOncePerTile)
-      return FragmentBuilder::waitFor(tile);
+      return copies.waitFor(tile);
     if (tileReady)
       return;
     waitTile();
@@ -215,7 +237,7 @@ protected:
   int64_t dsRowStride;
   bool withDq, grid2d = false, vectorRed = false;
   /// Whether Q, dO, K and V are stored in the 128-byte swizzle
-  /// (Fragments.h).
+  /// (SharedTiles.h).
   bool swizzledTiles = false;
   bool waitOncePerTile = false;
 

@@ -1,8 +1,8 @@
 //===- QueryMajorSkeleton.cpp - the query-major kernels' shared emission --===//
 //
 // Everything of the forward and the deterministic dQ kernel that does not
-// depend on the schedule (QueryMajor.h): the kernel's arguments, the loop
-// bounds of the two KV regions, tile copies, masks, the online softmax and
+// depend on the schedule (QueryMajorSkeleton.h): the kernel's arguments, the
+// loop bounds of the two KV regions, tile copies, masks, the online softmax and
 // the epilogues.
 //
 //===----------------------------------------------------------------------===//
@@ -16,10 +16,12 @@ using namespace mlir;
 using namespace mlir::dualkv;
 
 QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
-    : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
-                      kernel.getProblem()->getHeadDim(),
-                      kernel.getTiling()->getWarps()),
-      kernel(kernel) {
+    : ScalarBuilder(b, kernel.getLoc()),
+      elemType(kernel.getProblem()->getDtype()),
+      headDim(kernel.getProblem()->getHeadDim()),
+      warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
+      frags(*this, elemType), smemTiles(*this, elemType, headDim),
+      copies(*this), kernel(kernel) {
   ProblemAttr p = *kernel.getProblem();
   TilingAttr t = *kernel.getTiling();
   blockM = t.getBlockM();
@@ -35,10 +37,12 @@ QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
 }
 
 LogicalResult QueryMajorEmitter::emitLoadQ(LoadQOp op) {
-  Value group = copyTile(qBuf, qPtr, blockM, segStart, qRow0, segLen, qStrideT,
-                         mul(head, qStrideH), /*predicated=*/true, Value(),
+  Value group =
+      smemTiles.copyTile(ids.tid, threads(), qBuf, qPtr, blockM, segStart,
+                         qRow0, segLen, qStrideT, mul(head, qStrideH),
+                         /*predicated=*/true, Value(),
                          /*swizzled=*/swizzledTiles);
-  waitAll(group);
+  copies.waitAll(group);
   // Q stays in shared memory for the whole kernel: its A fragments are re-read
   // per k-step, which keeps ~32-64 registers a thread free for the accumulator.
   map.map(op.getResult(), qBuf);
@@ -46,20 +50,20 @@ LogicalResult QueryMajorEmitter::emitLoadQ(LoadQOp op) {
 }
 
 LogicalResult QueryMajorEmitter::emitInitAcc(InitAccOp op) {
-  map.map(op.getResult(), splat(mTiles * dTiles * 4, 0.0f));
+  map.map(op.getResult(), splat(*this, mTiles * dTiles * 4, 0.0f));
   return success();
 }
 
 LogicalResult QueryMajorEmitter::emitInitStats(InitStatsOp op) {
   map.map(op.getMax(),
-          splat(mTiles * 2, -std::numeric_limits<float>::infinity()));
-  map.map(op.getSum(), splat(mTiles * 2, 0.0f));
+          splat(*this, mTiles * 2, -std::numeric_limits<float>::infinity()));
+  map.map(op.getSum(), splat(*this, mTiles * 2, 0.0f));
   return success();
 }
 
 LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
-  auto bounds = kvLoopBounds(op.getPart(), op.getRegion(), qRow0, segLen,
-                             sharedLen, blockM, blockN);
+  auto bounds = kvLoopTiles(*this, op.getPart(), op.getRegion(), qRow0, segLen,
+                            sharedLen, blockM, blockN);
   if (!bounds)
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
   auto [lb, ub] = *bounds;
@@ -79,7 +83,7 @@ LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
     for (auto [from, to] :
          llvm::zip(op.getRegionIterArgs(), loop.getRegionIterArgs()))
       map.map(from, to);
-    pending.clear();
+    copies.clear();
     beginKVIteration();
     for (Operation &inner : op.getBody().front().without_terminator())
       if (failed(emitOp(&inner)))
@@ -158,24 +162,24 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
   if (isKey && prefetchedKey) {
     // Issued by the loop prologue or the previous iteration; it is the oldest
     // group.
-    pending.insert(pending.begin(), {op.getResult(), prefetchedKey});
+    copies.addOldest(op.getResult(), prefetchedKey);
     map.map(op.getResult(), buf);
     return success();
   }
   Value first = mul(map.lookup(op.getTile()), idx(blockN));
-  Value group = copyTile(
-      buf, isKey ? kPtr : vPtr, blockN, shared ? sharedStart : segStart, first,
-      shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
-      mul(kvHead, isKey ? kStrideH : vStrideH),
+  Value group = smemTiles.copyTile(
+      ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
+      shared ? sharedStart : segStart, first, shared ? sharedLen : segLen,
+      isKey ? kStrideT : vStrideT, mul(kvHead, isKey ? kStrideH : vStrideH),
       /*predicated=*/loop.getPart() != LoopPart::full, Value(),
       /*swizzled=*/swizzledTiles);
-  pending.push_back({op.getResult(), group});
+  copies.add(op.getResult(), group);
   map.map(op.getResult(), buf);
   return success();
 }
 
 LogicalResult QueryMajorEmitter::emitQK(QKOp op) {
-  waitFor(op.getK());
+  copies.waitFor(op.getK());
   SmallVector<Value> scores = computeScores(op);
   // The softmax and masks index MT x NT C fragments a warp: a schedule whose
   // products lay out another count (wgmma at two m16 blocks a warp) would
@@ -201,7 +205,7 @@ void QueryMajorEmitter::prefetchNextKey(QKOp op) {
   Value next = add(map.lookup(loop.getTileIndex()), idx(1));
   Value group =
       issueKeyCopy(loop, next, cmp(arith::CmpIPredicate::ult, next, loopUpper));
-  pending.push_back({Value(), group});
+  copies.add(Value(), group);
 }
 
 Value QueryMajorEmitter::issueKeyCopy(KVLoopOp loop, Value tile,
@@ -212,21 +216,23 @@ Value QueryMajorEmitter::issueKeyCopy(KVLoopOp loop, Value tile,
   Value limit = shared ? sharedLen : segLen;
   if (loop.getPart() == LoopPart::full)
     limit = Value();
-  return copyTile(kBuf, kPtr, blockN, shared ? sharedStart : segStart,
-                  mul(tile, idx(blockN)), limit, kStrideT,
-                  mul(kvHead, kStrideH), /*predicated=*/true, tileValid,
-                  /*swizzled=*/swizzledTiles);
+  return smemTiles.copyTile(
+      ids.tid, threads(), kBuf, kPtr, blockN, shared ? sharedStart : segStart,
+      mul(tile, idx(blockN)), limit, kStrideT, mul(kvHead, kStrideH),
+      /*predicated=*/true, tileValid,
+      /*swizzled=*/swizzledTiles);
 }
 
 Value QueryMajorEmitter::packAFragments(ArrayRef<Value> p) {
-  return pack(FragmentBuilder::packAFragments(p, mTiles, nTiles));
+  return pack(frags.packAFragments(p, mTiles, nTiles));
 }
 
 LogicalResult QueryMajorEmitter::emitLoadDout(LoadDoutOp op) {
-  Value group = copyTile(doBuf, doPtr, blockM, segStart, qRow0, segLen,
-                         doStrideT, mul(head, doStrideH), /*predicated=*/true,
-                         Value(), /*swizzled=*/swizzledTiles);
-  waitAll(group);
+  Value group = smemTiles.copyTile(ids.tid, threads(), doBuf, doPtr, blockM,
+                                   segStart, qRow0, segLen, doStrideT,
+                                   mul(head, doStrideH), /*predicated=*/true,
+                                   Value(), /*swizzled=*/swizzledTiles);
+  copies.waitAll(group);
   map.map(op.getResult(), doBuf);
   return success();
 }
@@ -270,7 +276,7 @@ LogicalResult QueryMajorEmitter::emitStoreDq(StoreDqOp op) {
             b, loc, VectorType::get({2}, elemType),
             pack({acc[(mt * dTiles + dt) * 4 + h * 2],
                   acc[(mt * dTiles + dt) * 4 + h * 2 + 1]}));
-        Value col = add(idx(dt * 8), mul(t, idx(2)));
+        Value col = add(idx(dt * 8), mul(ids.t, idx(2)));
         vector::StoreOp::create(b, loc, narrow, dqPtr,
                                 ValueRange{add(rowBase, col)});
       }
@@ -279,7 +285,7 @@ LogicalResult QueryMajorEmitter::emitStoreDq(StoreDqOp op) {
 }
 
 LogicalResult QueryMajorEmitter::emitPV(PVOp op) {
-  waitFor(op.getV());
+  copies.waitFor(op.getV());
   SmallVector<Value> p = unpack(map.lookup(op.getProbs()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   acc = accumulatePV(p, std::move(acc), map.lookup(op.getV()));
@@ -298,10 +304,41 @@ LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   SmallVector<Value> m = unpack(map.lookup(op.getMax()));
   SmallVector<Value> l = unpack(map.lookup(op.getSum()));
-  storeRows(acc, m, l,
-            {qRow0, segStart, segLen, head, oPtr, oStrideT, oStrideH, lsePtr,
-             lseStrideH},
-            mTiles, dTiles);
+  // O = acc / l and LSE = m + log2(l) (in natural log) of the rows inside the
+  // segment.
+  for (int64_t mt = 0; mt < mTiles; ++mt)
+    for (int64_t h = 0; h < 2; ++h) {
+      int64_t r = mt * 2 + h;
+      Value sum = tile::rowSum(*this, l[r]);
+      Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
+      Value row = add(add(qRow0, mul(ids.warp, idx(16 * mTiles))),
+                      add(idx(mt * 16 + h * 8), ids.g));
+      auto inRange =
+          scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
+                            /*withElseRegion=*/false);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(inRange.thenBlock());
+      Value token = add(segStart, row);
+      Value rowBase = add(mul(token, oStrideT), mul(head, oStrideH));
+      for (int64_t dt = 0; dt < dTiles; ++dt) {
+        Value lo = arith::MulFOp::create(
+            b, loc, acc[(mt * dTiles + dt) * 4 + h * 2], inv);
+        Value hi = arith::MulFOp::create(
+            b, loc, acc[(mt * dTiles + dt) * 4 + h * 2 + 1], inv);
+        Value narrow = arith::TruncFOp::create(
+            b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
+        Value col = add(idx(dt * 8), mul(ids.t, idx(2)));
+        vector::StoreOp::create(b, loc, narrow, oPtr,
+                                ValueRange{add(rowBase, col)});
+      }
+      auto lead = scf::IfOp::create(
+          b, loc, cmp(arith::CmpIPredicate::eq, ids.t, idx(0)),
+          /*withElseRegion=*/false);
+      b.setInsertionPointToStart(lead.thenBlock());
+      Value lse = tile::logSumExp(*this, m[r], sum);
+      memref::StoreOp::create(b, loc, lse, lsePtr,
+                              ValueRange{add(mul(head, lseStrideH), token)});
+    }
   return success();
 }
 
@@ -330,7 +367,7 @@ TileEnv QueryMajorEmitter::tileEnv() {
   TileEnv env;
   env.layoutOf = [this](Value tile) {
     return queryMajorLayout(*this, mTiles, nTiles, qRow0,
-                            mul(tile, idx(blockN)), warp, g, t);
+                            mul(tile, idx(blockN)), ids.warp, ids.g, ids.t);
   };
   env.stat = queryMajorStats(nTiles);
   // The shared region of this point of the walk (a tree's ancestor range).
@@ -346,43 +383,46 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
   const bool tree = kernel.walksChain();
-  createFunc(gpuModule, kernel.getSymName(), kernel.getKind(),
-             ::dualkv::Schedule::Auto, tree);
-  qPtr = param("q"), kPtr = param("k"), vPtr = param("v"),
-  lsePtr = param("lse"), segPtr = param("segs");
+  fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
+            ::dualkv::Schedule::Auto, tree);
+  qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
+  lsePtr = fn.param("lse"), segPtr = fn.param("segs");
   if (tree)
-    chainPtr = param("chain");
+    chainPtr = fn.param("chain");
   if (isDq) {
     // dq takes the output's place (oPtr, oStride*).
-    doPtr = param("dout"), oPtr = param("dq"), deltaPtr = param("delta");
-    qStrideT = indexParam("qStrideT"), qStrideH = indexParam("qStrideH"),
-    kStrideT = indexParam("kStrideT"), kStrideH = indexParam("kStrideH"),
-    vStrideT = indexParam("vStrideT"), vStrideH = indexParam("vStrideH"),
-    doStrideT = indexParam("doStrideT"), doStrideH = indexParam("doStrideH"),
-    oStrideT = indexParam("dqStrideT"), oStrideH = indexParam("dqStrideH"),
-    lseStrideH = indexParam("lseStrideH"),
-    deltaStrideH = indexParam("deltaStrideH");
-    scale = param("scale");
+    doPtr = fn.param("dout"), oPtr = fn.param("dq"),
+    deltaPtr = fn.param("delta");
+    qStrideT = fn.indexParam("qStrideT"), qStrideH = fn.indexParam("qStrideH"),
+    kStrideT = fn.indexParam("kStrideT"), kStrideH = fn.indexParam("kStrideH"),
+    vStrideT = fn.indexParam("vStrideT"), vStrideH = fn.indexParam("vStrideH"),
+    doStrideT = fn.indexParam("doStrideT"),
+    doStrideH = fn.indexParam("doStrideH"),
+    oStrideT = fn.indexParam("dqStrideT"),
+    oStrideH = fn.indexParam("dqStrideH"),
+    lseStrideH = fn.indexParam("lseStrideH"),
+    deltaStrideH = fn.indexParam("deltaStrideH");
+    scale = fn.param("scale");
     dqPtr = oPtr;
   } else {
-    oPtr = param("o");
-    qStrideT = indexParam("qStrideT"), qStrideH = indexParam("qStrideH"),
-    kStrideT = indexParam("kStrideT"), kStrideH = indexParam("kStrideH"),
-    vStrideT = indexParam("vStrideT"), vStrideH = indexParam("vStrideH"),
-    oStrideT = indexParam("oStrideT"), oStrideH = indexParam("oStrideH"),
-    lseStrideH = indexParam("lseStrideH");
+    oPtr = fn.param("o");
+    qStrideT = fn.indexParam("qStrideT"), qStrideH = fn.indexParam("qStrideH"),
+    kStrideT = fn.indexParam("kStrideT"), kStrideH = fn.indexParam("kStrideH"),
+    vStrideT = fn.indexParam("vStrideT"), vStrideH = fn.indexParam("vStrideH"),
+    oStrideT = fn.indexParam("oStrideT"), oStrideH = fn.indexParam("oStrideH"),
+    lseStrideH = fn.indexParam("lseStrideH");
   }
-  scaleLog2 = param("scaleLog2");
+  scaleLog2 = fn.param("scaleLog2");
 
-  emitThreadIds();
+  ids = ThreadIds::emit(*this);
   Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
   segIndex = seg;
   kvHead = divu(head, groupSize);
-  auto [start, length, promptStart, promptLen] = segmentFields(segPtr, seg);
-  segStart = start, segLen = length, sharedStart = promptStart,
-  sharedLen = promptLen;
+  SegmentFields fields = segmentFields(*this, segPtr, seg);
+  segStart = fields.start, segLen = fields.length,
+  sharedStart = fields.sharedStart, sharedLen = fields.sharedLen;
 
   // The grid covers the longest segment; heaviest (last) tiles go first.
   Value tilesHere = ceilDiv(segLen, blockM);
@@ -407,7 +447,7 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
     if (failed(emitOp(&op)))
       return failure();
 
-  b.setInsertionPointToEnd(entryBlock);
+  b.setInsertionPointToEnd(&fn.entry());
   gpu::ReturnOp::create(b, loc);
   return success();
 }

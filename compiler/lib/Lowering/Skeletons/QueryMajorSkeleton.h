@@ -2,7 +2,7 @@
 //
 // Query-major kernels (the forward, the deterministic dQ) walk the two KV
 // regions of one query tile. Tile values are register fragments
-// (Fragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
+// (MmaFragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
 // DT = D / 8 their layouts are:
 //   q_tile     memref<BM x (D+8) x E> in shared memory (A fragments via
 //              ldmatrix); the deterministic dQ kernel holds dO the same way
@@ -16,13 +16,20 @@
 // place in shared memory: the loop bounds of the two regions (in tree kernels
 // the walk over the segment's ancestor ranges, dualkv.chain_loop), the copies,
 // the masks, the online softmax, the epilogue. A schedule (MmaSync/, Wgmma/)
-// derives from it and fills in those hooks.
+// derives from it and fills in those hooks. It holds the kernel function and
+// thread ids (KernelFunction.h), the mma fragments' builders
+// (MmaFragments.h), the tiles in shared memory and their copy groups
+// (SharedTiles.h), and reads the segment table (Segments.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 #define DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 
-#include "Lowering/Support/Fragments.h"
+#include "Lowering/Support/KernelFunction.h"
+#include "Lowering/Support/MmaFragments.h"
+#include "Lowering/Support/Segments.h"
+#include "Lowering/Support/SharedTiles.h"
+#include "Lowering/TileOps/TileOps.h"
 
 #include "mlir/IR/IRMapping.h"
 
@@ -30,7 +37,7 @@ namespace mlir::dualkv {
 
 /// Emits the gpu.func of one query-major kernel (fwd or bwd_dq). One method per
 /// dualkv op.
-class QueryMajorEmitter : public FragmentBuilder {
+class QueryMajorEmitter : public ScalarBuilder {
 public:
   QueryMajorEmitter(KernelOp kernel, OpBuilder &b);
   virtual ~QueryMajorEmitter() = default;
@@ -44,6 +51,19 @@ public:
   }
 
 protected:
+  /// The element type, head_dim, and warps a CTA.
+  Type elemType;
+  int64_t headDim, warps;
+  int64_t threads() const { return warps * 32; }
+  KernelFunction fn;
+  ThreadIds ids;
+  /// ldmatrix, mma.sync, and the C-to-A repack of P.
+  MmaFragments frags;
+  /// Q, dO, K and V in shared memory, and their copies.
+  SharedTiles smemTiles;
+  /// The copy groups of the current KV iteration.
+  CopyGroups copies;
+
   // ---- the schedule's hooks ------------------------------------------------
   /// Places the tiles in the dynamic shared memory `smem` (qBuf, doBuf,
   /// kBuf, vBuf): Q at 0, K at kvOffset, V after K.
@@ -78,8 +98,8 @@ protected:
   /// The packed-token row of C-fragment row (mt, h) of this thread, relative
   /// to the segment start.
   Value fragmentRow(int64_t mt, int64_t h) {
-    return add(add(qRow0, mul(warp, idx(16 * mTiles))),
-               add(idx(mt * 16 + h * 8), g));
+    return add(add(qRow0, mul(ids.warp, idx(16 * mTiles))),
+               add(idx(mt * 16 + h * 8), ids.g));
   }
   /// P (fp32, C layout) repacked as A fragments of the element type: keys
   /// 16kk..16kk+15 are the C fragments of n-tiles 2kk, 2kk+1.
@@ -95,7 +115,7 @@ protected:
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
       stages;
   bool isDq = false;
-  /// Whether the tiles are stored in the 128-byte swizzle (Fragments.h).
+  /// Whether the tiles are stored in the 128-byte swizzle (SharedTiles.h).
   bool swizzledTiles = false;
   // The prefetched key copy group of the current loop (stages >= 2), if any.
   Value prefetchedKey;

@@ -33,7 +33,7 @@ static_assert(int32_t(QueryMajorBarrier::Turn1) ==
 /// (Schedules/WarpSpecialized/WarpSpecializedKVMajor.cpp), whose producer
 /// warpgroup runs apart from the two consumer warpgroups.
 enum class KVMajorBarrier : int32_t {
-  /// The consumer threads only (FragmentBuilder::syncThreads).
+  /// The consumer threads only (CopyGroups::syncThreads, SharedTiles.h).
   Consumers = 1,
   /// Warpgroup w's 128 threads on Warpgroup0 + w: the dS rows it staged are
   /// written before its dQ product reads them.

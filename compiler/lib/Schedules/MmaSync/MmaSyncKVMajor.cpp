@@ -27,6 +27,7 @@
 // give each of 4 warps 16 keys x 256 columns of each, 256 registers.
 //
 //===----------------------------------------------------------------------===//
+#include "Lowering/ScheduleEmitters.h"
 #include "Lowering/Skeletons/KVMajorSkeleton.h"
 #include "Schedules/MmaSync/MmaSync.h"
 
@@ -55,14 +56,15 @@ public:
 private:
   void layoutTiles() override {
     int64_t blockBytes = blockM * rowStride * 2;
-    kBuf = sharedTile(smem, 0, blockM);
-    vBuf = sharedTile(smem, blockBytes, blockM);
+    kBuf = smemTiles.sharedTile(smem, 0, blockM);
+    vBuf = smemTiles.sharedTile(smem, blockBytes, blockM);
     if (grid2d) {
-      dsBuf = sharedTile(smem, dsOffset(), blockN, blockM + kRowPad);
-      pBuf = sharedTile(smem, dsOffset() + blockN * (blockM + kRowPad) * 2,
-                        blockN, blockM + kRowPad);
+      dsBuf = smemTiles.sharedTile(smem, dsOffset(), blockN, blockM + kRowPad);
+      pBuf = smemTiles.sharedTile(smem,
+                                  dsOffset() + blockN * (blockM + kRowPad) * 2,
+                                  blockN, blockM + kRowPad);
     } else if (withDq) {
-      dsBuf = sharedTile(smem, dsOffset(), blockM, blockN + kRowPad);
+      dsBuf = smemTiles.sharedTile(smem, dsOffset(), blockM, blockN + kRowPad);
     }
   }
   void beginQIteration(Value) override { storedScores.clear(); }
@@ -100,8 +102,8 @@ SmallVector<Value, 4> MmaSyncKVMajorEmitter::rowMajorA(Value buf, int64_t mt,
   Value quad = divu(aLane, 8);
   Value row = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
   Value col = mul(divu(quad, 2), idx(8));
-  Value r = add(add(mul(warp, idx(16 * mTiles)), idx(mt * 16)), row);
-  return ldmatrix4(buf, r, add(idx(kt * 16), col), /*transpose=*/false);
+  Value r = add(add(mul(ids.warp, idx(16 * mTiles)), idx(mt * 16)), row);
+  return frags.ldmatrix4(buf, r, add(idx(kt * 16), col), /*transpose=*/false);
 }
 
 LogicalResult MmaSyncKVMajorEmitter::emitQKT(QKTOp op) {
@@ -131,12 +133,13 @@ void MmaSyncKVMajorEmitter::mmaRowsB(MutableArrayRef<Value> c,
                                      Value bBuf, Value bRow, Value bCol,
                                      int64_t kt, int64_t nTotal) {
   for (int64_t np = 0; np < nTotal / 2; ++np) {
-    auto r = ldmatrix4(bBuf, add(idx(np * 16), bRow), add(idx(kt * 16), bCol),
-                       /*transpose=*/false);
+    auto r =
+        frags.ldmatrix4(bBuf, add(idx(np * 16), bRow), add(idx(kt * 16), bCol),
+                        /*transpose=*/false);
     for (int64_t mt = 0; mt < int64_t(aFrags.size()); ++mt)
       for (int64_t half = 0; half < 2; ++half) {
         MutableArrayRef<Value> acc(&c[(mt * nTotal + 2 * np + half) * 4], 4);
-        auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, acc);
+        auto d = frags.mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, acc);
         std::copy(d.begin(), d.end(), acc.begin());
       }
   }
@@ -149,9 +152,9 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate(AccumulateOp op) {
   SmallVector<Value> x = unpack(map.lookup(op.getX()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   // X (keys x queries) as A fragments; Y (queries x d, row-major) is B.
-  SmallVector<Value> xa = packAFragments(x, mTiles, nTiles);
-  mmaTransposedB(acc, xa, map.lookup(op.getY()), aLane, mTiles, nTiles / 2,
-                 dTiles);
+  SmallVector<Value> xa = frags.packAFragments(x, mTiles, nTiles);
+  frags.mmaTransposedB(acc, xa, map.lookup(op.getY()), aLane, mTiles,
+                       nTiles / 2, dTiles);
   map.map(op.getResult(), pack(acc));
   return success();
 }
@@ -168,17 +171,18 @@ LogicalResult MmaSyncKVMajorEmitter::emitQKT2d(QKTOp op) {
   // A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
   // (rows 8-15, k 8-15). B: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys
   // 8-15, k 0-7), (keys 8-15, k 8-15).
-  Value aRow = add(mul(divu(warp, 4), idx(blockN / 2)),
+  Value aRow = add(mul(divu(ids.warp, 4), idx(blockN / 2)),
                    add(remu(aLane, 8), mul(remu(quad, 2), idx(8))));
   Value aCol = mul(divu(quad, 2), idx(8));
-  Value bRow = add(mul(remu(warp, 4), idx(blockM / 4)),
+  Value bRow = add(mul(remu(ids.warp, 4), idx(blockM / 4)),
                    add(remu(aLane, 8), mul(divu(quad, 2), idx(8))));
   Value bCol = mul(remu(quad, 2), idx(8));
   for (int64_t kt = 0; kt < kTiles; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
     for (int64_t mt = 0; mt < sm; ++mt)
-      aFrags.push_back(ldmatrix4(aBuf, add(aRow, idx(mt * 16)),
-                                 add(aCol, idx(kt * 16)), /*transpose=*/false));
+      aFrags.push_back(frags.ldmatrix4(aBuf, add(aRow, idx(mt * 16)),
+                                       add(aCol, idx(kt * 16)),
+                                       /*transpose=*/false));
     mmaRowsB(s, aFrags, bBuf, bRow, bCol, kt, /*nTotal=*/sn);
   }
   map.map(op.getResult(), pack(s));
@@ -217,24 +221,26 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
   // A (keys x queries) from X (queries x keys) by ldmatrix.trans: matrix j
   // holds keys + 8 (j % 2), queries + 8 (j / 2).
   Value aQuery = add(remu(aLane, 8), mul(divu(quad, 2), idx(8)));
-  Value aKey = add(mul(divu(warp, gcw), idx(32)), mul(remu(quad, 2), idx(8)));
+  Value aKey =
+      add(mul(divu(ids.warp, gcw), idx(32)), mul(remu(quad, 2), idx(8)));
   // B (queries x D) by ldmatrix.trans: (q 0-7, d 0-7), (q 8-15, d 0-7),
   // (q 0-7, d 8-15), (q 8-15, d 8-15).
   Value bQuery = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
-  Value bCol =
-      add(mul(remu(warp, gcw), idx(headDim / gcw)), mul(divu(quad, 2), idx(8)));
+  Value bCol = add(mul(remu(ids.warp, gcw), idx(headDim / gcw)),
+                   mul(divu(quad, 2), idx(8)));
   for (int64_t kk = 0; kk < blockN / 16; ++kk) {
     SmallVector<Value, 4> aFrags[2];
     for (int64_t mt = 0; mt < 2; ++mt)
-      aFrags[mt] = ldmatrix4(buf, add(aQuery, idx(kk * 16)),
-                             add(aKey, idx(mt * 16)), /*transpose=*/true);
+      aFrags[mt] = frags.ldmatrix4(buf, add(aQuery, idx(kk * 16)),
+                                   add(aKey, idx(mt * 16)), /*transpose=*/true);
     for (int64_t dp = 0; dp < gdt / 2; ++dp) {
-      auto r = ldmatrix4(y, add(bQuery, idx(kk * 16)), add(bCol, idx(dp * 16)),
-                         /*transpose=*/true);
+      auto r =
+          frags.ldmatrix4(y, add(bQuery, idx(kk * 16)), add(bCol, idx(dp * 16)),
+                          /*transpose=*/true);
       for (int64_t mt = 0; mt < 2; ++mt)
         for (int64_t half = 0; half < 2; ++half) {
           MutableArrayRef<Value> c(&acc[(mt * gdt + 2 * dp + half) * 4], 4);
-          auto d = mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
+          auto d = frags.mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, c);
           std::copy(d.begin(), d.end(), c.begin());
         }
     }
@@ -259,8 +265,8 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
           int64_t i = (mt * nTiles + nt) * 4 + h * 2;
           Value narrow = arith::TruncFOp::create(
               b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
-          Value row =
-              add(mul(warp, idx(16 * mTiles)), add(idx(mt * 16 + h * 8), aG));
+          Value row = add(mul(ids.warp, idx(16 * mTiles)),
+                          add(idx(mt * 16 + h * 8), aG));
           Value col = add(idx(nt * 8), mul(aT, idx(2)));
           vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
         }
@@ -278,13 +284,13 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
     qmTiles = blockN / 32, colSplit = 4;
   int64_t warpCols = headDim / colSplit;
   int64_t chunkCols = std::min<int64_t>(warpCols, kDqChunkCols);
-  Value warpRow0 = colSplit == 1 ? mul(warp, idx(16 * qmTiles))
-                                 : mul(remu(warp, rowBlocks), idx(16));
+  Value warpRow0 = colSplit == 1 ? mul(ids.warp, idx(16 * qmTiles))
+                                 : mul(remu(ids.warp, rowBlocks), idx(16));
   Value warpCol0 =
-      colSplit == 1 ? idx(0) : mul(divu(warp, rowBlocks), idx(warpCols));
+      colSplit == 1 ? idx(0) : mul(divu(ids.warp, rowBlocks), idx(warpCols));
   if (grid2d) {
-    warpRow0 = mul(divu(warp, 4), idx(blockN / 2));
-    warpCol0 = mul(remu(warp, 4), idx(warpCols));
+    warpRow0 = mul(divu(ids.warp, 4), idx(blockN / 2));
+    warpCol0 = mul(remu(ids.warp, 4), idx(warpCols));
   }
   int64_t kSteps = blockM / 16;
   Value quad = divu(aLane, 8);
@@ -305,20 +311,22 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
     for (int64_t kk = 0; kk < kSteps; ++kk) {
       SmallVector<SmallVector<Value, 4>> aFrags;
       for (int64_t qm = 0; qm < qmTiles; ++qm)
-        aFrags.push_back(grid2d ? ldmatrix4(dsBuf, add(aRow2d, idx(qm * 16)),
-                                            add(idx(kk * 16), aCol2d),
-                                            /*transpose=*/false)
-                                : ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
-                                            add(aQueryCol, idx(qm * 16)),
-                                            /*transpose=*/true));
+        aFrags.push_back(
+            grid2d ? frags.ldmatrix4(dsBuf, add(aRow2d, idx(qm * 16)),
+                                     add(idx(kk * 16), aCol2d),
+                                     /*transpose=*/false)
+                   : frags.ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
+                                     add(aQueryCol, idx(qm * 16)),
+                                     /*transpose=*/true));
       for (int64_t dp = 0; dp < cTiles / 2; ++dp) {
-        auto r = ldmatrix4(kTile, add(idx(kk * 16), bRow),
-                           add(bCol, idx(c0 + dp * 16)), /*transpose=*/true);
+        auto r =
+            frags.ldmatrix4(kTile, add(idx(kk * 16), bRow),
+                            add(bCol, idx(c0 + dp * 16)), /*transpose=*/true);
         for (int64_t qm = 0; qm < qmTiles; ++qm)
           for (int64_t half = 0; half < 2; ++half) {
             MutableArrayRef<Value> c(&acc[(qm * cTiles + 2 * dp + half) * 4],
                                      4);
-            auto d = mma(aFrags[qm], {r[2 * half], r[2 * half + 1]}, c);
+            auto d = frags.mma(aFrags[qm], {r[2 * half], r[2 * half + 1]}, c);
             std::copy(d.begin(), d.end(), c.begin());
           }
       }

@@ -51,6 +51,7 @@
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
+#include "Lowering/ScheduleEmitters.h"
 #include "Schedules/Wgmma/WgmmaKVMajor.h"
 
 using namespace mlir;
@@ -73,7 +74,7 @@ class WarpSpecializedKVMajor : public WgmmaKVMajorEmitter {
 public:
   WarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b)
       : WgmmaKVMajorEmitter(kernel, b) {
-    syncedThreads = threads();
+    copies.syncedThreads = threads();
     tmaQueryTiles =
         kernel.getTiling()->getStages() == ::dualkv::kKVMajorTmaStages;
   }
@@ -100,15 +101,15 @@ private:
   bool splitDq() const { return headDim == 64; }
   int64_t dqBuffers() const { return splitDq() ? 2 : 1; }
   Value barrierAt(int64_t first, Value slot) {
-    return sharedPtr(add(
-        smemAddr, add(idx(barrierOffset() + 8 * first), mul(slot, idx(8)))));
+    return sharedPtr(*this, add(smemAddr, add(idx(barrierOffset() + 8 * first),
+                                              mul(slot, idx(8)))));
   }
   Value fullBarrier(Value slot) { return barrierAt(0, slot); }
   Value emptyBarrier(Value slot) { return barrierAt(kSlots, slot); }
   Value dqFullBarrier() { return barrierAt(2 * kSlots, idx(0)); }
   Value dqEmptyBarrier() { return barrierAt(2 * kSlots + 1, idx(0)); }
   /// Slot and phase parity of pipeline iteration `it`.
-  std::pair<Value, Value> slotOf(Value it) { return ringSlot(it, kSlots); }
+  RingSlot slotOf(Value it) { return ringSlot(*this, it, kSlots); }
 
   LogicalResult emitBody() override;
   LogicalResult emitProducer();
@@ -116,13 +117,15 @@ private:
   /// at query `first` of the item in query head `tileHead`.
   void writeDq(Value it, Value first, Value tileHead);
   LogicalResult emitQLoop(QLoopOp op) override;
-  void waitTile() override { waitParity(fullBarrier(curSlot), curPhase); }
+  void waitTile() override {
+    waitParity(*this, fullBarrier(cur.slot), cur.parity);
+  }
   /// The last tile's "dq full" phase (a fresh barrier passes the first
   /// tile through).
   void beforeDsStore() override {
     if (splitDq())
       return; // only this warpgroup reads its dSᵀ rows
-    waitParity(dqFullBarrier(),
+    waitParity(*this, dqFullBarrier(),
                arith::XOrIOp::create(b, loc, remu(curIter, 2), idx(1)));
   }
   /// Only the products retire here: the dQ writer waits for its own
@@ -136,10 +139,12 @@ private:
   /// columns (splitDq).
   SmallVector<Value> dqOwnKeys(ArrayRef<Value> ds) {
     storeDsT(ds);
-    proxyFence();
+    proxyFence(*this);
     // The warpgroup's 128 threads see each other's rows.
-    namedBarrier(
-        i32Of(add(idx(barrierId(KVMajorBarrier::Warpgroup0)), warpGroup)), 128);
+    namedBarrier(*this,
+                 i32Of(*this, add(idx(barrierId(KVMajorBarrier::Warpgroup0)),
+                                  warpGroup)),
+                 128);
     // dQ (queries x D) = dS (queries x own keys, M-major: dSᵀ rows) K (own
     // keys x D, N-major), 4 k-steps of 16 keys.
     Value own = mul(warpGroup, idx(64 * 128));
@@ -161,14 +166,15 @@ private:
     // (a fresh barrier lets the first pass through); the writer may read it
     // once all 256 consumer threads have stored their part.
     Value phase = remu(curIter, 2);
-    waitParity(dqEmptyBarrier(), arith::XOrIOp::create(b, loc, phase, idx(1)));
+    waitParity(*this, dqEmptyBarrier(),
+               arith::XOrIOp::create(b, loc, phase, idx(1)));
     if (splitDq())
       stageDq(acc, idx(0),
               add(idx(dqOffset()), mul(warpGroup, idx(blockN * dqRowBytes()))));
     else
       stageDq(acc);
-    proxyFence();
-    arrive(dqFullBarrier());
+    proxyFence(*this);
+    arrive(*this, dqFullBarrier());
     return success();
   }
 
@@ -178,17 +184,18 @@ private:
   /// The consumers' pipeline iteration at the start of the next q_loop.
   Value ringIter;
   /// The consumers' current pipeline iteration, its slot and phase.
-  Value curIter, curSlot, curPhase;
+  Value curIter;
+  RingSlot cur;
 };
 
 LogicalResult WarpSpecializedKVMajor::emitBody() {
-  auto func = cast<gpu::GPUFuncOp>(entryBlock->getParentOp());
+  gpu::GPUFuncOp func = fn.op();
   func.setKnownBlockSizeAttr(
       b.getDenseI32ArrayAttr({int32_t(threads() + kProducerThreads), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
 
   // Thread 0 initialises the barriers before anyone uses them.
-  emitIf(cmp(arith::CmpIPredicate::eq, tid, idx(0)), [&] {
+  emitIf(cmp(arith::CmpIPredicate::eq, ids.tid, idx(0)), [&] {
     for (int64_t s = 0; s < kSlots; ++s) {
       NVVM::MBarrierInitOp::create(b, loc, fullBarrier(idx(s)),
                                    i32c(int32_t(kProducerThreads)), Value());
@@ -205,7 +212,7 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
   gpu::BarrierOp::create(b, loc);
 
   auto role = scf::IfOp::create(
-      b, loc, cmp(arith::CmpIPredicate::uge, tid, idx(threads())),
+      b, loc, cmp(arith::CmpIPredicate::uge, ids.tid, idx(threads())),
       /*withElseRegion=*/true);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(role.thenBlock());
@@ -213,16 +220,16 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
                                  splitDq() ? kProducerRegs64 : kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
   if (tmaQueryTiles)
-    qMap = param("qMap"), doMap = param("doMap");
+    qMap = fn.param("qMap"), doMap = fn.param("doMap");
   // Producer threads numbered from 0: the copies (copyTile,
   // issueTileCopies) spread over threads() threads by tid.
-  Value consumerTid = tid;
+  Value consumerTid = ids.tid;
   int64_t consumerWarps = warps;
-  tid = arith::SubIOp::create(b, loc, tid, idx(threads()));
+  ids.tid = arith::SubIOp::create(b, loc, ids.tid, idx(threads()));
   warps = kProducerThreads / 32;
   if (failed(emitProducer()))
     return failure();
-  tid = consumerTid;
+  ids.tid = consumerTid;
   warps = consumerWarps;
   b.setInsertionPointToStart(role.elseBlock());
   NVVM::SetMaxRegisterOp::create(b, loc,
@@ -262,35 +269,35 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
         head = tileHead;
         // A fresh barrier completes phase "1" at once: the first pass over
         // the ring does not wait.
-        waitParity(emptyBarrier(slot),
+        waitParity(*this, emptyBarrier(slot),
                    arith::XOrIOp::create(b, loc, phase, idx(1)));
         Value valid = arith::ConstantIntOp::create(b, loc, 1, 1);
         if (tmaQueryTiles) {
           // Thread 0 posts the two tiles' bytes before any can land, then
           // copies them; the phase also waits for every thread's arrival.
           Value first = mul(tile, idx(blockN));
-          emitIf(cmp(arith::CmpIPredicate::eq, tid, idx(0)), [&] {
+          emitIf(cmp(arith::CmpIPredicate::eq, ids.tid, idx(0)), [&] {
             NVVM::MBarrierExpectTxOp::create(b, loc, fullBarrier(slot),
                                              i32c(int32_t(2 * tileBytes())),
                                              NVVM::MemScopeKind::CTA);
             Value row = add(qBegin, first);
             Value base = add(smemAddr, mul(slot, idx(tileBytes())));
-            tmaLoadTile(qMap, add(base, idx(qOffset())), blockN, row, head,
-                        fullBarrier(slot));
-            tmaLoadTile(doMap, add(base, idx(doOffset())), blockN, row, head,
-                        fullBarrier(slot));
+            tmaLoadTile(*this, qMap, add(base, idx(qOffset())), blockN, headDim,
+                        row, head, fullBarrier(slot));
+            tmaLoadTile(*this, doMap, add(base, idx(doOffset())), blockN,
+                        headDim, row, head, fullBarrier(slot));
           });
           // issueStatCopies waits for its own copies.
           issueStatCopies(first, slot, valid, /*infinitePastItem=*/true);
-          arrive(fullBarrier(slot));
+          arrive(*this, fullBarrier(slot));
         } else {
           SmallVector<Value, 3> groups = issueTileCopies(tile, slot, valid);
           // This thread's copies land, then reach wgmma (async proxy) and
           // the consumers through the full barrier's release.
           nvgpu::DeviceAsyncWaitOp::create(b, loc, groups.back(),
                                            b.getI32IntegerAttr(0));
-          proxyFence();
-          arrive(fullBarrier(slot));
+          proxyFence(*this);
+          arrive(*this, fullBarrier(slot));
         }
         if (withDq)
           emitIf(cmp(arith::CmpIPredicate::ugt, at, idx(0)), [&] {
@@ -312,21 +319,21 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
     emitIf(cmp(arith::CmpIPredicate::ugt, it, idx(0)), [&] {
       writeDq(arith::SubIOp::create(b, loc, it, idx(1)), prevFirst, prevHead);
     });
-    bulkWait(0, /*readOnly=*/false);
+    bulkWait(*this, 0, /*readOnly=*/false);
   }
   return success();
 }
 
 void WarpSpecializedKVMajor::writeDq(Value it, Value first, Value tileHead) {
   head = tileHead;
-  waitParity(dqFullBarrier(), remu(it, 2));
-  emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)), [&] {
+  waitParity(*this, dqFullBarrier(), remu(it, 2));
+  emitIf(cmp(arith::CmpIPredicate::ult, ids.tid, idx(blockN)), [&] {
     for (int64_t buffer = 0; buffer < dqBuffers(); ++buffer)
-      reduceDqRow(tid, first, buffer);
+      reduceDqRow(ids.tid, first, buffer);
   });
-  bulkCommit();
-  bulkWait(0, /*readOnly=*/true);
-  arrive(dqEmptyBarrier());
+  bulkCommit(*this);
+  bulkWait(*this, 0, /*readOnly=*/true);
+  arrive(*this, dqEmptyBarrier());
 }
 
 LogicalResult WarpSpecializedKVMajor::emitQLoop(QLoopOp op) {
@@ -354,17 +361,17 @@ LogicalResult WarpSpecializedKVMajor::emitQLoop(QLoopOp op) {
         map.map(from, to);
       Value at = args.back();
       curIter = at;
-      std::tie(curSlot, curPhase) = slotOf(at);
-      SmallVector<Value, 4> views = tileViews(curSlot);
+      cur = slotOf(at);
+      SmallVector<Value, 4> views = tileViews(cur.slot);
       qCur = views[0], doCur = views[1], lseCur = views[2], deltaCur = views[3];
-      beginQIteration(curSlot);
+      beginQIteration(cur.slot);
       tileReady = false;
       if (failed(emitQIterationOps(op)))
         return failure();
       // endQIteration retires every product, so nothing reads the slot any
       // more when this thread hands it back.
       endQIteration();
-      arrive(emptyBarrier(curSlot));
+      arrive(*this, emptyBarrier(cur.slot));
       SmallVector<Value> yielded = qIterationYields(op);
       yielded.push_back(add(at, idx(1)));
       scf::YieldOp::create(b, loc, yielded);

@@ -53,7 +53,12 @@
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
-#include "Lowering/Support/Fragments.h"
+#include "Lowering/Support/HopperSync.h"
+#include "Lowering/Support/KernelFunction.h"
+#include "Lowering/Support/MmaFragments.h"
+#include "Lowering/Support/Segments.h"
+#include "Lowering/Support/SharedTiles.h"
+#include "Lowering/TileOps/TileOps.h"
 #include "Schedules/Wgmma/WgmmaBuilder.h"
 #include "dualkv/Compiler/Schedule.h"
 
@@ -72,12 +77,14 @@ constexpr int32_t kProducerRegs = 24;
 constexpr int32_t kConsumerRegs = 240;
 constexpr int32_t kEntryRegs = 168;
 
-class WarpSpecializedForward : public FragmentBuilder {
+class WarpSpecializedForward : public ScalarBuilder {
 public:
   WarpSpecializedForward(KernelOp kernel, OpBuilder &b)
-      : FragmentBuilder(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
-                        kernel.getProblem()->getHeadDim(),
-                        kernel.getTiling()->getWarps()),
+      : ScalarBuilder(b, kernel.getLoc()),
+        elemType(kernel.getProblem()->getDtype()),
+        headDim(kernel.getProblem()->getHeadDim()),
+        warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
+        frags(*this, elemType), smemTiles(*this, elemType, headDim),
         mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
             kernel.getProblem()->getHeadDim()),
         kernel(kernel) {
@@ -89,7 +96,6 @@ public:
     groupSize = p.getNumQHeads() / p.getNumKvHeads();
     nTiles = blockN / 8;
     dTiles = headDim / 8;
-    wgmmaReadsTiles = true;
     isDq = kernel.getKind() == KernelKind::bwd_dq;
     isTree = kernel.walksChain();
     ring = ::dualkv::RingLayout::of(
@@ -104,6 +110,17 @@ public:
   int64_t sharedBytes() const { return ring.total; }
 
 private:
+  /// The element type, head_dim, and the consumer warps a CTA.
+  Type elemType;
+  int64_t headDim, warps;
+  int64_t threads() const { return warps * 32; }
+  KernelFunction fn;
+  ThreadIds ids;
+  /// The A fragments of P (or dS) for wgmma's register operand.
+  MmaFragments frags;
+  /// The swizzled tiles the TMA fills and the epilogue stages through.
+  SharedTiles smemTiles;
+
   /// One kv_loop of the tiled IR: its tiles [lb, ub) of `region`, the mask its
   /// scores pass through (if any), and its first iteration of the pipeline.
   struct Loop {
@@ -120,11 +137,11 @@ private:
   ::dualkv::RingLayout ring;
   // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
   Value barrier(int64_t index) {
-    return sharedPtr(add(smemAddr, idx(ring.barriers + 8 * index)));
+    return sharedPtr(*this, add(smemAddr, idx(ring.barriers + 8 * index)));
   }
   Value barrierAt(int64_t first, Value slot) {
-    return sharedPtr(add(
-        smemAddr, add(idx(ring.barriers + 8 * first), mul(slot, idx(8 * 4)))));
+    return sharedPtr(*this, add(smemAddr, add(idx(ring.barriers + 8 * first),
+                                              mul(slot, idx(8 * 4)))));
   }
   /// Shared addresses of ring slot `slot`'s K and V tiles.
   Value kAddrOf(Value slot) {
@@ -145,14 +162,17 @@ private:
   /// first turn; each warpgroup takes as many turns as the other, and warpgroup
   /// 1 passes none on after its last, so both barriers end balanced.
   void turnBegin() {
-    namedBarrier(i32Of(add(idx(barrierId(QueryMajorBarrier::Turn0)), wgIdx)),
-                 threads());
+    namedBarrier(
+        *this,
+        i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Turn0)), wgIdx)),
+        threads());
   }
   void turnEnd() {
     NVVM::BarrierArriveOp::create(
         b, loc,
-        i32Of(arith::SubIOp::create(
-            b, loc, idx(barrierId(QueryMajorBarrier::Turn1)), wgIdx)),
+        i32Of(*this,
+              arith::SubIOp::create(
+                  b, loc, idx(barrierId(QueryMajorBarrier::Turn1)), wgIdx)),
         i32c(int32_t(threads())));
   }
   /// turnEnd for warpgroup `w` only.
@@ -166,7 +186,7 @@ private:
   }
 
   /// Slot and phase parity of pipeline iteration `i`.
-  std::pair<Value, Value> slotOf(Value i) { return ringSlot(i, stages); }
+  RingSlot slotOf(Value i) { return ringSlot(*this, i, stages); }
   /// The region start (a token) and tile index of pipeline iteration `i`.
   std::pair<Value, Value> tileOf(Value i);
 
@@ -285,12 +305,12 @@ LogicalResult WarpSpecializedForward::collectLoops() {
     Loop l;
     l.region = loop.getRegion();
     loop.getBody().walk([&](MaskOp m) { l.mask = m.getKind(); });
-    auto bounds = kvLoopBounds(loop.getPart(), l.region, qRow0, segLen,
-                               sharedLen, blockM, blockN);
+    auto bounds = kvLoopTiles(*this, loop.getPart(), l.region, qRow0, segLen,
+                              sharedLen, blockM, blockN);
     if (!bounds)
       return loop.emitOpError()
              << "is not tiled: run dualkv-tile-regions first";
-    std::tie(l.lb, l.ub) = *bounds;
+    l.lb = bounds->lb, l.ub = bounds->ub;
     l.count = arith::SubIOp::create(b, loc, l.ub, l.lb);
     l.offset = offset;
     offset = add(offset, l.count);
@@ -416,7 +436,8 @@ SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
       SmallVector<Value> masked(s);
       tile::mask(*this, masked, MaskKind::bound,
                  queryMajorLayout(*this, 1, nTiles, qRow0,
-                                  mul(w[kTile], idx(blockN)), warp, g, t),
+                                  mul(w[kTile], idx(blockN)), ids.warp, ids.g,
+                                  ids.t),
                  w[kLen]);
       scf::YieldOp::create(b, loc, pack(masked));
       b.setInsertionPointToStart(tail.elseBlock());
@@ -452,7 +473,7 @@ void WarpSpecializedForward::emitProducer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
   // One thread issues every load.
-  Value leader = cmp(arith::CmpIPredicate::eq, tid, idx(threads()));
+  Value leader = cmp(arith::CmpIPredicate::eq, ids.tid, idx(threads()));
   auto one = scf::IfOp::create(b, loc, leader, /*withElseRegion=*/false);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(one.thenBlock());
@@ -461,9 +482,10 @@ void WarpSpecializedForward::emitProducer() {
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), qBar, i32c(int32_t(ring.kRing)), NVVM::MemScopeKind::CTA,
       false, Value());
-  tmaLoadTile(qMap, smemAddr, blockM, add(segStart, qRow0), head, qBar);
+  tmaLoadTile(*this, qMap, smemAddr, blockM, headDim, add(segStart, qRow0),
+              head, qBar);
   if (isDq)
-    tmaLoadTile(doMap, add(smemAddr, idx(ring.dO)), blockM,
+    tmaLoadTile(*this, doMap, add(smemAddr, idx(ring.dO)), blockM, headDim,
                 add(segStart, qRow0), head, qBar);
 
   SmallVector<Value> walk;
@@ -480,18 +502,18 @@ void WarpSpecializedForward::emitProducer() {
   auto [start, tile] = tileAt(i, w);
   Value row = add(start, mul(tile, idx(blockN)));
   Value slotBytes = mul(slot, idx(ring.slotBytes));
-  waitParity(kEmpty(slot), free);
+  waitParity(*this, kEmpty(slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), kFull(slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
-  tmaLoadTile(kMap, add(smemAddr, add(idx(ring.kRing), slotBytes)), blockN, row,
-              kvHead, kFull(slot));
-  waitParity(vEmpty(slot), free);
+  tmaLoadTile(*this, kMap, add(smemAddr, add(idx(ring.kRing), slotBytes)),
+              blockN, headDim, row, kvHead, kFull(slot));
+  waitParity(*this, vEmpty(slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), vFull(slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
-  tmaLoadTile(vMap, add(smemAddr, add(idx(ring.vRing), slotBytes)), blockN, row,
-              kvHead, vFull(slot));
+  tmaLoadTile(*this, vMap, add(smemAddr, add(idx(ring.vRing), slotBytes)),
+              blockN, headDim, row, kvHead, vFull(slot));
   if (isTree)
     scf::YieldOp::create(b, loc, walkAfter(i, w));
 }
@@ -500,7 +522,8 @@ SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
   // Warpgroup w owns query rows 64w..64w+63; both operands K-major. The Q
   // address is made opaque per use so LLVM rebuilds its descriptors instead
   // of keeping all of them live across the loop.
-  Value qAddr = add(opaque(smemAddr), mul(divu(warp, 4), idx(64 * 128)));
+  Value qAddr =
+      add(opaque(*this, smemAddr), mul(divu(ids.warp, 4), idx(64 * 128)));
   Value aDesc = mma.desc(qAddr, 16, 1024);
   Value bDesc = mma.desc(kAddr, 16, 1024);
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
@@ -522,7 +545,7 @@ SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
   SmallVector<Value> s(sIn);
   tile::mask(*this, s, kind,
              queryMajorLayout(*this, 1, nTiles, qRow0, mul(tile, idx(blockN)),
-                              warp, g, t),
+                              ids.warp, ids.g, ids.t),
              sharedLen);
   return s;
 }
@@ -688,7 +711,7 @@ TileEnv WarpSpecializedForward::tileEnv() {
   env.scaleLog2 = scaleLog2, env.scale = scale;
   env.mTiles = 1, env.nTiles = nTiles, env.dTiles = dTiles;
   env.packOperand = [this](ArrayRef<Value> p) {
-    return pack(packAFragments(p, 1, nTiles));
+    return pack(frags.packAFragments(p, 1, nTiles));
   };
   return env;
 }
@@ -708,10 +731,10 @@ Value WarpSpecializedForward::origin(Value v) {
 SmallVector<Value> WarpSpecializedForward::initialValue(Value init) {
   Value v = origin(init);
   if (auto stats = v.getDefiningOp<InitStatsOp>())
-    return unpack(splat(2, v == stats.getMax()
-                               ? -std::numeric_limits<float>::infinity()
-                               : 0.0f));
-  return unpack(splat(dTiles * 4, 0.0f));
+    return unpack(splat(
+        *this, 2,
+        v == stats.getMax() ? -std::numeric_limits<float>::infinity() : 0.0f));
+  return unpack(splat(*this, dTiles * 4, 0.0f));
 }
 
 /// Loop-carried values of the pipeline: parts, flattened in order.
@@ -738,27 +761,27 @@ struct Carried {
 LogicalResult WarpSpecializedForward::emitConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
-  waitParity(barrier(0), idx(0));
+  waitParity(*this, barrier(0), idx(0));
 
   // The iter_args' first values: the first loop's inits.
   SmallVector<SmallVector<Value>> state;
   for (auto [j, init] : llvm::enumerate(tileLoopInits()))
     if (j != accArg)
       state.push_back(initialValue(init));
-  wgIdx = divu(warp, 4);
+  wgIdx = divu(ids.warp, 4);
   // Iteration 0: its scores and the ops on them. Its product accumulates
   // into init_acc's zeros, so the ops on the accumulator (the rescale) have
   // nothing to do.
   turnEndIf(1);
   Value first = idx(0);
-  waitParity(kFull(first), idx(0));
+  waitParity(*this, kFull(first), idx(0));
   turnBegin();
   mma.fence();
   SmallVector<Value> s = scores(kAddrOf(first));
   mma.commit();
   turnEnd();
   mma.wait(0, s);
-  arrive(kEmpty(first));
+  arrive(*this, kEmpty(first));
   SmallVector<Value> walk;
   if (isTree)
     walk = walkBegin();
@@ -793,8 +816,8 @@ LogicalResult WarpSpecializedForward::emitConsumer() {
     auto [slot, parity] = slotOf(i);
     auto [prevSlot, prevParity] =
         slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
-    waitParity(kFull(slot), parity);
-    waitParity(vFull(prevSlot), prevParity);
+    waitParity(*this, kFull(slot), parity);
+    waitParity(*this, vFull(prevSlot), prevParity);
     turnBegin();
     mma.fence();
     SmallVector<Value> s = scores(kAddrOf(slot));
@@ -803,7 +826,7 @@ LogicalResult WarpSpecializedForward::emitConsumer() {
     mma.commit();
     turnEnd();
     mma.wait(1, s);
-    arrive(kEmpty(slot));
+    arrive(*this, kEmpty(slot));
     IRMapping map = tileMapping(ArrayRef(in.parts).slice(1, pPart - 1));
     DenseSet<Operation *> done;
     bindProduct(map, scoresOp, maskAt(s, i, w));
@@ -813,7 +836,7 @@ LogicalResult WarpSpecializedForward::emitConsumer() {
     // P passes through the wait too: the P V group reads its registers until
     // it retires, and LLVM would otherwise give them to the next tile's P.
     mma.waitKeeping(0, acc, p);
-    arrive(vEmpty(prevSlot));
+    arrive(*this, vEmpty(prevSlot));
     map.map(tileLoop.getBody().front().getArgument(1 + accArg), pack(acc));
     if (failed(emitReady(map, done)))
       return failure();
@@ -830,13 +853,13 @@ LogicalResult WarpSpecializedForward::emitConsumer() {
   // The last tile's product.
   auto [lastSlot, lastParity] =
       slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
-  waitParity(vFull(lastSlot), lastParity);
+  waitParity(*this, vFull(lastSlot), lastParity);
   turnBegin();
   accumulate(acc, p, vAddrOf(lastSlot));
   mma.commit();
   turnEndIf(0);
   mma.wait(0, acc);
-  arrive(vEmpty(lastSlot));
+  arrive(*this, vEmpty(lastSlot));
   // The epilogue reads the last loop's results.
   IRMapping results = kernelValues;
   KVLoopOp lastLoop = lastKVLoop();
@@ -857,10 +880,10 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
   for (int64_t h = 0; h < 2; ++h) {
     Value sum = tile::rowSum(*this, l[h]);
     inv.push_back(arith::DivFOp::create(b, loc, f32c(1.0f), sum));
-    Value row = add(qRow0, add(mul(warp, idx(16)), add(idx(h * 8), g)));
-    Value lead =
-        arith::AndIOp::create(b, loc, cmp(arith::CmpIPredicate::eq, t, idx(0)),
-                              cmp(arith::CmpIPredicate::ult, row, segLen));
+    Value row = add(qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
+    Value lead = arith::AndIOp::create(
+        b, loc, cmp(arith::CmpIPredicate::eq, ids.t, idx(0)),
+        cmp(arith::CmpIPredicate::ult, row, segLen));
     auto lseIf = scf::IfOp::create(b, loc, lead, /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(lseIf.thenBlock());
@@ -878,9 +901,10 @@ void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
   // The rows go through this warpgroup's 64 rows of the Q tile (its last
   // scores are done, so Q is free), in the same swizzle, then out as 16-byte
   // row chunks: every warp of the group writes whole rows, coalesced.
-  proxyFence();
+  proxyFence(*this);
   for (int64_t h = 0; h < 2; ++h) {
-    Value r = add(mul(warp, idx(16)), add(idx(h * 8), g)); // row in the tile
+    Value r =
+        add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)); // row in the tile
     for (int64_t dt = 0; dt < dTiles; ++dt) {
       Value lo = acc[dt * 4 + h * 2], hi = acc[dt * 4 + h * 2 + 1];
       if (!rowScale.empty()) {
@@ -889,23 +913,27 @@ void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
       }
       Value narrow = arith::TruncFOp::create(
           b, loc, VectorType::get({2}, elemType), pack({lo, hi}));
-      SmallVector<Value, 2> at = swizzledIndex(r, idx(dt * 8), blockM);
-      vector::StoreOp::create(b, loc, narrow, qTile,
-                              ValueRange{at[0], add(at[1], mul(t, idx(2)))});
+      SmallVector<Value, 2> at =
+          smemTiles.swizzledIndex(r, idx(dt * 8), blockM);
+      vector::StoreOp::create(
+          b, loc, narrow, qTile,
+          ValueRange{at[0], add(at[1], mul(ids.t, idx(2)))});
     }
   }
   // The warpgroup's 128 threads see each other's rows.
-  namedBarrier(i32Of(add(idx(barrierId(QueryMajorBarrier::Epilogue0)), wgIdx)),
-               kWarpgroupThreads);
+  namedBarrier(
+      *this,
+      i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Epilogue0)), wgIdx)),
+      kWarpgroupThreads);
   int64_t chunks = headDim / 8;
   int64_t rowsPerPass = kWarpgroupThreads / chunks;
-  Value lt = remu(tid, kWarpgroupThreads);
+  Value lt = remu(ids.tid, kWarpgroupThreads);
   Value c = mul(remu(lt, chunks), idx(8));
   auto vec8 = VectorType::get({8}, elemType);
   for (int64_t pass = 0; pass * rowsPerPass < 64; ++pass) {
     Value r = add(mul(wgIdx, idx(64)),
                   add(idx(pass * rowsPerPass), divu(lt, chunks)));
-    SmallVector<Value, 2> at = swizzledIndex(r, c, blockM);
+    SmallVector<Value, 2> at = smemTiles.swizzledIndex(r, c, blockM);
     Value chunk =
         vector::LoadOp::create(b, loc, vec8, qTile, ValueRange{at[0], at[1]});
     Value row = add(qRow0, r);
@@ -924,8 +952,8 @@ SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
                                                        Value kAddr) {
   // As scores(): warpgroup w's rows 64w..64w+63 of Q (or dO), both operands
   // K-major, the A address opaque per use.
-  Value aAddr = add(opaque(smemAddr),
-                    add(idx(aOffset), mul(divu(warp, 4), idx(64 * 128))));
+  Value aAddr = add(opaque(*this, smemAddr),
+                    add(idx(aOffset), mul(divu(ids.warp, 4), idx(64 * 128))));
   Value aDesc = mma.desc(aAddr, 16, 1024);
   Value bDesc = mma.desc(kAddr, 16, 1024);
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
@@ -934,12 +962,12 @@ SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
 LogicalResult WarpSpecializedForward::emitDqConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
-  wgIdx = divu(warp, 4);
+  wgIdx = divu(ids.warp, 4);
   // The rows' LSE (in the log2 domain of the kernels' exp2) and Delta; rows
   // past the segment: LSE +inf (P = 0), Delta 0.
   SmallVector<Value> lse, delta;
   for (int64_t h = 0; h < 2; ++h) {
-    Value row = add(qRow0, add(mul(warp, idx(16)), add(idx(h * 8), g)));
+    Value row = add(qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
     Value valid = cmp(arith::CmpIPredicate::ult, row, segLen);
     Value token = add(segStart, select(valid, row, idx(0)));
     Value l = memref::LoadOp::create(
@@ -955,13 +983,13 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
     kernelValues.map(op.getResult(),
                      pack(op.getStat() == StatKind::lse ? lse : delta));
   });
-  waitParity(barrier(0), idx(0));
+  waitParity(*this, barrier(0), idx(0));
 
   // Iteration 0: S and dP, then the ops on them (P, dS).
   turnEndIf(1);
   Value first = idx(0);
-  waitParity(kFull(first), idx(0));
-  waitParity(vFull(first), idx(0));
+  waitParity(*this, kFull(first), idx(0));
+  waitParity(*this, vFull(first), idx(0));
   turnBegin();
   mma.fence();
   SmallVector<Value> s = rowProducts(0, kAddrOf(first));
@@ -980,7 +1008,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
   if (failed(emitReady(map, done)))
     return failure();
   mma.wait(0, dp);
-  arrive(vEmpty(first));
+  arrive(*this, vEmpty(first));
   bindProduct(map, dpOp, dp);
   if (failed(emitReady(map, done)))
     return failure();
@@ -1006,8 +1034,8 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
     auto [prevSlot, prevParity] =
         slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
     (void)prevParity; // K of i - 1 has landed: its scores were computed
-    waitParity(kFull(slot), parity);
-    waitParity(vFull(slot), parity);
+    waitParity(*this, kFull(slot), parity);
+    waitParity(*this, vFull(slot), parity);
     turnBegin();
     mma.fence();
     SmallVector<Value> s = rowProducts(0, kAddrOf(slot));
@@ -1024,7 +1052,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
     if (failed(emitReady(map, done)))
       return failure();
     mma.wait(1, dp);
-    arrive(vEmpty(slot));
+    arrive(*this, vEmpty(slot));
     bindProduct(map, dpOp, dp);
     if (failed(emitReady(map, done)))
       return failure();
@@ -1032,7 +1060,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
     // dS of i - 1 passes through the wait too: the dQ group reads its
     // registers until it retires.
     mma.waitKeeping(0, acc, ds);
-    arrive(kEmpty(prevSlot));
+    arrive(*this, kEmpty(prevSlot));
     map.map(tileLoop.getBody().front().getArgument(1 + accArg), pack(acc));
     if (failed(emitReady(map, done)))
       return failure();
@@ -1054,7 +1082,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
   mma.commit();
   turnEndIf(0);
   mma.waitKeeping(0, acc, ds);
-  arrive(kEmpty(lastSlot));
+  arrive(*this, kEmpty(lastSlot));
   // The epilogue stores the last loop's accumulator.
   IRMapping results = kernelValues;
   results.map(lastKVLoop().getResult(accArg), pack(acc));
@@ -1068,30 +1096,31 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   // The spec was checked against the schedule's record (checkSpec, in the
   // dualkv.kernel verifier and again by dualkv-lower-to-nvgpu): the kind,
   // tiling, head_dim and shared memory fit this emitter.
-  Block &entry = createFunc(gpuModule, kernel.getSymName(), kernel.getKind(),
-                            ::dualkv::Schedule::WarpSpecialized, isTree);
+  Block &entry =
+      fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
+                ::dualkv::Schedule::WarpSpecialized, isTree);
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
-  lsePtr = param("lse"), segPtr = param("segs");
-  lseStrideH = indexParam("lseStrideH");
+  lsePtr = fn.param("lse"), segPtr = fn.param("segs");
+  lseStrideH = fn.indexParam("lseStrideH");
   if (isDq) {
     // dq takes the output's place (oPtr, oStride*).
-    oPtr = param("dq"), oStrideT = indexParam("dqStrideT"),
-    oStrideH = indexParam("dqStrideH");
-    deltaPtr = param("delta"), deltaStrideH = indexParam("deltaStrideH");
-    scale = param("scale");
-    doMap = param("doMap");
+    oPtr = fn.param("dq"), oStrideT = fn.indexParam("dqStrideT"),
+    oStrideH = fn.indexParam("dqStrideH");
+    deltaPtr = fn.param("delta"), deltaStrideH = fn.indexParam("deltaStrideH");
+    scale = fn.param("scale");
+    doMap = fn.param("doMap");
   } else {
-    oPtr = param("o"), oStrideT = indexParam("oStrideT"),
-    oStrideH = indexParam("oStrideH");
+    oPtr = fn.param("o"), oStrideT = fn.indexParam("oStrideT"),
+    oStrideH = fn.indexParam("oStrideH");
   }
-  scaleLog2 = param("scaleLog2");
-  qMap = param("qMap"), kMap = param("kMap"), vMap = param("vMap");
-  Value workPtr = param("order");
+  scaleLog2 = fn.param("scaleLog2");
+  qMap = fn.param("qMap"), kMap = fn.param("kMap"), vMap = fn.param("vMap");
+  Value workPtr = fn.param("order");
 
-  emitThreadIds();
+  ids = ThreadIds::emit(*this);
   // Block x takes work item x of the plan's forward order ({segment, query
   // tile}, heaviest first), block z is the head.
   Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
@@ -1102,21 +1131,21 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   Value seg = workField(0);
   segIndex = seg;
   if (isTree)
-    chainPtr = param("chain");
+    chainPtr = fn.param("chain");
   qRow0 = mul(workField(1), idx(blockM));
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
   kvHead = divu(head, groupSize);
-  auto [start, length, promptStart, promptLen] = segmentFields(segPtr, seg);
-  segStart = start, segLen = length, sharedStart = promptStart,
-  sharedLen = promptLen;
+  SegmentFields fields = segmentFields(*this, segPtr, seg);
+  segStart = fields.start, segLen = fields.length,
+  sharedStart = fields.sharedStart, sharedLen = fields.sharedLen;
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
   auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                                MemRefLayoutAttrInterface(), workgroup);
   Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
-  smemAddr = alignToSwizzle(smem, sharedBytes());
-  qTile = swizzledTile(smem, 0, blockM);
+  smemAddr = smemTiles.alignToSwizzle(smem, sharedBytes());
+  qTile = smemTiles.swizzledTile(smem, 0, blockM);
   if (failed(collectLoops()) || failed(collectTileProgram()))
     return failure();
   if (isTree) {
@@ -1129,9 +1158,9 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   // the producer's arrival plus the TMA bytes, every "empty" one when all 256
   // consumer threads are done with the slot.
   {
-    auto init =
-        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, tid, idx(0)),
-                          /*withElseRegion=*/false);
+    auto init = scf::IfOp::create(
+        b, loc, cmp(arith::CmpIPredicate::eq, ids.tid, idx(0)),
+        /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(init.thenBlock());
     NVVM::MBarrierInitOp::create(b, loc, barrier(0), i32c(1), Value());
@@ -1148,7 +1177,7 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   gpu::BarrierOp::create(b, loc);
 
   auto role = scf::IfOp::create(
-      b, loc, cmp(arith::CmpIPredicate::uge, tid, idx(threads())),
+      b, loc, cmp(arith::CmpIPredicate::uge, ids.tid, idx(threads())),
       /*withElseRegion=*/true);
   {
     OpBuilder::InsertionGuard guard(b);

@@ -1,17 +1,17 @@
 //===- WgmmaBuilder.h - wgmma.mma_async and its fences as inline PTX ------===//
 //
 // The builders of the warpgroup schedules (sm_90a): shared-memory matrix
-// descriptors of the 128-byte swizzle (Lowering/Support/Fragments.h lays the
-// tiles out), wgmma steps with A from shared memory or from registers, and the
-// fence/commit/wait around them, as dualkv.wgmma* ops (lowered to PTX by
-// dualkv-nvgpu-to-nvvm). Accumulators are fp32 registers, m64nN
-// layout: warp w of a warpgroup holds rows 16w + g and 16w + g + 8.
+// descriptors of the 128-byte swizzle (Lowering/Support/SharedTiles.h lays
+// the tiles out), wgmma steps with A from shared memory or from registers,
+// and the fence/commit/wait around them, as dualkv.wgmma* ops (lowered to PTX
+// by dualkv-nvgpu-to-nvvm). Accumulators are fp32 registers, m64nN layout:
+// warp w of a warpgroup holds rows 16w + g and 16w + g + 8.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WGMMA_WGMMABUILDER_H
 #define DUALKV_COMPILER_WGMMA_WGMMABUILDER_H
 
-#include "Lowering/Support/Fragments.h"
+#include "dualkv/Compiler/Passes.h"
 
 #include <string>
 

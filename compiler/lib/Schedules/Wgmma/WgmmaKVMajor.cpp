@@ -5,7 +5,7 @@
 // Lowering/Skeletons/KVMajorSkeleton.h (MT = 1: warp w holds keys 16w + g and
 // 16w + g + 8, the wgmma m64nN accumulator layout of warpgroup w / 4) and moves
 // every product to wgmma.mma_async: K, V, Q and dO sit in shared memory in the
-// 128-byte swizzle (Fragments.h), no padding. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ read
+// 128-byte swizzle (SharedTiles.h), no padding. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ read
 // both operands K-major from shared memory (m64n64k16, 8 k-steps); dV += Pᵀ dO
 // and dK += dSᵀ Q take A from registers (Pᵀ, dSᵀ packed as for mma.sync) and B
 // N-major from the tile (m64n128k16, 4 k-steps), committed but not waited for
@@ -24,6 +24,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Schedules/Wgmma/WgmmaKVMajor.h"
+#include "Lowering/ScheduleEmitters.h"
 #include "Schedules/Wgmma/Wgmma.h"
 
 using namespace mlir;
@@ -87,7 +88,7 @@ LogicalResult WgmmaKVMajorEmitter::emitAccumulate(AccumulateOp op) {
   waitFor(y);
   SmallVector<Value> x = unpack(map.lookup(op.getX()));
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
-  SmallVector<Value> xa = packAFragments(x, 1, nTiles);
+  SmallVector<Value> xa = frags.packAFragments(x, 1, nTiles);
   Value bDesc = wg.desc(addrOf(y), blockN * 128, 1024);
   wg.fence();
   commitWgmma(op.getResult(), wg.regsA(acc, xa, bDesc));
@@ -103,7 +104,7 @@ void WgmmaKVMajorEmitter::storeDsT(ArrayRef<Value> ds) {
       int64_t i = nt * 4 + h * 2;
       Value narrow = arith::TruncFOp::create(
           b, loc, VectorType::get({2}, elemType), pack({ds[i], ds[i + 1]}));
-      Value row = add(mul(warp, idx(16)), add(idx(h * 8), aG));
+      Value row = add(mul(ids.warp, idx(16)), add(idx(h * 8), aG));
       Value chunk = arith::XOrIOp::create(b, loc, idx(nt), aG);
       Value col = add(mul(chunk, idx(8)), mul(aT, idx(2)));
       vector::StoreOp::create(b, loc, narrow, dsBuf, ValueRange{row, col});
@@ -113,8 +114,8 @@ void WgmmaKVMajorEmitter::storeDsT(ArrayRef<Value> ds) {
 SmallVector<Value> WgmmaKVMajorEmitter::dqWgmma(ArrayRef<Value> ds) {
   beforeDsStore();
   storeDsT(ds);
-  proxyFence();
-  syncThreads();
+  proxyFence(*this);
+  copies.syncThreads();
   // dQ (queries x D) = dS (queries x keys, M-major: dSᵀ) K (keys x D,
   // N-major); warpgroup w computes columns 64w..64w+63, BM / 16 k-steps of 16
   // keys.
@@ -147,7 +148,7 @@ void WgmmaKVMajorEmitter::stageDq(ArrayRef<Value> acc, Value colBase,
   for (int64_t nt = 0; nt < int64_t(acc.size()) / 4; ++nt)
     for (int64_t h = 0; h < 2; ++h) {
       int64_t i = nt * 4 + h * 2;
-      Value row = add(mul(remu(warp, 4), idx(16)), add(idx(h * 8), aG));
+      Value row = add(mul(remu(ids.warp, 4), idx(16)), add(idx(h * 8), aG));
       Value col = add(colBase, add(idx(nt * 8), mul(aT, idx(2))));
       vector::StoreOp::create(b, loc, pack({acc[i], acc[i + 1]}), buf,
                               ValueRange{row, col});
@@ -167,10 +168,11 @@ void WgmmaKVMajorEmitter::reduceDqRow(Value row, Value first, int64_t buffer) {
                           mul(row, idx(dqRowBytes())))));
     // Inline PTX: MLIR 22's NVVM has the tensor form of the bulk reduction
     // (nvvm.cp.async.bulk.tensor.reduce), not this one of contiguous bytes.
-    asmF32("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
-           "[$0], [$1], " +
-               std::to_string(headDim * 4) + ";",
-           "l,r", ValueRange{dst, src}, 0);
+    inlinePtxF32(b, loc,
+                 "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
+                 "[$0], [$1], " +
+                     std::to_string(headDim * 4) + ";",
+                 "l,r", ValueRange{dst, src}, 0);
   });
 }
 
@@ -178,11 +180,11 @@ void WgmmaKVMajorEmitter::reduceDqBulk(ArrayRef<Value> acc, Value first) {
   stageDq(acc);
   // The rows reach the bulk copies (async proxy) through the fence and the
   // barrier.
-  proxyFence();
-  syncThreads();
+  proxyFence(*this);
+  copies.syncThreads();
   onDqIssuers([&] {
-    reduceDqRow(tid, first);
-    bulkCommit();
+    reduceDqRow(ids.tid, first);
+    bulkCommit(*this);
   });
 }
 

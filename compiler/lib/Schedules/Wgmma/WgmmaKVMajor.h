@@ -22,7 +22,7 @@ public:
     dsRowStride = blockN;
     swizzledTiles = true;
     waitOncePerTile = true;
-    wgmmaReadsTiles = true;
+    copies.wgmmaReadsTiles = true;
   }
 
   /// The dQ staging buffer (bwd), then 1 KB more, to align the buffers to
@@ -39,17 +39,17 @@ public:
 protected:
   void layoutTiles() override {
     int64_t blockBytes = blockM * rowStride * 2;
-    smemAddr = alignToSwizzle(smem, sharedBytes());
-    warpGroup = divu(warp, 4);
-    kBuf = swizzledTile(smem, 0, blockM);
-    vBuf = swizzledTile(smem, blockBytes, blockM);
+    smemAddr = smemTiles.alignToSwizzle(smem, sharedBytes());
+    warpGroup = divu(ids.warp, 4);
+    kBuf = smemTiles.swizzledTile(smem, 0, blockM);
+    vBuf = smemTiles.swizzledTile(smem, blockBytes, blockM);
     if (withDq)
-      dsBuf = sharedTile(smem, dsOffset(), blockM, blockN);
+      dsBuf = smemTiles.sharedTile(smem, dsOffset(), blockM, blockN);
   }
   void beginQIteration(Value parity) override {
     // As aLane: an opaque base each iteration keeps LLVM from hoisting every
     // k-step's descriptor into registers of its own.
-    Value base = opaque(smemAddr);
+    Value base = opaque(*this, smemAddr);
     kAddr = base;
     vAddr = add(base, idx(blockM * rowStride * 2));
     dsAddr = add(base, idx(dsOffset()));
@@ -60,12 +60,12 @@ protected:
     if (!inFlight.empty())
       waitWgmma(Value());
     if (withDq)
-      onDqIssuers([&] { bulkWait(0, /*readOnly=*/true); });
+      onDqIssuers([&] { bulkWait(*this, 0, /*readOnly=*/true); });
   }
   void endKernel() override {
     // Every bulk reduction has reached global memory before the CTA ends.
     if (withDq)
-      onDqIssuers([&] { bulkWait(0, /*readOnly=*/false); });
+      onDqIssuers([&] { bulkWait(*this, 0, /*readOnly=*/false); });
   }
   LogicalResult emitQKT(QKTOp op) override;
   LogicalResult emitAccumulate(AccumulateOp op) override;
@@ -79,7 +79,7 @@ protected:
   /// Runs `body` on the threads that issue dQ's bulk reductions: thread r
   /// for query row r of the tile.
   template <typename Fn> void onDqIssuers(Fn body) {
-    emitIf(cmp(arith::CmpIPredicate::ult, tid, idx(blockN)), body);
+    emitIf(cmp(arith::CmpIPredicate::ult, ids.tid, idx(blockN)), body);
   }
   /// Stores the warp's dQ C fragments (dqWgmma's) in the staging buffer and
   /// adds each query row of the tile starting at query `first` to the fp32

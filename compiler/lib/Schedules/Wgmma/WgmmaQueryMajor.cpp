@@ -4,7 +4,7 @@
 // multiple of 4; the default 128:128:8:2). The register layouts of
 // Lowering/Skeletons/QueryMajorSkeleton.h stay: warp w holds rows 16w + g and
 // 16w + g + 8, the m64nN accumulator layout of warpgroup w / 4. Q, K and V sit
-// unpadded in the 128-byte swizzle (Fragments.h); S = Q Kᵀ reads both K-major
+// unpadded in the 128-byte swizzle (SharedTiles.h); S = Q Kᵀ reads both K-major
 // (m64nBNk16, D / 16 k-steps) and O += P V takes P from registers and V N-major
 // (m64n128k16, BN / 16 k-steps); each waits for its own group.
 //
@@ -13,6 +13,7 @@
 // dQ += dS K (dS from registers, K N-major).
 //
 //===----------------------------------------------------------------------===//
+#include "Lowering/ScheduleEmitters.h"
 #include "Lowering/Skeletons/QueryMajorSkeleton.h"
 #include "Schedules/Wgmma/Wgmma.h"
 #include "Schedules/Wgmma/WgmmaBuilder.h"
@@ -28,7 +29,7 @@ public:
       : QueryMajorEmitter(kernel, b), wg(b, loc, elemType, headDim) {
     rowStride = headDim;
     swizzledTiles = true;
-    wgmmaReadsTiles = true;
+    copies.wgmmaReadsTiles = true;
   }
 
   /// 1 KB more, to align the buffers to the swizzle's 1024 bytes.
@@ -42,15 +43,15 @@ private:
     doOffset = qBytes;
     kOffset = kvOffset;
     vOffset = kvOffset + blockN * rowStride * 2;
-    smemAddr = alignToSwizzle(smem, sharedBytes());
-    qBuf = swizzledTile(smem, 0, blockM);
+    smemAddr = smemTiles.alignToSwizzle(smem, sharedBytes());
+    qBuf = smemTiles.swizzledTile(smem, 0, blockM);
     if (isDq)
-      doBuf = swizzledTile(smem, doOffset, blockM);
-    kBuf = swizzledTile(smem, kOffset, blockN);
-    vBuf = swizzledTile(smem, vOffset, blockN);
+      doBuf = smemTiles.swizzledTile(smem, doOffset, blockM);
+    kBuf = smemTiles.swizzledTile(smem, kOffset, blockN);
+    vBuf = smemTiles.swizzledTile(smem, vOffset, blockN);
   }
   void beginKVIteration() override {
-    Value base = opaque(smemAddr);
+    Value base = opaque(*this, smemAddr);
     qAddr = base;
     doAddr = add(base, idx(doOffset));
     kAddr = add(base, idx(kOffset));
@@ -83,8 +84,8 @@ SmallVector<Value> WgmmaQueryMajorEmitter::computeScores(QKOp op) {
   // S = Q Kᵀ (dP = dO Vᵀ): warpgroup w owns query rows 64w..64w+63; both
   // operands K-major in the swizzled tiles.
   Value aDesc = wg.desc(
-      add(addrOf(map.lookup(op.getQ())), mul(divu(warp, 4), idx(64 * 128))), 16,
-      1024);
+      add(addrOf(map.lookup(op.getQ())), mul(divu(ids.warp, 4), idx(64 * 128))),
+      16, 1024);
   Value bDesc = wg.desc(addrOf(map.lookup(op.getK())), 16, 1024);
   wg.fence();
   SmallVector<Value> s =
