@@ -5,6 +5,10 @@ standard configs of benchmarks/README.md (Qwen3-8B heads: Hq=32, Hkv=8,
 D=128, bf16, one group each), plus P=65536 for DualKV alone, then the
 other target shapes: head_dim 64 (32:8) and 256 (16:8) at P=8192, N=16, R=1024,
 and 4 groups of P=2048, N=8, R 64..4096 in one launch (--set targets).
+--set causal: plain causal attention at equal work, every peer on the same
+sequences: prompt-only plans (one L-token prompt, no responses) for DualKV and
+Flex, one causal sequence each for cuDNN and FA2 (their kernels at their best),
+at L = 16384 for head_dim 64, 128 and 256 and at 2 x 8192 for head_dim 128.
 
 The headline peer is FlexAttention at its fastest: torch.compile(
 flex_attention, dynamic=False) on contiguous [1, H, T, D] tensors, a kernel
@@ -16,7 +20,7 @@ never the headline. Both run in the same process by default.
     python3 benchmarks/bench_attention.py --lib build/libdualkv.so [--out DIR]
     python3 benchmarks/bench_attention.py --quick          # smoke run
     python3 benchmarks/bench_attention.py --mode fwd       # forward only
-    python3 benchmarks/bench_attention.py --set standard   # or targets
+    python3 benchmarks/bench_attention.py --set standard   # or targets, causal
     python3 benchmarks/bench_attention.py --methods DualKV,flex-static
 
 Writes DIR/attention.{md,json} (rewritten after every config: a run cut
@@ -105,6 +109,10 @@ class Config:
             prompt_start = off
             self.segments.append(Segment(g, -1, off, P))
             off += P
+            if not Rs:
+                # A prompt-only group: the replicated peers run the prompt
+                # as one causal sequence of its own (plain causal attention).
+                self.sequences.append(Sequence(g, 0, prompt_start, P, off, 0))
             for n, R in enumerate(Rs):
                 self.segments.append(Segment(g, n, off, R))
                 self.sequences.append(Sequence(g, n, prompt_start, P, off, R))
@@ -164,7 +172,20 @@ def target_configs():
     return configs
 
 
-CONFIG_SETS = ("standard", "targets", "all")
+def causal_configs():
+    """Plain causal attention at equal work (the set "causal", not part of
+    "all"): prompt-only groups, which the replicated peers run as one causal
+    sequence each, so cuDNN and FA2 run plain causal attention on exactly the
+    pairs DualKV computes. L = 16384 at head_dim 64, 128 and 256 (Hq 32, Hkv
+    8), and two sequences of 8192 at head_dim 128."""
+    configs = [Config(f"causal_L16384_D{d}", [(16384, [])], hq=32, hkv=8, d=d,
+                      set_name="causal") for d in (64, 128, 256)]
+    configs.append(Config("causal_2x8192_D128", [(8192, [])] * 2, hq=32,
+                          hkv=8, d=128, set_name="causal"))
+    return configs
+
+
+CONFIG_SETS = ("standard", "targets", "causal", "all")
 # --quick: a smoke run of each set (the new ones cover several groups per
 # launch, per-config heads and head_dim 256).
 QUICK_CONFIGS = ("P4096_N16_R1024", "P16384_N16_R1024",
@@ -172,8 +193,9 @@ QUICK_CONFIGS = ("P4096_N16_R1024", "P16384_N16_R1024",
 
 
 def all_configs():
-    """Every config, the standard ones first, then the targets."""
-    return standard_configs() + target_configs()
+    """Every config, the standard ones first, then the targets, then plain
+    causal attention (which --set all leaves out)."""
+    return standard_configs() + target_configs() + causal_configs()
 
 
 def select_configs(set_name="all", quick=False, names=None):
@@ -187,7 +209,8 @@ def select_configs(set_name="all", quick=False, names=None):
             raise ValueError("unknown config(s): "
                              + ", ".join(sorted(unknown)))
         return [c for c in configs if c.name in names]
-    configs = [c for c in configs if set_name in ("all", c.set_name)]
+    configs = [c for c in configs if set_name == c.set_name
+               or (set_name == "all" and c.set_name != "causal")]
     if quick:
         configs = [c for c in configs if c.name in QUICK_CONFIGS]
     return configs
@@ -787,7 +810,14 @@ def parse_args(argv=None, defaults=None):
         + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, D {c.d}, "
                     f"{c.G} group{'s' if c.G > 1 else ''})"
                     for c in target_configs())
-        + "; all = both, standard first (default). --configs takes any of "
+        + "; causal = "
+        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, D {c.d})"
+                    for c in causal_configs())
+        + " (plain causal attention at equal work: prompt-only plans for "
+        "DualKV and Flex, one causal sequence of each prompt for cuDNN and "
+        "FA2, so the replicated columns are those kernels at their best)"
+        + "; all = standard and targets, standard first (default). "
+        "--configs takes any of "
         "these names, whatever --set says. --quick: "
         + ", ".join(QUICK_CONFIGS) + " (those of the chosen set). Where "
         "the library has no backward for a config, with --mode fwdbwd its "
@@ -821,8 +851,10 @@ def parse_args(argv=None, defaults=None):
                     help="which configs: standard (benchmarks/README.md's, Qwen3-8B "
                     "heads, one group each, and P=65536 for DualKV), targets "
                     "(head_dim 64 and 256 at P=8192 N=16 "
-                    "R=1024, 4 groups of P=2048 N=8 R 64..4096), or all "
-                    "(default: standard first, then targets)")
+                    "R=1024, 4 groups of P=2048 N=8 R 64..4096), causal "
+                    "(plain causal attention at equal work, L=16384 at "
+                    "head_dim 64, 128, 256 and 2 x 8192 at 128), or all "
+                    "(default: standard first, then targets; not causal)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: only " + ", ".join(QUICK_CONFIGS)
                     + " (those in --set), 5 timed runs, 2 warm-ups")

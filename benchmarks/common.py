@@ -31,7 +31,10 @@ def useful_pairs(P, Rs):
 
 
 def replicated_pairs(P, Rs):
-    """Pairs a causal kernel computes on the N sequences [prompt | resp_n]."""
+    """Pairs a causal kernel computes on the N sequences [prompt | resp_n];
+    a prompt without responses is one causal sequence of its own."""
+    if not Rs:
+        return P * (P + 1) // 2
     return sum((P + R) * (P + R + 1) // 2 for R in Rs)
 
 
