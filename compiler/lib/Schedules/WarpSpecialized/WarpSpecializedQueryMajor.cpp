@@ -77,9 +77,9 @@ constexpr int32_t kProducerRegs = 24;
 constexpr int32_t kConsumerRegs = 240;
 constexpr int32_t kEntryRegs = 168;
 
-class WarpSpecializedForward : public ScalarBuilder {
+class WarpSpecializedQueryMajor : public ScalarBuilder {
 public:
-  WarpSpecializedForward(KernelOp kernel, OpBuilder &b)
+  WarpSpecializedQueryMajor(KernelOp kernel, OpBuilder &b)
       : ScalarBuilder(b, kernel.getLoc()),
         elemType(kernel.getProblem()->getDtype()),
         headDim(kernel.getProblem()->getHeadDim()),
@@ -296,7 +296,7 @@ private:
   Value smemAddr, wgIdx, qTile;
 };
 
-LogicalResult WarpSpecializedForward::collectLoops() {
+LogicalResult WarpSpecializedQueryMajor::collectLoops() {
   Value offset = idx(0);
   for (Operation &op : kernel.getBody().front()) {
     auto loop = dyn_cast<KVLoopOp>(op);
@@ -322,7 +322,7 @@ LogicalResult WarpSpecializedForward::collectLoops() {
   return success();
 }
 
-std::pair<Value, Value> WarpSpecializedForward::tileOf(Value i) {
+std::pair<Value, Value> WarpSpecializedQueryMajor::tileOf(Value i) {
   Value start, tile;
   for (const Loop &l : loops) {
     Value s = l.region == KVRegion::shared ? sharedStart : segStart;
@@ -340,7 +340,7 @@ std::pair<Value, Value> WarpSpecializedForward::tileOf(Value i) {
   return {start, tile};
 }
 
-SmallVector<Value> WarpSpecializedForward::walkBegin() {
+SmallVector<Value> WarpSpecializedQueryMajor::walkBegin() {
   SmallVector<Value> w(kWalkFields);
   Value count = chainField(segIndex, 3);
   w[kRow] = segIndex;
@@ -355,8 +355,8 @@ SmallVector<Value> WarpSpecializedForward::walkBegin() {
   return walkStep(w, /*advance=*/false);
 }
 
-SmallVector<Value> WarpSpecializedForward::walkStep(ArrayRef<Value> wIn,
-                                                    bool advance) {
+SmallVector<Value> WarpSpecializedQueryMajor::walkStep(ArrayRef<Value> wIn,
+                                                       bool advance) {
   SmallVector<Value> w(wIn);
   if (advance)
     w[kTile] = add(w[kTile], idx(1));
@@ -383,7 +383,7 @@ SmallVector<Value> WarpSpecializedForward::walkStep(ArrayRef<Value> wIn,
   return SmallVector<Value>(loop.getResults());
 }
 
-void WarpSpecializedForward::countChainTiles() {
+void WarpSpecializedQueryMajor::countChainTiles() {
   Value count = chainField(segIndex, 3);
   auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1),
                                  ValueRange{segIndex, idx(0)});
@@ -400,8 +400,8 @@ void WarpSpecializedForward::countChainTiles() {
   chainIters = loop.getResult(1);
 }
 
-std::pair<Value, Value> WarpSpecializedForward::tileAt(Value i,
-                                                       ArrayRef<Value> w) {
+std::pair<Value, Value> WarpSpecializedQueryMajor::tileAt(Value i,
+                                                          ArrayRef<Value> w) {
   if (!isTree)
     return tileOf(i);
   Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
@@ -411,8 +411,9 @@ std::pair<Value, Value> WarpSpecializedForward::tileAt(Value i,
   return {select(inChain, w[kStart], start), select(inChain, w[kTile], tile)};
 }
 
-SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
-                                                  ArrayRef<Value> w) {
+SmallVector<Value> WarpSpecializedQueryMajor::maskAt(SmallVector<Value> s,
+                                                     Value i,
+                                                     ArrayRef<Value> w) {
   if (!isTree)
     return maskEdges(std::move(s), i);
   Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
@@ -451,8 +452,8 @@ SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
   return unpack(branch.getResult(0));
 }
 
-SmallVector<Value> WarpSpecializedForward::walkAfter(Value i,
-                                                     ArrayRef<Value> w) {
+SmallVector<Value> WarpSpecializedQueryMajor::walkAfter(Value i,
+                                                        ArrayRef<Value> w) {
   if (!isTree)
     return {};
   Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
@@ -469,7 +470,7 @@ SmallVector<Value> WarpSpecializedForward::walkAfter(Value i,
   return SmallVector<Value>(branch.getResults());
 }
 
-void WarpSpecializedForward::emitProducer() {
+void WarpSpecializedQueryMajor::emitProducer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
   // One thread issues every load.
@@ -518,7 +519,7 @@ void WarpSpecializedForward::emitProducer() {
     scf::YieldOp::create(b, loc, walkAfter(i, w));
 }
 
-SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
+SmallVector<Value> WarpSpecializedQueryMajor::scores(Value kAddr) {
   // Warpgroup w owns query rows 64w..64w+63; both operands K-major. The Q
   // address is made opaque per use so LLVM rebuilds its descriptors instead
   // of keeping all of them live across the loop.
@@ -529,8 +530,8 @@ SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
 }
 
-void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
-                                        ArrayRef<Value> p, Value vAddr) {
+void WarpSpecializedQueryMajor::accumulate(MutableArrayRef<Value> acc,
+                                           ArrayRef<Value> p, Value vAddr) {
   // Its own fence: the P V group is issued behind the scores' group, and
   // ptxas serialises a group whose inputs (descriptors, P) were defined after
   // the last fence.
@@ -540,8 +541,8 @@ void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
   std::copy(out.begin(), out.end(), acc.begin());
 }
 
-SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
-                                                MaskKind kind, Value tile) {
+SmallVector<Value> WarpSpecializedQueryMajor::mask(ArrayRef<Value> sIn,
+                                                   MaskKind kind, Value tile) {
   SmallVector<Value> s(sIn);
   tile::mask(*this, s, kind,
              queryMajorLayout(*this, 1, nTiles, qRow0, mul(tile, idx(blockN)),
@@ -550,8 +551,8 @@ SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
   return s;
 }
 
-SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
-                                                     Value i) {
+SmallVector<Value> WarpSpecializedQueryMajor::maskEdges(SmallVector<Value> s,
+                                                        Value i) {
   for (const Loop &l : loops) {
     if (!l.mask)
       continue;
@@ -574,7 +575,7 @@ SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
   return s;
 }
 
-LogicalResult WarpSpecializedForward::collectTileProgram() {
+LogicalResult WarpSpecializedQueryMajor::collectTileProgram() {
   // A loop's ops, masks aside: what every loop of the pipeline must share.
   auto signature = [](KVLoopOp loop) {
     SmallVector<std::pair<StringRef, DictionaryAttr>> ops;
@@ -657,7 +658,7 @@ LogicalResult WarpSpecializedForward::collectTileProgram() {
 }
 
 IRMapping
-WarpSpecializedForward::tileMapping(ArrayRef<SmallVector<Value>> state) {
+WarpSpecializedQueryMajor::tileMapping(ArrayRef<SmallVector<Value>> state) {
   IRMapping map = kernelValues;
   Block &body = tileLoop.getBody().front();
   size_t next = 0;
@@ -667,13 +668,14 @@ WarpSpecializedForward::tileMapping(ArrayRef<SmallVector<Value>> state) {
   return map;
 }
 
-void WarpSpecializedForward::bindProduct(IRMapping &map, Operation *op,
-                                         ArrayRef<Value> values) {
+void WarpSpecializedQueryMajor::bindProduct(IRMapping &map, Operation *op,
+                                            ArrayRef<Value> values) {
   map.map(op->getResult(0), pack(values));
 }
 
-LogicalResult WarpSpecializedForward::emitReady(IRMapping &map,
-                                                DenseSet<Operation *> &done) {
+LogicalResult
+WarpSpecializedQueryMajor::emitReady(IRMapping &map,
+                                     DenseSet<Operation *> &done) {
   for (Operation &op : tileLoop.getBody().front().without_terminator()) {
     if (done.contains(&op))
       continue;
@@ -696,7 +698,7 @@ LogicalResult WarpSpecializedForward::emitReady(IRMapping &map,
 }
 
 SmallVector<SmallVector<Value>>
-WarpSpecializedForward::nextState(IRMapping &map) {
+WarpSpecializedQueryMajor::nextState(IRMapping &map) {
   SmallVector<SmallVector<Value>> state;
   Operation *yield = tileLoop.getBody().front().getTerminator();
   for (auto [j, v] : llvm::enumerate(yield->getOperands()))
@@ -705,7 +707,7 @@ WarpSpecializedForward::nextState(IRMapping &map) {
   return state;
 }
 
-TileEnv WarpSpecializedForward::tileEnv() {
+TileEnv WarpSpecializedQueryMajor::tileEnv() {
   TileEnv env;
   env.stat = queryMajorStats(nTiles);
   env.scaleLog2 = scaleLog2, env.scale = scale;
@@ -716,7 +718,7 @@ TileEnv WarpSpecializedForward::tileEnv() {
   return env;
 }
 
-Value WarpSpecializedForward::origin(Value v) {
+Value WarpSpecializedQueryMajor::origin(Value v) {
   // Through a chain_loop's iter_args to the values it starts from.
   while (auto arg = dyn_cast<BlockArgument>(v)) {
     auto chain = dyn_cast<ChainLoopOp>(arg.getOwner()->getParentOp());
@@ -728,7 +730,7 @@ Value WarpSpecializedForward::origin(Value v) {
   return v;
 }
 
-SmallVector<Value> WarpSpecializedForward::initialValue(Value init) {
+SmallVector<Value> WarpSpecializedQueryMajor::initialValue(Value init) {
   Value v = origin(init);
   if (auto stats = v.getDefiningOp<InitStatsOp>())
     return unpack(splat(
@@ -758,7 +760,7 @@ struct Carried {
   }
 };
 
-LogicalResult WarpSpecializedForward::emitConsumer() {
+LogicalResult WarpSpecializedQueryMajor::emitConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   waitParity(*this, barrier(0), idx(0));
@@ -874,8 +876,9 @@ LogicalResult WarpSpecializedForward::emitConsumer() {
   return success();
 }
 
-void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
-                                         ArrayRef<Value> l) {
+void WarpSpecializedQueryMajor::storeOutput(ArrayRef<Value> acc,
+                                            ArrayRef<Value> m,
+                                            ArrayRef<Value> l) {
   SmallVector<Value> inv;
   for (int64_t h = 0; h < 2; ++h) {
     Value sum = tile::rowSum(*this, l[h]);
@@ -895,9 +898,9 @@ void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
   storeRows(acc, inv, oPtr, oStrideT, oStrideH);
 }
 
-void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
-                                       ArrayRef<Value> rowScale, Value out,
-                                       Value strideT, Value strideH) {
+void WarpSpecializedQueryMajor::storeRows(ArrayRef<Value> acc,
+                                          ArrayRef<Value> rowScale, Value out,
+                                          Value strideT, Value strideH) {
   // The rows go through this warpgroup's 64 rows of the Q tile (its last
   // scores are done, so Q is free), in the same swizzle, then out as 16-byte
   // row chunks: every warp of the group writes whole rows, coalesced.
@@ -948,8 +951,8 @@ void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
   }
 }
 
-SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
-                                                       Value kAddr) {
+SmallVector<Value> WarpSpecializedQueryMajor::rowProducts(int64_t aOffset,
+                                                          Value kAddr) {
   // As scores(): warpgroup w's rows 64w..64w+63 of Q (or dO), both operands
   // K-major, the A address opaque per use.
   Value aAddr = add(opaque(*this, smemAddr),
@@ -959,7 +962,7 @@ SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
 }
 
-LogicalResult WarpSpecializedForward::emitDqConsumer() {
+LogicalResult WarpSpecializedQueryMajor::emitDqConsumer() {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   wgIdx = divu(ids.warp, 4);
@@ -1092,7 +1095,7 @@ LogicalResult WarpSpecializedForward::emitDqConsumer() {
   return success();
 }
 
-LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
+LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   // The spec was checked against the schedule's record (checkSpec, in the
   // dualkv.kernel verifier and again by dualkv-lower-to-nvgpu): the kind,
   // tiling, head_dim and shared memory fit this emitter.
@@ -1196,10 +1199,10 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
 } // namespace
 
 LogicalResult
-mlir::dualkv::emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
-                                         gpu::GPUModuleOp gpuModule,
-                                         int64_t *sharedBytes) {
-  WarpSpecializedForward emitter(kernel, b);
+mlir::dualkv::emitWarpSpecializedQueryMajor(KernelOp kernel, OpBuilder &b,
+                                            gpu::GPUModuleOp gpuModule,
+                                            int64_t *sharedBytes) {
+  WarpSpecializedQueryMajor emitter(kernel, b);
   if (failed(emitter.emit(gpuModule)))
     return failure();
   *sharedBytes = emitter.sharedBytes();
