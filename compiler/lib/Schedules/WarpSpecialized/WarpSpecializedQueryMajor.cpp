@@ -214,6 +214,20 @@ struct Carried {
   }
 };
 
+/// The template's tile program, read off the kernel before anything is
+/// emitted (WarpSpecializedQueryMajor::collectTileProgram): the tile loop
+/// (the first kv_loop, a tree's chain_loop's included), whose body every
+/// kv_loop's repeats but for its masks; the products in it that the pipeline
+/// issues itself (the scores Q Kᵀ, the dQ kernel's dP = dO Vᵀ, the
+/// accumulating P V or dS K); and the iter_arg the product accumulates into.
+/// Op handles: passed by value.
+struct TileProgram {
+  KVLoopOp loop;
+  QKOp scores, dp;
+  PVOp product;
+  unsigned accArg = 0;
+};
+
 /// One tile's pass through the template's loop body: the values bound to
 /// the body's values so far, and the body's ops already emitted.
 struct TileStep {
@@ -289,10 +303,12 @@ private:
                     const RingTiles &tiles, const Pipeline &pipe);
   LogicalResult emitConsumer(const KernelArgs &args,
                              const SegmentCoords &coords,
-                             const RingTiles &tiles, const Pipeline &pipe);
+                             const RingTiles &tiles, const Pipeline &pipe,
+                             TileProgram prog);
   LogicalResult emitDqConsumer(const KernelArgs &args,
                                const SegmentCoords &coords,
-                               const RingTiles &tiles, const Pipeline &pipe);
+                               const RingTiles &tiles, const Pipeline &pipe,
+                               TileProgram prog);
 
   // ---- the ring's addresses ------------------------------------------------
   // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
@@ -383,24 +399,27 @@ private:
   // accumulator's (the forward's rescale) once the previous tile's product
   // has retired. Every kv_loop's body must be the first one's but for its
   // masks, which maskAt applies where the body masks the scores.
-  /// Sets the fields below, before anything is emitted.
-  LogicalResult collectTileProgram();
-  /// A step for one tile: `kernelValues`, and `state` bound to the body's
-  /// iter_args other than the accumulator, in order (as packed vectors).
-  TileStep beginTile(const IRMapping &kernelValues,
+  /// The kernel's tile program, or a diagnostic on what the pipeline cannot
+  /// place.
+  FailureOr<TileProgram> collectTileProgram();
+  /// A step for one tile of `prog`: `kernelValues`, and `state` bound to the
+  /// body's iter_args other than the accumulator, in order (as packed
+  /// vectors).
+  TileStep beginTile(TileProgram prog, const IRMapping &kernelValues,
                      ArrayRef<SmallVector<Value>> state);
   /// Binds the result of the product `op` (a qk) to the fragment `values`;
   /// the scores pass through this iteration's masks (`masked`) first.
   void bindProduct(TileStep &step, Operation *op, ArrayRef<Value> values);
   /// Emits, once each, the body's library ops whose operands `step` holds.
-  LogicalResult emitReady(TileStep &step, const TileEnv &env);
+  LogicalResult emitReady(TileProgram prog, TileStep &step, const TileEnv &env);
   /// The values `map` gives the body's values `v` (a fragment each).
   SmallVector<Value> lookup(const IRMapping &map, Value v) {
     return unpack(map.lookup(v));
   }
   /// The iter_args that are not the accumulator: the values the body's
   /// yield gives them after one tile.
-  SmallVector<SmallVector<Value>> nextState(const TileStep &step);
+  SmallVector<SmallVector<Value>> nextState(TileProgram prog,
+                                            const TileStep &step);
   /// What the tile-op library reads of the kernel: its scales.
   TileEnv tileEnv(const KernelArgs &args);
   /// The first value of the iter_arg whose first loop's init is `v`
@@ -408,7 +427,6 @@ private:
   SmallVector<Value> initialValue(Value v);
   /// `v`, or through chain_loop iter_args the value it starts from.
   static Value origin(Value v);
-  ValueRange tileLoopInits() { return tileLoop.getInits(); }
   KVLoopOp lastKVLoop() {
     KVLoopOp last;
     for (Operation &op : kernel.getBody().front())
@@ -418,8 +436,9 @@ private:
   }
   /// What iteration 1 reads of iteration `first` (0), whose tile `step`
   /// went through with the walk state `walk`; the accumulator's first value.
-  Carried afterFirstTile(const TileStep &step, const Pipeline &pipe,
-                         Value first, const std::optional<Walk> &walk);
+  Carried afterFirstTile(TileProgram prog, const TileStep &step,
+                         const Pipeline &pipe, Value first,
+                         const std::optional<Walk> &walk);
   /// Iteration `i`'s products, issued after waiting for its slot `slot`
   /// (and the previous one's, `prev`), with the previous tile's product
   /// accumulated into `in.acc` behind them; and the ops on them.
@@ -429,15 +448,9 @@ private:
   /// the previous product retired and its slot freed, the ops on the
   /// accumulator, and the carried values of the next. Returns the loop's
   /// results.
-  FailureOr<Carried> emitMainLoop(const Pipeline &pipe, const RingTiles &tiles,
-                                  const TileEnv &env, const Carried &init,
-                                  IssueTile issue);
-  /// The tile loop (the first kv_loop), its products, and the iter_arg the
-  /// product accumulates into.
-  KVLoopOp tileLoop;
-  QKOp scoresOp, dpOp;
-  PVOp productOp;
-  unsigned accArg = 0;
+  FailureOr<Carried> emitMainLoop(TileProgram prog, const Pipeline &pipe,
+                                  const RingTiles &tiles, const TileEnv &env,
+                                  const Carried &init, IssueTile issue);
 
   // ---- prefix trees: the walk over the segment's ancestor ranges ---------
   /// Field `f` of row `row` of the chain table `table`: {start, length,
@@ -839,7 +852,8 @@ WarpSpecializedQueryMajor::maskEdges(const KVLoops &kv,
   return s;
 }
 
-LogicalResult WarpSpecializedQueryMajor::collectTileProgram() {
+FailureOr<TileProgram> WarpSpecializedQueryMajor::collectTileProgram() {
+  TileProgram prog;
   // A loop's ops, masks aside: what every loop of the pipeline must share.
   auto signature = [](KVLoopOp loop) {
     SmallVector<std::pair<StringRef, DictionaryAttr>> ops;
@@ -856,9 +870,9 @@ LogicalResult WarpSpecializedQueryMajor::collectTileProgram() {
   kernel.getBody().walk<WalkOrder::PreOrder>(
       [&](KVLoopOp loop) { all.push_back(loop); });
   for (KVLoopOp loop : all) {
-    if (!tileLoop)
-      tileLoop = loop;
-    else if (signature(loop) != signature(tileLoop))
+    if (!prog.loop)
+      prog.loop = loop;
+    else if (signature(loop) != signature(prog.loop))
       return loop.emitOpError()
              << "differs from the first kv_loop in more than its masks: the "
                 "warp-specialized schedule runs every loop's tiles through "
@@ -874,61 +888,62 @@ LogicalResult WarpSpecializedQueryMajor::collectTileProgram() {
     if (masks.wasInterrupted())
       return failure();
   }
-  if (!tileLoop)
+  if (!prog.loop)
     return kernel.emitOpError() << "has no kv_loop to schedule";
-  Block &body = tileLoop.getBody().front();
+  Block &body = prog.loop.getBody().front();
   for (Operation &op : body.without_terminator()) {
     if (auto qk = dyn_cast<QKOp>(op)) {
       bool fromQ = readsQ(qk.getQ());
       bool fromDout = isa_and_nonnull<LoadDoutOp>(qk.getQ().getDefiningOp());
-      QKOp &slot = fromQ ? scoresOp : dpOp;
+      QKOp &slot = fromQ ? prog.scores : prog.dp;
       if ((!fromQ && !fromDout) || slot)
         return qk.emitOpError() << "is not a product the warp-specialized "
                                    "pipeline issues (one Q Kᵀ, and dO Vᵀ in "
                                    "the dQ kernel)";
       slot = qk;
     } else if (auto pv = dyn_cast<PVOp>(op)) {
-      if (productOp)
+      if (prog.product)
         return pv.emitOpError() << "is a second accumulating product; the "
                                    "warp-specialized pipeline issues one";
-      productOp = pv;
+      prog.product = pv;
     } else if (!isa<LoadKVOp, MaskOp>(op) && !isTileOp(&op)) {
       return op.emitOpError()
              << "has no place in the warp-specialized pipeline (neither a "
                 "load, a product nor an op of the tile-op library)";
     }
   }
-  if (!scoresOp || !productOp || (isDq != bool(dpOp)))
-    return tileLoop.emitOpError()
+  if (!prog.scores || !prog.product || (isDq != bool(prog.dp)))
+    return prog.loop.emitOpError()
            << "does not compute what the warp-specialized "
            << (isDq ? "dQ kernel" : "forward") << " pipelines: Q Kᵀ, "
            << (isDq ? "dO Vᵀ, " : "") << "and one accumulating product";
   Operation *yield = body.getTerminator();
-  auto acc = llvm::find(yield->getOperands(), productOp.getResult());
+  auto acc = llvm::find(yield->getOperands(), prog.product.getResult());
   if (acc == yield->operand_end())
-    return tileLoop.emitOpError()
+    return prog.loop.emitOpError()
            << "does not carry its product's accumulator to the next tile";
-  accArg = acc - yield->operand_begin();
-  for (auto [j, init] : llvm::enumerate(tileLoop.getInits())) {
+  prog.accArg = acc - yield->operand_begin();
+  for (auto [j, init] : llvm::enumerate(prog.loop.getInits())) {
     Operation *def = origin(init).getDefiningOp();
-    if (j == accArg ? !isa_and_nonnull<InitAccOp>(def)
-                    : !isa_and_nonnull<InitStatsOp>(def))
-      return tileLoop.emitOpError()
+    if (j == prog.accArg ? !isa_and_nonnull<InitAccOp>(def)
+                         : !isa_and_nonnull<InitStatsOp>(def))
+      return prog.loop.emitOpError()
              << "starts iter_arg " << j << " from a value the warp-specialized "
              << "pipeline does not build (init_acc for the accumulator, "
                 "init_stats for the rest)";
   }
-  return success();
+  return prog;
 }
 
 TileStep
-WarpSpecializedQueryMajor::beginTile(const IRMapping &kernelValues,
+WarpSpecializedQueryMajor::beginTile(TileProgram prog,
+                                     const IRMapping &kernelValues,
                                      ArrayRef<SmallVector<Value>> state) {
   TileStep step{kernelValues, {}};
-  Block &body = tileLoop.getBody().front();
+  Block &body = prog.loop.getBody().front();
   size_t next = 0;
   for (unsigned j = 0, e = body.getNumArguments() - 1; j < e; ++j)
-    if (j != accArg)
+    if (j != prog.accArg)
       step.map.map(body.getArgument(1 + j), pack(state[next++]));
   return step;
 }
@@ -938,10 +953,11 @@ void WarpSpecializedQueryMajor::bindProduct(TileStep &step, Operation *op,
   step.map.map(op->getResult(0), pack(values));
 }
 
-LogicalResult WarpSpecializedQueryMajor::emitReady(TileStep &step,
+LogicalResult WarpSpecializedQueryMajor::emitReady(TileProgram prog,
+                                                   TileStep &step,
                                                    const TileEnv &env) {
   IRMapping &map = step.map;
-  for (Operation &op : tileLoop.getBody().front().without_terminator()) {
+  for (Operation &op : prog.loop.getBody().front().without_terminator()) {
     if (step.done.contains(&op))
       continue;
     // The skeleton bound the scores masked (maskAt): a mask passes them on.
@@ -963,11 +979,11 @@ LogicalResult WarpSpecializedQueryMajor::emitReady(TileStep &step,
 }
 
 SmallVector<SmallVector<Value>>
-WarpSpecializedQueryMajor::nextState(const TileStep &step) {
+WarpSpecializedQueryMajor::nextState(TileProgram prog, const TileStep &step) {
   SmallVector<SmallVector<Value>> state;
-  Operation *yield = tileLoop.getBody().front().getTerminator();
+  Operation *yield = prog.loop.getBody().front().getTerminator();
   for (auto [j, v] : llvm::enumerate(yield->getOperands()))
-    if (j != accArg)
+    if (j != prog.accArg)
       state.push_back(lookup(step.map, v));
   return state;
 }
@@ -1004,22 +1020,21 @@ SmallVector<Value> WarpSpecializedQueryMajor::initialValue(Value init) {
   return unpack(splat(*this, dTiles * 4, 0.0f));
 }
 
-Carried
-WarpSpecializedQueryMajor::afterFirstTile(const TileStep &step,
-                                          const Pipeline &pipe, Value first,
-                                          const std::optional<Walk> &walk) {
+Carried WarpSpecializedQueryMajor::afterFirstTile(
+    TileProgram prog, const TileStep &step, const Pipeline &pipe, Value first,
+    const std::optional<Walk> &walk) {
   Carried c;
-  c.operand = lookup(step.map, productOp.getProbs());
-  c.state = nextState(step);
+  c.operand = lookup(step.map, prog.product.getProbs());
+  c.state = nextState(prog, step);
   // Iteration 0's product accumulates into init_acc's zeros.
-  c.acc = initialValue(tileLoopInits()[accArg]);
+  c.acc = initialValue(prog.loop.getInits()[prog.accArg]);
   c.walk = walkAfter(pipe, first, walk);
   return c;
 }
 
 FailureOr<Carried> WarpSpecializedQueryMajor::emitMainLoop(
-    const Pipeline &pipe, const RingTiles &tiles, const TileEnv &env,
-    const Carried &init, IssueTile issue) {
+    TileProgram prog, const Pipeline &pipe, const RingTiles &tiles,
+    const TileEnv &env, const Carried &init, IssueTile issue) {
   auto loop =
       scf::ForOp::create(b, loc, idx(1), pipe.numIters, idx(1), init.flat());
   {
@@ -1032,20 +1047,20 @@ FailureOr<Carried> WarpSpecializedQueryMajor::emitMainLoop(
     FailureOr<TileStep> step = issue(i, slot, prev, in);
     if (failed(step))
       return failure();
-    SmallVector<Value> operandNext = lookup(step->map, productOp.getProbs());
+    SmallVector<Value> operandNext = lookup(step->map, prog.product.getProbs());
     // The operand passes through the wait too: the previous product reads
     // its registers until it retires, and LLVM would otherwise give them to
     // the next tile's. The product frees the slot of its B operand: V (the
     // forward's P V), K (the dQ kernel's dS K).
     mma.waitKeeping(0, in.acc, in.operand);
     arrive(*this, isDq ? kEmpty(tiles, prev.slot) : vEmpty(tiles, prev.slot));
-    step->map.map(tileLoop.getBody().front().getArgument(1 + accArg),
+    step->map.map(prog.loop.getBody().front().getArgument(1 + prog.accArg),
                   pack(in.acc));
-    if (failed(emitReady(*step, env)))
+    if (failed(emitReady(prog, *step, env)))
       return failure();
     Carried out;
-    out.acc = lookup(step->map, productOp.getAcc());
-    out.state = nextState(*step);
+    out.acc = lookup(step->map, prog.product.getAcc());
+    out.state = nextState(prog, *step);
     out.operand = operandNext;
     out.walk = walkAfter(pipe, i, in.walk);
     scf::YieldOp::create(b, loc, out.flat());
@@ -1055,7 +1070,7 @@ FailureOr<Carried> WarpSpecializedQueryMajor::emitMainLoop(
 
 LogicalResult WarpSpecializedQueryMajor::emitConsumer(
     const KernelArgs &args, const SegmentCoords &coords, const RingTiles &tiles,
-    const Pipeline &pipe) {
+    const Pipeline &pipe, TileProgram prog) {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   waitParity(*this, barrier(tiles, 0), idx(0));
@@ -1065,8 +1080,8 @@ LogicalResult WarpSpecializedQueryMajor::emitConsumer(
 
   // The iter_args' first values: the first loop's inits.
   SmallVector<SmallVector<Value>> state;
-  for (auto [j, init] : llvm::enumerate(tileLoopInits()))
-    if (j != accArg)
+  for (auto [j, init] : llvm::enumerate(prog.loop.getInits()))
+    if (j != prog.accArg)
       state.push_back(initialValue(init));
   Value wg = divu(ids.warp, 4);
   // Iteration 0: its scores and the ops on them. Its product accumulates
@@ -1085,16 +1100,16 @@ LogicalResult WarpSpecializedQueryMajor::emitConsumer(
   std::optional<Walk> walk;
   if (isTree)
     walk = walkBegin(*pipe.chain);
-  TileStep step = beginTile(kernelValues, state);
-  bindProduct(step, scoresOp, maskAt(pipe, coords, s, first, walk));
-  if (failed(emitReady(step, env)))
+  TileStep step = beginTile(prog, kernelValues, state);
+  bindProduct(step, prog.scores, maskAt(pipe, coords, s, first, walk));
+  if (failed(emitReady(prog, step, env)))
     return failure();
-  Carried carried = afterFirstTile(step, pipe, first, walk);
+  Carried carried = afterFirstTile(prog, step, pipe, first, walk);
 
   // Iterations 1..n-1: scores of i, then the product (P V) of i - 1 behind
   // them.
   FailureOr<Carried> last = emitMainLoop(
-      pipe, tiles, env, carried,
+      prog, pipe, tiles, env, carried,
       [&](Value i, RingSlot slot, RingSlot prev,
           Carried &in) -> FailureOr<TileStep> {
         waitParity(*this, kFull(tiles, slot.slot), slot.parity);
@@ -1108,9 +1123,9 @@ LogicalResult WarpSpecializedQueryMajor::emitConsumer(
         turnEnd(wg);
         mma.wait(1, s);
         arrive(*this, kEmpty(tiles, slot.slot));
-        TileStep step = beginTile(kernelValues, in.state);
-        bindProduct(step, scoresOp, maskAt(pipe, coords, s, i, in.walk));
-        if (failed(emitReady(step, env)))
+        TileStep step = beginTile(prog, kernelValues, in.state);
+        bindProduct(step, prog.scores, maskAt(pipe, coords, s, i, in.walk));
+        if (failed(emitReady(prog, step, env)))
           return failure();
         return step;
       });
@@ -1133,7 +1148,7 @@ LogicalResult WarpSpecializedQueryMajor::emitConsumer(
   KVLoopOp lastLoop = lastKVLoop();
   size_t next = 0;
   for (auto [j, r] : llvm::enumerate(lastLoop.getResults()))
-    results.map(r, pack(j == accArg ? acc : last->state[next++]));
+    results.map(r, pack(j == prog.accArg ? acc : last->state[next++]));
   kernel.getBody().walk([&](StoreOutputOp store) {
     storeOutput(args, coords, tiles, wg, lookup(results, store.getAcc()),
                 lookup(results, store.getMax()),
@@ -1235,7 +1250,7 @@ WarpSpecializedQueryMajor::rowProducts(const RingTiles &tiles, int64_t aOffset,
 
 LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
     const KernelArgs &args, const SegmentCoords &coords, const RingTiles &tiles,
-    const Pipeline &pipe) {
+    const Pipeline &pipe, TileProgram prog) {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   Value wg = divu(ids.warp, 4);
@@ -1284,21 +1299,21 @@ LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
   std::optional<Walk> walk;
   if (isTree)
     walk = walkBegin(*pipe.chain);
-  TileStep step = beginTile(kernelValues, {});
-  bindProduct(step, scoresOp, maskAt(pipe, coords, s, first, walk));
-  if (failed(emitReady(step, env)))
+  TileStep step = beginTile(prog, kernelValues, {});
+  bindProduct(step, prog.scores, maskAt(pipe, coords, s, first, walk));
+  if (failed(emitReady(prog, step, env)))
     return failure();
   mma.wait(0, dp);
   arrive(*this, vEmpty(tiles, first));
-  bindProduct(step, dpOp, dp);
-  if (failed(emitReady(step, env)))
+  bindProduct(step, prog.dp, dp);
+  if (failed(emitReady(prog, step, env)))
     return failure();
-  Carried carried = afterFirstTile(step, pipe, first, walk);
+  Carried carried = afterFirstTile(prog, step, pipe, first, walk);
 
   // Iterations 1..n-1: S and dP of i, then the product (dQ += dS K) of i - 1
   // behind them.
   FailureOr<Carried> last = emitMainLoop(
-      pipe, tiles, env, carried,
+      prog, pipe, tiles, env, carried,
       [&](Value i, RingSlot slot, RingSlot prev,
           Carried &in) -> FailureOr<TileStep> {
         // K of i - 1 has landed: its scores were computed.
@@ -1315,14 +1330,14 @@ LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
         mma.commit();
         turnEnd(wg);
         mma.wait(2, s);
-        TileStep step = beginTile(kernelValues, {});
-        bindProduct(step, scoresOp, maskAt(pipe, coords, s, i, in.walk));
-        if (failed(emitReady(step, env)))
+        TileStep step = beginTile(prog, kernelValues, {});
+        bindProduct(step, prog.scores, maskAt(pipe, coords, s, i, in.walk));
+        if (failed(emitReady(prog, step, env)))
           return failure();
         mma.wait(1, dp);
         arrive(*this, vEmpty(tiles, slot.slot));
-        bindProduct(step, dpOp, dp);
-        if (failed(emitReady(step, env)))
+        bindProduct(step, prog.dp, dp);
+        if (failed(emitReady(prog, step, env)))
           return failure();
         return step;
       });
@@ -1342,7 +1357,7 @@ LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
   arrive(*this, kEmpty(tiles, lastSlot));
   // The epilogue stores the last loop's accumulator.
   IRMapping results = kernelValues;
-  results.map(lastKVLoop().getResult(accArg), pack(acc));
+  results.map(lastKVLoop().getResult(prog.accArg), pack(acc));
   kernel.getBody().walk([&](StoreDqOp store) {
     storeRows(coords, tiles, wg, lookup(results, store.getAcc()), {}, args.out,
               args.outStrideT, args.outStrideH);
@@ -1366,7 +1381,10 @@ LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   SegmentCoords coords = locate(args);
   RingTiles tiles = placeRing();
   FailureOr<KVLoops> kv = collectLoops(coords);
-  if (failed(kv) || failed(collectTileProgram()))
+  if (failed(kv))
+    return failure();
+  FailureOr<TileProgram> prog = collectTileProgram();
+  if (failed(prog))
     return failure();
   Pipeline pipe = pipeline(std::move(*kv), args, coords);
 
@@ -1402,8 +1420,8 @@ LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
     b.setInsertionPointToStart(role.thenBlock());
     emitProducer(args, coords, tiles, pipe);
     b.setInsertionPointToStart(role.elseBlock());
-    if (failed(isDq ? emitDqConsumer(args, coords, tiles, pipe)
-                    : emitConsumer(args, coords, tiles, pipe)))
+    if (failed(isDq ? emitDqConsumer(args, coords, tiles, pipe, *prog)
+                    : emitConsumer(args, coords, tiles, pipe, *prog)))
       return failure();
   }
 
