@@ -17,9 +17,9 @@ namespace mlir::dualkv {
 /// `kernel` in the warp-specialized schedule into `gpuModule`; sets
 /// `*sharedBytes` to its dynamic shared memory. Fails with a diagnostic on a
 /// spec the schedule does not cover.
-LogicalResult emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
-                                         gpu::GPUModuleOp gpuModule,
-                                         int64_t *sharedBytes);
+LogicalResult emitWarpSpecializedQueryMajor(KernelOp kernel, OpBuilder &b,
+                                            gpu::GPUModuleOp gpuModule,
+                                            int64_t *sharedBytes);
 /// The same for the KV-major backward (bwd, bwd_kv) at head_dim 64 and 128
 /// (KVMajor.cpp): a cp.async producer warpgroup feeding two wgmma consumer
 /// warpgroups through an mbarrier ring.

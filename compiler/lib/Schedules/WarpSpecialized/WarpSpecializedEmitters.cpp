@@ -5,7 +5,7 @@
 namespace mlir::dualkv {
 
 const ScheduleEmitters kWarpSpecializedEmitters = {
-    ::dualkv::Schedule::WarpSpecialized, emitWarpSpecializedForward,
+    ::dualkv::Schedule::WarpSpecialized, emitWarpSpecializedQueryMajor,
     emitWarpSpecializedKVMajor, nullptr};
 
 } // namespace mlir::dualkv

@@ -50,6 +50,12 @@
 // the dQ kernel's ring is deeper (kDqWarpSpecializedStages). dQ leaves as
 // the forward's O does, through the warpgroup's rows of the Q tile.
 //
+// The emitter's state is explicit: what emit reads and computes at entry
+// (KernelArgs, SegmentCoords, RingTiles, the Pipeline of KVLoops and Chain)
+// is made by one function each and passed to the functions that read it; the
+// loop-carried values (Walk, Carried) convert to and from an scf loop's flat
+// values in one place each.
+//
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
@@ -63,6 +69,7 @@
 #include "dualkv/Compiler/Schedule.h"
 
 #include <limits>
+#include <optional>
 #include <tuple>
 
 using namespace mlir;
@@ -77,31 +84,181 @@ constexpr int32_t kProducerRegs = 24;
 constexpr int32_t kConsumerRegs = 240;
 constexpr int32_t kEntryRegs = 168;
 
-class WarpSpecializedForward : public ScalarBuilder {
+/// The kernel parameters the emitter reads (KernelAbi.h), read once at entry
+/// (WarpSpecializedQueryMajor::readArgs).
+struct KernelArgs {
+  /// The rows' LSE (the forward writes it, the dQ kernel reads it), the
+  /// plan's segment table, LSE's head stride.
+  Value lse, segs, lseStrideH;
+  /// The output, the forward's O or the dQ kernel's dQ, and its token and
+  /// head strides.
+  Value out, outStrideT, outStrideH;
+  /// The dQ kernel's: Delta, its head stride, the softmax scale, dO's TMA map.
+  Value delta, deltaStrideH, scale, doMap;
+  /// scale · log2 e; the TMA maps of Q, K and V.
+  Value scaleLog2, qMap, kMap, vMap;
+  /// The plan's forward work order; tree kernels: the chain table.
+  Value order, chain;
+};
+
+/// What the CTA computes: a query tile of one head of one segment, read off
+/// the work order and the segment table at entry
+/// (WarpSpecializedQueryMajor::locate).
+struct SegmentCoords {
+  /// The segment's row of the segment table (and of a tree's chain table).
+  Value segRow;
+  /// The tile's first query row within the segment.
+  Value qRow0;
+  /// The query head (block z) and the K/V head it reads.
+  Value head, kvHead;
+  /// The segment's first token and length; its shared prompt's.
+  Value segStart, segLen, sharedStart, sharedLen;
+};
+
+/// The ring in dynamic shared memory, at RingLayout's offsets from `base`
+/// (WarpSpecializedQueryMajor::placeRing); the barriers and slot tiles are
+/// addresses computed from it (barrier, kFull, kAddrOf, ...).
+struct RingTiles {
+  /// The swizzle-aligned base address (index), where the Q tile starts.
+  Value base;
+  /// The Q tile as a memref: the epilogues stage their rows through it.
+  Value qTile;
+};
+
+/// One kv_loop of the tiled IR: its tiles [lb, ub) of `region`, the mask its
+/// scores pass through (if any), and its first iteration of the pipeline.
+struct Loop {
+  KVRegion region;
+  std::optional<MaskKind> mask;
+  Value lb, ub, count, offset;
+};
+
+/// The kernel's kv_loops in order, and numIters, the tiles of all of them
+/// (WarpSpecializedQueryMajor::collectLoops).
+struct KVLoops {
+  SmallVector<Loop> loops;
+  Value numIters;
+};
+
+/// Tree kernels: the chain table, the segment's row of it, and `tiles`, the
+/// tiles of every ancestor range of the segment (countChainTiles): the
+/// pipeline's first iterations.
+struct Chain {
+  Value table, segRow, tiles;
+};
+
+/// The pipeline's iterations, fixed before the roles split
+/// (WarpSpecializedQueryMajor::pipeline): the chain's tiles first (tree
+/// kernels), then every kv_loop's, numIters in all.
+struct Pipeline {
+  KVLoops kv;
+  std::optional<Chain> chain;
+  Value numIters;
+};
+
+/// The tree walk's state at one iteration, carried from iteration to
+/// iteration: the chain row, the tile in its range, the range's tiles, its
+/// start and length, and the ranges left after it.
+struct Walk {
+  Value row, tile, tiles, start, len, left;
+
+  static constexpr size_t kNumValues = 6;
+  /// As an scf loop's values, in the order of the fields.
+  SmallVector<Value> values() const {
+    return {row, tile, tiles, start, len, left};
+  }
+  /// From an scf loop's values (values()' order).
+  static Walk from(ValueRange v) {
+    assert(v.size() == kNumValues && "not a walk state");
+    return {v[0], v[1], v[2], v[3], v[4], v[5]};
+  }
+};
+
+/// What a consumer's main loop carries from iteration i - 1 to i: the
+/// accumulator (up to tile i - 2's product), the body's other iter_args
+/// (the forward's statistics; none in the dQ kernel), the operand of tile
+/// i - 1's product (P, or dS), and the tree walk (tree kernels).
+struct Carried {
+  SmallVector<Value> acc;
+  SmallVector<SmallVector<Value>> state;
+  SmallVector<Value> operand;
+  std::optional<Walk> walk;
+
+  /// As an scf loop's values: acc, the state's in order, operand, walk.
+  SmallVector<Value> flat() const {
+    SmallVector<Value> out(acc);
+    for (const SmallVector<Value> &s : state)
+      out.append(s);
+    out.append(operand);
+    if (walk)
+      out.append(walk->values());
+    return out;
+  }
+  /// From an scf loop's `values`, laid out as flat() lays out `shape`.
+  static Carried like(const Carried &shape, ValueRange values) {
+    Carried c;
+    size_t at = 0;
+    auto take = [&](size_t n) {
+      SmallVector<Value> part(values.begin() + at, values.begin() + at + n);
+      at += n;
+      return part;
+    };
+    c.acc = take(shape.acc.size());
+    for (const SmallVector<Value> &s : shape.state)
+      c.state.push_back(take(s.size()));
+    c.operand = take(shape.operand.size());
+    if (shape.walk)
+      c.walk = Walk::from(take(Walk::kNumValues));
+    assert(at == values.size() && "values not laid out as the shape's");
+    return c;
+  }
+};
+
+/// The template's tile program, read off the kernel before anything is
+/// emitted (WarpSpecializedQueryMajor::collectTileProgram): the tile loop
+/// (the first kv_loop, a tree's chain_loop's included), whose body every
+/// kv_loop's repeats but for its masks; the products in it that the pipeline
+/// issues itself (the scores Q Kᵀ, the dQ kernel's dP = dO Vᵀ, the
+/// accumulating P V or dS K); and the iter_arg the product accumulates into.
+/// Op handles: passed by value.
+struct TileProgram {
+  KVLoopOp loop;
+  QKOp scores, dp;
+  PVOp product;
+  unsigned accArg = 0;
+};
+
+/// One tile's pass through the template's loop body: the values bound to
+/// the body's values so far, and the body's ops already emitted.
+struct TileStep {
+  IRMapping map;
+  DenseSet<Operation *> done;
+};
+
+/// Emits the warp-specialized query-major kernels: the forward and the dQ
+/// kernel (bwd_dq).
+class WarpSpecializedQueryMajor : public ScalarBuilder {
 public:
-  WarpSpecializedForward(KernelOp kernel, OpBuilder &b)
-      : ScalarBuilder(b, kernel.getLoc()),
+  WarpSpecializedQueryMajor(KernelOp kernel, OpBuilder &b)
+      : ScalarBuilder(b, kernel.getLoc()), kernel(kernel),
         elemType(kernel.getProblem()->getDtype()),
         headDim(kernel.getProblem()->getHeadDim()),
-        warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
-        frags(*this, elemType), smemTiles(*this, elemType, headDim),
+        warps(kernel.getTiling()->getWarps()),
+        blockM(kernel.getTiling()->getBlockM()),
+        blockN(kernel.getTiling()->getBlockN()),
+        stages(kernel.getTiling()->getStages()),
+        groupSize(kernel.getProblem()->getNumQHeads() /
+                  kernel.getProblem()->getNumKvHeads()),
+        nTiles(blockN / 8), dTiles(headDim / 8),
+        isDq(kernel.getKind() == KernelKind::bwd_dq),
+        isTree(kernel.walksChain()),
+        ring(::dualkv::RingLayout::of(
+            {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
+            isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd)),
+        fn(*this, elemType), frags(*this, elemType),
+        smemTiles(*this, elemType, headDim),
         mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
-            kernel.getProblem()->getHeadDim()),
-        kernel(kernel) {
-    ProblemAttr p = *kernel.getProblem();
-    TilingAttr t = *kernel.getTiling();
-    blockM = t.getBlockM();
-    blockN = t.getBlockN();
-    stages = t.getStages();
-    groupSize = p.getNumQHeads() / p.getNumKvHeads();
-    nTiles = blockN / 8;
-    dTiles = headDim / 8;
-    isDq = kernel.getKind() == KernelKind::bwd_dq;
-    isTree = kernel.walksChain();
-    ring = ::dualkv::RingLayout::of(
-        {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
-        isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd);
-  }
+            kernel.getProblem()->getHeadDim()) {}
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
@@ -110,103 +267,129 @@ public:
   int64_t sharedBytes() const { return ring.total; }
 
 private:
+  // ---- fixed at construction ----------------------------------------------
+  KernelOp kernel;
   /// The element type, head_dim, and the consumer warps a CTA.
-  Type elemType;
-  int64_t headDim, warps;
+  const Type elemType;
+  const int64_t headDim, warps;
+  const int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
+  const bool isDq, isTree;
+  /// Where the tiles and barriers sit: the layout the record counts.
+  const ::dualkv::RingLayout ring;
   int64_t threads() const { return warps * 32; }
   KernelFunction fn;
-  ThreadIds ids;
   /// The A fragments of P (or dS) for wgmma's register operand.
   MmaFragments frags;
   /// The swizzled tiles the TMA fills and the epilogue stages through.
   SharedTiles smemTiles;
+  WgmmaBuilder mma;
+  /// The calling thread's ids: emitted at entry, before anything reads them.
+  ThreadIds ids;
 
-  /// One kv_loop of the tiled IR: its tiles [lb, ub) of `region`, the mask its
-  /// scores pass through (if any), and its first iteration of the pipeline.
-  struct Loop {
-    KVRegion region;
-    std::optional<MaskKind> mask;
-    Value lb, ub, count, offset;
-  };
-  LogicalResult collectLoops();
-  void emitProducer();
-  LogicalResult emitConsumer();
-  LogicalResult emitDqConsumer();
+  // ---- entry: what the roles read ------------------------------------------
+  /// The kernel parameters, in the order of their index casts.
+  KernelArgs readArgs();
+  /// Block x's work item of the plan's forward order, block z's head.
+  SegmentCoords locate(const KernelArgs &args);
+  /// The ring's base address and Q tile in dynamic shared memory.
+  RingTiles placeRing();
+  FailureOr<KVLoops> collectLoops(const SegmentCoords &coords);
+  /// The pipeline of `kv`'s iterations, after a tree's chain.
+  Pipeline pipeline(KVLoops kv, const KernelArgs &args,
+                    const SegmentCoords &coords);
 
-  /// Where the tiles and barriers sit: the layout the record counts.
-  ::dualkv::RingLayout ring;
+  // ---- the roles -----------------------------------------------------------
+  void emitProducer(const KernelArgs &args, const SegmentCoords &coords,
+                    const RingTiles &tiles, const Pipeline &pipe);
+  LogicalResult emitConsumer(const KernelArgs &args,
+                             const SegmentCoords &coords,
+                             const RingTiles &tiles, const Pipeline &pipe,
+                             TileProgram prog);
+  LogicalResult emitDqConsumer(const KernelArgs &args,
+                               const SegmentCoords &coords,
+                               const RingTiles &tiles, const Pipeline &pipe,
+                               TileProgram prog);
+
+  // ---- the ring's addresses ------------------------------------------------
   // Barrier indices: Q full, then per slot K full, V full, K empty, V empty.
-  Value barrier(int64_t index) {
-    return sharedPtr(*this, add(smemAddr, idx(ring.barriers + 8 * index)));
+  Value barrier(const RingTiles &t, int64_t index) {
+    return sharedPtr(*this, add(t.base, idx(ring.barriers + 8 * index)));
   }
-  Value barrierAt(int64_t first, Value slot) {
-    return sharedPtr(*this, add(smemAddr, add(idx(ring.barriers + 8 * first),
-                                              mul(slot, idx(8 * 4)))));
+  Value barrierAt(const RingTiles &t, int64_t first, Value slot) {
+    return sharedPtr(*this, add(t.base, add(idx(ring.barriers + 8 * first),
+                                            mul(slot, idx(8 * 4)))));
   }
   /// Shared addresses of ring slot `slot`'s K and V tiles.
-  Value kAddrOf(Value slot) {
-    return add(smemAddr, add(idx(ring.kRing), mul(slot, idx(ring.slotBytes))));
+  Value kAddrOf(const RingTiles &t, Value slot) {
+    return add(t.base, add(idx(ring.kRing), mul(slot, idx(ring.slotBytes))));
   }
-  Value vAddrOf(Value slot) {
-    return add(smemAddr, add(idx(ring.vRing), mul(slot, idx(ring.slotBytes))));
+  Value vAddrOf(const RingTiles &t, Value slot) {
+    return add(t.base, add(idx(ring.vRing), mul(slot, idx(ring.slotBytes))));
   }
-  Value kFull(Value s) { return barrierAt(1, s); }
-  Value vFull(Value s) { return barrierAt(2, s); }
-  Value kEmpty(Value s) { return barrierAt(3, s); }
-  Value vEmpty(Value s) { return barrierAt(4, s); }
+  Value kFull(const RingTiles &t, Value s) { return barrierAt(t, 1, s); }
+  Value vFull(const RingTiles &t, Value s) { return barrierAt(t, 2, s); }
+  Value kEmpty(const RingTiles &t, Value s) { return barrierAt(t, 3, s); }
+  Value vEmpty(const RingTiles &t, Value s) { return barrierAt(t, 4, s); }
 
   /// Ping-pong of the two consumer warpgroups (FlashAttention-3): a warpgroup
   /// issues its GEMMs only in its turn (QueryMajorBarrier::Turn0 + w, both
   /// warpgroups' 256 threads), then hands the turn to the other, so one's
   /// softmax runs under the other's GEMMs. Warpgroup 1 hands warpgroup 0 the
   /// first turn; each warpgroup takes as many turns as the other, and warpgroup
-  /// 1 passes none on after its last, so both barriers end balanced.
-  void turnBegin() {
+  /// 1 passes none on after its last, so both barriers end balanced. `wg`: the
+  /// calling consumer's warpgroup.
+  void turnBegin(Value wg) {
     namedBarrier(
-        *this,
-        i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Turn0)), wgIdx)),
+        *this, i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Turn0)), wg)),
         threads());
   }
-  void turnEnd() {
+  void turnEnd(Value wg) {
     NVVM::BarrierArriveOp::create(
         b, loc,
-        i32Of(*this,
-              arith::SubIOp::create(
-                  b, loc, idx(barrierId(QueryMajorBarrier::Turn1)), wgIdx)),
+        i32Of(*this, arith::SubIOp::create(
+                         b, loc, idx(barrierId(QueryMajorBarrier::Turn1)), wg)),
         i32c(int32_t(threads())));
   }
   /// turnEnd for warpgroup `w` only.
-  void turnEndIf(int64_t w) {
+  void turnEndIf(Value wg, int64_t w) {
     auto only =
-        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, wgIdx, idx(w)),
+        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::eq, wg, idx(w)),
                           /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(only.thenBlock());
-    turnEnd();
+    turnEnd(wg);
   }
 
   /// Slot and phase parity of pipeline iteration `i`.
   RingSlot slotOf(Value i) { return ringSlot(*this, i, stages); }
-  /// The region start (a token) and tile index of pipeline iteration `i`.
-  std::pair<Value, Value> tileOf(Value i);
+  /// The region start (a token) and tile index of iteration `i` of the
+  /// kv_loops.
+  std::pair<Value, Value> tileOf(const KVLoops &kv, const SegmentCoords &coords,
+                                 Value i);
 
-  SmallVector<Value> scores(Value kAddr);
-  SmallVector<Value> mask(ArrayRef<Value> s, MaskKind kind, Value tile);
+  SmallVector<Value> scores(const RingTiles &tiles, Value kAddr);
+  SmallVector<Value> mask(const SegmentCoords &coords, ArrayRef<Value> s,
+                          MaskKind kind, Value tile);
   /// Applies the mask of every masked loop whose iterations include `i`.
-  SmallVector<Value> maskEdges(SmallVector<Value> s, Value i);
+  SmallVector<Value> maskEdges(const KVLoops &kv, const SegmentCoords &coords,
+                               SmallVector<Value> s, Value i);
   /// O and LSE of the consumer's rows inside the segment (through shared
   /// memory).
-  void storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
+  void storeOutput(const KernelArgs &args, const SegmentCoords &coords,
+                   const RingTiles &tiles, Value wg, ArrayRef<Value> acc,
+                   ArrayRef<Value> m, ArrayRef<Value> l);
   /// The consumer's rows of `acc` (C fragments), times `rowScale[h]` if
-  /// given, through its rows of the Q tile to `out` (strides `strideT`,
-  /// `strideH`), rows inside the segment only.
-  void storeRows(ArrayRef<Value> acc, ArrayRef<Value> rowScale, Value out,
+  /// given, through its warpgroup `wg`'s rows of the Q tile to `out`
+  /// (strides `strideT`, `strideH`), rows inside the segment only.
+  void storeRows(const SegmentCoords &coords, const RingTiles &tiles, Value wg,
+                 ArrayRef<Value> acc, ArrayRef<Value> rowScale, Value out,
                  Value strideT, Value strideH);
   /// The P V (dQ: dS K) product of `p` and the tile at `vAddr` into `acc`.
   void accumulate(MutableArrayRef<Value> acc, ArrayRef<Value> p, Value vAddr);
   /// bwd_dq: the scores (or dP) of this warpgroup's rows of the tile at
   /// `aOffset` (Q or dO) against the key tile at `kAddr` (K or V).
-  SmallVector<Value> rowProducts(int64_t aOffset, Value kAddr);
+  SmallVector<Value> rowProducts(const RingTiles &tiles, int64_t aOffset,
+                                 Value kAddr);
 
   // ---- the template's tile program ---------------------------------------
   // The pipeline issues the body's products itself (the scores Q Kᵀ, the dQ
@@ -216,29 +399,34 @@ private:
   // accumulator's (the forward's rescale) once the previous tile's product
   // has retired. Every kv_loop's body must be the first one's but for its
   // masks, which maskAt applies where the body masks the scores.
-  LogicalResult collectTileProgram();
-  /// A mapping for one tile: `state` bound to the body's iter_args other
-  /// than the accumulator, in order (as packed vectors).
-  IRMapping tileMapping(ArrayRef<SmallVector<Value>> state);
+  /// The kernel's tile program, or a diagnostic on what the pipeline cannot
+  /// place.
+  FailureOr<TileProgram> collectTileProgram();
+  /// A step for one tile of `prog`: `kernelValues`, and `state` bound to the
+  /// body's iter_args other than the accumulator, in order (as packed
+  /// vectors).
+  TileStep beginTile(TileProgram prog, const IRMapping &kernelValues,
+                     ArrayRef<SmallVector<Value>> state);
   /// Binds the result of the product `op` (a qk) to the fragment `values`;
   /// the scores pass through this iteration's masks (`masked`) first.
-  void bindProduct(IRMapping &map, Operation *op, ArrayRef<Value> values);
-  /// Emits, once each, the body's library ops whose operands `map` holds.
-  LogicalResult emitReady(IRMapping &map, DenseSet<Operation *> &done);
+  void bindProduct(TileStep &step, Operation *op, ArrayRef<Value> values);
+  /// Emits, once each, the body's library ops whose operands `step` holds.
+  LogicalResult emitReady(TileProgram prog, TileStep &step, const TileEnv &env);
   /// The values `map` gives the body's values `v` (a fragment each).
-  SmallVector<Value> lookup(IRMapping &map, Value v) {
+  SmallVector<Value> lookup(const IRMapping &map, Value v) {
     return unpack(map.lookup(v));
   }
   /// The iter_args that are not the accumulator: the values the body's
   /// yield gives them after one tile.
-  SmallVector<SmallVector<Value>> nextState(IRMapping &map);
-  TileEnv tileEnv();
+  SmallVector<SmallVector<Value>> nextState(TileProgram prog,
+                                            const TileStep &step);
+  /// What the tile-op library reads of the kernel: its scales.
+  TileEnv tileEnv(const KernelArgs &args);
   /// The first value of the iter_arg whose first loop's init is `v`
   /// (init_stats, init_acc).
   SmallVector<Value> initialValue(Value v);
   /// `v`, or through chain_loop iter_args the value it starts from.
   static Value origin(Value v);
-  ValueRange tileLoopInits() { return tileLoop.getInits(); }
   KVLoopOp lastKVLoop() {
     KVLoopOp last;
     for (Operation &op : kernel.getBody().front())
@@ -246,57 +434,112 @@ private:
         last = loop;
     return last;
   }
-  /// The kernel's values the tiles read (the dQ kernel's LSE and Delta).
-  IRMapping kernelValues;
-  KVLoopOp tileLoop;
-  QKOp scoresOp, dpOp;
-  PVOp productOp;
-  /// The iter_arg the product accumulates into.
-  unsigned accArg = 0;
+  /// What iteration 1 reads of iteration `first` (0), whose tile `step`
+  /// went through with the walk state `walk`; the accumulator's first value.
+  Carried afterFirstTile(TileProgram prog, const TileStep &step,
+                         const Pipeline &pipe, Value first,
+                         const std::optional<Walk> &walk);
+  /// Iteration `i`'s products, issued after waiting for its slot `slot`
+  /// (and the previous one's, `prev`), with the previous tile's product
+  /// accumulated into `in.acc` behind them; and the ops on them.
+  using IssueTile = function_ref<FailureOr<TileStep>(
+      Value i, RingSlot slot, RingSlot prev, Carried &in)>;
+  /// A consumer's iterations 1..n-1 (an scf.for from `init`): `issue`, then
+  /// the previous product retired and its slot freed, the ops on the
+  /// accumulator, and the carried values of the next. Returns the loop's
+  /// results.
+  FailureOr<Carried> emitMainLoop(TileProgram prog, const Pipeline &pipe,
+                                  const RingTiles &tiles, const TileEnv &env,
+                                  const Carried &init, IssueTile issue);
 
   // ---- prefix trees: the walk over the segment's ancestor ranges ---------
-  /// Field `f` of row `row` of the chain table: {start, length, next,
-  /// ranges}.
-  Value chainField(Value row, int64_t f) {
+  /// Field `f` of row `row` of the chain table `table`: {start, length,
+  /// next, ranges}.
+  Value chainField(Value table, Value row, int64_t f) {
     return toIndex(memref::LoadOp::create(
-        b, loc, chainPtr, ValueRange{add(mul(row, idx(4)), idx(f))}));
+        b, loc, table, ValueRange{add(mul(row, idx(4)), idx(f))}));
   }
-  /// The walk's state, as loop-carried values: {row, tile in the range,
-  /// the range's tiles, its start, its length, ranges left after it}.
-  enum WalkField { kRow, kTile, kTiles, kStart, kLen, kLeft, kWalkFields };
   /// The state at the walk's first tile (the tree's first non-empty range).
-  SmallVector<Value> walkBegin();
+  Walk walkBegin(const Chain &chain);
   /// The state after `w`'s tile: the next tile of the range, else the first
   /// of the next non-empty range.
-  SmallVector<Value> walkStep(ArrayRef<Value> w, bool advance);
-  /// Sets chainIters: the tiles of every ancestor range of the segment.
-  void countChainTiles();
+  Walk walkStep(const Chain &chain, Walk w, bool advance);
+  /// The tiles of every ancestor range of segment row `segRow`.
+  Value countChainTiles(Value table, Value segRow);
   /// The region start and tile of pipeline iteration `i`, whose walk state
-  /// is `w` (tree kernels) or empty.
-  std::pair<Value, Value> tileAt(Value i, ArrayRef<Value> w);
+  /// is `w` (tree kernels).
+  std::pair<Value, Value> tileAt(const Pipeline &pipe,
+                                 const SegmentCoords &coords, Value i,
+                                 const std::optional<Walk> &w);
   /// The masks of iteration `i` on its scores `s`.
-  SmallVector<Value> maskAt(SmallVector<Value> s, Value i, ArrayRef<Value> w);
-  /// The walk state of iteration i + 1 (empty without a tree).
-  SmallVector<Value> walkAfter(Value i, ArrayRef<Value> w);
-
-  WgmmaBuilder mma;
-  KernelOp kernel;
-  bool isDq = false, isTree = false;
-  /// Tree kernels: the chain table, the segment's row, the chain's tiles
-  /// (the pipeline's first iterations).
-  Value chainPtr, segIndex, chainIters;
-  int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
-  SmallVector<Loop> loops;
-  Value numIters;
-  Value qMap, kMap, vMap, doMap;
-  // o is dq, oStride* dq's strides in the dQ kernel.
-  Value oPtr, lsePtr, segPtr, oStrideT, oStrideH, lseStrideH, scaleLog2;
-  Value deltaPtr, deltaStrideH, scale;
-  Value head, kvHead, segStart, segLen, sharedStart, sharedLen, qRow0;
-  Value smemAddr, wgIdx, qTile;
+  SmallVector<Value> maskAt(const Pipeline &pipe, const SegmentCoords &coords,
+                            SmallVector<Value> s, Value i,
+                            const std::optional<Walk> &w);
+  /// The walk state of iteration i + 1 (none without a tree).
+  std::optional<Walk> walkAfter(const Pipeline &pipe, Value i,
+                                const std::optional<Walk> &w);
 };
 
-LogicalResult WarpSpecializedForward::collectLoops() {
+KernelArgs WarpSpecializedQueryMajor::readArgs() {
+  KernelArgs args;
+  args.lse = fn.param("lse"), args.segs = fn.param("segs");
+  args.lseStrideH = fn.indexParam("lseStrideH");
+  if (isDq) {
+    // dq takes the output's place.
+    args.out = fn.param("dq"), args.outStrideT = fn.indexParam("dqStrideT"),
+    args.outStrideH = fn.indexParam("dqStrideH");
+    args.delta = fn.param("delta"),
+    args.deltaStrideH = fn.indexParam("deltaStrideH");
+    args.scale = fn.param("scale");
+    args.doMap = fn.param("doMap");
+  } else {
+    args.out = fn.param("o"), args.outStrideT = fn.indexParam("oStrideT"),
+    args.outStrideH = fn.indexParam("oStrideH");
+  }
+  args.scaleLog2 = fn.param("scaleLog2");
+  args.qMap = fn.param("qMap"), args.kMap = fn.param("kMap"),
+  args.vMap = fn.param("vMap");
+  args.order = fn.param("order");
+  if (isTree)
+    args.chain = fn.param("chain");
+  return args;
+}
+
+SegmentCoords WarpSpecializedQueryMajor::locate(const KernelArgs &args) {
+  // Block x takes work item x of the plan's forward order ({segment, query
+  // tile}, heaviest first), block z is the head.
+  Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  auto workField = [&](int64_t f) {
+    return toIndex(memref::LoadOp::create(
+        b, loc, args.order, ValueRange{add(mul(item, idx(2)), idx(f))}));
+  };
+  SegmentCoords coords;
+  Value seg = workField(0);
+  coords.segRow = seg;
+  coords.qRow0 = mul(workField(1), idx(blockM));
+  coords.head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
+  coords.kvHead = divu(coords.head, groupSize);
+  SegmentFields fields = segmentFields(*this, args.segs, seg);
+  coords.segStart = fields.start, coords.segLen = fields.length,
+  coords.sharedStart = fields.sharedStart, coords.sharedLen = fields.sharedLen;
+  return coords;
+}
+
+RingTiles WarpSpecializedQueryMajor::placeRing() {
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
+  auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                               MemRefLayoutAttrInterface(), workgroup);
+  Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
+  RingTiles tiles;
+  tiles.base = smemTiles.alignToSwizzle(smem, sharedBytes());
+  tiles.qTile = smemTiles.swizzledTile(smem, 0, blockM);
+  return tiles;
+}
+
+FailureOr<KVLoops>
+WarpSpecializedQueryMajor::collectLoops(const SegmentCoords &coords) {
+  KVLoops kv;
   Value offset = idx(0);
   for (Operation &op : kernel.getBody().front()) {
     auto loop = dyn_cast<KVLoopOp>(op);
@@ -305,8 +548,8 @@ LogicalResult WarpSpecializedForward::collectLoops() {
     Loop l;
     l.region = loop.getRegion();
     loop.getBody().walk([&](MaskOp m) { l.mask = m.getKind(); });
-    auto bounds = kvLoopTiles(*this, loop.getPart(), l.region, qRow0, segLen,
-                              sharedLen, blockM, blockN);
+    auto bounds = kvLoopTiles(*this, loop.getPart(), l.region, coords.qRow0,
+                              coords.segLen, coords.sharedLen, blockM, blockN);
     if (!bounds)
       return loop.emitOpError()
              << "is not tiled: run dualkv-tile-regions first";
@@ -314,18 +557,36 @@ LogicalResult WarpSpecializedForward::collectLoops() {
     l.count = arith::SubIOp::create(b, loc, l.ub, l.lb);
     l.offset = offset;
     offset = add(offset, l.count);
-    loops.push_back(l);
+    kv.loops.push_back(l);
   }
-  if (loops.empty())
+  if (kv.loops.empty())
     return kernel.emitOpError() << "has no kv_loop to schedule";
-  numIters = offset;
-  return success();
+  kv.numIters = offset;
+  return kv;
 }
 
-std::pair<Value, Value> WarpSpecializedForward::tileOf(Value i) {
+Pipeline WarpSpecializedQueryMajor::pipeline(KVLoops kv, const KernelArgs &args,
+                                             const SegmentCoords &coords) {
+  Pipeline pipe;
+  pipe.numIters = kv.numIters;
+  if (isTree) {
+    // The ancestor ranges' tiles come first.
+    Chain chain{args.chain, coords.segRow, Value()};
+    chain.tiles = countChainTiles(chain.table, chain.segRow);
+    pipe.numIters = add(chain.tiles, kv.numIters);
+    pipe.chain = chain;
+  }
+  pipe.kv = std::move(kv);
+  return pipe;
+}
+
+std::pair<Value, Value>
+WarpSpecializedQueryMajor::tileOf(const KVLoops &kv,
+                                  const SegmentCoords &coords, Value i) {
   Value start, tile;
-  for (const Loop &l : loops) {
-    Value s = l.region == KVRegion::shared ? sharedStart : segStart;
+  for (const Loop &l : kv.loops) {
+    Value s =
+        l.region == KVRegion::shared ? coords.sharedStart : coords.segStart;
     Value j = add(l.lb, arith::SubIOp::create(b, loc, i, l.offset));
     if (!start) {
       start = s, tile = j;
@@ -340,82 +601,87 @@ std::pair<Value, Value> WarpSpecializedForward::tileOf(Value i) {
   return {start, tile};
 }
 
-SmallVector<Value> WarpSpecializedForward::walkBegin() {
-  SmallVector<Value> w(kWalkFields);
-  Value count = chainField(segIndex, 3);
-  w[kRow] = segIndex;
-  w[kTile] = idx(0);
-  w[kStart] = chainField(segIndex, 0);
-  w[kLen] = chainField(segIndex, 1);
-  w[kTiles] = ceilDiv(w[kLen], blockN);
+Walk WarpSpecializedQueryMajor::walkBegin(const Chain &chain) {
+  Walk w;
+  Value count = chainField(chain.table, chain.segRow, 3);
+  w.row = chain.segRow;
+  w.tile = idx(0);
+  w.start = chainField(chain.table, chain.segRow, 0);
+  w.len = chainField(chain.table, chain.segRow, 1);
+  w.tiles = ceilDiv(w.len, blockN);
   // A root segment's row has no range (count 0): no tiles, nothing left.
-  w[kLeft] = select(cmp(arith::CmpIPredicate::ugt, count, idx(0)),
-                    arith::SubIOp::create(b, loc, count, idx(1)), idx(0));
+  w.left = select(cmp(arith::CmpIPredicate::ugt, count, idx(0)),
+                  arith::SubIOp::create(b, loc, count, idx(1)), idx(0));
   // Skip empty ranges, as walkStep does.
-  return walkStep(w, /*advance=*/false);
+  return walkStep(chain, w, /*advance=*/false);
 }
 
-SmallVector<Value> WarpSpecializedForward::walkStep(ArrayRef<Value> wIn,
-                                                    bool advance) {
-  SmallVector<Value> w(wIn);
+Walk WarpSpecializedQueryMajor::walkStep(const Chain &chain, Walk w,
+                                         bool advance) {
   if (advance)
-    w[kTile] = add(w[kTile], idx(1));
+    w.tile = add(w.tile, idx(1));
   // While the range is done and another follows: the next row's range.
-  SmallVector<Type> types(kWalkFields, b.getIndexType());
+  SmallVector<Type> types(Walk::kNumValues, b.getIndexType());
   auto loop = scf::WhileOp::create(
-      b, loc, types, w,
+      b, loc, types, w.values(),
       [&](OpBuilder &, Location, ValueRange args) {
+        Walk a = Walk::from(args);
         Value more = arith::AndIOp::create(
-            b, loc, cmp(arith::CmpIPredicate::uge, args[kTile], args[kTiles]),
-            cmp(arith::CmpIPredicate::ugt, args[kLeft], idx(0)));
+            b, loc, cmp(arith::CmpIPredicate::uge, a.tile, a.tiles),
+            cmp(arith::CmpIPredicate::ugt, a.left, idx(0)));
         scf::ConditionOp::create(b, loc, more, args);
       },
       [&](OpBuilder &, Location, ValueRange args) {
-        SmallVector<Value> n(kWalkFields);
-        n[kRow] = chainField(args[kRow], 2);
-        n[kTile] = idx(0);
-        n[kStart] = chainField(n[kRow], 0);
-        n[kLen] = chainField(n[kRow], 1);
-        n[kTiles] = ceilDiv(n[kLen], blockN);
-        n[kLeft] = arith::SubIOp::create(b, loc, args[kLeft], idx(1));
-        scf::YieldOp::create(b, loc, n);
+        Walk a = Walk::from(args), n;
+        n.row = chainField(chain.table, a.row, 2);
+        n.tile = idx(0);
+        n.start = chainField(chain.table, n.row, 0);
+        n.len = chainField(chain.table, n.row, 1);
+        n.tiles = ceilDiv(n.len, blockN);
+        n.left = arith::SubIOp::create(b, loc, a.left, idx(1));
+        scf::YieldOp::create(b, loc, n.values());
       });
-  return SmallVector<Value>(loop.getResults());
+  return Walk::from(loop.getResults());
 }
 
-void WarpSpecializedForward::countChainTiles() {
-  Value count = chainField(segIndex, 3);
+Value WarpSpecializedQueryMajor::countChainTiles(Value table, Value segRow) {
+  Value count = chainField(table, segRow, 3);
   auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1),
-                                 ValueRange{segIndex, idx(0)});
+                                 ValueRange{segRow, idx(0)});
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value row = loop.getRegionIterArgs()[0];
-    Value len = chainField(row, 1);
+    Value len = chainField(table, row, 1);
     Value tiles = ceilDiv(len, blockN);
     scf::YieldOp::create(b, loc,
-                         ValueRange{chainField(row, 2),
+                         ValueRange{chainField(table, row, 2),
                                     add(loop.getRegionIterArgs()[1], tiles)});
   }
-  chainIters = loop.getResult(1);
+  return loop.getResult(1);
 }
 
-std::pair<Value, Value> WarpSpecializedForward::tileAt(Value i,
-                                                       ArrayRef<Value> w) {
+std::pair<Value, Value>
+WarpSpecializedQueryMajor::tileAt(const Pipeline &pipe,
+                                  const SegmentCoords &coords, Value i,
+                                  const std::optional<Walk> &w) {
   if (!isTree)
-    return tileOf(i);
-  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
+    return tileOf(pipe.kv, coords, i);
+  Value chainTiles = pipe.chain->tiles;
+  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainTiles);
   Value own =
-      select(inChain, idx(0), arith::SubIOp::create(b, loc, i, chainIters));
-  auto [start, tile] = tileOf(own);
-  return {select(inChain, w[kStart], start), select(inChain, w[kTile], tile)};
+      select(inChain, idx(0), arith::SubIOp::create(b, loc, i, chainTiles));
+  auto [start, tile] = tileOf(pipe.kv, coords, own);
+  return {select(inChain, w->start, start), select(inChain, w->tile, tile)};
 }
 
-SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
-                                                  ArrayRef<Value> w) {
+SmallVector<Value> WarpSpecializedQueryMajor::maskAt(
+    const Pipeline &pipe, const SegmentCoords &coords, SmallVector<Value> s,
+    Value i, const std::optional<Walk> &w) {
   if (!isTree)
-    return maskEdges(std::move(s), i);
-  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
+    return maskEdges(pipe.kv, coords, std::move(s), i);
+  Value chainTiles = pipe.chain->tiles;
+  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainTiles);
   Value vec = pack(s);
   auto branch = scf::IfOp::create(b, loc, TypeRange{vec.getType()}, inChain,
                                   /*withElseRegion=*/true);
@@ -423,10 +689,8 @@ SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(branch.thenBlock());
     // A range's last tile, if partial: keys past the range's end.
-    Value last =
-        cmp(arith::CmpIPredicate::eq, add(w[kTile], idx(1)), w[kTiles]);
-    Value partial =
-        cmp(arith::CmpIPredicate::ne, remu(w[kLen], blockN), idx(0));
+    Value last = cmp(arith::CmpIPredicate::eq, add(w->tile, idx(1)), w->tiles);
+    Value partial = cmp(arith::CmpIPredicate::ne, remu(w->len, blockN), idx(0));
     auto tail = scf::IfOp::create(b, loc, TypeRange{vec.getType()},
                                   arith::AndIOp::create(b, loc, last, partial),
                                   /*withElseRegion=*/true);
@@ -435,41 +699,46 @@ SmallVector<Value> WarpSpecializedForward::maskAt(SmallVector<Value> s, Value i,
       b.setInsertionPointToStart(tail.thenBlock());
       SmallVector<Value> masked(s);
       tile::mask(*this, masked, MaskKind::bound,
-                 queryMajorLayout(*this, 1, nTiles, qRow0,
-                                  mul(w[kTile], idx(blockN)), ids.warp, ids.g,
+                 queryMajorLayout(*this, 1, nTiles, coords.qRow0,
+                                  mul(w->tile, idx(blockN)), ids.warp, ids.g,
                                   ids.t),
-                 w[kLen]);
+                 w->len);
       scf::YieldOp::create(b, loc, pack(masked));
       b.setInsertionPointToStart(tail.elseBlock());
       scf::YieldOp::create(b, loc, vec);
     }
     scf::YieldOp::create(b, loc, tail.getResult(0));
     b.setInsertionPointToStart(branch.elseBlock());
-    Value own = arith::SubIOp::create(b, loc, i, chainIters);
-    scf::YieldOp::create(b, loc, pack(maskEdges(s, own)));
+    Value own = arith::SubIOp::create(b, loc, i, chainTiles);
+    scf::YieldOp::create(b, loc, pack(maskEdges(pipe.kv, coords, s, own)));
   }
   return unpack(branch.getResult(0));
 }
 
-SmallVector<Value> WarpSpecializedForward::walkAfter(Value i,
-                                                     ArrayRef<Value> w) {
+std::optional<Walk>
+WarpSpecializedQueryMajor::walkAfter(const Pipeline &pipe, Value i,
+                                     const std::optional<Walk> &w) {
   if (!isTree)
-    return {};
-  Value inChain = cmp(arith::CmpIPredicate::ult, i, chainIters);
-  SmallVector<Type> types(kWalkFields, b.getIndexType());
+    return std::nullopt;
+  Value inChain = cmp(arith::CmpIPredicate::ult, i, pipe.chain->tiles);
+  SmallVector<Type> types(Walk::kNumValues, b.getIndexType());
   auto branch = scf::IfOp::create(b, loc, types, inChain,
                                   /*withElseRegion=*/true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(branch.thenBlock());
-    scf::YieldOp::create(b, loc, walkStep(w, /*advance=*/true));
+    scf::YieldOp::create(b, loc,
+                         walkStep(*pipe.chain, *w, /*advance=*/true).values());
     b.setInsertionPointToStart(branch.elseBlock());
-    scf::YieldOp::create(b, loc, w);
+    scf::YieldOp::create(b, loc, w->values());
   }
-  return SmallVector<Value>(branch.getResults());
+  return Walk::from(branch.getResults());
 }
 
-void WarpSpecializedForward::emitProducer() {
+void WarpSpecializedQueryMajor::emitProducer(const KernelArgs &args,
+                                             const SegmentCoords &coords,
+                                             const RingTiles &tiles,
+                                             const Pipeline &pipe) {
   NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
   // One thread issues every load.
@@ -477,60 +746,66 @@ void WarpSpecializedForward::emitProducer() {
   auto one = scf::IfOp::create(b, loc, leader, /*withElseRegion=*/false);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(one.thenBlock());
-  Value qBar = barrier(0);
+  Value qBar = barrier(tiles, 0);
   // Q (and dO) fill the bytes before the K ring.
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), qBar, i32c(int32_t(ring.kRing)), NVVM::MemScopeKind::CTA,
       false, Value());
-  tmaLoadTile(*this, qMap, smemAddr, blockM, headDim, add(segStart, qRow0),
-              head, qBar);
+  tmaLoadTile(*this, args.qMap, tiles.base, blockM, headDim,
+              add(coords.segStart, coords.qRow0), coords.head, qBar);
   if (isDq)
-    tmaLoadTile(*this, doMap, add(smemAddr, idx(ring.dO)), blockM, headDim,
-                add(segStart, qRow0), head, qBar);
+    tmaLoadTile(*this, args.doMap, add(tiles.base, idx(ring.dO)), blockM,
+                headDim, add(coords.segStart, coords.qRow0), coords.head, qBar);
 
-  SmallVector<Value> walk;
+  SmallVector<Value> walkInit;
   if (isTree)
-    walk = walkBegin();
-  auto loop = scf::ForOp::create(b, loc, idx(0), numIters, idx(1), walk);
+    walkInit = walkBegin(*pipe.chain).values();
+  auto loop =
+      scf::ForOp::create(b, loc, idx(0), pipe.numIters, idx(1), walkInit);
   b.setInsertionPointToStart(loop.getBody());
   Value i = loop.getInductionVar();
-  SmallVector<Value> w(loop.getRegionIterArgs());
+  std::optional<Walk> w;
+  if (isTree)
+    w = Walk::from(loop.getRegionIterArgs());
   auto [slot, parity] = slotOf(i);
   // A fresh barrier completes phase "1" at once: the first pass over the ring
   // does not wait.
   Value free = arith::XOrIOp::create(b, loc, parity, idx(1));
-  auto [start, tile] = tileAt(i, w);
+  auto [start, tile] = tileAt(pipe, coords, i, w);
   Value row = add(start, mul(tile, idx(blockN)));
   Value slotBytes = mul(slot, idx(ring.slotBytes));
-  waitParity(*this, kEmpty(slot), free);
+  waitParity(*this, kEmpty(tiles, slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), kFull(slot), i32c(int32_t(ring.slotBytes)),
+      b, loc, Type(), kFull(tiles, slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
-  tmaLoadTile(*this, kMap, add(smemAddr, add(idx(ring.kRing), slotBytes)),
-              blockN, headDim, row, kvHead, kFull(slot));
-  waitParity(*this, vEmpty(slot), free);
+  tmaLoadTile(*this, args.kMap,
+              add(tiles.base, add(idx(ring.kRing), slotBytes)), blockN, headDim,
+              row, coords.kvHead, kFull(tiles, slot));
+  waitParity(*this, vEmpty(tiles, slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), vFull(slot), i32c(int32_t(ring.slotBytes)),
+      b, loc, Type(), vFull(tiles, slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
-  tmaLoadTile(*this, vMap, add(smemAddr, add(idx(ring.vRing), slotBytes)),
-              blockN, headDim, row, kvHead, vFull(slot));
+  tmaLoadTile(*this, args.vMap,
+              add(tiles.base, add(idx(ring.vRing), slotBytes)), blockN, headDim,
+              row, coords.kvHead, vFull(tiles, slot));
   if (isTree)
-    scf::YieldOp::create(b, loc, walkAfter(i, w));
+    scf::YieldOp::create(b, loc, walkAfter(pipe, i, w)->values());
 }
 
-SmallVector<Value> WarpSpecializedForward::scores(Value kAddr) {
+SmallVector<Value> WarpSpecializedQueryMajor::scores(const RingTiles &tiles,
+                                                     Value kAddr) {
   // Warpgroup w owns query rows 64w..64w+63; both operands K-major. The Q
   // address is made opaque per use so LLVM rebuilds its descriptors instead
   // of keeping all of them live across the loop.
   Value qAddr =
-      add(opaque(*this, smemAddr), mul(divu(ids.warp, 4), idx(64 * 128)));
+      add(opaque(*this, tiles.base), mul(divu(ids.warp, 4), idx(64 * 128)));
   Value aDesc = mma.desc(qAddr, 16, 1024);
   Value bDesc = mma.desc(kAddr, 16, 1024);
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
 }
 
-void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
-                                        ArrayRef<Value> p, Value vAddr) {
+void WarpSpecializedQueryMajor::accumulate(MutableArrayRef<Value> acc,
+                                           ArrayRef<Value> p, Value vAddr) {
   // Its own fence: the P V group is issued behind the scores' group, and
   // ptxas serialises a group whose inputs (descriptors, P) were defined after
   // the last fence.
@@ -540,19 +815,22 @@ void WarpSpecializedForward::accumulate(MutableArrayRef<Value> acc,
   std::copy(out.begin(), out.end(), acc.begin());
 }
 
-SmallVector<Value> WarpSpecializedForward::mask(ArrayRef<Value> sIn,
-                                                MaskKind kind, Value tile) {
+SmallVector<Value> WarpSpecializedQueryMajor::mask(const SegmentCoords &coords,
+                                                   ArrayRef<Value> sIn,
+                                                   MaskKind kind, Value tile) {
   SmallVector<Value> s(sIn);
   tile::mask(*this, s, kind,
-             queryMajorLayout(*this, 1, nTiles, qRow0, mul(tile, idx(blockN)),
-                              ids.warp, ids.g, ids.t),
-             sharedLen);
+             queryMajorLayout(*this, 1, nTiles, coords.qRow0,
+                              mul(tile, idx(blockN)), ids.warp, ids.g, ids.t),
+             coords.sharedLen);
   return s;
 }
 
-SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
-                                                     Value i) {
-  for (const Loop &l : loops) {
+SmallVector<Value>
+WarpSpecializedQueryMajor::maskEdges(const KVLoops &kv,
+                                     const SegmentCoords &coords,
+                                     SmallVector<Value> s, Value i) {
+  for (const Loop &l : kv.loops) {
     if (!l.mask)
       continue;
     Value in = arith::AndIOp::create(
@@ -565,7 +843,7 @@ SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(edge.thenBlock());
       Value j = add(l.lb, arith::SubIOp::create(b, loc, i, l.offset));
-      scf::YieldOp::create(b, loc, pack(mask(s, *l.mask, j)));
+      scf::YieldOp::create(b, loc, pack(mask(coords, s, *l.mask, j)));
       b.setInsertionPointToStart(edge.elseBlock());
       scf::YieldOp::create(b, loc, vec);
     }
@@ -574,7 +852,8 @@ SmallVector<Value> WarpSpecializedForward::maskEdges(SmallVector<Value> s,
   return s;
 }
 
-LogicalResult WarpSpecializedForward::collectTileProgram() {
+FailureOr<TileProgram> WarpSpecializedQueryMajor::collectTileProgram() {
+  TileProgram prog;
   // A loop's ops, masks aside: what every loop of the pipeline must share.
   auto signature = [](KVLoopOp loop) {
     SmallVector<std::pair<StringRef, DictionaryAttr>> ops;
@@ -591,9 +870,9 @@ LogicalResult WarpSpecializedForward::collectTileProgram() {
   kernel.getBody().walk<WalkOrder::PreOrder>(
       [&](KVLoopOp loop) { all.push_back(loop); });
   for (KVLoopOp loop : all) {
-    if (!tileLoop)
-      tileLoop = loop;
-    else if (signature(loop) != signature(tileLoop))
+    if (!prog.loop)
+      prog.loop = loop;
+    else if (signature(loop) != signature(prog.loop))
       return loop.emitOpError()
              << "differs from the first kv_loop in more than its masks: the "
                 "warp-specialized schedule runs every loop's tiles through "
@@ -609,73 +888,77 @@ LogicalResult WarpSpecializedForward::collectTileProgram() {
     if (masks.wasInterrupted())
       return failure();
   }
-  if (!tileLoop)
+  if (!prog.loop)
     return kernel.emitOpError() << "has no kv_loop to schedule";
-  Block &body = tileLoop.getBody().front();
+  Block &body = prog.loop.getBody().front();
   for (Operation &op : body.without_terminator()) {
     if (auto qk = dyn_cast<QKOp>(op)) {
       bool fromQ = readsQ(qk.getQ());
       bool fromDout = isa_and_nonnull<LoadDoutOp>(qk.getQ().getDefiningOp());
-      QKOp &slot = fromQ ? scoresOp : dpOp;
+      QKOp &slot = fromQ ? prog.scores : prog.dp;
       if ((!fromQ && !fromDout) || slot)
         return qk.emitOpError() << "is not a product the warp-specialized "
                                    "pipeline issues (one Q Kᵀ, and dO Vᵀ in "
                                    "the dQ kernel)";
       slot = qk;
     } else if (auto pv = dyn_cast<PVOp>(op)) {
-      if (productOp)
+      if (prog.product)
         return pv.emitOpError() << "is a second accumulating product; the "
                                    "warp-specialized pipeline issues one";
-      productOp = pv;
+      prog.product = pv;
     } else if (!isa<LoadKVOp, MaskOp>(op) && !isTileOp(&op)) {
       return op.emitOpError()
              << "has no place in the warp-specialized pipeline (neither a "
                 "load, a product nor an op of the tile-op library)";
     }
   }
-  if (!scoresOp || !productOp || (isDq != bool(dpOp)))
-    return tileLoop.emitOpError()
+  if (!prog.scores || !prog.product || (isDq != bool(prog.dp)))
+    return prog.loop.emitOpError()
            << "does not compute what the warp-specialized "
            << (isDq ? "dQ kernel" : "forward") << " pipelines: Q Kᵀ, "
            << (isDq ? "dO Vᵀ, " : "") << "and one accumulating product";
   Operation *yield = body.getTerminator();
-  auto acc = llvm::find(yield->getOperands(), productOp.getResult());
+  auto acc = llvm::find(yield->getOperands(), prog.product.getResult());
   if (acc == yield->operand_end())
-    return tileLoop.emitOpError()
+    return prog.loop.emitOpError()
            << "does not carry its product's accumulator to the next tile";
-  accArg = acc - yield->operand_begin();
-  for (auto [j, init] : llvm::enumerate(tileLoop.getInits())) {
+  prog.accArg = acc - yield->operand_begin();
+  for (auto [j, init] : llvm::enumerate(prog.loop.getInits())) {
     Operation *def = origin(init).getDefiningOp();
-    if (j == accArg ? !isa_and_nonnull<InitAccOp>(def)
-                    : !isa_and_nonnull<InitStatsOp>(def))
-      return tileLoop.emitOpError()
+    if (j == prog.accArg ? !isa_and_nonnull<InitAccOp>(def)
+                         : !isa_and_nonnull<InitStatsOp>(def))
+      return prog.loop.emitOpError()
              << "starts iter_arg " << j << " from a value the warp-specialized "
              << "pipeline does not build (init_acc for the accumulator, "
                 "init_stats for the rest)";
   }
-  return success();
+  return prog;
 }
 
-IRMapping
-WarpSpecializedForward::tileMapping(ArrayRef<SmallVector<Value>> state) {
-  IRMapping map = kernelValues;
-  Block &body = tileLoop.getBody().front();
+TileStep
+WarpSpecializedQueryMajor::beginTile(TileProgram prog,
+                                     const IRMapping &kernelValues,
+                                     ArrayRef<SmallVector<Value>> state) {
+  TileStep step{kernelValues, {}};
+  Block &body = prog.loop.getBody().front();
   size_t next = 0;
   for (unsigned j = 0, e = body.getNumArguments() - 1; j < e; ++j)
-    if (j != accArg)
-      map.map(body.getArgument(1 + j), pack(state[next++]));
-  return map;
+    if (j != prog.accArg)
+      step.map.map(body.getArgument(1 + j), pack(state[next++]));
+  return step;
 }
 
-void WarpSpecializedForward::bindProduct(IRMapping &map, Operation *op,
-                                         ArrayRef<Value> values) {
-  map.map(op->getResult(0), pack(values));
+void WarpSpecializedQueryMajor::bindProduct(TileStep &step, Operation *op,
+                                            ArrayRef<Value> values) {
+  step.map.map(op->getResult(0), pack(values));
 }
 
-LogicalResult WarpSpecializedForward::emitReady(IRMapping &map,
-                                                DenseSet<Operation *> &done) {
-  for (Operation &op : tileLoop.getBody().front().without_terminator()) {
-    if (done.contains(&op))
+LogicalResult WarpSpecializedQueryMajor::emitReady(TileProgram prog,
+                                                   TileStep &step,
+                                                   const TileEnv &env) {
+  IRMapping &map = step.map;
+  for (Operation &op : prog.loop.getBody().front().without_terminator()) {
+    if (step.done.contains(&op))
       continue;
     // The skeleton bound the scores masked (maskAt): a mask passes them on.
     if (auto mask = dyn_cast<MaskOp>(op)) {
@@ -687,28 +970,28 @@ LogicalResult WarpSpecializedForward::emitReady(IRMapping &map,
             return map.contains(v);
           }))
         continue;
-      if (failed(emitTileOp(&op, *this, tileEnv(), map)))
+      if (failed(emitTileOp(&op, *this, env, map)))
         return failure();
     }
-    done.insert(&op);
+    step.done.insert(&op);
   }
   return success();
 }
 
 SmallVector<SmallVector<Value>>
-WarpSpecializedForward::nextState(IRMapping &map) {
+WarpSpecializedQueryMajor::nextState(TileProgram prog, const TileStep &step) {
   SmallVector<SmallVector<Value>> state;
-  Operation *yield = tileLoop.getBody().front().getTerminator();
+  Operation *yield = prog.loop.getBody().front().getTerminator();
   for (auto [j, v] : llvm::enumerate(yield->getOperands()))
-    if (j != accArg)
-      state.push_back(lookup(map, v));
+    if (j != prog.accArg)
+      state.push_back(lookup(step.map, v));
   return state;
 }
 
-TileEnv WarpSpecializedForward::tileEnv() {
+TileEnv WarpSpecializedQueryMajor::tileEnv(const KernelArgs &args) {
   TileEnv env;
   env.stat = queryMajorStats(nTiles);
-  env.scaleLog2 = scaleLog2, env.scale = scale;
+  env.scaleLog2 = args.scaleLog2, env.scale = args.scale;
   env.mTiles = 1, env.nTiles = nTiles, env.dTiles = dTiles;
   env.packOperand = [this](ArrayRef<Value> p) {
     return pack(frags.packAFragments(p, 1, nTiles));
@@ -716,7 +999,7 @@ TileEnv WarpSpecializedForward::tileEnv() {
   return env;
 }
 
-Value WarpSpecializedForward::origin(Value v) {
+Value WarpSpecializedQueryMajor::origin(Value v) {
   // Through a chain_loop's iter_args to the values it starts from.
   while (auto arg = dyn_cast<BlockArgument>(v)) {
     auto chain = dyn_cast<ChainLoopOp>(arg.getOwner()->getParentOp());
@@ -728,7 +1011,7 @@ Value WarpSpecializedForward::origin(Value v) {
   return v;
 }
 
-SmallVector<Value> WarpSpecializedForward::initialValue(Value init) {
+SmallVector<Value> WarpSpecializedQueryMajor::initialValue(Value init) {
   Value v = origin(init);
   if (auto stats = v.getDefiningOp<InitStatsOp>())
     return unpack(splat(
@@ -737,167 +1020,172 @@ SmallVector<Value> WarpSpecializedForward::initialValue(Value init) {
   return unpack(splat(*this, dTiles * 4, 0.0f));
 }
 
-/// Loop-carried values of the pipeline: parts, flattened in order.
-struct Carried {
-  SmallVector<SmallVector<Value>> parts;
-  SmallVector<Value> flat() const {
-    SmallVector<Value> out;
-    for (const SmallVector<Value> &p : parts)
-      out.append(p);
-    return out;
-  }
-  /// `values` cut into parts of the sizes of `shape`'s.
-  static Carried like(const Carried &shape, ValueRange values) {
-    Carried c;
-    size_t at = 0;
-    for (const SmallVector<Value> &p : shape.parts) {
-      c.parts.emplace_back(values.begin() + at, values.begin() + at + p.size());
-      at += p.size();
-    }
-    return c;
-  }
-};
+Carried WarpSpecializedQueryMajor::afterFirstTile(
+    TileProgram prog, const TileStep &step, const Pipeline &pipe, Value first,
+    const std::optional<Walk> &walk) {
+  Carried c;
+  c.operand = lookup(step.map, prog.product.getProbs());
+  c.state = nextState(prog, step);
+  // Iteration 0's product accumulates into init_acc's zeros.
+  c.acc = initialValue(prog.loop.getInits()[prog.accArg]);
+  c.walk = walkAfter(pipe, first, walk);
+  return c;
+}
 
-LogicalResult WarpSpecializedForward::emitConsumer() {
-  NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
-                                 NVVM::SetMaxRegisterAction::increase);
-  waitParity(*this, barrier(0), idx(0));
-
-  // The iter_args' first values: the first loop's inits.
-  SmallVector<SmallVector<Value>> state;
-  for (auto [j, init] : llvm::enumerate(tileLoopInits()))
-    if (j != accArg)
-      state.push_back(initialValue(init));
-  wgIdx = divu(ids.warp, 4);
-  // Iteration 0: its scores and the ops on them. Its product accumulates
-  // into init_acc's zeros, so the ops on the accumulator (the rescale) have
-  // nothing to do.
-  turnEndIf(1);
-  Value first = idx(0);
-  waitParity(*this, kFull(first), idx(0));
-  turnBegin();
-  mma.fence();
-  SmallVector<Value> s = scores(kAddrOf(first));
-  mma.commit();
-  turnEnd();
-  mma.wait(0, s);
-  arrive(*this, kEmpty(first));
-  SmallVector<Value> walk;
-  if (isTree)
-    walk = walkBegin();
-  IRMapping map = tileMapping(state);
-  DenseSet<Operation *> done;
-  bindProduct(map, scoresOp, maskAt(s, first, walk));
-  if (failed(emitReady(map, done)))
-    return failure();
-  SmallVector<Value> p = lookup(map, productOp.getProbs());
-  state = nextState(map);
-  SmallVector<Value> acc = initialValue(tileLoopInits()[accArg]);
-  walk = walkAfter(first, walk);
-
-  // Iterations 1..n-1: scores of i, then the product of i - 1 behind them.
-  // Carried: the product's accumulator, the other iter_args, the product's
-  // operand, the tree walk.
-  Carried carried;
-  carried.parts.push_back(acc);
-  carried.parts.append(state);
-  carried.parts.push_back(p);
-  carried.parts.push_back(walk);
-  const size_t pPart = carried.parts.size() - 2;
+FailureOr<Carried> WarpSpecializedQueryMajor::emitMainLoop(
+    TileProgram prog, const Pipeline &pipe, const RingTiles &tiles,
+    const TileEnv &env, const Carried &init, IssueTile issue) {
   auto loop =
-      scf::ForOp::create(b, loc, idx(1), numIters, idx(1), carried.flat());
+      scf::ForOp::create(b, loc, idx(1), pipe.numIters, idx(1), init.flat());
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value i = loop.getInductionVar();
-    Carried in = Carried::like(carried, loop.getRegionIterArgs());
-    SmallVector<Value> acc = in.parts[0], p = in.parts[pPart],
-                       w = in.parts.back();
-    auto [slot, parity] = slotOf(i);
-    auto [prevSlot, prevParity] =
-        slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
-    waitParity(*this, kFull(slot), parity);
-    waitParity(*this, vFull(prevSlot), prevParity);
-    turnBegin();
-    mma.fence();
-    SmallVector<Value> s = scores(kAddrOf(slot));
-    mma.commit();
-    accumulate(acc, p, vAddrOf(prevSlot));
-    mma.commit();
-    turnEnd();
-    mma.wait(1, s);
-    arrive(*this, kEmpty(slot));
-    IRMapping map = tileMapping(ArrayRef(in.parts).slice(1, pPart - 1));
-    DenseSet<Operation *> done;
-    bindProduct(map, scoresOp, maskAt(s, i, w));
-    if (failed(emitReady(map, done)))
+    Carried in = Carried::like(init, loop.getRegionIterArgs());
+    RingSlot slot = slotOf(i);
+    RingSlot prev = slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
+    FailureOr<TileStep> step = issue(i, slot, prev, in);
+    if (failed(step))
       return failure();
-    SmallVector<Value> pNext = lookup(map, productOp.getProbs());
-    // P passes through the wait too: the P V group reads its registers until
-    // it retires, and LLVM would otherwise give them to the next tile's P.
-    mma.waitKeeping(0, acc, p);
-    arrive(*this, vEmpty(prevSlot));
-    map.map(tileLoop.getBody().front().getArgument(1 + accArg), pack(acc));
-    if (failed(emitReady(map, done)))
+    SmallVector<Value> operandNext = lookup(step->map, prog.product.getProbs());
+    // The operand passes through the wait too: the previous product reads
+    // its registers until it retires, and LLVM would otherwise give them to
+    // the next tile's. The product frees the slot of its B operand: V (the
+    // forward's P V), K (the dQ kernel's dS K).
+    mma.waitKeeping(0, in.acc, in.operand);
+    arrive(*this, isDq ? kEmpty(tiles, prev.slot) : vEmpty(tiles, prev.slot));
+    step->map.map(prog.loop.getBody().front().getArgument(1 + prog.accArg),
+                  pack(in.acc));
+    if (failed(emitReady(prog, *step, env)))
       return failure();
     Carried out;
-    out.parts.push_back(lookup(map, productOp.getAcc()));
-    out.parts.append(nextState(map));
-    out.parts.push_back(pNext);
-    out.parts.push_back(walkAfter(i, w));
+    out.acc = lookup(step->map, prog.product.getAcc());
+    out.state = nextState(prog, *step);
+    out.operand = operandNext;
+    out.walk = walkAfter(pipe, i, in.walk);
     scf::YieldOp::create(b, loc, out.flat());
   }
-  Carried last = Carried::like(carried, loop.getResults());
-  acc = last.parts[0], p = last.parts[pPart];
+  return Carried::like(init, loop.getResults());
+}
+
+LogicalResult WarpSpecializedQueryMajor::emitConsumer(
+    const KernelArgs &args, const SegmentCoords &coords, const RingTiles &tiles,
+    const Pipeline &pipe, TileProgram prog) {
+  NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
+                                 NVVM::SetMaxRegisterAction::increase);
+  waitParity(*this, barrier(tiles, 0), idx(0));
+  TileEnv env = tileEnv(args);
+  // The forward's tiles read no kernel values.
+  IRMapping kernelValues;
+
+  // The iter_args' first values: the first loop's inits.
+  SmallVector<SmallVector<Value>> state;
+  for (auto [j, init] : llvm::enumerate(prog.loop.getInits()))
+    if (j != prog.accArg)
+      state.push_back(initialValue(init));
+  Value wg = divu(ids.warp, 4);
+  // Iteration 0: its scores and the ops on them. Its product accumulates
+  // into init_acc's zeros, so the ops on the accumulator (the rescale) have
+  // nothing to do.
+  turnEndIf(wg, 1);
+  Value first = idx(0);
+  waitParity(*this, kFull(tiles, first), idx(0));
+  turnBegin(wg);
+  mma.fence();
+  SmallVector<Value> s = scores(tiles, kAddrOf(tiles, first));
+  mma.commit();
+  turnEnd(wg);
+  mma.wait(0, s);
+  arrive(*this, kEmpty(tiles, first));
+  std::optional<Walk> walk;
+  if (isTree)
+    walk = walkBegin(*pipe.chain);
+  TileStep step = beginTile(prog, kernelValues, state);
+  bindProduct(step, prog.scores, maskAt(pipe, coords, s, first, walk));
+  if (failed(emitReady(prog, step, env)))
+    return failure();
+  Carried carried = afterFirstTile(prog, step, pipe, first, walk);
+
+  // Iterations 1..n-1: scores of i, then the product (P V) of i - 1 behind
+  // them.
+  FailureOr<Carried> last = emitMainLoop(
+      prog, pipe, tiles, env, carried,
+      [&](Value i, RingSlot slot, RingSlot prev,
+          Carried &in) -> FailureOr<TileStep> {
+        waitParity(*this, kFull(tiles, slot.slot), slot.parity);
+        waitParity(*this, vFull(tiles, prev.slot), prev.parity);
+        turnBegin(wg);
+        mma.fence();
+        SmallVector<Value> s = scores(tiles, kAddrOf(tiles, slot.slot));
+        mma.commit();
+        accumulate(in.acc, in.operand, vAddrOf(tiles, prev.slot));
+        mma.commit();
+        turnEnd(wg);
+        mma.wait(1, s);
+        arrive(*this, kEmpty(tiles, slot.slot));
+        TileStep step = beginTile(prog, kernelValues, in.state);
+        bindProduct(step, prog.scores, maskAt(pipe, coords, s, i, in.walk));
+        if (failed(emitReady(prog, step, env)))
+          return failure();
+        return step;
+      });
+  if (failed(last))
+    return failure();
+  SmallVector<Value> acc = last->acc, p = last->operand;
 
   // The last tile's product.
   auto [lastSlot, lastParity] =
-      slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
-  waitParity(*this, vFull(lastSlot), lastParity);
-  turnBegin();
-  accumulate(acc, p, vAddrOf(lastSlot));
+      slotOf(arith::SubIOp::create(b, loc, pipe.numIters, idx(1)));
+  waitParity(*this, vFull(tiles, lastSlot), lastParity);
+  turnBegin(wg);
+  accumulate(acc, p, vAddrOf(tiles, lastSlot));
   mma.commit();
-  turnEndIf(0);
+  turnEndIf(wg, 0);
   mma.wait(0, acc);
-  arrive(*this, vEmpty(lastSlot));
+  arrive(*this, vEmpty(tiles, lastSlot));
   // The epilogue reads the last loop's results.
   IRMapping results = kernelValues;
   KVLoopOp lastLoop = lastKVLoop();
-  size_t next = 1;
+  size_t next = 0;
   for (auto [j, r] : llvm::enumerate(lastLoop.getResults()))
-    results.map(r, pack(j == accArg ? acc : last.parts[next++]));
+    results.map(r, pack(j == prog.accArg ? acc : last->state[next++]));
   kernel.getBody().walk([&](StoreOutputOp store) {
-    storeOutput(lookup(results, store.getAcc()),
+    storeOutput(args, coords, tiles, wg, lookup(results, store.getAcc()),
                 lookup(results, store.getMax()),
                 lookup(results, store.getSum()));
   });
   return success();
 }
 
-void WarpSpecializedForward::storeOutput(ArrayRef<Value> acc, ArrayRef<Value> m,
-                                         ArrayRef<Value> l) {
+void WarpSpecializedQueryMajor::storeOutput(
+    const KernelArgs &args, const SegmentCoords &coords, const RingTiles &tiles,
+    Value wg, ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l) {
   SmallVector<Value> inv;
   for (int64_t h = 0; h < 2; ++h) {
     Value sum = tile::rowSum(*this, l[h]);
     inv.push_back(arith::DivFOp::create(b, loc, f32c(1.0f), sum));
-    Value row = add(qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
+    Value row =
+        add(coords.qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
     Value lead = arith::AndIOp::create(
         b, loc, cmp(arith::CmpIPredicate::eq, ids.t, idx(0)),
-        cmp(arith::CmpIPredicate::ult, row, segLen));
+        cmp(arith::CmpIPredicate::ult, row, coords.segLen));
     auto lseIf = scf::IfOp::create(b, loc, lead, /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(lseIf.thenBlock());
     Value lse = tile::logSumExp(*this, m[h], sum);
-    memref::StoreOp::create(
-        b, loc, lse, lsePtr,
-        ValueRange{add(mul(head, lseStrideH), add(segStart, row))});
+    memref::StoreOp::create(b, loc, lse, args.lse,
+                            ValueRange{add(mul(coords.head, args.lseStrideH),
+                                           add(coords.segStart, row))});
   }
-  storeRows(acc, inv, oPtr, oStrideT, oStrideH);
+  storeRows(coords, tiles, wg, acc, inv, args.out, args.outStrideT,
+            args.outStrideH);
 }
 
-void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
-                                       ArrayRef<Value> rowScale, Value out,
-                                       Value strideT, Value strideH) {
+void WarpSpecializedQueryMajor::storeRows(const SegmentCoords &coords,
+                                          const RingTiles &tiles, Value wg,
+                                          ArrayRef<Value> acc,
+                                          ArrayRef<Value> rowScale, Value out,
+                                          Value strideT, Value strideH) {
   // The rows go through this warpgroup's 64 rows of the Q tile (its last
   // scores are done, so Q is free), in the same swizzle, then out as 16-byte
   // row chunks: every warp of the group writes whole rows, coalesced.
@@ -916,14 +1204,14 @@ void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
       SmallVector<Value, 2> at =
           smemTiles.swizzledIndex(r, idx(dt * 8), blockM);
       vector::StoreOp::create(
-          b, loc, narrow, qTile,
+          b, loc, narrow, tiles.qTile,
           ValueRange{at[0], add(at[1], mul(ids.t, idx(2)))});
     }
   }
   // The warpgroup's 128 threads see each other's rows.
   namedBarrier(
       *this,
-      i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Epilogue0)), wgIdx)),
+      i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Epilogue0)), wg)),
       kWarpgroupThreads);
   int64_t chunks = headDim / 8;
   int64_t rowsPerPass = kWarpgroupThreads / chunks;
@@ -931,168 +1219,153 @@ void WarpSpecializedForward::storeRows(ArrayRef<Value> acc,
   Value c = mul(remu(lt, chunks), idx(8));
   auto vec8 = VectorType::get({8}, elemType);
   for (int64_t pass = 0; pass * rowsPerPass < 64; ++pass) {
-    Value r = add(mul(wgIdx, idx(64)),
-                  add(idx(pass * rowsPerPass), divu(lt, chunks)));
+    Value r =
+        add(mul(wg, idx(64)), add(idx(pass * rowsPerPass), divu(lt, chunks)));
     SmallVector<Value, 2> at = smemTiles.swizzledIndex(r, c, blockM);
-    Value chunk =
-        vector::LoadOp::create(b, loc, vec8, qTile, ValueRange{at[0], at[1]});
-    Value row = add(qRow0, r);
-    auto inRange =
-        scf::IfOp::create(b, loc, cmp(arith::CmpIPredicate::ult, row, segLen),
-                          /*withElseRegion=*/false);
+    Value chunk = vector::LoadOp::create(b, loc, vec8, tiles.qTile,
+                                         ValueRange{at[0], at[1]});
+    Value row = add(coords.qRow0, r);
+    auto inRange = scf::IfOp::create(
+        b, loc, cmp(arith::CmpIPredicate::ult, row, coords.segLen),
+        /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(inRange.thenBlock());
-    Value token = add(segStart, row);
-    Value offset = add(add(mul(token, strideT), mul(head, strideH)), c);
+    Value token = add(coords.segStart, row);
+    Value offset = add(add(mul(token, strideT), mul(coords.head, strideH)), c);
     vector::StoreOp::create(b, loc, chunk, out, ValueRange{offset});
   }
 }
 
-SmallVector<Value> WarpSpecializedForward::rowProducts(int64_t aOffset,
-                                                       Value kAddr) {
+SmallVector<Value>
+WarpSpecializedQueryMajor::rowProducts(const RingTiles &tiles, int64_t aOffset,
+                                       Value kAddr) {
   // As scores(): warpgroup w's rows 64w..64w+63 of Q (or dO), both operands
   // K-major, the A address opaque per use.
-  Value aAddr = add(opaque(*this, smemAddr),
+  Value aAddr = add(opaque(*this, tiles.base),
                     add(idx(aOffset), mul(divu(ids.warp, 4), idx(64 * 128))));
   Value aDesc = mma.desc(aAddr, 16, 1024);
   Value bDesc = mma.desc(kAddr, 16, 1024);
   return mma.overHeadDim({}, blockN, aDesc, blockM, bDesc, blockN);
 }
 
-LogicalResult WarpSpecializedForward::emitDqConsumer() {
+LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
+    const KernelArgs &args, const SegmentCoords &coords, const RingTiles &tiles,
+    const Pipeline &pipe, TileProgram prog) {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
-  wgIdx = divu(ids.warp, 4);
+  Value wg = divu(ids.warp, 4);
+  TileEnv env = tileEnv(args);
   // The rows' LSE (in the log2 domain of the kernels' exp2) and Delta; rows
   // past the segment: LSE +inf (P = 0), Delta 0.
   SmallVector<Value> lse, delta;
   for (int64_t h = 0; h < 2; ++h) {
-    Value row = add(qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
-    Value valid = cmp(arith::CmpIPredicate::ult, row, segLen);
-    Value token = add(segStart, select(valid, row, idx(0)));
+    Value row =
+        add(coords.qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
+    Value valid = cmp(arith::CmpIPredicate::ult, row, coords.segLen);
+    Value token = add(coords.segStart, select(valid, row, idx(0)));
     Value l = memref::LoadOp::create(
-        b, loc, lsePtr, ValueRange{add(mul(head, lseStrideH), token)});
+        b, loc, args.lse,
+        ValueRange{add(mul(coords.head, args.lseStrideH), token)});
     l = arith::MulFOp::create(b, loc, l, f32c(kLog2e));
     lse.push_back(
         select(valid, l, f32c(std::numeric_limits<float>::infinity())));
     Value d = memref::LoadOp::create(
-        b, loc, deltaPtr, ValueRange{add(mul(head, deltaStrideH), token)});
+        b, loc, args.delta,
+        ValueRange{add(mul(coords.head, args.deltaStrideH), token)});
     delta.push_back(select(valid, d, f32c(0.0f)));
   }
+  // The kernel's values the tiles read: the rows' LSE and Delta.
+  IRMapping kernelValues;
   kernel.getBody().walk([&](LoadRowStatsOp op) {
     kernelValues.map(op.getResult(),
                      pack(op.getStat() == StatKind::lse ? lse : delta));
   });
-  waitParity(*this, barrier(0), idx(0));
+  waitParity(*this, barrier(tiles, 0), idx(0));
 
   // Iteration 0: S and dP, then the ops on them (P, dS).
-  turnEndIf(1);
+  turnEndIf(wg, 1);
   Value first = idx(0);
-  waitParity(*this, kFull(first), idx(0));
-  waitParity(*this, vFull(first), idx(0));
-  turnBegin();
+  waitParity(*this, kFull(tiles, first), idx(0));
+  waitParity(*this, vFull(tiles, first), idx(0));
+  turnBegin(wg);
   mma.fence();
-  SmallVector<Value> s = rowProducts(0, kAddrOf(first));
+  SmallVector<Value> s = rowProducts(tiles, 0, kAddrOf(tiles, first));
   mma.commit();
-  SmallVector<Value> dp = rowProducts(ring.dO, vAddrOf(first));
+  SmallVector<Value> dp = rowProducts(tiles, ring.dO, vAddrOf(tiles, first));
   mma.commit();
-  turnEnd();
+  turnEnd(wg);
   mma.wait(1, s);
   // Prefix trees: the walk over the ancestor ranges, as the forward's.
-  SmallVector<Value> walk;
+  std::optional<Walk> walk;
   if (isTree)
-    walk = walkBegin();
-  IRMapping map = tileMapping({});
-  DenseSet<Operation *> done;
-  bindProduct(map, scoresOp, maskAt(s, first, walk));
-  if (failed(emitReady(map, done)))
+    walk = walkBegin(*pipe.chain);
+  TileStep step = beginTile(prog, kernelValues, {});
+  bindProduct(step, prog.scores, maskAt(pipe, coords, s, first, walk));
+  if (failed(emitReady(prog, step, env)))
     return failure();
   mma.wait(0, dp);
-  arrive(*this, vEmpty(first));
-  bindProduct(map, dpOp, dp);
-  if (failed(emitReady(map, done)))
+  arrive(*this, vEmpty(tiles, first));
+  bindProduct(step, prog.dp, dp);
+  if (failed(emitReady(prog, step, env)))
     return failure();
-  SmallVector<Value> ds = lookup(map, productOp.getProbs());
-  SmallVector<Value> acc = initialValue(tileLoopInits()[accArg]);
-  walk = walkAfter(first, walk);
+  Carried carried = afterFirstTile(prog, step, pipe, first, walk);
 
   // Iterations 1..n-1: S and dP of i, then the product (dQ += dS K) of i - 1
   // behind them.
-  Carried carried;
-  carried.parts.push_back(acc);
-  carried.parts.push_back(ds);
-  carried.parts.push_back(walk);
-  auto loop =
-      scf::ForOp::create(b, loc, idx(1), numIters, idx(1), carried.flat());
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value i = loop.getInductionVar();
-    Carried in = Carried::like(carried, loop.getRegionIterArgs());
-    SmallVector<Value> acc = in.parts[0], ds = in.parts[1], w = in.parts[2];
-    auto [slot, parity] = slotOf(i);
-    auto [prevSlot, prevParity] =
-        slotOf(arith::SubIOp::create(b, loc, i, idx(1)));
-    (void)prevParity; // K of i - 1 has landed: its scores were computed
-    waitParity(*this, kFull(slot), parity);
-    waitParity(*this, vFull(slot), parity);
-    turnBegin();
-    mma.fence();
-    SmallVector<Value> s = rowProducts(0, kAddrOf(slot));
-    mma.commit();
-    SmallVector<Value> dp = rowProducts(ring.dO, vAddrOf(slot));
-    mma.commit();
-    accumulate(acc, ds, kAddrOf(prevSlot));
-    mma.commit();
-    turnEnd();
-    mma.wait(2, s);
-    IRMapping map = tileMapping({});
-    DenseSet<Operation *> done;
-    bindProduct(map, scoresOp, maskAt(s, i, w));
-    if (failed(emitReady(map, done)))
-      return failure();
-    mma.wait(1, dp);
-    arrive(*this, vEmpty(slot));
-    bindProduct(map, dpOp, dp);
-    if (failed(emitReady(map, done)))
-      return failure();
-    SmallVector<Value> dsNext = lookup(map, productOp.getProbs());
-    // dS of i - 1 passes through the wait too: the dQ group reads its
-    // registers until it retires.
-    mma.waitKeeping(0, acc, ds);
-    arrive(*this, kEmpty(prevSlot));
-    map.map(tileLoop.getBody().front().getArgument(1 + accArg), pack(acc));
-    if (failed(emitReady(map, done)))
-      return failure();
-    Carried out;
-    out.parts.push_back(lookup(map, productOp.getAcc()));
-    out.parts.push_back(dsNext);
-    out.parts.push_back(walkAfter(i, w));
-    scf::YieldOp::create(b, loc, out.flat());
-  }
-  Carried last = Carried::like(carried, loop.getResults());
-  acc = last.parts[0], ds = last.parts[1];
+  FailureOr<Carried> last = emitMainLoop(
+      prog, pipe, tiles, env, carried,
+      [&](Value i, RingSlot slot, RingSlot prev,
+          Carried &in) -> FailureOr<TileStep> {
+        // K of i - 1 has landed: its scores were computed.
+        waitParity(*this, kFull(tiles, slot.slot), slot.parity);
+        waitParity(*this, vFull(tiles, slot.slot), slot.parity);
+        turnBegin(wg);
+        mma.fence();
+        SmallVector<Value> s = rowProducts(tiles, 0, kAddrOf(tiles, slot.slot));
+        mma.commit();
+        SmallVector<Value> dp =
+            rowProducts(tiles, ring.dO, vAddrOf(tiles, slot.slot));
+        mma.commit();
+        accumulate(in.acc, in.operand, kAddrOf(tiles, prev.slot));
+        mma.commit();
+        turnEnd(wg);
+        mma.wait(2, s);
+        TileStep step = beginTile(prog, kernelValues, {});
+        bindProduct(step, prog.scores, maskAt(pipe, coords, s, i, in.walk));
+        if (failed(emitReady(prog, step, env)))
+          return failure();
+        mma.wait(1, dp);
+        arrive(*this, vEmpty(tiles, slot.slot));
+        bindProduct(step, prog.dp, dp);
+        if (failed(emitReady(prog, step, env)))
+          return failure();
+        return step;
+      });
+  if (failed(last))
+    return failure();
+  SmallVector<Value> acc = last->acc, ds = last->operand;
 
   // The last tile's dQ product.
   auto [lastSlot, lastParity] =
-      slotOf(arith::SubIOp::create(b, loc, numIters, idx(1)));
+      slotOf(arith::SubIOp::create(b, loc, pipe.numIters, idx(1)));
   (void)lastParity;
-  turnBegin();
-  accumulate(acc, ds, kAddrOf(lastSlot));
+  turnBegin(wg);
+  accumulate(acc, ds, kAddrOf(tiles, lastSlot));
   mma.commit();
-  turnEndIf(0);
+  turnEndIf(wg, 0);
   mma.waitKeeping(0, acc, ds);
-  arrive(*this, kEmpty(lastSlot));
+  arrive(*this, kEmpty(tiles, lastSlot));
   // The epilogue stores the last loop's accumulator.
   IRMapping results = kernelValues;
-  results.map(lastKVLoop().getResult(accArg), pack(acc));
+  results.map(lastKVLoop().getResult(prog.accArg), pack(acc));
   kernel.getBody().walk([&](StoreDqOp store) {
-    storeRows(lookup(results, store.getAcc()), {}, oPtr, oStrideT, oStrideH);
+    storeRows(coords, tiles, wg, lookup(results, store.getAcc()), {}, args.out,
+              args.outStrideT, args.outStrideH);
   });
   return success();
 }
 
-LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
+LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   // The spec was checked against the schedule's record (checkSpec, in the
   // dualkv.kernel verifier and again by dualkv-lower-to-nvgpu): the kind,
   // tiling, head_dim and shared memory fit this emitter.
@@ -1103,56 +1376,17 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
-  lsePtr = fn.param("lse"), segPtr = fn.param("segs");
-  lseStrideH = fn.indexParam("lseStrideH");
-  if (isDq) {
-    // dq takes the output's place (oPtr, oStride*).
-    oPtr = fn.param("dq"), oStrideT = fn.indexParam("dqStrideT"),
-    oStrideH = fn.indexParam("dqStrideH");
-    deltaPtr = fn.param("delta"), deltaStrideH = fn.indexParam("deltaStrideH");
-    scale = fn.param("scale");
-    doMap = fn.param("doMap");
-  } else {
-    oPtr = fn.param("o"), oStrideT = fn.indexParam("oStrideT"),
-    oStrideH = fn.indexParam("oStrideH");
-  }
-  scaleLog2 = fn.param("scaleLog2");
-  qMap = fn.param("qMap"), kMap = fn.param("kMap"), vMap = fn.param("vMap");
-  Value workPtr = fn.param("order");
-
+  KernelArgs args = readArgs();
   ids = ThreadIds::emit(*this);
-  // Block x takes work item x of the plan's forward order ({segment, query
-  // tile}, heaviest first), block z is the head.
-  Value item = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
-  auto workField = [&](int64_t f) {
-    return toIndex(memref::LoadOp::create(
-        b, loc, workPtr, ValueRange{add(mul(item, idx(2)), idx(f))}));
-  };
-  Value seg = workField(0);
-  segIndex = seg;
-  if (isTree)
-    chainPtr = fn.param("chain");
-  qRow0 = mul(workField(1), idx(blockM));
-  head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
-  kvHead = divu(head, groupSize);
-  SegmentFields fields = segmentFields(*this, segPtr, seg);
-  segStart = fields.start, segLen = fields.length,
-  sharedStart = fields.sharedStart, sharedLen = fields.sharedLen;
-
-  auto workgroup =
-      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
-  auto bytes = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
-                               MemRefLayoutAttrInterface(), workgroup);
-  Value smem = gpu::DynamicSharedMemoryOp::create(b, loc, bytes);
-  smemAddr = smemTiles.alignToSwizzle(smem, sharedBytes());
-  qTile = smemTiles.swizzledTile(smem, 0, blockM);
-  if (failed(collectLoops()) || failed(collectTileProgram()))
+  SegmentCoords coords = locate(args);
+  RingTiles tiles = placeRing();
+  FailureOr<KVLoops> kv = collectLoops(coords);
+  if (failed(kv))
     return failure();
-  if (isTree) {
-    // The ancestor ranges' tiles come first.
-    countChainTiles();
-    numIters = add(chainIters, numIters);
-  }
+  FailureOr<TileProgram> prog = collectTileProgram();
+  if (failed(prog))
+    return failure();
+  Pipeline pipe = pipeline(std::move(*kv), args, coords);
 
   // Thread 0 initialises the barriers: Q and every "full" barrier complete on
   // the producer's arrival plus the TMA bytes, every "empty" one when all 256
@@ -1163,14 +1397,16 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
         /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(init.thenBlock());
-    NVVM::MBarrierInitOp::create(b, loc, barrier(0), i32c(1), Value());
+    NVVM::MBarrierInitOp::create(b, loc, barrier(tiles, 0), i32c(1), Value());
     for (int64_t s = 0; s < stages; ++s) {
       Value slot = idx(s);
-      NVVM::MBarrierInitOp::create(b, loc, kFull(slot), i32c(1), Value());
-      NVVM::MBarrierInitOp::create(b, loc, vFull(slot), i32c(1), Value());
-      NVVM::MBarrierInitOp::create(b, loc, kEmpty(slot),
+      NVVM::MBarrierInitOp::create(b, loc, kFull(tiles, slot), i32c(1),
+                                   Value());
+      NVVM::MBarrierInitOp::create(b, loc, vFull(tiles, slot), i32c(1),
+                                   Value());
+      NVVM::MBarrierInitOp::create(b, loc, kEmpty(tiles, slot),
                                    i32c(int32_t(threads())), Value());
-      NVVM::MBarrierInitOp::create(b, loc, vEmpty(slot),
+      NVVM::MBarrierInitOp::create(b, loc, vEmpty(tiles, slot),
                                    i32c(int32_t(threads())), Value());
     }
   }
@@ -1182,9 +1418,10 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(role.thenBlock());
-    emitProducer();
+    emitProducer(args, coords, tiles, pipe);
     b.setInsertionPointToStart(role.elseBlock());
-    if (failed(isDq ? emitDqConsumer() : emitConsumer()))
+    if (failed(isDq ? emitDqConsumer(args, coords, tiles, pipe, *prog)
+                    : emitConsumer(args, coords, tiles, pipe, *prog)))
       return failure();
   }
 
@@ -1196,10 +1433,10 @@ LogicalResult WarpSpecializedForward::emit(gpu::GPUModuleOp gpuModule) {
 } // namespace
 
 LogicalResult
-mlir::dualkv::emitWarpSpecializedForward(KernelOp kernel, OpBuilder &b,
-                                         gpu::GPUModuleOp gpuModule,
-                                         int64_t *sharedBytes) {
-  WarpSpecializedForward emitter(kernel, b);
+mlir::dualkv::emitWarpSpecializedQueryMajor(KernelOp kernel, OpBuilder &b,
+                                            gpu::GPUModuleOp gpuModule,
+                                            int64_t *sharedBytes) {
+  WarpSpecializedQueryMajor emitter(kernel, b);
   if (failed(emitter.emit(gpuModule)))
     return failure();
   *sharedBytes = emitter.sharedBytes();
