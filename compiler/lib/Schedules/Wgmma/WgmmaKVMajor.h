@@ -10,7 +10,7 @@
 #define DUALKV_COMPILER_WGMMA_KVMAJOR_H
 
 #include "Lowering/Skeletons/KVMajorSkeleton.h"
-#include "Schedules/Wgmma/WgmmaBuilder.h"
+#include "Lowering/Support/WgmmaBuilder.h"
 
 namespace mlir::dualkv {
 
