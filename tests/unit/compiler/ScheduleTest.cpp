@@ -61,7 +61,7 @@ int64_t maxSmem(int n) {
 
 /// Shared memory as the emitters lay it out (KernelSpec.h,
 /// Lowering/Skeletons/QueryMajorSkeleton.h,
-/// Lowering/Skeletons/KVMajorSkeleton.h, Schedules/Wgmma/WgmmaKVMajor.h,
+/// Lowering/Skeletons/KVMajorSkeleton.h, Lowering/Products/WgmmaKVProducts.h,
 /// Schedules/WarpSpecialized/).
 int64_t refSharedBytes(const KernelSpec &r) {
   const int64_t bm = r.tiling.blockM, bn = r.tiling.blockN, d = r.headDim,

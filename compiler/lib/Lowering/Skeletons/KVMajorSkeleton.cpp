@@ -32,6 +32,34 @@ KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
   vectorRed = arch && arch->number >= 90;
 }
 
+KVProductsHost KVMajorEmitter::productsHost() {
+  return {*this,
+          *this,
+          elemType,
+          headDim,
+          blockM,
+          blockN,
+          nTiles,
+          withDq,
+          map,
+          ids,
+          frags,
+          smemTiles,
+          copies,
+          smem,
+          kBuf,
+          vBuf,
+          dsBuf,
+          qCur,
+          doCur,
+          aG,
+          aT,
+          qLen,
+          dqAccPtr,
+          [this](Value tile) { waitFor(tile); },
+          [this](Value q) { return dqAccRow(q); }};
+}
+
 Value KVMajorEmitter::itemField(int64_t f, bool fresh) {
   Value item = fresh ? opaque(*this, itemIndex) : itemIndex;
   Value v = memref::LoadOp::create(

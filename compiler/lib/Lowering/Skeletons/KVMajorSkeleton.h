@@ -29,10 +29,12 @@
 // over query heads and query tiles (the causal ones first), the double
 // buffered copies, column statistics, masks, probabilities, dS, the stores
 // of dK/dV and the reduction of dQ into global memory. A schedule derives
-// from it and computes the products. It holds the mma fragments' builders
-// (MmaFragments.h), the tiles in shared memory and their copy groups
-// (SharedTiles.h); BackwardEmitterBase, under it and the elementwise kernels,
-// the kernel function and the thread ids (KernelFunction.h).
+// from it and computes the products, itself or with a products component
+// (Lowering/Products/) that it holds and hands a KVProductsHost. It holds the
+// mma fragments' builders (MmaFragments.h), the tiles in shared memory and
+// their copy groups (SharedTiles.h); BackwardEmitterBase, under it and the
+// elementwise kernels, the kernel function and the thread ids
+// (KernelFunction.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_COMMON_KVMAJOR_H
@@ -44,6 +46,8 @@
 #include "Lowering/TileOps/TileOps.h"
 
 #include "mlir/IR/IRMapping.h"
+
+#include <functional>
 
 namespace mlir::dualkv {
 
@@ -91,6 +95,42 @@ protected:
 
   KernelOp kernel;
   int64_t numQHeads, numKVHeads, groupSize, blockM, blockN;
+};
+
+class KVMajorEmitter;
+
+/// What a products component (Lowering/Products/) reads of the KV-major
+/// emitter that holds it, handed over explicitly (productsHost()): the
+/// builder, the constants, and the emitter's state and helpers by
+/// reference, since the emitter moves them as it walks the kernel.
+struct KVProductsHost {
+  ScalarBuilder o;
+  /// The shared-memory layout: qOffset(), doOffset(), dsOffset(),
+  /// tileBytes(), and the skeleton's own sharedBytes() (where a schedule's
+  /// buffers start).
+  const KVMajorEmitter &layout;
+  Type elemType;
+  int64_t headDim, blockM, blockN, nTiles;
+  bool withDq;
+  IRMapping &map;
+  ThreadIds &ids;
+  MmaFragments &frags;
+  SharedTiles &smemTiles;
+  CopyGroups &copies;
+  /// The dynamic shared memory and the tiles in it (the products' layout
+  /// may place them).
+  Value &smem, &kBuf, &vBuf, &dsBuf;
+  /// The current query tile's Q and dO.
+  Value &qCur, &doCur;
+  /// The lane's g and t as shared-memory addresses see them (aG, aT).
+  Value &aG, &aT;
+  /// The item's queries and the fp32 dQ accumulator.
+  Value &qLen, &dqAccPtr;
+  /// Waits for query tile `tile` before its first read (waitFor).
+  std::function<void(Value)> waitFor;
+  /// The first element of query `q`'s row of the current head in the fp32
+  /// dQ accumulator (dqAccRow).
+  std::function<Value(Value)> dqAccRow;
 };
 
 /// The KV-major kernels bwd and bwd_kv (see the file comment).
@@ -290,6 +330,9 @@ protected:
   /// The views of buffer `parity` (a runtime value): Q, dO, LSE, Delta.
   SmallVector<Value, 4> tileViews(Value parity);
   IRMapping map;
+
+  /// What a products component held by the schedule reads of this emitter.
+  KVProductsHost productsHost();
 };
 
 /// Emits bwd_pre or bwd_post (elementwise, the same on every arch).

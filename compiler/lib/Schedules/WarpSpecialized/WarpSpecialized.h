@@ -3,7 +3,7 @@
 // The forward as FlashAttention-3 builds it on Hopper: a producer warpgroup
 // loads Q, K and V by TMA into an mbarrier-guarded ring, two consumer
 // warpgroups (setmaxnreg) compute with wgmma (WarpSpecializedQueryMajor.cpp);
-// the KV-major backward in the same roles (KVMajor.cpp).
+// the KV-major backward in the same roles (WarpSpecializedKVMajor.cpp).
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WARPSPECIALIZED_H
@@ -21,8 +21,8 @@ LogicalResult emitWarpSpecializedQueryMajor(KernelOp kernel, OpBuilder &b,
                                             gpu::GPUModuleOp gpuModule,
                                             int64_t *sharedBytes);
 /// The same for the KV-major backward (bwd, bwd_kv) at head_dim 64 and 128
-/// (KVMajor.cpp): a cp.async producer warpgroup feeding two wgmma consumer
-/// warpgroups through an mbarrier ring.
+/// (WarpSpecializedKVMajor.cpp): a cp.async producer warpgroup feeding two
+/// wgmma consumer warpgroups through an mbarrier ring.
 LogicalResult emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                                          gpu::GPUModuleOp gpuModule,
                                          int64_t *sharedBytes);

@@ -1,10 +1,11 @@
 //===- WarpSpecializedKVMajor.cpp - the sm_90a KV-major backward ----------===//
 //
 // bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries:
-// the products of the warpgroup schedule (Schedules/Wgmma/WgmmaKVMajor.h: Sᵀ =
-// K Qᵀ and dPᵀ = V dOᵀ from shared memory, dV += Pᵀ dO and dK += dSᵀ Q with A
-// from registers, dQ = dS K leaving by bulk reduction), with the query tiles'
-// copies taken off the warps that compute. A CTA has three warpgroups:
+// the products of the warpgroup schedule, from a WgmmaKVProducts of its own
+// (Lowering/Products/WgmmaKVProducts.h: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared
+// memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers, dQ = dS K
+// leaving by bulk reduction), with the query tiles' copies taken off the
+// warps that compute. A CTA has three warpgroups:
 //   warpgroup 2, the producer (setmaxnreg down to 24 registers), for each
 //   query tile the CTA walks (each query head of the KV head's group, the
 //   causal tiles first):
@@ -51,8 +52,9 @@
 //===----------------------------------------------------------------------===//
 #include "WarpSpecialized.h"
 
+#include "Lowering/Products/WgmmaKVProducts.h"
 #include "Lowering/ScheduleEmitters.h"
-#include "Schedules/Wgmma/WgmmaKVMajor.h"
+#include "Lowering/Skeletons/KVMajorSkeleton.h"
 
 using namespace mlir;
 using namespace mlir::dualkv;
@@ -70,10 +72,16 @@ constexpr int32_t kEntryRegs = 168;
 /// Slots of the query-tile ring (the tile views' two buffers).
 constexpr int64_t kSlots = 2;
 
-class WarpSpecializedKVMajor : public WgmmaKVMajorEmitter {
+class WarpSpecializedKVMajor : public KVMajorEmitter {
 public:
   WarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b)
-      : WgmmaKVMajorEmitter(kernel, b) {
+      : KVMajorEmitter(kernel, b), wgmma(productsHost()) {
+    // The tiles as the wgmma products read them (WgmmaKVProducts.h).
+    rowStride = headDim;
+    dsRowStride = blockN;
+    swizzledTiles = true;
+    waitOncePerTile = true;
+    copies.wgmmaReadsTiles = true;
     copies.syncedThreads = threads();
     tmaQueryTiles =
         kernel.getTiling()->getStages() == ::dualkv::kKVMajorTmaStages;
@@ -83,7 +91,7 @@ public:
     return ::dualkv::Schedule::WarpSpecialized;
   }
 
-  /// The warpgroup schedule's buffers, then the mbarriers.
+  /// The skeleton's buffers, the dQ staging buffers, then the mbarriers.
   int64_t sharedBytes() const override {
     return barrierOffset() + 8 * kBarriers + 1024;
   }
@@ -92,7 +100,8 @@ private:
   /// full and empty of each slot, dq full, dq empty.
   static constexpr int64_t kBarriers = 2 * kSlots + 2;
   int64_t barrierOffset() const {
-    return dqOffset() + (withDq ? dqBuffers() * blockN * dqRowBytes() : 0);
+    return wgmma.dqOffset() +
+           (withDq ? dqBuffers() * blockN * wgmma.dqRowBytes() : 0);
   }
   /// head_dim 64: each warpgroup computes the dQ of its own 64 keys (a
   /// warpgroup cannot take half of 64 columns), so the warpgroups share
@@ -101,8 +110,9 @@ private:
   bool splitDq() const { return headDim == 64; }
   int64_t dqBuffers() const { return splitDq() ? 2 : 1; }
   Value barrierAt(int64_t first, Value slot) {
-    return sharedPtr(*this, add(smemAddr, add(idx(barrierOffset() + 8 * first),
-                                              mul(slot, idx(8)))));
+    return sharedPtr(
+        *this, add(wgmma.smemAddr,
+                   add(idx(barrierOffset() + 8 * first), mul(slot, idx(8)))));
   }
   Value fullBarrier(Value slot) { return barrierAt(0, slot); }
   Value emptyBarrier(Value slot) { return barrierAt(kSlots, slot); }
@@ -111,6 +121,16 @@ private:
   /// Slot and phase parity of pipeline iteration `it`.
   RingSlot slotOf(Value it) { return ringSlot(*this, it, kSlots); }
 
+  void layoutTiles() override { wgmma.layoutTiles(sharedBytes()); }
+  void beginQIteration(Value parity) override { wgmma.beginQIteration(parity); }
+  LogicalResult emitQKT(QKTOp op) override {
+    wgmma.qkt(op);
+    return success();
+  }
+  LogicalResult emitAccumulate(AccumulateOp op) override {
+    wgmma.accumulate(op);
+    return success();
+  }
   LogicalResult emitBody() override;
   LogicalResult emitProducer();
   /// The producer's dQ duty for pipeline iteration `it`, whose tile starts
@@ -120,48 +140,28 @@ private:
   void waitTile() override {
     waitParity(*this, fullBarrier(cur.slot), cur.parity);
   }
-  /// The last tile's "dq full" phase (a fresh barrier passes the first
-  /// tile through).
-  void beforeDsStore() override {
-    if (splitDq())
-      return; // only this warpgroup reads its dSᵀ rows
+  /// Waits for the last tile's "dq full" phase (a fresh barrier passes the
+  /// first tile through) before this warpgroup overwrites the dSᵀ that the
+  /// other one may still read.
+  void waitLastDqFull() {
     waitParity(*this, dqFullBarrier(),
                arith::XOrIOp::create(b, loc, remu(curIter, 2), idx(1)));
   }
   /// Only the products retire here: the dQ writer waits for its own
   /// reductions.
-  void endQIteration() override {
-    if (!inFlight.empty())
-      waitWgmma(Value());
-  }
+  void endQIteration() override { wgmma.retireAll(); }
   void endKernel() override {}
-  /// head_dim 64: dQ of the warpgroup's own 64 keys, 64 queries x 64
-  /// columns (splitDq).
-  SmallVector<Value> dqOwnKeys(ArrayRef<Value> ds) {
-    storeDsT(ds);
-    proxyFence(*this);
-    // The warpgroup's 128 threads see each other's rows.
-    namedBarrier(*this,
-                 i32Of(*this, add(idx(barrierId(KVMajorBarrier::Warpgroup0)),
-                                  warpGroup)),
-                 128);
-    // dQ (queries x D) = dS (queries x own keys, M-major: dSᵀ rows) K (own
-    // keys x D, N-major), 4 k-steps of 16 keys.
-    Value own = mul(warpGroup, idx(64 * 128));
-    Value aDesc = wg.desc(add(dsAddr, own), blockM * 128, 1024);
-    Value bDesc = wg.desc(add(kAddr, own), blockM * 128, 1024);
-    SmallVector<Value> acc;
-    wg.fence();
-    for (int64_t kk = 0; kk < 4; ++kk)
-      acc = wg.step(acc, headDim, wg.descPlus(aDesc, kk * 16 * 128), {},
-                    wg.descPlus(bDesc, kk * 16 * 128), true, true);
-    wg.commit();
-    waitWgmma(Value(), acc);
-    return acc;
-  }
   LogicalResult emitAccumulateDq(AccumulateDqOp op) override {
     SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
-    SmallVector<Value> acc = splitDq() ? dqOwnKeys(ds) : dqWgmma(ds);
+    // head_dim 64: dQ of the warpgroup's own 64 keys, 64 queries x 64
+    // columns; only this warpgroup reads its dSᵀ rows.
+    SmallVector<Value> acc;
+    if (splitDq()) {
+      acc = wgmma.dqOwnKeys(ds);
+    } else {
+      waitLastDqFull();
+      acc = wgmma.dqWgmma(ds);
+    }
     // The staging buffer is free once the writer has read the last tile's
     // (a fresh barrier lets the first pass through); the writer may read it
     // once all 256 consumer threads have stored their part.
@@ -169,10 +169,12 @@ private:
     waitParity(*this, dqEmptyBarrier(),
                arith::XOrIOp::create(b, loc, phase, idx(1)));
     if (splitDq())
-      stageDq(acc, idx(0),
-              add(idx(dqOffset()), mul(warpGroup, idx(blockN * dqRowBytes()))));
+      wgmma.stageDq(
+          acc, idx(0),
+          add(idx(wgmma.dqOffset()),
+              mul(wgmma.warpGroup, idx(blockN * wgmma.dqRowBytes()))));
     else
-      stageDq(acc);
+      wgmma.stageDq(acc);
     proxyFence(*this);
     arrive(*this, dqFullBarrier());
     return success();
@@ -186,6 +188,8 @@ private:
   /// The consumers' current pipeline iteration, its slot and phase.
   Value curIter;
   RingSlot cur;
+  /// Sᵀ, dPᵀ, dV, dK and dQ.
+  WgmmaKVProducts wgmma;
 };
 
 LogicalResult WarpSpecializedKVMajor::emitBody() {
@@ -236,7 +240,7 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
                                  splitDq() ? kConsumerRegs64 : kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   ringIter = idx(0);
-  return WgmmaKVMajorEmitter::emitBody();
+  return KVMajorEmitter::emitBody();
 }
 
 LogicalResult WarpSpecializedKVMajor::emitProducer() {
@@ -281,7 +285,7 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
                                              i32c(int32_t(2 * tileBytes())),
                                              NVVM::MemScopeKind::CTA);
             Value row = add(qBegin, first);
-            Value base = add(smemAddr, mul(slot, idx(tileBytes())));
+            Value base = add(wgmma.smemAddr, mul(slot, idx(tileBytes())));
             tmaLoadTile(*this, qMap, add(base, idx(qOffset())), blockN, headDim,
                         row, head, fullBarrier(slot));
             tmaLoadTile(*this, doMap, add(base, idx(doOffset())), blockN,
@@ -329,7 +333,7 @@ void WarpSpecializedKVMajor::writeDq(Value it, Value first, Value tileHead) {
   waitParity(*this, dqFullBarrier(), remu(it, 2));
   emitIf(cmp(arith::CmpIPredicate::ult, ids.tid, idx(blockN)), [&] {
     for (int64_t buffer = 0; buffer < dqBuffers(); ++buffer)
-      reduceDqRow(ids.tid, first, buffer);
+      wgmma.reduceDqRow(ids.tid, first, buffer);
   });
   bulkCommit(*this);
   bulkWait(*this, 0, /*readOnly=*/true);

@@ -64,8 +64,8 @@
 #include "Lowering/Support/MmaFragments.h"
 #include "Lowering/Support/Segments.h"
 #include "Lowering/Support/SharedTiles.h"
+#include "Lowering/Support/WgmmaBuilder.h"
 #include "Lowering/TileOps/TileOps.h"
-#include "Schedules/Wgmma/WgmmaBuilder.h"
 #include "dualkv/Compiler/Schedule.h"
 
 #include <limits>

@@ -1,8 +1,9 @@
 //===- Wgmma.h - the warpgroup schedule (sm_90a, head_dim 128) ------------===//
 //
 // The query-major kernels (the forward, the deterministic dQ kernel;
-// QueryMajor.cpp) and the KV-major backward (KVMajor.cpp) with every product
-// a wgmma.mma_async over tiles in the 128-byte swizzle, loaded by cp.async.
+// WgmmaQueryMajor.cpp) and the KV-major backward (WgmmaKVMajor.cpp, its
+// products Lowering/Products/WgmmaKVProducts.h) with every product a
+// wgmma.mma_async over tiles in the 128-byte swizzle, loaded by cp.async.
 //
 //===----------------------------------------------------------------------===//
 #ifndef DUALKV_COMPILER_WGMMA_WGMMA_H

@@ -15,8 +15,8 @@
 //===----------------------------------------------------------------------===//
 #include "Lowering/ScheduleEmitters.h"
 #include "Lowering/Skeletons/QueryMajorSkeleton.h"
+#include "Lowering/Support/WgmmaBuilder.h"
 #include "Schedules/Wgmma/Wgmma.h"
-#include "Schedules/Wgmma/WgmmaBuilder.h"
 
 using namespace mlir;
 using namespace mlir::dualkv;

@@ -72,7 +72,7 @@ std::optional<Tiling> wgmmaDefaultTiling(const KernelSpec &spec) {
 }
 
 /// Tiles unpadded in the 128-byte swizzle, 1 KB more to align them; the
-/// backward stages its dQ tile in fp32 (Schedules/Wgmma/WgmmaKVMajor.h).
+/// backward stages its dQ tile in fp32 (Lowering/Products/WgmmaKVProducts.h).
 int64_t wgmmaSharedBytes(const KernelSpec &resolved) {
   switch (resolved.kind) {
   case KernelKind::BwdPre:

@@ -8,8 +8,8 @@
 // warp w of a warpgroup holds rows 16w + g and 16w + g + 8.
 //
 //===----------------------------------------------------------------------===//
-#ifndef DUALKV_COMPILER_WGMMA_WGMMABUILDER_H
-#define DUALKV_COMPILER_WGMMA_WGMMABUILDER_H
+#ifndef DUALKV_COMPILER_COMMON_WGMMABUILDER_H
+#define DUALKV_COMPILER_COMMON_WGMMABUILDER_H
 
 #include "dualkv/Compiler/Passes.h"
 
