@@ -333,6 +333,16 @@ protected:
 
   /// What a products component held by the schedule reads of this emitter.
   KVProductsHost productsHost();
+  /// Lays the tiles out as the wgmma products read them (WgmmaKVProducts.h):
+  /// unpadded rows in the 128-byte swizzle, dS^T rows of blockN elements, one
+  /// wait per query tile, copies made visible to wgmma before the barrier.
+  void useWgmmaTiles() {
+    rowStride = headDim;
+    dsRowStride = blockN;
+    swizzledTiles = true;
+    waitOncePerTile = true;
+    copies.wgmmaReadsTiles = true;
+  }
 };
 
 /// Emits bwd_pre or bwd_post (elementwise, the same on every arch).

@@ -76,12 +76,7 @@ class WarpSpecializedKVMajor : public KVMajorEmitter {
 public:
   WarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b)
       : KVMajorEmitter(kernel, b), wgmma(productsHost()) {
-    // The tiles as the wgmma products read them (WgmmaKVProducts.h).
-    rowStride = headDim;
-    dsRowStride = blockN;
-    swizzledTiles = true;
-    waitOncePerTile = true;
-    copies.wgmmaReadsTiles = true;
+    useWgmmaTiles();
     copies.syncedThreads = threads();
     tmaQueryTiles =
         kernel.getTiling()->getStages() == ::dualkv::kKVMajorTmaStages;

@@ -33,12 +33,7 @@ class WgmmaKVMajorEmitter : public KVMajorEmitter {
 public:
   WgmmaKVMajorEmitter(KernelOp kernel, OpBuilder &b)
       : KVMajorEmitter(kernel, b), wgmma(productsHost()) {
-    // The tiles as the wgmma products read them (WgmmaKVProducts.h).
-    rowStride = headDim;
-    dsRowStride = blockN;
-    swizzledTiles = true;
-    waitOncePerTile = true;
-    copies.wgmmaReadsTiles = true;
+    useWgmmaTiles();
   }
 
   /// The dQ staging buffer (bwd), then 1 KB more, to align the buffers to
