@@ -28,7 +28,12 @@ blocks; 16 more kernels). The head_dim 256 backward, added after these 84,
 is left out so that binaries from before it still snapshot (aot-ptxas-bwd.test
 compiles it). --all adds it and the tree kernels (--tree fwd and bwd_dq at head_dim
 64, 128, 256), for bf16 and fp16, sm_80 and sm_90a (52 more kernels; it needs a
-dualkv-aot with --tree and the head_dim-256 backward). A snapshot holds one
+dualkv-aot with --tree and the head_dim-256 backward), and the sm_90a kernels
+that users reach only by naming a schedule (--schedule mma_sync and wgmma for
+fwd and the backward set at head_dim 128, warp_specialized's TMA producer
+(--stages 2) at 64 and 128, bf16 and fp16: 36 more kernels, 171 in all;
+dualkv-aot names a kernel of a schedule other than the default
+<name>_<schedule>). A snapshot holds one
 <name>.ptx per kernel (dualkv-aot's file names) and list.txt.
 
 diff exits 0 when both snapshots hold the same kernels with identical bytes, 1
@@ -65,6 +70,14 @@ configs() {
         echo "--kind fwd --tree --head-dim $d --dtype $t --arch $a"
         echo "--kind bwd_dq --tree --head-dim $d --dtype $t --arch $a"
       done
+    done
+    # Named schedules (not the defaults of sm_90a).
+    for s in mma_sync wgmma; do
+      echo "--kind fwd --schedule $s --head-dim 128 --dtype $t --arch sm_90a"
+      echo "--kind bwd --schedule $s --head-dim 128 --dtype $t --arch sm_90a"
+    done
+    for d in 64 128; do
+      echo "--kind bwd --schedule warp_specialized --stages 2 --head-dim $d --dtype $t --arch sm_90a"
     done
   done
 }
