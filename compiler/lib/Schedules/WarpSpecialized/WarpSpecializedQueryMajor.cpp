@@ -412,6 +412,15 @@ private:
   void bindProduct(TileStep &step, Operation *op, ArrayRef<Value> values);
   /// Emits, once each, the body's library ops whose operands `step` holds.
   LogicalResult emitReady(TileProgram prog, TileStep &step, const TileEnv &env);
+  /// Binds the scores `s` of pipeline iteration `i` (walk state `w`), masked,
+  /// and emits the library ops that become ready on them.
+  LogicalResult emitScores(TileProgram prog, TileStep &step,
+                           const Pipeline &pipe, const SegmentCoords &coords,
+                           SmallVector<Value> s, Value i,
+                           const std::optional<Walk> &w, const TileEnv &env) {
+    bindProduct(step, prog.scores, maskAt(pipe, coords, std::move(s), i, w));
+    return emitReady(prog, step, env);
+  }
   /// The values `map` gives the body's values `v` (a fragment each).
   SmallVector<Value> lookup(const IRMapping &map, Value v) {
     return unpack(map.lookup(v));
@@ -1101,8 +1110,7 @@ LogicalResult WarpSpecializedQueryMajor::emitConsumer(
   if (isTree)
     walk = walkBegin(*pipe.chain);
   TileStep step = beginTile(prog, kernelValues, state);
-  bindProduct(step, prog.scores, maskAt(pipe, coords, s, first, walk));
-  if (failed(emitReady(prog, step, env)))
+  if (failed(emitScores(prog, step, pipe, coords, s, first, walk, env)))
     return failure();
   Carried carried = afterFirstTile(prog, step, pipe, first, walk);
 
@@ -1124,8 +1132,7 @@ LogicalResult WarpSpecializedQueryMajor::emitConsumer(
         mma.wait(1, s);
         arrive(*this, kEmpty(tiles, slot.slot));
         TileStep step = beginTile(prog, kernelValues, in.state);
-        bindProduct(step, prog.scores, maskAt(pipe, coords, s, i, in.walk));
-        if (failed(emitReady(prog, step, env)))
+        if (failed(emitScores(prog, step, pipe, coords, s, i, in.walk, env)))
           return failure();
         return step;
       });
@@ -1300,8 +1307,7 @@ LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
   if (isTree)
     walk = walkBegin(*pipe.chain);
   TileStep step = beginTile(prog, kernelValues, {});
-  bindProduct(step, prog.scores, maskAt(pipe, coords, s, first, walk));
-  if (failed(emitReady(prog, step, env)))
+  if (failed(emitScores(prog, step, pipe, coords, s, first, walk, env)))
     return failure();
   mma.wait(0, dp);
   arrive(*this, vEmpty(tiles, first));
@@ -1331,8 +1337,7 @@ LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
         turnEnd(wg);
         mma.wait(2, s);
         TileStep step = beginTile(prog, kernelValues, {});
-        bindProduct(step, prog.scores, maskAt(pipe, coords, s, i, in.walk));
-        if (failed(emitReady(prog, step, env)))
+        if (failed(emitScores(prog, step, pipe, coords, s, i, in.walk, env)))
           return failure();
         mma.wait(1, dp);
         arrive(*this, vEmpty(tiles, slot.slot));
@@ -1346,15 +1351,14 @@ LogicalResult WarpSpecializedQueryMajor::emitDqConsumer(
   SmallVector<Value> acc = last->acc, ds = last->operand;
 
   // The last tile's dQ product.
-  auto [lastSlot, lastParity] =
+  RingSlot lastSlot =
       slotOf(arith::SubIOp::create(b, loc, pipe.numIters, idx(1)));
-  (void)lastParity;
   turnBegin(wg);
-  accumulate(acc, ds, kAddrOf(tiles, lastSlot));
+  accumulate(acc, ds, kAddrOf(tiles, lastSlot.slot));
   mma.commit();
   turnEndIf(wg, 0);
   mma.waitKeeping(0, acc, ds);
-  arrive(*this, kEmpty(tiles, lastSlot));
+  arrive(*this, kEmpty(tiles, lastSlot.slot));
   // The epilogue stores the last loop's accumulator.
   IRMapping results = kernelValues;
   results.map(lastKVLoop().getResult(prog.accArg), pack(acc));
