@@ -11,6 +11,22 @@
 /// against. Tensors are dense row-major: q, o, dq are [T][Hq][D]; k, v, dk, dv
 /// are [T][Hkv][D]; lse is [Hq][T] (natural log). Every function validates its
 /// Problem and throws std::invalid_argument naming the offending field.
+///
+/// Variants (the trailing fields of Problem and TreeProblem; their defaults
+/// give plain attention). With x_ij = scale * q_i.k_j, query i's logits are
+/// z_ij = softcap * tanh(x_ij / softcap) (softcap > 0) or x_ij, over the keys
+/// j that allowed(i, j) admits and, with a window W > 0, that also satisfy
+/// lpos(i) - lpos(j) < W, where lpos is the position in the token's own logical
+/// sequence (a prompt token's index in the prompt, P + its index for a
+/// response token; tree_positions() for a forest). With sinks, query head h's
+/// sink logit joins every row's denominator only:
+///   lse_i = log(exp(sink_h) + sum_j exp(z_ij)),
+///   o_i = sum_j exp(z_ij - lse_i) v_j.
+/// The backward overloads that take `dlse` ([Hq][T], the gradient of the loss
+/// with respect to lse; nullptr: zero) use Delta_i = dout_i.o_i - dlse_i, so
+///   dz_ij = P_ij (dout_i.v_j - Delta_i),
+///   d(q_i.k_j) = dz_ij * scale * (1 - tanh^2(x_ij / softcap)) (or * scale),
+///   dsinks_h = -sum_i exp(sink_h - lse_i) Delta_i over query head h's rows.
 namespace dualkv::reference {
 
 /// One group: a prompt of P tokens followed by responses of the given lengths
@@ -28,6 +44,15 @@ struct Problem {
   int64_t head_dim;
   /// Softmax scale; callers usually pass 1/sqrt(head_dim).
   double scale;
+  /// Logit softcap c > 0: S_ij = c * tanh(scale * q_i.k_j / c); 0: none.
+  double softcap = 0;
+  /// Sliding window W >= 1: query i also needs lpos(i) - lpos(j) < W; 0: none.
+  int64_t window = 0;
+  /// Attention sinks: one logit per query head (size num_q_heads) joining
+  /// every row's softmax denominator; empty: none. (`= {}`: GCC's
+  /// -Wmissing-field-initializers accepts `Problem{groups, hq, hkv, d, scale}`
+  /// only when every trailing member has an initializer.)
+  std::vector<double> sinks = {};
   /// Sum over groups of P + sum R.
   DUALKV_API int64_t num_tokens() const;
 };
@@ -63,15 +88,26 @@ DUALKV_API void forward(const Problem &problem, const double *q,
 
 /// Packed DualKV backward of forward(): given its o and lse and the upstream
 /// gradient dout [T][Hq][D], writes dq [T][Hq][D], dk and dv [T][Hkv][D].
+/// Equals the overload below with no dlse and no dsinks.
 DUALKV_API void backward(const Problem &problem, const double *q,
                          const double *k, const double *v, const double *o,
                          const double *lse, const double *dout, double *dq,
                          double *dk, double *dv);
 
+/// backward() with the gradient \p dlse [Hq][T] of the loss with respect to
+/// lse (nullptr: zero); where \p dsinks is not null, also writes dL/dsinks
+/// [Hq] to it (zeros when the problem has no sinks).
+DUALKV_API void backward(const Problem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv, const double *dlse,
+                         double *dsinks);
+
 /// Replicated definition of forward(): for each group, each response n runs
 /// ordinary causal attention on [prompt | response_n] separately (a group with
-/// N = 0 runs the prompt alone once). Prompt tokens take their value from the
-/// first copy (all copies agree).
+/// N = 0 runs the prompt alone once), with the problem's variants and lpos the
+/// index in the copy. Prompt tokens take their value from the first copy (all
+/// copies agree).
 DUALKV_API void forward_replicated(const Problem &problem, const double *q,
                                    const double *k, const double *v, double *o,
                                    double *lse);
@@ -84,6 +120,17 @@ DUALKV_API void backward_replicated(const Problem &problem, const double *q,
                                     const double *o, const double *lse,
                                     const double *dout, double *dq, double *dk,
                                     double *dv);
+
+/// backward_replicated() with dlse and dsinks as in backward(): a prompt
+/// token's dlse, like its dout, enters the first copy only, and dsinks sums
+/// the copies' (so each token is counted once). Equals backward() up to
+/// rounding.
+DUALKV_API void backward_replicated(const Problem &problem, const double *q,
+                                    const double *k, const double *v,
+                                    const double *o, const double *lse,
+                                    const double *dout, double *dq, double *dk,
+                                    double *dv, const double *dlse,
+                                    double *dsinks);
 
 //===----------------------------------------------------------------------===//
 // Trees (docs/architecture.md §1): a forest of segments packed in pre-order.
@@ -103,12 +150,19 @@ struct TreeProblem {
   int64_t num_kv_heads;
   int64_t head_dim;
   double scale;
+  /// Logit softcap c > 0: S_ij = c * tanh(scale * q_i.k_j / c); 0: none.
+  double softcap = 0;
+  /// Sliding window W >= 1: query i also needs lpos(i) - lpos(j) < W; 0: none.
+  int64_t window = 0;
+  /// Attention sinks: one logit per query head (size num_q_heads) joining
+  /// every row's softmax denominator; empty: none.
+  std::vector<double> sinks = {};
   /// Sum of the nodes' lengths.
   DUALKV_API int64_t num_tokens() const;
 };
 
 /// The forest of a group problem: each prompt a root, its responses (empty
-/// ones too) its children, in order.
+/// ones too) its children, in order; the variant fields are copied.
 DUALKV_API TreeProblem as_tree(const Problem &problem);
 
 /// Per token of a forest: its node and that node's first token; per node its
@@ -121,7 +175,7 @@ struct TreeLayout {
 
 /// Lays out \p problem; throws std::invalid_argument if it is malformed (a
 /// negative length, a parent out of range or not earlier, nodes not in
-/// pre-order, bad heads or scale).
+/// pre-order, bad heads, scale, softcap, window or sinks).
 DUALKV_API TreeLayout tree_layout(const TreeProblem &problem);
 
 /// tree_allowed(i, j): allowed(i, j) of docs/architecture.md §1 for trees: j <=
@@ -145,9 +199,17 @@ DUALKV_API void tree_backward(const TreeProblem &problem, const double *q,
                               const double *lse, const double *dout, double *dq,
                               double *dk, double *dv);
 
+/// tree_backward() with dlse and dsinks as in backward().
+DUALKV_API void tree_backward(const TreeProblem &problem, const double *q,
+                              const double *k, const double *v, const double *o,
+                              const double *lse, const double *dout, double *dq,
+                              double *dk, double *dv, const double *dlse,
+                              double *dsinks);
+
 /// Path definition of tree_forward(): for every leaf (a node without
 /// children), ordinary causal attention on the tokens of its root-to-leaf
-/// path, run separately. Each token takes its o and lse from the first path
+/// path, run separately (with the problem's variants, lpos the index in the
+/// path). Each token takes its o and lse from the first path
 /// through it (all of them agree).
 DUALKV_API void tree_forward_paths(const TreeProblem &problem, const double *q,
                                    const double *k, const double *v, double *o,
@@ -162,5 +224,15 @@ DUALKV_API void tree_backward_paths(const TreeProblem &problem, const double *q,
                                     const double *o, const double *lse,
                                     const double *dout, double *dq, double *dk,
                                     double *dv);
+
+/// tree_backward_paths() with dlse and dsinks as in backward(): a token's dlse,
+/// like its dout, enters the first path through it only, and dsinks sums the
+/// paths' (so each token is counted once).
+DUALKV_API void tree_backward_paths(const TreeProblem &problem, const double *q,
+                                    const double *k, const double *v,
+                                    const double *o, const double *lse,
+                                    const double *dout, double *dq, double *dk,
+                                    double *dv, const double *dlse,
+                                    double *dsinks);
 
 } // namespace dualkv::reference

@@ -16,6 +16,26 @@
 namespace dualkv::reference {
 namespace {
 
+/// An InvalidArgument error naming the variant field (softcap, window, sinks)
+/// of any problem that is at fault; num_q_heads must already be valid.
+template <typename P> llvm::Error checkVariants(const P &p) {
+  auto fail = [](const std::string &msg) { return invalidArgument(msg); };
+  if (!std::isfinite(p.softcap) || p.softcap < 0)
+    return fail(fmt::format("softcap ({}) must be finite and >= 0 (0: none)",
+                            p.softcap));
+  if (p.window < 0)
+    return fail(
+        fmt::format("window ({}) must be >= 0 (0: no window)", p.window));
+  if (!p.sinks.empty() && int64_t(p.sinks.size()) != p.num_q_heads)
+    return fail(
+        fmt::format("sinks has {} values: it needs num_q_heads ({}) or none",
+                    p.sinks.size(), p.num_q_heads));
+  for (size_t h = 0; h < p.sinks.size(); ++h)
+    if (!std::isfinite(p.sinks[h]))
+      return fail(fmt::format("sinks[{}] ({}) is not finite", h, p.sinks[h]));
+  return llvm::Error::success();
+}
+
 /// An InvalidArgument error naming the field of `p` at fault.
 llvm::Error checkProblem(const Problem &p) {
   auto fail = [](const std::string &msg) { return invalidArgument(msg); };
@@ -45,11 +65,24 @@ llvm::Error checkProblem(const Problem &p) {
     return fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
   if (!std::isfinite(p.scale))
     return fail(fmt::format("scale ({}) is not finite", p.scale));
-  return llvm::Error::success();
+  return checkVariants(p);
 }
 
 /// The reference's edge: throws std::invalid_argument for a malformed `p`.
 void validate(const Problem &p) { throwIfReferenceError(checkProblem(p)); }
+
+/// The variant fields of a problem as both sides read them.
+struct Variant {
+  double scale;
+  double softcap;      // 0: none
+  int64_t window;      // 0: none
+  const double *sinks; // [Hq]; nullptr: none
+};
+
+template <typename P> Variant variantOf(const P &p) {
+  return {p.scale, p.softcap, p.window,
+          p.sinks.empty() ? nullptr : p.sinks.data()};
+}
 
 /// Offsets into the dense row-major tensors of a sequence of `tokens` tokens.
 struct Layout {
@@ -97,54 +130,80 @@ std::vector<KeyRange> keyRanges(const TokenInfo &ti, int64_t i) {
   return ranges;
 }
 
-/// Ordinary causal attention forward on one dense sequence of l.tokens tokens;
-/// written independently of the two-region code so the replicated definition
-/// checks it.
-void causalForward(const Layout &l, double scale, const double *q,
+/// Ordinary causal attention forward on one dense sequence of l.tokens tokens
+/// (sliding-window, softcapped, with sinks as `var` says; a token's position is
+/// its index); written independently of the two-region code so the replicated
+/// definition checks it.
+void causalForward(const Layout &l, const Variant &var, const double *q,
                    const double *k, const double *v, double *o, double *lse) {
   std::vector<double> s(l.tokens);
-  for (int64_t i = 0; i < l.tokens; ++i)
+  for (int64_t i = 0; i < l.tokens; ++i) {
+    const int64_t first =
+        var.window > 0 ? std::max<int64_t>(0, i - var.window + 1) : 0;
     for (int64_t h = 0; h < l.hq; ++h) {
       const int64_t kh = l.kvHead(h);
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j <= i; ++j) {
-        s[j] = scale * dot(q + l.q(i, h), k + l.kv(j, kh), l.d);
+      double m =
+          var.sinks ? var.sinks[h] : -std::numeric_limits<double>::infinity();
+      for (int64_t j = first; j <= i; ++j) {
+        s[j] = var.scale * dot(q + l.q(i, h), k + l.kv(j, kh), l.d);
+        if (var.softcap > 0)
+          s[j] = var.softcap * std::tanh(s[j] / var.softcap);
         m = std::max(m, s[j]);
       }
-      double sum = 0;
-      for (int64_t j = 0; j <= i; ++j)
+      // The sink joins the denominator, never the output.
+      double sum = var.sinks ? std::exp(var.sinks[h] - m) : 0;
+      for (int64_t j = first; j <= i; ++j)
         sum += s[j] = std::exp(s[j] - m);
       double *oi = o + l.q(i, h);
       std::fill(oi, oi + l.d, 0.0);
-      for (int64_t j = 0; j <= i; ++j)
+      for (int64_t j = first; j <= i; ++j)
         axpy(s[j] / sum, v + l.kv(j, kh), oi, l.d);
       lse[l.lse(h, i)] = m + std::log(sum);
     }
+  }
 }
 
-/// Ordinary causal attention backward on one dense sequence; overwrites dq,
-/// dk, dv.
-void causalBackward(const Layout &l, double scale, const double *q,
+/// Ordinary causal attention backward on one dense sequence, variants as in
+/// causalForward(); `dlse` [Hq][l.tokens] may be null. Overwrites dq, dk, dv;
+/// adds each row's sink gradient into `dsinks` [Hq] where it is not null (and
+/// the problem has sinks).
+void causalBackward(const Layout &l, const Variant &var, const double *q,
                     const double *k, const double *v, const double *o,
-                    const double *lse, const double *dout, double *dq,
-                    double *dk, double *dv) {
+                    const double *lse, const double *dout, const double *dlse,
+                    double *dq, double *dk, double *dv, double *dsinks) {
   std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
   std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
   std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
-  for (int64_t i = 0; i < l.tokens; ++i)
+  for (int64_t i = 0; i < l.tokens; ++i) {
+    const int64_t first =
+        var.window > 0 ? std::max<int64_t>(0, i - var.window + 1) : 0;
     for (int64_t h = 0; h < l.hq; ++h) {
       const int64_t kh = l.kvHead(h);
       const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
-      const double delta = dot(doi, o + l.q(i, h), l.d);
-      for (int64_t j = 0; j <= i; ++j) {
+      const double lsei = lse[l.lse(h, i)];
+      // dL/dlse_i = dlse_i: dS = P (dP - delta + dlse).
+      double delta = dot(doi, o + l.q(i, h), l.d);
+      if (dlse)
+        delta -= dlse[l.lse(h, i)];
+      for (int64_t j = first; j <= i; ++j) {
         const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
-        const double p = std::exp(scale * dot(qi, kj, l.d) - lse[l.lse(h, i)]);
+        const double x = var.scale * dot(qi, kj, l.d);
+        double z = x, dzdx = 1;
+        if (var.softcap > 0) {
+          const double t = std::tanh(x / var.softcap);
+          z = var.softcap * t;
+          dzdx = 1 - t * t;
+        }
+        const double p = std::exp(z - lsei);
         const double ds = p * (dot(doi, vj, l.d) - delta);
         axpy(p, doi, dv + l.kv(j, kh), l.d);
-        axpy(scale * ds, kj, dq + l.q(i, h), l.d);
-        axpy(scale * ds, qi, dk + l.kv(j, kh), l.d);
+        axpy(var.scale * dzdx * ds, kj, dq + l.q(i, h), l.d);
+        axpy(var.scale * dzdx * ds, qi, dk + l.kv(j, kh), l.d);
       }
+      if (var.sinks && dsinks)
+        dsinks[h] -= std::exp(var.sinks[h] - lsei) * delta;
     }
+  }
 }
 
 /// One replicated causal sequence [prompt | response_n]: packed indices of its
@@ -201,27 +260,54 @@ std::vector<double> gatherLse(const double *lse,
   return out;
 }
 
+/// The keys of `ranges` inside query i's sliding window (lpos(i) - lpos(j) <
+/// window; all of them for window 0). Every range is one run of a logical
+/// sequence (a prompt, a response, a node), so positions rise by one along it
+/// and the window keeps a suffix of each.
+std::vector<KeyRange> clipToWindow(std::vector<KeyRange> ranges,
+                                   const std::vector<int64_t> &lpos, int64_t i,
+                                   int64_t window) {
+  if (window <= 0)
+    return ranges;
+  std::vector<KeyRange> kept;
+  for (KeyRange r : ranges) {
+    if (r.begin >= r.end)
+      continue;
+    // lpos(j) = lpos(begin) + j - begin must exceed lpos(i) - window.
+    r.begin = std::max(r.begin, r.begin + lpos[i] - window + 1 - lpos[r.begin]);
+    if (r.begin < r.end)
+      kept.push_back(r);
+  }
+  return kept;
+}
+
 /// Packed forward through `rangesOf(i)`, the disjoint key ranges query i
-/// attends to.
+/// attends to, cut to the window by the logical positions `lpos`.
 template <typename RangesOf>
-void packedForward(const Layout &l, double scale, const double *q,
+void packedForward(const Layout &l, const Variant &var,
+                   const std::vector<int64_t> &lpos, const double *q,
                    const double *k, const double *v, double *o, double *lse,
                    RangesOf rangesOf) {
   std::vector<double> s;
   for (int64_t i = 0; i < l.tokens; ++i) {
-    const std::vector<KeyRange> ranges = rangesOf(i);
+    const std::vector<KeyRange> ranges =
+        clipToWindow(rangesOf(i), lpos, i, var.window);
     for (int64_t h = 0; h < l.hq; ++h) {
       const int64_t kh = l.kvHead(h);
       const double *qi = q + l.q(i, h);
       // Max subtraction keeps exp() in range for any scale and input size.
       s.clear();
-      double m = -std::numeric_limits<double>::infinity();
+      double m =
+          var.sinks ? var.sinks[h] : -std::numeric_limits<double>::infinity();
       for (const KeyRange &r : ranges)
         for (int64_t j = r.begin; j < r.end; ++j) {
-          s.push_back(scale * dot(qi, k + l.kv(j, kh), l.d));
+          const double x = var.scale * dot(qi, k + l.kv(j, kh), l.d);
+          s.push_back(var.softcap > 0 ? var.softcap * std::tanh(x / var.softcap)
+                                      : x);
           m = std::max(m, s.back());
         }
-      double sum = 0;
+      // The sink is one more term of the denominator with no value row.
+      double sum = var.sinks ? std::exp(var.sinks[h] - m) : 0;
       for (double &x : s)
         sum += x = std::exp(x - m);
       double *oi = o + l.q(i, h);
@@ -235,38 +321,67 @@ void packedForward(const Layout &l, double scale, const double *q,
   }
 }
 
-/// Packed backward through `rangesOf(i)`; overwrites dq, dk, dv.
+/// Packed backward through `rangesOf(i)` as packedForward() walks them;
+/// `dlse` may be null. Overwrites dq, dk, dv, and dsinks [Hq] where it is not
+/// null (zeros without sinks).
 template <typename RangesOf>
-void packedBackward(const Layout &l, double scale, const double *q,
+void packedBackward(const Layout &l, const Variant &var,
+                    const std::vector<int64_t> &lpos, const double *q,
                     const double *k, const double *v, const double *o,
-                    const double *lse, const double *dout, double *dq,
-                    double *dk, double *dv, RangesOf rangesOf) {
+                    const double *lse, const double *dout, const double *dlse,
+                    double *dq, double *dk, double *dv, double *dsinks,
+                    RangesOf rangesOf) {
   std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
   std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
   std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
+  if (dsinks)
+    std::fill(dsinks, dsinks + l.hq, 0.0);
   for (int64_t i = 0; i < l.tokens; ++i) {
-    const std::vector<KeyRange> ranges = rangesOf(i);
+    const std::vector<KeyRange> ranges =
+        clipToWindow(rangesOf(i), lpos, i, var.window);
     for (int64_t h = 0; h < l.hq; ++h) {
       const int64_t kh = l.kvHead(h);
       const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
       const double lsei = lse[l.lse(h, i)];
-      const double delta = dot(doi, o + l.q(i, h), l.d);
+      // Delta less dL/dlse_i: dS = P (dP - Delta + dlse).
+      const double delta =
+          dot(doi, o + l.q(i, h), l.d) - (dlse ? dlse[l.lse(h, i)] : 0.0);
       double *dqi = dq + l.q(i, h);
       for (const KeyRange &r : ranges)
         for (int64_t j = r.begin; j < r.end; ++j) {
           const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
-          const double p = std::exp(scale * dot(qi, kj, l.d) - lsei);
+          const double x = var.scale * dot(qi, kj, l.d);
+          // dz/dx of the softcap: 1 - tanh^2.
+          const double t = var.softcap > 0 ? std::tanh(x / var.softcap) : 0;
+          const double z = var.softcap > 0 ? var.softcap * t : x;
+          const double p = std::exp(z - lsei);
           const double ds = p * (dot(doi, vj, l.d) - delta);
+          const double dx = var.scale * (1 - t * t) * ds;
           axpy(p, doi, dv + l.kv(j, kh), l.d);
-          axpy(scale * ds, kj, dqi, l.d);
-          axpy(scale * ds, qi, dk + l.kv(j, kh), l.d);
+          axpy(dx, kj, dqi, l.d);
+          axpy(dx, qi, dk + l.kv(j, kh), l.d);
         }
+      // d lse_i / d sink = P_sink, d o_i / d sink = -P_sink o_i.
+      if (var.sinks && dsinks)
+        dsinks[h] -= std::exp(var.sinks[h] - lsei) * delta;
     }
   }
 }
 
-/// An InvalidArgument error naming the heads, head size or scale of any
-/// problem that is at fault.
+/// Position of every token of a group problem in its own logical sequence:
+/// its index in the prompt, or P + its index in its response.
+std::vector<int64_t> groupPositions(const std::vector<TokenInfo> &info) {
+  std::vector<int64_t> lpos(info.size());
+  for (size_t t = 0; t < info.size(); ++t) {
+    const TokenInfo &ti = info[t];
+    lpos[t] = ti.response < 0 ? int64_t(t) - ti.prompt_start
+                              : ti.prompt_len + int64_t(t) - ti.segment_start;
+  }
+  return lpos;
+}
+
+/// An InvalidArgument error naming the heads, head size, scale or variant
+/// field of any problem that is at fault.
 template <typename P> llvm::Error checkHeads(const P &p) {
   auto fail = [](const std::string &msg) { return invalidArgument(msg); };
   if (p.num_q_heads <= 0)
@@ -283,7 +398,7 @@ template <typename P> llvm::Error checkHeads(const P &p) {
     return fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
   if (!std::isfinite(p.scale))
     return fail(fmt::format("scale ({}) is not finite", p.scale));
-  return llvm::Error::success();
+  return checkVariants(p);
 }
 
 Layout treeDims(const TreeProblem &p, int64_t tokens) {
@@ -369,16 +484,24 @@ void forward(const Problem &problem, const double *q, const double *k,
              const double *v, double *o, double *lse) {
   const std::vector<TokenInfo> info = token_info(problem);
   const Layout l(problem, info.size());
-  packedForward(l, problem.scale, q, k, v, o, lse,
+  packedForward(l, variantOf(problem), groupPositions(info), q, k, v, o, lse,
                 [&](int64_t i) { return keyRanges(info[i], i); });
 }
 
 void backward(const Problem &problem, const double *q, const double *k,
               const double *v, const double *o, const double *lse,
               const double *dout, double *dq, double *dk, double *dv) {
+  backward(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr, nullptr);
+}
+
+void backward(const Problem &problem, const double *q, const double *k,
+              const double *v, const double *o, const double *lse,
+              const double *dout, double *dq, double *dk, double *dv,
+              const double *dlse, double *dsinks) {
   const std::vector<TokenInfo> info = token_info(problem);
   const Layout l(problem, info.size());
-  packedBackward(l, problem.scale, q, k, v, o, lse, dout, dq, dk, dv,
+  packedBackward(l, variantOf(problem), groupPositions(info), q, k, v, o, lse,
+                 dout, dlse, dq, dk, dv, dsinks,
                  [&](int64_t i) { return keyRanges(info[i], i); });
 }
 
@@ -394,8 +517,8 @@ void forward_replicated(const Problem &problem, const double *q,
                               ck = gather(k, c.tokens, kvw),
                               cv = gather(v, c.tokens, kvw);
     std::vector<double> co(cq.size()), clse(l.hq * l.tokens);
-    causalForward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
-                  clse.data());
+    causalForward(l, variantOf(problem), cq.data(), ck.data(), cv.data(),
+                  co.data(), clse.data());
     // Every copy computes the prompt rows from the same prompt keys, so they
     // agree; the first copy supplies them.
     for (int64_t r = c.first ? 0 : c.prompt_len; r < l.tokens; ++r) {
@@ -413,17 +536,31 @@ void forward_replicated(const Problem &problem, const double *q,
 // row's dout, so it comes from the first copy alone; prompt keys/values are
 // read by the queries of every copy (each response's queries), so their dk/dv
 // are the sum over copies; response tokens live in exactly one copy. Summing
-// every copy's gradients into the packed ones therefore gives backward().
+// every copy's gradients into the packed ones therefore gives backward(). A
+// prompt row's dlse is treated like its dout (first copy only); a row with
+// neither dout nor dlse adds nothing to dsinks, so summing the copies' dsinks
+// counts every token once.
 void backward_replicated(const Problem &problem, const double *q,
                          const double *k, const double *v, const double *o,
                          const double *lse, const double *dout, double *dq,
                          double *dk, double *dv) {
+  backward_replicated(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr,
+                      nullptr);
+}
+
+void backward_replicated(const Problem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv, const double *dlse,
+                         double *dsinks) {
   validate(problem);
   const Layout packed(problem, problem.num_tokens());
   const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
   std::fill(dq, dq + packed.tokens * qw, 0.0);
   std::fill(dk, dk + packed.tokens * kvw, 0.0);
   std::fill(dv, dv + packed.tokens * kvw, 0.0);
+  if (dsinks)
+    std::fill(dsinks, dsinks + packed.hq, 0.0);
   for (const Copy &c : replicatedCopies(problem)) {
     const Layout l(problem, c.tokens.size());
     const std::vector<double> cq = gather(q, c.tokens, qw),
@@ -432,12 +569,20 @@ void backward_replicated(const Problem &problem, const double *q,
                               co = gather(o, c.tokens, qw),
                               clse = gatherLse(lse, c.tokens, packed);
     std::vector<double> cdout = gather(dout, c.tokens, qw);
-    if (!c.first)
+    std::vector<double> cdlse;
+    if (dlse)
+      cdlse = gatherLse(dlse, c.tokens, packed);
+    if (!c.first) {
       std::fill(cdout.begin(), cdout.begin() + c.prompt_len * qw, 0.0);
+      for (int64_t h = 0; h < l.hq && dlse; ++h)
+        std::fill(cdlse.begin() + l.lse(h, 0),
+                  cdlse.begin() + l.lse(h, c.prompt_len), 0.0);
+    }
     std::vector<double> cdq(cq.size()), cdk(ck.size()), cdv(cv.size());
-    causalBackward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
-                   clse.data(), cdout.data(), cdq.data(), cdk.data(),
-                   cdv.data());
+    causalBackward(l, variantOf(problem), cq.data(), ck.data(), cv.data(),
+                   co.data(), clse.data(), cdout.data(),
+                   dlse ? cdlse.data() : nullptr, cdq.data(), cdk.data(),
+                   cdv.data(), dsinks);
     for (int64_t r = 0; r < l.tokens; ++r) {
       const int64_t t = c.tokens[r];
       for (int64_t x = 0; x < qw; ++x)
@@ -467,7 +612,10 @@ TreeProblem as_tree(const Problem &problem) {
                 problem.num_q_heads,
                 problem.num_kv_heads,
                 problem.head_dim,
-                problem.scale};
+                problem.scale,
+                problem.softcap,
+                problem.window,
+                problem.sinks};
   for (const Group &g : problem.groups) {
     const int64_t root = static_cast<int64_t>(t.nodes.size());
     t.nodes.push_back({g.prompt_len, -1});
@@ -564,16 +712,24 @@ void tree_forward(const TreeProblem &problem, const double *q, const double *k,
                   const double *v, double *o, double *lse) {
   const TreeLayout tl = tree_layout(problem);
   const Layout l = treeDims(problem, tl.node.size());
-  packedForward(l, problem.scale, q, k, v, o, lse,
+  packedForward(l, variantOf(problem), tree_positions(problem), q, k, v, o, lse,
                 [&](int64_t i) { return treeRanges(problem, tl, i); });
 }
 
 void tree_backward(const TreeProblem &problem, const double *q, const double *k,
                    const double *v, const double *o, const double *lse,
                    const double *dout, double *dq, double *dk, double *dv) {
+  tree_backward(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr, nullptr);
+}
+
+void tree_backward(const TreeProblem &problem, const double *q, const double *k,
+                   const double *v, const double *o, const double *lse,
+                   const double *dout, double *dq, double *dk, double *dv,
+                   const double *dlse, double *dsinks) {
   const TreeLayout tl = tree_layout(problem);
   const Layout l = treeDims(problem, tl.node.size());
-  packedBackward(l, problem.scale, q, k, v, o, lse, dout, dq, dk, dv,
+  packedBackward(l, variantOf(problem), tree_positions(problem), q, k, v, o,
+                 lse, dout, dlse, dq, dk, dv, dsinks,
                  [&](int64_t i) { return treeRanges(problem, tl, i); });
 }
 
@@ -590,8 +746,8 @@ void tree_forward_paths(const TreeProblem &problem, const double *q,
                               ck = gather(k, path, kvw),
                               cv = gather(v, path, kvw);
     std::vector<double> co(cq.size()), clse(l.hq * l.tokens);
-    causalForward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
-                  clse.data());
+    causalForward(l, variantOf(problem), cq.data(), ck.data(), cv.data(),
+                  co.data(), clse.data());
     for (int64_t r = 0; r < l.tokens; ++r) {
       const int64_t t = path[r];
       if (done[t])
@@ -608,12 +764,23 @@ void tree_backward_paths(const TreeProblem &problem, const double *q,
                          const double *k, const double *v, const double *o,
                          const double *lse, const double *dout, double *dq,
                          double *dk, double *dv) {
+  tree_backward_paths(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr,
+                      nullptr);
+}
+
+void tree_backward_paths(const TreeProblem &problem, const double *q,
+                         const double *k, const double *v, const double *o,
+                         const double *lse, const double *dout, double *dq,
+                         double *dk, double *dv, const double *dlse,
+                         double *dsinks) {
   tree_layout(problem); // validates
   const Layout packed = treeDims(problem, problem.num_tokens());
   const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
   std::fill(dq, dq + packed.tokens * qw, 0.0);
   std::fill(dk, dk + packed.tokens * kvw, 0.0);
   std::fill(dv, dv + packed.tokens * kvw, 0.0);
+  if (dsinks)
+    std::fill(dsinks, dsinks + packed.hq, 0.0);
   std::vector<bool> counted(packed.tokens, false);
   for (const std::vector<int64_t> &path : leafPaths(problem)) {
     const Layout l = treeDims(problem, path.size());
@@ -622,18 +789,25 @@ void tree_backward_paths(const TreeProblem &problem, const double *q,
                               cv = gather(v, path, kvw),
                               co = gather(o, path, qw),
                               clse = gatherLse(lse, path, packed);
-    // A token's loss term is counted once: its dout enters the first path
-    // through it only.
+    // A token's loss terms are counted once: its dout and dlse enter the first
+    // path through it only (so its dsinks term is counted once too).
     std::vector<double> cdout = gather(dout, path, qw);
+    std::vector<double> cdlse;
+    if (dlse)
+      cdlse = gatherLse(dlse, path, packed);
     for (int64_t r = 0; r < l.tokens; ++r) {
-      if (counted[path[r]])
+      if (counted[path[r]]) {
         std::fill(cdout.begin() + r * qw, cdout.begin() + (r + 1) * qw, 0.0);
+        for (int64_t h = 0; h < l.hq && dlse; ++h)
+          cdlse[l.lse(h, r)] = 0;
+      }
       counted[path[r]] = true;
     }
     std::vector<double> cdq(cq.size()), cdk(ck.size()), cdv(cv.size());
-    causalBackward(l, problem.scale, cq.data(), ck.data(), cv.data(), co.data(),
-                   clse.data(), cdout.data(), cdq.data(), cdk.data(),
-                   cdv.data());
+    causalBackward(l, variantOf(problem), cq.data(), ck.data(), cv.data(),
+                   co.data(), clse.data(), cdout.data(),
+                   dlse ? cdlse.data() : nullptr, cdq.data(), cdk.data(),
+                   cdv.data(), dsinks);
     for (int64_t r = 0; r < l.tokens; ++r) {
       const int64_t t = path[r];
       for (int64_t x = 0; x < qw; ++x)

@@ -76,9 +76,15 @@ Grads runBackward(const Problem &p, const Inputs &in, const Outputs &out,
   Grads g{std::vector<double>(in.q.size(), NAN),
           std::vector<double>(in.k.size(), NAN),
           std::vector<double>(in.v.size(), NAN)};
-  (replicated ? backward_replicated : backward)(
-      p, in.q.data(), in.k.data(), in.v.data(), out.o.data(), out.lse.data(),
-      in.dout.data(), g.dq.data(), g.dk.data(), g.dv.data());
+  // backward and backward_replicated are overloaded: call them by name.
+  if (replicated)
+    backward_replicated(p, in.q.data(), in.k.data(), in.v.data(), out.o.data(),
+                        out.lse.data(), in.dout.data(), g.dq.data(),
+                        g.dk.data(), g.dv.data());
+  else
+    backward(p, in.q.data(), in.k.data(), in.v.data(), out.o.data(),
+             out.lse.data(), in.dout.data(), g.dq.data(), g.dk.data(),
+             g.dv.data());
   return g;
 }
 
