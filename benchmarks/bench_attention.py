@@ -17,21 +17,33 @@ against it. "Flex (dynamic=True)", one compile for every shape (what an RL
 loop with changing shapes runs), is a second column with a secondary ratio,
 never the headline. Both run in the same process by default.
 
+--softcap C: logit softcap (Gemma 2's attn_logit_softcapping): every logit
+s = scale * q.k becomes C * tanh(s / C) before the softmax, forward and
+backward. DualKV runs with softcap=C; both Flex columns with the score_mod
+C * tanh(score / C) (Flex's score is already scaled) and the same block mask;
+FA2 and cuDNN (SDPA, no softcap) are skipped, with a line saying so. FLOPs are
+counted as without it (the tanh adds no matmul work).
+
     python3 benchmarks/bench_attention.py --lib build/libdualkv.so [--out DIR]
     python3 benchmarks/bench_attention.py --quick          # smoke run
     python3 benchmarks/bench_attention.py --mode fwd       # forward only
     python3 benchmarks/bench_attention.py --set standard   # or targets, causal
     python3 benchmarks/bench_attention.py --methods DualKV,flex-static
+    python3 benchmarks/bench_attention.py --softcap 50     # Gemma 2's cap
 
 Writes DIR/attention.{md,json} (rewritten after every config: a run cut
 short keeps what it finished) and DIR/attention_speedup.png (forward only:
 forward.*, forward_speedup.png); DIR defaults to
-benchmarks/results/<today>/<commit>. See benchmarks/README.md for what is measured.
+benchmarks/results/<today>/<commit> (with --softcap C:
+benchmarks/results/<today>/<commit>/softcap<C>). See benchmarks/README.md for
+what is measured.
 """
 
 import argparse
 import gc
+import math
 import random
+import struct
 import sys
 import textwrap
 import time
@@ -62,6 +74,47 @@ METHOD_ALIASES = {
     "flex-dynamic": (FLEX_DYNAMIC,),
     "flexattention": (FLEX_STATIC, FLEX_DYNAMIC),
 }
+# Methods with no logit softcap (SDPA has none): skipped under --softcap.
+NO_SOFTCAP = ("FA2 replicated", "cuDNN replicated")
+
+
+def softcap_arg(text):
+    """--softcap's value: a positive finite float, rounded to float32 (the
+    value DualKV's kernels get, so that Flex's score_mod uses the same c).
+    Raises argparse.ArgumentTypeError otherwise."""
+    try:
+        value = float(text)
+        value = struct.unpack("f", struct.pack("f", value))[0]
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a float32 number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the softcap must be a positive finite number "
+            "(leave --softcap out for none)")
+    return value
+
+
+def softcap_tag(softcap):
+    """"softcap<C>" (the default output subfolder under --softcap C), e.g.
+    softcap50, softcap0.5."""
+    return f"softcap{softcap:g}"
+
+
+def softcap_score_mod(torch, softcap):
+    """Flex's score_mod for the logit softcap c: score -> c * tanh(score /
+    c) (Flex's score is already scale * q.k: the function DualKV applies).
+    A closure over a Python float, FlexAttention's own softcap form
+    (attention-gym's generate_tanh_softcap); Flex makes one function per
+    run and passes the same object on every call, so dynamo's guards on it
+    hold across configs (a recompile comes only from a new shape, as without
+    a score_mod)."""
+    cap = float(softcap)
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    return softcap_mod
 
 
 class Segment:
@@ -284,11 +337,16 @@ class DualKV:
     dualkv.forward + dualkv.backward when the autograd function does not
     load. Where the library has no backward for the config (none of the
     shipped ones since the head_dim 256 backward), only the forward is
-    timed."""
+    timed. softcap (None: none): the logit softcap c of every call, forward
+    and backward (softcap=c)."""
 
-    def __init__(self, torch, dualkv, name, deterministic):
+    def __init__(self, torch, dualkv, name, deterministic, softcap=None):
         self.torch, self.dualkv = torch, dualkv
         self.name, self.deterministic = name, deterministic
+        self.softcap = softcap
+        # softcap=... only when there is one: without it the calls are
+        # exactly those of a run that predates the option.
+        self.softcap_kw = {"softcap": softcap} if softcap else {}
 
     def backward_refusal(self, case, plan):
         """None when the library has a backward for this config's shape,
@@ -304,7 +362,8 @@ class DualKV:
             args = lib.BackwardArgs(
                 plan=plan._handle, num_tokens=case.T, num_q_heads=case.hq,
                 num_kv_heads=case.hkv, head_dim=case.d,
-                deterministic=1 if self.deterministic else 0)
+                deterministic=1 if self.deterministic else 0,
+                **self.softcap_kw)
             nbytes = ctypes.c_int64(0)
             status = lib.lib().dualkv_backward_workspace_size(
                 ctypes.byref(args), ctypes.byref(nbytes))
@@ -320,9 +379,11 @@ class DualKV:
         plan = dualkv.Plan(case.groups)
         plan.upload()
         info["num_segments"] = plan.num_segments
+        info["softcap"] = self.softcap
+        sc = self.softcap_kw  # {"softcap": c}, or {} without a softcap
         if not case.with_grad:
             q, k, v = case.q, case.k, case.v
-            return {"fwd": lambda: dualkv.forward(q, k, v, plan)[0]}
+            return {"fwd": lambda: dualkv.forward(q, k, v, plan, **sc)[0]}
         refusal = self.backward_refusal(case, plan)
         if refusal and self.deterministic:
             raise NotAvailable(f"no DualKV backward ({refusal}); the "
@@ -334,10 +395,10 @@ class DualKV:
             info["api"] = "dualkv.attention (autograd)"
 
             def fwd():
-                return attention(q, k, v, plan, deterministic=det)
+                return attention(q, k, v, plan, deterministic=det, **sc)
 
             def fwd_bwd():
-                o = attention(q, k, v, plan, deterministic=det)
+                o = attention(q, k, v, plan, deterministic=det, **sc)
                 return o, torch.autograd.grad(o, (q, k, v), case.dout)
         except Exception as e:  # an older binding, or torch without custom ops
             info["api"] = ("dualkv.forward + dualkv.backward (attention: "
@@ -345,14 +406,14 @@ class DualKV:
 
             def fwd():
                 return dualkv.forward(q.detach(), k.detach(), v.detach(),
-                                      plan)[0]
+                                      plan, **sc)[0]
 
             def fwd_bwd():
                 o, lse = dualkv.forward(q.detach(), k.detach(), v.detach(),
-                                        plan)
+                                        plan, **sc)
                 return o, dualkv.backward(q.detach(), k.detach(), v.detach(),
                                           o, case.dout, lse, plan,
-                                          deterministic=det)
+                                          deterministic=det, **sc)
         if refusal:
             # The forward of the training call (autograd on) is still timed.
             return {"fwd": fwd,
@@ -510,12 +571,23 @@ class Flex:
     mask_mod is allowed(i, j) of docs/architecture.md §1, read from per-token
     group-id, segment-id and is-prompt tensors; GQA on. dynamic=False: a kernel
     specialised per shape (the headline peer); dynamic=True: one compile for
-    every shape (what an RL loop with changing shapes runs)."""
+    every shape (what an RL loop with changing shapes runs). softcap c (None:
+    none): score_mod c * tanh(score / c) (softcap_score_mod), the same block
+    mask; one score_mod function for the run, shared by both columns and
+    passed to every call like the block mask (a keyword argument of the
+    compiled flex_attention)."""
 
     _mask_builder = None  # torch.compile(create_block_mask), shared
+    _score_mods = {}      # softcap -> its score_mod: one function per run
 
-    def __init__(self, torch, name, dynamic):
+    def __init__(self, torch, name, dynamic, softcap=None):
         self.torch, self.name, self.dynamic = torch, name, dynamic
+        self.softcap = softcap
+        self.score_mod = None
+        if softcap:
+            if softcap not in Flex._score_mods:
+                Flex._score_mods[softcap] = softcap_score_mod(torch, softcap)
+            self.score_mod = Flex._score_mods[softcap]
         from torch.nn.attention.flex_attention import (create_block_mask,
                                                        flex_attention)
         self.create_block_mask = create_block_mask
@@ -531,6 +603,15 @@ class Flex:
         dev = case.q.device
         info["compile"] = (f"torch.compile(flex_attention, "
                            f"dynamic={self.dynamic})")
+        info["softcap"] = self.softcap
+        # The keyword arguments of every flex call: the block mask (built
+        # below), GQA, and the softcap's score_mod where there is one (no
+        # score_mod keyword without: the calls of a run without --softcap).
+        kw = {"enable_gqa": True}
+        if self.score_mod is not None:
+            kw["score_mod"] = self.score_mod
+            info["score_mod"] = (f"{self.softcap:g} * torch.tanh(score / "
+                                 f"{self.softcap:g})")
         # Per-token ids, from the segments in packed order: segment ids
         # unique over the batch; group ids and is-prompt per segment.
         lengths = torch.tensor([sg.length for sg in case.segments],
@@ -594,17 +675,17 @@ class Flex:
         info["input_copy_bytes"] = sum(t.numel() * t.element_size()
                                        for t in copies)
         flex = self.flex
+        kw["block_mask"] = block_mask
         if not case.with_grad:
             qf, kf, vf = copies
-            return {"fwd": lambda: flex(qf, kf, vf, block_mask=block_mask,
-                                        enable_gqa=True)}
+            return {"fwd": lambda: flex(qf, kf, vf, **kw)}
         # The contiguous copies are the autograd leaves: the backward's
         # gradients come out in [1, H, T, D], with no transpose to undo.
         q, k, v = (t.requires_grad_() for t in copies[:3])
         dout = copies[3]
 
         def fwd():
-            return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+            return flex(q, k, v, **kw)
 
         def fwd_bwd():
             o = fwd()
@@ -827,7 +908,14 @@ def parse_args(argv=None, defaults=None):
         f"DualKV rows, Flex both Flex columns; flex-static = {FLEX_STATIC}, "
         f"flex-dynamic = {FLEX_DYNAMIC}). Configs in "
         + ", ".join(sorted(DUALKV_ONLY))
-        + " run DualKV alone unless --all-methods-everywhere. Run time on an "
+        + " run DualKV alone unless --all-methods-everywhere. --softcap C: "
+        "every logit s = scale * q.k becomes C * tanh(s / C) before the "
+        "softmax (Gemma 2's attn_logit_softcapping), forward and backward: "
+        "DualKV with softcap=C, both Flex columns with the score_mod C * "
+        "tanh(score / C) and the same block mask; "
+        + " and ".join(NO_SOFTCAP) + " (SDPA has no softcap) are skipped, "
+        "with a line saying so; useful FLOPs as without it; the default "
+        "--out gets a softcap<C> subfolder. Run time on an "
         "H200 (estimate; each run's report says its own): --set all about "
         "3-5 min with --mode fwd, 5-8 min with fwdbwd (each config compiles "
         "Flex once or twice, 5-9 s a compile); --set targets alone about "
@@ -872,6 +960,16 @@ def parse_args(argv=None, defaults=None):
     ap.add_argument("--no-spot-checks", action="store_true",
                     help="skip comparing the peers' outputs and gradients "
                     "with DualKV's")
+    ap.add_argument("--softcap", type=softcap_arg, default=None, metavar="C",
+                    help="logit softcap C > 0 (default: none): every logit "
+                    "s = scale * q.k becomes C * tanh(s / C) before the "
+                    "softmax, forward and backward (Gemma 2's "
+                    "attn_logit_softcapping, 50.0 there). DualKV runs with "
+                    "softcap=C, both Flex columns with score_mod C * "
+                    "tanh(score / C) and the same block mask; FA2 and cuDNN "
+                    "(SDPA: no softcap) are skipped. C is rounded to float32 "
+                    "(DualKV's value). Default --out: "
+                    "benchmarks/results/<today>/<commit>/softcap<C>")
     if defaults:
         ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
@@ -890,11 +988,13 @@ def parse_args(argv=None, defaults=None):
     return args
 
 
-def result_record(config):
-    """The JSON record of one config, before its methods run."""
+def result_record(config, softcap=None):
+    """The JSON record of one config, before its methods run (softcap: the
+    run's --softcap, None for none; the FLOPs do not depend on it)."""
     flops = config.useful_flops()
     res = {"name": config.name, "set": config.set_name, "G": config.G,
-           "groups": [[P, Rs] for P, Rs in config.groups]}
+           "groups": [[P, Rs] for P, Rs in config.groups],
+           "softcap": softcap}
     if config.G == 1:  # P, N, Rs: one group only
         P, Rs = config.groups[0]
         res.update(P=P, N=len(Rs), Rs=Rs)
@@ -996,6 +1096,22 @@ def drawn_lengths(results):
     return lines
 
 
+def softcap_line(meta):
+    """The report's "- logit softcap: ..." line."""
+    softcap = meta.get("softcap")
+    if not softcap:
+        return "- logit softcap: none"
+    skipped = meta.get("methods_skipped", {})
+    return (f"- logit softcap: {softcap:g} (--softcap {softcap:g}): every "
+            f"logit s = scale·q·k becomes {softcap:g}·tanh(s / {softcap:g}) "
+            "before the softmax, forward and backward; DualKV with softcap="
+            f"{softcap:g}, Flex with score_mod {softcap:g} * tanh(score / "
+            f"{softcap:g}) and the same block mask; useful FLOPs as without "
+            "it" + ("; skipped: " + "; ".join(
+                f"{m} ({why})" for m, why in skipped.items())
+                if skipped else ""))
+
+
 def write_report(out_dir, stem, meta, env, results, order, with_grad,
                  elapsed, planned):
     """Writes DIR/<stem>.json and .md for the results so far (planned:
@@ -1012,8 +1128,10 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
     reps, warmup = meta["reps"], meta["warmup"]
     what = "forward and forward+backward" if with_grad else "forward"
     Hq, Hkv, D = DEFAULT_HEADS
+    softcap = meta.get("softcap")
     md = [
-        f"# DualKV {what} vs. peers",
+        f"# DualKV {what} vs. peers"
+        + (f", logit softcap {softcap:g}" if softcap else ""),
         "",
     ]
     if partial:
@@ -1024,6 +1142,7 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
         f"- benchmark wall time: {elapsed:.0f} s"
         + (" (so far)" if partial else ""),
         f"- configs: {meta['config_selection']}",
+        softcap_line(meta),
         "",
         f"Heads: Qwen3-8B's Hq={Hq}, Hkv={Hkv}, D={D} unless the details "
         "table's Hq:Hkv / D says otherwise (the _D64 and _D256 configs); "
@@ -1109,7 +1228,11 @@ def main(argv=None, defaults=None):
             setattr(torch._dynamo.config, knob, max(now, value))
             dynamo_limits[knob] = getattr(torch._dynamo.config, knob)
 
-    out_dir = Path(args.out) if args.out else common.default_out()
+    softcap = args.softcap  # None: no softcap
+    # A softcap run's default folder is a subfolder of the plain run's, so
+    # that the two never overwrite each other.
+    out_dir = Path(args.out) if args.out else common.default_out(
+        *([softcap_tag(softcap)] if softcap else []))
     out_dir.mkdir(parents=True, exist_ok=True)
     reps = args.reps or (5 if args.quick else 10)
     warmup = args.warmup or (2 if args.quick else 3)
@@ -1121,17 +1244,19 @@ def main(argv=None, defaults=None):
     torch.cuda.init()
     env = common.environment(torch, dualkv)
     print(f"# {env['gpu']}, torch {env['torch']}, dualkv {env['dualkv']} "
-          f"({env['dualkv_lib']}), mode {args.mode}; x vs Flex = against "
+          f"({env['dualkv_lib']}), mode {args.mode}, logit softcap "
+          + (f"{softcap:g}" if softcap else "none") + "; x vs Flex = against "
           f"{HEADLINE_PEER} (headline), {FLEX_DYNAMIC} (secondary); dynamo "
           f"limits {dynamo_limits}", flush=True)
     print(f"# {selection}: {len(configs)} configs: "
           + ", ".join(c.name for c in configs), flush=True)
 
     builders = {
-        "DualKV": lambda: DualKV(torch, dualkv, "DualKV", False),
-        "DualKV det.": lambda: DualKV(torch, dualkv, "DualKV det.", True),
-        FLEX_STATIC: lambda: Flex(torch, FLEX_STATIC, False),
-        FLEX_DYNAMIC: lambda: Flex(torch, FLEX_DYNAMIC, True),
+        "DualKV": lambda: DualKV(torch, dualkv, "DualKV", False, softcap),
+        "DualKV det.": lambda: DualKV(torch, dualkv, "DualKV det.", True,
+                                      softcap),
+        FLEX_STATIC: lambda: Flex(torch, FLEX_STATIC, False, softcap),
+        FLEX_DYNAMIC: lambda: Flex(torch, FLEX_DYNAMIC, True, softcap),
         "FA2 replicated": lambda: Replicated(torch, "FA2 replicated",
                                              SDPBackend.FLASH_ATTENTION),
         "cuDNN replicated": lambda: Replicated(torch, "cuDNN replicated",
@@ -1140,6 +1265,19 @@ def main(argv=None, defaults=None):
     order = select_methods(args.methods) if args.methods else list(METHODS)
     if not with_grad and "DualKV det." in order:
         order.remove("DualKV det.")  # it changes only the backward
+    # SDPA (FA2, cuDNN) has no logit softcap: under --softcap those methods
+    # would compute another function, so they do not run (one line says so,
+    # and the report's softcap line and JSON's methods_skipped).
+    methods_skipped = {}
+    if softcap:
+        for m in NO_SOFTCAP:
+            if m in order:
+                order.remove(m)
+                methods_skipped[m] = "SDPA has no logit softcap"
+        if methods_skipped:
+            print(f"# --softcap {softcap:g}: skipping "
+                  + ", ".join(methods_skipped)
+                  + " (SDPA has no logit softcap)", flush=True)
     methods, init_errors = {}, {}
     for m in order:
         try:
@@ -1155,7 +1293,9 @@ def main(argv=None, defaults=None):
             "groups_seed": GROUPS_SEED, "headline_peer": HEADLINE_PEER,
             "speedup_keys": {"speedup_vs_flex": HEADLINE_PEER,
                              "speedup_vs_flex_dynamic": FLEX_DYNAMIC},
-            "dynamo_limits": dynamo_limits}
+            "dynamo_limits": dynamo_limits,
+            # None: no softcap; else every logit s became c * tanh(s / c)
+            "softcap": softcap, "methods_skipped": methods_skipped}
     results = []
     for config in configs:
         name = config.name
@@ -1164,7 +1304,7 @@ def main(argv=None, defaults=None):
         torch.manual_seed(0)
         case = Case(torch, config, torch.bfloat16, with_grad)
         flops = config.useful_flops()
-        res = result_record(config)
+        res = result_record(config, softcap)
         for m in order:
             if m in init_errors:
                 res["methods"][m] = {"status": init_errors[m]}

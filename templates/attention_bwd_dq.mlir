@@ -2,7 +2,9 @@
 // owns block_m query rows and walks the same two KV regions (the shared prompt,
 // then its own segment), recomputing P from the stored LSE; no atomics, so the
 // same bits every run. dualkv-tile-regions masks only the scores that feed
-// probabilities (never dP).
+// probabilities (never dP). With a softcap, dualkv.softcap caps the scores and
+// dualkv.softcap_grad applies its derivative to P before the softmax gradient
+// (dualkv-bind-spec erases both otherwise).
 dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   %do = dualkv.load_dout : !dualkv.q_tile
@@ -14,10 +16,12 @@ dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
   ^bb0(%j: index, %acc: !dualkv.acc):
     %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
-    %s = dualkv.qk %q, %k : !dualkv.scores
+    %s0 = dualkv.qk %q, %k : !dualkv.scores
+    %s = dualkv.softcap %s0 : !dualkv.scores
     %p = dualkv.recompute_probs %s, %lse : !dualkv.scores, !dualkv.row_stats
+    %pg = dualkv.softcap_grad %p, %s : !dualkv.scores
     %dp = dualkv.qk %do, %v : !dualkv.scores
-    %ds = dualkv.softmax_grad %p, %dp, %delta
+    %ds = dualkv.softmax_grad %pg, %dp, %delta
         : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs
     %accn = dualkv.pv %ds, %k, %acc : !dualkv.acc
     dualkv.yield %accn : !dualkv.acc
@@ -27,10 +31,12 @@ dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
   ^bb0(%j: index, %acc: !dualkv.acc):
     %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
-    %s = dualkv.qk %q, %k : !dualkv.scores
+    %s0 = dualkv.qk %q, %k : !dualkv.scores
+    %s = dualkv.softcap %s0 : !dualkv.scores
     %p = dualkv.recompute_probs %s, %lse : !dualkv.scores, !dualkv.row_stats
+    %pg = dualkv.softcap_grad %p, %s : !dualkv.scores
     %dp = dualkv.qk %do, %v : !dualkv.scores
-    %ds = dualkv.softmax_grad %p, %dp, %delta
+    %ds = dualkv.softmax_grad %pg, %dp, %delta
         : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs
     %accn = dualkv.pv %ds, %k, %acc : !dualkv.acc
     dualkv.yield %accn : !dualkv.acc

@@ -2,6 +2,8 @@
 // The two KV regions are walked separately: the shared prompt (never causal) and the
 // query's own segment (causal). dualkv-tile-regions splits each loop into unmasked
 // full tiles and masked edge tiles; the template states the algorithm once.
+// dualkv.softcap caps the logits when the kernel is bound with a softcap
+// (dualkv-bind-spec erases it otherwise).
 dualkv.kernel @attention_fwd kind <fwd> {
   %q = dualkv.load_q : !dualkv.q_tile
   %acc0 = dualkv.init_acc : !dualkv.acc
@@ -14,7 +16,8 @@ dualkv.kernel @attention_fwd kind <fwd> {
   ^bb0(%j: index, %acc: !dualkv.acc, %m: !dualkv.row_stats, %l: !dualkv.row_stats):
     %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
-    %s = dualkv.qk %q, %k : !dualkv.scores
+    %s0 = dualkv.qk %q, %k : !dualkv.scores
+    %s = dualkv.softcap %s0 : !dualkv.scores
     %p, %mn, %ln, %alpha = dualkv.online_softmax %s, %m, %l
         : !dualkv.probs, !dualkv.row_stats, !dualkv.row_stats, !dualkv.row_stats
     %accs = dualkv.rescale %acc, %alpha : !dualkv.acc
@@ -29,7 +32,8 @@ dualkv.kernel @attention_fwd kind <fwd> {
   ^bb0(%j: index, %acc: !dualkv.acc, %m: !dualkv.row_stats, %l: !dualkv.row_stats):
     %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
-    %s = dualkv.qk %q, %k : !dualkv.scores
+    %s0 = dualkv.qk %q, %k : !dualkv.scores
+    %s = dualkv.softcap %s0 : !dualkv.scores
     %p, %mn, %ln, %alpha = dualkv.online_softmax %s, %m, %l
         : !dualkv.probs, !dualkv.row_stats, !dualkv.row_stats, !dualkv.row_stats
     %accs = dualkv.rescale %acc, %alpha : !dualkv.acc

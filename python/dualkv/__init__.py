@@ -30,6 +30,7 @@ import sys
 from . import _lib, _version
 from ._bounded import MAX_QUOTED, clip, shown
 from ._checks import integer, scale_value as _scale_value, sequence
+from ._checks import softcap_value as _softcap_value
 from .packing import PackedGroups, PackedTree, pack, pack_tree
 from .plans import (check_tree, groups_from_key, is_tree_key,
                     key_from_position_ids, plan_key, tree_from_key, tree_key)
@@ -463,7 +464,8 @@ def _check_qkv(torch, q, k, v, plan):
     return T, Hq, Hkv, D, code
 
 
-def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
+def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
+            softcap=None):
     """DualKV attention forward on the current CUDA stream.
 
     Args:
@@ -479,6 +481,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
         lse: optional float32 [Hq, T] (token stride 1) for the natural-log
             log-sum-exp; allocated if None.
         tiling: optional (block_m, block_n, warps, stages), 0 = default.
+        softcap: logit softcap c > 0: each logit scale * q.k becomes
+            c * tanh(scale * q.k / c) before the softmax; None or 0: none.
 
     Returns:
         (o, lse). D must be 64, 128 or 256.
@@ -489,6 +493,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
     """
     # Plain values first: they need neither torch nor the tensors.
     scale_value = _scale_value(scale)
+    softcap_value = _softcap_value(softcap)
     tiling_value = _tiling(tiling)
     import torch
 
@@ -515,14 +520,15 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None):
             lse=ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
             lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=Hq,
             num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
-            plan=plan._handle, stream=stream, tiling=tiling_value)
+            plan=plan._handle, stream=stream, tiling=tiling_value,
+            softcap=softcap_value)
         _check(_lib.lib().dualkv_forward(ctypes.byref(args)))
     plan._devices.add(device.index)
     return out, lse
 
 
 def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
-             dq=None, dk=None, dv=None, tiling=None):
+             dq=None, dk=None, dv=None, tiling=None, softcap=None):
     """DualKV attention backward on the current CUDA stream (no autograd:
     ``dualkv.attention`` is the differentiable call).
 
@@ -541,6 +547,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         dq: optional output like q; dk, dv: optional outputs like k
             (allocated, contiguous, if None; always written fully).
         tiling: optional (block_m, block_n, warps, stages), 0 = default.
+        softcap: the forward's logit softcap (None or 0: none).
 
     Returns:
         (dq, dk, dv). D must be 64, 128 or 256.
@@ -552,6 +559,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     """
     # Plain values first: they need neither torch nor the tensors.
     scale_value = _scale_value(scale)
+    softcap_value = _softcap_value(softcap)
     tiling_value = _tiling(tiling)
     import torch
 
@@ -584,7 +592,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=Hq,
         num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
         deterministic=1 if deterministic else 0, plan=plan._handle,
-        tiling=tiling_value)
+        tiling=tiling_value, softcap=softcap_value)
     lib = _lib.lib()
     ws_bytes = ctypes.c_int64(0)
     with torch.cuda.device(device):

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from ._bounded import shown as _shown
 
-__all__ = ["integer", "sequence", "scale_value", "INT32_MAX", "INT64_MAX"]
+__all__ = ["integer", "sequence", "scale_value", "softcap_value", "INT32_MAX",
+           "INT64_MAX"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -98,4 +99,33 @@ def scale_value(scale):
         raise ValueError(f"dualkv: scale {_shown(scale)} rounds to 0 in "
                          f"float32, the kernels' precision (smallest "
                          f"magnitude {_FLOAT32_TRUE_MIN!r})")
+    return single
+
+
+def softcap_value(softcap):
+    """The logit softcap the kernels get: 0.0 for None or 0 (no softcap);
+    otherwise ``softcap`` rounded to float32, which must be a positive finite
+    real whose float32 value is positive and finite, or ValueError naming the
+    value."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise ValueError(f"dualkv: softcap must be a real number or None, got "
+                         f"{type(softcap).__name__} {_shown(softcap)}")
+    try:
+        value = float(softcap)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"dualkv: softcap must be finite and >= 0 (0 or None: "
+                         f"no softcap), got {_shown(softcap)}")
+    if value == 0:
+        return 0.0
+    try:
+        single = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        single = math.inf
+    if not math.isfinite(single) or single <= 0:
+        raise ValueError(f"dualkv: softcap {_shown(softcap)} is not a positive "
+                         "finite float32, the kernels' precision")
     return single

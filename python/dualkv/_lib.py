@@ -73,6 +73,7 @@ class ForwardArgs(_Sized):
         ("num_tokens", i64), ("num_q_heads", i32), ("num_kv_heads", i32),
         ("head_dim", i32), ("dtype", i32), ("scale", f32),
         ("plan", vp), ("stream", vp), ("tiling", Tiling), ("schedule", i32),
+        ("softcap", ctypes.c_float),
     ]
 
 
@@ -90,6 +91,7 @@ class BackwardArgs(_Sized):
         ("workspace", vp), ("workspace_bytes", i64),
         ("plan", vp), ("stream", vp), ("tiling", Tiling),
         ("dq_tiling", Tiling), ("schedule", i32),
+        ("softcap", ctypes.c_float),
     ]
 
 

@@ -90,15 +90,18 @@ def _scale_or_none(scale):
 
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
-                  deterministic: bool) -> Tuple[Tensor, Tensor]:
+                  deterministic: bool,
+                  softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
     """(o, lse) of DualKV attention. ``plan``: a plan's descriptor; ``scale``
-    0.0 means 1/sqrt(D); ``deterministic`` is only carried to the backward."""
+    0.0 means 1/sqrt(D); ``deterministic`` is only carried to the backward;
+    ``softcap`` 0.0 means none."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
-    return forward(q, k, v, p, scale=_scale_or_none(scale))
+    return forward(q, k, v, p, scale=_scale_or_none(scale),
+                   softcap=softcap or None)
 
 
-def _forward_fake(q, k, v, plan, scale, deterministic):
+def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0):
     _check_dims(q, k, v)
     T, Hq, _ = q.shape
     # Same layouts as dualkv.forward allocates: contiguous o, lse [Hq, T].
@@ -107,21 +110,23 @@ def _forward_fake(q, k, v, plan, scale, deterministic):
 
 def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
                    lse: Tensor, plan: Tensor, scale: float,
-                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                   deterministic: bool,
+                   softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of DualKV attention, given the forward's o and lse."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
     return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
-                    deterministic=deterministic)
+                    deterministic=deterministic, softcap=softcap or None)
 
 
-def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic):
+def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
+                   softcap=0.0):
     _check_dims(q, k, v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, plan, scale, deterministic = inputs
+    q, k, v, plan, scale, deterministic, softcap = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     # Otherwise autograd hands the backward a zero tensor for lse's gradient
@@ -131,6 +136,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse, plan)
     ctx.scale = scale
     ctx.deterministic = deterministic
+    ctx.softcap = softcap
 
 
 def _backward_formula(ctx, dout, dlse):
@@ -138,14 +144,14 @@ def _backward_formula(ctx, dout, dlse):
     # and ignored; dout is None when o's gradient is.
     q, k, v, o, lse, plan = ctx.saved_tensors
     if dout is None:
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     # Gradients may arrive with any layout (an expanded tensor from .sum(), a
     # transpose): the kernel wants the last dimension contiguous and aligned
     # row strides, and a no-op .contiguous() costs nothing otherwise.
     dq, dk, dv = torch.ops.dualkv.backward(
         q, k, v, o, dout.contiguous(), lse, plan, ctx.scale,
-        ctx.deterministic)
-    return dq, dk, dv, None, None, None
+        ctx.deterministic, ctx.softcap)
+    return dq, dk, dv, None, None, None, None
 
 
 def _outside_dynamo(fn):
@@ -268,7 +274,7 @@ def _precompile_backward(q, k, deterministic):
 
 
 def attention(q, k, v, plan, scale=None, deterministic=False,
-              return_lse=False):
+              return_lse=False, softcap=None):
     """Differentiable DualKV attention (docs/architecture.md §1) on packed
     THD tensors.
 
@@ -284,6 +290,10 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             reduction of the prompt gradients in the backward).
         return_lse: also return the natural-log LSE, fp32 [Hq, T] (not
             differentiable).
+        softcap: logit softcap c > 0 (Gemma 2's ``attn_logit_softcapping``):
+            each logit scale * q.k becomes c * tanh(scale * q.k / c) before
+            the softmax, forward and backward; None (or 0) means none. Each
+            value of c is a kernel of its own, compiled once.
 
     Returns:
         o [T, Hq, D] (contiguous), or (o, lse) with return_lse.
@@ -297,6 +307,7 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     # The float32 value the kernels take (0.0 only for None); ValueError for
     # 0 and for what is 0 or infinite in float32.
     scale_value = _checks.scale_value(scale)
+    softcap_value = _checks.softcap_value(softcap)
     if scale_value < 0:
         # The kernels take a positive scale: scale * (q . k) = -scale * (-q . k);
         # autograd carries the sign back into dq.
@@ -319,5 +330,6 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
                                         or v.requires_grad):
             _precompile_backward(q, k, deterministic)
     o, lse = torch.ops.dualkv.forward(q, k, v, plan_descriptor(plan),
-                                      scale_value, bool(deterministic))
+                                      scale_value, bool(deterministic),
+                                      softcap_value)
     return (o, lse) if return_lse else o

@@ -38,6 +38,8 @@ struct Case {
   std::vector<PlanGroup> groups;
   int hq = 1, hkv = 1, d = 64;
   DType dtype = DType::BF16;
+  /// ForwardArgs::softcap (0: none), given to the kernels and the reference.
+  double softcap = 0;
   std::vector<uint16_t> q, k, v; // packed THD, dense
   std::vector<uint16_t> dout;    // upstream gradient like q (backward only)
   int64_t tokens() const {
@@ -62,8 +64,9 @@ struct Case {
     return pairs * hq * d;
   }
   std::string describe() const {
-    std::string s = fmt::format("Hq={} Hkv={} D={} {} groups:", hq, hkv, d,
-                                toString(dtype));
+    std::string s = fmt::format(
+        "Hq={} Hkv={} D={} {}{} groups:", hq, hkv, d, toString(dtype),
+        softcap > 0 ? fmt::format(" softcap={}", softcap) : std::string());
     for (auto &g : groups) {
       s += fmt::format(" [P={} R=", g.prompt_len);
       for (size_t i = 0; i < g.response_lens.size(); ++i)
@@ -101,6 +104,7 @@ struct Case {
     p.num_kv_heads = hkv;
     p.head_dim = d;
     p.scale = 1.0 / std::sqrt(double(d));
+    p.softcap = softcap;
     return p;
   }
   std::vector<double> widen(const std::vector<uint16_t> &x) const {
@@ -306,6 +310,7 @@ void setProblem(Args &a, const Case &c, const Plan &plan) {
   a.num_kv_heads = c.hkv;
   a.head_dim = c.d;
   a.dtype = c.dtype;
+  a.softcap = static_cast<float>(c.softcap);
   a.plan = &plan;
 }
 

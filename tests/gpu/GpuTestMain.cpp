@@ -1,7 +1,8 @@
 // dualkv-gpu-tests: runs one GPU test, `<test> [count]` for the forward and
 // `backward-<test> [count]` for the backward, `tree-<test>` for prefix trees,
 // `sanitize` for the sanitizer workload, `template-<test>` for the test
-// templates; exits 77 (skipped) without a GPU.
+// templates, `variant-<name>` for attention variants; exits 77 (skipped)
+// without a GPU.
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -17,8 +18,12 @@ int main(int argc, char **argv) {
     fmt::print("no GPU: skipping {}\n", which);
     return kSkip;
   }
-  const std::string bwd = "backward-", tree = "tree-", tmpl = "template-";
+  const std::string bwd = "backward-", tree = "tree-", tmpl = "template-",
+                    variant = "variant-";
   try {
+    if (which == "sanitize" && argc > 2 &&
+        std::string(argv[2]) == "softcap") // every case, logits capped at 2
+      return sanitizeTest(0, 1.0, 2.0);
     if (which == "sanitize") // [head_dim | tree]: those cases only
       return sanitizeTest(argc > 2 && std::string(argv[2]) == "tree" ? -1
                           : argc > 2                                 ? count
@@ -30,14 +35,17 @@ int main(int argc, char **argv) {
             ? backwardTest(which.substr(bwd.size()), count)
         : which.rfind(tree, 0) == 0 ? treeTest(which.substr(tree.size()), count)
         : which.rfind(tmpl, 0) == 0 ? templateTest(which.substr(tmpl.size()))
-                                    : forwardTest(which, count);
+        : which.rfind(variant, 0) == 0
+            ? variantTest(which.substr(variant.size()), count)
+            : forwardTest(which, count);
     if (status != kUnknownTest)
       return status;
     fmt::print(stderr, "usage: dualkv-gpu-tests random [count] | edges | "
                        "equivalence | graph | backward-random [count] | "
                        "backward-edges | backward-equivalence | "
                        "backward-deterministic | tree-random [count] | "
-                       "tree-paths [count] | sanitize [head_dim | tree] | "
+                       "tree-paths [count] | sanitize [head_dim | tree | "
+                       "softcap] | variant-softcap [count] | "
                        "template-scaled | template-scaled-control | "
                        "stress-threads [rounds] | "
                        "stress-processes [rounds] | stress-leak [launches]\n");

@@ -24,7 +24,7 @@ int treeTest(const std::string &which, int count);
 /// tree kernels at head_dim 64, 128, 256, bf16 and fp16, both backward
 /// modes, checked against fp64 (with `scoreFactor` as in sanitizeTest);
 /// returns the number of failures.
-int treeSanitizeWorkload(double scoreFactor = 1.0);
+int treeSanitizeWorkload(double scoreFactor = 1.0, double softcap = 0);
 /// Many callers at once and many launches: threads | processes | leak
 /// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
 int stressTest(const std::string &which, int count, char **argv);
@@ -36,7 +36,13 @@ int stressTest(const std::string &which, int count, char **argv);
 /// scoreFactor: the factor by which the kernels' templates multiply the
 /// scores before the softmax (1: the shipped templates; see
 /// scaledReference()).
-int sanitizeTest(int onlyHeadDim = 0, double scoreFactor = 1.0);
+int sanitizeTest(int onlyHeadDim = 0, double scoreFactor = 1.0,
+                 double softcap = 0);
+
+/// Attention variants (VariantGpuTest.cpp): `softcap`, the sanitize
+/// workload and `count` (at most 24) random batches with a logit softcap,
+/// against fp64, and a control that the plain kernels fail those checks.
+int variantTest(const std::string &which, int count);
 
 /// The test templates (`scaled`, tests/templates/scaled/, loaded through
 /// DUALKV_TEMPLATE_DIR): the sanitize workload's kernels, every kind and

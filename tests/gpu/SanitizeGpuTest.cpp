@@ -63,7 +63,8 @@ Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
 
 } // namespace
 
-int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor) {
+int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
+                                  double softcap) {
   std::mt19937_64 rng(20261201);
   int failures = 0, checks = 0;
   auto record = [&](const std::string &what, const std::string &error) {
@@ -78,6 +79,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor) {
       if (onlyHeadDim && d != onlyHeadDim) // -1: the trees only
         continue;
       Case c = sanitizeCase(d, t, rng);
+      c.softcap = softcap;
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
       // The kernels no default picks for packed groups: the wgmma forward
@@ -125,7 +127,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor) {
   // the KV-major kernels on a forest's work items.
   if (onlyHeadDim <= 0)
     try {
-      const int treeFailures = treeSanitizeWorkload(scoreFactor);
+      const int treeFailures = treeSanitizeWorkload(scoreFactor, softcap);
       checks += deviceIsSm90() ? 12 : 6;
       failures += treeFailures;
     } catch (const std::exception &e) {

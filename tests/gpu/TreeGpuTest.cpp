@@ -17,6 +17,7 @@ struct TreeCase {
   PlanTree tree;
   int hq = 1, hkv = 1, d = 64;
   DType dtype = DType::BF16;
+  double softcap = 0; ///< ForwardArgs::softcap, kernels and reference
   std::vector<uint16_t> q, k, v, dout;
 
   int64_t tokens() const {
@@ -48,6 +49,7 @@ struct TreeCase {
   }
   reference::TreeProblem problem() const {
     reference::TreeProblem p{{}, hq, hkv, d, 1.0 / std::sqrt(double(d))};
+    p.softcap = softcap;
     for (size_t n = 0; n < tree.lengths.size(); ++n)
       p.nodes.push_back({tree.lengths[n], tree.parents[n]});
     return p;
@@ -193,6 +195,7 @@ struct TreeDevice {
     f.hkv = c.hkv;
     f.d = c.d;
     f.dtype = c.dtype;
+    f.softcap = c.softcap;
     return f;
   }
 };
@@ -441,7 +444,7 @@ int testPaths(int count, uint64_t seed) {
 
 } // namespace
 
-int dualkv::testing::treeSanitizeWorkload(double scoreFactor) {
+int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap) {
   // A branching tree whose segments see up to three ancestor ranges, with an
   // empty node, a one-token node, a subtree longer than a backward query
   // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
@@ -456,6 +459,7 @@ int dualkv::testing::treeSanitizeWorkload(double scoreFactor) {
       c.hkv = 2;
       c.d = d;
       c.dtype = t;
+      c.softcap = softcap;
       c.fill(rng);
       std::string why = checkTree(c, {}, {}, scoreFactor);
       if (!why.empty()) {

@@ -16,4 +16,7 @@ fi
 # --error-exitcode makes any report fail the test; the workload's own checks
 # fail it with 1.
 "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 20 \
-  "$tests" sanitize
+  "$tests" sanitize || exit
+# The variants' kernels (logit softcap) through the same workload.
+"$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 20 \
+  "$tests" sanitize softcap

@@ -181,6 +181,11 @@ cl::opt<bool> tree("tree",
                             "(with the chain table, docs/forward-abi.md);\n"
                             "other kinds as usual"),
                    cl::cat(kernelOptions));
+cl::opt<float> softcap("softcap", cl::value_desc("C"),
+                       cl::desc("logit softcap c > 0 of the kernels that\n"
+                                "compute scores (fwd, bwd, bwd_kv, bwd_dq):\n"
+                                "c tanh(logit / c); 0 (default): none"),
+                       cl::init(0.0f), cl::cat(kernelOptions));
 cl::opt<int, false, Count>
     blockM("block-m", cl::value_desc("M"),
            cl::desc("query rows per CTA (default: the compiler's\nchoice)"),
@@ -319,6 +324,11 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
     // have none (they take trees as they are).
     j.spec.tree = job.spec.tree && (kind == dualkv::KernelKind::Fwd ||
                                     kind == dualkv::KernelKind::BwdDQ);
+    // --softcap: the kernels that compute scores; the elementwise ones have
+    // no logits to cap.
+    if (kind == dualkv::KernelKind::BwdPre ||
+        kind == dualkv::KernelKind::BwdPost)
+      j.spec.softcap = 0;
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
       j.spec.tiling = {};
@@ -440,6 +450,7 @@ Args parseArgs(int argc, char **argv) {
   a.spec.dtype = dtype;
   a.spec.schedule = schedule;
   a.spec.tree = tree;
+  a.spec.softcap = softcap;
   a.spec.tiling = {blockM, blockN, warps, stages};
   a.archs.assign(archs.begin(), archs.end());
   if (a.archs.empty())
@@ -684,10 +695,12 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
-      s.tree ? "_tree" : "", s.headDim, s.numQHeads, s.numKVHeads,
-      dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
-      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
+      "dualkv_{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
+      s.tree ? "_tree" : "",
+      s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
+      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
+      withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
+      s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 
@@ -823,11 +836,12 @@ registrationSource(const std::vector<Built> &builds, const std::string &name) {
         "   "
         "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
         "    k.spec.schedule = dualkv::Schedule::{};\n"
-        "    k.spec.tree = {};\n",
+        "    k.spec.tree = {};\n    k.spec.softcap = "
+        "static_cast<float>({:.9g});\n",
         dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
         s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch, s.tiling.blockM,
         s.tiling.blockN, s.tiling.warps, s.tiling.stages,
-        dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false");
+        dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false", s.softcap);
     c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,

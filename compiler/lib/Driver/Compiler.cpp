@@ -667,6 +667,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.warps = spec.tiling.warps;
   bind.stages = spec.tiling.stages;
   bind.tree = spec.tree;
+  bind.softcap = spec.softcap;
 
   mlir::PassManager pm(&ctx);
   std::string passLog;

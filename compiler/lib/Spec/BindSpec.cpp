@@ -17,6 +17,43 @@ namespace mlir::dualkv {
 using namespace mlir;
 using namespace mlir::dualkv;
 
+/// Whether kernels of `kind` compute scores (and so may take a softcap).
+static bool computesScores(KernelKind kind) {
+  return kind == KernelKind::fwd || kind == KernelKind::bwd ||
+         kind == KernelKind::bwd_kv || kind == KernelKind::bwd_dq;
+}
+
+/// With a softcap, checks that `kernel`'s template applies it (and, in a
+/// backward kind, its derivative); without, erases both ops so the kernel is
+/// the plain one.
+static LogicalResult bindSoftcap(KernelOp kernel, bool capped) {
+  SmallVector<SoftcapOp> caps;
+  SmallVector<SoftcapGradOp> grads;
+  kernel.walk([&](SoftcapOp op) { caps.push_back(op); });
+  kernel.walk([&](SoftcapGradOp op) { grads.push_back(op); });
+  if (!capped) {
+    for (SoftcapGradOp op : grads) {
+      op.getResult().replaceAllUsesWith(op.getProbs());
+      op.erase();
+    }
+    for (SoftcapOp op : caps) {
+      op.getResult().replaceAllUsesWith(op.getScores());
+      op.erase();
+    }
+    return success();
+  }
+  if (caps.empty())
+    return kernel.emitOpError()
+           << "is bound with a softcap, but its template applies none "
+              "(dualkv.softcap on the scores that become probabilities)";
+  if (kernel.getKind() != KernelKind::fwd && grads.empty())
+    return kernel.emitOpError()
+           << "is bound with a softcap, but its template does not apply the "
+              "cap's derivative (dualkv.softcap_grad before "
+              "dualkv.softmax_grad)";
+  return success();
+}
+
 namespace {
 struct BindSpecPass
     : public mlir::dualkv::impl::DualKVBindSpecBase<BindSpecPass> {
@@ -60,9 +97,15 @@ struct BindSpecPass
     }
     auto emitErr = [&] { return getOperation().emitError(); };
     double scale = 1.0 / std::sqrt(static_cast<double>(headDim));
+    if (std::string why = ::dualkv::checkSoftcap(softcap); !why.empty()) {
+      getOperation().emitError() << "dualkv-bind-spec: " << why;
+      return signalPassFailure();
+    }
+    FloatAttr cap =
+        softcap > 0 ? FloatAttr::get(Float64Type::get(ctx), softcap) : nullptr;
     if (failed(ProblemAttr::verify(
             emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-            FloatAttr::get(Float64Type::get(ctx), scale), true, tree)))
+            FloatAttr::get(Float64Type::get(ctx), scale), true, tree, cap)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -79,9 +122,14 @@ struct BindSpecPass
       return signalPassFailure();
     }
 
-    auto problem = ProblemAttr::get(
-        ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-        FloatAttr::get(Float64Type::get(ctx), scale), true, tree);
+    // Only the kernels that compute scores take the softcap.
+    auto problemOf = [&](KernelOp kernel) {
+      bool scores = computesScores(kernel.getKind());
+      return ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim,
+                              dtypeTy,
+                              FloatAttr::get(Float64Type::get(ctx), scale),
+                              true, tree, scores ? cap : nullptr);
+    };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
     auto resolve = [&](KernelOp kernel) -> std::optional<::dualkv::KernelSpec> {
@@ -93,6 +141,8 @@ struct BindSpecPass
                      static_cast<int>(warps), static_cast<int>(stages)};
       spec.schedule = *requested;
       spec.tree = tree;
+      if (computesScores(kernel.getKind()))
+        spec.softcap = static_cast<float>(softcap);
       spec.numQHeads = static_cast<int>(numQHeads);
       spec.numKVHeads = static_cast<int>(numKVHeads);
       spec = ::dualkv::resolveSpec(spec);
@@ -112,8 +162,10 @@ struct BindSpecPass
       std::optional<::dualkv::KernelSpec> spec = resolve(kernel);
       if (!spec)
         return WalkResult::interrupt();
+      if (failed(bindSoftcap(kernel, spec->softcap > 0)))
+        return WalkResult::interrupt();
       const ::dualkv::Tiling &t = spec->tiling;
-      kernel.setProblemAttr(problem);
+      kernel.setProblemAttr(problemOf(kernel));
       kernel.setTilingAttr(
           TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages));
       kernel.setArchAttr(StringAttr::get(ctx, arch));

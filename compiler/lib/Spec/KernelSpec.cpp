@@ -9,6 +9,8 @@
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Schedule.h"
 
+#include <cmath>
+
 namespace dualkv {
 
 // The dialect's KernelKind (dualkv-bind-spec casts between them) lists the
@@ -165,6 +167,13 @@ std::string checkProblem(int64_t headDim, int64_t numQHeads,
   return {};
 }
 
+std::string checkSoftcap(double softcap) {
+  if (!std::isfinite(softcap) || softcap < 0)
+    return "softcap must be finite and >= 0 (0: none), got " +
+           std::to_string(softcap);
+  return {};
+}
+
 namespace {
 
 /// Why the warps and threads of the resolved `spec` cannot split its tiles
@@ -263,6 +272,13 @@ std::string checkSpec(const KernelSpec &specIn) {
   if (std::string why = checkTiling(t.blockM, t.blockN, t.warps, t.stages);
       !why.empty())
     return why;
+  if (std::string why = checkSoftcap(spec.softcap); !why.empty())
+    return why;
+  if (spec.softcap > 0 &&
+      (spec.kind == KernelKind::BwdPre || spec.kind == KernelKind::BwdPost))
+    return std::string("a ") + toString(spec.kind) +
+           " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
+           "a softcap";
   if (spec.tree && spec.kind != KernelKind::Fwd &&
       spec.kind != KernelKind::BwdDQ)
     return std::string("a ") + toString(spec.kind) +

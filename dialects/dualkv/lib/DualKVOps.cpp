@@ -22,7 +22,7 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t P, int64_t N, int64_t numQHeads,
                                   int64_t numKVHeads, int64_t headDim,
                                   Type dtype, FloatAttr scale, bool causal,
-                                  bool tree) {
+                                  bool tree, FloatAttr softcap) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -39,6 +39,14 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "scale must be a positive float";
   if (!causal)
     return emitError() << "DualKV attention is causal: causal must be true";
+  if (softcap) {
+    if (std::string why = ::dualkv::checkSoftcap(softcap.getValueAsDouble());
+        !why.empty())
+      return emitError() << why;
+    if (!(softcap.getValueAsDouble() > 0.0))
+      return emitError() << "softcap must be positive when given (leave it "
+                            "out for none)";
+  }
   return success();
 }
 
@@ -188,6 +196,8 @@ FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
   spec.schedule =
       static_cast<::dualkv::Schedule>(static_cast<int>(*getSchedule()) + 1);
   spec.tree = problem.getTree();
+  if (FloatAttr cap = problem.getSoftcap())
+    spec.softcap = static_cast<float>(cap.getValueAsDouble());
   if (std::string why = ::dualkv::checkSpec(spec); !why.empty())
     return emitOpError() << why;
   return spec;
@@ -492,6 +502,21 @@ LogicalResult ScaleScoresOp::verify() {
                          << factor;
   return success();
 }
+
+/// A softcap op's kernel, bound, must have a softcap: dualkv-bind-spec erases
+/// them from kernels bound without one.
+static LogicalResult verifySoftcapKernel(Operation *op) {
+  auto kernel = op->getParentOfType<KernelOp>();
+  if (!kernel || !kernel.getProblem() || kernel.getProblem()->getSoftcap())
+    return success();
+  return op->emitOpError()
+         << "is in a kernel bound without a softcap "
+            "(#dualkv.problem<..., softcap = c>): nothing to cap";
+}
+
+LogicalResult SoftcapOp::verify() { return verifySoftcapKernel(*this); }
+
+LogicalResult SoftcapGradOp::verify() { return verifySoftcapKernel(*this); }
 
 LogicalResult MaskOp::verify() {
   // AllTypesMatch<scores, result> has checked the result type.

@@ -46,6 +46,11 @@ struct ForwardArgs {
   /// prefix trees too. One that cannot compute the kernel is an
   /// InvalidArgument naming why.
   Schedule schedule = Schedule::Auto;
+  /// Logit softcap c > 0 (Gemma 2's attn_logit_softcapping): each logit
+  /// scale · q·k becomes c · tanh(scale · q·k / c) before the softmax
+  /// (docs/architecture.md §1). 0: none; finite and not negative. A kernel
+  /// of its own (compiled for each c), never tuned.
+  float softcap = 0;
 };
 
 /// Runs the DualKV forward kernel on `args.stream`. Every argument is
@@ -98,6 +103,8 @@ struct BackwardArgs {
   /// Optional order of the main kernel's work items (Plan.h, BackwardOrder);
   /// Auto: the runtime's choice.
   BackwardOrder order = BackwardOrder::Auto;
+  /// The forward's softcap (ForwardArgs::softcap); must match it.
+  float softcap = 0;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta

@@ -149,6 +149,9 @@ typedef struct dualkv_forward_args_t {
   void *stream; /**< a CUstream; null is the legacy default stream */
   dualkv_tiling_t tiling;
   int32_t schedule; /**< a dualkv_schedule */
+  /** logit softcap c > 0 (c tanh(logit / c)); 0: none. Callers built before
+   * it pass a struct_size without it: none. */
+  float softcap;
 } dualkv_forward_args_t;
 
 /** The forward pass (dualkv::forward). */
@@ -177,6 +180,7 @@ typedef struct dualkv_backward_args_t {
   dualkv_tiling_t tiling;    /**< the main kernel's */
   dualkv_tiling_t dq_tiling; /**< the split-dQ algorithm's dQ kernel's */
   int32_t schedule;          /**< the main kernel's, a dualkv_schedule */
+  float softcap;             /**< the forward's softcap; must match it */
 } dualkv_backward_args_t;
 
 /**

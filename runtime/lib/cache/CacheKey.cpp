@@ -29,6 +29,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.tiling = spec.tiling;
   key.schedule = spec.schedule;
   key.tree = spec.tree;
+  key.softcap = spec.softcap;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -47,6 +48,7 @@ KernelSpec CacheKey::spec() const {
   spec.tiling = tiling;
   spec.schedule = schedule;
   spec.tree = tree;
+  spec.softcap = softcap;
   return spec;
 }
 
@@ -71,6 +73,8 @@ json CacheKey::toJson() const {
   };
   if (tree)
     key["tree"] = true;
+  if (softcap > 0)
+    key["softcap"] = softcap;
   if (R != 0)
     key["R"] = R;
   return key;
@@ -79,13 +83,14 @@ json CacheKey::toJson() const {
 std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 
 std::string CacheKey::describe() const {
-  return fmt::format("{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
-                     "tiling {}x{} warps={} stages={} schedule {}{})",
-                     toString(kind), P, N,
-                     R ? fmt::format(" R={}", R) : std::string(), headDim,
-                     numQHeads, numKVHeads, toString(dtype), arch,
-                     tiling.blockM, tiling.blockN, tiling.warps, tiling.stages,
-                     toString(schedule), tree ? ", tree" : "");
+  return fmt::format(
+      "{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
+      "tiling {}x{} warps={} stages={} schedule {}{}{})",
+      toString(kind), P, N, R ? fmt::format(" R={}", R) : std::string(),
+      headDim, numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
+      tiling.blockN, tiling.warps, tiling.stages, toString(schedule),
+      tree ? ", tree" : "",
+      softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string());
 }
 
 } // namespace dualkv

@@ -35,6 +35,8 @@ struct CacheKey {
   /// KernelSpec::tree; in the JSON only when true, so that every other key
   /// is spelled as before it existed.
   bool tree = false;
+  /// KernelSpec::softcap; in the JSON only when set, like `tree`.
+  float softcap = 0;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

@@ -154,6 +154,7 @@ toBackwardArgs(const dualkv_backward_args_t *in) {
   if (llvm::Error e = toEnum(dualkv::names::kSchedules, a.schedule, "schedule",
                              args.schedule))
     return e;
+  args.softcap = a.softcap;
   return args;
 }
 
@@ -296,6 +297,7 @@ int dualkv_forward(const dualkv_forward_args_t *in) {
     if (llvm::Error e = toEnum(dualkv::names::kSchedules, a.schedule,
                                "schedule", args.schedule))
       return e;
+    args.softcap = a.softcap;
     dualkv::forward(args);
     return llvm::Error::success();
   });

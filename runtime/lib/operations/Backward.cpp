@@ -73,6 +73,8 @@ llvm::Error validate(const BackwardArgs &a) {
       return e;
   if (llvm::Error e = checkLse("lse", a.lse, a.lse_stride_h, T, Hq))
     return e;
+  if (llvm::Error e = checkSoftcap(a.softcap))
+    return e;
   if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
     return e;
   if (llvm::Error e = checkTiling("dq_tiling", a.dq_tiling))
@@ -174,18 +176,19 @@ llvm::Error runBackward(const BackwardArgs &args) {
     return e;
   const LoadedKernel &pre = *prePtr;
   // ... and the one tuned for the batch's shape class first (getKernel).
+  KernelSpec mainSpec =
+      genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq,
+                  slice, args.dtype, args.tiling, args.schedule);
+  mainSpec.softcap = args.softcap;
   if (llvm::Error e =
-          getKernel(genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D,
-                                sliceHq, slice, args.dtype, args.tiling,
-                                args.schedule),
-                    Hq, Hkv, shapeClassOf(plan))
-              .moveInto(mainPtr))
+          getKernel(mainSpec, Hq, Hkv, shapeClassOf(plan)).moveInto(mainPtr))
     return e;
   const LoadedKernel &main = *mainPtr;
   // A branching tree's segments walk its chain table (KernelSpec::tree).
   const bool tree = plan.maxAncestorRanges() > 1;
   KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, args.dq_tiling);
   dqSpec.tree = tree;
+  dqSpec.softcap = args.softcap;
   // The dQ kernel too takes its shape class's tuned tiling first (tree
   // kernels are not tuned).
   if (llvm::Error e =

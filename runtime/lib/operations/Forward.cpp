@@ -36,6 +36,8 @@ llvm::Error validate(const ForwardArgs &a) {
   if (llvm::Error e =
           checkLse("lse", a.lse, a.lse_stride_h, a.num_tokens, a.num_q_heads))
     return e;
+  if (llvm::Error e = checkSoftcap(a.softcap))
+    return e;
   return checkScaleAndTiling(a.scale, a.tiling);
 }
 
@@ -56,6 +58,7 @@ llvm::Error runForward(const ForwardArgs &args) {
       genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
                   args.num_kv_heads, args.dtype, args.tiling, args.schedule);
   spec.tree = tree;
+  spec.softcap = args.softcap;
   // The tiling tuned for the batch's shape class, if any (getKernel).
   const LoadedKernel *found = nullptr;
   if (llvm::Error e = getKernel(spec, 0, 0, shapeClassOf(plan)).moveInto(found))

@@ -146,6 +146,13 @@ llvm::Error checkScaleAndTiling(float scale, const Tiling &t) {
   return checkTiling("tiling", t);
 }
 
+llvm::Error checkSoftcap(float softcap) {
+  if (!std::isfinite(softcap) || softcap < 0)
+    return invalidArgument(fmt::format(
+        "softcap ({}) must be finite and >= 0 (0: no softcap)", softcap));
+  return llvm::Error::success();
+}
+
 llvm::Error checkTiling(const char *name, const Tiling &t) {
   return checkTilingFields(name, t, /*zeroTakesDefault=*/true);
 }

@@ -36,6 +36,9 @@ llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
 llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
                      int64_t numTokens, int numQHeads);
 
+/// A logit softcap: finite and >= 0 (0: none), else InvalidArgument.
+llvm::Error checkSoftcap(float softcap);
+
 /// Checks a tiling override named `name` (zero fields take defaults):
 /// every field within the compiler's ranges (checkTilingFields).
 llvm::Error checkTiling(const char *name, const Tiling &tiling);

@@ -41,7 +41,7 @@ loadGeneric(KernelCache &cache, cuda::CUcontext ctx, const FastKey &fast,
     updateStats([](CacheStats &stats) { ++stats.memoryHits; });
     return it->second;
   }
-  if (spec.tiling == Tiling{} && !spec.tree)
+  if (spec.tiling == Tiling{} && !spec.tree && !(spec.softcap > 0))
     if (std::optional<Tiling> tuned = processTuningDb().find(tunedKey)) {
       KernelSpec tunedSpec = spec;
       tunedSpec.tiling = *tuned;
@@ -78,9 +78,10 @@ llvm::Expected<const LoadedKernel *> getKernel(const KernelSpec &requested,
   std::lock_guard<std::mutex> lock(cache.mutex);
 
   // Only an open tiling of a tuned kind has a class to look up; the tree
-  // kernels (KernelSpec::tree) are not tuned at all.
-  const bool classed =
-      !shape.any() && requested.tiling == Tiling{} && !requested.tree;
+  // kernels (KernelSpec::tree) and the softcap variants are not tuned at
+  // all.
+  const bool classed = !shape.any() && requested.tiling == Tiling{} &&
+                       !requested.tree && !(requested.softcap > 0);
   KernelSpec request = requested;
   if (classed) {
     request.P = shape.P;

@@ -153,3 +153,37 @@ dualkv.kernel @post_heads kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 6
 // expected-error @+1 {{'dualkv.kernel' op num_q_heads = 4294967296 is out of range}}
 dualkv.kernel @heads_out_of_range kind <fwd> problem <P = 0, N = 0, num_q_heads = 4294967296, num_kv_heads = 1, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_80" schedule <mma_sync> {
 }
+
+// -----
+
+// === the logit softcap (docs/architecture.md §1) ===
+
+// expected-error @+1 {{softcap must be finite and >= 0 (0: none), got -2.000000}}
+dualkv.kernel @negative_softcap kind <fwd> problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true, softcap = -2.0> tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_80" schedule <mma_sync> {
+}
+
+// -----
+
+// expected-error @+1 {{softcap must be positive when given (leave it out for none)}}
+dualkv.kernel @zero_softcap kind <fwd> problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true, softcap = 0.0> tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_80" schedule <mma_sync> {
+}
+
+// -----
+
+// dualkv-bind-spec erases the cap from kernels bound without one; bound text
+// that keeps it has nothing to cap with.
+dualkv.kernel @uncapped kind <fwd> problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, dtype = bf16, scale = 0.125, causal = true> tiling <block_m = 128, block_n = 32, warps = 4, stages = 2> arch "sm_80" schedule <mma_sync> {
+  %q = dualkv.load_q : !dualkv.q_tile
+  %acc0 = dualkv.init_acc : !dualkv.acc
+  %m0, %l0 = dualkv.init_stats : !dualkv.row_stats, !dualkv.row_stats
+  %acc1, %m1, %l1 = dualkv.kv_loop <shared> part <all>
+      iter_args(%acc = %acc0, %m = %m0, %l = %l0)
+      : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats {
+  ^bb0(%j: index, %acc: !dualkv.acc, %m: !dualkv.row_stats, %l: !dualkv.row_stats):
+    %k = dualkv.load_kv <key> %j : !dualkv.kv_tile
+    %s0 = dualkv.qk %q, %k : !dualkv.scores
+    // expected-error @+1 {{'dualkv.softcap' op is in a kernel bound without a softcap (#dualkv.problem<..., softcap = c>): nothing to cap}}
+    %s = dualkv.softcap %s0 : !dualkv.scores
+    dualkv.yield %acc, %m, %l : !dualkv.acc, !dualkv.row_stats, !dualkv.row_stats
+  }
+}

@@ -6,11 +6,11 @@
 // is 0 there whatever dP holds. The query-major dQ kernel keeps the forward's four KV
 // loops, and there too only S (feeding recompute_probs) is masked, never dP.
 
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-tile-regions | FileCheck %s --check-prefixes=KV,BWD
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-tile-regions | FileCheck %s --check-prefixes=KV,BWDKV
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec --dualkv-tile-regions | FileCheck %s --check-prefixes=KV,BWD
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec --dualkv-tile-regions | FileCheck %s --check-prefixes=KV,BWDKV
 // The pass needs no spec: bound templates tile the same way.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=64" --dualkv-tile-regions | FileCheck %s --check-prefixes=KV,BWD
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-tile-regions | FileCheck %s --check-prefix=DQ
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec --dualkv-tile-regions | FileCheck %s --check-prefix=DQ
 // RUN: dualkv-opt %s -split-input-file -verify-diagnostics --dualkv-tile-regions | FileCheck %s
 
 // BWD-LABEL: dualkv.kernel @attention_bwd kind <bwd>
@@ -58,11 +58,11 @@
 
 // Two query loops and exactly one mask (Sᵀ of the diagonal loop) in each KV-major
 // kernel.
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-tile-regions | grep -c "dualkv.q_loop" | FileCheck %s --check-prefix=COUNT-LOOPS
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-tile-regions | grep -c "dualkv.q_loop" | FileCheck %s --check-prefix=COUNT-LOOPS
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.q_loop" | FileCheck %s --check-prefix=COUNT-LOOPS
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.q_loop" | FileCheck %s --check-prefix=COUNT-LOOPS
 // COUNT-LOOPS: {{^}}2{{$}}
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
 // COUNT-MASKS: {{^}}1{{$}}
 
 // The dQ kernel: four KV loops like the forward; the two edge loops mask S only.
@@ -110,7 +110,7 @@
 // DQ: dualkv.yield
 // DQ-NEXT: }
 // DQ-NEXT: dualkv.store_dq %[[RD]] : !dualkv.acc
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-DQ-MASKS
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-DQ-MASKS
 // COUNT-DQ-MASKS: {{^}}2{{$}}
 
 // A mask already in the body is dropped and replaced by the pass's own: the

@@ -5,7 +5,6 @@
 // tile-regions-q-loop.mlir.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions | FileCheck %s --check-prefix=TEMPLATE
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-tile-regions | FileCheck %s --check-prefix=TEMPLATE
 // RUN: dualkv-opt %s -split-input-file -verify-diagnostics --dualkv-tile-regions | FileCheck %s
 
 // The template, bound or not (the pass needs no spec).
@@ -59,9 +58,9 @@
 // TEMPLATE-NOT: dualkv.kv_loop
 
 // Exactly four loops and two masks in the whole kernel.
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-tile-regions | grep -c "dualkv.kv_loop" | FileCheck %s --check-prefix=COUNT-LOOPS
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.kv_loop" | FileCheck %s --check-prefix=COUNT-LOOPS
 // COUNT-LOOPS: {{^}}4{{$}}
-// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec --dualkv-tile-regions | grep -c "dualkv.mask" | FileCheck %s --check-prefix=COUNT-MASKS
 // COUNT-MASKS: {{^}}2{{$}}
 
 // A loop without carried values is split too. In the edge loop every qk whose scores

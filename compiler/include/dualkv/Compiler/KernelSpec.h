@@ -80,6 +80,11 @@ struct KernelSpec {
   /// (an extra `chain` parameter, docs/forward-abi.md) instead of one shared
   /// range. False for groups and chains of first children.
   bool tree = false;
+  /// Logit softcap c (docs/architecture.md §1): the scores become
+  /// c · tanh(scale · q·k / c) before the softmax, and the backward applies
+  /// the derivative. 0: none. Only the kernels that compute scores (fwd, bwd,
+  /// bwd_kv, bwd_dq) take one; the template's dualkv.softcap ops apply it.
+  float softcap = 0;
 };
 
 /// The tiling the compiler uses when the spec leaves it open (for the
@@ -134,6 +139,9 @@ DUALKV_API std::string checkTiling(int64_t blockM, int64_t blockN,
 /// checkSpec run it.
 DUALKV_API std::string checkProblem(int64_t headDim, int64_t numQHeads,
                                     int64_t numKVHeads);
+/// Why `softcap` is no logit softcap (finite and >= 0; 0: none), or an empty
+/// string. #dualkv.problem's verifier and checkSpec run it.
+DUALKV_API std::string checkSoftcap(double softcap);
 /// Why `spec` (resolved first) cannot be compiled and launched as it stands,
 /// or an empty string: an arch outside the supported set, a head_dim or head
 /// counts no kernel takes, a tiling its kind or schedule cannot compute, a

@@ -16,6 +16,12 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     spec cannot use, is an error naming why, never a fallback. A kernel already bound
     is an error: templates are bound once.
 
+    With `softcap=c` (> 0) the kernels that compute scores (fwd, bwd, bwd_kv,
+    bwd_dq) get `softcap = c` in their problem, and their template must carry
+    the cap (`dualkv.softcap`, and in the backward kinds `dualkv.softcap_grad`):
+    one that does not is an error, never a kernel without the cap. Without a
+    softcap both ops are erased, so the template's kernels are the plain ones.
+
     ```
     dualkv-opt --dualkv-bind-spec="head-dim=128 num-q-heads=32 num-kv-heads=8 dtype=bf16 arch=sm_90a"
     ```
@@ -36,6 +42,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     Option<"stages", "stages", "int64_t", "0", "shared-memory pipeline stages (0: default)">,
     Option<"tree", "tree", "bool", "false",
            "query-major kernels of branching prefix trees: segments walk an ancestor chain">,
+    Option<"softcap", "softcap", "double", "0",
+           "logit softcap c of the kernels that compute scores (0: none)">,
   ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }

@@ -101,6 +101,52 @@ void tile::scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s,
     v = arith::MulFOp::create(o.b, o.loc, v, c);
 }
 
+void tile::softcap(ScalarBuilder &o, MutableArrayRef<Value> s, double cap,
+                   Value scaleLog2) {
+  OpBuilder &b = o.b;
+  Location loc = o.loc;
+  // tanh(x) = 1 - 2 / (1 + e^2x) with e^2x = 2^(s 2 scaleLog2 / c): accurate
+  // to a few ulps of 1 for every x (tanh.approx.f32 is good to 2^-11 only),
+  // saturating to +-1 as e^2x reaches inf or 0. The capped score in the
+  // scores' units (before the softmax scale) is t c / scale = t c log2(e) /
+  // scaleLog2.
+  Value twiceOverCap = arith::MulFOp::create(
+      b, loc, scaleLog2, o.f32c(static_cast<float>(2.0 / cap)));
+  Value unit = arith::DivFOp::create(
+      b, loc, o.f32c(static_cast<float>(cap / kLn2)), scaleLog2);
+  Value minusTwoUnit = arith::MulFOp::create(b, loc, unit, o.f32c(-2.0f));
+  Value one = o.f32c(1.0f);
+  Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
+  for (Value &v : s) {
+    Value e = o.exp2(arith::MulFOp::create(b, loc, v, twiceOverCap));
+    Value r = o.intrinsic("llvm.nvvm.rcp.approx.ftz.f",
+                          arith::AddFOp::create(b, loc, e, one));
+    Value capped = LLVM::FMAOp::create(b, loc, r, minusTwoUnit, unit);
+    Value masked =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, v, ninf);
+    v = o.select(masked, ninf, capped);
+  }
+}
+
+void tile::softcapGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
+                       ArrayRef<Value> s, double cap, Value scaleLog2) {
+  OpBuilder &b = o.b;
+  Location loc = o.loc;
+  // t = s scale / c = s scaleLog2 ln(2) / c; masked s = -inf gives t = -inf,
+  // clamped to -1 so that 1 - t² is 0 and P = 0 stays 0 (not NaN).
+  Value toTanh = arith::MulFOp::create(b, loc, scaleLog2,
+                                       o.f32c(static_cast<float>(kLn2 / cap)));
+  Value minusOne = o.f32c(-1.0f);
+  Value one = o.f32c(1.0f);
+  for (int64_t i = 0, e = p.size(); i < e; ++i) {
+    Value t = arith::MaximumFOp::create(
+        b, loc, arith::MulFOp::create(b, loc, s[i], toTanh), minusOne);
+    Value negT = arith::NegFOp::create(b, loc, t);
+    Value slope = LLVM::FMAOp::create(b, loc, negT, t, one);
+    p[i] = arith::MulFOp::create(b, loc, p[i], slope);
+  }
+}
+
 void tile::rescale(ScalarBuilder &o, MutableArrayRef<Value> acc,
                    ArrayRef<Value> alpha, int64_t mTiles, int64_t dTiles) {
   for (int64_t mt = 0; mt < mTiles; ++mt)
@@ -145,9 +191,18 @@ Value tile::logSumExp(ScalarBuilder &o, Value m, Value sum) {
       o.f32c(kLn2));
 }
 
+/// The softcap of `op`'s kernel (#dualkv.problem<..., softcap = c>).
+static FailureOr<double> softcapOf(Operation *op) {
+  auto kernel = op->getParentOfType<KernelOp>();
+  if (kernel && kernel.getProblem())
+    if (FloatAttr cap = kernel.getProblem()->getSoftcap())
+      return cap.getValueAsDouble();
+  return op->emitOpError() << "needs a kernel bound with a softcap";
+}
+
 bool mlir::dualkv::isTileOp(Operation *op) {
-  return isa<MaskOp, ScaleScoresOp, OnlineSoftmaxOp, RescaleOp,
-             RecomputeProbsOp, SoftmaxGradOp>(op);
+  return isa<MaskOp, ScaleScoresOp, SoftcapOp, SoftcapGradOp, OnlineSoftmaxOp,
+             RescaleOp, RecomputeProbsOp, SoftmaxGradOp>(op);
 }
 
 LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
@@ -168,6 +223,25 @@ LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
         SmallVector<Value> s = operand(op.getScores());
         tile::scaleScores(o, s, op.getFactor().convertToFloat());
         map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](SoftcapOp op) -> LogicalResult {
+        FailureOr<double> cap = softcapOf(op);
+        if (failed(cap))
+          return failure();
+        SmallVector<Value> s = operand(op.getScores());
+        tile::softcap(o, s, *cap, env.scaleLog2);
+        map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](SoftcapGradOp op) -> LogicalResult {
+        FailureOr<double> cap = softcapOf(op);
+        if (failed(cap))
+          return failure();
+        SmallVector<Value> p = operand(op.getProbs());
+        SmallVector<Value> s = operand(op.getScores());
+        tile::softcapGrad(o, p, s, *cap, env.scaleLog2);
+        map.map(op.getResult(), o.pack(p));
         return success();
       })
       .Case([&](OnlineSoftmaxOp op) {

@@ -73,6 +73,14 @@ void mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
           const ScoreLayout &layout, Value bound);
 /// `s` times `factor` (dualkv.scale_scores).
 void scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s, float factor);
+/// The logit softcap c (dualkv.softcap): s becomes (c / scale) tanh(scale s /
+/// c), -inf stays -inf; scaleLog2 is the softmax scale times log2(e).
+void softcap(ScalarBuilder &o, MutableArrayRef<Value> s, double cap,
+             Value scaleLog2);
+/// p times 1 - t² with t = scale s / c, the tanh of capped scores `s`
+/// (dualkv.softcap_grad); entries with s = -inf give 0.
+void softcapGrad(ScalarBuilder &o, MutableArrayRef<Value> p, ArrayRef<Value> s,
+                 double cap, Value scaleLog2);
 /// One online-softmax step over query-major scores `s` (layout of
 /// queryMajorLayout): the new running max `m` (log2 domain of the scaled
 /// scores) and per-lane partial sum `l` of each row, the factor `alpha` the
@@ -98,10 +106,10 @@ Value logSumExp(ScalarBuilder &o, Value m, Value sum);
 
 } // namespace tile
 
-/// Emits the elementwise dualkv op `op` (mask, scale_scores, online_softmax,
-/// rescale, recompute_probs, softmax_grad) on the values `map` gives its
-/// operands and maps its results; fails with a diagnostic on an op the library
-/// does not define.
+/// Emits the elementwise dualkv op `op` (mask, scale_scores, softcap,
+/// softcap_grad, online_softmax, rescale, recompute_probs, softmax_grad) on the
+/// values `map` gives its operands and maps its results; fails with a
+/// diagnostic on an op the library does not define.
 LogicalResult emitTileOp(Operation *op, ScalarBuilder &o, const TileEnv &env,
                          IRMapping &map);
 /// Whether emitTileOp defines `op`.

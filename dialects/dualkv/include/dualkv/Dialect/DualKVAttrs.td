@@ -149,7 +149,10 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     only when set) marks the query-major kernels of branching prefix trees: a
     segment's ancestors are a chain of disjoint key ranges (the plan's chain table),
     which `dualkv-tile-regions` walks with a `dualkv.chain_loop` around the shared
-    region's loops.
+    region's loops. `softcap = c` (printed only when set) caps the logits at
+    c · tanh(scale · q·k / c): the kernel's `dualkv.softcap` and
+    `dualkv.softcap_grad` ops apply it (`dualkv-bind-spec` erases them when the
+    spec has none).
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -161,7 +164,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         "int64_t":$num_kv_heads, "int64_t":$head_dim,
                         "::mlir::Type":$dtype, "::mlir::FloatAttr":$scale,
                         "bool":$causal,
-                        DefaultValuedParameter<"bool", "false">:$tree);
+                        DefaultValuedParameter<"bool", "false">:$tree,
+                        OptionalParameter<"::mlir::FloatAttr">:$softcap);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

@@ -319,6 +319,49 @@ def DualKV_ScaleScoresOp : DualKV_Op<"scale_scores", [Pure,
   let hasVerifier = 1;
 }
 
+def DualKV_SoftcapOp : DualKV_Op<"softcap", [Pure,
+    DualKV_ScoreElementwise, AllTypesMatch<["scores", "result"]>]> {
+  let summary = "Cap the logits at c · tanh(logit / c) (the kernel's softcap)";
+  let description = [{
+    The logit softcap of Gemma 2 and its kin, with c the kernel's
+    `#dualkv.problem<..., softcap = c>`: a score s (before the softmax scale)
+    becomes (c / scale) · tanh(scale · s / c), so that the softmax's logit
+    scale · s' is c · tanh(scale · s / c). Masked scores stay -inf. A template
+    writes it where it wants the cap; `dualkv-bind-spec` erases it from a
+    kernel bound without a softcap. The backward pairs it with
+    `dualkv.softcap_grad`.
+
+    ```mlir
+    %s1 = dualkv.softcap %s : !dualkv.scores
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = "$scores attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DualKV_SoftcapGradOp : DualKV_Op<"softcap_grad", [Pure,
+    AllTypesMatch<["probs", "scores", "result"]>]> {
+  let summary = "P times the softcap's derivative, 1 - tanh²";
+  let description = [{
+    The chain rule through `dualkv.softcap`: each probability times
+    1 - t², where t = scale · s / c is the tanh of the capped score s (the
+    result of `dualkv.softcap`), so that `dualkv.softmax_grad` of the result
+    is the gradient of the scores before the cap. Masked entries (P = 0,
+    s = -inf) stay 0. Erased with the kernel's softcap ops.
+
+    ```mlir
+    %pg = dualkv.softcap_grad %p, %s : !dualkv.scores
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$probs,
+                       AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = "$probs `,` $scores attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
 def DualKV_OnlineSoftmaxOp : DualKV_Op<"online_softmax", [Pure]> {
   let summary = "One step of the online softmax";
   let description = [{

@@ -1,0 +1,127 @@
+"""Attention variants through the torch binding (docs/architecture.md §1):
+the logit softcap, c * tanh(scale * q.k / c), forward and backward against a
+dense float64 reference of the same mask and cap, and against the same
+attention run on N separate sequences."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import dualkv  # noqa: E402
+
+torch = pytest.importorskip("torch")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="no CUDA GPU")
+
+RTOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+GROUPS = [(67, [40, 0, 17, 129]), (128, [1, 64]), (5, [3])]
+
+
+def reference_softcap(q, k, v, dout, groups, scale, softcap):
+    """(o, dq, dk, dv) in float64: dense attention per group with the packed
+    mask and logits softcap * tanh(scale * q.k / softcap)."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    q64, k64, v64 = leaves
+    outs, start = [], 0
+    for P, Rs in groups:
+        n = P + sum(Rs)
+        seg = torch.zeros(n, dtype=torch.long, device=q.device)
+        at = P
+        for r, R in enumerate(Rs):
+            seg[at:at + R] = r + 1
+            at += R
+        i = torch.arange(n, device=q.device)
+        allowed = (i[None, :] <= i[:, None]) & (
+            (seg[None, :] == 0) | (seg[None, :] == seg[:, None]))
+        qg = q64[start:start + n].transpose(0, 1)
+        kg = k64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
+        vg = v64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
+        s = (qg @ kg.transpose(1, 2)) * scale
+        s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~allowed, float("-inf"))
+        outs.append((torch.softmax(s, dim=-1) @ vg).transpose(0, 1))
+        start += n
+    o = torch.cat(outs)
+    (o * dout.double()).sum().backward()
+    return (o.detach(),) + tuple(t.grad for t in leaves)
+
+
+def check_close(name, got, ref, dtype):
+    err = (got.double() - ref).abs().max().item()
+    bound = RTOL[dtype] * ref.abs().max().item() + 1e-3
+    assert err <= bound, f"{name}: max|err| {err:.3g} > {bound:.3g}"
+
+
+def make_inputs(groups, Hq, Hkv, D, dtype, seed=0):
+    torch.manual_seed(seed)
+    T = sum(P + sum(Rs) for P, Rs in groups)
+    kw = dict(device="cuda", dtype=dtype)
+    return tuple(torch.randn(T, h, D, **kw) for h in (Hq, Hkv, Hkv, Hq))
+
+
+def run(q, k, v, dout, plan, **kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = dualkv.attention(*leaves, plan, **kw)
+    o.backward(dout)
+    return (o.detach(),) + tuple(t.grad for t in leaves)
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("softcap", [1.5, 50.0])
+def test_softcap_matches_reference(D, dtype, softcap):
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 8, 2, D, dtype, seed=D)
+    got = run(q, k, v, dout, plan, softcap=softcap)
+    ref = reference_softcap(q, k, v, dout, GROUPS, 1 / math.sqrt(D), softcap)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), got, ref):
+        check_close(name, g, r, dtype)
+    if softcap < 10:
+        # The cap changes the result: the uncapped kernels fail the check.
+        plain = run(q, k, v, dout, plan)
+        with pytest.raises(AssertionError):
+            for name, g, r in zip(("o", "dq", "dk", "dv"), plain, ref):
+                check_close(name, g, r, dtype)
+
+
+@needs_gpu
+def test_softcap_negative_scale_and_functional_api():
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 4, 4, 64, torch.bfloat16, seed=3)
+    got = run(q, k, v, dout, plan, softcap=2.0, scale=-0.2)
+    ref = reference_softcap(q, k, v, dout, GROUPS, -0.2, 2.0)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), got, ref):
+        check_close(name, g, r, torch.bfloat16)
+    o, lse = dualkv.forward(q, k, v, plan, softcap=2.0)
+    dq, dk, dv = dualkv.backward(q, k, v, o, dout, lse, plan, softcap=2.0)
+    ref = reference_softcap(q, k, v, dout, GROUPS, 1 / 8, 2.0)
+    for name, g, r in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), ref):
+        check_close(name, g, r, torch.bfloat16)
+
+
+@needs_gpu
+def test_softcap_packed_equals_separate_sequences():
+    """Each response's output equals its own group [prompt | response] run
+    alone with the same cap, bit for bit (the same tiles of the same two
+    regions)."""
+    groups = [(90, [30, 45])]
+    plan = dualkv.Plan(groups)
+    q, k, v, _ = make_inputs(groups, 4, 2, 128, torch.bfloat16, seed=7)
+    o = dualkv.attention(q, k, v, plan, softcap=3.0)
+    for n, (lo, hi) in enumerate([(90, 120), (120, 165)]):
+        idx = torch.cat([torch.arange(90), torch.arange(lo, hi)]).cuda()
+        alone = dualkv.attention(q[idx], k[idx], v[idx],
+                                 dualkv.Plan([(90, [hi - lo])]), softcap=3.0)
+        assert torch.equal(o[lo:hi], alone[90:]), f"response {n}"
+        assert torch.equal(o[:90], alone[:90])
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "2", True,
+                                 1e39])
+def test_softcap_refused_by_name(bad):
+    with pytest.raises(ValueError, match="softcap"):
+        dualkv._checks.softcap_value(bad)

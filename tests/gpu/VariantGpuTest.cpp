@@ -1,0 +1,93 @@
+// Attention variants (docs/architecture.md §1): the kernels of a variant,
+// every kind, head_dim, dtype and schedule the sanitize workload runs (prefix
+// trees included) plus random batches, checked against the fp64 reference of
+// the same variant, and a control that the checks tell the variant from the
+// plain kernels.
+//
+// `softcap`: logits capped at c · tanh(logit / c), forward and backward.
+#include "GpuHarness.h"
+#include "GpuTests.h"
+
+using namespace dualkv;
+using namespace dualkv::testing;
+
+namespace {
+
+/// A cap small enough that tanh bends the logits of unit-variance scores
+/// (scale · q·k of random normal q and k): c · tanh(x / c) differs from x by
+/// more than the tolerances for |x| around 1.
+constexpr double kTestSoftcap = 2.0;
+
+/// `count` random batches (every head_dim, bf16 and fp16) with `softcap`:
+/// forward and both backward algorithms against fp64.
+int randomSoftcap(int count, uint64_t seed, double softcap) {
+  std::mt19937_64 rng(seed);
+  int failures = 0;
+  for (int i = 0; i < count; ++i) {
+    Case c = randomCase(rng, {64, 128, 256}, 2e8);
+    c.softcap = softcap;
+    c.fill(rng);
+    c.fillGrad(rng);
+    try {
+      BackwardDeviceCase dc(c);
+      dualkv::forward(dc.args());
+      check(cudaDeviceSynchronize(), "forward");
+      ForwardResult fwd = dc.download();
+      std::string error = forwardReferenceError(c, fwd);
+      for (bool deterministic : {false, true}) {
+        if (!error.empty())
+          break;
+        BackwardOptions o;
+        o.deterministic = deterministic;
+        error = backwardReferenceError(c, fwd, dc.runBackward(o));
+      }
+      if (!error.empty()) {
+        ++failures;
+        fmt::print("FAIL softcap random {}: {}\n", i, error);
+      }
+    } catch (const std::exception &e) {
+      ++failures;
+      fmt::print("FAIL softcap random {} ({}): {}\n", i, c.describe(),
+                 e.what());
+    }
+  }
+  fmt::print("softcap random: {} cases, {} failed\n", count, failures);
+  return failures;
+}
+
+/// The plain kernels checked against the softcap reference must fail: the
+/// checks can tell a capped kernel from an uncapped one.
+int softcapControl(double softcap) {
+  std::mt19937_64 rng(2026120701);
+  int passedWrongly = 0;
+  for (int d : {64, 128, 256}) {
+    Case c;
+    c.groups = {{300, {200, 0, 90}}};
+    c.hq = 4;
+    c.hkv = 2;
+    c.d = d;
+    c.fill(rng);
+    ForwardResult plain = runForward(c); // c.softcap == 0: plain kernels
+    c.softcap = softcap;
+    if (forwardReferenceError(c, plain).empty()) {
+      ++passedWrongly;
+      fmt::print("FAIL softcap control: the plain forward at head_dim {} "
+                 "passed the softcap {} check\n",
+                 d, softcap);
+    }
+  }
+  return passedWrongly;
+}
+
+} // namespace
+
+int dualkv::testing::variantTest(const std::string &which, int count) {
+  if (which != "softcap")
+    return kUnknownTest;
+  fmt::print("variant softcap: c = {}\n", kTestSoftcap);
+  int failures = softcapControl(kTestSoftcap);
+  failures += sanitizeTest(0, 1.0, kTestSoftcap) ? 1 : 0;
+  failures += randomSoftcap(std::min(count, 24), 20261207, kTestSoftcap);
+  fmt::print("variant softcap: {}\n", failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
