@@ -528,7 +528,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
 
 
 def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
-             dq=None, dk=None, dv=None, tiling=None, softcap=None):
+             dq=None, dk=None, dv=None, tiling=None, softcap=None,
+             dlse=None):
     """DualKV attention backward on the current CUDA stream (no autograd:
     ``dualkv.attention`` is the differentiable call).
 
@@ -548,6 +549,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
             (allocated, contiguous, if None; always written fully).
         tiling: optional (block_m, block_n, warps, stages), 0 = default.
         softcap: the forward's logit softcap (None or 0: none).
+        dlse: optional gradient of the loss with respect to lse, float32
+            [Hq, T] (token stride 1); each row's Delta becomes
+            rowsum(dout * o) - dlse.
 
     Returns:
         (dq, dk, dv). D must be 64, 128 or 256.
@@ -568,6 +572,8 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     _check_like(torch, "o", o, "q", q, device)
     _check_like(torch, "dout", dout, "o", o, device)
     _check_lse(torch, "lse", lse, device, Hq, T)
+    if dlse is not None:
+        _check_lse(torch, "dlse", dlse, device, Hq, T)
     if dq is None:
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
@@ -593,6 +599,10 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
         deterministic=1 if deterministic else 0, plan=plan._handle,
         tiling=tiling_value, softcap=softcap_value)
+    if dlse is not None:
+        args.dlse = ctypes.cast(dlse.data_ptr(),
+                                ctypes.POINTER(ctypes.c_float))
+        args.dlse_stride_h = dlse.stride(0)
     lib = _lib.lib()
     ws_bytes = ctypes.c_int64(0)
     with torch.cuda.device(device):

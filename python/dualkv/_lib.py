@@ -92,6 +92,7 @@ class BackwardArgs(_Sized):
         ("plan", vp), ("stream", vp), ("tiling", Tiling),
         ("dq_tiling", Tiling), ("schedule", i32),
         ("softcap", ctypes.c_float),
+        ("dlse", ctypes.POINTER(ctypes.c_float)), ("dlse_stride_h", ctypes.c_int64),
     ]
 
 

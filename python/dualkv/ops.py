@@ -39,7 +39,7 @@ does it on first use.
 
 import functools
 import sys
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -110,17 +110,20 @@ def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0):
 
 def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
                    lse: Tensor, plan: Tensor, scale: float,
-                   deterministic: bool,
-                   softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of DualKV attention, given the forward's o and lse."""
+                   deterministic: bool, softcap: float = 0.0,
+                   dlse: Optional[Tensor] = None
+                   ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of DualKV attention, given the forward's o and lse (and
+    the gradient of lse, when the caller differentiates it)."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
     return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
-                    deterministic=deterministic, softcap=softcap or None)
+                    deterministic=deterministic, softcap=softcap or None,
+                    dlse=dlse)
 
 
 def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
-                   softcap=0.0):
+                   softcap=0.0, dlse=None):
     _check_dims(q, k, v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -128,10 +131,10 @@ def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
 def _setup_context(ctx, inputs, output):
     q, k, v, plan, scale, deterministic, softcap = inputs
     o, lse = output
-    ctx.mark_non_differentiable(lse)
-    # Otherwise autograd hands the backward a zero tensor for lse's gradient
-    # (and for o's when it has none): [Hq, T] fp32 allocated on every step,
-    # 128 bytes a token of peak memory for nothing. The backward takes None.
+    # lse is differentiable (return_lse=True: a context-parallel merge uses
+    # it). Without materialized grads autograd hands the backward None for
+    # an output no loss reached, instead of a zero [Hq, T] fp32 tensor on
+    # every step; the backward takes None for either.
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, o, lse, plan)
     ctx.scale = scale
@@ -140,17 +143,21 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_formula(ctx, dout, dlse):
-    # dlse is None (lse is non-differentiable; grads are not materialized)
-    # and ignored; dout is None when o's gradient is.
+    # Either is None when no loss reached that output (grads are not
+    # materialized); dLSE enters the kernels as Delta - dLSE.
     q, k, v, o, lse, plan = ctx.saved_tensors
-    if dout is None:
+    if dout is None and dlse is None:
         return None, None, None, None, None, None, None
+    if dout is None:
+        dout = torch.zeros_like(o)
+    if dlse is not None:
+        dlse = dlse.float().contiguous()
     # Gradients may arrive with any layout (an expanded tensor from .sum(), a
     # transpose): the kernel wants the last dimension contiguous and aligned
     # row strides, and a no-op .contiguous() costs nothing otherwise.
     dq, dk, dv = torch.ops.dualkv.backward(
         q, k, v, o, dout.contiguous(), lse, plan, ctx.scale,
-        ctx.deterministic, ctx.softcap)
+        ctx.deterministic, ctx.softcap, dlse)
     return dq, dk, dv, None, None, None, None
 
 
@@ -288,8 +295,10 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             too); None means 1/sqrt(D).
         deterministic: True makes dk/dv bitwise reproducible (fixed-order
             reduction of the prompt gradients in the backward).
-        return_lse: also return the natural-log LSE, fp32 [Hq, T] (not
-            differentiable).
+        return_lse: also return the natural-log LSE, fp32 [Hq, T]; it is
+            differentiable (its gradient enters the backward as
+            Delta - dLSE), so a context-parallel merge of partial results
+            trains through it.
         softcap: logit softcap c > 0 (Gemma 2's ``attn_logit_softcapping``):
             each logit scale * q.k becomes c * tanh(scale * q.k / c) before
             the softmax, forward and backward; None (or 0) means none. Each

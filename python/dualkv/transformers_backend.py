@@ -93,10 +93,11 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
     if window is not None and window < T:
         raise ValueError(f"dualkv: sliding_window={window} is not supported "
                          "by the dualkv backend")
-    for name in ("softcap", "s_aux"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"dualkv: {name} is not supported by the dualkv "
-                             "backend")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("dualkv: s_aux (attention sinks) is not supported by "
+                         "the dualkv backend")
+    # Gemma 2's attn_logit_softcapping (None: none).
+    softcap = kwargs.get("softcap")
     # [1, H, T, D] -> [T, H, D]: a view (strides (D, T*D, 1) for the usual
     # [B, T, H, D].transpose(1, 2) layout); the kernels take free row strides.
     q = query[0].transpose(0, 1)
@@ -104,7 +105,8 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
     v = value[0].transpose(0, 1)
     o = attention(q, k, v, plan, scale=scaling,
                   deterministic=bool(kwargs.get("dualkv_deterministic",
-                                                False)))
+                                                False)),
+                  softcap=softcap)
     return o.unsqueeze(0), None
 
 

@@ -125,3 +125,60 @@ def test_softcap_packed_equals_separate_sequences():
 def test_softcap_refused_by_name(bad):
     with pytest.raises(ValueError, match="softcap"):
         dualkv._checks.softcap_value(bad)
+
+
+def reference_lse_loss(q, k, v, dout, dlse, groups, scale):
+    """(o, lse, dq, dk, dv) in float64 of the loss sum(o * dout) +
+    sum(lse * dlse), dense per group with the packed mask."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    q64, k64, v64 = leaves
+    outs, lses, start = [], [], 0
+    for P, Rs in groups:
+        n = P + sum(Rs)
+        seg = torch.zeros(n, dtype=torch.long, device=q.device)
+        at = P
+        for r, R in enumerate(Rs):
+            seg[at:at + R] = r + 1
+            at += R
+        i = torch.arange(n, device=q.device)
+        allowed = (i[None, :] <= i[:, None]) & (
+            (seg[None, :] == 0) | (seg[None, :] == seg[:, None]))
+        qg = q64[start:start + n].transpose(0, 1)
+        kg = k64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
+        vg = v64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
+        s = ((qg @ kg.transpose(1, 2)) * scale).masked_fill(~allowed,
+                                                            float("-inf"))
+        lses.append(torch.logsumexp(s, dim=-1))                    # [Hq, n]
+        outs.append((torch.softmax(s, dim=-1) @ vg).transpose(0, 1))
+        start += n
+    o, lse = torch.cat(outs), torch.cat(lses, dim=1)
+    ((o * dout.double()).sum() + (lse * dlse.double()).sum()).backward()
+    return (o.detach(), lse.detach()) + tuple(t.grad for t in leaves)
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_lse_is_differentiable(D, deterministic):
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 8, 2, D, torch.bfloat16, seed=D + 1)
+    dlse = torch.randn(8, q.shape[0], device="cuda")
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o, lse = dualkv.attention(*leaves, plan, return_lse=True,
+                              deterministic=deterministic)
+    ((o.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
+    ref = reference_lse_loss(q, k, v, dout, dlse, GROUPS, 1 / math.sqrt(D))
+    check_close("lse", lse, ref[1], torch.bfloat16)
+    for name, g, r in zip(("dq", "dk", "dv"), (t.grad for t in leaves),
+                          ref[2:]):
+        check_close(name, g, r, torch.bfloat16)
+    # Only the LSE in the loss: dO is zero, the gradient is dLSE's alone.
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    _, lse = dualkv.attention(*leaves, plan, return_lse=True)
+    (lse * dlse).sum().backward()
+    ref = reference_lse_loss(q, k, v, torch.zeros_like(dout), dlse, GROUPS,
+                             1 / math.sqrt(D))
+    for name, g, r in zip(("dq", "dk"), (t.grad for t in leaves[:2]),
+                          ref[2:4]):
+        check_close(name, g, r, torch.bfloat16)

@@ -595,8 +595,10 @@ std::string dualkv::testing::backwardReferenceError(const Case &c,
   std::vector<double> o(fwd.o.begin(), fwd.o.end()),
       lse(fwd.lse.begin(), fwd.lse.end());
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<double> dlse(c.dlse.begin(), c.dlse.end());
   reference::backward(p, q.data(), k.data(), v.data(), o.data(), lse.data(),
-                      dout.data(), dq.data(), dk.data(), dv.data());
+                      dout.data(), dq.data(), dk.data(), dv.data(),
+                      dlse.empty() ? nullptr : dlse.data(), nullptr);
   GradErrors e = compareGrads(r, dq, dk, dv);
   if (within(e, toleranceFor(c.dtype)))
     return {};

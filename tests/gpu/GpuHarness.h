@@ -42,6 +42,8 @@ struct Case {
   double softcap = 0;
   std::vector<uint16_t> q, k, v; // packed THD, dense
   std::vector<uint16_t> dout;    // upstream gradient like q (backward only)
+  /// BackwardArgs::dlse, fp32 [Hq][T] (empty: the LSE is not differentiated).
+  std::vector<float> dlse;
   int64_t tokens() const {
     int64_t t = 0;
     for (auto &g : groups) {
@@ -95,6 +97,13 @@ struct Case {
     dout.resize(q.size());
     for (auto &e : dout)
       e = to16(n(rng), dtype);
+  }
+  /// A random gradient of the LSE (fillDlse; empty otherwise).
+  void fillDlse(std::mt19937_64 &rng) {
+    std::normal_distribution<float> n(0.f, 1.f);
+    dlse.resize(size_t(tokens()) * hq);
+    for (float &e : dlse)
+      e = n(rng);
   }
   reference::Problem problem() const {
     reference::Problem p;
@@ -391,12 +400,18 @@ struct BackwardOptions {
 struct BackwardDeviceCase : DeviceCase {
   DeviceBuffer dout, dq, dk, dv;
   std::unique_ptr<DeviceBuffer> workspace;
+  /// Case::dlse on the device, when the case has one.
+  std::unique_ptr<DeviceBuffer> dlse;
   explicit BackwardDeviceCase(const Case &c)
       : DeviceCase(c), dout(c.q.size() * 2), dq(c.q.size() * 2),
         dk(c.k.size() * 2), dv(c.v.size() * 2) {
     if (c.dout.size() != c.q.size())
       throw std::invalid_argument("BackwardDeviceCase: call fillGrad() first");
     dout.upload(c.dout);
+    if (!c.dlse.empty()) {
+      dlse = std::make_unique<DeviceBuffer>(c.dlse.size() * sizeof(float));
+      dlse->upload(c.dlse);
+    }
     poisonGrads();
   }
   void poisonGrads() {
@@ -419,6 +434,10 @@ struct BackwardDeviceCase : DeviceCase {
     a.dv = {dv.ptr, int64_t(c.hkv) * c.d, c.d};
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, c, plan);
+    if (dlse) {
+      a.dlse = static_cast<const float *>(dlse->ptr);
+      a.dlse_stride_h = plan.numTokens();
+    }
     a.deterministic = options.deterministic;
     a.algorithm = options.algorithmAsked();
     a.tiling = options.tiling;

@@ -24,6 +24,9 @@ int main(int argc, char **argv) {
     if (which == "sanitize" && argc > 2 &&
         std::string(argv[2]) == "softcap") // every case, logits capped at 2
       return sanitizeTest(0, 1.0, 2.0);
+    if (which == "sanitize" && argc > 2 &&
+        std::string(argv[2]) == "dlse") // packed cases, LSE differentiated
+      return sanitizeTest(0, 1.0, 0, true);
     if (which == "sanitize") // [head_dim | tree]: those cases only
       return sanitizeTest(argc > 2 && std::string(argv[2]) == "tree" ? -1
                           : argc > 2                                 ? count
@@ -45,7 +48,8 @@ int main(int argc, char **argv) {
                        "backward-edges | backward-equivalence | "
                        "backward-deterministic | tree-random [count] | "
                        "tree-paths [count] | sanitize [head_dim | tree | "
-                       "softcap] | variant-softcap [count] | "
+                       "softcap | dlse] | variant-softcap [count] | "
+                       "variant-dlse [count] | "
                        "template-scaled | template-scaled-control | "
                        "stress-threads [rounds] | "
                        "stress-processes [rounds] | stress-leak [launches]\n");

@@ -64,7 +64,7 @@ Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
 } // namespace
 
 int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
-                                  double softcap) {
+                                  double softcap, bool dlse) {
   std::mt19937_64 rng(20261201);
   int failures = 0, checks = 0;
   auto record = [&](const std::string &what, const std::string &error) {
@@ -80,6 +80,8 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
         continue;
       Case c = sanitizeCase(d, t, rng);
       c.softcap = softcap;
+      if (dlse)
+        c.fillDlse(rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
       // The kernels no default picks for packed groups: the wgmma forward
@@ -125,7 +127,9 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
     }
   // Prefix trees: the tree variants of fwd and bwd_dq (the chain walk) and
   // the KV-major kernels on a forest's work items.
-  if (onlyHeadDim <= 0)
+  // The tree kernels read dLSE through the same bwd_pre kernel: their
+  // workload runs without it.
+  if (onlyHeadDim <= 0 && !dlse)
     try {
       const int treeFailures = treeSanitizeWorkload(scoreFactor, softcap);
       checks += deviceIsSm90() ? 12 : 6;

@@ -5,6 +5,7 @@
 // plain kernels.
 //
 // `softcap`: logits capped at c · tanh(logit / c), forward and backward.
+// `dlse`: the backward also differentiates the LSE (Delta - dLSE).
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -18,9 +19,11 @@ namespace {
 /// more than the tolerances for |x| around 1.
 constexpr double kTestSoftcap = 2.0;
 
-/// `count` random batches (every head_dim, bf16 and fp16) with `softcap`:
-/// forward and both backward algorithms against fp64.
-int randomSoftcap(int count, uint64_t seed, double softcap) {
+/// `count` random batches (every head_dim, bf16 and fp16) with `softcap`
+/// and, with `dlse`, a random gradient of the LSE: forward and both backward
+/// algorithms against fp64.
+int randomVariant(int count, uint64_t seed, double softcap, bool dlse) {
+  const char *name = dlse ? "dlse" : "softcap";
   std::mt19937_64 rng(seed);
   int failures = 0;
   for (int i = 0; i < count; ++i) {
@@ -28,6 +31,8 @@ int randomSoftcap(int count, uint64_t seed, double softcap) {
     c.softcap = softcap;
     c.fill(rng);
     c.fillGrad(rng);
+    if (dlse)
+      c.fillDlse(rng);
     try {
       BackwardDeviceCase dc(c);
       dualkv::forward(dc.args());
@@ -43,15 +48,15 @@ int randomSoftcap(int count, uint64_t seed, double softcap) {
       }
       if (!error.empty()) {
         ++failures;
-        fmt::print("FAIL softcap random {}: {}\n", i, error);
+        fmt::print("FAIL {} random {}: {}\n", name, i, error);
       }
     } catch (const std::exception &e) {
       ++failures;
-      fmt::print("FAIL softcap random {} ({}): {}\n", i, c.describe(),
+      fmt::print("FAIL {} random {} ({}): {}\n", name, i, c.describe(),
                  e.what());
     }
   }
-  fmt::print("softcap random: {} cases, {} failed\n", count, failures);
+  fmt::print("{} random: {} cases, {} failed\n", name, count, failures);
   return failures;
 }
 
@@ -81,13 +86,45 @@ int softcapControl(double softcap) {
 
 } // namespace
 
+/// The backward without dLSE checked against the reference with it must
+/// fail: the checks see the LSE's gradient.
+int dlseControl() {
+  std::mt19937_64 rng(2026120702);
+  Case c;
+  c.groups = {{300, {200, 0, 90}}};
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = 128;
+  c.fill(rng);
+  c.fillGrad(rng);
+  BackwardDeviceCase dc(c);
+  dualkv::forward(dc.args());
+  check(cudaDeviceSynchronize(), "forward");
+  ForwardResult fwd = dc.download();
+  BackwardResult plain = dc.runBackward();
+  c.fillDlse(rng);
+  if (backwardReferenceError(c, fwd, plain).empty()) {
+    fmt::print("FAIL dlse control: the backward without dLSE passed the "
+               "check with it\n");
+    return 1;
+  }
+  return 0;
+}
+
 int dualkv::testing::variantTest(const std::string &which, int count) {
+  if (which == "dlse") {
+    int failures = dlseControl();
+    failures += sanitizeTest(0, 1.0, 0, true) ? 1 : 0;
+    failures += randomVariant(std::min(count, 24), 20261208, 0, true);
+    fmt::print("variant dlse: {}\n", failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+  }
   if (which != "softcap")
     return kUnknownTest;
   fmt::print("variant softcap: c = {}\n", kTestSoftcap);
   int failures = softcapControl(kTestSoftcap);
   failures += sanitizeTest(0, 1.0, kTestSoftcap) ? 1 : 0;
-  failures += randomSoftcap(std::min(count, 24), 20261207, kTestSoftcap);
+  failures += randomVariant(std::min(count, 24), 20261207, kTestSoftcap, false);
   fmt::print("variant softcap: {}\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

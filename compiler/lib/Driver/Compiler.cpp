@@ -668,6 +668,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.stages = spec.tiling.stages;
   bind.tree = spec.tree;
   bind.softcap = spec.softcap;
+  bind.dlse = spec.dlse;
 
   mlir::PassManager pm(&ctx);
   std::string passLog;

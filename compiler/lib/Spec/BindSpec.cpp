@@ -103,9 +103,10 @@ struct BindSpecPass
     }
     FloatAttr cap =
         softcap > 0 ? FloatAttr::get(Float64Type::get(ctx), softcap) : nullptr;
-    if (failed(ProblemAttr::verify(
-            emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
-            FloatAttr::get(Float64Type::get(ctx), scale), true, tree, cap)))
+    if (failed(ProblemAttr::verify(emitErr, P, N, numQHeads, numKVHeads,
+                                   headDim, dtypeTy,
+                                   FloatAttr::get(Float64Type::get(ctx), scale),
+                                   true, tree, cap, false)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -128,7 +129,8 @@ struct BindSpecPass
       return ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim,
                               dtypeTy,
                               FloatAttr::get(Float64Type::get(ctx), scale),
-                              true, tree, scores ? cap : nullptr);
+                              true, tree, scores ? cap : nullptr,
+                              dlse && kernel.getKind() == KernelKind::bwd_pre);
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
@@ -143,6 +145,7 @@ struct BindSpecPass
       spec.tree = tree;
       if (computesScores(kernel.getKind()))
         spec.softcap = static_cast<float>(softcap);
+      spec.dlse = dlse && kernel.getKind() == KernelKind::bwd_pre;
       spec.numQHeads = static_cast<int>(numQHeads);
       spec.numKVHeads = static_cast<int>(numKVHeads);
       spec = ::dualkv::resolveSpec(spec);

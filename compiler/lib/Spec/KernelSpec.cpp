@@ -274,6 +274,9 @@ std::string checkSpec(const KernelSpec &specIn) {
     return why;
   if (std::string why = checkSoftcap(spec.softcap); !why.empty())
     return why;
+  if (spec.dlse && spec.kind != KernelKind::BwdPre)
+    return std::string("a ") + toString(spec.kind) +
+           " kernel does not read dLSE: only bwd_pre folds it into Delta";
   if (spec.softcap > 0 &&
       (spec.kind == KernelKind::BwdPre || spec.kind == KernelKind::BwdPost))
     return std::string("a ") + toString(spec.kind) +

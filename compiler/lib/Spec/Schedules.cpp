@@ -60,8 +60,11 @@ abi::ParamTable commonKernelParams(KernelKind kind, bool tree) {
   return tableOf(kFwdParams);
 }
 
-abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule,
-                                  bool tree) {
+abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
+                                  bool dlse) {
+  // bwd_pre is one elementwise kernel in every schedule.
+  if (kind == KernelKind::BwdPre && dlse)
+    return tableOf(kBwdPreDlseParams);
   return recordOf(schedule).params(kind, tree);
 }
 

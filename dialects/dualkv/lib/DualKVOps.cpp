@@ -22,7 +22,7 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t P, int64_t N, int64_t numQHeads,
                                   int64_t numKVHeads, int64_t headDim,
                                   Type dtype, FloatAttr scale, bool causal,
-                                  bool tree, FloatAttr softcap) {
+                                  bool tree, FloatAttr softcap, bool dlse) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -47,6 +47,8 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "softcap must be positive when given (leave it "
                             "out for none)";
   }
+  // Which kinds read dLSE is the kernel's check (checkSpec).
+  (void)dlse;
   return success();
 }
 
@@ -196,6 +198,7 @@ FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
   spec.schedule =
       static_cast<::dualkv::Schedule>(static_cast<int>(*getSchedule()) + 1);
   spec.tree = problem.getTree();
+  spec.dlse = problem.getDlse();
   if (FloatAttr cap = problem.getSoftcap())
     spec.softcap = static_cast<float>(cap.getValueAsDouble());
   if (std::string why = ::dualkv::checkSpec(spec); !why.empty())

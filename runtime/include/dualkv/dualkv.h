@@ -105,6 +105,12 @@ struct BackwardArgs {
   BackwardOrder order = BackwardOrder::Auto;
   /// The forward's softcap (ForwardArgs::softcap); must match it.
   float softcap = 0;
+  /// Optional gradient of the loss with respect to the forward's LSE, fp32
+  /// [Hq][T] like lse (context-parallel merges differentiate it): every
+  /// row's Delta becomes rowsum(dO * O) - dLSE (docs/architecture.md §1).
+  /// Null: the LSE is not differentiated.
+  const float *dlse = nullptr;
+  int64_t dlse_stride_h = 0; ///< elements between heads of dlse
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta

@@ -181,6 +181,9 @@ typedef struct dualkv_backward_args_t {
   dualkv_tiling_t dq_tiling; /**< the split-dQ algorithm's dQ kernel's */
   int32_t schedule;          /**< the main kernel's, a dualkv_schedule */
   float softcap;             /**< the forward's softcap; must match it */
+  /** null, or the gradient of the forward's lse (fp32 [Hq][T]) */
+  const float *dlse;
+  int64_t dlse_stride_h; /**< elements between heads of dlse */
 } dualkv_backward_args_t;
 
 /**

@@ -30,6 +30,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.schedule = spec.schedule;
   key.tree = spec.tree;
   key.softcap = spec.softcap;
+  key.dlse = spec.dlse;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -49,6 +50,7 @@ KernelSpec CacheKey::spec() const {
   spec.schedule = schedule;
   spec.tree = tree;
   spec.softcap = softcap;
+  spec.dlse = dlse;
   return spec;
 }
 
@@ -75,6 +77,8 @@ json CacheKey::toJson() const {
     key["tree"] = true;
   if (softcap > 0)
     key["softcap"] = softcap;
+  if (dlse)
+    key["dlse"] = true;
   if (R != 0)
     key["R"] = R;
   return key;
@@ -85,12 +89,13 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 std::string CacheKey::describe() const {
   return fmt::format(
       "{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
-      "tiling {}x{} warps={} stages={} schedule {}{}{})",
+      "tiling {}x{} warps={} stages={} schedule {}{}{}{})",
       toString(kind), P, N, R ? fmt::format(" R={}", R) : std::string(),
       headDim, numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
       tiling.blockN, tiling.warps, tiling.stages, toString(schedule),
       tree ? ", tree" : "",
-      softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string());
+      softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string(),
+      dlse ? ", dlse" : "");
 }
 
 } // namespace dualkv

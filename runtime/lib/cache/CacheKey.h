@@ -37,6 +37,8 @@ struct CacheKey {
   bool tree = false;
   /// KernelSpec::softcap; in the JSON only when set, like `tree`.
   float softcap = 0;
+  /// KernelSpec::dlse; in the JSON only when set.
+  bool dlse = false;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

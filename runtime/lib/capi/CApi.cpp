@@ -155,6 +155,8 @@ toBackwardArgs(const dualkv_backward_args_t *in) {
                              args.schedule))
     return e;
   args.softcap = a.softcap;
+  args.dlse = a.dlse;
+  args.dlse_stride_h = a.dlse_stride_h;
   return args;
 }
 

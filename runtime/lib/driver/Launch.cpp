@@ -16,8 +16,9 @@ llvm::Error tooManyParameters() {
 }
 } // namespace
 
-LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree)
-    : kind(kind), table(abi::kernelParams(kind, schedule, tree)) {}
+LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree,
+                           bool dlse)
+    : kind(kind), table(abi::kernelParams(kind, schedule, tree, dlse)) {}
 
 LaunchParams::~LaunchParams() { llvm::consumeError(std::move(error_)); }
 

@@ -75,6 +75,9 @@ llvm::Error validate(const BackwardArgs &a) {
     return e;
   if (llvm::Error e = checkSoftcap(a.softcap))
     return e;
+  if (a.dlse)
+    if (llvm::Error e = checkLse("dlse", a.dlse, a.dlse_stride_h, T, Hq))
+      return e;
   if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
     return e;
   if (llvm::Error e = checkTiling("dq_tiling", a.dq_tiling))
@@ -171,8 +174,9 @@ llvm::Error runBackward(const BackwardArgs &args) {
   // error leaves the stream untouched. The tiling applies to the main kernel;
   // a slice's kernel takes the tiling tuned for the whole problem.
   const LoadedKernel *prePtr = nullptr, *mainPtr = nullptr, *lastPtr = nullptr;
-  if (llvm::Error e =
-          getKernel(specOf(args, KernelKind::BwdPre, {})).moveInto(prePtr))
+  KernelSpec preSpec = specOf(args, KernelKind::BwdPre, {});
+  preSpec.dlse = args.dlse != nullptr;
+  if (llvm::Error e = getKernel(preSpec).moveInto(prePtr))
     return e;
   const LoadedKernel &pre = *prePtr;
   // ... and the one tuned for the batch's shape class first (getKernel).
@@ -239,6 +243,8 @@ llvm::Error runBackward(const BackwardArgs &args) {
   int64_t dkStrideT = args.dk.stride_t, dkStrideH = args.dk.stride_h;
   int64_t dvStrideT = args.dv.stride_t, dvStrideH = args.dv.stride_h;
   int64_t lseStrideH = args.lse_stride_h, deltaStrideH = layout.deltaStrideH;
+  uint64_t dlse = address(args.dlse);
+  int64_t dlseStrideH = args.dlse_stride_h;
   int64_t numTokens = T, numAccRows = table.numAccRows;
   const double scaleD = effectiveScale(args.scale, D);
   float scale = static_cast<float>(scaleD);
@@ -250,8 +256,11 @@ llvm::Error runBackward(const BackwardArgs &args) {
 
   // 1. bwd_pre: delta = rowsum(o * dout), every head.
   {
-    LaunchParams params(KernelKind::BwdPre);
+    LaunchParams params(KernelKind::BwdPre, Schedule::Auto, false,
+                        pre.spec.dlse);
     params.ptr("o", o).ptr("dout", dout).ptr("delta", delta);
+    if (pre.spec.dlse)
+      params.ptr("dlse", dlse).i64("dlseStrideH", dlseStrideH);
     params.strides("o", oStrideT, oStrideH);
     params.strides("do", doStrideT, doStrideH);
     params.i64("deltaStrideH", deltaStrideH).i64("numTokens", numTokens);

@@ -97,6 +97,11 @@ inline constexpr Param kBwdPreParams[] = {
     {"oStrideT", I64}, {"oStrideH", I64},    {"doStrideT", I64},
     {"doStrideH", I64}, {"deltaStrideH", I64}, {"numTokens", I64}};
 
+/// bwd_pre of a caller that differentiates the LSE (KernelSpec::dlse): its
+/// parameters, then dLSE ([Hq][T] fp32) and its head stride.
+inline constexpr auto kBwdPreDlseParams =
+    extend(kBwdPreParams, {{"dlse", F32P}, {"dlseStrideH", I64}});
+
 /// bwd and bwd_kv: grid (work items, Hkv).
 inline constexpr Param kBwdParams[] = {
     {"q", E},           {"k", E},            {"v", E},
@@ -180,11 +185,12 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
 }
 
 /// The parameter table of `kind` in `schedule` (resolved); `tree`: the
-/// query-major kernels of prefix trees (KernelSpec::tree). The schedule's
-/// record says which (dualkv/Compiler/Schedule.h; Auto: the common tables).
+/// query-major kernels of prefix trees (KernelSpec::tree); `dlse`: bwd_pre
+/// with dLSE (KernelSpec::dlse). The schedule's record says which
+/// (dualkv/Compiler/Schedule.h; Auto: the common tables).
 DUALKV_API ParamTable kernelParams(KernelKind kind,
                                    Schedule schedule = Schedule::Auto,
-                                   bool tree = false);
+                                   bool tree = false, bool dlse = false);
 
 } // namespace dualkv::abi
 

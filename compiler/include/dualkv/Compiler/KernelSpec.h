@@ -85,6 +85,10 @@ struct KernelSpec {
   /// the derivative. 0: none. Only the kernels that compute scores (fwd, bwd,
   /// bwd_kv, bwd_dq) take one; the template's dualkv.softcap ops apply it.
   float softcap = 0;
+  /// bwd_pre only: the caller differentiates the forward's LSE, so Delta
+  /// becomes rowsum(dO * O) - dLSE (docs/architecture.md §1); the kernel
+  /// takes the dLSE tensor (docs/backward-abi.md).
+  bool dlse = false;
 };
 
 /// The tiling the compiler uses when the spec leaves it open (for the

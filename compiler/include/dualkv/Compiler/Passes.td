@@ -44,6 +44,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
            "query-major kernels of branching prefix trees: segments walk an ancestor chain">,
     Option<"softcap", "softcap", "double", "0",
            "logit softcap c of the kernels that compute scores (0: none)">,
+    Option<"dlse", "dlse", "bool", "false",
+           "bwd_pre kernels subtract the gradient of the forward's LSE from Delta">,
   ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }

@@ -39,6 +39,11 @@ private:
   }
   int64_t perLane() const { return headDim / 32; }
   Value laneCol() { return mul(ids.lane, idx(perLane())); }
+  /// bwd_pre of a caller that differentiates the LSE
+  /// (#dualkv.problem<..., dlse = true>): Delta - dLSE.
+  bool subtractsDlse() {
+    return kernel.getProblem() && kernel.getProblem()->getDlse();
+  }
   LogicalResult emitPre();
   LogicalResult emitPost();
 };
@@ -65,6 +70,13 @@ LogicalResult ElementwiseEmitter::emitPre() {
     for (int32_t offset : {16, 8, 4, 2, 1})
       sum = arith::AddFOp::create(b, loc, sum, shuffleXor(sum, offset));
     emitIf(cmp(arith::CmpIPredicate::eq, ids.lane, idx(0)), [&] {
+      if (subtractsDlse()) {
+        // d(loss)/dLSE enters every dS as + P dLSE: Delta' = Delta - dLSE.
+        Value dlse = memref::LoadOp::create(
+            b, loc, fn.param("dlse"),
+            ValueRange{add(mul(head, fn.indexParam("dlseStrideH")), row)});
+        sum = arith::SubFOp::create(b, loc, sum, dlse);
+      }
       memref::StoreOp::create(b, loc, sum, delta,
                               ValueRange{add(mul(head, deltaH), row)});
     });
@@ -130,7 +142,8 @@ LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
            << "block_m (" << blockM << ") must split evenly over " << warps
            << " warps";
   bool pre = kernel.getKind() == KernelKind::bwd_pre;
-  fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads());
+  fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
+            ::dualkv::Schedule::Auto, /*tree=*/false, subtractsDlse());
   ids = ThreadIds::emit(*this);
   if (failed(pre ? emitPre() : emitPost()))
     return failure();

@@ -68,10 +68,10 @@ public:
   Block &create(gpu::GPUModuleOp gpuModule, StringRef name, KernelKind kind,
                 int64_t threads,
                 ::dualkv::Schedule schedule = ::dualkv::Schedule::Auto,
-                bool tree = false) {
+                bool tree = false, bool dlse = false) {
     OpBuilder &b = o.b;
     params = ::dualkv::abi::kernelParams(
-        static_cast<::dualkv::KernelKind>(kind), schedule, tree);
+        static_cast<::dualkv::KernelKind>(kind), schedule, tree, dlse);
     SmallVector<Type> args;
     SmallVector<int64_t> gridConstants;
     for (const ::dualkv::abi::Param &p : params) {

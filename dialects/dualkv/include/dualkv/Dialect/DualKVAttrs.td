@@ -152,7 +152,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     region's loops. `softcap = c` (printed only when set) caps the logits at
     c · tanh(scale · q·k / c): the kernel's `dualkv.softcap` and
     `dualkv.softcap_grad` ops apply it (`dualkv-bind-spec` erases them when the
-    spec has none).
+    spec has none). `dlse = true` (printed only when set; `bwd_pre` kernels only)
+    makes `dualkv.compute_delta` subtract the gradient of the forward's LSE.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -165,7 +166,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         "::mlir::Type":$dtype, "::mlir::FloatAttr":$scale,
                         "bool":$causal,
                         DefaultValuedParameter<"bool", "false">:$tree,
-                        OptionalParameter<"::mlir::FloatAttr">:$softcap);
+                        OptionalParameter<"::mlir::FloatAttr">:$softcap,
+                        DefaultValuedParameter<"bool", "false">:$dlse);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

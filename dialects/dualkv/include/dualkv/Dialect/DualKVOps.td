@@ -653,7 +653,15 @@ def DualKV_StoreKVGradsOp : DualKV_Op<"store_kv_grads", [HasParent<"KernelOp">]>
 
 def DualKV_ComputeDeltaOp : DualKV_Op<"compute_delta", [HasParent<"KernelOp">]> {
   let summary = "Delta = rowsum(dO * O) in fp32 for the CTA's rows of one head";
-  let description = "```mlir\ndualkv.compute_delta\n```";
+  let description = [{
+    In a kernel bound with `dlse = true` (a caller that differentiates the
+    forward's LSE) each row's Delta is rowsum(dO * O) - dLSE, which the
+    backward's dS = P (dP - Delta) then carries into dQ and dK.
+
+    ```mlir
+    dualkv.compute_delta
+    ```
+  }];
   let assemblyFormat = "attr-dict";
 }
 
