@@ -11,61 +11,58 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dualkv  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The accuracy bound, the inputs and the autograd run of the backward tests.
+from test_backward import check_close, make_inputs, run  # noqa: E402
+
 torch = pytest.importorskip("torch")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA GPU")
 
-RTOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 GROUPS = [(67, [40, 0, 17, 129]), (128, [1, 64]), (5, [3])]
+
+
+def dense_scores(q64, k64, groups, scale, softcap=None):
+    """Per group: the float64 logits [Hq, n, n] under the packed mask (-inf
+    where not allowed), capped at softcap * tanh(s / softcap) if given, and
+    the group's first token."""
+    Hq, Hkv = q64.shape[1], k64.shape[1]
+    start = 0
+    for P, Rs in groups:
+        n = P + sum(Rs)
+        seg = torch.zeros(n, dtype=torch.long, device=q64.device)
+        at = P
+        for r, R in enumerate(Rs):
+            seg[at:at + R] = r + 1
+            at += R
+        i = torch.arange(n, device=q64.device)
+        allowed = (i[None, :] <= i[:, None]) & (
+            (seg[None, :] == 0) | (seg[None, :] == seg[:, None]))
+        qg = q64[start:start + n].transpose(0, 1)
+        kg = k64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
+        s = (qg @ kg.transpose(1, 2)) * scale
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
+        yield s.masked_fill(~allowed, float("-inf")), start
+        start += n
+
+
+def group_values(v64, Hq, start, n):
+    return v64[start:start + n].repeat_interleave(
+        Hq // v64.shape[1], 1).transpose(0, 1)
 
 
 def reference_softcap(q, k, v, dout, groups, scale, softcap):
     """(o, dq, dk, dv) in float64: dense attention per group with the packed
     mask and logits softcap * tanh(scale * q.k / softcap)."""
-    Hq, Hkv = q.shape[1], k.shape[1]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     q64, k64, v64 = leaves
-    outs, start = [], 0
-    for P, Rs in groups:
-        n = P + sum(Rs)
-        seg = torch.zeros(n, dtype=torch.long, device=q.device)
-        at = P
-        for r, R in enumerate(Rs):
-            seg[at:at + R] = r + 1
-            at += R
-        i = torch.arange(n, device=q.device)
-        allowed = (i[None, :] <= i[:, None]) & (
-            (seg[None, :] == 0) | (seg[None, :] == seg[:, None]))
-        qg = q64[start:start + n].transpose(0, 1)
-        kg = k64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
-        vg = v64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
-        s = (qg @ kg.transpose(1, 2)) * scale
-        s = softcap * torch.tanh(s / softcap)
-        s = s.masked_fill(~allowed, float("-inf"))
+    outs = []
+    for s, start in dense_scores(q64, k64, groups, scale, softcap):
+        vg = group_values(v64, q.shape[1], start, s.shape[1])
         outs.append((torch.softmax(s, dim=-1) @ vg).transpose(0, 1))
-        start += n
     o = torch.cat(outs)
     (o * dout.double()).sum().backward()
-    return (o.detach(),) + tuple(t.grad for t in leaves)
-
-
-def check_close(name, got, ref, dtype):
-    err = (got.double() - ref).abs().max().item()
-    bound = RTOL[dtype] * ref.abs().max().item() + 1e-3
-    assert err <= bound, f"{name}: max|err| {err:.3g} > {bound:.3g}"
-
-
-def make_inputs(groups, Hq, Hkv, D, dtype, seed=0):
-    torch.manual_seed(seed)
-    T = sum(P + sum(Rs) for P, Rs in groups)
-    kw = dict(device="cuda", dtype=dtype)
-    return tuple(torch.randn(T, h, D, **kw) for h in (Hq, Hkv, Hkv, Hq))
-
-
-def run(q, k, v, dout, plan, **kw):
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    o = dualkv.attention(*leaves, plan, **kw)
-    o.backward(dout)
     return (o.detach(),) + tuple(t.grad for t in leaves)
 
 
@@ -130,28 +127,13 @@ def test_softcap_refused_by_name(bad):
 def reference_lse_loss(q, k, v, dout, dlse, groups, scale):
     """(o, lse, dq, dk, dv) in float64 of the loss sum(o * dout) +
     sum(lse * dlse), dense per group with the packed mask."""
-    Hq, Hkv = q.shape[1], k.shape[1]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     q64, k64, v64 = leaves
-    outs, lses, start = [], [], 0
-    for P, Rs in groups:
-        n = P + sum(Rs)
-        seg = torch.zeros(n, dtype=torch.long, device=q.device)
-        at = P
-        for r, R in enumerate(Rs):
-            seg[at:at + R] = r + 1
-            at += R
-        i = torch.arange(n, device=q.device)
-        allowed = (i[None, :] <= i[:, None]) & (
-            (seg[None, :] == 0) | (seg[None, :] == seg[:, None]))
-        qg = q64[start:start + n].transpose(0, 1)
-        kg = k64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
-        vg = v64[start:start + n].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
-        s = ((qg @ kg.transpose(1, 2)) * scale).masked_fill(~allowed,
-                                                            float("-inf"))
+    outs, lses = [], []
+    for s, start in dense_scores(q64, k64, groups, scale):
+        vg = group_values(v64, q.shape[1], start, s.shape[1])
         lses.append(torch.logsumexp(s, dim=-1))                    # [Hq, n]
         outs.append((torch.softmax(s, dim=-1) @ vg).transpose(0, 1))
-        start += n
     o, lse = torch.cat(outs), torch.cat(lses, dim=1)
     ((o * dout.double()).sum() + (lse * dlse.double()).sum()).backward()
     return (o.detach(), lse.detach()) + tuple(t.grad for t in leaves)

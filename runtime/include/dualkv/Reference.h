@@ -86,22 +86,16 @@ DUALKV_API void forward(const Problem &problem, const double *q,
                         const double *k, const double *v, double *o,
                         double *lse);
 
-/// Packed DualKV backward of forward(): given its o and lse and the upstream
-/// gradient dout [T][Hq][D], writes dq [T][Hq][D], dk and dv [T][Hkv][D].
-/// Equals the overload below with no dlse and no dsinks.
+/// Packed DualKV backward of forward(): given its o and lse, the upstream
+/// gradient dout [T][Hq][D] and the gradient \p dlse [Hq][T] of the loss
+/// with respect to lse (nullptr: zero), writes dq [T][Hq][D], dk and dv
+/// [T][Hkv][D]; where \p dsinks is not null, also dL/dsinks [Hq] (zeros when
+/// the problem has no sinks).
 DUALKV_API void backward(const Problem &problem, const double *q,
                          const double *k, const double *v, const double *o,
                          const double *lse, const double *dout, double *dq,
-                         double *dk, double *dv);
-
-/// backward() with the gradient \p dlse [Hq][T] of the loss with respect to
-/// lse (nullptr: zero); where \p dsinks is not null, also writes dL/dsinks
-/// [Hq] to it (zeros when the problem has no sinks).
-DUALKV_API void backward(const Problem &problem, const double *q,
-                         const double *k, const double *v, const double *o,
-                         const double *lse, const double *dout, double *dq,
-                         double *dk, double *dv, const double *dlse,
-                         double *dsinks);
+                         double *dk, double *dv, const double *dlse = nullptr,
+                         double *dsinks = nullptr);
 
 /// Replicated definition of forward(): for each group, each response n runs
 /// ordinary causal attention on [prompt | response_n] separately (a group with
@@ -113,24 +107,15 @@ DUALKV_API void forward_replicated(const Problem &problem, const double *q,
                                    double *lse);
 
 /// Replicated definition of backward(): per-copy causal backward where prompt
-/// rows receive dout only in the first copy; prompt dk/dv are summed over the
-/// copies. Equals backward() up to rounding.
+/// rows receive dout (and dlse) only in the first copy; prompt dk/dv, and
+/// dsinks, are summed over the copies (so each token is counted once). Equals
+/// backward() up to rounding.
 DUALKV_API void backward_replicated(const Problem &problem, const double *q,
                                     const double *k, const double *v,
                                     const double *o, const double *lse,
                                     const double *dout, double *dq, double *dk,
-                                    double *dv);
-
-/// backward_replicated() with dlse and dsinks as in backward(): a prompt
-/// token's dlse, like its dout, enters the first copy only, and dsinks sums
-/// the copies' (so each token is counted once). Equals backward() up to
-/// rounding.
-DUALKV_API void backward_replicated(const Problem &problem, const double *q,
-                                    const double *k, const double *v,
-                                    const double *o, const double *lse,
-                                    const double *dout, double *dq, double *dk,
-                                    double *dv, const double *dlse,
-                                    double *dsinks);
+                                    double *dv, const double *dlse = nullptr,
+                                    double *dsinks = nullptr);
 
 //===----------------------------------------------------------------------===//
 // Trees (docs/architecture.md §1): a forest of segments packed in pre-order.
@@ -193,18 +178,13 @@ DUALKV_API void tree_forward(const TreeProblem &problem, const double *q,
                              const double *k, const double *v, double *o,
                              double *lse);
 
-/// Packed backward of a forest.
+/// Packed backward of a forest, dlse and dsinks as in backward().
 DUALKV_API void tree_backward(const TreeProblem &problem, const double *q,
                               const double *k, const double *v, const double *o,
                               const double *lse, const double *dout, double *dq,
-                              double *dk, double *dv);
-
-/// tree_backward() with dlse and dsinks as in backward().
-DUALKV_API void tree_backward(const TreeProblem &problem, const double *q,
-                              const double *k, const double *v, const double *o,
-                              const double *lse, const double *dout, double *dq,
-                              double *dk, double *dv, const double *dlse,
-                              double *dsinks);
+                              double *dk, double *dv,
+                              const double *dlse = nullptr,
+                              double *dsinks = nullptr);
 
 /// Path definition of tree_forward(): for every leaf (a node without
 /// children), ordinary causal attention on the tokens of its root-to-leaf
@@ -216,23 +196,14 @@ DUALKV_API void tree_forward_paths(const TreeProblem &problem, const double *q,
                                    double *lse);
 
 /// Path definition of tree_backward(): per-path causal backward where a
-/// token's dout enters only the first path through it; every token's dq, dk,
-/// dv are summed over the paths through it (so a shared key's dk and dv are
-/// the sum over its paths).
+/// token's dout (and dlse) enters only the first path through it; every
+/// token's dq, dk, dv, and dsinks, are summed over the paths through it (so a
+/// shared key's dk and dv are the sum over its paths).
 DUALKV_API void tree_backward_paths(const TreeProblem &problem, const double *q,
                                     const double *k, const double *v,
                                     const double *o, const double *lse,
                                     const double *dout, double *dq, double *dk,
-                                    double *dv);
-
-/// tree_backward_paths() with dlse and dsinks as in backward(): a token's dlse,
-/// like its dout, enters the first path through it only, and dsinks sums the
-/// paths' (so each token is counted once).
-DUALKV_API void tree_backward_paths(const TreeProblem &problem, const double *q,
-                                    const double *k, const double *v,
-                                    const double *o, const double *lse,
-                                    const double *dout, double *dq, double *dk,
-                                    double *dv, const double *dlse,
-                                    double *dsinks);
+                                    double *dv, const double *dlse = nullptr,
+                                    double *dsinks = nullptr);
 
 } // namespace dualkv::reference

@@ -490,12 +490,6 @@ void forward(const Problem &problem, const double *q, const double *k,
 
 void backward(const Problem &problem, const double *q, const double *k,
               const double *v, const double *o, const double *lse,
-              const double *dout, double *dq, double *dk, double *dv) {
-  backward(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr, nullptr);
-}
-
-void backward(const Problem &problem, const double *q, const double *k,
-              const double *v, const double *o, const double *lse,
               const double *dout, double *dq, double *dk, double *dv,
               const double *dlse, double *dsinks) {
   const std::vector<TokenInfo> info = token_info(problem);
@@ -540,14 +534,6 @@ void forward_replicated(const Problem &problem, const double *q,
 // prompt row's dlse is treated like its dout (first copy only); a row with
 // neither dout nor dlse adds nothing to dsinks, so summing the copies' dsinks
 // counts every token once.
-void backward_replicated(const Problem &problem, const double *q,
-                         const double *k, const double *v, const double *o,
-                         const double *lse, const double *dout, double *dq,
-                         double *dk, double *dv) {
-  backward_replicated(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr,
-                      nullptr);
-}
-
 void backward_replicated(const Problem &problem, const double *q,
                          const double *k, const double *v, const double *o,
                          const double *lse, const double *dout, double *dq,
@@ -718,12 +704,6 @@ void tree_forward(const TreeProblem &problem, const double *q, const double *k,
 
 void tree_backward(const TreeProblem &problem, const double *q, const double *k,
                    const double *v, const double *o, const double *lse,
-                   const double *dout, double *dq, double *dk, double *dv) {
-  tree_backward(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr, nullptr);
-}
-
-void tree_backward(const TreeProblem &problem, const double *q, const double *k,
-                   const double *v, const double *o, const double *lse,
                    const double *dout, double *dq, double *dk, double *dv,
                    const double *dlse, double *dsinks) {
   const TreeLayout tl = tree_layout(problem);
@@ -758,14 +738,6 @@ void tree_forward_paths(const TreeProblem &problem, const double *q,
         lse[packed.lse(h, t)] = clse[l.lse(h, r)];
     }
   }
-}
-
-void tree_backward_paths(const TreeProblem &problem, const double *q,
-                         const double *k, const double *v, const double *o,
-                         const double *lse, const double *dout, double *dq,
-                         double *dk, double *dv) {
-  tree_backward_paths(problem, q, k, v, o, lse, dout, dq, dk, dv, nullptr,
-                      nullptr);
 }
 
 void tree_backward_paths(const TreeProblem &problem, const double *q,
