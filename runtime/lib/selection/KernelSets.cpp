@@ -100,6 +100,11 @@ std::vector<SetMember> backwardSet(const KernelSpec &base, bool deterministic,
     m.spec.numKVHeads = hkv;
     m.spec.tiling = t;
     m.spec.schedule = Schedule::Auto;
+    // Variants belong to the kinds that take them: dLSE to bwd_pre, the
+    // softcap to the kernels that compute scores (KernelSpec, checkSpec).
+    m.spec.dlse = base.dlse && kind == KernelKind::BwdPre;
+    if (kind == KernelKind::BwdPre || kind == KernelKind::BwdPost)
+      m.spec.softcap = 0;
     if (tunedWhole) {
       m.tunedQHeads = base.numQHeads;
       m.tunedKVHeads = base.numKVHeads;
