@@ -186,6 +186,11 @@ cl::opt<float> softcap("softcap", cl::value_desc("C"),
                                 "compute scores (fwd, bwd, bwd_kv, bwd_dq):\n"
                                 "c tanh(logit / c); 0 (default): none"),
                        cl::init(0.0f), cl::cat(kernelOptions));
+cl::opt<bool> dlse("dlse",
+                   cl::desc("bwd_pre for a caller that differentiates the\n"
+                            "LSE (Delta - dLSE, docs/backward-abi.md); other\n"
+                            "kinds as usual"),
+                   cl::cat(kernelOptions));
 cl::opt<int, false, Count>
     blockM("block-m", cl::value_desc("M"),
            cl::desc("query rows per CTA (default: the compiler's\nchoice)"),
@@ -329,6 +334,8 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost)
       j.spec.softcap = 0;
+    // --dlse: bwd_pre only.
+    j.spec.dlse = job.spec.dlse && kind == dualkv::KernelKind::BwdPre;
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
       j.spec.tiling = {};
@@ -451,6 +458,7 @@ Args parseArgs(int argc, char **argv) {
   a.spec.schedule = schedule;
   a.spec.tree = tree;
   a.spec.softcap = softcap;
+  a.spec.dlse = dlse;
   a.spec.tiling = {blockM, blockN, warps, stages};
   a.archs.assign(archs.begin(), archs.end());
   if (a.archs.empty())
@@ -695,8 +703,8 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}", dualkv::toString(s.kind),
-      s.tree ? "_tree" : "",
+      "dualkv_{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
+      dualkv::toString(s.kind), s.tree ? "_tree" : "", s.dlse ? "_dlse" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
       s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
       withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
@@ -837,11 +845,12 @@ registrationSource(const std::vector<Built> &builds, const std::string &name) {
         "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
         "    k.spec.schedule = dualkv::Schedule::{};\n"
         "    k.spec.tree = {};\n    k.spec.softcap = "
-        "static_cast<float>({:.9g});\n",
+        "static_cast<float>({:.9g});\n    k.spec.dlse = {};\n",
         dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
         s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch, s.tiling.blockM,
         s.tiling.blockN, s.tiling.warps, s.tiling.stages,
-        dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false", s.softcap);
+        dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false", s.softcap,
+        s.dlse ? "true" : "false");
     c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -902,6 +911,13 @@ std::string kernelReport(const dualkv::KernelSpec &spec,
       {"ptxas_ms", r.ptxasMs},
       {"ptxas_log", r.ptxasLog},
   };
+  // The variants, only when set (as in the kernel cache's keys).
+  if (spec.tree)
+    meta["tree"] = true;
+  if (spec.softcap > 0)
+    meta["softcap"] = spec.softcap;
+  if (spec.dlse)
+    meta["dlse"] = true;
   // ptxas's log is outside text: a byte that is no UTF-8 is replaced, not
   // thrown over.
   return meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
