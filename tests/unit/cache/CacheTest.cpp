@@ -117,6 +117,36 @@ TEST_CASE("cache key: every field changes the hash", "[runtime]") {
   }
 }
 
+TEST_CASE("cache key: the variants are spelled only when set and each has "
+          "its own hash",
+          "[runtime]") {
+  // tree, softcap and dlse are absent from the plain key's JSON (so every
+  // key from before them is spelled as it was) and, when set, make a key of
+  // their own: a softcap kernel is never served for a plain request.
+  const CacheKey plain = sampleKey();
+  for (const char *field : {"tree", "softcap", "dlse"})
+    CHECK_FALSE(plain.toJson().contains(field));
+  CacheKey tree = plain, capped = plain, capped2 = plain, dlse = plain;
+  tree.tree = true;
+  capped.softcap = 30.0f;
+  capped2.softcap = 50.0f;
+  dlse.kind = KernelKind::BwdPre;
+  dlse.dlse = true;
+  CacheKey pre = plain;
+  pre.kind = KernelKind::BwdPre;
+  CHECK(capped.toJson().at("softcap") == 30.0);
+  CHECK(dlse.toJson().at("dlse") == true);
+  std::set<std::string> hashes;
+  for (const CacheKey &k : {plain, tree, capped, capped2, dlse, pre})
+    CHECK(hashes.insert(k.hash()).second);
+  // The spec round-trips with its variants.
+  CHECK(CacheKey::fromSpec(capped.spec(), capped.compilerFingerprint) ==
+        capped);
+  CHECK(CacheKey::fromSpec(dlse.spec(), dlse.compilerFingerprint) == dlse);
+  CHECK(capped.spec().softcap == 30.0f);
+  CHECK(dlse.spec().dlse);
+}
+
 TEST_CASE("cache key: every kernel kind and dtype has its own spelling",
           "[runtime]") {
   std::set<std::string> hashes;

@@ -236,6 +236,17 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
       {[](BackwardArgs &a) { a.lse_stride_h = 100; },
        "lse_stride_h (100) must be >= num_tokens (112)"},
       {[](BackwardArgs &a) { a.scale = INFINITY; }, "scale (inf)"},
+      {[](BackwardArgs &a) { a.softcap = std::nanf(""); }, "softcap (nan)"},
+      {[](BackwardArgs &a) {
+         a.dlse = static_cast<const float *>(fakePointer(0x900002));
+         a.dlse_stride_h = 112;
+       },
+       "dlse (0x900002) is not 4-byte aligned"},
+      {[](BackwardArgs &a) {
+         a.dlse = static_cast<const float *>(fakePointer(0x900000));
+         a.dlse_stride_h = 100;
+       },
+       "dlse_stride_h (100) must be >= num_tokens (112)"},
       {[](BackwardArgs &a) { a.tiling.warps = -4; },
        "tiling.warps (-4) is negative"},
       {[](BackwardArgs &a) {

@@ -139,6 +139,9 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
        "scale (3e+38) is too large: scale * log2(e) overflows fp32"},
       {[](ForwardArgs &a) { a.tiling.blockM = -64; },
        "tiling.blockM (-64) is negative"},
+      {[](ForwardArgs &a) { a.softcap = -1.0f; },
+       "softcap (-1) must be finite and >= 0 (0: no softcap)"},
+      {[](ForwardArgs &a) { a.softcap = INFINITY; }, "softcap (inf)"},
   };
   for (const auto &[mutate, expected] : cases) {
     CAPTURE(expected);
