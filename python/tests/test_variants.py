@@ -164,3 +164,63 @@ def test_lse_is_differentiable(D, deterministic):
     for name, g, r in zip(("dq", "dk"), (t.grad for t in leaves[:2]),
                           ref[2:4]):
         check_close(name, g, r, torch.bfloat16)
+
+
+@needs_gpu
+def test_gemma2_softcap_model_matches_replicated_sequences():
+    """A tiny random Gemma 2 (transformers passes attn_logit_softcapping to
+    the backend as softcap) with attn_implementation="dualkv" on a packed
+    batch gives the logits of its replicated sequences under "eager" in
+    float32. The query and key projections are scaled up so that the logits
+    reach the cap (random initial weights keep them near 0, where the cap
+    changes nothing), and the same model without the cap must differ.
+    Every sequence is shorter than the sliding window (the backend does not
+    yet take a shorter one)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Gemma2Config"):
+        pytest.skip("this transformers has no Gemma 2")
+    from dualkv import transformers_backend
+    transformers_backend.register()
+
+    def config(attn, cap):
+        return transformers.Gemma2Config(
+            vocab_size=97, hidden_size=256, intermediate_size=512,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, max_position_embeddings=512, sliding_window=256,
+            attn_logit_softcapping=cap, final_logit_softcapping=None,
+            query_pre_attn_scalar=64, attn_implementation=attn)
+
+    torch.manual_seed(0)
+    eager = transformers.Gemma2ForCausalLM(config("eager", 2.0)).cuda().float()
+    with torch.no_grad():
+        for layer in eager.model.layers:
+            layer.self_attn.q_proj.weight.mul_(12)
+            layer.self_attn.k_proj.weight.mul_(12)
+    groups = [([1, 5, 9, 2, 7], [[3, 3, 8], [], [4]]), ([6, 6], [[1, 2]])]
+    packed = dualkv.pack(groups)
+    t = packed.to_torch("cuda")
+
+    def packed_logits(cap):
+        model = transformers.Gemma2ForCausalLM(config("dualkv", cap))
+        model = model.cuda().to(torch.bfloat16)
+        model.load_state_dict(eager.state_dict())
+        with torch.no_grad():
+            return model(input_ids=t["input_ids"][None],
+                         position_ids=t["position_ids"][None],
+                         dualkv_plan=packed.plan()).logits[0].float()
+
+    logits = packed_logits(2.0)
+    with torch.no_grad():
+        for g, (prompt, responses) in enumerate(groups):
+            for n, response in enumerate(responses):
+                ids = torch.tensor([prompt + response], device="cuda")
+                ref = eager(input_ids=ids).logits[0].float()
+                start, stop = packed.token_range(g, n)
+                p0, p1 = packed.token_range(g)
+                got = torch.cat([logits[p0:p1], logits[start:stop]])
+                err = (got - ref).abs().max().item()
+                assert err <= 3e-2 * ref.abs().max().item() + 1e-2, err
+    # The cap reaches the kernels: without it the logits fail that check.
+    uncapped = packed_logits(None)
+    diff = (uncapped - logits).abs().max().item()
+    assert diff > 3e-2 * logits.abs().max().item() + 1e-2, diff
