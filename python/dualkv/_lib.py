@@ -74,6 +74,7 @@ class ForwardArgs(_Sized):
         ("head_dim", i32), ("dtype", i32), ("scale", f32),
         ("plan", vp), ("stream", vp), ("tiling", Tiling), ("schedule", i32),
         ("softcap", ctypes.c_float),
+        ("sinks", ctypes.POINTER(ctypes.c_float)),
     ]
 
 
@@ -93,6 +94,8 @@ class BackwardArgs(_Sized):
         ("dq_tiling", Tiling), ("schedule", i32),
         ("softcap", ctypes.c_float),
         ("dlse", ctypes.POINTER(ctypes.c_float)), ("dlse_stride_h", ctypes.c_int64),
+        ("sinks", ctypes.POINTER(ctypes.c_float)),
+        ("dsinks", ctypes.POINTER(ctypes.c_float)),
     ]
 
 

@@ -596,10 +596,21 @@ std::string dualkv::testing::backwardReferenceError(const Case &c,
       lse(fwd.lse.begin(), fwd.lse.end());
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
   std::vector<double> dlse(c.dlse.begin(), c.dlse.end());
+  std::vector<double> dsinks(c.sinks.size());
   reference::backward(p, q.data(), k.data(), v.data(), o.data(), lse.data(),
                       dout.data(), dq.data(), dk.data(), dv.data(),
-                      dlse.empty() ? nullptr : dlse.data(), nullptr);
+                      dlse.empty() ? nullptr : dlse.data(),
+                      dsinks.empty() ? nullptr : dsinks.data());
   GradErrors e = compareGrads(r, dq, dk, dv);
+  if (!dsinks.empty()) {
+    // dL/dsinks sums every row of a head in fp32 (atomics): relative to the
+    // largest term, as the other gradients.
+    TensorErrors s =
+        compareTensor(r.dsinks.data(), dsinks.data(), dsinks.size());
+    if (!within(s, toleranceFor(c.dtype)))
+      return fmt::format("backward of {}: dsinks rel-L2 {:.3g} max {:.3g}",
+                         c.describe(), s.relL2, s.maxAbs);
+  }
   if (within(e, toleranceFor(c.dtype)))
     return {};
   return fmt::format("backward of {}: rel-L2 dq {:.3g} dk {:.3g} dv {:.3g}",

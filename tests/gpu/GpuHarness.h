@@ -44,6 +44,9 @@ struct Case {
   std::vector<uint16_t> dout;    // upstream gradient like q (backward only)
   /// BackwardArgs::dlse, fp32 [Hq][T] (empty: the LSE is not differentiated).
   std::vector<float> dlse;
+  /// ForwardArgs::sinks, fp32 [Hq] (empty: none); with them the backward
+  /// also computes dL/dsinks.
+  std::vector<float> sinks;
   int64_t tokens() const {
     int64_t t = 0;
     for (auto &g : groups) {
@@ -98,6 +101,14 @@ struct Case {
     for (auto &e : dout)
       e = to16(n(rng), dtype);
   }
+  /// Random sink logits, one per query head, N(0, 2²): some well above the
+  /// rows' scores, some below.
+  void fillSinks(std::mt19937_64 &rng) {
+    std::normal_distribution<float> n(0.f, 2.f);
+    sinks.resize(size_t(hq));
+    for (float &e : sinks)
+      e = n(rng);
+  }
   /// A random gradient of the LSE (fillDlse; empty otherwise).
   void fillDlse(std::mt19937_64 &rng) {
     std::normal_distribution<float> n(0.f, 1.f);
@@ -114,6 +125,7 @@ struct Case {
     p.head_dim = d;
     p.scale = 1.0 / std::sqrt(double(d));
     p.softcap = softcap;
+    p.sinks.assign(sinks.begin(), sinks.end());
     return p;
   }
   std::vector<double> widen(const std::vector<uint16_t> &x) const {
@@ -328,6 +340,8 @@ struct DeviceCase {
   const Case &c;
   Plan plan;
   DeviceBuffer q, k, v, o, lse;
+  /// Case::sinks on the device, when the case has them.
+  std::unique_ptr<DeviceBuffer> sinks;
   explicit DeviceCase(const Case &c)
       : c(c), plan(c.groups), q(c.q.size() * 2), k(c.k.size() * 2),
         v(c.v.size() * 2), o(c.q.size() * 2),
@@ -335,6 +349,10 @@ struct DeviceCase {
     q.upload(c.q);
     k.upload(c.k);
     v.upload(c.v);
+    if (!c.sinks.empty()) {
+      sinks = std::make_unique<DeviceBuffer>(c.sinks.size() * sizeof(float));
+      sinks->upload(c.sinks);
+    }
     o.poison();
     lse.poison();
   }
@@ -347,6 +365,8 @@ struct DeviceCase {
     a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
     a.lse = static_cast<float *>(lse.ptr);
     setProblem(a, c, plan);
+    if (sinks)
+      a.sinks = static_cast<const float *>(sinks->ptr);
     a.tiling = tiling;
     // DUALKV_TEST_FWD_TILING_D128=M:N:W:S runs the head_dim 128 cases of the
     // forward tests on another tiling than the default (e.g. the sm_90a
@@ -368,6 +388,7 @@ struct DeviceCase {
 struct BackwardResult {
   std::vector<float> dq;     // [T][Hq][D]
   std::vector<float> dk, dv; // [T][Hkv][D]
+  std::vector<float> dsinks; // [Hq] when the case has sinks
 };
 
 /// How the tests call the backward.
@@ -402,6 +423,8 @@ struct BackwardDeviceCase : DeviceCase {
   std::unique_ptr<DeviceBuffer> workspace;
   /// Case::dlse on the device, when the case has one.
   std::unique_ptr<DeviceBuffer> dlse;
+  /// dL/dsinks, when the case has sinks.
+  std::unique_ptr<DeviceBuffer> dsinks;
   explicit BackwardDeviceCase(const Case &c)
       : DeviceCase(c), dout(c.q.size() * 2), dq(c.q.size() * 2),
         dk(c.k.size() * 2), dv(c.v.size() * 2) {
@@ -412,6 +435,8 @@ struct BackwardDeviceCase : DeviceCase {
       dlse = std::make_unique<DeviceBuffer>(c.dlse.size() * sizeof(float));
       dlse->upload(c.dlse);
     }
+    if (!c.sinks.empty())
+      dsinks = std::make_unique<DeviceBuffer>(c.sinks.size() * sizeof(float));
     poisonGrads();
   }
   void poisonGrads() {
@@ -438,6 +463,11 @@ struct BackwardDeviceCase : DeviceCase {
       a.dlse = static_cast<const float *>(dlse->ptr);
       a.dlse_stride_h = plan.numTokens();
     }
+    if (dsinks) {
+      a.sinks = static_cast<const float *>(sinks->ptr);
+      a.dsinks = static_cast<float *>(dsinks->ptr);
+      dsinks->poison();
+    }
     a.deterministic = options.deterministic;
     a.algorithm = options.algorithmAsked();
     a.tiling = options.tiling;
@@ -462,7 +492,9 @@ struct BackwardDeviceCase : DeviceCase {
   BackwardResult downloadGrads() const {
     return {downloadWidened(dq, c.q.size(), c.dtype),
             downloadWidened(dk, c.k.size(), c.dtype),
-            downloadWidened(dv, c.v.size(), c.dtype)};
+            downloadWidened(dv, c.v.size(), c.dtype),
+            dsinks ? dsinks->download<float>(c.sinks.size())
+                   : std::vector<float>()};
   }
   /// Poisons dQ, dK, dV (and a caller workspace), runs the backward on the
   /// forward's O and LSE already in this case's buffers, and downloads.

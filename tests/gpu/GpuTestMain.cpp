@@ -27,6 +27,9 @@ int main(int argc, char **argv) {
     if (which == "sanitize" && argc > 2 &&
         std::string(argv[2]) == "dlse") // packed cases, LSE differentiated
       return sanitizeTest(0, 1.0, 0, true);
+    if (which == "sanitize" && argc > 2 &&
+        std::string(argv[2]) == "sinks") // packed cases, attention sinks
+      return sanitizeTest(0, 1.0, 0, false, true);
     if (which == "sanitize") // [head_dim | tree]: those cases only
       return sanitizeTest(argc > 2 && std::string(argv[2]) == "tree" ? -1
                           : argc > 2                                 ? count
@@ -48,8 +51,8 @@ int main(int argc, char **argv) {
                        "backward-edges | backward-equivalence | "
                        "backward-deterministic | tree-random [count] | "
                        "tree-paths [count] | sanitize [head_dim | tree | "
-                       "softcap | dlse] | variant-softcap [count] | "
-                       "variant-dlse [count] | "
+                       "softcap | dlse | sinks] | variant-softcap [count] | "
+                       "variant-dlse [count] | variant-sinks [count] | "
                        "template-scaled | template-scaled-control | "
                        "stress-threads [rounds] | "
                        "stress-processes [rounds] | stress-leak [launches]\n");

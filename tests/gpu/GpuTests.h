@@ -39,12 +39,13 @@ int stressTest(const std::string &which, int count, char **argv);
 /// softcap: the kernels' and the reference's logit softcap; dlse: the
 /// backward differentiates the LSE too (packed cases; the trees run without).
 int sanitizeTest(int onlyHeadDim = 0, double scoreFactor = 1.0,
-                 double softcap = 0, bool dlse = false);
+                 double softcap = 0, bool dlse = false, bool sinks = false);
 
 /// Attention variants (VariantGpuTest.cpp): `softcap`, the sanitize
 /// workload and `count` (at most 24) random batches with a logit softcap,
 /// against fp64, and a control that the plain kernels fail those checks;
-/// `dlse`, the same with a random gradient of the LSE (Delta - dLSE).
+/// `dlse`, the same with a random gradient of the LSE (Delta - dLSE);
+/// `sinks`, with random attention sinks and their gradient.
 int variantTest(const std::string &which, int count);
 
 /// The test templates (`scaled`, tests/templates/scaled/, loaded through

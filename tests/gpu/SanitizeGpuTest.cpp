@@ -64,7 +64,7 @@ Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
 } // namespace
 
 int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
-                                  double softcap, bool dlse) {
+                                  double softcap, bool dlse, bool sinks) {
   std::mt19937_64 rng(20261201);
   int failures = 0, checks = 0;
   auto record = [&](const std::string &what, const std::string &error) {
@@ -82,6 +82,8 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
       c.softcap = softcap;
       if (dlse)
         c.fillDlse(rng);
+      if (sinks)
+        c.fillSinks(rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
       // The kernels no default picks for packed groups: the wgmma forward
@@ -129,7 +131,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
   // the KV-major kernels on a forest's work items.
   // The tree kernels read dLSE through the same bwd_pre kernel: their
   // workload runs without it.
-  if (onlyHeadDim <= 0 && !dlse)
+  if (onlyHeadDim <= 0 && !dlse && !sinks)
     try {
       const int treeFailures = treeSanitizeWorkload(scoreFactor, softcap);
       checks += deviceIsSm90() ? 12 : 6;

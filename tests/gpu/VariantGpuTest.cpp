@@ -6,6 +6,8 @@
 //
 // `softcap`: logits capped at c · tanh(logit / c), forward and backward.
 // `dlse`: the backward also differentiates the LSE (Delta - dLSE).
+// `sinks`: a learned logit per query head in every row's denominator, and
+// its gradient.
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -22,8 +24,9 @@ constexpr double kTestSoftcap = 2.0;
 /// `count` random batches (every head_dim, bf16 and fp16) with `softcap`
 /// and, with `dlse`, a random gradient of the LSE: forward and both backward
 /// algorithms against fp64.
-int randomVariant(int count, uint64_t seed, double softcap, bool dlse) {
-  const char *name = dlse ? "dlse" : "softcap";
+int randomVariant(int count, uint64_t seed, double softcap, bool dlse,
+                  bool sinks = false) {
+  const char *name = sinks ? "sinks" : dlse ? "dlse" : "softcap";
   std::mt19937_64 rng(seed);
   int failures = 0;
   for (int i = 0; i < count; ++i) {
@@ -33,6 +36,8 @@ int randomVariant(int count, uint64_t seed, double softcap, bool dlse) {
     c.fillGrad(rng);
     if (dlse)
       c.fillDlse(rng);
+    if (sinks)
+      c.fillSinks(rng);
     try {
       BackwardDeviceCase dc(c);
       dualkv::forward(dc.args());
@@ -111,7 +116,33 @@ int dlseControl() {
   return 0;
 }
 
+/// The plain forward checked against the reference with sinks must fail.
+int sinksControl() {
+  std::mt19937_64 rng(2026120703);
+  Case c;
+  c.groups = {{300, {200, 0, 90}}};
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = 128;
+  c.fill(rng);
+  ForwardResult plain = runForward(c);
+  c.sinks = {3.0f, -1.0f, 0.5f, 6.0f};
+  if (forwardReferenceError(c, plain).empty()) {
+    fmt::print("FAIL sinks control: the forward without sinks passed the "
+               "check with them\n");
+    return 1;
+  }
+  return 0;
+}
+
 int dualkv::testing::variantTest(const std::string &which, int count) {
+  if (which == "sinks") {
+    int failures = sinksControl();
+    failures += sanitizeTest(0, 1.0, 0, false, true) ? 1 : 0;
+    failures += randomVariant(std::min(count, 24), 20261209, 0, false, true);
+    fmt::print("variant sinks: {}\n", failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+  }
   if (which == "dlse") {
     int failures = dlseControl();
     failures += sanitizeTest(0, 1.0, 0, true) ? 1 : 0;

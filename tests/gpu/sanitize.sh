@@ -17,8 +17,8 @@ fi
 # fail it with 1.
 "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 20 \
   "$tests" sanitize || exit
-# The variants' kernels (logit softcap, dLSE) through the same workload.
-for variant in softcap dlse; do
+# The variants' kernels (logit softcap, dLSE, sinks) through the same workload.
+for variant in softcap dlse sinks; do
   "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 20 \
     "$tests" sanitize $variant || exit
 done

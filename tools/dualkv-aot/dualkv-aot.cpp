@@ -191,6 +191,11 @@ cl::opt<bool> dlse("dlse",
                             "LSE (Delta - dLSE, docs/backward-abi.md); other\n"
                             "kinds as usual"),
                    cl::cat(kernelOptions));
+cl::opt<bool> sinks("sinks",
+                    cl::desc("attention sinks: the forward that counts them\n"
+                             "in the denominator and the bwd_pre that writes\n"
+                             "their gradient; other kinds as usual"),
+                    cl::cat(kernelOptions));
 cl::opt<int, false, Count>
     blockM("block-m", cl::value_desc("M"),
            cl::desc("query rows per CTA (default: the compiler's\nchoice)"),
@@ -336,6 +341,8 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
       j.spec.softcap = 0;
     // --dlse: bwd_pre only.
     j.spec.dlse = job.spec.dlse && kind == dualkv::KernelKind::BwdPre;
+    j.spec.sinks = job.spec.sinks && (kind == dualkv::KernelKind::Fwd ||
+                                      kind == dualkv::KernelKind::BwdPre);
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
       j.spec.tiling = {};
@@ -459,6 +466,7 @@ Args parseArgs(int argc, char **argv) {
   a.spec.tree = tree;
   a.spec.softcap = softcap;
   a.spec.dlse = dlse;
+  a.spec.sinks = sinks;
   a.spec.tiling = {blockM, blockN, warps, stages};
   a.archs.assign(archs.begin(), archs.end());
   if (a.archs.empty())
@@ -703,8 +711,9 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
+      "dualkv_{}{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
       dualkv::toString(s.kind), s.tree ? "_tree" : "", s.dlse ? "_dlse" : "",
+      s.sinks ? "_sinks" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
       s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
       withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
@@ -845,12 +854,13 @@ registrationSource(const std::vector<Built> &builds, const std::string &name) {
         "k.spec.arch = \"{}\";\n    k.spec.tiling = {{{}, {}, {}, {}}};\n"
         "    k.spec.schedule = dualkv::Schedule::{};\n"
         "    k.spec.tree = {};\n    k.spec.softcap = "
-        "static_cast<float>({:.9g});\n    k.spec.dlse = {};\n",
+        "static_cast<float>({:.9g});\n    k.spec.dlse = {};\n"
+        "    k.spec.sinks = {};\n",
         dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
         s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch, s.tiling.blockM,
         s.tiling.blockN, s.tiling.warps, s.tiling.stages,
         dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false", s.softcap,
-        s.dlse ? "true" : "false");
+        s.dlse ? "true" : "false", s.sinks ? "true" : "false");
     c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -918,6 +928,8 @@ std::string kernelReport(const dualkv::KernelSpec &spec,
     meta["softcap"] = spec.softcap;
   if (spec.dlse)
     meta["dlse"] = true;
+  if (spec.sinks)
+    meta["sinks"] = true;
   // ptxas's log is outside text: a byte that is no UTF-8 is replaced, not
   // thrown over.
   return meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +

@@ -669,6 +669,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.tree = spec.tree;
   bind.softcap = spec.softcap;
   bind.dlse = spec.dlse;
+  bind.sinks = spec.sinks;
 
   mlir::PassManager pm(&ctx);
   std::string passLog;

@@ -23,6 +23,12 @@ static bool computesScores(KernelKind kind) {
          kind == KernelKind::bwd_kv || kind == KernelKind::bwd_dq;
 }
 
+/// Whether kernels of `kind` take attention sinks: the forward (the
+/// denominator) and bwd_pre (their gradient).
+static bool takesSinks(KernelKind kind) {
+  return kind == KernelKind::fwd || kind == KernelKind::bwd_pre;
+}
+
 /// With a softcap, checks that `kernel`'s template applies it (and, in a
 /// backward kind, its derivative); without, erases both ops so the kernel is
 /// the plain one.
@@ -106,7 +112,7 @@ struct BindSpecPass
     if (failed(ProblemAttr::verify(emitErr, P, N, numQHeads, numKVHeads,
                                    headDim, dtypeTy,
                                    FloatAttr::get(Float64Type::get(ctx), scale),
-                                   true, tree, cap, false)))
+                                   true, tree, cap, false, false)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -130,7 +136,8 @@ struct BindSpecPass
                               dtypeTy,
                               FloatAttr::get(Float64Type::get(ctx), scale),
                               true, tree, scores ? cap : nullptr,
-                              dlse && kernel.getKind() == KernelKind::bwd_pre);
+                              dlse && kernel.getKind() == KernelKind::bwd_pre,
+                              sinks && takesSinks(kernel.getKind()));
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
@@ -146,6 +153,7 @@ struct BindSpecPass
       if (computesScores(kernel.getKind()))
         spec.softcap = static_cast<float>(softcap);
       spec.dlse = dlse && kernel.getKind() == KernelKind::bwd_pre;
+      spec.sinks = sinks && takesSinks(kernel.getKind());
       spec.numQHeads = static_cast<int>(numQHeads);
       spec.numKVHeads = static_cast<int>(numKVHeads);
       spec = ::dualkv::resolveSpec(spec);

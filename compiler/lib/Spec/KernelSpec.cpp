@@ -274,6 +274,11 @@ std::string checkSpec(const KernelSpec &specIn) {
     return why;
   if (std::string why = checkSoftcap(spec.softcap); !why.empty())
     return why;
+  if (spec.sinks && spec.kind != KernelKind::Fwd &&
+      spec.kind != KernelKind::BwdPre)
+    return std::string("a ") + toString(spec.kind) +
+           " kernel takes no sinks: only fwd (the denominator) and bwd_pre "
+           "(their gradient) do";
   if (spec.dlse && spec.kind != KernelKind::BwdPre)
     return std::string("a ") + toString(spec.kind) +
            " kernel does not read dLSE: only bwd_pre folds it into Delta";

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <mutex>
+#include <vector>
 
 namespace dualkv {
 
@@ -61,11 +64,29 @@ abi::ParamTable commonKernelParams(KernelKind kind, bool tree) {
 }
 
 abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
-                                  bool dlse) {
+                                  bool dlse, bool sinks) {
   // bwd_pre is one elementwise kernel in every schedule.
-  if (kind == KernelKind::BwdPre && dlse)
-    return tableOf(kBwdPreDlseParams);
-  return recordOf(schedule).params(kind, tree);
+  ParamTable base = kind == KernelKind::BwdPre && dlse
+                        ? tableOf(kBwdPreDlseParams)
+                        : recordOf(schedule).params(kind, tree);
+  if (!sinks)
+    return base;
+  // The table with the sink parameters appended, built once per base table
+  // (each belongs to one kind) and kept for the process.
+  static std::mutex mutex;
+  static std::map<const Param *, std::vector<Param>> withSinks;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, added] = withSinks.try_emplace(base.params);
+  if (added) {
+    it->second.assign(base.begin(), base.end());
+    if (kind == KernelKind::BwdPre)
+      it->second.insert(it->second.end(), std::begin(kSinkGradParams),
+                        std::end(kSinkGradParams));
+    else
+      it->second.insert(it->second.end(), std::begin(kSinkParams),
+                        std::end(kSinkParams));
+  }
+  return {it->second.data(), it->second.size()};
 }
 
 Grid kindGrid(const KernelSpec &resolved, const LaunchGeometry &geometry,

@@ -22,7 +22,8 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t P, int64_t N, int64_t numQHeads,
                                   int64_t numKVHeads, int64_t headDim,
                                   Type dtype, FloatAttr scale, bool causal,
-                                  bool tree, FloatAttr softcap, bool dlse) {
+                                  bool tree, FloatAttr softcap, bool dlse,
+                                  bool sinks) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -47,8 +48,9 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "softcap must be positive when given (leave it "
                             "out for none)";
   }
-  // Which kinds read dLSE is the kernel's check (checkSpec).
+  // Which kinds read dLSE or sinks is the kernel's check (checkSpec).
   (void)dlse;
+  (void)sinks;
   return success();
 }
 
@@ -199,6 +201,7 @@ FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
       static_cast<::dualkv::Schedule>(static_cast<int>(*getSchedule()) + 1);
   spec.tree = problem.getTree();
   spec.dlse = problem.getDlse();
+  spec.sinks = problem.getSinks();
   if (FloatAttr cap = problem.getSoftcap())
     spec.softcap = static_cast<float>(cap.getValueAsDouble());
   if (std::string why = ::dualkv::checkSpec(spec); !why.empty())

@@ -51,6 +51,10 @@ struct ForwardArgs {
   /// (docs/architecture.md §1). 0: none; finite and not negative. A kernel
   /// of its own (compiled for each c), never tuned.
   float softcap = 0;
+  /// Optional attention sinks (gpt-oss): one fp32 logit per query head
+  /// ([Hq]) that joins every row's softmax denominator, LSE_i = log(exp(s_h)
+  /// + sum_j exp(S_ij)) (docs/architecture.md §1). Null: none.
+  const float *sinks = nullptr;
 };
 
 /// Runs the DualKV forward kernel on `args.stream`. Every argument is
@@ -111,6 +115,10 @@ struct BackwardArgs {
   /// Null: the LSE is not differentiated.
   const float *dlse = nullptr;
   int64_t dlse_stride_h = 0; ///< elements between heads of dlse
+  /// The forward's sinks (ForwardArgs::sinks), fp32 [Hq], or null.
+  const float *sinks = nullptr;
+  /// Optional output, fp32 [Hq]: dL/dsinks (overwritten); needs `sinks`.
+  float *dsinks = nullptr;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta

@@ -152,6 +152,7 @@ typedef struct dualkv_forward_args_t {
   /** logit softcap c > 0 (c tanh(logit / c)); 0: none. Callers built before
    * it pass a struct_size without it: none. */
   float softcap;
+  const float *sinks; /**< null, or one fp32 sink logit per query head */
 } dualkv_forward_args_t;
 
 /** The forward pass (dualkv::forward). */
@@ -184,6 +185,8 @@ typedef struct dualkv_backward_args_t {
   /** null, or the gradient of the forward's lse (fp32 [Hq][T]) */
   const float *dlse;
   int64_t dlse_stride_h; /**< elements between heads of dlse */
+  const float *sinks;    /**< the forward's sinks, or null */
+  float *dsinks;         /**< null, or fp32 [Hq] written with dL/dsinks */
 } dualkv_backward_args_t;
 
 /**

@@ -31,6 +31,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.tree = spec.tree;
   key.softcap = spec.softcap;
   key.dlse = spec.dlse;
+  key.sinks = spec.sinks;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -51,6 +52,7 @@ KernelSpec CacheKey::spec() const {
   spec.tree = tree;
   spec.softcap = softcap;
   spec.dlse = dlse;
+  spec.sinks = sinks;
   return spec;
 }
 
@@ -79,6 +81,8 @@ json CacheKey::toJson() const {
     key["softcap"] = softcap;
   if (dlse)
     key["dlse"] = true;
+  if (sinks)
+    key["sinks"] = true;
   if (R != 0)
     key["R"] = R;
   return key;
@@ -89,13 +93,13 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 std::string CacheKey::describe() const {
   return fmt::format(
       "{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
-      "tiling {}x{} warps={} stages={} schedule {}{}{}{})",
+      "tiling {}x{} warps={} stages={} schedule {}{}{}{}{})",
       toString(kind), P, N, R ? fmt::format(" R={}", R) : std::string(),
       headDim, numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
       tiling.blockN, tiling.warps, tiling.stages, toString(schedule),
       tree ? ", tree" : "",
       softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string(),
-      dlse ? ", dlse" : "");
+      dlse ? ", dlse" : "", sinks ? ", sinks" : "");
 }
 
 } // namespace dualkv

@@ -39,6 +39,8 @@ struct CacheKey {
   float softcap = 0;
   /// KernelSpec::dlse; in the JSON only when set.
   bool dlse = false;
+  /// KernelSpec::sinks; in the JSON only when set.
+  bool sinks = false;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

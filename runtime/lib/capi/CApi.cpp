@@ -157,6 +157,8 @@ toBackwardArgs(const dualkv_backward_args_t *in) {
   args.softcap = a.softcap;
   args.dlse = a.dlse;
   args.dlse_stride_h = a.dlse_stride_h;
+  args.sinks = a.sinks;
+  args.dsinks = a.dsinks;
   return args;
 }
 
@@ -300,6 +302,7 @@ int dualkv_forward(const dualkv_forward_args_t *in) {
                                "schedule", args.schedule))
       return e;
     args.softcap = a.softcap;
+    args.sinks = a.sinks;
     dualkv::forward(args);
     return llvm::Error::success();
   });

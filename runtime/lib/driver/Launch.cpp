@@ -17,8 +17,8 @@ llvm::Error tooManyParameters() {
 } // namespace
 
 LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree,
-                           bool dlse)
-    : kind(kind), table(abi::kernelParams(kind, schedule, tree, dlse)) {}
+                           bool dlse, bool sinks)
+    : kind(kind), table(abi::kernelParams(kind, schedule, tree, dlse, sinks)) {}
 
 LaunchParams::~LaunchParams() { llvm::consumeError(std::move(error_)); }
 

@@ -26,7 +26,8 @@ constexpr int64_t kMaxGridYZ = kMaxGridDimYZ;
 class LaunchParams {
 public:
   explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
-                        bool tree = false, bool dlse = false);
+                        bool tree = false, bool dlse = false,
+                        bool sinks = false);
   LaunchParams(const LaunchParams &) = delete;
   LaunchParams &operator=(const LaunchParams &) = delete;
   /// Consumes an error data() did not report.

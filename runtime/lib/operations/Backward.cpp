@@ -78,6 +78,13 @@ llvm::Error validate(const BackwardArgs &a) {
   if (a.dlse)
     if (llvm::Error e = checkLse("dlse", a.dlse, a.dlse_stride_h, T, Hq))
       return e;
+  if (llvm::Error e = checkSinks("sinks", a.sinks))
+    return e;
+  if (llvm::Error e = checkSinks("dsinks", a.dsinks))
+    return e;
+  if (a.dsinks && !a.sinks)
+    return invalidArgument("dsinks is set but sinks is null: the gradient of "
+                           "sinks needs the forward's sinks");
   if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
     return e;
   if (llvm::Error e = checkTiling("dq_tiling", a.dq_tiling))
@@ -176,6 +183,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   const LoadedKernel *prePtr = nullptr, *mainPtr = nullptr, *lastPtr = nullptr;
   KernelSpec preSpec = specOf(args, KernelKind::BwdPre, {});
   preSpec.dlse = args.dlse != nullptr;
+  preSpec.sinks = args.dsinks != nullptr;
   if (llvm::Error e = getKernel(preSpec).moveInto(prePtr))
     return e;
   const LoadedKernel &pre = *prePtr;
@@ -244,6 +252,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   int64_t dvStrideT = args.dv.stride_t, dvStrideH = args.dv.stride_h;
   int64_t lseStrideH = args.lse_stride_h, deltaStrideH = layout.deltaStrideH;
   uint64_t dlse = address(args.dlse);
+  uint64_t sinks = address(args.sinks), dsinks = address(args.dsinks);
   int64_t dlseStrideH = args.dlse_stride_h;
   int64_t numTokens = T, numAccRows = table.numAccRows;
   const double scaleD = effectiveScale(args.scale, D);
@@ -257,10 +266,20 @@ llvm::Error runBackward(const BackwardArgs &args) {
   // 1. bwd_pre: delta = rowsum(o * dout), every head.
   {
     LaunchParams params(KernelKind::BwdPre, Schedule::Auto, false,
-                        pre.spec.dlse);
+                        pre.spec.dlse, pre.spec.sinks);
     params.ptr("o", o).ptr("dout", dout).ptr("delta", delta);
     if (pre.spec.dlse)
       params.ptr("dlse", dlse).i64("dlseStrideH", dlseStrideH);
+    if (pre.spec.sinks) {
+      // The kernel adds every row's term of dL/dsinks.
+      if (llvm::Error e =
+              cuda::check(driver->memsetD32Async(
+                              dsinks, 0, static_cast<size_t>(Hq), stream),
+                          "cuMemsetD32Async (dsinks)"))
+        return e;
+      params.ptr("lse", lse).i64("lseStrideH", lseStrideH);
+      params.ptr("sinks", sinks).ptr("dsinks", dsinks);
+    }
     params.strides("o", oStrideT, oStrideH);
     params.strides("do", doStrideT, doStrideH);
     params.i64("deltaStrideH", deltaStrideH).i64("numTokens", numTokens);

@@ -38,6 +38,8 @@ llvm::Error validate(const ForwardArgs &a) {
     return e;
   if (llvm::Error e = checkSoftcap(a.softcap))
     return e;
+  if (llvm::Error e = checkSinks("sinks", a.sinks))
+    return e;
   return checkScaleAndTiling(a.scale, a.tiling);
 }
 
@@ -59,6 +61,7 @@ llvm::Error runForward(const ForwardArgs &args) {
                   args.num_kv_heads, args.dtype, args.tiling, args.schedule);
   spec.tree = tree;
   spec.softcap = args.softcap;
+  spec.sinks = args.sinks != nullptr;
   // The tiling tuned for the batch's shape class, if any (getKernel).
   const LoadedKernel *found = nullptr;
   if (llvm::Error e = getKernel(spec, 0, 0, shapeClassOf(plan)).moveInto(found))
@@ -79,8 +82,12 @@ llvm::Error runForward(const ForwardArgs &args) {
   // The kernels use exp2, so the scale arrives premultiplied by log2(e).
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
-  LaunchParams params(KernelKind::Fwd, kernel.spec.schedule, tree);
+  LaunchParams params(KernelKind::Fwd, kernel.spec.schedule, tree,
+                      /*dlse=*/false, kernel.spec.sinks);
   uint64_t chain = plan.deviceChainTable();
+  uint64_t sinks = reinterpret_cast<uintptr_t>(args.sinks);
+  if (kernel.spec.sinks)
+    params.ptr("sinks", sinks);
   if (tree)
     params.ptr("chain", chain);
   params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("o", o).ptr("lse", lse);

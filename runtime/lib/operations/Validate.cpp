@@ -146,6 +146,13 @@ llvm::Error checkScaleAndTiling(float scale, const Tiling &t) {
   return checkTiling("tiling", t);
 }
 
+llvm::Error checkSinks(const char *name, const float *sinks) {
+  if (reinterpret_cast<uintptr_t>(sinks) % alignof(float) != 0)
+    return invalidArgument(fmt::format("{} ({}) is not 4-byte aligned", name,
+                                       static_cast<const void *>(sinks)));
+  return llvm::Error::success();
+}
+
 llvm::Error checkSoftcap(float softcap) {
   if (!std::isfinite(softcap) || softcap < 0)
     return invalidArgument(fmt::format(

@@ -36,6 +36,9 @@ llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
 llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
                      int64_t numTokens, int numQHeads);
 
+/// An optional [Hq] fp32 tensor of sinks (or their gradient): null, or
+/// 4-byte aligned; else InvalidArgument naming it.
+llvm::Error checkSinks(const char *name, const float *sinks);
 /// A logit softcap: finite and >= 0 (0: none), else InvalidArgument.
 llvm::Error checkSoftcap(float softcap);
 

@@ -103,6 +103,7 @@ std::vector<SetMember> backwardSet(const KernelSpec &base, bool deterministic,
     // Variants belong to the kinds that take them: dLSE to bwd_pre, the
     // softcap to the kernels that compute scores (KernelSpec, checkSpec).
     m.spec.dlse = base.dlse && kind == KernelKind::BwdPre;
+    m.spec.sinks = base.sinks && kind == KernelKind::BwdPre;
     if (kind == KernelKind::BwdPre || kind == KernelKind::BwdPost)
       m.spec.softcap = 0;
     if (tunedWhole) {

@@ -124,7 +124,7 @@ TEST_CASE("cache key: the variants are spelled only when set and each has "
   // key from before them is spelled as it was) and, when set, make a key of
   // their own: a softcap kernel is never served for a plain request.
   const CacheKey plain = sampleKey();
-  for (const char *field : {"tree", "softcap", "dlse"})
+  for (const char *field : {"tree", "softcap", "dlse", "sinks"})
     CHECK_FALSE(plain.toJson().contains(field));
   CacheKey tree = plain, capped = plain, capped2 = plain, dlse = plain;
   tree.tree = true;
@@ -134,10 +134,12 @@ TEST_CASE("cache key: the variants are spelled only when set and each has "
   dlse.dlse = true;
   CacheKey pre = plain;
   pre.kind = KernelKind::BwdPre;
+  CacheKey sinks = plain;
+  sinks.sinks = true;
   CHECK(capped.toJson().at("softcap") == 30.0);
   CHECK(dlse.toJson().at("dlse") == true);
   std::set<std::string> hashes;
-  for (const CacheKey &k : {plain, tree, capped, capped2, dlse, pre})
+  for (const CacheKey &k : {plain, tree, capped, capped2, dlse, pre, sinks})
     CHECK(hashes.insert(k.hash()).second);
   // The spec round-trips with its variants.
   CHECK(CacheKey::fromSpec(capped.spec(), capped.compilerFingerprint) ==

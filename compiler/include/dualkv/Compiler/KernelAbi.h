@@ -102,6 +102,15 @@ inline constexpr Param kBwdPreParams[] = {
 inline constexpr auto kBwdPreDlseParams =
     extend(kBwdPreParams, {{"dlse", F32P}, {"dlseStrideH", I64}});
 
+/// Appended to a forward's table with sinks (KernelSpec::sinks): one logit
+/// per query head, fp32 [Hq].
+inline constexpr Param kSinkParams[] = {{"sinks", F32P}};
+/// Appended to bwd_pre's table with sinks: the forward's LSE, its head
+/// stride, the sinks and dL/dsinks [Hq] (fp32, added to: the runtime zeroes
+/// it first).
+inline constexpr Param kSinkGradParams[] = {
+    {"lse", F32P}, {"lseStrideH", I64}, {"sinks", F32P}, {"dsinks", F32P}};
+
 /// bwd and bwd_kv: grid (work items, Hkv).
 inline constexpr Param kBwdParams[] = {
     {"q", E},           {"k", E},            {"v", E},
@@ -186,11 +195,14 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
 
 /// The parameter table of `kind` in `schedule` (resolved); `tree`: the
 /// query-major kernels of prefix trees (KernelSpec::tree); `dlse`: bwd_pre
-/// with dLSE (KernelSpec::dlse). The schedule's record says which
-/// (dualkv/Compiler/Schedule.h; Auto: the common tables).
+/// with dLSE (KernelSpec::dlse); `sinks` (KernelSpec::sinks): the table
+/// followed by kSinkParams (fwd) or kSinkGradParams (bwd_pre). The
+/// schedule's record says which (dualkv/Compiler/Schedule.h; Auto: the
+/// common tables).
 DUALKV_API ParamTable kernelParams(KernelKind kind,
                                    Schedule schedule = Schedule::Auto,
-                                   bool tree = false, bool dlse = false);
+                                   bool tree = false, bool dlse = false,
+                                   bool sinks = false);
 
 } // namespace dualkv::abi
 

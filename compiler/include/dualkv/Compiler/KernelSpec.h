@@ -89,6 +89,10 @@ struct KernelSpec {
   /// becomes rowsum(dO * O) - dLSE (docs/architecture.md §1); the kernel
   /// takes the dLSE tensor (docs/backward-abi.md).
   bool dlse = false;
+  /// Attention sinks (docs/architecture.md §1): fwd adds exp(sinks[h]) to
+  /// every row's softmax denominator; bwd_pre also writes dL/dsinks. Both
+  /// take the sinks tensor (docs/forward-abi.md, docs/backward-abi.md).
+  bool sinks = false;
 };
 
 /// The tiling the compiler uses when the spec leaves it open (for the

@@ -46,6 +46,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
            "logit softcap c of the kernels that compute scores (0: none)">,
     Option<"dlse", "dlse", "bool", "false",
            "bwd_pre kernels subtract the gradient of the forward's LSE from Delta">,
+    Option<"sinks", "sinks", "bool", "false",
+           "attention sinks: fwd counts them in the denominator, bwd_pre writes their gradient">,
   ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }

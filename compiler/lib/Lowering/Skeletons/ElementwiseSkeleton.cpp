@@ -44,6 +44,11 @@ private:
   bool subtractsDlse() {
     return kernel.getProblem() && kernel.getProblem()->getDlse();
   }
+  /// bwd_pre with attention sinks (#dualkv.problem<..., sinks = true>): it
+  /// also adds each row's share of dL/dsinks.
+  bool hasSinks() {
+    return kernel.getProblem() && kernel.getProblem()->getSinks();
+  }
   LogicalResult emitPre();
   LogicalResult emitPost();
 };
@@ -79,6 +84,20 @@ LogicalResult ElementwiseEmitter::emitPre() {
       }
       memref::StoreOp::create(b, loc, sum, delta,
                               ValueRange{add(mul(head, deltaH), row)});
+      if (hasSinks()) {
+        // dL/dsink_h = -sum_i exp(sink_h - LSE_i) Delta'_i: each row adds
+        // its term (fp32 atomics; the runtime zeroes dsinks first).
+        Value lse = memref::LoadOp::create(
+            b, loc, fn.param("lse"),
+            ValueRange{add(mul(head, fn.indexParam("lseStrideH")), row)});
+        Value sink =
+            memref::LoadOp::create(b, loc, fn.param("sinks"), ValueRange{head});
+        Value p = exp2(arith::MulFOp::create(
+            b, loc, arith::SubFOp::create(b, loc, sink, lse), f32c(kLog2e)));
+        Value term = arith::NegFOp::create(
+            b, loc, arith::MulFOp::create(b, loc, p, sum));
+        atomicAdd(fn.param("dsinks"), head, term);
+      }
     });
   });
   return success();
@@ -143,7 +162,8 @@ LogicalResult ElementwiseEmitter::emit(gpu::GPUModuleOp gpuModule) {
            << " warps";
   bool pre = kernel.getKind() == KernelKind::bwd_pre;
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
-            ::dualkv::Schedule::Auto, /*tree=*/false, subtractsDlse());
+            ::dualkv::Schedule::Auto, /*tree=*/false, subtractsDlse(),
+            hasSinks());
   ids = ThreadIds::emit(*this);
   if (failed(pre ? emitPre() : emitPost()))
     return failure();

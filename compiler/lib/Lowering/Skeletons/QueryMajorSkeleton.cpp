@@ -304,12 +304,21 @@ LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
   SmallVector<Value> m = unpack(map.lookup(op.getMax()));
   SmallVector<Value> l = unpack(map.lookup(op.getSum()));
+  // With attention sinks, the head's sink logit in the log2 domain.
+  Value sinkLog2;
+  if (hasSinks())
+    sinkLog2 = arith::MulFOp::create(
+        b, loc,
+        memref::LoadOp::create(b, loc, fn.param("sinks"), ValueRange{head}),
+        f32c(kLog2e));
   // O = acc / l and LSE = m + log2(l) (in natural log) of the rows inside the
   // segment.
   for (int64_t mt = 0; mt < mTiles; ++mt)
     for (int64_t h = 0; h < 2; ++h) {
       int64_t r = mt * 2 + h;
       Value sum = tile::rowSum(*this, l[r]);
+      if (sinkLog2)
+        sum = tile::addSink(*this, sum, m[r], sinkLog2);
       Value inv = arith::DivFOp::create(b, loc, f32c(1.0f), sum);
       Value row = add(add(qRow0, mul(ids.warp, idx(16 * mTiles))),
                       add(idx(mt * 16 + h * 8), ids.g));
@@ -384,7 +393,7 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
   const bool tree = kernel.walksChain();
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
-            ::dualkv::Schedule::Auto, tree);
+            ::dualkv::Schedule::Auto, tree, /*dlse=*/false, hasSinks());
   qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
   lsePtr = fn.param("lse"), segPtr = fn.param("segs");
   if (tree)

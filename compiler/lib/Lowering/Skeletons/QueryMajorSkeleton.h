@@ -115,6 +115,10 @@ protected:
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
       stages;
   bool isDq = false;
+  /// A forward with attention sinks (#dualkv.problem<..., sinks = true>).
+  bool hasSinks() {
+    return !isDq && kernel.getProblem() && kernel.getProblem()->getSinks();
+  }
   /// Whether the tiles are stored in the 128-byte swizzle (SharedTiles.h).
   bool swizzledTiles = false;
   // The prefetched key copy group of the current loop (stages >= 2), if any.

@@ -178,6 +178,14 @@ void tile::softmaxGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
   }
 }
 
+Value tile::addSink(ScalarBuilder &o, Value sum, Value m, Value sinkLog2) {
+  // The accumulator is relative to m, so the sink joins the sum there too:
+  // exact unless exp(sink - max score) overflows fp32 (a sink more than 88
+  // above every score of its row).
+  Value term = o.exp2(arith::SubFOp::create(o.b, o.loc, sinkLog2, m));
+  return arith::AddFOp::create(o.b, o.loc, sum, term);
+}
+
 Value tile::rowSum(ScalarBuilder &o, Value partial) {
   Value sum = partial;
   sum = arith::AddFOp::create(o.b, o.loc, sum, o.shuffleXor(sum, 1));

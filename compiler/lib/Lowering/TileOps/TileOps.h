@@ -99,6 +99,10 @@ void recomputeProbs(ScalarBuilder &o, MutableArrayRef<Value> s,
 /// dS = P scale (dP - Delta) in place of P.
 void softmaxGrad(ScalarBuilder &o, MutableArrayRef<Value> p, ArrayRef<Value> dp,
                  ArrayRef<Value> delta, const StatSlot &stat, Value scale);
+/// A row's softmax sum with an attention sink: sum + 2^(sinkLog2 - m), m the
+/// row's running max and sinkLog2 the sink's logit times log2(e) (the log2
+/// domain of the scaled scores).
+Value addSink(ScalarBuilder &o, Value sum, Value m, Value sinkLog2);
 /// A row's softmax sum from the per-lane partial sums of its quad.
 Value rowSum(ScalarBuilder &o, Value partial);
 /// LSE (natural log) of a row of running max `m` (log2 domain) and sum.

@@ -99,6 +99,8 @@ struct KernelArgs {
   Value scaleLog2, qMap, kMap, vMap;
   /// The plan's forward work order; tree kernels: the chain table.
   Value order, chain;
+  /// A forward with attention sinks: one logit per query head.
+  Value sinks;
 };
 
 /// What the CTA computes: a query tile of one head of one segment, read off
@@ -274,6 +276,10 @@ private:
   const int64_t headDim, warps;
   const int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
   const bool isDq, isTree;
+  /// A forward with attention sinks (#dualkv.problem<..., sinks = true>).
+  bool hasSinks() {
+    return !isDq && kernel.getProblem() && kernel.getProblem()->getSinks();
+  }
   /// Where the tiles and barriers sit: the layout the record counts.
   const ::dualkv::RingLayout ring;
   int64_t threads() const { return warps * 32; }
@@ -493,6 +499,8 @@ KernelArgs WarpSpecializedQueryMajor::readArgs() {
   KernelArgs args;
   args.lse = fn.param("lse"), args.segs = fn.param("segs");
   args.lseStrideH = fn.indexParam("lseStrideH");
+  if (hasSinks())
+    args.sinks = fn.param("sinks");
   if (isDq) {
     // dq takes the output's place.
     args.out = fn.param("dq"), args.outStrideT = fn.indexParam("dqStrideT"),
@@ -1168,8 +1176,17 @@ void WarpSpecializedQueryMajor::storeOutput(
     const KernelArgs &args, const SegmentCoords &coords, const RingTiles &tiles,
     Value wg, ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l) {
   SmallVector<Value> inv;
+  // With attention sinks, the head's sink logit in the log2 domain.
+  Value sinkLog2;
+  if (args.sinks)
+    sinkLog2 = arith::MulFOp::create(
+        b, loc,
+        memref::LoadOp::create(b, loc, args.sinks, ValueRange{coords.head}),
+        f32c(kLog2e));
   for (int64_t h = 0; h < 2; ++h) {
     Value sum = tile::rowSum(*this, l[h]);
+    if (sinkLog2)
+      sum = tile::addSink(*this, sum, m[h], sinkLog2);
     inv.push_back(arith::DivFOp::create(b, loc, f32c(1.0f), sum));
     Value row =
         add(coords.qRow0, add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)));
@@ -1373,9 +1390,9 @@ LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   // The spec was checked against the schedule's record (checkSpec, in the
   // dualkv.kernel verifier and again by dualkv-lower-to-nvgpu): the kind,
   // tiling, head_dim and shared memory fit this emitter.
-  Block &entry =
-      fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
-                ::dualkv::Schedule::WarpSpecialized, isTree);
+  Block &entry = fn.create(gpuModule, kernel.getSymName(), kernel.getKind(),
+                           threads(), ::dualkv::Schedule::WarpSpecialized,
+                           isTree, /*dlse=*/false, hasSinks());
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));

@@ -154,6 +154,9 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     `dualkv.softcap_grad` ops apply it (`dualkv-bind-spec` erases them when the
     spec has none). `dlse = true` (printed only when set; `bwd_pre` kernels only)
     makes `dualkv.compute_delta` subtract the gradient of the forward's LSE.
+    `sinks = true` (`fwd` and `bwd_pre` only) adds a learned per-head logit to
+    every row's softmax denominator: `dualkv.store_output` counts it in the
+    sum and the LSE, `dualkv.compute_delta` also accumulates its gradient.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -167,7 +170,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         "bool":$causal,
                         DefaultValuedParameter<"bool", "false">:$tree,
                         OptionalParameter<"::mlir::FloatAttr">:$softcap,
-                        DefaultValuedParameter<"bool", "false">:$dlse);
+                        DefaultValuedParameter<"bool", "false">:$dlse,
+                        DefaultValuedParameter<"bool", "false">:$sinks);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }
