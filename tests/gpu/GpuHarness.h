@@ -386,9 +386,9 @@ struct DeviceCase {
 
 /// dQ, dK and dV of one backward launch, widened to float.
 struct BackwardResult {
-  std::vector<float> dq;     // [T][Hq][D]
-  std::vector<float> dk, dv; // [T][Hkv][D]
-  std::vector<float> dsinks; // [Hq] when the case has sinks
+  std::vector<float> dq;          // [T][Hq][D]
+  std::vector<float> dk, dv;      // [T][Hkv][D]
+  std::vector<float> dsinks = {}; // [Hq] when the case has sinks
 };
 
 /// How the tests call the backward.
