@@ -340,6 +340,21 @@ def test_transformers_backend_layout():
     assert torch.equal(out[0], expected)
 
 
+def assert_logits_match_replicated(logits, packed, groups, eager):
+    """The packed batch's logits equal those of every [prompt | response]
+    run alone through `eager` (a prompt's rows from each copy)."""
+    with torch.no_grad():
+        for g, (prompt, responses) in enumerate(groups):
+            for n, response in enumerate(responses):
+                ids = torch.tensor([prompt + response], device="cuda")
+                ref = eager(input_ids=ids).logits[0].float()
+                start, stop = packed.token_range(g, n)
+                p0, p1 = packed.token_range(g)
+                got = torch.cat([logits[p0:p1], logits[start:stop]])
+                err = (got - ref).abs().max().item()
+                assert err <= 3e-2 * ref.abs().max().item() + 1e-2, err
+
+
 def test_transformers_model_matches_replicated_sequences():
     """A tiny random Llama with attn_implementation="dualkv" on a packed batch
     gives the logits of its replicated sequences under "eager"."""
@@ -365,15 +380,7 @@ def test_transformers_model_matches_replicated_sequences():
         logits = packed_model(input_ids=t["input_ids"][None],
                               position_ids=t["position_ids"][None],
                               dualkv_plan=packed.plan()).logits[0].float()
-        for g, (prompt, responses) in enumerate(groups):
-            for n, response in enumerate(responses):
-                ids = torch.tensor([prompt + response], device="cuda")
-                ref = eager(input_ids=ids).logits[0].float()
-                start, stop = packed.token_range(g, n)
-                p0, p1 = packed.token_range(g)
-                got = torch.cat([logits[p0:p1], logits[start:stop]])
-                err = (got - ref).abs().max().item()
-                assert err <= 3e-2 * ref.abs().max().item() + 1e-2, err
+    assert_logits_match_replicated(logits, packed, groups, eager)
 
 
 def test_many_random_plans_keep_the_plan_cache_bounded_and_memory_flat():

@@ -65,18 +65,25 @@ int randomVariant(int count, uint64_t seed, double softcap, bool dlse,
   return failures;
 }
 
+/// The batch of the controls: one group with an empty response, GQA 4:2,
+/// random inputs.
+Case controlCase(std::mt19937_64 &rng, int d) {
+  Case c;
+  c.groups = {{300, {200, 0, 90}}};
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = d;
+  c.fill(rng);
+  return c;
+}
+
 /// The plain kernels checked against the softcap reference must fail: the
 /// checks can tell a capped kernel from an uncapped one.
 int softcapControl(double softcap) {
   std::mt19937_64 rng(2026120701);
   int passedWrongly = 0;
   for (int d : {64, 128, 256}) {
-    Case c;
-    c.groups = {{300, {200, 0, 90}}};
-    c.hq = 4;
-    c.hkv = 2;
-    c.d = d;
-    c.fill(rng);
+    Case c = controlCase(rng, d);
     ForwardResult plain = runForward(c); // c.softcap == 0: plain kernels
     c.softcap = softcap;
     if (forwardReferenceError(c, plain).empty()) {
@@ -89,18 +96,11 @@ int softcapControl(double softcap) {
   return passedWrongly;
 }
 
-} // namespace
-
 /// The backward without dLSE checked against the reference with it must
 /// fail: the checks see the LSE's gradient.
 int dlseControl() {
   std::mt19937_64 rng(2026120702);
-  Case c;
-  c.groups = {{300, {200, 0, 90}}};
-  c.hq = 4;
-  c.hkv = 2;
-  c.d = 128;
-  c.fill(rng);
+  Case c = controlCase(rng, 128);
   c.fillGrad(rng);
   BackwardDeviceCase dc(c);
   dualkv::forward(dc.args());
@@ -119,12 +119,7 @@ int dlseControl() {
 /// The plain forward checked against the reference with sinks must fail.
 int sinksControl() {
   std::mt19937_64 rng(2026120703);
-  Case c;
-  c.groups = {{300, {200, 0, 90}}};
-  c.hq = 4;
-  c.hkv = 2;
-  c.d = 128;
-  c.fill(rng);
+  Case c = controlCase(rng, 128);
   ForwardResult plain = runForward(c);
   c.sinks = {3.0f, -1.0f, 0.5f, 6.0f};
   if (forwardReferenceError(c, plain).empty()) {
@@ -134,6 +129,8 @@ int sinksControl() {
   }
   return 0;
 }
+
+} // namespace
 
 int dualkv::testing::variantTest(const std::string &which, int count) {
   if (which == "sinks") {
