@@ -334,15 +334,8 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
     // have none (they take trees as they are).
     j.spec.tree = job.spec.tree && (kind == dualkv::KernelKind::Fwd ||
                                     kind == dualkv::KernelKind::BwdDQ);
-    // --softcap: the kernels that compute scores; the elementwise ones have
-    // no logits to cap.
-    if (kind == dualkv::KernelKind::BwdPre ||
-        kind == dualkv::KernelKind::BwdPost)
-      j.spec.softcap = 0;
-    // --dlse: bwd_pre only.
-    j.spec.dlse = job.spec.dlse && kind == dualkv::KernelKind::BwdPre;
-    j.spec.sinks = job.spec.sinks && (kind == dualkv::KernelKind::Fwd ||
-                                      kind == dualkv::KernelKind::BwdPre);
+    // --softcap, --dlse, --sinks: the kinds that take them.
+    j.spec = dualkv::withVariantsOfKind(j.spec);
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
       j.spec.tiling = {};

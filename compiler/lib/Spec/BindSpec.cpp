@@ -17,18 +17,6 @@ namespace mlir::dualkv {
 using namespace mlir;
 using namespace mlir::dualkv;
 
-/// Whether kernels of `kind` compute scores (and so may take a softcap).
-static bool computesScores(KernelKind kind) {
-  return kind == KernelKind::fwd || kind == KernelKind::bwd ||
-         kind == KernelKind::bwd_kv || kind == KernelKind::bwd_dq;
-}
-
-/// Whether kernels of `kind` take attention sinks: the forward (the
-/// denominator) and bwd_pre (their gradient).
-static bool takesSinks(KernelKind kind) {
-  return kind == KernelKind::fwd || kind == KernelKind::bwd_pre;
-}
-
 /// With a softcap, checks that `kernel`'s template applies it (and, in a
 /// backward kind, its derivative); without, erases both ops so the kernel is
 /// the plain one.
@@ -129,15 +117,12 @@ struct BindSpecPass
       return signalPassFailure();
     }
 
-    // Only the kernels that compute scores take the softcap.
-    auto problemOf = [&](KernelOp kernel) {
-      bool scores = computesScores(kernel.getKind());
-      return ProblemAttr::get(ctx, P, N, numQHeads, numKVHeads, headDim,
-                              dtypeTy,
-                              FloatAttr::get(Float64Type::get(ctx), scale),
-                              true, tree, scores ? cap : nullptr,
-                              dlse && kernel.getKind() == KernelKind::bwd_pre,
-                              sinks && takesSinks(kernel.getKind()));
+    // The problem of a resolved spec: its variants are its kind's.
+    auto problemOf = [&](const ::dualkv::KernelSpec &spec) {
+      return ProblemAttr::get(
+          ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
+          FloatAttr::get(Float64Type::get(ctx), scale), true, tree,
+          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks);
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
@@ -150,10 +135,11 @@ struct BindSpecPass
                      static_cast<int>(warps), static_cast<int>(stages)};
       spec.schedule = *requested;
       spec.tree = tree;
-      if (computesScores(kernel.getKind()))
-        spec.softcap = static_cast<float>(softcap);
-      spec.dlse = dlse && kernel.getKind() == KernelKind::bwd_pre;
-      spec.sinks = sinks && takesSinks(kernel.getKind());
+      // The options' variants, those of the kernel's kind kept.
+      spec.softcap = static_cast<float>(softcap);
+      spec.dlse = dlse;
+      spec.sinks = sinks;
+      spec = ::dualkv::withVariantsOfKind(spec);
       spec.numQHeads = static_cast<int>(numQHeads);
       spec.numKVHeads = static_cast<int>(numKVHeads);
       spec = ::dualkv::resolveSpec(spec);
@@ -176,7 +162,7 @@ struct BindSpecPass
       if (failed(bindSoftcap(kernel, spec->softcap > 0)))
         return WalkResult::interrupt();
       const ::dualkv::Tiling &t = spec->tiling;
-      kernel.setProblemAttr(problemOf(kernel));
+      kernel.setProblemAttr(problemOf(*spec));
       kernel.setTilingAttr(
           TilingAttr::get(ctx, t.blockM, t.blockN, t.warps, t.stages));
       kernel.setArchAttr(StringAttr::get(ctx, arch));

@@ -167,6 +167,25 @@ std::string checkProblem(int64_t headDim, int64_t numQHeads,
   return {};
 }
 
+bool takesSoftcap(KernelKind kind) {
+  return kind == KernelKind::Fwd || kind == KernelKind::Bwd ||
+         kind == KernelKind::BwdKV || kind == KernelKind::BwdDQ;
+}
+
+bool takesDlse(KernelKind kind) { return kind == KernelKind::BwdPre; }
+
+bool takesSinks(KernelKind kind) {
+  return kind == KernelKind::Fwd || kind == KernelKind::BwdPre;
+}
+
+KernelSpec withVariantsOfKind(KernelSpec spec) {
+  if (!takesSoftcap(spec.kind))
+    spec.softcap = 0;
+  spec.dlse = spec.dlse && takesDlse(spec.kind);
+  spec.sinks = spec.sinks && takesSinks(spec.kind);
+  return spec;
+}
+
 std::string checkSoftcap(double softcap) {
   if (!std::isfinite(softcap) || softcap < 0)
     return "softcap must be finite and >= 0 (0: none), got " +
@@ -274,16 +293,14 @@ std::string checkSpec(const KernelSpec &specIn) {
     return why;
   if (std::string why = checkSoftcap(spec.softcap); !why.empty())
     return why;
-  if (spec.sinks && spec.kind != KernelKind::Fwd &&
-      spec.kind != KernelKind::BwdPre)
+  if (spec.sinks && !takesSinks(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel takes no sinks: only fwd (the denominator) and bwd_pre "
            "(their gradient) do";
-  if (spec.dlse && spec.kind != KernelKind::BwdPre)
+  if (spec.dlse && !takesDlse(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel does not read dLSE: only bwd_pre folds it into Delta";
-  if (spec.softcap > 0 &&
-      (spec.kind == KernelKind::BwdPre || spec.kind == KernelKind::BwdPost))
+  if (spec.softcap > 0 && !takesSoftcap(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
            "a softcap";

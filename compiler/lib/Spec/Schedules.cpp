@@ -11,6 +11,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 namespace dualkv {
@@ -65,28 +66,31 @@ abi::ParamTable commonKernelParams(KernelKind kind, bool tree) {
 
 abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
                                   bool dlse, bool sinks) {
-  // bwd_pre is one elementwise kernel in every schedule.
-  ParamTable base = kind == KernelKind::BwdPre && dlse
-                        ? tableOf(kBwdPreDlseParams)
-                        : recordOf(schedule).params(kind, tree);
-  if (!sinks)
+  ParamTable base = recordOf(schedule).params(kind, tree);
+  if (!dlse && !sinks)
     return base;
-  // The table with the sink parameters appended, built once per base table
-  // (each belongs to one kind) and kept for the process.
+  // The table with the variants' parameters appended, built once per base
+  // table (each belongs to one kind) and set of variants, kept for the
+  // process.
   static std::mutex mutex;
-  static std::map<const Param *, std::vector<Param>> withSinks;
+  static std::map<std::tuple<const Param *, bool, bool>, std::vector<Param>>
+      withVariants;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, added] = withSinks.try_emplace(base.params);
+  auto [it, added] = withVariants.try_emplace({base.params, dlse, sinks});
+  std::vector<Param> &table = it->second;
   if (added) {
-    it->second.assign(base.begin(), base.end());
-    if (kind == KernelKind::BwdPre)
-      it->second.insert(it->second.end(), std::begin(kSinkGradParams),
-                        std::end(kSinkGradParams));
-    else
-      it->second.insert(it->second.end(), std::begin(kSinkParams),
-                        std::end(kSinkParams));
+    auto append = [&](auto &extra) {
+      table.insert(table.end(), std::begin(extra), std::end(extra));
+    };
+    table.assign(base.begin(), base.end());
+    if (dlse)
+      append(kDlseParams);
+    if (sinks && kind == KernelKind::BwdPre)
+      append(kSinkGradParams);
+    else if (sinks)
+      append(kSinkParams);
   }
-  return {it->second.data(), it->second.size()};
+  return {table.data(), table.size()};
 }
 
 Grid kindGrid(const KernelSpec &resolved, const LaunchGeometry &geometry,

@@ -100,12 +100,8 @@ std::vector<SetMember> backwardSet(const KernelSpec &base, bool deterministic,
     m.spec.numKVHeads = hkv;
     m.spec.tiling = t;
     m.spec.schedule = Schedule::Auto;
-    // Variants belong to the kinds that take them: dLSE to bwd_pre, the
-    // softcap to the kernels that compute scores (KernelSpec, checkSpec).
-    m.spec.dlse = base.dlse && kind == KernelKind::BwdPre;
-    m.spec.sinks = base.sinks && kind == KernelKind::BwdPre;
-    if (kind == KernelKind::BwdPre || kind == KernelKind::BwdPost)
-      m.spec.softcap = 0;
+    // Each member keeps only the variants of its kind.
+    m.spec = withVariantsOfKind(m.spec);
     if (tunedWhole) {
       m.tunedQHeads = base.numQHeads;
       m.tunedKVHeads = base.numKVHeads;

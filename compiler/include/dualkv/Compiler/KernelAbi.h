@@ -97,17 +97,15 @@ inline constexpr Param kBwdPreParams[] = {
     {"oStrideT", I64}, {"oStrideH", I64},    {"doStrideT", I64},
     {"doStrideH", I64}, {"deltaStrideH", I64}, {"numTokens", I64}};
 
-/// bwd_pre of a caller that differentiates the LSE (KernelSpec::dlse): its
-/// parameters, then dLSE ([Hq][T] fp32) and its head stride.
-inline constexpr auto kBwdPreDlseParams =
-    extend(kBwdPreParams, {{"dlse", F32P}, {"dlseStrideH", I64}});
-
+/// Appended to bwd_pre's table for a caller that differentiates the LSE
+/// (KernelSpec::dlse): dLSE ([Hq][T] fp32) and its head stride.
+inline constexpr Param kDlseParams[] = {{"dlse", F32P}, {"dlseStrideH", I64}};
 /// Appended to a forward's table with sinks (KernelSpec::sinks): one logit
 /// per query head, fp32 [Hq].
 inline constexpr Param kSinkParams[] = {{"sinks", F32P}};
-/// Appended to bwd_pre's table with sinks: the forward's LSE, its head
-/// stride, the sinks and dL/dsinks [Hq] (fp32, added to: the runtime zeroes
-/// it first).
+/// Appended to bwd_pre's table with sinks (after kDlseParams, if both): the
+/// forward's LSE, its head stride, the sinks and dL/dsinks [Hq] (fp32, added
+/// to: the runtime zeroes it first).
 inline constexpr Param kSinkGradParams[] = {
     {"lse", F32P}, {"lseStrideH", I64}, {"sinks", F32P}, {"dsinks", F32P}};
 
@@ -194,11 +192,11 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
 }
 
 /// The parameter table of `kind` in `schedule` (resolved); `tree`: the
-/// query-major kernels of prefix trees (KernelSpec::tree); `dlse`: bwd_pre
-/// with dLSE (KernelSpec::dlse); `sinks` (KernelSpec::sinks): the table
-/// followed by kSinkParams (fwd) or kSinkGradParams (bwd_pre). The
-/// schedule's record says which (dualkv/Compiler/Schedule.h; Auto: the
-/// common tables).
+/// query-major kernels of prefix trees (KernelSpec::tree). The schedule's
+/// record says which (dualkv/Compiler/Schedule.h; Auto: the common tables).
+/// The variants append their parameters: `dlse` (KernelSpec::dlse)
+/// kDlseParams, then `sinks` (KernelSpec::sinks) kSinkParams (fwd) or
+/// kSinkGradParams (bwd_pre).
 DUALKV_API ParamTable kernelParams(KernelKind kind,
                                    Schedule schedule = Schedule::Auto,
                                    bool tree = false, bool dlse = false,

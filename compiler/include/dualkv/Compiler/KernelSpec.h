@@ -95,6 +95,18 @@ struct KernelSpec {
   bool sinks = false;
 };
 
+/// Which kinds take each variant: a softcap the kernels that compute scores
+/// (fwd, bwd, bwd_kv, bwd_dq), dLSE bwd_pre, sinks fwd (the denominator) and
+/// bwd_pre (their gradient). checkSpec refuses a variant on any other kind.
+DUALKV_API bool takesSoftcap(KernelKind kind);
+DUALKV_API bool takesDlse(KernelKind kind);
+DUALKV_API bool takesSinks(KernelKind kind);
+/// `spec` with only the variants (softcap, dLSE, sinks) its kind takes: the
+/// one place a set of kernels built from one request (dualkv-bind-spec over a
+/// module, dualkv-aot's kinds, the runtime's backward set) gives each kernel
+/// its own.
+DUALKV_API KernelSpec withVariantsOfKind(KernelSpec spec);
+
 /// The tiling the compiler uses when the spec leaves it open (for the
 /// spec's schedule when one is asked for).
 DUALKV_API Tiling defaultTiling(const KernelSpec &spec);

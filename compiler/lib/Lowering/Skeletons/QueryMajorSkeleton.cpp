@@ -307,10 +307,7 @@ LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
   // With attention sinks, the head's sink logit in the log2 domain.
   Value sinkLog2;
   if (hasSinks())
-    sinkLog2 = arith::MulFOp::create(
-        b, loc,
-        memref::LoadOp::create(b, loc, fn.param("sinks"), ValueRange{head}),
-        f32c(kLog2e));
+    sinkLog2 = tile::sinkLog2(*this, fn.param("sinks"), head);
   // O = acc / l and LSE = m + log2(l) (in natural log) of the rows inside the
   // segment.
   for (int64_t mt = 0; mt < mTiles; ++mt)

@@ -178,6 +178,12 @@ void tile::softmaxGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
   }
 }
 
+Value tile::sinkLog2(ScalarBuilder &o, Value sinks, Value head) {
+  return arith::MulFOp::create(
+      o.b, o.loc, memref::LoadOp::create(o.b, o.loc, sinks, ValueRange{head}),
+      o.f32c(kLog2e));
+}
+
 Value tile::addSink(ScalarBuilder &o, Value sum, Value m, Value sinkLog2) {
   // The accumulator is relative to m, so the sink joins the sum there too:
   // exact unless exp(sink - max score) overflows fp32 (a sink more than 88

@@ -99,6 +99,9 @@ void recomputeProbs(ScalarBuilder &o, MutableArrayRef<Value> s,
 /// dS = P scale (dP - Delta) in place of P.
 void softmaxGrad(ScalarBuilder &o, MutableArrayRef<Value> p, ArrayRef<Value> dp,
                  ArrayRef<Value> delta, const StatSlot &stat, Value scale);
+/// The sink logit of query head `head` from the fp32 `sinks` tensor, times
+/// log2(e): what addSink takes.
+Value sinkLog2(ScalarBuilder &o, Value sinks, Value head);
 /// A row's softmax sum with an attention sink: sum + 2^(sinkLog2 - m), m the
 /// row's running max and sinkLog2 the sink's logit times log2(e) (the log2
 /// domain of the scaled scores).

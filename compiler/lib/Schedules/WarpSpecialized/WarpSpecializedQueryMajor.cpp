@@ -1179,10 +1179,7 @@ void WarpSpecializedQueryMajor::storeOutput(
   // With attention sinks, the head's sink logit in the log2 domain.
   Value sinkLog2;
   if (args.sinks)
-    sinkLog2 = arith::MulFOp::create(
-        b, loc,
-        memref::LoadOp::create(b, loc, args.sinks, ValueRange{coords.head}),
-        f32c(kLog2e));
+    sinkLog2 = tile::sinkLog2(*this, args.sinks, coords.head);
   for (int64_t h = 0; h < 2; ++h) {
     Value sum = tile::rowSum(*this, l[h]);
     if (sinkLog2)
