@@ -670,6 +670,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.softcap = spec.softcap;
   bind.dlse = spec.dlse;
   bind.sinks = spec.sinks;
+  bind.window = spec.window;
 
   mlir::PassManager pm(&ctx);
   std::string passLog;

@@ -100,7 +100,7 @@ struct BindSpecPass
     if (failed(ProblemAttr::verify(emitErr, P, N, numQHeads, numKVHeads,
                                    headDim, dtypeTy,
                                    FloatAttr::get(Float64Type::get(ctx), scale),
-                                   true, tree, cap, false, false)))
+                                   true, tree, cap, false, false, window)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -122,7 +122,8 @@ struct BindSpecPass
       return ProblemAttr::get(
           ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
           FloatAttr::get(Float64Type::get(ctx), scale), true, tree,
-          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks);
+          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks,
+          spec.window);
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
@@ -139,6 +140,7 @@ struct BindSpecPass
       spec.softcap = static_cast<float>(softcap);
       spec.dlse = dlse;
       spec.sinks = sinks;
+      spec.window = window;
       spec = ::dualkv::withVariantsOfKind(spec);
       spec.numQHeads = static_cast<int>(numQHeads);
       spec.numKVHeads = static_cast<int>(numKVHeads);

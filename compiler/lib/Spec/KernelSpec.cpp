@@ -10,6 +10,7 @@
 #include "dualkv/Compiler/Schedule.h"
 
 #include <cmath>
+#include <limits>
 
 namespace dualkv {
 
@@ -178,7 +179,11 @@ bool takesSinks(KernelKind kind) {
   return kind == KernelKind::Fwd || kind == KernelKind::BwdPre;
 }
 
+bool takesWindow(KernelKind kind) { return takesSoftcap(kind); }
+
 KernelSpec withVariantsOfKind(KernelSpec spec) {
+  if (!takesWindow(spec.kind))
+    spec.window = 0;
   if (!takesSoftcap(spec.kind))
     spec.softcap = 0;
   spec.dlse = spec.dlse && takesDlse(spec.kind);
@@ -190,6 +195,13 @@ std::string checkSoftcap(double softcap) {
   if (!std::isfinite(softcap) || softcap < 0)
     return "softcap must be finite and >= 0 (0: none), got " +
            std::to_string(softcap);
+  return {};
+}
+
+std::string checkWindow(int64_t window) {
+  if (window < 0 || window > std::numeric_limits<int32_t>::max())
+    return "window must be >= 0 and below 2^31 (0: none), got " +
+           std::to_string(window);
   return {};
 }
 
@@ -293,6 +305,15 @@ std::string checkSpec(const KernelSpec &specIn) {
     return why;
   if (std::string why = checkSoftcap(spec.softcap); !why.empty())
     return why;
+  if (std::string why = checkWindow(spec.window); !why.empty())
+    return why;
+  if (spec.window > 0 && !takesWindow(spec.kind))
+    return std::string("a ") + toString(spec.kind) +
+           " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
+           "a window";
+  if (spec.window > 0 && spec.tree)
+    return "sliding windows are not yet supported in the tree kernels (their "
+           "ancestor chains)";
   if (spec.sinks && !takesSinks(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel takes no sinks: only fwd (the denominator) and bwd_pre "

@@ -23,7 +23,7 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t numKVHeads, int64_t headDim,
                                   Type dtype, FloatAttr scale, bool causal,
                                   bool tree, FloatAttr softcap, bool dlse,
-                                  bool sinks) {
+                                  bool sinks, int64_t window) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -48,7 +48,10 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "softcap must be positive when given (leave it "
                             "out for none)";
   }
-  // Which kinds read dLSE or sinks is the kernel's check (checkSpec).
+  if (std::string why = ::dualkv::checkWindow(window); !why.empty())
+    return emitError() << why;
+  // Which kinds read dLSE, sinks or a window is the kernel's check
+  // (checkSpec).
   (void)dlse;
   (void)sinks;
   return success();
@@ -202,6 +205,7 @@ FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
   spec.tree = problem.getTree();
   spec.dlse = problem.getDlse();
   spec.sinks = problem.getSinks();
+  spec.window = problem.getWindow();
   if (FloatAttr cap = problem.getSoftcap())
     spec.softcap = static_cast<float>(cap.getValueAsDouble());
   if (std::string why = ::dualkv::checkSpec(spec); !why.empty())

@@ -93,6 +93,11 @@ struct KernelSpec {
   /// every row's softmax denominator; bwd_pre also writes dL/dsinks. Both
   /// take the sinks tensor (docs/forward-abi.md, docs/backward-abi.md).
   bool sinks = false;
+  /// Sliding window W (docs/architecture.md §1): a query sees only the keys
+  /// fewer than W positions before it in its logical sequence. 0: none. The
+  /// kernels that compute scores (fwd, bwd, bwd_kv, bwd_dq) take one; their
+  /// loops skip the tiles outside the window and mask its edges.
+  int64_t window = 0;
 };
 
 /// Which kinds take each variant: a softcap the kernels that compute scores
@@ -101,7 +106,8 @@ struct KernelSpec {
 DUALKV_API bool takesSoftcap(KernelKind kind);
 DUALKV_API bool takesDlse(KernelKind kind);
 DUALKV_API bool takesSinks(KernelKind kind);
-/// `spec` with only the variants (softcap, dLSE, sinks) its kind takes: the
+DUALKV_API bool takesWindow(KernelKind kind);
+/// `spec` with only the variants (softcap, dLSE, sinks, window) its kind takes: the
 /// one place a set of kernels built from one request (dualkv-bind-spec over a
 /// module, dualkv-aot's kinds, the runtime's backward set) gives each kernel
 /// its own.
@@ -162,6 +168,9 @@ DUALKV_API std::string checkProblem(int64_t headDim, int64_t numQHeads,
 /// Why `softcap` is no logit softcap (finite and >= 0; 0: none), or an empty
 /// string. #dualkv.problem's verifier and checkSpec run it.
 DUALKV_API std::string checkSoftcap(double softcap);
+/// Why `window` is no sliding window (>= 0 and below 2^31; 0: none), or an
+/// empty string.
+DUALKV_API std::string checkWindow(int64_t window);
 /// Why `spec` (resolved first) cannot be compiled and launched as it stands,
 /// or an empty string: an arch outside the supported set, a head_dim or head
 /// counts no kernel takes, a tiling its kind or schedule cannot compute, a

@@ -157,6 +157,11 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     `sinks = true` (`fwd` and `bwd_pre` only) adds a learned per-head logit to
     every row's softmax denominator: `dualkv.store_output` counts it in the
     sum and the LSE, `dualkv.compute_delta` also accumulates its gradient.
+    `window = W` (printed only when set; the kinds that compute scores) is a
+    sliding window: a query sees only keys fewer than W positions before it in
+    its logical sequence. `dualkv-tile-regions` gives each region's loop a
+    masked `window` part at the window's far edge, the loop bounds skip the
+    tiles outside it, and every `dualkv.mask` also drops the keys outside it.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -171,7 +176,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         DefaultValuedParameter<"bool", "false">:$tree,
                         OptionalParameter<"::mlir::FloatAttr">:$softcap,
                         DefaultValuedParameter<"bool", "false">:$dlse,
-                        DefaultValuedParameter<"bool", "false">:$sinks);
+                        DefaultValuedParameter<"bool", "false">:$sinks,
+                        DefaultValuedParameter<"int64_t", "0">:$window);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }
