@@ -55,6 +55,12 @@ struct ForwardArgs {
   /// ([Hq]) that joins every row's softmax denominator, LSE_i = log(exp(s_h)
   /// + sum_j exp(S_ij)) (docs/architecture.md §1). Null: none.
   const float *sinks = nullptr;
+  /// Sliding window W >= 1 (Mistral, Gemma 2/3 sliding layers, gpt-oss): a
+  /// query sees only the keys fewer than W positions before it in its own
+  /// logical sequence (prompt then response), lpos(i) - lpos(j) < W
+  /// (docs/architecture.md §1); tiles outside the window are skipped. 0:
+  /// none. A kernel of its own (compiled for each W), never tuned.
+  int64_t window = 0;
 };
 
 /// Runs the DualKV forward kernel on `args.stream`. Every argument is
@@ -119,6 +125,8 @@ struct BackwardArgs {
   const float *sinks = nullptr;
   /// Optional output, fp32 [Hq]: dL/dsinks (overwritten); needs `sinks`.
   float *dsinks = nullptr;
+  /// The forward's window (ForwardArgs::window); must match it.
+  int64_t window = 0;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta
