@@ -31,6 +31,7 @@ from . import _lib, _version
 from ._bounded import MAX_QUOTED, clip, shown
 from ._checks import integer, scale_value as _scale_value, sequence
 from ._checks import softcap_value as _softcap_value
+from ._checks import window_value as _window_value
 from .packing import PackedGroups, PackedTree, pack, pack_tree
 from .plans import (check_tree, groups_from_key, is_tree_key,
                     key_from_position_ids, plan_key, tree_from_key, tree_key)
@@ -414,6 +415,36 @@ def _check_lse(torch, name, lse, device, Hq, T):
                          f"contiguous (stride {lse.stride(1)})")
 
 
+def _check_sinks(torch, name, t, device, Hq):
+    """``t`` (sinks, or the backward's dsinks output) must be a float32 [Hq]
+    CUDA tensor on q's device with unit stride: one fp32 logit per query
+    head (docs/architecture.md §1, attention sinks)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"dualkv: {name} must be a torch.Tensor (float32 "
+                         f"[{Hq}], one per query head) or None, not "
+                         f"{type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"dualkv: {name} is on {t.device}; it must be a "
+                         "CUDA tensor")
+    if t.device != device:
+        raise ValueError(f"dualkv: {name} is on {t.device} but q is on "
+                         f"{device}")
+    if t.dtype != torch.float32 or tuple(t.shape) != (Hq,):
+        raise ValueError(f"dualkv: {name} is {t.dtype} {tuple(t.shape)}; it "
+                         f"must be torch.float32 [{Hq}] (one logit per query "
+                         "head)")
+    if t.stride(0) != 1 and Hq > 1:
+        raise ValueError(f"dualkv: {name} must be contiguous (stride "
+                         f"{t.stride(0)})")
+
+
+def _float_pointer(t):
+    """A ctypes float* to a float32 tensor's data, or None for None."""
+    if t is None:
+        return None
+    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
+
+
 def _check_like(torch, name, t, ref_name, ref, device):
     """``t`` must be a THD CUDA tensor of ``ref``'s dtype and shape."""
     _check_thd(torch, name, t, device)
@@ -465,7 +496,7 @@ def _check_qkv(torch, q, k, v, plan):
 
 
 def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
-            softcap=None):
+            softcap=None, window=0, sinks=None):
     """DualKV attention forward on the current CUDA stream.
 
     Args:
@@ -483,6 +514,14 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
         tiling: optional (block_m, block_n, warps, stages), 0 = default.
         softcap: logit softcap c > 0: each logit scale * q.k becomes
             c * tanh(scale * q.k / c) before the softmax; None or 0: none.
+        window: sliding window W >= 1: query token i sees key j only if it
+            did before and lpos(i) - lpos(j) < W, lpos the position in the
+            token's own logical sequence (a response token r of a group with
+            prompt P has lpos P + r); 0 or None: none. Refused (ValueError
+            from the library) for branching prefix trees.
+        sinks: attention sinks (gpt-oss): None, or a float32 [Hq] CUDA
+            tensor, one logit s_h per query head that joins every row's
+            softmax denominator, lse = log(exp(s_h) + sum_j exp(S_ij)).
 
     Returns:
         (o, lse). D must be 64, 128 or 256.
@@ -494,11 +533,14 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
     # Plain values first: they need neither torch nor the tensors.
     scale_value = _scale_value(scale)
     softcap_value = _softcap_value(softcap)
+    window_value = _window_value(window)
     tiling_value = _tiling(tiling)
     import torch
 
     T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
     device = q.device
+    if sinks is not None:
+        _check_sinks(torch, "sinks", sinks, device, Hq)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
@@ -521,7 +563,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
             lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=Hq,
             num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
             plan=plan._handle, stream=stream, tiling=tiling_value,
-            softcap=softcap_value)
+            softcap=softcap_value, sinks=_float_pointer(sinks),
+            window=window_value)
         _check(_lib.lib().dualkv_forward(ctypes.byref(args)))
     plan._devices.add(device.index)
     return out, lse
@@ -529,7 +572,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
 
 def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
              dq=None, dk=None, dv=None, tiling=None, softcap=None,
-             dlse=None):
+             dlse=None, window=0, sinks=None, dsinks=None):
     """DualKV attention backward on the current CUDA stream (no autograd:
     ``dualkv.attention`` is the differentiable call).
 
@@ -552,9 +595,17 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         dlse: optional gradient of the loss with respect to lse, float32
             [Hq, T] (token stride 1); each row's Delta becomes
             rowsum(dout * o) - dlse.
+        window: the forward's sliding window (0 or None: none). Refused by
+            the library with ``deterministic`` and for branching trees.
+        sinks: the forward's sinks (float32 [Hq]) or None. With sinks the
+            backward also computes dL/dsinks_h = -sum_i exp(s_h - lse_i) *
+            (rowsum(dout * o)_i - dlse_i) into ``dsinks``.
+        dsinks: optional float32 [Hq] output for dL/dsinks (allocated if
+            None; needs ``sinks``).
 
     Returns:
-        (dq, dk, dv). D must be 64, 128 or 256.
+        (dq, dk, dv), or (dq, dk, dv, dsinks) when ``sinks`` is given.
+        D must be 64, 128 or 256.
 
     The library's workspace is allocated here with torch (caching allocator,
     CUDA-graph pools). Raises ValueError naming the argument at fault,
@@ -564,11 +615,21 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     # Plain values first: they need neither torch nor the tensors.
     scale_value = _scale_value(scale)
     softcap_value = _softcap_value(softcap)
+    window_value = _window_value(window)
     tiling_value = _tiling(tiling)
     import torch
 
     T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
     device = q.device
+    if sinks is None and dsinks is not None:
+        raise ValueError("dualkv: dsinks is given but sinks is None: the "
+                         "gradient of the sinks needs the forward's sinks")
+    if sinks is not None:
+        _check_sinks(torch, "sinks", sinks, device, Hq)
+        if dsinks is None:
+            dsinks = torch.empty(Hq, dtype=torch.float32, device=device)
+        else:
+            _check_sinks(torch, "dsinks", dsinks, device, Hq)
     _check_like(torch, "o", o, "q", q, device)
     _check_like(torch, "dout", dout, "o", o, device)
     _check_lse(torch, "lse", lse, device, Hq, T)
@@ -598,7 +659,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         lse_stride_h=lse.stride(0), num_tokens=T, num_q_heads=Hq,
         num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
         deterministic=1 if deterministic else 0, plan=plan._handle,
-        tiling=tiling_value, softcap=softcap_value)
+        tiling=tiling_value, softcap=softcap_value,
+        sinks=_float_pointer(sinks), dsinks=_float_pointer(dsinks),
+        window=window_value)
     if dlse is not None:
         args.dlse = ctypes.cast(dlse.data_ptr(),
                                 ctypes.POINTER(ctypes.c_float))
@@ -621,4 +684,6 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         if negated:
             dq.neg_()
     plan._devices.add(device.index)
+    if sinks is not None:
+        return dq, dk, dv, dsinks
     return dq, dk, dv

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from ._bounded import shown as _shown
 
-__all__ = ["integer", "sequence", "scale_value", "softcap_value", "INT32_MAX",
-           "INT64_MAX"]
+__all__ = ["integer", "sequence", "scale_value", "softcap_value",
+           "window_value", "INT32_MAX", "INT64_MAX"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -129,3 +129,26 @@ def softcap_value(softcap):
         raise ValueError(f"dualkv: softcap {_shown(softcap)} is not a positive "
                          "finite float32, the kernels' precision")
     return single
+
+
+def window_value(window):
+    """The sliding window the kernels get (docs/architecture.md §1): 0 for
+    None or 0 (no window); otherwise an integer W >= 1 (query token i sees
+    key j only if lpos(i) - lpos(j) < W, lpos the position in the token's own
+    logical sequence), at most 2^63 - 1 (the C API's int64). Anything else,
+    bools and floats included, is a ValueError naming the value."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or type(window).__name__ in ("bool_", "bool"):
+        raise ValueError(f"dualkv: window must be an integer >= 0 (0 or None: "
+                         f"no window), got the bool {window!r}")
+    try:
+        value = operator.index(window)
+    except TypeError:
+        raise ValueError(f"dualkv: window must be an integer >= 0 (0 or None: "
+                         f"no window), got {type(window).__name__} "
+                         f"{_shown(window)}") from None
+    if value < 0 or value > INT64_MAX:
+        raise ValueError(f"dualkv: window must be an integer >= 0 (0 or None: "
+                         f"no window) and at most {INT64_MAX}, got {value}")
+    return value

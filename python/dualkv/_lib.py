@@ -75,6 +75,7 @@ class ForwardArgs(_Sized):
         ("plan", vp), ("stream", vp), ("tiling", Tiling), ("schedule", i32),
         ("softcap", ctypes.c_float),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
+        ("window", i64),
     ]
 
 
@@ -96,6 +97,7 @@ class BackwardArgs(_Sized):
         ("dlse", ctypes.POINTER(ctypes.c_float)), ("dlse_stride_h", ctypes.c_int64),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
         ("dsinks", ctypes.POINTER(ctypes.c_float)),
+        ("window", i64),
     ]
 
 

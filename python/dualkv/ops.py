@@ -32,8 +32,12 @@ the tensors' device, allocate outputs and the backward workspace with torch
 capture: call ``plan.upload(device)`` or run one eager step; capturing with a
 plan that never ran there raises ValueError instead of failing inside CUDA.
 
-The log-sum-exp output is not differentiable (marked so): the backward has no
-dLSE input. Importing this module registers the ops; ``dualkv.attention``
+The log-sum-exp output is differentiable: its gradient enters the backward
+as ``dlse`` (Delta - dLSE). Attention sinks (``sinks=``, an fp32 [Hq] tensor)
+are an input of ``dualkv::forward``; their gradient comes from a third op,
+``dualkv::backward_sinks``, which is ``dualkv::backward`` with one more
+output (dsinks), so that ``dualkv::backward`` keeps its three outputs for
+its callers. Importing this module registers the ops; ``dualkv.attention``
 does it on first use.
 """
 
@@ -90,18 +94,20 @@ def _scale_or_none(scale):
 
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
-                  deterministic: bool,
-                  softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
+                  deterministic: bool, softcap: float = 0.0, window: int = 0,
+                  sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """(o, lse) of DualKV attention. ``plan``: a plan's descriptor; ``scale``
     0.0 means 1/sqrt(D); ``deterministic`` is only carried to the backward;
-    ``softcap`` 0.0 means none."""
+    ``softcap`` 0.0 means none; ``window`` 0 means none; ``sinks`` None or
+    fp32 [Hq]."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
     return forward(q, k, v, p, scale=_scale_or_none(scale),
-                   softcap=softcap or None)
+                   softcap=softcap or None, window=window, sinks=sinks)
 
 
-def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0):
+def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0, window=0,
+                  sinks=None):
     _check_dims(q, k, v)
     T, Hq, _ = q.shape
     # Same layouts as dualkv.forward allocates: contiguous o, lse [Hq, T].
@@ -111,43 +117,70 @@ def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0):
 def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
                    lse: Tensor, plan: Tensor, scale: float,
                    deterministic: bool, softcap: float = 0.0,
-                   dlse: Optional[Tensor] = None
+                   dlse: Optional[Tensor] = None, window: int = 0
                    ) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of DualKV attention, given the forward's o and lse (and
-    the gradient of lse, when the caller differentiates it)."""
+    the gradient of lse, when the caller differentiates it). With sinks the
+    forward's lse already holds them: dq, dk, dv need nothing more (their
+    gradient is ``backward_sinks``')."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
     return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
                     deterministic=deterministic, softcap=softcap or None,
-                    dlse=dlse)
+                    dlse=dlse, window=window)
 
 
 def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
-                   softcap=0.0, dlse=None):
+                   softcap=0.0, dlse=None, window=0):
     _check_dims(q, k, v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _backward_sinks_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor,
+                         dout: Tensor, lse: Tensor, plan: Tensor,
+                         scale: float, deterministic: bool, softcap: float,
+                         dlse: Optional[Tensor], window: int, sinks: Tensor
+                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dsinks) of DualKV attention with sinks (fp32 [Hq]):
+    ``backward`` and dL/dsinks_h = -sum_i exp(s_h - lse_i) * Delta'_i from
+    the same launch."""
+    _require_cuda(q, "q")
+    p = plan_for(plan, q.device)
+    return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
+                    deterministic=deterministic, softcap=softcap or None,
+                    dlse=dlse, window=window, sinks=sinks)
+
+
+def _backward_sinks_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
+                         softcap, dlse, window, sinks):
+    _check_dims(q, k, v)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            sinks.new_empty(sinks.shape, dtype=torch.float32))
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, plan, scale, deterministic, softcap = inputs
+    q, k, v, plan, scale, deterministic, softcap, window, sinks = inputs
     o, lse = output
     # lse is differentiable (return_lse=True: a context-parallel merge uses
     # it). Without materialized grads autograd hands the backward None for
     # an output no loss reached, instead of a zero [Hq, T] fp32 tensor on
     # every step; the backward takes None for either.
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, o, lse, plan)
+    ctx.save_for_backward(q, k, v, o, lse, plan, sinks)
     ctx.scale = scale
     ctx.deterministic = deterministic
     ctx.softcap = softcap
+    ctx.window = window
 
 
 def _backward_formula(ctx, dout, dlse):
     # Either is None when no loss reached that output (grads are not
-    # materialized); dLSE enters the kernels as Delta - dLSE.
-    q, k, v, o, lse, plan = ctx.saved_tensors
+    # materialized); dLSE enters the kernels as Delta - dLSE. One gradient
+    # per input of dualkv::forward: q, k, v, then None for plan, scale,
+    # deterministic, softcap and window, then dsinks (None without sinks).
+    q, k, v, o, lse, plan, sinks = ctx.saved_tensors
     if dout is None and dlse is None:
-        return None, None, None, None, None, None, None
+        return (None,) * 9
     if dout is None:
         dout = torch.zeros_like(o)
     if dlse is not None:
@@ -155,10 +188,14 @@ def _backward_formula(ctx, dout, dlse):
     # Gradients may arrive with any layout (an expanded tensor from .sum(), a
     # transpose): the kernel wants the last dimension contiguous and aligned
     # row strides, and a no-op .contiguous() costs nothing otherwise.
-    dq, dk, dv = torch.ops.dualkv.backward(
-        q, k, v, o, dout.contiguous(), lse, plan, ctx.scale,
-        ctx.deterministic, ctx.softcap, dlse)
-    return dq, dk, dv, None, None, None, None
+    args = (q, k, v, o, dout.contiguous(), lse, plan, ctx.scale,
+            ctx.deterministic, ctx.softcap, dlse, ctx.window)
+    if sinks is None:
+        dq, dk, dv = torch.ops.dualkv.backward(*args)
+        dsinks = None
+    else:
+        dq, dk, dv, dsinks = torch.ops.dualkv.backward_sinks(*args, sinks)
+    return (dq, dk, dv, None, None, None, None, None, dsinks)
 
 
 def _outside_dynamo(fn):
@@ -208,6 +245,7 @@ def _define(lib, name, impl, fake):
 _LIB = torch.library.Library("dualkv", "FRAGMENT")
 _define(_LIB, "forward", _forward_impl, _forward_fake)
 _define(_LIB, "backward", _backward_impl, _backward_fake)
+_define(_LIB, "backward_sinks", _backward_sinks_impl, _backward_sinks_fake)
 torch.library.register_autograd("dualkv::forward", _backward_formula,
                                 setup_context=_setup_context, lib=_LIB)
 
@@ -223,6 +261,30 @@ def _check_dims(q, k, v):
         if t.dim() != 3:
             raise ValueError(f"dualkv: {name} must be 3-D [T, H, D], got "
                              f"shape {tuple(t.shape)}")
+
+
+def _check_sinks(sinks, q):
+    """attention()'s ``sinks``: None, or a floating-point [Hq] tensor on q's
+    device (a learned parameter; any float dtype, run in float32). Returns
+    the float32 contiguous tensor the op takes (differentiable casts: the
+    gradient reaches the caller's tensor in its own dtype)."""
+    if sinks is None:
+        return None
+    Hq = q.shape[1]
+    if not isinstance(sinks, Tensor):
+        raise ValueError(f"dualkv: sinks must be a torch.Tensor (one logit "
+                         f"per query head, [{Hq}]) or None, not "
+                         f"{type(sinks).__name__}")
+    if sinks.device != q.device:
+        raise ValueError(f"dualkv: sinks is on {sinks.device} but q is on "
+                         f"{q.device}")
+    if not sinks.is_floating_point():
+        raise ValueError(f"dualkv: sinks has dtype {sinks.dtype}; it must be "
+                         "a floating-point tensor (run in float32)")
+    if tuple(sinks.shape) != (Hq,):
+        raise ValueError(f"dualkv: sinks has shape {tuple(sinks.shape)}; it "
+                         f"must be [{Hq}] (one logit per query head)")
+    return sinks.to(torch.float32).contiguous()
 
 
 def _check_inputs(q, k, v, plan):
@@ -281,7 +343,7 @@ def _precompile_backward(q, k, deterministic):
 
 
 def attention(q, k, v, plan, scale=None, deterministic=False,
-              return_lse=False, softcap=None):
+              return_lse=False, softcap=None, window=0, sinks=None):
     """Differentiable DualKV attention (docs/architecture.md §1) on packed
     THD tensors.
 
@@ -303,11 +365,26 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             each logit scale * q.k becomes c * tanh(scale * q.k / c) before
             the softmax, forward and backward; None (or 0) means none. Each
             value of c is a kernel of its own, compiled once.
+        window: sliding window W >= 1 (Mistral, Gemma 2/3 sliding layers,
+            gpt-oss): query token i sees key j only if it did before and
+            lpos(i) - lpos(j) < W, lpos the position in the token's own
+            logical sequence (a response token r of a group with prompt P
+            has lpos P + r), so each response still gets exactly what its
+            own sequence [prompt | response] would; 0 or None means none.
+            The library refuses a window with ``deterministic`` and for
+            branching prefix trees (ValueError naming it).
+        sinks: attention sinks (gpt-oss): None, or a floating-point [Hq]
+            tensor on q's device (a learned parameter, run in float32): one
+            logit s_h per query head that joins every row's softmax
+            denominator, lse_i = log(exp(s_h) + sum_j exp(S_ij)).
+            Differentiable: autograd gives its gradient, dL/ds_h =
+            -sum_i exp(s_h - lse_i) * (rowsum(dO * O)_i - dLSE_i).
 
     Returns:
         o [T, Hq, D] (contiguous), or (o, lse) with return_lse.
 
-    Backward through ``o`` gives dq, dk, dv (D 64, 128 or 256). Runs on the
+    Backward through ``o`` gives dq, dk, dv (D 64, 128 or 256) and, with
+    ``sinks``, the sinks' gradient. Runs on the
     current CUDA stream; works under torch.compile(fullgraph=True) and in
     CUDA graphs (see the module docstring for the plan and for capture).
     Raises ValueError naming the argument at fault.
@@ -317,6 +394,8 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     # 0 and for what is 0 or infinite in float32.
     scale_value = _checks.scale_value(scale)
     softcap_value = _checks.softcap_value(softcap)
+    window_value = _checks.window_value(window)
+    sinks = _check_sinks(sinks, q)
     if scale_value < 0:
         # The kernels take a positive scale: scale * (q . k) = -scale * (-q . k);
         # autograd carries the sign back into dq.
@@ -340,5 +419,5 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             _precompile_backward(q, k, deterministic)
     o, lse = torch.ops.dualkv.forward(q, k, v, plan_descriptor(plan),
                                       scale_value, bool(deterministic),
-                                      softcap_value)
+                                      softcap_value, window_value, sinks)
     return (o, lse) if return_lse else o

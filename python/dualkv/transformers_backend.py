@@ -32,10 +32,20 @@ ancestors') for the rotary
 embedding to be right. The plan alone defines who attends to whom:
 transformers builds no mask for an attention implementation it does not know,
 and any ``attention_mask`` that still arrives (older versions build a plain
-causal one) is ignored. Not supported, and refused with ValueError: dropout,
-sliding windows shorter than the sequence, logit soft-capping, attention
-sinks, batch size > 1 (pack instead). Head dims 64, 128 and 256, forward and
-backward.
+causal one) is ignored. Head dims 64, 128 and 256, forward and backward.
+
+Attention variants, as transformers hands them to an attention interface:
+
+- ``sliding_window`` (Mistral's ``config.sliding_window``, Gemma 2/3's and
+  gpt-oss's sliding layers): ``window=W`` of ``dualkv.attention``, the same
+  W (see ``sliding_window_of``); a window of at least T tokens is no window.
+  The library refuses a window for branching prefix trees and with the
+  deterministic backward (``dualkv_deterministic=True``), by name.
+- ``softcap`` (Gemma 2's ``attn_logit_softcapping``): ``softcap=c``.
+- ``s_aux`` (gpt-oss's per-head ``sinks`` parameter): ``sinks=``, run in
+  float32; autograd trains it.
+
+Refused with ValueError, by name: dropout, batch size > 1 (pack instead).
 
 Importing this module does not import transformers; ``register()`` does.
 """
@@ -43,11 +53,11 @@ Importing this module does not import transformers; ``register()`` does.
 import threading
 import weakref
 
-from . import Plan
+from . import Plan, _checks
 from .ops import attention
 
 __all__ = ["NAME", "dualkv_attention_forward", "register",
-           "plan_from_position_ids"]
+           "plan_from_position_ids", "sliding_window_of"]
 
 #: The attn_implementation name registered by register().
 NAME = "dualkv"
@@ -89,13 +99,15 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
         if plan.num_tokens != T:
             raise ValueError(f"dualkv: position_ids holds {plan.num_tokens} "
                              f"positions but the layer has {T} tokens")
-    window = kwargs.get("sliding_window")
-    if window is not None and window < T:
-        raise ValueError(f"dualkv: sliding_window={window} is not supported "
-                         "by the dualkv backend")
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("dualkv: s_aux (attention sinks) is not supported by "
-                         "the dualkv backend")
+    window = sliding_window_of(module, kwargs)
+    # No pair of a T-token batch is W >= T apart: that window is no window
+    # (and keeps the plain kernels, which trees and the deterministic
+    # backward take).
+    if window >= T:
+        window = 0
+    # gpt-oss's sinks, one logit per query head (None: none); attention()
+    # runs them in float32 and autograd carries their gradient back.
+    sinks = kwargs.get("s_aux")
     # Gemma 2's attn_logit_softcapping (None: none).
     softcap = kwargs.get("softcap")
     # [1, H, T, D] -> [T, H, D]: a view (strides (D, T*D, 1) for the usual
@@ -106,8 +118,41 @@ def dualkv_attention_forward(module, query, key, value, attention_mask,
     o = attention(q, k, v, plan, scale=scaling,
                   deterministic=bool(kwargs.get("dualkv_deterministic",
                                                 False)),
-                  softcap=softcap)
+                  softcap=softcap, window=window, sinks=sinks)
     return o.unsqueeze(0), None
+
+
+def sliding_window_of(module, kwargs):
+    """The window W (0: none) of a layer, as transformers gives it to an
+    attention interface: the ``sliding_window`` keyword (Gemma 2/3, gpt-oss
+    and Qwen2 pass their layer's ``self.sliding_window``, None on full
+    layers; Mistral its ``config.sliding_window``), else the attention
+    module's own ``sliding_window`` attribute for a model that sets it but
+    does not pass it. None and 0 mean none.
+
+    No off-by-one: transformers' mask for a sliding layer is
+    ``sliding_window_overlay`` in transformers/masking_utils.py,
+    ``kv_idx > q_idx - sliding_window``, on top of the causal mask, i.e. key
+    kv_idx is seen iff q_idx - kv_idx < sliding_window, with q_idx and kv_idx
+    positions in the sequence; its flash-attention path passes
+    ``window_size=(sliding_window - 1, sliding_window - 1)``
+    (transformers/modeling_flash_attention_utils.py), the same set
+    (q_idx - kv_idx <= sliding_window - 1). DualKV's window is
+    lpos(i) - lpos(j) < W with lpos the position in the token's own
+    sequence [prompt | response], which is that sequence's q_idx and kv_idx
+    when it runs alone: W = sliding_window."""
+    if "sliding_window" in kwargs:
+        window = kwargs["sliding_window"]
+    else:
+        window = getattr(module, "sliding_window", None)
+    if window is None:
+        return 0
+    try:
+        return _checks.window_value(window)
+    except ValueError as e:
+        reason = str(e).removeprefix("dualkv: ")
+        raise ValueError(f"dualkv: the layer's sliding_window: {reason}"
+                         ) from None
 
 
 _LAST = threading.local()

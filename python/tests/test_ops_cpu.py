@@ -295,6 +295,60 @@ class ScaleTest(unittest.TestCase):
             self.assertIn(message, str(err.exception))
 
 
+class WindowTest(unittest.TestCase):
+    """The sliding window: None and 0 are none, any other value an integer
+    W >= 1 up to the C API's int64; negatives, bools, floats and strings are
+    ValueErrors naming the window. No torch needed: forward and backward
+    check it before any tensor."""
+
+    REFUSED = [(-1, "got -1"), (2**63, f"at most {2**63 - 1}"),
+               (1.0, "got float 1.0"), (2.5, "got float 2.5"),
+               (True, "got the bool True"), (False, "got the bool False"),
+               ("4", "got str '4'"), (Fraction(4), "got Fraction"),
+               (Decimal(4), "got Decimal"), ([4], "got list")]
+
+    def test_accepted_values(self):
+        self.assertEqual(_checks.window_value(None), 0)
+        self.assertEqual(_checks.window_value(0), 0)
+        for good in (1, 2, 4096, 2**63 - 1):
+            self.assertEqual(_checks.window_value(good), good)
+
+        class Index:  # numpy's integers and the like: __index__
+            def __index__(self):
+                return 7
+        self.assertEqual(_checks.window_value(Index()), 7)
+
+    def test_refused_values_are_named(self):
+        for bad, message in self.REFUSED:
+            with self.assertRaises(ValueError, msg=repr(bad)) as err:
+                _checks.window_value(bad)
+            self.assertTrue(str(err.exception).startswith("dualkv: window"),
+                            str(err.exception))
+            self.assertIn(message, str(err.exception))
+
+    def test_forward_and_backward_refuse_a_bad_window_first(self):
+        for bad, message in self.REFUSED:
+            with self.assertRaisesRegex(ValueError, "window", msg=repr(bad)):
+                dualkv.forward(None, None, None, None, window=bad)
+            with self.assertRaisesRegex(ValueError, "window", msg=repr(bad)):
+                dualkv.backward(None, None, None, None, None, None, None,
+                                window=bad)
+
+    def test_argument_structs_end_with_the_window(self):
+        # dualkv_c.h appends `int64_t window` after sinks (forward) and after
+        # dsinks (backward); the library's struct_sizes check the sizes
+        # (LibraryTest), this the order.
+        for struct, before in ((_lib.ForwardArgs, "sinks"),
+                               (_lib.BackwardArgs, "dsinks")):
+            names = [name for name, _ in struct._fields_]
+            self.assertEqual(names[-2:], [before, "window"], struct.__name__)
+            self.assertIs(struct._fields_[-1][1], ctypes.c_int64)
+            self.assertEqual(getattr(struct, "window").offset % 8, 0)
+        args = _lib.ForwardArgs(window=5)
+        self.assertEqual(args.window, 5)
+        self.assertFalse(args.sinks)  # a null pointer by default
+
+
 class ArchTest(unittest.TestCase):
     """precompile's arch: None or "sm_" with 2 or 3 ASCII digits and an
     optional "a"; anything else (a NUL, which C would end the string at, so
@@ -514,6 +568,22 @@ class ValidationTest(unittest.TestCase):
                    scale=float("nan"))
         self.check("plan has 15", q[:-1], k[:-1], v[:-1], plan)
 
+    def test_bad_window_and_sinks_name_the_argument(self):
+        q, k, v, plan = self.q, self.k, self.v, self.plan
+        self.check("window must be an integer >= 0", q, k, v, plan, window=-1)
+        self.check("window must be an integer", q, k, v, plan, window=2.0)
+        self.check("window must be an integer", q, k, v, plan, window=True)
+        self.check("sinks must be a torch.Tensor", q, k, v, plan,
+                   sinks=[0.0] * 4)
+        self.check(r"sinks has shape \(2,\); it must be \[4\]", q, k, v,
+                   plan, sinks=torch.zeros(2, device="meta"))
+        self.check(r"sinks has shape \(1, 4\)", q, k, v, plan,
+                   sinks=torch.zeros(1, 4, device="meta"))
+        self.check("sinks has dtype torch.int32", q, k, v, plan,
+                   sinks=torch.zeros(4, dtype=torch.int32, device="meta"))
+        self.check("sinks is on cpu but q is on meta", q, k, v, plan,
+                   sinks=torch.zeros(4))
+
     def test_ops_refuse_cpu_tensors(self):
         T = self.plan.num_tokens
         q = torch.zeros(T, 4, 64, dtype=torch.bfloat16)
@@ -523,6 +593,12 @@ class ValidationTest(unittest.TestCase):
             torch.ops.dualkv.forward(q, k, k, desc, 0.0, False)
         with self.assertRaisesRegex(ValueError, "q is on cpu"):
             dualkv.backward(q, k, k, q, q, torch.zeros(4, T), self.plan)
+        with self.assertRaisesRegex(ValueError, "q is on cpu"):
+            torch.ops.dualkv.forward(q, k, k, desc, 0.0, False, 0.0, 4,
+                                     torch.zeros(4))
+        with self.assertRaisesRegex(ValueError, "q is on cpu"):
+            dualkv.forward(q, k, k, self.plan, window=3,
+                           sinks=torch.zeros(4))
 
     def test_first_call_does_not_import_dynamo(self):
         # torch.library.custom_op's kernels import torch._dynamo on their
@@ -595,7 +671,7 @@ class FakeTest(unittest.TestCase):
         v = meta(self.T, 2, 64, requires_grad=True)
         o, lse = dualkv.attention(q, k, v, self.plan, return_lse=True)
         self.assertTrue(o.requires_grad)
-        self.assertFalse(lse.requires_grad)  # marked non-differentiable
+        self.assertTrue(lse.requires_grad)  # differentiable: dLSE
         # A non-contiguous dO (the transpose's gradient) is accepted.
         o.transpose(0, 1).float().sum().backward()
         for x in (q, k, v):
@@ -610,6 +686,60 @@ class FakeTest(unittest.TestCase):
         self.assertEqual([t.shape for t in (dq, dk, dv)],
                          [q.shape, k.shape, k.shape])
         self.assertEqual({t.dtype for t in (dq, dk, dv)}, {torch.bfloat16})
+
+    def test_op_schemas_take_window_and_sinks_with_defaults(self):
+        # The arguments added for the variants come last, with defaults, so
+        # every earlier positional call of the ops still works.
+        fwd = torch.ops.dualkv.forward.default._schema
+        names = [a.name for a in fwd.arguments]
+        self.assertEqual(names, ["q", "k", "v", "plan", "scale",
+                                 "deterministic", "softcap", "window",
+                                 "sinks"])
+        self.assertEqual(fwd.arguments[7].default_value, 0)
+        self.assertIsNone(fwd.arguments[8].default_value)
+        bwd = torch.ops.dualkv.backward.default._schema
+        self.assertEqual([a.name for a in bwd.arguments][-3:],
+                         ["softcap", "dlse", "window"])
+        self.assertEqual(len(bwd.returns), 3)
+        sinks = torch.ops.dualkv.backward_sinks.default._schema
+        self.assertEqual([a.name for a in sinks.arguments][-2:],
+                         ["window", "sinks"])
+        self.assertEqual(len(sinks.returns), 4)
+
+    def test_meta_sinks_and_window_forward_backward(self):
+        # The sinks' gradient comes back through autograd, in the sinks' own
+        # dtype (attention runs them in float32); a window changes no shape.
+        for sdtype in (torch.float32, torch.bfloat16):
+            q = meta(self.T, 8, 64, requires_grad=True)
+            k = meta(self.T, 2, 64, requires_grad=True)
+            v = meta(self.T, 2, 64, requires_grad=True)
+            sinks = torch.zeros(8, dtype=sdtype, device="meta",
+                                requires_grad=True)
+            o, lse = dualkv.attention(q, k, v, self.plan, window=3,
+                                      sinks=sinks, return_lse=True)
+            self.assertEqual((o.shape, tuple(lse.shape)),
+                             (q.shape, (8, self.T)))
+            (o.float().sum() + lse.sum()).backward()
+            self.assertEqual((sinks.grad.shape, sinks.grad.dtype),
+                             (sinks.shape, sdtype))
+            for x in (q, k, v):
+                self.assertEqual(x.grad.shape, x.shape)
+        # Without sinks, no sinks gradient: the three-output backward.
+        q = meta(self.T, 4, 64, requires_grad=True)
+        k = meta(self.T, 4, 64, requires_grad=True)
+        dualkv.attention(q, k, k, self.plan, window=1).float().sum().backward()
+        self.assertEqual(q.grad.shape, q.shape)
+
+    def test_backward_sinks_op_fake_shapes(self):
+        q, k = meta(self.T, 4, 64), meta(self.T, 1, 64)
+        lse = torch.empty(4, self.T, device="meta")
+        sinks = torch.empty(4, device="meta")
+        desc = dualkv.ops.plan_descriptor(self.plan)
+        dq, dk, dv, dsinks = torch.ops.dualkv.backward_sinks(
+            q, k, k, q, q, lse, desc, 0.0, False, 0.0, None, 5, sinks)
+        self.assertEqual([t.shape for t in (dq, dk, dv, dsinks)],
+                         [q.shape, k.shape, k.shape, sinks.shape])
+        self.assertEqual(dsinks.dtype, torch.float32)
 
     def test_fake_tensor_mode(self):
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -644,6 +774,26 @@ class FakeTest(unittest.TestCase):
         # One graph for all three plans: their lengths are tensor data.
         self.assertEqual(counter.frame_count, 1)
 
+    def test_compile_fullgraph_with_window_and_sinks(self):
+        from torch._dynamo.testing import CompileCounterWithBackend
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+
+        def step(q, k, v, sinks, plan):
+            return dualkv.attention(q, k, v, plan, window=4,
+                                    sinks=sinks).float().square().sum()
+
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        for groups in ([(5, [3, 2])], [(4, [3, 3])]):
+            plan = dualkv.Plan(groups)
+            q = meta(10, 4, 64, requires_grad=True)
+            k = meta(10, 2, 64, requires_grad=True)
+            sinks = torch.zeros(4, device="meta", requires_grad=True)
+            compiled(q, k, k, sinks, plan).backward()
+            self.assertEqual(sinks.grad.shape, sinks.shape)
+            self.assertEqual(q.grad.shape, q.shape)
+        self.assertEqual(counter.frame_count, 1)
+
 
 @needs_torch
 class TransformersBackendTest(unittest.TestCase):
@@ -671,8 +821,56 @@ class TransformersBackendTest(unittest.TestCase):
                meta(2, 2, self.T, 64), None, dualkv_plan=self.plan)
         with self.assertRaisesRegex(ValueError, "dropout"):
             fn(None, q, k, k, None, dropout=0.1, dualkv_plan=self.plan)
-        with self.assertRaisesRegex(ValueError, "sliding_window"):
-            fn(None, q, k, k, None, sliding_window=4, dualkv_plan=self.plan)
+        with self.assertRaisesRegex(ValueError, "sliding_window.*window must "
+                                    "be an integer >= 0"):
+            fn(None, q, k, k, None, sliding_window=-2, dualkv_plan=self.plan)
+
+    def variant_kwargs(self, module=None, **kwargs):
+        """The keyword arguments the backend hands dualkv.attention for a
+        layer called with these transformers kwargs."""
+        seen = {}
+
+        def fake_attention(q, k, v, plan, **kw):
+            seen.update(kw)
+            return q
+
+        q, k = meta(1, 4, self.T, 64), meta(1, 2, self.T, 64)
+        with mock.patch.object(self.backend, "attention", fake_attention):
+            self.backend.dualkv_attention_forward(
+                module, q, k, k, None, dualkv_plan=self.plan, **kwargs)
+        return seen
+
+    def test_variants_reach_attention(self):
+        T = self.T
+        # transformers' sliding_window W is DualKV's window W (no
+        # off-by-one: both allow q - kv < W); W >= T is no window.
+        self.assertEqual(self.variant_kwargs(sliding_window=4)["window"], 4)
+        self.assertEqual(self.variant_kwargs(sliding_window=1)["window"], 1)
+        self.assertEqual(self.variant_kwargs(sliding_window=T - 1)["window"],
+                         T - 1)
+        self.assertEqual(self.variant_kwargs(sliding_window=T)["window"], 0)
+        self.assertEqual(self.variant_kwargs(sliding_window=None)["window"], 0)
+        self.assertEqual(self.variant_kwargs()["window"], 0)
+        # A module that carries its window but does not pass it.
+        layer = mock.Mock(spec=["sliding_window"], sliding_window=3)
+        self.assertEqual(self.variant_kwargs(layer)["window"], 3)
+        # The keyword wins over the attribute (None on a full layer).
+        self.assertEqual(self.variant_kwargs(layer, sliding_window=None)
+                         ["window"], 0)
+        # gpt-oss's s_aux (its sinks parameter) and Gemma 2's softcap.
+        sinks = torch.zeros(4, device="meta")
+        seen = self.variant_kwargs(s_aux=sinks, softcap=30.0)
+        self.assertIs(seen["sinks"], sinks)
+        self.assertEqual(seen["softcap"], 30.0)
+        self.assertIsNone(self.variant_kwargs()["sinks"])
+
+    def test_window_and_sinks_run_through_the_ops(self):
+        q, k = meta(1, 4, self.T, 64), meta(1, 2, self.T, 64)
+        sinks = torch.zeros(4, dtype=torch.bfloat16, device="meta")
+        out, _ = self.backend.dualkv_attention_forward(
+            None, q, k, k, None, scaling=0.125, sliding_window=4, s_aux=sinks,
+            dualkv_plan=self.plan)
+        self.assertEqual(tuple(out.shape), (1, self.T, 4, 64))
 
     def test_import_does_not_import_transformers(self):
         code = ("import sys; sys.path.insert(0, sys.argv[1]); "
