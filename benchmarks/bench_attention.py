@@ -24,19 +24,39 @@ C * tanh(score / C) (Flex's score is already scaled) and the same block mask;
 FA2 and cuDNN (SDPA, no softcap) are skipped, with a line saying so. FLOPs are
 counted as without it (the tanh adds no matmul work).
 
+--window W: sliding window (Mistral, Gemma 2/3's and gpt-oss's sliding
+layers): query i sees key j only if it did before and lpos(i) - lpos(j) < W,
+lpos the position in the token's own sequence [prompt | response]. DualKV
+runs with window=W; both Flex columns add lpos[q] - lpos[kv] < W to the
+mask_mod, lpos read from a per-token tensor built from the packing (so the
+block mask skips the blocks outside the window, as DualKV skips its tiles).
+Useful FLOPs count only the pairs the window allows. FA2 and cuDNN (SDPA, no
+window) are skipped; DualKV det. is n/a where the library refuses a window
+with the deterministic backward.
+
+--sinks: attention sinks (gpt-oss): one fp32 logit per query head in every
+row's softmax denominator, a learned parameter (its gradient is computed).
+DualKV runs with sinks=s; Flex cannot add a denominator term through
+score_mod, so --flex-sinks picks its form: "lse" (default) runs
+flex_attention(return_lse=True) and rescales, o * sigmoid(lse - s), compiled
+together with it; "column" appends one zero key/value token that every query
+sees and whose score a score_mod replaces by s_h. FA2 and cuDNN are skipped.
+
     python3 benchmarks/bench_attention.py --lib build/libdualkv.so [--out DIR]
     python3 benchmarks/bench_attention.py --quick          # smoke run
     python3 benchmarks/bench_attention.py --mode fwd       # forward only
     python3 benchmarks/bench_attention.py --set standard   # or targets, causal
     python3 benchmarks/bench_attention.py --methods DualKV,flex-static
     python3 benchmarks/bench_attention.py --softcap 50     # Gemma 2's cap
+    python3 benchmarks/bench_attention.py --window 4096    # sliding window
+    python3 benchmarks/bench_attention.py --sinks --window 128  # gpt-oss
 
 Writes DIR/attention.{md,json} (rewritten after every config: a run cut
 short keeps what it finished) and DIR/attention_speedup.png (forward only:
 forward.*, forward_speedup.png); DIR defaults to
-benchmarks/results/<today>/<commit> (with --softcap C:
-benchmarks/results/<today>/<commit>/softcap<C>). See benchmarks/README.md for
-what is measured.
+benchmarks/results/<today>/<commit> (with variants a subfolder naming them:
+softcap<C>, window<W>, sinks, joined by "_", e.g. window128_sinks). See
+benchmarks/README.md for what is measured.
 """
 
 import argparse
@@ -76,6 +96,62 @@ METHOD_ALIASES = {
 }
 # Methods with no logit softcap (SDPA has none): skipped under --softcap.
 NO_SOFTCAP = ("FA2 replicated", "cuDNN replicated")
+# Nor a sliding window or attention sinks: skipped under --window, --sinks.
+NO_WINDOW = NO_SINKS = ("FA2 replicated", "cuDNN replicated")
+# The forms of attention sinks in Flex (--flex-sinks), the first the default.
+FLEX_SINK_FORMS = ("lse", "column")
+
+
+def window_arg(text):
+    """--window's value: an integer W >= 1 (argparse.ArgumentTypeError
+    otherwise)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the window must be >= 1 (leave --window out for "
+            "none)")
+    return value
+
+
+def variant_tag(softcap=None, window=None, sinks=False):
+    """The default output subfolder of a run with variants ("" for none):
+    softcap<C>, window<W> and sinks, joined by "_" (e.g. window128_sinks;
+    softcap50 alone, as before the window and sinks)."""
+    parts = []
+    if softcap:
+        parts.append(softcap_tag(softcap))
+    if window:
+        parts.append(f"window{window}")
+    if sinks:
+        parts.append("sinks")
+    return "_".join(parts)
+
+
+def capped_sum(lo, hi, cap):
+    """sum of min(x, cap) for x in lo..hi (0 when hi < lo)."""
+    if hi < lo:
+        return 0
+    if hi <= cap:
+        return (lo + hi) * (hi - lo + 1) // 2
+    if lo > cap:
+        return (hi - lo + 1) * cap
+    return (lo + cap) * (cap - lo + 1) // 2 + (hi - cap) * cap
+
+
+def windowed_pairs(P, Rs, window):
+    """Allowed (query, key) pairs of one group under a sliding window W:
+    the query at lpos x (0-based) of its sequence [prompt | response] sees
+    the keys at lpos max(0, x - W + 1) .. x, min(x + 1, W) of them; the
+    prompt's queries once, each response's queries over lpos P .. P + R - 1.
+    Without a window (None or 0): common.useful_pairs."""
+    if not window:
+        return common.useful_pairs(P, Rs)
+    return capped_sum(1, P, window) + sum(
+        capped_sum(P + 1, P + R, window) for R in Rs)
 
 
 def softcap_arg(text):
@@ -115,6 +191,40 @@ def softcap_score_mod(torch, softcap):
         return cap * torch.tanh(score / cap)
 
     return softcap_mod
+
+
+def flex_with_sinks(torch, flex_attention):
+    """Attention sinks on top of Flex ("lse" form): Flex's score_mod cannot
+    add a term to the softmax denominator, but its LSE gives it after the
+    fact. With l = lse (natural log, without the sink) and s_h the sink,
+    the rows' weights shrink by exp(l) / (exp(l) + exp(s_h)) =
+    sigmoid(l - s_h): o_sink = o * sigmoid(l - s_h). One function, compiled
+    as a whole (the rescaling fuses into one elementwise kernel, forward and
+    backward); autograd reaches the sinks and, through Flex's LSE gradient,
+    q and k."""
+
+    def flex_sinks(q, k, v, sinks, **kw):
+        o, lse = flex_attention(q, k, v, return_lse=True, **kw)
+        w = torch.sigmoid(lse - sinks[None, :, None])  # [1, Hq, T] fp32
+        return (o.float() * w[..., None]).to(o.dtype)
+
+    return flex_sinks
+
+
+def sink_column_score_mod(torch, inner, T, sinks):
+    """Flex's score_mod of the "column" form of attention sinks: the score
+    of key T (the appended zero token) becomes sinks[h], every other score
+    inner(score) (the softcap; None: itself). ``sinks`` is a captured tensor,
+    whose gradient Flex computes when it requires one. One function per
+    config (it captures that config's T and sinks): Flex (dynamic=True)
+    recompiles for each, in its first call, outside the timing."""
+
+    def sink_column(score, b, h, q_idx, kv_idx):
+        if inner is not None:
+            score = inner(score, b, h, q_idx, kv_idx)
+        return torch.where(kv_idx == T, sinks[h], score)
+
+    return sink_column
 
 
 class Segment:
@@ -172,18 +282,19 @@ class Config:
                 off += R
         assert off == self.T
 
-    def useful_pairs(self):
-        """Allowed (query, key) pairs, summed over the groups."""
-        return sum(common.useful_pairs(P, Rs) for P, Rs in self.groups)
+    def useful_pairs(self, window=None):
+        """Allowed (query, key) pairs, summed over the groups (with a
+        sliding window: those inside it, windowed_pairs)."""
+        return sum(windowed_pairs(P, Rs, window) for P, Rs in self.groups)
 
     def replicated_pairs(self):
         """Pairs a causal kernel computes on every group's N sequences."""
         return sum(common.replicated_pairs(P, Rs) for P, Rs in self.groups)
 
-    def useful_flops(self):
-        """Useful forward FLOPs: 4 * D * Hq * pairs, summed over groups."""
-        return sum(common.useful_flops(P, Rs, self.hq, self.d)
-                   for P, Rs in self.groups)
+    def useful_flops(self, window=None):
+        """Useful forward FLOPs: 4 * D * Hq * pairs, summed over groups (with
+        a sliding window: only the pairs inside it)."""
+        return 4 * self.d * self.hq * self.useful_pairs(window)
 
     def describe(self):
         """"G=.. T=.. Hq:Hkv=..:.. D=.." for the progress lines."""
@@ -274,7 +385,7 @@ class Case:
     [T, Hq, D], k and v [T, Hkv, D]), and DualKV's results for the spot
     checks."""
 
-    def __init__(self, torch, config, dtype, with_grad):
+    def __init__(self, torch, config, dtype, with_grad, sinks=False):
         self.config = config
         self.name, self.groups = config.name, config.groups
         self.hq, self.hkv, self.d = config.hq, config.hkv, config.d
@@ -288,8 +399,12 @@ class Case:
         # dL/dO of the packed loss (every token's output counted once).
         self.dout = (torch.randn(self.T, self.hq, self.d, device=dev,
                                  dtype=dtype) if with_grad else None)
+        # --sinks: fp32 [Hq] sink logits (a learned parameter: every
+        # method differentiates them with gradients on).
+        self.sinks = (torch.randn(self.hq, device=dev, dtype=torch.float32)
+                      if sinks else None)
         self.o_ref = None      # DualKV's output
-        self.grads_ref = None  # DualKV's (dq, dk, dv)
+        self.grads_ref = None  # DualKV's (dq, dk, dv[, dsinks])
 
     def input_bytes(self):
         ts = [self.q, self.k, self.v] + ([self.dout] if self.with_grad else [])
@@ -307,8 +422,14 @@ class Case:
 
 
 def leaves(case):
-    """q, k, v as autograd leaves sharing the case's storage."""
-    return tuple(t.detach().requires_grad_() for t in (case.q, case.k, case.v))
+    """q, k, v (and the sinks, with --sinks) as autograd leaves sharing the
+    case's storage."""
+    ts = (case.q, case.k, case.v) + ((case.sinks,) if case.sinks is not None
+                                     else ())
+    return tuple(t.detach().requires_grad_() for t in ts)
+
+
+GRAD_NAMES = ("dq", "dk", "dv", "dsinks")
 
 
 def rel_max_diff(x, ref):
@@ -338,15 +459,21 @@ class DualKV:
     load. Where the library has no backward for the config (none of the
     shipped ones since the head_dim 256 backward), only the forward is
     timed. softcap (None: none): the logit softcap c of every call, forward
-    and backward (softcap=c)."""
+    and backward (softcap=c); window (None: none): the sliding window W
+    (window=W); with --sinks the case's fp32 sinks (sinks=s, differentiated
+    with the inputs)."""
 
-    def __init__(self, torch, dualkv, name, deterministic, softcap=None):
+    def __init__(self, torch, dualkv, name, deterministic, softcap=None,
+                 window=None):
         self.torch, self.dualkv = torch, dualkv
         self.name, self.deterministic = name, deterministic
         self.softcap = softcap
-        # softcap=... only when there is one: without it the calls are
-        # exactly those of a run that predates the option.
+        self.window = window
+        # softcap=... and window=... only when set: without them the calls
+        # are exactly those of a run that predates the options.
         self.softcap_kw = {"softcap": softcap} if softcap else {}
+        if window:
+            self.softcap_kw["window"] = window
 
     def backward_refusal(self, case, plan):
         """None when the library has a backward for this config's shape,
@@ -363,7 +490,7 @@ class DualKV:
                 plan=plan._handle, num_tokens=case.T, num_q_heads=case.hq,
                 num_kv_heads=case.hkv, head_dim=case.d,
                 deterministic=1 if self.deterministic else 0,
-                **self.softcap_kw)
+                **self.softcap_kw)  # softcap and window: the ctypes fields
             nbytes = ctypes.c_int64(0)
             status = lib.lib().dualkv_backward_workspace_size(
                 ctypes.byref(args), ctypes.byref(nbytes))
@@ -380,16 +507,25 @@ class DualKV:
         plan.upload()
         info["num_segments"] = plan.num_segments
         info["softcap"] = self.softcap
-        sc = self.softcap_kw  # {"softcap": c}, or {} without a softcap
+        info["window"] = self.window
+        # {"softcap": c, "window": W} (those set), and the sinks with --sinks
+        sc = dict(self.softcap_kw)
+        if case.sinks is not None:
+            info["sinks"] = "fp32 [Hq], sinks= (dsinks with the gradients)"
         if not case.with_grad:
             q, k, v = case.q, case.k, case.v
+            if case.sinks is not None:
+                sc["sinks"] = case.sinks
             return {"fwd": lambda: dualkv.forward(q, k, v, plan, **sc)[0]}
         refusal = self.backward_refusal(case, plan)
         if refusal and self.deterministic:
             raise NotAvailable(f"no DualKV backward ({refusal}); the "
                                "deterministic mode changes only the backward")
         det = self.deterministic
-        q, k, v = leaves(case)
+        inputs = leaves(case)  # q, k, v[, sinks]
+        q, k, v = inputs[:3]
+        if case.sinks is not None:
+            sc["sinks"] = inputs[3]
         try:
             attention = dualkv.attention
             info["api"] = "dualkv.attention (autograd)"
@@ -399,10 +535,12 @@ class DualKV:
 
             def fwd_bwd():
                 o = attention(q, k, v, plan, deterministic=det, **sc)
-                return o, torch.autograd.grad(o, (q, k, v), case.dout)
+                return o, torch.autograd.grad(o, inputs, case.dout)
         except Exception as e:  # an older binding, or torch without custom ops
             info["api"] = ("dualkv.forward + dualkv.backward (attention: "
                            f"{common.short_error(e)})")
+            if "sinks" in sc:
+                sc["sinks"] = case.sinks
 
             def fwd():
                 return dualkv.forward(q.detach(), k.detach(), v.detach(),
@@ -411,6 +549,7 @@ class DualKV:
             def fwd_bwd():
                 o, lse = dualkv.forward(q.detach(), k.detach(), v.detach(),
                                         plan, **sc)
+                # (dq, dk, dv), and dsinks with sinks
                 return o, dualkv.backward(q.detach(), k.detach(), v.detach(),
                                           o, case.dout, lse, plan,
                                           deterministic=det, **sc)
@@ -433,7 +572,7 @@ class DualKV:
         elif grads and case.grads_ref is not None:
             info["rel_diff_vs_dualkv"] = {
                 n: rel_max_diff(g, r)
-                for n, g, r in zip(("dq", "dk", "dv"), grads, case.grads_ref)}
+                for n, g, r in zip(GRAD_NAMES, grads, case.grads_ref)}
             # On sm_90a the default is the split-dQ algorithm too: equal.
             info["bitwise_equal_to_default"] = all(
                 torch.equal(g, r) for g, r in zip(grads, case.grads_ref))
@@ -575,14 +714,22 @@ class Flex:
     none): score_mod c * tanh(score / c) (softcap_score_mod), the same block
     mask; one score_mod function for the run, shared by both columns and
     passed to every call like the block mask (a keyword argument of the
-    compiled flex_attention)."""
+    compiled flex_attention). window W (None: none): the mask_mod also asks
+    lpos[q_idx] - lpos[kv_idx] < W, lpos per token from the packing. With
+    --sinks, sinks_form "lse" compiles flex_attention(return_lse=True) and
+    the rescaling o * sigmoid(lse - s) as one function (flex_with_sinks);
+    "column" appends one zero key/value token every query sees, whose score
+    the score_mod replaces by s_h (sink_column_score_mod)."""
 
     _mask_builder = None  # torch.compile(create_block_mask), shared
     _score_mods = {}      # softcap -> its score_mod: one function per run
 
-    def __init__(self, torch, name, dynamic, softcap=None):
+    def __init__(self, torch, name, dynamic, softcap=None, window=None,
+                 sinks_form=None):
         self.torch, self.name, self.dynamic = torch, name, dynamic
         self.softcap = softcap
+        self.window = window
+        self.sinks_form = sinks_form  # None without --sinks
         self.score_mod = None
         if softcap:
             if softcap not in Flex._score_mods:
@@ -591,7 +738,11 @@ class Flex:
         from torch.nn.attention.flex_attention import (create_block_mask,
                                                        flex_attention)
         self.create_block_mask = create_block_mask
-        self.flex = torch.compile(flex_attention, dynamic=dynamic)
+        if sinks_form == "lse":
+            self.flex = torch.compile(flex_with_sinks(torch, flex_attention),
+                                      dynamic=dynamic)
+        else:
+            self.flex = torch.compile(flex_attention, dynamic=dynamic)
         # One compiled mask builder for both Flex columns (the mask does not
         # depend on how flex_attention is compiled).
         if Flex._mask_builder is None:
@@ -604,6 +755,9 @@ class Flex:
         info["compile"] = (f"torch.compile(flex_attention, "
                            f"dynamic={self.dynamic})")
         info["softcap"] = self.softcap
+        info["window"] = self.window
+        sinks = case.sinks
+        column = sinks is not None and self.sinks_form == "column"
         # The keyword arguments of every flex call: the block mask (built
         # below), GQA, and the softcap's score_mod where there is one (no
         # score_mod keyword without: the calls of a run without --softcap).
@@ -613,7 +767,8 @@ class Flex:
             info["score_mod"] = (f"{self.softcap:g} * torch.tanh(score / "
                                  f"{self.softcap:g})")
         # Per-token ids, from the segments in packed order: segment ids
-        # unique over the batch; group ids and is-prompt per segment.
+        # unique over the batch; group ids and is-prompt per segment; lpos,
+        # the position in the token's own sequence [prompt | response].
         lengths = torch.tensor([sg.length for sg in case.segments],
                                device=dev)
 
@@ -624,6 +779,21 @@ class Flex:
         seg_id = per_token(list(range(len(case.segments))))
         group_id = per_token([sg.group for sg in case.segments])
         is_prompt = per_token([int(sg.is_prompt) for sg in case.segments]) != 0
+        # lpos = (index in the segment) + (the prompt's length for a response)
+        seg_start = per_token([sg.start for sg in case.segments])
+        prompt_len = per_token([0 if sg.is_prompt else case.groups[sg.group][0]
+                                for sg in case.segments])
+        lpos = (torch.arange(case.T, device=dev, dtype=torch.int32)
+                - seg_start + prompt_len)
+        KV = case.T
+        if column:
+            # One more key/value token, index T, that every query sees (the
+            # sink); the per-token tables get an entry for it.
+            KV = case.T + 1
+            pad = lambda t, x: torch.cat([t, t.new_full((1,), x)])  # noqa
+            seg_id, group_id = pad(seg_id, -1), pad(group_id, -1)
+            is_prompt, lpos = pad(is_prompt, False), pad(lpos, 0)
+        window = self.window
 
         def allowed(b, h, q_idx, kv_idx):
             same_group = group_id[q_idx] == group_id[kv_idx]
@@ -631,8 +801,31 @@ class Flex:
             visible = is_prompt[kv_idx] | (seg_id[q_idx] == seg_id[kv_idx])
             return same_group & causal & visible
 
+        mask_mod = allowed
+        if window:
+            info["mask_mod"] = "allowed(i, j) & (lpos[i] - lpos[j] < W)"
+
+            def windowed(b, h, q_idx, kv_idx):
+                near = lpos[q_idx] - lpos[kv_idx] < window
+                return allowed(b, h, q_idx, kv_idx) & near
+
+            mask_mod = windowed
+        if column:
+            inner, T = mask_mod, case.T
+
+            def with_sink(b, h, q_idx, kv_idx):
+                return (kv_idx == T) | inner(b, h, q_idx, kv_idx)
+
+            mask_mod = with_sink
+            info["sinks_form"] = ("column: one zero key/value token at index "
+                                  "T every query sees, score_mod puts s_h "
+                                  "in its score")
+        elif sinks is not None:
+            info["sinks_form"] = ("lse: flex_attention(return_lse=True), then "
+                                  "o * sigmoid(lse - s), compiled together")
+
         def build():
-            return self.build(allowed, None, None, case.T, case.T, device=dev)
+            return self.build(mask_mod, None, None, case.T, KV, device=dev)
 
         # The block mask: built here, once per config, never in the timing.
         torch.cuda.synchronize()
@@ -643,7 +836,7 @@ class Flex:
         except Exception as e:  # fall back to the eager builder
             info["block_mask_compile_error"] = common.short_error(e)
             build = lambda: self.create_block_mask(  # noqa: E731
-                allowed, None, None, case.T, case.T, device=dev)
+                mask_mod, None, None, case.T, KV, device=dev)
             t0 = time.perf_counter()
             block_mask = build()
             info["block_mask_builder"] = "create_block_mask (eager)"
@@ -671,25 +864,47 @@ class Flex:
         ts = (case.q, case.k, case.v) + ((case.dout,) if case.with_grad
                                           else ())
         copies = [bhtd(t) for t in ts]
-        info["layout"] = "contiguous [1, H, T, D] copies"
+        if column:
+            # K and V with the sink's zero token at index T, made here like
+            # the copies (a model would write its projections into them).
+            copies[1], copies[2] = (torch.cat([t, t.new_zeros(
+                t.shape[:2] + (1, t.shape[3]))], dim=2) for t in copies[1:3])
+            info["layout"] = ("contiguous [1, H, T, D] q, [1, H, T + 1, D] k "
+                              "and v (the sink token last)")
+        else:
+            info["layout"] = "contiguous [1, H, T, D] copies"
         info["input_copy_bytes"] = sum(t.numel() * t.element_size()
                                        for t in copies)
         flex = self.flex
         kw["block_mask"] = block_mask
         if not case.with_grad:
-            qf, kf, vf = copies
+            qf, kf, vf = copies[:3]
+            if sinks is not None and not column:
+                return {"fwd": lambda: flex(qf, kf, vf, sinks, **kw)}
+            if column:
+                kw["score_mod"] = sink_column_score_mod(
+                    torch, self.score_mod, case.T, sinks)
             return {"fwd": lambda: flex(qf, kf, vf, **kw)}
         # The contiguous copies are the autograd leaves: the backward's
         # gradients come out in [1, H, T, D], with no transpose to undo.
         q, k, v = (t.requires_grad_() for t in copies[:3])
         dout = copies[3]
+        inputs = (q, k, v)
+        if sinks is not None:
+            s = sinks.detach().clone().requires_grad_()
+            inputs = (q, k, v, s)
+            if column:
+                kw["score_mod"] = sink_column_score_mod(
+                    torch, self.score_mod, case.T, s)
 
         def fwd():
+            if sinks is not None and not column:
+                return flex(q, k, v, s, **kw)
             return flex(q, k, v, **kw)
 
         def fwd_bwd():
             o = fwd()
-            return o, torch.autograd.grad(o, (q, k, v), dout)
+            return o, torch.autograd.grad(o, inputs, dout)
 
         return {"fwd": fwd, "fwd_bwd": fwd_bwd}
 
@@ -702,9 +917,16 @@ class Flex:
         info["max_abs_diff_vs_dualkv"] = (
             (o.float() - case.o_ref.float()).abs().max().item())
         if grads and case.grads_ref is not None:
+            # [1, H, T(+1), D] -> [T, H, D] (the sink column's token cut);
+            # dsinks [Hq] as it is.
+            def thd(g):
+                if g.dim() == 1:
+                    return g
+                return g[0, :, :case.T].transpose(0, 1)
+
             info["rel_diff_vs_dualkv"] = {
-                n: rel_max_diff(g[0].transpose(0, 1), r)
-                for n, g, r in zip(("dq", "dk", "dv"), grads, case.grads_ref)}
+                n: rel_max_diff(thd(g), r)
+                for n, g, r in zip(GRAD_NAMES, grads, case.grads_ref)}
 
 
 # ------------------------------------------------------------------ driver
@@ -915,7 +1137,12 @@ def parse_args(argv=None, defaults=None):
         "tanh(score / C) and the same block mask; "
         + " and ".join(NO_SOFTCAP) + " (SDPA has no softcap) are skipped, "
         "with a line saying so; useful FLOPs as without it; the default "
-        "--out gets a softcap<C> subfolder. Run time on an "
+        "--out gets a softcap<C> subfolder. --window W: DualKV with "
+        "window=W, Flex with lpos[q] - lpos[kv] < W in its mask_mod, SDPA "
+        "skipped, useful FLOPs those inside the window (subfolder "
+        "window<W>). --sinks: DualKV with sinks=s, Flex per --flex-sinks "
+        "(lse rescaling or a sink key column), SDPA skipped (subfolder "
+        "sinks). Run time on an "
         "H200 (estimate; each run's report says its own): --set all about "
         "3-5 min with --mode fwd, 5-8 min with fwdbwd (each config compiles "
         "Flex once or twice, 5-9 s a compile); --set targets alone about "
@@ -970,6 +1197,28 @@ def parse_args(argv=None, defaults=None):
                     "(SDPA: no softcap) are skipped. C is rounded to float32 "
                     "(DualKV's value). Default --out: "
                     "benchmarks/results/<today>/<commit>/softcap<C>")
+    ap.add_argument("--window", type=window_arg, default=None, metavar="W",
+                    help="sliding window W >= 1 (default: none): query i "
+                    "sees key j only if lpos(i) - lpos(j) < W, lpos the "
+                    "position in the token's own sequence [prompt | "
+                    "response]. DualKV runs with window=W, both Flex columns "
+                    "with that condition in the mask_mod (lpos per token "
+                    "from the packing); FA2 and cuDNN (SDPA: no window) are "
+                    "skipped; useful FLOPs count the pairs inside the window "
+                    "only. Default --out: .../window<W>")
+    ap.add_argument("--sinks", action="store_true",
+                    help="attention sinks (gpt-oss): one fp32 logit per "
+                    "query head in every row's softmax denominator, "
+                    "differentiated like the inputs. DualKV runs with "
+                    "sinks=s; Flex as --flex-sinks says; FA2 and cuDNN are "
+                    "skipped. Default --out: .../sinks")
+    ap.add_argument("--flex-sinks", choices=FLEX_SINK_FORMS,
+                    default=FLEX_SINK_FORMS[0],
+                    help="how Flex runs --sinks: lse (default): "
+                    "flex_attention(return_lse=True) and o * sigmoid(lse - "
+                    "s), compiled as one function; column: one zero "
+                    "key/value token every query sees, its score set to s_h "
+                    "by a score_mod")
     if defaults:
         ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
@@ -988,20 +1237,22 @@ def parse_args(argv=None, defaults=None):
     return args
 
 
-def result_record(config, softcap=None):
+def result_record(config, softcap=None, window=None, sinks=False):
     """The JSON record of one config, before its methods run (softcap: the
-    run's --softcap, None for none; the FLOPs do not depend on it)."""
-    flops = config.useful_flops()
+    run's --softcap, None for none; the FLOPs do not depend on it; window:
+    --window, None for none: the useful pairs and FLOPs are those inside it;
+    sinks: --sinks)."""
+    flops = config.useful_flops(window)
     res = {"name": config.name, "set": config.set_name, "G": config.G,
            "groups": [[P, Rs] for P, Rs in config.groups],
-           "softcap": softcap}
+           "softcap": softcap, "window": window, "sinks": bool(sinks)}
     if config.G == 1:  # P, N, Rs: one group only
         P, Rs = config.groups[0]
         res.update(P=P, N=len(Rs), Rs=Rs)
     if config.seed is not None:
         res["seed"] = config.seed
     res.update({"Hq": config.hq, "Hkv": config.hkv, "D": config.d,
-                "T": config.T, "useful_pairs": config.useful_pairs(),
+                "T": config.T, "useful_pairs": config.useful_pairs(window),
                 "replicated_pairs": config.replicated_pairs(),
                 "useful_flops": flops,
                 "useful_flops_fwd_bwd": common.FWD_BWD_FACTOR * flops,
@@ -1037,8 +1288,8 @@ def build_tables(results, order, with_grad):
     # Details: spot checks and Flex's per-shape costs.
     def grad_diffs(info):
         d = info.get("rel_diff_vs_dualkv")
-        return " / ".join(fmt(d.get(n), ".2g") for n in ("dq", "dk", "dv")) \
-            if d else "—"
+        return " / ".join(fmt(d.get(n), ".2g") for n in GRAD_NAMES
+                          if n in d) if d else "—"
 
     # Flex columns in the details: "dynamic=False / dynamic=True". The mask
     # is built the same way for both (one compiled builder): its times are
@@ -1051,7 +1302,8 @@ def build_tables(results, order, with_grad):
                      "Flex first call ms (dyn. False / True)",
                      "DualKV first call ms"]
     if with_grad:
-        detail_header += ["rel Δ dq/dk/dv vs DualKV: Flex dyn. False",
+        detail_header += ["rel Δ dq/dk/dv[/dsinks] vs DualKV: Flex dyn. "
+                          "False",
                           "Flex dyn. True", "FA2", "cuDNN", "DualKV det."]
     detail_rows = []
     for r in results:
@@ -1101,15 +1353,49 @@ def softcap_line(meta):
     softcap = meta.get("softcap")
     if not softcap:
         return "- logit softcap: none"
-    skipped = meta.get("methods_skipped", {})
+    # The methods skipped (SDPA's) are on skipped_line's line.
     return (f"- logit softcap: {softcap:g} (--softcap {softcap:g}): every "
             f"logit s = scale·q·k becomes {softcap:g}·tanh(s / {softcap:g}) "
             "before the softmax, forward and backward; DualKV with softcap="
             f"{softcap:g}, Flex with score_mod {softcap:g} * tanh(score / "
             f"{softcap:g}) and the same block mask; useful FLOPs as without "
-            "it" + ("; skipped: " + "; ".join(
-                f"{m} ({why})" for m, why in skipped.items())
-                if skipped else ""))
+            "it")
+
+
+def window_line(meta):
+    """The report's "- sliding window: ..." line."""
+    window = meta.get("window")
+    if not window:
+        return "- sliding window: none"
+    return (f"- sliding window: {window} (--window {window}): query i sees "
+            f"key j only if lpos(i) − lpos(j) < {window}, lpos the position "
+            "in the token's own sequence [prompt | response]; DualKV with "
+            f"window={window}, Flex with that condition in its mask_mod "
+            "(lpos per token from the packing); useful pairs and FLOPs are "
+            "those inside the window")
+
+
+def sinks_line(meta):
+    """The report's "- attention sinks: ..." line."""
+    if not meta.get("sinks"):
+        return "- attention sinks: none"
+    form = meta.get("flex_sinks")
+    how = ("flex_attention(return_lse=True) and o·sigmoid(lse − s), "
+           "compiled as one function" if form == "lse" else
+           "one zero key/value token every query sees, its score set to s_h "
+           "by a score_mod")
+    return ("- attention sinks: one fp32 logit s_h per query head in every "
+            "row's denominator (torch.randn), differentiated with the inputs "
+            f"(dsinks); DualKV with sinks=s, Flex --flex-sinks {form}: {how}")
+
+
+def skipped_line(meta):
+    """The methods the variants skipped, and why, or None."""
+    skipped = meta.get("methods_skipped", {})
+    if not skipped:
+        return None
+    return "- skipped: " + "; ".join(f"{m} ({why})"
+                                     for m, why in skipped.items())
 
 
 def write_report(out_dir, stem, meta, env, results, order, with_grad,
@@ -1129,9 +1415,12 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
     what = "forward and forward+backward" if with_grad else "forward"
     Hq, Hkv, D = DEFAULT_HEADS
     softcap = meta.get("softcap")
+    window = meta.get("window")
     md = [
         f"# DualKV {what} vs. peers"
-        + (f", logit softcap {softcap:g}" if softcap else ""),
+        + (f", logit softcap {softcap:g}" if softcap else "")
+        + (f", sliding window {window}" if window else "")
+        + (", attention sinks" if meta.get("sinks") else ""),
         "",
     ]
     if partial:
@@ -1143,6 +1432,9 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
         + (" (so far)" if partial else ""),
         f"- configs: {meta['config_selection']}",
         softcap_line(meta),
+        window_line(meta),
+        sinks_line(meta),
+    ] + ([skipped_line(meta)] if skipped_line(meta) else []) + [
         "",
         f"Heads: Qwen3-8B's Hq={Hq}, Hkv={Hkv}, D={D} unless the details "
         "table's Hq:Hkv / D says otherwise (the _D64 and _D256 configs); "
@@ -1229,10 +1521,15 @@ def main(argv=None, defaults=None):
             dynamo_limits[knob] = getattr(torch._dynamo.config, knob)
 
     softcap = args.softcap  # None: no softcap
-    # A softcap run's default folder is a subfolder of the plain run's, so
-    # that the two never overwrite each other.
+    window = args.window    # None: no window
+    sinks = args.sinks      # False: no sinks
+    flex_sinks = args.flex_sinks if sinks else None
+    # A variant run's default folder is a subfolder of the plain run's
+    # (softcap<C>, window<W>, sinks, joined by "_"), so that the runs never
+    # overwrite each other.
+    tag = variant_tag(softcap, window, sinks)
     out_dir = Path(args.out) if args.out else common.default_out(
-        *([softcap_tag(softcap)] if softcap else []))
+        *([tag] if tag else []))
     out_dir.mkdir(parents=True, exist_ok=True)
     reps = args.reps or (5 if args.quick else 10)
     warmup = args.warmup or (2 if args.quick else 3)
@@ -1245,18 +1542,24 @@ def main(argv=None, defaults=None):
     env = common.environment(torch, dualkv)
     print(f"# {env['gpu']}, torch {env['torch']}, dualkv {env['dualkv']} "
           f"({env['dualkv_lib']}), mode {args.mode}, logit softcap "
-          + (f"{softcap:g}" if softcap else "none") + "; x vs Flex = against "
+          + (f"{softcap:g}" if softcap else "none") + ", sliding window "
+          + (f"{window}" if window else "none") + ", sinks "
+          + (f"yes (Flex: {flex_sinks})" if sinks else "none")
+          + "; x vs Flex = against "
           f"{HEADLINE_PEER} (headline), {FLEX_DYNAMIC} (secondary); dynamo "
           f"limits {dynamo_limits}", flush=True)
     print(f"# {selection}: {len(configs)} configs: "
           + ", ".join(c.name for c in configs), flush=True)
 
     builders = {
-        "DualKV": lambda: DualKV(torch, dualkv, "DualKV", False, softcap),
+        "DualKV": lambda: DualKV(torch, dualkv, "DualKV", False, softcap,
+                                 window),
         "DualKV det.": lambda: DualKV(torch, dualkv, "DualKV det.", True,
-                                      softcap),
-        FLEX_STATIC: lambda: Flex(torch, FLEX_STATIC, False, softcap),
-        FLEX_DYNAMIC: lambda: Flex(torch, FLEX_DYNAMIC, True, softcap),
+                                      softcap, window),
+        FLEX_STATIC: lambda: Flex(torch, FLEX_STATIC, False, softcap, window,
+                                  flex_sinks),
+        FLEX_DYNAMIC: lambda: Flex(torch, FLEX_DYNAMIC, True, softcap, window,
+                                   flex_sinks),
         "FA2 replicated": lambda: Replicated(torch, "FA2 replicated",
                                              SDPBackend.FLASH_ATTENTION),
         "cuDNN replicated": lambda: Replicated(torch, "cuDNN replicated",
@@ -1268,16 +1571,23 @@ def main(argv=None, defaults=None):
     # SDPA (FA2, cuDNN) has no logit softcap: under --softcap those methods
     # would compute another function, so they do not run (one line says so,
     # and the report's softcap line and JSON's methods_skipped).
+    # Likewise for --window and --sinks (SDPA has neither).
     methods_skipped = {}
-    if softcap:
-        for m in NO_SOFTCAP:
-            if m in order:
-                order.remove(m)
-                methods_skipped[m] = "SDPA has no logit softcap"
-        if methods_skipped:
-            print(f"# --softcap {softcap:g}: skipping "
-                  + ", ".join(methods_skipped)
-                  + " (SDPA has no logit softcap)", flush=True)
+    for on, flag, lacking, what in (
+            (softcap, f"--softcap {softcap:g}" if softcap else "", NO_SOFTCAP,
+             "SDPA has no logit softcap"),
+            (window, f"--window {window}", NO_WINDOW,
+             "SDPA has no sliding window"),
+            (sinks, "--sinks", NO_SINKS, "SDPA has no attention sinks")):
+        if not on:
+            continue
+        gone = [m for m in lacking if m in order]
+        for m in gone:
+            order.remove(m)
+            methods_skipped[m] = what
+        if gone:
+            print(f"# {flag}: skipping " + ", ".join(gone) + f" ({what})",
+                  flush=True)
     methods, init_errors = {}, {}
     for m in order:
         try:
@@ -1295,16 +1605,21 @@ def main(argv=None, defaults=None):
                              "speedup_vs_flex_dynamic": FLEX_DYNAMIC},
             "dynamo_limits": dynamo_limits,
             # None: no softcap; else every logit s became c * tanh(s / c)
-            "softcap": softcap, "methods_skipped": methods_skipped}
+            "softcap": softcap,
+            # None: no window; else lpos(i) - lpos(j) < window
+            "window": window,
+            # with sinks, how Flex ran them (--flex-sinks)
+            "sinks": bool(sinks), "flex_sinks": flex_sinks,
+            "methods_skipped": methods_skipped}
     results = []
     for config in configs:
         name = config.name
         print(f"{name}: {config.describe()}  "
               f"[{time.perf_counter() - started:.0f} s]", flush=True)
         torch.manual_seed(0)
-        case = Case(torch, config, torch.bfloat16, with_grad)
-        flops = config.useful_flops()
-        res = result_record(config, softcap)
+        case = Case(torch, config, torch.bfloat16, with_grad, sinks)
+        flops = config.useful_flops(window)
+        res = result_record(config, softcap, window, sinks)
         for m in order:
             if m in init_errors:
                 res["methods"][m] = {"status": init_errors[m]}

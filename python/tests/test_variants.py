@@ -1,7 +1,13 @@
 """Attention variants through the torch binding (docs/architecture.md §1):
 the logit softcap, c * tanh(scale * q.k / c), forward and backward against a
 dense float64 reference of the same mask and cap, and against the same
-attention run on N separate sequences."""
+attention run on N separate sequences; the differentiable LSE; sliding
+windows (lpos(i) - lpos(j) < W) and attention sinks (one logit per query head
+in every row's denominator) against a float64 reference built here from an
+explicit per-token (group, segment, lpos) table, and through transformers
+(Gemma 2's sliding layers, gpt-oss's sinks and windows) against eager on the
+replicated sequences. Needs a CUDA GPU (skipped otherwise); the tolerances
+are test_backward.py's (check_close)."""
 import math
 import sys
 from pathlib import Path
@@ -216,3 +222,344 @@ def test_gemma2_softcap_model_matches_replicated_sequences():
     uncapped = packed_logits(None)
     diff = (uncapped - logits).abs().max().item()
     assert diff > 3e-2 * logits.abs().max().item() + 1e-2, diff
+
+
+# ------------------------------------------------ sliding windows and sinks
+
+def packed_token_table(groups, device):
+    """Per packed token: its group, its segment (-1 for the prompt, n for
+    response n) and its lpos, the position in its own logical sequence
+    [prompt | response] (a prompt token p: p; token r of a response: P + r)."""
+    group, segment, lpos = [], [], []
+    for g, (P, Rs) in enumerate(groups):
+        group += [g] * P
+        segment += [-1] * P
+        lpos += list(range(P))
+        for n, R in enumerate(Rs):
+            group += [g] * R
+            segment += [n] * R
+            lpos += list(range(P, P + R))
+    return (torch.tensor(x, device=device) for x in (group, segment, lpos))
+
+
+def variant_mask(groups, window, device):
+    """[T, T] bool: query i sees key j (docs/architecture.md §1, written out
+    over the whole packed batch), and with a window W only if
+    lpos(i) - lpos(j) < W."""
+    group, segment, lpos = packed_token_table(groups, device)
+    i = torch.arange(group.numel(), device=device)
+    allowed = ((group[:, None] == group[None, :]) & (i[None, :] <= i[:, None])
+               & ((segment[None, :] == -1)
+                  | (segment[None, :] == segment[:, None])))
+    if window:
+        allowed &= (lpos[:, None] - lpos[None, :]) < window
+    return allowed
+
+
+def reference_variant(q, k, v, dout, groups, scale, window=None, sinks=None,
+                      dlse=None):
+    """Float64 autograd of the loss sum(o * dout) (+ sum(lse * dlse)) with
+    the window's mask and the sinks as one more logit column of each row's
+    softmax (dropped from the output): {"o", "lse", "dq", "dk", "dv",
+    "dsinks"}."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    q64, k64, v64 = leaves
+    s64 = None
+    if sinks is not None:
+        s64 = sinks.detach().double().requires_grad_()
+        leaves.append(s64)
+    T = q.shape[0]
+    allowed = variant_mask(groups, window, q.device)
+    kx = k64.repeat_interleave(Hq // Hkv, 1)
+    vx = v64.repeat_interleave(Hq // Hkv, 1)
+    s = torch.einsum("ihd,jhd->hij", q64, kx) * scale
+    s = s.masked_fill(~allowed, float("-inf"))
+    if s64 is not None:
+        s = torch.cat([s, s64[:, None, None].expand(Hq, T, 1)], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)                                  # [Hq, T]
+    p = torch.exp(s - lse[..., None])
+    if s64 is not None:
+        p = p[..., :-1]
+    o = torch.einsum("hij,jhd->ihd", p, vx)
+    loss = (o * dout.double()).sum()
+    if dlse is not None:
+        loss = loss + (lse * dlse.double()).sum()
+    loss.backward()
+    out = {"o": o.detach(), "lse": lse.detach(), "dq": q64.grad,
+           "dk": k64.grad, "dv": v64.grad}
+    if s64 is not None:
+        out["dsinks"] = s64.grad
+    return out
+
+
+def run_variant(q, k, v, dout, plan, dlse=None, sinks=None, **kw):
+    """dualkv.attention(..., return_lse=True) through autograd: {"o", "lse",
+    "dq", "dk", "dv"} and "dsinks" with sinks (a leaf in the sinks' dtype)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    s = None
+    if sinks is not None:
+        s = sinks.detach().clone().requires_grad_()
+    o, lse = dualkv.attention(*leaves, plan, return_lse=True, sinks=s, **kw)
+    loss = (o.float() * dout.float()).sum()
+    if dlse is not None:
+        loss = loss + (lse * dlse).sum()
+    loss.backward()
+    out = {"o": o.detach(), "lse": lse.detach()}
+    out.update(zip(("dq", "dk", "dv"), (t.grad for t in leaves)))
+    if s is not None:
+        out["dsinks"] = s.grad
+    return out
+
+
+def check_all(got, ref, dtype, names=None):
+    for name in names or ref:
+        check_close(name, got[name], ref[name], dtype)
+
+
+# Windows: a single token (1), two, inside the prompts and across the
+# prompt/response boundary of GROUPS' groups (50 < 67, 64 < 128 < 130, one
+# tile), and at least T (no pair is cut).
+WINDOWS = [1, 2, 50, 64, 130, 10**6]
+SHAPES = [(64, torch.bfloat16), (128, torch.bfloat16), (256, torch.bfloat16),
+          (128, torch.float16)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("D,dtype", SHAPES)
+def test_window_matches_reference(window, D, dtype):
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 8, 2, D, dtype, seed=window % 97 + D)
+    scale = 1 / math.sqrt(D)
+    got = run_variant(q, k, v, dout, plan, window=window)
+    ref = reference_variant(q, k, v, dout, GROUPS, scale, window=window)
+    check_all(got, ref, dtype)
+    if window in (2, 50):
+        # The window reaches the kernels: without it the check fails.
+        plain = run_variant(q, k, v, dout, plan)
+        with pytest.raises(AssertionError):
+            check_all(plain, ref, dtype)
+
+
+@needs_gpu
+def test_window_with_dlse_negative_scale_and_functional_api():
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 4, 4, 64, torch.bfloat16, seed=11)
+    dlse = torch.randn(4, q.shape[0], device="cuda")
+    got = run_variant(q, k, v, dout, plan, dlse=dlse, window=33, scale=-0.2)
+    ref = reference_variant(q, k, v, dout, GROUPS, -0.2, window=33, dlse=dlse)
+    check_all(got, ref, torch.bfloat16)
+    o, lse = dualkv.forward(q, k, v, plan, window=33)
+    dq, dk, dv = dualkv.backward(q, k, v, o, dout, lse, plan, window=33)
+    ref = reference_variant(q, k, v, dout, GROUPS, 1 / 8, window=33)
+    check_all({"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}, ref,
+              torch.bfloat16)
+
+
+@needs_gpu
+def test_window_refused_where_not_supported():
+    """The library refuses a window with the deterministic backward and for
+    branching prefix trees, by name (ValueError), before any launch."""
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 4, 2, 64, torch.bfloat16, seed=5)
+    o, lse = dualkv.forward(q, k, v, plan, window=8)
+    with pytest.raises(ValueError, match="window"):
+        dualkv.backward(q, k, v, o, dout, lse, plan, window=8,
+                        deterministic=True)
+    # Node 3's ancestors are nodes 0 and 2, with node 1 between them.
+    tree = dualkv.Plan.from_tree([10, 5, 5, 4], [-1, 0, 0, 2])
+    assert tree.max_ancestor_ranges > 1
+    tq, tk, tv, _ = make_inputs([(24, [])], 4, 2, 64, torch.bfloat16, seed=6)
+    with pytest.raises(ValueError, match="window"):
+        dualkv.forward(tq, tk, tv, tree, window=8)
+
+
+def make_sinks(Hq, seed):
+    """fp32 [Hq] sink logits of every regime: about the scores' size, one
+    that dominates short rows (+6) and one that is negligible (-20)."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(Hq, generator=gen) * 2
+    s[0], s[-1] = 6.0, -20.0
+    return s.cuda()
+
+
+@needs_gpu
+@pytest.mark.parametrize("D,dtype", SHAPES)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sinks_match_reference(D, dtype, deterministic):
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 8, 2, D, dtype, seed=D + 3)
+    sinks = make_sinks(8, seed=D)
+    scale = 1 / math.sqrt(D)
+    got = run_variant(q, k, v, dout, plan, sinks=sinks,
+                      deterministic=deterministic)
+    ref = reference_variant(q, k, v, dout, GROUPS, scale, sinks=sinks)
+    check_all(got, ref, dtype)
+    # The sinks reach the kernels: without them o and lse fail the check.
+    plain = run_variant(q, k, v, dout, plan)
+    with pytest.raises(AssertionError):
+        check_all(plain, ref, dtype, names=("o", "lse"))
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_sinks_with_a_differentiable_lse(D):
+    """dL/ds_h = -sum_i exp(s_h - lse_i) * (rowsum(dO * O)_i - dLSE_i): a
+    loss of the LSE too, and one of the LSE alone (dO zero)."""
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 8, 4, D, torch.bfloat16, seed=D + 5)
+    sinks = make_sinks(8, seed=D + 1)
+    dlse = torch.randn(8, q.shape[0], device="cuda")
+    got = run_variant(q, k, v, dout, plan, dlse=dlse, sinks=sinks)
+    ref = reference_variant(q, k, v, dout, GROUPS, 1 / math.sqrt(D),
+                            sinks=sinks, dlse=dlse)
+    check_all(got, ref, torch.bfloat16)
+    zero = torch.zeros_like(dout)
+    got = run_variant(q, k, v, zero, plan, dlse=dlse, sinks=sinks)
+    ref = reference_variant(q, k, v, zero, GROUPS, 1 / math.sqrt(D),
+                            sinks=sinks, dlse=dlse)
+    check_all(got, ref, torch.bfloat16, names=("dq", "dk", "dsinks"))
+
+
+@needs_gpu
+def test_sinks_functional_api_negative_scale_and_parameter_dtype():
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 4, 2, 128, torch.bfloat16, seed=9)
+    sinks = make_sinks(4, seed=2)
+    ref = reference_variant(q, k, v, dout, GROUPS, -0.1, sinks=sinks)
+    o, lse = dualkv.forward(q, k, v, plan, scale=-0.1, sinks=sinks)
+    dsinks = torch.full((4,), float("nan"), device="cuda")
+    grads = dualkv.backward(q, k, v, o, dout, lse, plan, scale=-0.1,
+                            sinks=sinks, dsinks=dsinks)
+    assert len(grads) == 4 and grads[3] is dsinks  # written in place
+    check_all(dict(zip(("o", "lse", "dq", "dk", "dv", "dsinks"),
+                       (o, lse) + tuple(grads))), ref, torch.bfloat16)
+    # Without sinks the backward returns three gradients, as before.
+    assert len(dualkv.backward(q, k, v, o, dout, lse, plan,
+                               scale=-0.1)) == 3
+    with pytest.raises(ValueError, match="dsinks is given but sinks is None"):
+        dualkv.backward(q, k, v, o, dout, lse, plan, dsinks=dsinks)
+    with pytest.raises(ValueError, match="sinks is torch.bfloat16"):
+        dualkv.forward(q, k, v, plan, sinks=sinks.bfloat16())
+    # attention() takes the parameter in any float dtype (gpt-oss's is the
+    # model's) and runs it in float32; its gradient comes back in that dtype.
+    s16 = sinks.bfloat16()
+    got = run_variant(q, k, v, dout, plan, sinks=s16)
+    ref = reference_variant(q, k, v, dout, GROUPS, 1 / math.sqrt(128),
+                            sinks=s16.float())
+    assert got["dsinks"].dtype == torch.bfloat16
+    check_all(got, ref, torch.bfloat16)
+
+
+@needs_gpu
+@pytest.mark.parametrize("window", [1, 40, 10**6])
+def test_window_and_sinks_together(window):
+    """gpt-oss's sliding layers: both variants at once (head_dim 64, 64:8
+    heads' ratio)."""
+    plan = dualkv.Plan(GROUPS)
+    q, k, v, dout = make_inputs(GROUPS, 8, 1, 64, torch.bfloat16, seed=21)
+    sinks = make_sinks(8, seed=window % 89)
+    got = run_variant(q, k, v, dout, plan, window=window, sinks=sinks)
+    ref = reference_variant(q, k, v, dout, GROUPS, 1 / 8, window=window,
+                            sinks=sinks)
+    check_all(got, ref, torch.bfloat16)
+
+
+# Groups whose sequences are longer than the models' sliding window (8).
+LONG_GROUPS = [([1, 5, 9, 2, 7, 3, 3, 8, 4, 6, 6, 1, 2, 11],
+                [[3, 3, 8, 5, 9, 14, 2, 7, 7, 1, 16], [], [4, 2, 9]]),
+               ([6, 6, 13, 5, 2], [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])]
+
+
+def packed_logits(model_class, config, eager, groups):
+    """The logits of the packed groups through attn_implementation="dualkv"
+    (bf16) with the weights of `eager`."""
+    packed = dualkv.pack(groups)
+    t = packed.to_torch("cuda")
+    model = model_class(config).cuda().to(torch.bfloat16)
+    model.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        logits = model(input_ids=t["input_ids"][None],
+                       position_ids=t["position_ids"][None],
+                       dualkv_plan=packed.plan()).logits[0].float()
+    return logits, packed
+
+
+@needs_gpu
+def test_gemma2_sliding_window_model_matches_replicated_sequences():
+    """A tiny random Gemma 2 whose sliding layers (every other one; the
+    window reaches the backend as sliding_window) have a window of 8, on
+    sequences of up to 26 tokens, packed through "dualkv" against eager on
+    the replicated sequences in float32; the same packed model with a window
+    longer than every sequence must fail that check."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Gemma2Config"):
+        pytest.skip("this transformers has no Gemma 2")
+    from dualkv import transformers_backend
+    transformers_backend.register()
+
+    def config(attn, window):
+        return transformers.Gemma2Config(
+            vocab_size=97, hidden_size=256, intermediate_size=512,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, max_position_embeddings=512, sliding_window=window,
+            attn_logit_softcapping=None, final_logit_softcapping=None,
+            query_pre_attn_scalar=64, attn_implementation=attn)
+
+    torch.manual_seed(0)
+    eager = transformers.Gemma2ForCausalLM(config("eager", 8)).cuda().float()
+    assert any(getattr(layer.self_attn, "sliding_window", None) == 8
+               for layer in eager.model.layers)
+    cls = transformers.Gemma2ForCausalLM
+    logits, packed = packed_logits(cls, config("dualkv", 8), eager,
+                                   LONG_GROUPS)
+    assert_logits_match_replicated(logits, packed, LONG_GROUPS, eager)
+    # The window reaches the kernels: without it the logits fail the check.
+    unwindowed, _ = packed_logits(cls, config("dualkv", 4096), eager,
+                                  LONG_GROUPS)
+    with pytest.raises(AssertionError):
+        assert_logits_match_replicated(unwindowed, packed, LONG_GROUPS, eager)
+
+
+@needs_gpu
+def test_gpt_oss_sinks_and_windows_match_replicated_sequences():
+    """A tiny random gpt-oss (sinks on every layer, passed as s_aux; a
+    sliding window of 8 on every other layer) packed through "dualkv"
+    against eager on the replicated sequences in float32. Two experts, both
+    routed to every token (no top-k choice for rounding to flip). The sinks
+    are set to values that matter (initialised near 0 they barely do); the
+    same packed model with sinks of -1e4 (none) must fail the check."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no gpt-oss")
+    from dualkv import transformers_backend
+    transformers_backend.register()
+
+    def config(attn):
+        return transformers.GptOssConfig(
+            vocab_size=97, hidden_size=256, intermediate_size=256,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, num_local_experts=2, num_experts_per_tok=2,
+            sliding_window=8, max_position_embeddings=512,
+            attention_dropout=0.0, attn_implementation=attn)
+
+    torch.manual_seed(0)
+    eager = transformers.GptOssForCausalLM(config("eager")).cuda().float()
+    layers = [layer.self_attn for layer in eager.model.layers]
+    assert any(getattr(a, "sliding_window", None) == 8 for a in layers)
+    with torch.no_grad():
+        for n, a in enumerate(layers):
+            a.sinks.copy_(torch.linspace(-1.0, 3.0, a.sinks.numel()) + n)
+    cls = transformers.GptOssForCausalLM
+    logits, packed = packed_logits(cls, config("dualkv"), eager, LONG_GROUPS)
+    assert_logits_match_replicated(logits, packed, LONG_GROUPS, eager)
+    # The sinks reach the kernels: with none the logits fail the check.
+    sinkless = cls(config("eager")).cuda().float()
+    sinkless.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        for layer in sinkless.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+    no_sinks, _ = packed_logits(cls, config("dualkv"), sinkless, LONG_GROUPS)
+    with pytest.raises(AssertionError):
+        assert_logits_match_replicated(no_sinks, packed, LONG_GROUPS, eager)
