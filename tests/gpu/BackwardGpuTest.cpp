@@ -332,19 +332,8 @@ std::vector<double> rowsOf(const std::vector<T> &x,
   return out;
 }
 
-/// The packed backward against the replicated definition, computed by the
-/// DualKV kernels themselves on each copy [prompt | response_n] alone (its
-/// own plan, forward and backward). The packed loss counts each prompt row's
-/// output once, so the prompt rows' dO goes to the group's first copy only
-/// (zero in the others; Reference.h's backward_replicated does the same).
-/// Then, per token:
-///   - prompt dK/dV = the fp64 sum over the copies (tolerance: the reduction
-///     order differs);
-///   - response dK/dV and every dQ = the one copy that has a gradient there
-///     (prompt dQ: the first copy; the others' is zero): bit for bit in
-///     deterministic mode, where both sides run the same tiles in the same
-///     order; within the tolerance in the default mode (dQ by fp32 atomics),
-///     with the count of differing bits reported.
+/// The packed backward against the replicated definition, run by the
+/// kernels (backwardEquivalence), in the default and the deterministic mode.
 int testEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checkedCases = 0;
@@ -363,96 +352,11 @@ int testEquivalence(uint64_t seed) {
                        PlanGroup{5, {0, 0}}};
       packed.fill(rng);
       packed.fillGrad(rng);
-      std::vector<ReplicaCopy> copies = replicatedCopies(packed);
-      const int64_t qw = int64_t(packed.hq) * d, kvw = int64_t(packed.hkv) * d;
-
-      // Which tokens are prompt tokens (compared to a sum).
-      std::vector<int64_t> promptTokens, responseTokens;
-      {
-        int64_t base = 0;
-        for (auto &g : packed.groups) {
-          for (int64_t i = 0; i < g.prompt_len; ++i)
-            promptTokens.push_back(base + i);
-          base += g.prompt_len;
-          for (int64_t r : g.response_lens)
-            for (int64_t i = 0; i < r; ++i)
-              responseTokens.push_back(base++);
-        }
-      }
-
       for (bool deterministic : {false, true}) {
         BackwardOptions mode;
         mode.deterministic = deterministic;
-        BackwardResult got = runOne(packed, mode);
-        std::vector<double> sumDq(got.dq.size()), sumDk(got.dk.size()),
-            sumDv(got.dv.size());
-        // The one copy's value for dQ rows and response dK/dV rows.
-        std::vector<float> oneDq(got.dq.size(), NAN), oneDk(got.dk.size(), NAN),
-            oneDv(got.dv.size(), NAN);
-        for (auto &copy : copies) {
-          Case one = gatherCopies(packed, {copy});
-          if (!copy.first)
-            std::fill(one.dout.begin(),
-                      one.dout.begin() + copy.group.prompt_len * qw, 0);
-          const BackwardResult c = runOne(one, mode);
-          for (size_t row = 0; row < copy.tokens.size(); ++row) {
-            int64_t tok = copy.tokens[row];
-            bool prompt = int64_t(row) < copy.group.prompt_len;
-            for (int64_t x = 0; x < qw; ++x) {
-              sumDq[tok * qw + x] += c.dq[row * qw + x];
-              if (!prompt || copy.first)
-                oneDq[tok * qw + x] = c.dq[row * qw + x];
-            }
-            for (int64_t x = 0; x < kvw; ++x) {
-              sumDk[tok * kvw + x] += c.dk[row * kvw + x];
-              sumDv[tok * kvw + x] += c.dv[row * kvw + x];
-              if (!prompt) {
-                oneDk[tok * kvw + x] = c.dk[row * kvw + x];
-                oneDv[tok * kvw + x] = c.dv[row * kvw + x];
-              }
-            }
-          }
-        }
-        Tolerance tol = equivalenceToleranceFor(t);
-        auto promptDk = rowsOf(got.dk, promptTokens, kvw),
-             promptDv = rowsOf(got.dv, promptTokens, kvw);
-        auto expDk = rowsOf(sumDk, promptTokens, kvw),
-             expDv = rowsOf(sumDv, promptTokens, kvw);
-        std::vector<float> pk(promptDk.begin(), promptDk.end()),
-            pv(promptDv.begin(), promptDv.end());
-        TensorErrors ek = compareTensor(pk.data(), expDk.data(), expDk.size()),
-                     ev = compareTensor(pv.data(), expDv.data(), expDv.size()),
-                     eq = compareTensor(got.dq.data(), sumDq.data(),
-                                        sumDq.size());
-        auto respDk = rowsOf(got.dk, responseTokens, kvw),
-             respDv = rowsOf(got.dv, responseTokens, kvw),
-             respOneDk = rowsOf(oneDk, responseTokens, kvw),
-             respOneDv = rowsOf(oneDv, responseTokens, kvw);
-        auto toFloat = [](const std::vector<double> &x) {
-          return std::vector<float>(x.begin(), x.end());
-        };
-        std::vector<float> rk = toFloat(respDk), rv = toFloat(respDv),
-                           rok = toFloat(respOneDk), rov = toFloat(respOneDv);
-        TensorErrors erk = compareTensor(rk.data(), rok.data(), rok.size()),
-                     erv = compareTensor(rv.data(), rov.data(), rov.size());
-        int64_t bitsDq = bitwiseMismatches(got.dq, oneDq),
-                bitsDk = bitwiseMismatches(rk, rok),
-                bitsDv = bitwiseMismatches(rv, rov);
-        bool pass = within(ek, tol) && within(ev, tol) && within(eq, tol) &&
-                    within(erk, tol) && within(erv, tol) &&
-                    (!deterministic || bitsDq + bitsDk + bitsDv == 0);
         ++checkedCases;
-        failures += !pass;
-        fmt::print(
-            "{} equivalence {} D={} {}: prompt dK/dV vs sum over copies: "
-            "max|err|/max|ref| {:.3g} / {:.3g}, rel-L2 {:.3g} / {:.3g} (tol "
-            "{:.1e}, {:.1e}); dQ rel-L2 {:.3g}, response dK/dV rel-L2 {:.3g} / "
-            "{:.3g}; values differing in bits from their copy: dQ {}, response "
-            "dK {}, dV {}{}\n",
-            pass ? "ok" : "FAIL", modeName(mode), d, dtypeName(t),
-            ek.maxAbsRel(), ev.maxAbsRel(), ek.relL2, ev.relL2, tol.maxAbsRel,
-            tol.relL2, eq.relL2, erk.relL2, erv.relL2, bitsDq, bitsDk, bitsDv,
-            deterministic ? " (must be 0)" : " (allowed)");
+        failures += !backwardEquivalence(packed, mode);
       }
     }
   fmt::print("backward_equivalence: {} cases, {} failed (packed vs N separate "
@@ -583,6 +487,112 @@ int testDeterministic(uint64_t seed) {
 
 } // namespace
 
+/// The packed backward against the replicated definition, computed by the
+/// DualKV kernels themselves on each copy [prompt | response_n] alone (its
+/// own plan, forward and backward). The packed loss counts each prompt row's
+/// output once, so the prompt rows' dO goes to the group's first copy only
+/// (zero in the others; Reference.h's backward_replicated does the same).
+/// Then, per token:
+///   - prompt dK/dV = the fp64 sum over the copies (tolerance: the reduction
+///     order differs);
+///   - response dK/dV and every dQ = the one copy that has a gradient there
+///     (prompt dQ: the first copy; the others' is zero): bit for bit in
+///     deterministic mode, where both sides run the same tiles in the same
+///     order; within the tolerance in the other modes (dQ by fp32 atomics),
+///     with the count of differing bits reported.
+bool dualkv::testing::backwardEquivalence(const Case &packed,
+                                          const BackwardOptions &mode) {
+  const int d = packed.d;
+  const DType t = packed.dtype;
+  const bool deterministic = mode.deterministic;
+  std::vector<ReplicaCopy> copies = replicatedCopies(packed);
+  const int64_t qw = int64_t(packed.hq) * d, kvw = int64_t(packed.hkv) * d;
+
+  // Which tokens are prompt tokens (compared to a sum).
+  std::vector<int64_t> promptTokens, responseTokens;
+  {
+    int64_t base = 0;
+    for (auto &g : packed.groups) {
+      for (int64_t i = 0; i < g.prompt_len; ++i)
+        promptTokens.push_back(base + i);
+      base += g.prompt_len;
+      for (int64_t r : g.response_lens)
+        for (int64_t i = 0; i < r; ++i)
+          responseTokens.push_back(base++);
+    }
+  }
+
+  BackwardResult got = runOne(packed, mode);
+  std::vector<double> sumDq(got.dq.size()), sumDk(got.dk.size()),
+      sumDv(got.dv.size());
+  // The one copy's value for dQ rows and response dK/dV rows.
+  std::vector<float> oneDq(got.dq.size(), NAN), oneDk(got.dk.size(), NAN),
+      oneDv(got.dv.size(), NAN);
+  for (auto &copy : copies) {
+    Case one = gatherCopies(packed, {copy});
+    if (!copy.first)
+      std::fill(one.dout.begin(), one.dout.begin() + copy.group.prompt_len * qw,
+                0);
+    const BackwardResult c = runOne(one, mode);
+    for (size_t row = 0; row < copy.tokens.size(); ++row) {
+      int64_t tok = copy.tokens[row];
+      bool prompt = int64_t(row) < copy.group.prompt_len;
+      for (int64_t x = 0; x < qw; ++x) {
+        sumDq[tok * qw + x] += c.dq[row * qw + x];
+        if (!prompt || copy.first)
+          oneDq[tok * qw + x] = c.dq[row * qw + x];
+      }
+      for (int64_t x = 0; x < kvw; ++x) {
+        sumDk[tok * kvw + x] += c.dk[row * kvw + x];
+        sumDv[tok * kvw + x] += c.dv[row * kvw + x];
+        if (!prompt) {
+          oneDk[tok * kvw + x] = c.dk[row * kvw + x];
+          oneDv[tok * kvw + x] = c.dv[row * kvw + x];
+        }
+      }
+    }
+  }
+  Tolerance tol = equivalenceToleranceFor(t);
+  auto promptDk = rowsOf(got.dk, promptTokens, kvw),
+       promptDv = rowsOf(got.dv, promptTokens, kvw);
+  auto expDk = rowsOf(sumDk, promptTokens, kvw),
+       expDv = rowsOf(sumDv, promptTokens, kvw);
+  std::vector<float> pk(promptDk.begin(), promptDk.end()),
+      pv(promptDv.begin(), promptDv.end());
+  TensorErrors ek = compareTensor(pk.data(), expDk.data(), expDk.size()),
+               ev = compareTensor(pv.data(), expDv.data(), expDv.size()),
+               eq = compareTensor(got.dq.data(), sumDq.data(), sumDq.size());
+  auto respDk = rowsOf(got.dk, responseTokens, kvw),
+       respDv = rowsOf(got.dv, responseTokens, kvw),
+       respOneDk = rowsOf(oneDk, responseTokens, kvw),
+       respOneDv = rowsOf(oneDv, responseTokens, kvw);
+  auto toFloat = [](const std::vector<double> &x) {
+    return std::vector<float>(x.begin(), x.end());
+  };
+  std::vector<float> rk = toFloat(respDk), rv = toFloat(respDv),
+                     rok = toFloat(respOneDk), rov = toFloat(respOneDv);
+  TensorErrors erk = compareTensor(rk.data(), rok.data(), rok.size()),
+               erv = compareTensor(rv.data(), rov.data(), rov.size());
+  int64_t bitsDq = bitwiseMismatches(got.dq, oneDq),
+          bitsDk = bitwiseMismatches(rk, rok),
+          bitsDv = bitwiseMismatches(rv, rov);
+  bool pass = within(ek, tol) && within(ev, tol) && within(eq, tol) &&
+              within(erk, tol) && within(erv, tol) &&
+              (!deterministic || bitsDq + bitsDk + bitsDv == 0);
+  fmt::print(
+      "{} equivalence {} D={} {}{}: prompt dK/dV vs sum over copies: "
+      "max|err|/max|ref| {:.3g} / {:.3g}, rel-L2 {:.3g} / {:.3g} (tol "
+      "{:.1e}, {:.1e}); dQ rel-L2 {:.3g}, response dK/dV rel-L2 {:.3g} / "
+      "{:.3g}; values differing in bits from their copy: dQ {}, response "
+      "dK {}, dV {}{}\n",
+      pass ? "ok" : "FAIL", modeName(mode), d, dtypeName(t),
+      packed.window > 0 ? fmt::format(" window={}", packed.window) : "",
+      ek.maxAbsRel(), ev.maxAbsRel(), ek.relL2, ev.relL2, tol.maxAbsRel,
+      tol.relL2, eq.relL2, erk.relL2, erv.relL2, bitsDq, bitsDk, bitsDv,
+      deterministic ? " (must be 0)" : " (allowed)");
+  return pass;
+}
+
 std::string dualkv::testing::backwardReferenceError(const Case &c,
                                                     const ForwardResult &fwd,
                                                     const BackwardResult &kr,
@@ -615,6 +625,22 @@ std::string dualkv::testing::backwardReferenceError(const Case &c,
     return {};
   return fmt::format("backward of {}: rel-L2 dq {:.3g} dk {:.3g} dv {:.3g}",
                      c.describe(), e.dq.relL2, e.dk.relL2, e.dv.relL2);
+}
+
+std::string
+dualkv::testing::backwardAgreementError(const Case &c, const BackwardResult &r,
+                                        const BackwardResult &expected) {
+  std::vector<double> dq(expected.dq.begin(), expected.dq.end()),
+      dk(expected.dk.begin(), expected.dk.end()),
+      dv(expected.dv.begin(), expected.dv.end());
+  GradErrors e = compareGrads(r, dq, dk, dv);
+  if (within(e, toleranceFor(c.dtype)))
+    return {};
+  return fmt::format("backward of {} against the other kernel: rel-L2 dq "
+                     "{:.3g} dk {:.3g} dv {:.3g}; max|err|/max|ref| dq {:.3g} "
+                     "dk {:.3g} dv {:.3g}",
+                     c.describe(), e.dq.relL2, e.dk.relL2, e.dv.relL2,
+                     e.dq.maxAbsRel(), e.dk.maxAbsRel(), e.dv.maxAbsRel());
 }
 
 int dualkv::testing::backwardTest(const std::string &which, int count) {

@@ -150,29 +150,7 @@ int testEquivalence(uint64_t seed) {
       packed.groups = {PlanGroup{333, {100, 0, 257, 1, 64}}, PlanGroup{64, {}},
                        PlanGroup{129, {31, 500}}};
       packed.fill(rng);
-      // The replicated layout and the token map packed -> copies.
-      std::vector<ReplicaCopy> copies = replicatedCopies(packed);
-      Case rep = gatherCopies(packed, copies);
-      std::vector<std::pair<int64_t, int64_t>>
-          pairs; // (packed token, replicated token)
-      for (auto &copy : copies)
-        for (int64_t tok : copy.tokens)
-          pairs.push_back({tok, int64_t(pairs.size())});
-      ForwardResult a = runForward(packed), b = runForward(rep);
-      int64_t tp = packed.tokens(), tr = rep.tokens();
-      int64_t mismatches = 0;
-      for (auto [pt, rt] : pairs)
-        for (int h = 0; h < packed.hq; ++h) {
-          for (int e = 0; e < d; ++e) {
-            float x = a.o[(pt * packed.hq + h) * d + e],
-                  y = b.o[(rt * packed.hq + h) * d + e];
-            if (std::memcmp(&x, &y, 4) != 0)
-              ++mismatches;
-          }
-          float x = a.lse[h * tp + pt], y = b.lse[h * tr + rt];
-          if (std::memcmp(&x, &y, 4) != 0)
-            ++mismatches;
-        }
+      int64_t mismatches = forwardEquivalenceMismatches(packed);
       ++checkedCases;
       if (mismatches) {
         ++failures;
@@ -253,6 +231,49 @@ std::string dualkv::testing::forwardReferenceError(const Case &c,
     return {};
   return fmt::format("forward of {}: max|dO| {:.3g} rel-L2 {:.3g} max|dLSE| "
                      "{:.3g}{}",
+                     c.describe(), e.maxAbsO, e.relL2O, e.maxAbsLse,
+                     e.finite ? "" : " (not finite)");
+}
+
+int64_t dualkv::testing::forwardEquivalenceMismatches(const Case &packed) {
+  // The replicated layout and the token map packed -> copies.
+  std::vector<ReplicaCopy> copies = replicatedCopies(packed);
+  Case rep = gatherCopies(packed, copies);
+  std::vector<std::pair<int64_t, int64_t>>
+      pairs; // (packed token, replicated token)
+  for (auto &copy : copies)
+    for (int64_t tok : copy.tokens)
+      pairs.push_back({tok, int64_t(pairs.size())});
+  ForwardResult a = runForward(packed), b = runForward(rep);
+  const int64_t tp = packed.tokens(), tr = rep.tokens(), d = packed.d;
+  int64_t mismatches = 0;
+  for (auto [pt, rt] : pairs)
+    for (int h = 0; h < packed.hq; ++h) {
+      for (int64_t e = 0; e < d; ++e) {
+        float x = a.o[(pt * packed.hq + h) * d + e],
+              y = b.o[(rt * packed.hq + h) * d + e];
+        if (std::memcmp(&x, &y, 4) != 0)
+          ++mismatches;
+      }
+      float x = a.lse[h * tp + pt], y = b.lse[h * tr + rt];
+      if (std::memcmp(&x, &y, 4) != 0)
+        ++mismatches;
+    }
+  return mismatches;
+}
+
+std::string
+dualkv::testing::forwardAgreementError(const Case &c, const ForwardResult &r,
+                                       const ForwardResult &expected) {
+  std::vector<double> o(expected.o.begin(), expected.o.end()),
+      lse(expected.lse.begin(), expected.lse.end());
+  Errors e = compare(r, o, lse);
+  Tolerance tol = toleranceFor(c.dtype);
+  if (e.finite && e.maxAbsO <= tol.maxAbsO && e.relL2O <= tol.relL2O &&
+      e.maxAbsLse <= tol.maxAbsLse)
+    return {};
+  return fmt::format("forward of {} against the other kernel: max|dO| {:.3g} "
+                     "rel-L2 {:.3g} max|dLSE| {:.3g}{}",
                      c.describe(), e.maxAbsO, e.relL2O, e.maxAbsLse,
                      e.finite ? "" : " (not finite)");
 }

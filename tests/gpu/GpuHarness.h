@@ -40,6 +40,9 @@ struct Case {
   DType dtype = DType::BF16;
   /// ForwardArgs::softcap (0: none), given to the kernels and the reference.
   double softcap = 0;
+  /// ForwardArgs::window and BackwardArgs::window (0: none), given to the
+  /// kernels and the reference.
+  int64_t window = 0;
   std::vector<uint16_t> q, k, v; // packed THD, dense
   std::vector<uint16_t> dout;    // upstream gradient like q (backward only)
   /// BackwardArgs::dlse, fp32 [Hq][T] (empty: the LSE is not differentiated).
@@ -70,8 +73,9 @@ struct Case {
   }
   std::string describe() const {
     std::string s = fmt::format(
-        "Hq={} Hkv={} D={} {}{} groups:", hq, hkv, d, toString(dtype),
-        softcap > 0 ? fmt::format(" softcap={}", softcap) : std::string());
+        "Hq={} Hkv={} D={} {}{}{} groups:", hq, hkv, d, toString(dtype),
+        softcap > 0 ? fmt::format(" softcap={}", softcap) : std::string(),
+        window > 0 ? fmt::format(" window={}", window) : std::string());
     for (auto &g : groups) {
       s += fmt::format(" [P={} R=", g.prompt_len);
       for (size_t i = 0; i < g.response_lens.size(); ++i)
@@ -125,6 +129,7 @@ struct Case {
     p.head_dim = d;
     p.scale = 1.0 / std::sqrt(double(d));
     p.softcap = softcap;
+    p.window = window;
     p.sinks.assign(sinks.begin(), sinks.end());
     return p;
   }
@@ -178,6 +183,19 @@ inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
         r = int64_t(r * f);
     }
   }
+  return c;
+}
+
+/// The batch of the variants' controls (VariantGpuTest.cpp,
+/// WindowGpuTest.cpp): one group with an empty response, GQA 4:2, random
+/// inputs.
+inline Case controlCase(std::mt19937_64 &rng, int d) {
+  Case c;
+  c.groups = {{300, {200, 0, 90}}};
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = d;
+  c.fill(rng);
   return c;
 }
 
@@ -332,6 +350,7 @@ void setProblem(Args &a, const Case &c, const Plan &plan) {
   a.head_dim = c.d;
   a.dtype = c.dtype;
   a.softcap = static_cast<float>(c.softcap);
+  a.window = c.window;
   a.plan = &plan;
 }
 

@@ -30,6 +30,9 @@ int main(int argc, char **argv) {
     if (which == "sanitize" && argc > 2 &&
         std::string(argv[2]) == "sinks") // packed cases, attention sinks
       return sanitizeTest(0, 1.0, 0, false, true);
+    if (which == "sanitize" && argc > 2 &&
+        std::string(argv[2]) == "window") // packed cases, sliding window
+      return sanitizeTest(0, 1.0, 0, false, false, kSanitizeWindow);
     if (which == "sanitize") // [head_dim | tree]: those cases only
       return sanitizeTest(argc > 2 && std::string(argv[2]) == "tree" ? -1
                           : argc > 2                                 ? count
@@ -51,8 +54,9 @@ int main(int argc, char **argv) {
                        "backward-edges | backward-equivalence | "
                        "backward-deterministic | tree-random [count] | "
                        "tree-paths [count] | sanitize [head_dim | tree | "
-                       "softcap | dlse | sinks] | variant-softcap [count] | "
-                       "variant-dlse [count] | variant-sinks [count] | "
+                       "softcap | dlse | sinks | window] | "
+                       "variant-softcap [count] | variant-dlse [count] | "
+                       "variant-sinks [count] | variant-window [count] | "
                        "template-scaled | template-scaled-control | "
                        "stress-threads [rounds] | "
                        "stress-processes [rounds] | stress-leak [launches]\n");

@@ -2,6 +2,7 @@
 #ifndef DUALKV_TESTS_GPU_TESTS_H
 #define DUALKV_TESTS_GPU_TESTS_H
 
+#include <cstdint>
 #include <string>
 
 namespace dualkv::testing {
@@ -9,6 +10,7 @@ namespace dualkv::testing {
 struct Case;
 struct ForwardResult;
 struct BackwardResult;
+struct BackwardOptions;
 
 /// Returned for a test name a suite does not have.
 constexpr int kUnknownTest = -1;
@@ -37,16 +39,38 @@ int stressTest(const std::string &which, int count, char **argv);
 /// scores before the softmax (1: the shipped templates; see
 /// scaledReference()).
 /// softcap: the kernels' and the reference's logit softcap; dlse: the
-/// backward differentiates the LSE too (packed cases; the trees run without).
+/// backward differentiates the LSE too (packed cases; the trees run without);
+/// sinks: random attention sinks (packed cases); window: a sliding window
+/// (packed cases, the backward in the atomic and the split-dQ algorithms but
+/// not the deterministic mode, which refuses a window; no trees, whose
+/// kernels refuse one).
 int sanitizeTest(int onlyHeadDim = 0, double scoreFactor = 1.0,
-                 double softcap = 0, bool dlse = false, bool sinks = false);
+                 double softcap = 0, bool dlse = false, bool sinks = false,
+                 int64_t window = 0);
+
+/// The sanitize workload's sliding window (`sanitize window`,
+/// `variant-window`): shorter than its first group's prompt (150), so those
+/// responses see only the prompt's tail, and longer than its second's (65),
+/// whose responses see the whole prompt first and then only themselves.
+constexpr int64_t kSanitizeWindow = 100;
 
 /// Attention variants (VariantGpuTest.cpp): `softcap`, the sanitize
 /// workload and `count` (at most 24) random batches with a logit softcap,
 /// against fp64, and a control that the plain kernels fail those checks;
 /// `dlse`, the same with a random gradient of the LSE (Delta - dLSE);
-/// `sinks`, with random attention sinks and their gradient.
+/// `sinks`, with random attention sinks and their gradient; `window`,
+/// windowTest.
 int variantTest(const std::string &which, int count);
+
+/// Sliding windows (WindowGpuTest.cpp): a control that the plain kernels fail
+/// the window checks, the sanitize workload with kSanitizeWindow, edge cases
+/// (W 1, 2, around the prompt length, at and past the sequence length, which
+/// must also agree with the plain kernels) and `count` (at most 24) random
+/// batches with random windows, forward and backward against fp64, the
+/// packed forward bitwise and the backward within tolerance against each
+/// [prompt | response] run alone, and the refusals (deterministic backward,
+/// branching trees).
+int windowTest(int count);
 
 /// The test templates (`scaled`, tests/templates/scaled/, loaded through
 /// DUALKV_TEMPLATE_DIR): the sanitize workload's kernels, every kind and
@@ -65,6 +89,26 @@ std::string forwardReferenceError(const Case &c, const ForwardResult &r,
 std::string backwardReferenceError(const Case &c, const ForwardResult &fwd,
                                    const BackwardResult &r,
                                    double scoreFactor = 1.0);
+
+/// Why the forward result `r` of `c` differs from `expected`, another
+/// kernel's result of the same inputs, by more than the forward tests' fp64
+/// tolerances, or empty.
+std::string forwardAgreementError(const Case &c, const ForwardResult &r,
+                                  const ForwardResult &expected);
+/// The same for the backward, with the backward tests' fp64 tolerances.
+std::string backwardAgreementError(const Case &c, const BackwardResult &r,
+                                   const BackwardResult &expected);
+
+/// The forward of `packed` against the same kernels run on its replicated
+/// layout (each [prompt | response_n] a group of its own): the number of O
+/// and LSE values whose bits differ (ForwardGpuTest.cpp).
+int64_t forwardEquivalenceMismatches(const Case &packed);
+/// The backward of `packed` (with its dout) in `mode` against the kernels
+/// run on each copy of its replicated layout alone: prompt dK/dV against
+/// the sum over the copies, dQ and response dK/dV against their copy, within
+/// the equivalence tolerance (bitwise in deterministic mode); prints one
+/// line and returns whether it passed (BackwardGpuTest.cpp).
+bool backwardEquivalence(const Case &packed, const BackwardOptions &mode);
 
 } // namespace dualkv::testing
 

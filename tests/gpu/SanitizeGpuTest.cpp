@@ -7,7 +7,10 @@
 // split-dQ) of each, on one small packed batch, each result checked against
 // the fp64 reference.
 // `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees),
-// `dualkv-gpu-tests sanitize tree` the trees only.
+// `dualkv-gpu-tests sanitize tree` the trees only. With a sliding window
+// (`sanitize window`) the backward runs the atomic and the split-dQ
+// algorithms, not the deterministic mode (which refuses a window), and no
+// trees (whose kernels refuse one).
 // tests/gpu/sanitize.sh runs it under compute-sanitizer (memcheck, racecheck,
 // synccheck, initcheck; ctest label `sanitize`), which fails on any report; the
 // checks keep a kernel that does nothing from passing. A branching prefix tree
@@ -64,7 +67,8 @@ Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
 } // namespace
 
 int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
-                                  double softcap, bool dlse, bool sinks) {
+                                  double softcap, bool dlse, bool sinks,
+                                  int64_t window) {
   std::mt19937_64 rng(20261201);
   int failures = 0, checks = 0;
   auto record = [&](const std::string &what, const std::string &error) {
@@ -80,6 +84,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
         continue;
       Case c = sanitizeCase(d, t, rng);
       c.softcap = softcap;
+      c.window = window;
       if (dlse)
         c.fillDlse(rng);
       if (sinks)
@@ -111,15 +116,19 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
           ForwardResult fwd = dc.download();
           record(what + " fwd", forwardReferenceError(c, fwd, scoreFactor));
           // Both algorithms, whichever is the device's default: the
-          // split-dQ one as the deterministic mode.
-          for (bool deterministic : {false, true}) {
+          // split-dQ one as the deterministic mode, or by name with a window
+          // (the deterministic mode refuses one).
+          for (bool splitDq : {false, true}) {
             BackwardOptions o;
-            o.deterministic = deterministic;
-            o.algorithm = BackwardAlgorithm::Atomic;
-            o.tiling = deterministic ? v.bwdKV : v.bwd;
+            o.deterministic = splitDq && window == 0;
+            o.algorithm = splitDq && window > 0 ? BackwardAlgorithm::SplitDQ
+                                                : BackwardAlgorithm::Atomic;
+            o.tiling = splitDq ? v.bwdKV : v.bwd;
             o.dqTiling = v.dq;
             BackwardResult r = dc.runBackward(o);
-            record(what + (deterministic ? " bwd deterministic" : " bwd"),
+            record(what + (!splitDq      ? " bwd"
+                           : window == 0 ? " bwd deterministic"
+                                         : " bwd split_dq"),
                    backwardReferenceError(c, fwd, r, scoreFactor));
           }
         } catch (const std::exception &e) {
@@ -131,7 +140,8 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
   // the KV-major kernels on a forest's work items.
   // The tree kernels read dLSE through the same bwd_pre kernel: their
   // workload runs without it.
-  if (onlyHeadDim <= 0 && !dlse && !sinks)
+  // The tree kernels refuse a window.
+  if (onlyHeadDim <= 0 && !dlse && !sinks && window == 0)
     try {
       const int treeFailures = treeSanitizeWorkload(scoreFactor, softcap);
       checks += deviceIsSm90() ? 12 : 6;

@@ -8,6 +8,7 @@
 // `dlse`: the backward also differentiates the LSE (Delta - dLSE).
 // `sinks`: a learned logit per query head in every row's denominator, and
 // its gradient.
+// `window`: a sliding window (WindowGpuTest.cpp).
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -63,18 +64,6 @@ int randomVariant(int count, uint64_t seed, double softcap, bool dlse,
   }
   fmt::print("{} random: {} cases, {} failed\n", name, count, failures);
   return failures;
-}
-
-/// The batch of the controls: one group with an empty response, GQA 4:2,
-/// random inputs.
-Case controlCase(std::mt19937_64 &rng, int d) {
-  Case c;
-  c.groups = {{300, {200, 0, 90}}};
-  c.hq = 4;
-  c.hkv = 2;
-  c.d = d;
-  c.fill(rng);
-  return c;
 }
 
 /// The plain kernels checked against the softcap reference must fail: the
@@ -133,6 +122,8 @@ int sinksControl() {
 } // namespace
 
 int dualkv::testing::variantTest(const std::string &which, int count) {
+  if (which == "window")
+    return windowTest(count);
   if (which == "sinks") {
     int failures = sinksControl();
     failures += sanitizeTest(0, 1.0, 0, false, true) ? 1 : 0;

@@ -17,8 +17,9 @@ fi
 # fail it with 1.
 "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 20 \
   "$tests" sanitize || exit
-# The variants' kernels (logit softcap, dLSE, sinks) through the same workload.
-for variant in softcap dlse sinks; do
+# The variants' kernels (logit softcap, dLSE, sinks, sliding window) through
+# the same workload.
+for variant in softcap dlse sinks window; do
   "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 20 \
     "$tests" sanitize $variant || exit
 done
