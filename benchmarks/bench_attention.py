@@ -196,15 +196,31 @@ def softcap_score_mod(torch, softcap):
 def flex_with_sinks(torch, flex_attention):
     """Attention sinks on top of Flex ("lse" form): Flex's score_mod cannot
     add a term to the softmax denominator, but its LSE gives it after the
-    fact. With l = lse (natural log, without the sink) and s_h the sink,
+    fact (return_lse, or return_aux's lse since torch 2.9). With l = lse
+    (natural log, without the sink) and s_h the sink,
     the rows' weights shrink by exp(l) / (exp(l) + exp(s_h)) =
     sigmoid(l - s_h): o_sink = o * sigmoid(l - s_h). One function, compiled
     as a whole (the rescaling fuses into one elementwise kernel, forward and
     backward); autograd reaches the sinks and, through Flex's LSE gradient,
     q and k."""
 
+    # return_lse=True until torch 2.9, return_aux=AuxRequest(lse=True) since
+    # (return_lse deprecated then and slated for removal).
+    import inspect
+    request = None
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+        if "return_aux" in inspect.signature(flex_attention).parameters:
+            request = AuxRequest(lse=True)
+    except ImportError:
+        pass
+
     def flex_sinks(q, k, v, sinks, **kw):
-        o, lse = flex_attention(q, k, v, return_lse=True, **kw)
+        if request is not None:
+            o, aux = flex_attention(q, k, v, return_aux=request, **kw)
+            lse = aux.lse
+        else:
+            o, lse = flex_attention(q, k, v, return_lse=True, **kw)
         w = torch.sigmoid(lse - sinks[None, :, None])  # [1, Hq, T] fp32
         return (o.float() * w[..., None]).to(o.dtype)
 

@@ -139,6 +139,11 @@ def window_value(window):
     bools and floats included, is a ValueError naming the value."""
     if window is None:
         return 0
+    if type(window) is int:  # the common case, and torch.compile's
+        if 0 <= window <= INT64_MAX:
+            return window
+        raise ValueError(f"dualkv: window must be an integer >= 0 (0 or None: "
+                         f"no window) and at most {INT64_MAX}, got {window}")
     if isinstance(window, bool) or type(window).__name__ in ("bool_", "bool"):
         raise ValueError(f"dualkv: window must be an integer >= 0 (0 or None: "
                          f"no window), got the bool {window!r}")
