@@ -182,8 +182,7 @@ bool takesSinks(KernelKind kind) {
 bool takesWindow(KernelKind kind) { return takesSoftcap(kind); }
 
 KernelSpec withVariantsOfKind(KernelSpec spec) {
-  if (!takesWindow(spec.kind))
-    spec.window = 0;
+  spec.window = spec.window && takesWindow(spec.kind);
   if (!takesSoftcap(spec.kind))
     spec.softcap = 0;
   spec.dlse = spec.dlse && takesDlse(spec.kind);
@@ -305,13 +304,11 @@ std::string checkSpec(const KernelSpec &specIn) {
     return why;
   if (std::string why = checkSoftcap(spec.softcap); !why.empty())
     return why;
-  if (std::string why = checkWindow(spec.window); !why.empty())
-    return why;
-  if (spec.window > 0 && !takesWindow(spec.kind))
+  if (spec.window && !takesWindow(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
            "a window";
-  if (spec.window > 0 && spec.tree)
+  if (spec.window && spec.tree)
     return "sliding windows are not yet supported in the tree kernels (their "
            "ancestor chains)";
   if (spec.sinks && !takesSinks(spec.kind))

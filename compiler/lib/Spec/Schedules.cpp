@@ -65,18 +65,20 @@ abi::ParamTable commonKernelParams(KernelKind kind, bool tree) {
 }
 
 abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
-                                  bool dlse, bool sinks) {
+                                  bool dlse, bool sinks, bool window) {
   ParamTable base = recordOf(schedule).params(kind, tree);
-  if (!dlse && !sinks)
+  if (!dlse && !sinks && !window)
     return base;
   // The table with the variants' parameters appended, built once per base
   // table (each belongs to one kind) and set of variants, kept for the
   // process.
   static std::mutex mutex;
-  static std::map<std::tuple<const Param *, bool, bool>, std::vector<Param>>
+  static std::map<std::tuple<const Param *, bool, bool, bool>,
+                  std::vector<Param>>
       withVariants;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, added] = withVariants.try_emplace({base.params, dlse, sinks});
+  auto [it, added] =
+      withVariants.try_emplace({base.params, dlse, sinks, window});
   std::vector<Param> &table = it->second;
   if (added) {
     auto append = [&](auto &extra) {
@@ -89,6 +91,8 @@ abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
       append(kSinkGradParams);
     else if (sinks)
       append(kSinkParams);
+    if (window)
+      append(kWindowParams);
   }
   return {table.data(), table.size()};
 }

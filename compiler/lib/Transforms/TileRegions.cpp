@@ -4,7 +4,9 @@
 // Each region's kv_loop becomes its full tiles (no mask) and its edge (the
 // prompt's tail, the response's causal diagonal), or, with mask-every-tile,
 // one loop over all of them with the mask; each backward query loop its
-// diagonal and its full tiles.
+// diagonal and its full tiles. A kernel with a sliding window also gets each
+// loop's window edge, masked: before the full key tiles, after the full
+// query tiles.
 //
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Passes.h"
@@ -102,6 +104,10 @@ struct TileRegionsPass
         inits = chain.getRegionIterArgs();
       }
       MaskKind mask = shared ? MaskKind::bound : MaskKind::causal;
+      // A sliding window's far edge: the tiles partly outside the window,
+      // masked, before the full ones (Segments.h: kvLoopTiles).
+      bool windowed =
+          kernel && kernel.getProblem() && kernel.getProblem()->getWindow();
       KVLoopOp edge;
       if (maskEveryTile) {
         edge = cloneLoop<KVLoopOp, QKOp>(
@@ -110,10 +116,18 @@ struct TileRegionsPass
                              LoopPart::masked, inits),
             mask);
       } else {
+        ValueRange fullInits = inits;
+        if (windowed)
+          fullInits = cloneLoop<KVLoopOp, QKOp>(
+                          b, loop,
+                          KVLoopOp::create(b, loop.getLoc(), loop.getRegion(),
+                                           LoopPart::window, inits),
+                          mask)
+                          .getResults();
         auto full = cloneLoop<KVLoopOp, QKOp>(
             b, loop,
             KVLoopOp::create(b, loop.getLoc(), loop.getRegion(), LoopPart::full,
-                             inits),
+                             fullInits),
             std::nullopt);
         edge = cloneLoop<KVLoopOp, QKOp>(
             b, loop,
@@ -149,7 +163,18 @@ struct TileRegionsPass
           QLoopOp::create(b, loop.getLoc(), LoopPart::full,
                           diagonal.getResults()),
           std::nullopt);
-      loop.replaceAllUsesWith(full.getResults());
+      ValueRange results = full.getResults();
+      // With a sliding window, the query tiles whose last rows are past the
+      // window of the block's first keys come last, masked.
+      auto kernel = loop->getParentOfType<KernelOp>();
+      if (kernel && kernel.getProblem() && kernel.getProblem()->getWindow())
+        results =
+            cloneLoop<QLoopOp, QKTOp>(
+                b, loop,
+                QLoopOp::create(b, loop.getLoc(), LoopPart::window, results),
+                MaskKind::causal)
+                .getResults();
+      loop.replaceAllUsesWith(results);
       loop.erase();
     }
   }

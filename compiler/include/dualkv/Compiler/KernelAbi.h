@@ -103,6 +103,9 @@ inline constexpr Param kDlseParams[] = {{"dlse", F32P}, {"dlseStrideH", I64}};
 /// Appended to a forward's table with sinks (KernelSpec::sinks): one logit
 /// per query head, fp32 [Hq].
 inline constexpr Param kSinkParams[] = {{"sinks", F32P}};
+/// Appended to fwd's, bwd's, bwd_kv's and bwd_dq's table with a sliding
+/// window (KernelSpec::window, after the others): W >= 1.
+inline constexpr Param kWindowParams[] = {{"window", I64}};
 /// Appended to bwd_pre's table with sinks (after kDlseParams, if both): the
 /// forward's LSE, its head stride, the sinks and dL/dsinks [Hq] (fp32, added
 /// to: the runtime zeroes it first).
@@ -196,11 +199,12 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
 /// record says which (dualkv/Compiler/Schedule.h; Auto: the common tables).
 /// The variants append their parameters: `dlse` (KernelSpec::dlse)
 /// kDlseParams, then `sinks` (KernelSpec::sinks) kSinkParams (fwd) or
-/// kSinkGradParams (bwd_pre).
+/// kSinkGradParams (bwd_pre), then `window` (KernelSpec::window)
+/// kWindowParams.
 DUALKV_API ParamTable kernelParams(KernelKind kind,
                                    Schedule schedule = Schedule::Auto,
                                    bool tree = false, bool dlse = false,
-                                   bool sinks = false);
+                                   bool sinks = false, bool window = false);
 
 } // namespace dualkv::abi
 

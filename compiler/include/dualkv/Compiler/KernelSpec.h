@@ -93,11 +93,12 @@ struct KernelSpec {
   /// every row's softmax denominator; bwd_pre also writes dL/dsinks. Both
   /// take the sinks tensor (docs/forward-abi.md, docs/backward-abi.md).
   bool sinks = false;
-  /// Sliding window W (docs/architecture.md §1): a query sees only the keys
-  /// fewer than W positions before it in its logical sequence. 0: none. The
-  /// kernels that compute scores (fwd, bwd, bwd_kv, bwd_dq) take one; their
-  /// loops skip the tiles outside the window and mask its edges.
-  int64_t window = 0;
+  /// A sliding window (docs/architecture.md §1): a query sees only the keys
+  /// fewer than W positions before it in its logical sequence, W a kernel
+  /// parameter (`window`, docs/forward-abi.md), so one kernel serves every
+  /// W. The kernels that compute scores (fwd, bwd, bwd_kv, bwd_dq) take one;
+  /// their loops skip the tiles outside the window and mask its edges.
+  bool window = false;
 };
 
 /// Which kinds take each variant: a softcap the kernels that compute scores

@@ -48,8 +48,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
            "bwd_pre kernels subtract the gradient of the forward's LSE from Delta">,
     Option<"sinks", "sinks", "bool", "false",
            "attention sinks: fwd counts them in the denominator, bwd_pre writes their gradient">,
-    Option<"window", "window", "int64_t", "0",
-           "sliding window W of the kernels that compute scores (0: none)">,
+    Option<"window", "window", "bool", "false",
+           "a sliding window (its W a kernel parameter) in the kernels that compute scores">,
   ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }

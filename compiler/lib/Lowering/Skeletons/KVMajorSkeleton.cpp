@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Lowering/Skeletons/KVMajorSkeleton.h"
+#include "Lowering/Support/Segments.h"
 #include "dualkv/Compiler/Compiler.h"
 
 #include "llvm/ADT/TypeSwitch.h"
@@ -96,6 +97,20 @@ LogicalResult KVMajorEmitter::qLoopBounds(QLoopOp op, Value &lb, Value &ub) {
   Value diagEnd = ceilDiv(reach, blockN);
   diagEnd = select(cmp(arith::CmpIPredicate::ult, diagEnd, numTiles), diagEnd,
                    numTiles);
+  // With a sliding window W, the tiles from winStart on hold a row past the
+  // window of the block's first key (i - kRow0 + d >= W): masked, after the
+  // full ones. The runtime ends the item at the last row any key sees.
+  Value winStart = numTiles;
+  if (window) {
+    Value far = arith::SubIOp::create(b, loc, add(kRow0, window),
+                                      add(windowShift, qBegin));
+    far = select(cmp(arith::CmpIPredicate::sgt, far, idx(0)), far, idx(0));
+    winStart = divu(far, blockN);
+    winStart = select(cmp(arith::CmpIPredicate::ult, winStart, diagEnd),
+                      diagEnd, winStart);
+    winStart = select(cmp(arith::CmpIPredicate::ult, winStart, numTiles),
+                      winStart, numTiles);
+  }
   switch (op.getPart()) {
   case LoopPart::all:
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
@@ -109,6 +124,10 @@ LogicalResult KVMajorEmitter::qLoopBounds(QLoopOp op, Value &lb, Value &ub) {
     break;
   case LoopPart::full:
     lb = diagEnd;
+    ub = winStart;
+    break;
+  case LoopPart::window:
+    lb = winStart;
     ub = numTiles;
     break;
   }
@@ -339,6 +358,8 @@ TileEnv KVMajorEmitter::tileEnv() {
     return statIndex(i / 4 / sn, i / 4 % sn, i % 4);
   };
   env.scaleLog2 = scaleLog2, env.scale = scale;
+  env.window = window;
+  env.windowShift = windowShift;
   return env;
 }
 
@@ -501,7 +522,8 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
               "blocks of scores), got "
            << blockM << " and " << blockN;
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
-            abiSchedule());
+            abiSchedule(), /*tree=*/false, /*dlse=*/false, /*sinks=*/false,
+            hasWindow(kernel));
   qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
   doPtr = fn.param("dout"), dkPtr = fn.param("dk"), dvPtr = fn.param("dv"),
   lsePtr = fn.param("lse"), deltaPtr = fn.param("delta"),
@@ -528,6 +550,10 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   kRow0 = itemField(0), kvEnd = itemField(1), qBegin = itemField(2),
   qEnd = itemField(3), accRow = itemField(4);
   qLen = arith::SubIOp::create(b, loc, qEnd, qBegin);
+  if (hasWindow(kernel)) {
+    window = fn.indexParam("window");
+    windowShift = itemField(5);
+  }
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);

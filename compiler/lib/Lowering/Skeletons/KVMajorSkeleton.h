@@ -311,6 +311,11 @@ protected:
       deltaStrideH, scale, scaleLog2;
   // Per-CTA values: the work item, the KV head, the current query head.
   Value kRow0, kvEnd, qBegin, qEnd, qLen, accRow, kvHead, head;
+  /// With a sliding window: the item's logical shift d (its field 5), so a
+  /// query i and key j of the item are lpos(i) - lpos(j) = i - j + d apart.
+  Value windowShift;
+  /// The sliding window W (the `window` parameter; null: none).
+  Value window;
   Value smem, kBuf, vBuf, dsBuf;
   // The query tile of this iteration: Q, dO, LSE and Delta in shared memory.
   Value qCur, doCur, lseCur, deltaCur;

@@ -63,7 +63,7 @@ LogicalResult QueryMajorEmitter::emitInitStats(InitStatsOp op) {
 
 LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
   auto bounds = kvLoopTiles(*this, op.getPart(), op.getRegion(), qRow0, segLen,
-                            sharedLen, blockM, blockN);
+                            sharedLen, blockM, blockN, window);
   if (!bounds)
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
   auto [lb, ub] = *bounds;
@@ -171,7 +171,7 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
       ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
       shared ? sharedStart : segStart, first, shared ? sharedLen : segLen,
       isKey ? kStrideT : vStrideT, mul(kvHead, isKey ? kStrideH : vStrideH),
-      /*predicated=*/loop.getPart() != LoopPart::full, Value(),
+      /*predicated=*/!insideRegion(loop.getPart()), Value(),
       /*swizzled=*/swizzledTiles);
   copies.add(op.getResult(), group);
   map.map(op.getResult(), buf);
@@ -214,7 +214,7 @@ Value QueryMajorEmitter::issueKeyCopy(KVLoopOp loop, Value tile,
   // Every row of a full tile is inside its region: only the tile index needs a
   // check.
   Value limit = shared ? sharedLen : segLen;
-  if (loop.getPart() == LoopPart::full)
+  if (insideRegion(loop.getPart()))
     limit = Value();
   return smemTiles.copyTile(
       ids.tid, threads(), kBuf, kPtr, blockN, shared ? sharedStart : segStart,
@@ -378,6 +378,7 @@ TileEnv QueryMajorEmitter::tileEnv() {
   env.stat = queryMajorStats(nTiles);
   // The shared region of this point of the walk (a tree's ancestor range).
   env.bound = sharedLen;
+  env.window = window;
   env.scaleLog2 = scaleLog2, env.scale = scale;
   env.mTiles = mTiles, env.nTiles = nTiles, env.dTiles = dTiles;
   env.packOperand = [this](ArrayRef<Value> p) { return packAFragments(p); };
@@ -390,7 +391,10 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
   const bool tree = kernel.walksChain();
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
-            ::dualkv::Schedule::Auto, tree, /*dlse=*/false, hasSinks());
+            ::dualkv::Schedule::Auto, tree, /*dlse=*/false, hasSinks(),
+            hasWindow(kernel));
+  if (hasWindow(kernel))
+    window = fn.indexParam("window");
   qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
   lsePtr = fn.param("lse"), segPtr = fn.param("segs");
   if (tree)

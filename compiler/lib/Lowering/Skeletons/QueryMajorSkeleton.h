@@ -115,6 +115,8 @@ protected:
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
       stages;
   bool isDq = false;
+  /// The sliding window W (the `window` parameter; null: none).
+  Value window;
   /// A forward with attention sinks (#dualkv.problem<..., sinks = true>).
   bool hasSinks() {
     return !isDq && kernel.getProblem() && kernel.getProblem()->getSinks();

@@ -68,10 +68,12 @@ public:
   Block &create(gpu::GPUModuleOp gpuModule, StringRef name, KernelKind kind,
                 int64_t threads,
                 ::dualkv::Schedule schedule = ::dualkv::Schedule::Auto,
-                bool tree = false, bool dlse = false, bool sinks = false) {
+                bool tree = false, bool dlse = false, bool sinks = false,
+                bool window = false) {
     OpBuilder &b = o.b;
     params = ::dualkv::abi::kernelParams(
-        static_cast<::dualkv::KernelKind>(kind), schedule, tree, dlse, sinks);
+        static_cast<::dualkv::KernelKind>(kind), schedule, tree, dlse, sinks,
+        window);
     SmallVector<Type> args;
     SmallVector<int64_t> gridConstants;
     for (const ::dualkv::abi::Param &p : params) {

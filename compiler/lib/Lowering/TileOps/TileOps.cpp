@@ -35,13 +35,23 @@ StatSlot mlir::dualkv::queryMajorStats(int64_t nTiles) {
 }
 
 void tile::mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
-                const ScoreLayout &layout, Value bound) {
+                const ScoreLayout &layout, Value bound, Value window,
+                Value causalShift) {
   Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
+  Value shift = kind == MaskKind::bound ? bound : causalShift;
   for (int64_t i = 0, e = s.size(); i < e; ++i) {
     Value key = layout.key(i);
+    Value query = layout.query(i);
     Value drop = kind == MaskKind::causal
-                     ? o.cmp(arith::CmpIPredicate::ugt, key, layout.query(i))
+                     ? o.cmp(arith::CmpIPredicate::ugt, key, query)
                      : o.cmp(arith::CmpIPredicate::uge, key, bound);
+    if (window) {
+      // Signed: a KV-major item's shift may be negative.
+      Value logical = shift ? o.add(query, shift) : query;
+      Value distance = arith::SubIOp::create(o.b, o.loc, logical, key);
+      drop = arith::OrIOp::create(
+          o.b, o.loc, drop, o.cmp(arith::CmpIPredicate::sge, distance, window));
+    }
     s[i] = o.select(drop, ninf, s[i]);
   }
 }
@@ -229,7 +239,8 @@ LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
       .Case([&](MaskOp op) {
         SmallVector<Value> s = operand(op.getScores());
         ScoreLayout layout = env.layoutOf(map.lookup(op.getTile()));
-        tile::mask(o, s, op.getKind(), layout, env.bound);
+        tile::mask(o, s, op.getKind(), layout, env.bound, env.window,
+                   env.windowShift);
         map.map(op.getResult(), o.pack(s));
         return success();
       })

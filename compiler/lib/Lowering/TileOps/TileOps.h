@@ -55,6 +55,9 @@ struct TileEnv {
   StatSlot stat;
   /// A bound mask's bound: the shared region's length.
   Value bound;
+  /// The kernel's sliding window W (null: none), and for causal masks the
+  /// shift from the frame's positions to logical ones (tile::mask; null: 0).
+  Value window, windowShift;
   Value scaleLog2, scale;
   /// Query-major tiles: m16 blocks a warp, key tiles of 8 and accumulator
   /// tiles of 8 columns.
@@ -68,9 +71,13 @@ struct TileEnv {
 namespace tile {
 
 /// `s` with the keys `kind` excludes at -inf: causal, key > query; bound,
-/// key >= `bound`.
+/// key >= `bound`. With a sliding window W (non-null) also the keys at W or more
+/// logical positions before the query: query + shift - key >= W, where the
+/// shift is `bound` for a bound mask (the query follows the shared region's
+/// keys) and `causalShift` (null: 0) for a causal one.
 void mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
-          const ScoreLayout &layout, Value bound);
+          const ScoreLayout &layout, Value bound, Value window = Value(),
+          Value causalShift = Value());
 /// `s` times `factor` (dualkv.scale_scores).
 void scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s, float factor);
 /// The logit softcap c (dualkv.softcap): s becomes (c / scale) tanh(scale s /

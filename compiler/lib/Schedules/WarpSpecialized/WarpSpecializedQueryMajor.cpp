@@ -276,6 +276,9 @@ private:
   const int64_t headDim, warps;
   const int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
   const bool isDq, isTree;
+  /// The sliding window W (the `window` parameter, read at entry; null:
+  /// none).
+  Value window;
   /// A forward with attention sinks (#dualkv.problem<..., sinks = true>).
   bool hasSinks() {
     return !isDq && kernel.getProblem() && kernel.getProblem()->getSinks();
@@ -565,8 +568,9 @@ WarpSpecializedQueryMajor::collectLoops(const SegmentCoords &coords) {
     Loop l;
     l.region = loop.getRegion();
     loop.getBody().walk([&](MaskOp m) { l.mask = m.getKind(); });
-    auto bounds = kvLoopTiles(*this, loop.getPart(), l.region, coords.qRow0,
-                              coords.segLen, coords.sharedLen, blockM, blockN);
+    auto bounds =
+        kvLoopTiles(*this, loop.getPart(), l.region, coords.qRow0,
+                    coords.segLen, coords.sharedLen, blockM, blockN, window);
     if (!bounds)
       return loop.emitOpError()
              << "is not tiled: run dualkv-tile-regions first";
@@ -839,7 +843,7 @@ SmallVector<Value> WarpSpecializedQueryMajor::mask(const SegmentCoords &coords,
   tile::mask(*this, s, kind,
              queryMajorLayout(*this, 1, nTiles, coords.qRow0,
                               mul(tile, idx(blockN)), ids.warp, ids.g, ids.t),
-             coords.sharedLen);
+             coords.sharedLen, window);
   return s;
 }
 
@@ -1387,14 +1391,17 @@ LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   // The spec was checked against the schedule's record (checkSpec, in the
   // dualkv.kernel verifier and again by dualkv-lower-to-nvgpu): the kind,
   // tiling, head_dim and shared memory fit this emitter.
-  Block &entry = fn.create(gpuModule, kernel.getSymName(), kernel.getKind(),
-                           threads(), ::dualkv::Schedule::WarpSpecialized,
-                           isTree, /*dlse=*/false, hasSinks());
+  Block &entry =
+      fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
+                ::dualkv::Schedule::WarpSpecialized, isTree, /*dlse=*/false,
+                hasSinks(), hasWindow(kernel));
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
   func->setAttr("nvvm.maxnreg", b.getI32IntegerAttr(kEntryRegs));
   KernelArgs args = readArgs();
+  if (hasWindow(kernel))
+    window = fn.indexParam("window");
   ids = ThreadIds::emit(*this);
   SegmentCoords coords = locate(args);
   RingTiles tiles = placeRing();

@@ -40,16 +40,18 @@ def DualKV_PartFull : I32EnumAttrCase<"full", 1>;
 def DualKV_PartTail : I32EnumAttrCase<"tail", 2>;
 def DualKV_PartDiagonal : I32EnumAttrCase<"diagonal", 3>;
 def DualKV_PartMasked : I32EnumAttrCase<"masked", 4>;
+def DualKV_PartWindow : I32EnumAttrCase<"window", 5>;
 def DualKV_LoopPart : I32EnumAttr<"LoopPart", "which tiles of a region a loop covers",
     [DualKV_PartAll, DualKV_PartFull, DualKV_PartTail, DualKV_PartDiagonal,
-     DualKV_PartMasked]> {
+     DualKV_PartMasked, DualKV_PartWindow]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::mlir::dualkv";
 }
 def DualKV_LoopPartAttr : EnumAttr<DualKV_Dialect, DualKV_LoopPart, "part"> {
   let summary = "`all` before tiling; `full`, `tail` or `diagonal` after, or "
                 "`masked`: every tile of the region, each through the region's "
-                "mask (one loop body instead of two)";
+                "mask (one loop body instead of two); `window`: a sliding "
+                "window's far edge, the tiles partly outside it (masked)";
   let assemblyFormat = "`<` $value `>`";
 }
 
@@ -157,11 +159,12 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     `sinks = true` (`fwd` and `bwd_pre` only) adds a learned per-head logit to
     every row's softmax denominator: `dualkv.store_output` counts it in the
     sum and the LSE, `dualkv.compute_delta` also accumulates its gradient.
-    `window = W` (printed only when set; the kinds that compute scores) is a
-    sliding window: a query sees only keys fewer than W positions before it in
-    its logical sequence. `dualkv-tile-regions` gives each region's loop a
-    masked `window` part at the window's far edge, the loop bounds skip the
-    tiles outside it, and every `dualkv.mask` also drops the keys outside it.
+    `window = true` (printed only when set; the kinds that compute scores)
+    adds a sliding window W, a kernel parameter: a query sees only keys fewer
+    than W positions before it in its logical sequence. `dualkv-tile-regions`
+    gives each region's loop a masked `window` part at the window's far edge,
+    the loop bounds skip the tiles outside it, and every `dualkv.mask` also
+    drops the keys outside it.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -177,7 +180,7 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         OptionalParameter<"::mlir::FloatAttr">:$softcap,
                         DefaultValuedParameter<"bool", "false">:$dlse,
                         DefaultValuedParameter<"bool", "false">:$sinks,
-                        DefaultValuedParameter<"int64_t", "0">:$window);
+                        DefaultValuedParameter<"bool", "false">:$window);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }
