@@ -136,8 +136,11 @@ def sliding_window_of(module, kwargs):
     kv_idx is seen iff q_idx - kv_idx < sliding_window, with q_idx and kv_idx
     positions in the sequence; its flash-attention path passes
     ``window_size=(sliding_window - 1, sliding_window - 1)``
-    (transformers/modeling_flash_attention_utils.py), the same set
-    (q_idx - kv_idx <= sliding_window - 1). DualKV's window is
+    (transformers/modeling_flash_attention_utils.py; flash-attn's bounds are
+    inclusive), the same set (q_idx - kv_idx <= sliding_window - 1). Older
+    versions' flash path passed ``(sliding_window, sliding_window)``, one
+    key more than their own eager/sdpa masks; DualKV follows the masks, which
+    the eager reference of the tests applies. DualKV's window is
     lpos(i) - lpos(j) < W with lpos the position in the token's own
     sequence [prompt | response], which is that sequence's q_idx and kv_idx
     when it runs alone: W = sliding_window."""
