@@ -314,6 +314,7 @@ struct FakeDriver : cuda::Driver {
     ++launches;
     launchesBehindCopies += copiesInFlight > 0;
     std::string name = nameOf(f);
+    lastLaunchName = name;
     if (auto sig = signatures.find(name); sig != signatures.end()) {
       Event e{name, {gx, gy, gz}, {bx, by, bz}, shared, stream, {}};
       for (size_t i = 0; i < sig->second.size(); ++i) {
@@ -418,6 +419,9 @@ struct FakeDriver : cuda::Driver {
   std::vector<uint64_t> lastTensorMapDims, lastTensorMapStrides;
   std::vector<uint32_t> lastTensorMapBox;
   std::string lastPtx, lastFunctionName;
+  /// The entry point of the last launch (lastFunctionName is the last one
+  /// looked up, which a kernel already loaded skips).
+  std::string lastLaunchName;
 };
 
 /// Installs a fake driver for one scope; the kernel cache and the backward's

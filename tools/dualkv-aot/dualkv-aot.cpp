@@ -186,6 +186,13 @@ cl::opt<float> softcap("softcap", cl::value_desc("C"),
                                 "compute scores (fwd, bwd, bwd_kv, bwd_dq):\n"
                                 "c tanh(logit / c); 0 (default): none"),
                        cl::init(0.0f), cl::cat(kernelOptions));
+cl::opt<bool>
+    window("window",
+           cl::desc("the sliding-window variants of the kernels\n"
+                    "that compute scores (fwd, bwd, bwd_kv, bwd_dq):\n"
+                    "W is their launch parameter, so one kernel\n"
+                    "serves every window; other kinds as usual"),
+           cl::cat(kernelOptions));
 cl::opt<bool> dlse("dlse",
                    cl::desc("bwd_pre for a caller that differentiates the\n"
                             "LSE (Delta - dLSE, docs/backward-abi.md); other\n"
@@ -334,7 +341,7 @@ void expandKinds(const Job &job, const std::vector<dualkv::KernelKind> &kinds,
     // have none (they take trees as they are).
     j.spec.tree = job.spec.tree && (kind == dualkv::KernelKind::Fwd ||
                                     kind == dualkv::KernelKind::BwdDQ);
-    // --softcap, --dlse, --sinks: the kinds that take them.
+    // --softcap, --dlse, --sinks, --window: the kinds that take them.
     j.spec = dualkv::withVariantsOfKind(j.spec);
     if (kind == dualkv::KernelKind::BwdPre ||
         kind == dualkv::KernelKind::BwdPost) {
@@ -460,6 +467,7 @@ Args parseArgs(int argc, char **argv) {
   a.spec.softcap = softcap;
   a.spec.dlse = dlse;
   a.spec.sinks = sinks;
+  a.spec.window = window;
   a.spec.tiling = {blockM, blockN, warps, stages};
   a.archs.assign(archs.begin(), archs.end());
   if (a.archs.empty())
@@ -704,13 +712,13 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
+      "dualkv_{}{}{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
       dualkv::toString(s.kind), s.tree ? "_tree" : "", s.dlse ? "_dlse" : "",
       s.sinks ? "_sinks" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
-      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
-      withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
-      s.tiling.warps, s.tiling.stages,
+      s.window ? "_window" : "", s.headDim, s.numQHeads, s.numKVHeads,
+      dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
+      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 
@@ -848,12 +856,13 @@ registrationSource(const std::vector<Built> &builds, const std::string &name) {
         "    k.spec.schedule = dualkv::Schedule::{};\n"
         "    k.spec.tree = {};\n    k.spec.softcap = "
         "static_cast<float>({:.9g});\n    k.spec.dlse = {};\n"
-        "    k.spec.sinks = {};\n",
+        "    k.spec.sinks = {};\n    k.spec.window = {};\n",
         dualkv::enumeratorOf(s.kind), s.P, s.N, s.headDim, s.numQHeads,
         s.numKVHeads, dualkv::enumeratorOf(s.dtype), s.arch, s.tiling.blockM,
         s.tiling.blockN, s.tiling.warps, s.tiling.stages,
         dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false", s.softcap,
-        s.dlse ? "true" : "false", s.sinks ? "true" : "false");
+        s.dlse ? "true" : "false", s.sinks ? "true" : "false",
+        s.window ? "true" : "false");
     c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -923,6 +932,8 @@ std::string kernelReport(const dualkv::KernelSpec &spec,
     meta["dlse"] = true;
   if (spec.sinks)
     meta["sinks"] = true;
+  if (spec.window)
+    meta["window"] = true;
   // ptxas's log is outside text: a byte that is no UTF-8 is replaced, not
   // thrown over.
   return meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +

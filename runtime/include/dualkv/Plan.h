@@ -159,13 +159,15 @@ public:
   uint64_t deviceChainTable() const;
 
   /// The backward's work items for KV tiles of `blockM` keys and query
-  /// chunks of at most `chunk` tokens (docs/backward-abi.md) in `order`,
-  /// built and copied to the device on first use per (blockM, chunk, order)
-  /// and kept for the plan's life. Like upload() (which it calls), the first
-  /// call allocates and copies synchronously; the current context must be
-  /// the plan's.
+  /// chunks of at most `chunk` tokens (docs/backward-abi.md) in `order`, for
+  /// a sliding window of `window` tokens (0: none; its items are cut by
+  /// logical sequence and carry their shift), built and copied to the device
+  /// on first use per (blockM, chunk, order, window) and kept for the plan's
+  /// life. Like upload() (which it calls), the first call allocates and
+  /// copies synchronously; the current context must be the plan's.
   BackwardTable backwardTable(int blockM, int64_t chunk,
-                              BackwardOrder order = BackwardOrder::Auto) const;
+                              BackwardOrder order = BackwardOrder::Auto,
+                              int64_t window = 0) const;
   /// The query tiles of `blockM` rows of every segment, ordered by the keys
   /// they read (their ancestors plus their causal part), longest first,
   /// so the last CTAs of a launch are the shortest; ties keep the segment

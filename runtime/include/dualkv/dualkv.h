@@ -59,7 +59,8 @@ struct ForwardArgs {
   /// query sees only the keys fewer than W positions before it in its own
   /// logical sequence (prompt then response), lpos(i) - lpos(j) < W
   /// (docs/architecture.md §1); tiles outside the window are skipped. 0:
-  /// none. A kernel of its own (compiled for each W), never tuned.
+  /// none; below 2^31. A kernel of its own (compiled for each W), never
+  /// tuned. Not yet for branching prefix trees (InvalidArgument).
   int64_t window = 0;
 };
 
@@ -125,16 +126,20 @@ struct BackwardArgs {
   const float *sinks = nullptr;
   /// Optional output, fp32 [Hq]: dL/dsinks (overwritten); needs `sinks`.
   float *dsinks = nullptr;
-  /// The forward's window (ForwardArgs::window); must match it.
+  /// The forward's window (ForwardArgs::window); must match it (the runtime
+  /// cannot check that). With a window the backward runs the Atomic
+  /// algorithm: Auto takes it, and deterministic or SplitDQ are an
+  /// InvalidArgument (their kernels write each KV tile from one work item).
   int64_t window = 0;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta
 /// fp32 [Hq][T]; in the Atomic algorithm also dQ's fp32 accumulator
 /// [T][Hq][D] and, when a group is longer than one query chunk, fp32 dK/dV
-/// accumulators for its prompt; each piece 256-byte aligned. Depends only on
-/// the plan, the head counts, head_dim and the algorithm (never on a kernel
-/// or the tiling). BackwardAlgorithm::Auto is resolved for the current
+/// accumulators for its prompt (with a window, for every prompt with
+/// responses too); each piece 256-byte aligned. Depends only on the plan,
+/// the head counts, head_dim, the algorithm and the window (never on a
+/// kernel or the tiling). BackwardAlgorithm::Auto is resolved for the current
 /// context's device; without a GPU, as Atomic, whose workspace is the larger
 /// (enough for either). Checks those arguments like backward().
 DUALKV_API int64_t backwardWorkspaceBytes(const BackwardArgs &args);
@@ -159,8 +164,8 @@ DUALKV_API void backward(const BackwardArgs &args);
 
 /// The algorithm backward() runs for these arguments on a device of `arch`
 /// (e.g. "sm_90a"): SplitDQ when deterministic, args.algorithm when given,
-/// else the default: SplitDQ on sm_90a (prefix trees included), Atomic
-/// elsewhere. Never Auto.
+/// else the default: Atomic with a window, else SplitDQ on sm_90a (prefix
+/// trees included), Atomic elsewhere. Never Auto.
 DUALKV_API BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
                                                   const std::string &arch);
 

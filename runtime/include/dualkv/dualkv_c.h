@@ -153,6 +153,10 @@ typedef struct dualkv_forward_args_t {
    * it pass a struct_size without it: none. */
   float softcap;
   const float *sinks; /**< null, or one fp32 sink logit per query head */
+  /** sliding window W >= 1 (a query sees the keys fewer than W logical
+   * positions before it); 0: none. Callers built before it pass a
+   * struct_size without it: none. */
+  int64_t window;
 } dualkv_forward_args_t;
 
 /** The forward pass (dualkv::forward). */
@@ -187,6 +191,7 @@ typedef struct dualkv_backward_args_t {
   int64_t dlse_stride_h; /**< elements between heads of dlse */
   const float *sinks;    /**< the forward's sinks, or null */
   float *dsinks;         /**< null, or fp32 [Hq] written with dL/dsinks */
+  int64_t window;        /**< the forward's window; must match it */
 } dualkv_backward_args_t;
 
 /**
@@ -198,9 +203,9 @@ DUALKV_API int dualkv_backward(const dualkv_backward_args_t *args);
 /**
  * Sets *out_bytes to the device workspace dualkv_backward needs for `args`
  * (dualkv::backwardWorkspaceBytes; only the plan, num_tokens, the heads,
- * head_dim, deterministic, algorithm and tiling are read): for the current
- * device's default algorithm; without a GPU the atomic algorithm's, which
- * is enough for either.
+ * head_dim, deterministic, algorithm, tiling and window are read): for the
+ * current device's default algorithm; without a GPU the atomic algorithm's,
+ * which is enough for either.
  */
 DUALKV_API int
 dualkv_backward_workspace_size(const dualkv_backward_args_t *args,

@@ -32,6 +32,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.softcap = spec.softcap;
   key.dlse = spec.dlse;
   key.sinks = spec.sinks;
+  key.window = spec.window;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -53,6 +54,7 @@ KernelSpec CacheKey::spec() const {
   spec.softcap = softcap;
   spec.dlse = dlse;
   spec.sinks = sinks;
+  spec.window = window;
   return spec;
 }
 
@@ -83,6 +85,8 @@ json CacheKey::toJson() const {
     key["dlse"] = true;
   if (sinks)
     key["sinks"] = true;
+  if (window)
+    key["window"] = true;
   if (R != 0)
     key["R"] = R;
   return key;
@@ -93,13 +97,13 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 std::string CacheKey::describe() const {
   return fmt::format(
       "{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
-      "tiling {}x{} warps={} stages={} schedule {}{}{}{}{})",
+      "tiling {}x{} warps={} stages={} schedule {}{}{}{}{}{})",
       toString(kind), P, N, R ? fmt::format(" R={}", R) : std::string(),
       headDim, numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
       tiling.blockN, tiling.warps, tiling.stages, toString(schedule),
       tree ? ", tree" : "",
       softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string(),
-      dlse ? ", dlse" : "", sinks ? ", sinks" : "");
+      dlse ? ", dlse" : "", sinks ? ", sinks" : "", window ? ", window" : "");
 }
 
 } // namespace dualkv

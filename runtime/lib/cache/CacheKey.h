@@ -41,6 +41,9 @@ struct CacheKey {
   bool dlse = false;
   /// KernelSpec::sinks; in the JSON only when set.
   bool sinks = false;
+  /// KernelSpec::window (W itself is a kernel parameter); in the JSON only
+  /// when set.
+  bool window = false;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -130,10 +131,26 @@ llvm::Error toSharedArgs(const C &a, Cpp &args) {
   return toEnum(dualkv::names::kDTypes, a.dtype, "dtype", args.dtype);
 }
 
+/// The oldest layouts of the forward's and the backward's argument structs
+/// this library reads: those before `window` was appended (a pointer ends
+/// them, so their size is exactly the offset of `window`, and a caller built
+/// against them passes window 0).
+constexpr size_t kForwardArgsOldestSize =
+    offsetof(dualkv_forward_args_t, window);
+constexpr size_t kBackwardArgsOldestSize =
+    offsetof(dualkv_backward_args_t, window);
+static_assert(kForwardArgsOldestSize ==
+                  offsetof(dualkv_forward_args_t, sinks) + sizeof(void *),
+              "window follows sinks without padding");
+static_assert(kBackwardArgsOldestSize ==
+                  offsetof(dualkv_backward_args_t, dsinks) + sizeof(void *),
+              "window follows dsinks without padding");
+
 /// The C++ arguments of the C struct at `in`.
 llvm::Expected<dualkv::BackwardArgs>
 toBackwardArgs(const dualkv_backward_args_t *in) {
-  llvm::Expected<dualkv_backward_args_t> read = readArgs(in, "args");
+  llvm::Expected<dualkv_backward_args_t> read =
+      readArgs(in, "args", kBackwardArgsOldestSize);
   if (!read)
     return read.takeError();
   const dualkv_backward_args_t &a = *read;
@@ -159,6 +176,7 @@ toBackwardArgs(const dualkv_backward_args_t *in) {
   args.dlse_stride_h = a.dlse_stride_h;
   args.sinks = a.sinks;
   args.dsinks = a.dsinks;
+  args.window = a.window;
   return args;
 }
 
@@ -291,7 +309,8 @@ int dualkv_plan_segment_table(const dualkv_plan *plan, int32_t *out,
 
 int dualkv_forward(const dualkv_forward_args_t *in) {
   return guarded([&]() -> llvm::Error {
-    llvm::Expected<dualkv_forward_args_t> read = readArgs(in, "args");
+    llvm::Expected<dualkv_forward_args_t> read =
+        readArgs(in, "args", kForwardArgsOldestSize);
     if (!read)
       return read.takeError();
     const dualkv_forward_args_t &a = *read;
@@ -303,6 +322,7 @@ int dualkv_forward(const dualkv_forward_args_t *in) {
       return e;
     args.softcap = a.softcap;
     args.sinks = a.sinks;
+    args.window = a.window;
     dualkv::forward(args);
     return llvm::Error::success();
   });

@@ -17,8 +17,9 @@ llvm::Error tooManyParameters() {
 } // namespace
 
 LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree,
-                           bool dlse, bool sinks)
-    : kind(kind), table(abi::kernelParams(kind, schedule, tree, dlse, sinks)) {}
+                           bool dlse, bool sinks, bool window)
+    : kind(kind),
+      table(abi::kernelParams(kind, schedule, tree, dlse, sinks, window)) {}
 
 LaunchParams::~LaunchParams() { llvm::consumeError(std::move(error_)); }
 

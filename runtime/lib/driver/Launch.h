@@ -27,7 +27,7 @@ class LaunchParams {
 public:
   explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
                         bool tree = false, bool dlse = false,
-                        bool sinks = false);
+                        bool sinks = false, bool window = false);
   LaunchParams(const LaunchParams &) = delete;
   LaunchParams &operator=(const LaunchParams &) = delete;
   /// Consumes an error data() did not report.

@@ -31,13 +31,37 @@ llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
   return checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/true);
 }
 
+/// Checks the sliding window (checkWindow) and that the algorithm can run
+/// it: the split-dQ algorithm, the deterministic mode's, writes each KV
+/// tile's dK/dV from one item, and a windowed tile is cut into an item per
+/// logical sequence it reaches (docs/backward-abi.md).
+llvm::Error checkBackwardWindow(const BackwardArgs &a) {
+  if (llvm::Error e = checkWindow(a.window, *a.plan))
+    return e;
+  if (a.window > 0 && a.deterministic)
+    return invalidArgument(fmt::format(
+        "the deterministic backward does not yet support a sliding window "
+        "(window = {}): its split-dQ kernels write each KV tile's dK/dV from "
+        "one work item, and a windowed tile needs one per logical sequence it "
+        "reaches; leave deterministic off (the atomic algorithm)",
+        a.window));
+  if (a.window > 0 && a.algorithm == BackwardAlgorithm::SplitDQ)
+    return invalidArgument(fmt::format(
+        "the split-dQ backward (algorithm SplitDQ) does not yet support a "
+        "sliding window (window = {}): take Atomic or Auto",
+        a.window));
+  return llvm::Error::success();
+}
+
 /// The workspace bytes of a backward of this shape in the split-dQ (`split`)
-/// or the atomic algorithm; checks the plan, num_tokens, heads, head_dim and
-/// tiling like backward() does.
+/// or the atomic algorithm, with a sliding window of `window` tokens (0:
+/// none); checks the plan, num_tokens, heads, head_dim and tiling like
+/// backward() does.
 llvm::Expected<int64_t> shapeWorkspaceBytes(const Plan *plan, int64_t numTokens,
                                             int numQHeads, int numKVHeads,
                                             int headDim, bool split,
-                                            const Tiling &tiling) {
+                                            const Tiling &tiling,
+                                            int64_t window) {
   if (llvm::Error e = checkShape(plan, numTokens, numQHeads, numKVHeads,
                                  headDim, DType::BF16))
     return e;
@@ -47,8 +71,8 @@ llvm::Expected<int64_t> shapeWorkspaceBytes(const Plan *plan, int64_t numTokens,
   // not: the size is known without a GPU and whatever tiling is loaded.
   return backwardWorkspaceLayout(
              numTokens, numQHeads, numKVHeads, headDim, split,
-             split ? 0 : backwardAccRowsBound(*plan),
-             backwardKVHeadsPerLaunch(*plan, numKVHeads, split))
+             split ? 0 : backwardAccRowsBound(*plan, window),
+             backwardKVHeadsPerLaunch(*plan, numKVHeads, split, window))
       .bytes;
 }
 
@@ -85,6 +109,8 @@ llvm::Error validate(const BackwardArgs &a) {
   if (a.dsinks && !a.sinks)
     return invalidArgument("dsinks is set but sinks is null: the gradient of "
                            "sinks needs the forward's sinks");
+  if (llvm::Error e = checkBackwardWindow(a))
+    return e;
   if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
     return e;
   if (llvm::Error e = checkTiling("dq_tiling", a.dq_tiling))
@@ -115,6 +141,11 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
     return BackwardAlgorithm::SplitDQ;
   if (args.algorithm != BackwardAlgorithm::Auto)
     return args.algorithm;
+  // A sliding window cuts a KV tile's queries by logical sequence, into
+  // several items whose dK/dV meet in the atomic algorithm's accumulators
+  // (the split-dQ one has none yet).
+  if (args.window > 0)
+    return BackwardAlgorithm::Atomic;
   // sm_90a: bwd_kv and the dQ kernel (warp-specialized at head_dim 64 and
   // 128) take 5-10 % less forward+backward time than the atomic algorithm
   // at head_dim 128, 34 % less at 64 and 5 % less at 256 on the H200
@@ -140,9 +171,14 @@ llvm::Expected<int64_t> workspaceBytes(const BackwardArgs &args) {
   }
   const bool split =
       backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
+  if (llvm::Error e = checkShape(args.plan, args.num_tokens, args.num_q_heads,
+                                 args.num_kv_heads, args.head_dim, DType::BF16))
+    return e;
+  if (llvm::Error e = checkBackwardWindow(args))
+    return e;
   return shapeWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
                              args.num_kv_heads, args.head_dim, split,
-                             args.tiling);
+                             args.tiling, args.window);
 }
 
 llvm::Error runBackward(const BackwardArgs &args) {
@@ -162,10 +198,10 @@ llvm::Error runBackward(const BackwardArgs &args) {
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
   // The main kernel (and bwd_post) run on `slice` KV heads and their query
   // heads at a time; the accumulators hold one slice.
-  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, split);
+  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, split, args.window);
   const int sliceHq = Hq / Hkv * slice;
 
-  const int64_t accBound = split ? 0 : backwardAccRowsBound(plan);
+  const int64_t accBound = split ? 0 : backwardAccRowsBound(plan, args.window);
   const BackwardWorkspaceLayout layout =
       backwardWorkspaceLayout(T, Hq, Hkv, D, split, accBound, slice);
   if (args.workspace && args.workspace_bytes < layout.bytes)
@@ -192,6 +228,8 @@ llvm::Error runBackward(const BackwardArgs &args) {
       genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq,
                   slice, args.dtype, args.tiling, args.schedule);
   mainSpec.softcap = args.softcap;
+  // W is the kernels' `window` parameter: one kernel serves every W.
+  mainSpec.window = args.window > 0;
   if (llvm::Error e =
           getKernel(mainSpec, Hq, Hkv, shapeClassOf(plan)).moveInto(mainPtr))
     return e;
@@ -201,6 +239,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   KernelSpec dqSpec = specOf(args, KernelKind::BwdDQ, args.dq_tiling);
   dqSpec.tree = tree;
   dqSpec.softcap = args.softcap;
+  dqSpec.window = args.window > 0;
   // The dQ kernel too takes its shape class's tuned tiling first (tree
   // kernels are not tuned).
   if (llvm::Error e =
@@ -212,10 +251,12 @@ llvm::Error runBackward(const BackwardArgs &args) {
   const LoadedKernel &last = *lastPtr;
 
   BackwardTable table;
-  if (llvm::Error e = PlanDevice::backwardTable(
-                          plan, main.info.blockM,
-                          backwardChunk(main.info.blockM, split), args.order)
-                          .moveInto(table))
+  // With a window, each item's queries share one logical shift (field 5).
+  if (llvm::Error e =
+          PlanDevice::backwardTable(plan, main.info.blockM,
+                                    backwardChunk(main.info.blockM, split),
+                                    args.order, args.window)
+              .moveInto(table))
     return e;
   if (table.numAccRows > accBound)
     return internalError(
@@ -255,6 +296,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   uint64_t sinks = address(args.sinks), dsinks = address(args.dsinks);
   int64_t dlseStrideH = args.dlse_stride_h;
   int64_t numTokens = T, numAccRows = table.numAccRows;
+  int64_t window = args.window;
   const double scaleD = effectiveScale(args.scale, D);
   float scale = static_cast<float>(scaleD);
   float scaleLog2 = static_cast<float>(scaleD * kLog2e);
@@ -327,7 +369,10 @@ llvm::Error runBackward(const BackwardArgs &args) {
     // 3. bwd / bwd_kv: one CTA per work item and KV head of the slice.
     {
       LaunchParams params(split ? KernelKind::BwdKV : KernelKind::Bwd,
-                          main.spec.schedule);
+                          main.spec.schedule, /*tree=*/false, /*dlse=*/false,
+                          /*sinks=*/false, main.spec.window);
+      if (main.spec.window)
+        params.i64("window", window);
       // The schedule's tensor maps, if any: the slice's tensors (its heads
       // from 0), for the producer's TMA copies.
       const ScheduleRecord &record = recordOf(main.spec.schedule);
@@ -395,7 +440,10 @@ llvm::Error runBackward(const BackwardArgs &args) {
     uint64_t q = address(args.q.data), k = address(args.k.data),
              v = address(args.v.data), dq = address(args.dq.data);
     uint64_t chain = plan.deviceChainTable();
-    LaunchParams params(KernelKind::BwdDQ, last.spec.schedule, tree);
+    LaunchParams params(KernelKind::BwdDQ, last.spec.schedule, tree,
+                        /*dlse=*/false, /*sinks=*/false, last.spec.window);
+    if (last.spec.window)
+      params.i64("window", window);
     params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", dout);
     params.ptr("dq", dq).ptr("lse", lse).ptr("delta", delta);
     params.ptr("segs", segs);

@@ -40,6 +40,8 @@ llvm::Error validate(const ForwardArgs &a) {
     return e;
   if (llvm::Error e = checkSinks("sinks", a.sinks))
     return e;
+  if (llvm::Error e = checkWindow(a.window, *a.plan))
+    return e;
   return checkScaleAndTiling(a.scale, a.tiling);
 }
 
@@ -62,6 +64,8 @@ llvm::Error runForward(const ForwardArgs &args) {
   spec.tree = tree;
   spec.softcap = args.softcap;
   spec.sinks = args.sinks != nullptr;
+  // W is the kernel's `window` parameter: one kernel serves every W.
+  spec.window = args.window > 0;
   // The tiling tuned for the batch's shape class, if any (getKernel).
   const LoadedKernel *found = nullptr;
   if (llvm::Error e = getKernel(spec, 0, 0, shapeClassOf(plan)).moveInto(found))
@@ -83,7 +87,10 @@ llvm::Error runForward(const ForwardArgs &args) {
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
   LaunchParams params(KernelKind::Fwd, kernel.spec.schedule, tree,
-                      /*dlse=*/false, kernel.spec.sinks);
+                      /*dlse=*/false, kernel.spec.sinks, kernel.spec.window);
+  int64_t window = args.window;
+  if (kernel.spec.window)
+    params.i64("window", window);
   uint64_t chain = plan.deviceChainTable();
   uint64_t sinks = reinterpret_cast<uintptr_t>(args.sinks);
   if (kernel.spec.sinks)

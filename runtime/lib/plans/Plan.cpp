@@ -26,8 +26,9 @@ struct Plan::Device {
   cuda::CUdeviceptr table = 0;
   /// The chain table (plans whose segments see several ancestor ranges).
   cuda::CUdeviceptr chain = 0;
-  /// Work-item tables by (blockM, chunk, order).
-  std::map<std::tuple<int, int64_t, BackwardOrder>, BackwardTable> backward;
+  /// Work-item tables by (blockM, chunk, order, window).
+  std::map<std::tuple<int, int64_t, BackwardOrder, int64_t>, BackwardTable>
+      backward;
   /// Forward work orders by blockM.
   std::map<int, ForwardTable> forward;
 
@@ -481,10 +482,9 @@ uint64_t Plan::deviceChainTable() const {
   return device_->chain;
 }
 
-llvm::Expected<BackwardTable> PlanDevice::backwardTable(const Plan &plan,
-                                                        int blockM,
-                                                        int64_t chunk,
-                                                        BackwardOrder order) {
+llvm::Expected<BackwardTable>
+PlanDevice::backwardTable(const Plan &plan, int blockM, int64_t chunk,
+                          BackwardOrder order, int64_t window) {
   if (order == BackwardOrder::Auto)
     order = BackwardOrder::LongestFirst;
   // Uploads: fixes the context.
@@ -492,12 +492,12 @@ llvm::Expected<BackwardTable> PlanDevice::backwardTable(const Plan &plan,
     return e;
   Plan::Device &device = *plan.device_;
   std::lock_guard<std::mutex> lock(device.mutex);
-  auto found = device.backward.find({blockM, chunk, order});
+  auto found = device.backward.find({blockM, chunk, order, window});
   if (found != device.backward.end())
     return found->second;
 
   llvm::Expected<BackwardItems> built =
-      buildBackwardItems(plan, blockM, chunk, order);
+      buildBackwardItems(plan, blockM, chunk, order, window);
   if (!built)
     return built.takeError();
   cuda::Driver &driver = *device.driver;
@@ -516,13 +516,14 @@ llvm::Expected<BackwardTable> PlanDevice::backwardTable(const Plan &plan,
     }
     table.accTokens = *accTokens;
   }
-  device.backward.emplace(std::make_tuple(blockM, chunk, order), table);
+  device.backward.emplace(std::make_tuple(blockM, chunk, order, window), table);
   return table;
 }
 
 BackwardTable Plan::backwardTable(int blockM, int64_t chunk,
-                                  BackwardOrder order) const {
-  return valueOrThrow(PlanDevice::backwardTable(*this, blockM, chunk, order));
+                                  BackwardOrder order, int64_t window) const {
+  return valueOrThrow(
+      PlanDevice::backwardTable(*this, blockM, chunk, order, window));
 }
 
 llvm::Expected<std::vector<int32_t>> PlanDevice::forwardOrder(const Plan &plan,

@@ -21,7 +21,8 @@ struct PlanDevice {
   /// plan's).
   static llvm::Expected<BackwardTable> backwardTable(const Plan &plan,
                                                      int blockM, int64_t chunk,
-                                                     BackwardOrder order);
+                                                     BackwardOrder order,
+                                                     int64_t window = 0);
   /// Plan::forwardTable (uploads first).
   static llvm::Expected<ForwardTable> forwardTable(const Plan &plan,
                                                    int blockM);

@@ -42,15 +42,29 @@ struct BackwardItems {
 /// directly (accRow -1), a tile of several gets min(blockM, keys left)
 /// accumulator rows of its own, numbered in tile order. Response tiles see
 /// their own response only. Items are sorted in `order` (stable; Auto is
-/// LongestFirst). An Internal error if blockM < 1 or chunk < blockM.
+/// LongestFirst). An Internal error if blockM < 1, chunk < blockM or window
+/// is negative.
+///
+/// With a sliding window W >= 1 (`window`; 0: none, and the items are those
+/// above, field 5 zero) a tile's queries are cut first by logical sequence:
+/// each item's queries lie in one run of its tile's subtree whose logical
+/// positions follow the keys' with one shift d (field 5: lpos(i) - lpos(j) =
+/// (i - j) + d for each of its queries i and keys j), trimmed to the queries
+/// that see one of the tile's keys within the window, i <= kLast + W - 1 - d;
+/// then chunked as above. A tile of one item writes directly, a tile of
+/// several (runs or chunks) gets accumulator rows (docs/backward-abi.md).
 llvm::Expected<BackwardItems>
 buildBackwardItems(const Plan &plan, int blockM, int64_t chunk,
-                   BackwardOrder order = BackwardOrder::Auto);
+                   BackwardOrder order = BackwardOrder::Auto,
+                   int64_t window = 0);
 
 /// An upper bound of numAccRows over every blockM: only a prompt tile seen
 /// by more than kBwdChunkTokens queries is split, so only groups longer
-/// than that have accumulator rows, at most their prompt length.
-int64_t backwardAccRowsBound(const Plan &plan);
+/// than that have accumulator rows, at most their prompt length. With a
+/// window (`window` > 0) a splittable segment's tiles may also hold an item
+/// for each descendant run they reach: every splittable segment with tokens
+/// below it counts too.
+int64_t backwardAccRowsBound(const Plan &plan, int64_t window = 0);
 
 /// The default backward launches its main kernel (and the conversion after
 /// it) once per slice of the KV heads, so that the fp32 dQ accumulator holds
@@ -63,9 +77,10 @@ constexpr int64_t kBwdMinItemsPerLaunch = 264;
 
 /// KV heads per launch of the main kernel: 1 or numKVHeads (see
 /// kBwdMinItemsPerLaunch); numKVHeads in the split-dQ algorithm (`split`),
-/// which has no accumulator. A function of the plan alone, so that the
-/// workspace size is known without a GPU or a kernel.
-int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads, bool split);
+/// which has no accumulator. A function of the plan (and its window) alone,
+/// so that the workspace size is known without a GPU or a kernel.
+int backwardKVHeadsPerLaunch(const Plan &plan, int numKVHeads, bool split,
+                             int64_t window = 0);
 
 } // namespace dualkv
 

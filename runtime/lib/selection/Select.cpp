@@ -41,7 +41,8 @@ loadGeneric(KernelCache &cache, cuda::CUcontext ctx, const FastKey &fast,
     updateStats([](CacheStats &stats) { ++stats.memoryHits; });
     return it->second;
   }
-  if (spec.tiling == Tiling{} && !spec.tree && !(spec.softcap > 0))
+  if (spec.tiling == Tiling{} && !spec.tree && !(spec.softcap > 0) &&
+      !spec.window)
     if (std::optional<Tiling> tuned = processTuningDb().find(tunedKey)) {
       KernelSpec tunedSpec = spec;
       tunedSpec.tiling = *tuned;
@@ -78,10 +79,11 @@ llvm::Expected<const LoadedKernel *> getKernel(const KernelSpec &requested,
   std::lock_guard<std::mutex> lock(cache.mutex);
 
   // Only an open tiling of a tuned kind has a class to look up; the tree
-  // kernels (KernelSpec::tree) and the softcap variants are not tuned at
-  // all.
+  // kernels (KernelSpec::tree), the softcap and the sliding-window variants
+  // are not tuned at all.
   const bool classed = !shape.any() && requested.tiling == Tiling{} &&
-                       !requested.tree && !(requested.softcap > 0);
+                       !requested.tree && !(requested.softcap > 0) &&
+                       !requested.window;
   KernelSpec request = requested;
   if (classed) {
     request.P = shape.P;

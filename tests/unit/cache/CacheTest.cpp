@@ -149,6 +149,35 @@ TEST_CASE("cache key: the variants are spelled only when set and each has "
   CHECK(dlse.spec().dlse);
 }
 
+TEST_CASE("cache key: a sliding window is spelled only when set and has "
+          "its own hash",
+          "[runtime][window]") {
+  // A window kernel is never served for a plain request (W itself is a
+  // launch parameter: one kernel, one key, for every W); the plain key is
+  // spelled as before windows existed.
+  const CacheKey plain = sampleKey();
+  CHECK_FALSE(plain.toJson().contains("window"));
+  CHECK(plain.describe().find("window") == std::string::npos);
+  CacheKey windowed = plain, capped = plain;
+  windowed.window = true;
+  capped.window = true;
+  capped.softcap = 30.0f;
+  CHECK(windowed.toJson().at("window") == true);
+  CHECK_FALSE(windowed == plain);
+  std::set<std::string> hashes;
+  for (const CacheKey &k : {plain, windowed, capped})
+    CHECK(hashes.insert(k.hash()).second);
+  CHECK_THAT(windowed.describe(), Catch::Matchers::Contains(", window)"));
+  // The spec round-trips with its window, and a spec's window makes its key.
+  CHECK(windowed.spec().window);
+  CHECK(CacheKey::fromSpec(windowed.spec(), windowed.compilerFingerprint) ==
+        windowed);
+  KernelSpec spec = plain.spec();
+  CHECK(CacheKey::fromSpec(spec, plain.compilerFingerprint) == plain);
+  spec.window = true;
+  CHECK(CacheKey::fromSpec(spec, plain.compilerFingerprint) == windowed);
+}
+
 TEST_CASE("cache key: every kernel kind and dtype has its own spelling",
           "[runtime]") {
   std::set<std::string> hashes;

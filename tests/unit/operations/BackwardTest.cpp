@@ -2,7 +2,9 @@
 // argument checks and the launch sequence of docs/backward-abi.md through the
 // fake driver.
 #include "FakeDriver.h"
+#include "WindowItems.h"
 
+#include "dualkv/Compiler/KernelAbi.h"
 #include "dualkv/Reference.h"
 #include "dualkv/dualkv.h"
 #include "dualkv/dualkv_c.h"
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -249,6 +252,22 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
        "dlse_stride_h (100) must be >= num_tokens (112)"},
       {[](BackwardArgs &a) { a.tiling.warps = -4; },
        "tiling.warps (-4) is negative"},
+      {[](BackwardArgs &a) { a.window = -2; },
+       "window (-2) must be >= 0 and below 2^31 (0: no sliding window)"},
+      {[](BackwardArgs &a) { a.window = int64_t(1) << 40; },
+       "window (1099511627776) must be >= 0 and below 2^31"},
+      {[](BackwardArgs &a) {
+         a.window = 16;
+         a.deterministic = true;
+       },
+       "the deterministic backward does not yet support a sliding window "
+       "(window = 16)"},
+      {[](BackwardArgs &a) {
+         a.window = 16;
+         a.algorithm = BackwardAlgorithm::SplitDQ;
+       },
+       "the split-dQ backward (algorithm SplitDQ) does not yet support a "
+       "sliding window (window = 16)"},
       {[](BackwardArgs &a) {
          a.workspace = fakePointer(0xA00000);
          a.workspace_bytes = -1;
@@ -373,6 +392,11 @@ void seedBackwardKernels(const std::string &root, const BackwardArgs &a,
       spec.tiling = a.tiling;
     if (kind == KernelKind::BwdDQ)
       spec.tiling = a.dq_tiling;
+    // The window's kernels for the kinds that take one (bwd, bwd_kv,
+    // bwd_dq); bwd_pre and bwd_post are the plain ones. W itself is a launch
+    // parameter.
+    spec.window = a.window > 0;
+    spec = withVariantsOfKind(spec);
     CacheEntry entry;
     entry.info = info;
     entry.ptx = fmt::format("// fake {}\n", info.name);
@@ -890,4 +914,173 @@ TEST_CASE("backward: a missing kernel brings its whole set, compiled in "
   CHECK(cacheStats().compiles == 0);
   CHECK(cacheStats().diskHits == 3);
   clearKernelCache();
+}
+
+//===----------------------------------------------------------------------===//
+// Sliding window
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("backward: a sliding window runs the atomic algorithm with windowed "
+          "items",
+          "[runtime][backward][window]") {
+  // Group 0: prompt [0, 100), responses [100, 130) and [130, 170); group 1:
+  // 8 | 8. T = 186. W = 16.
+  std::vector<PlanGroup> groups = {{100, {30, 40}}, {8, {8}}};
+  Plan plan(groups);
+  BackwardArgs a = validBackwardArgs(plan);
+  a.algorithm = BackwardAlgorithm::Auto;
+  a.window = 16;
+  using A = BackwardAlgorithm;
+  // Auto takes the atomic algorithm on every arch (split-dQ writes a KV
+  // tile from one item); a named one is kept (and SplitDQ refused).
+  for (const char *arch : {"sm_80", "sm_90a"})
+    CHECK(backwardAlgorithmFor(a, arch) == A::Atomic);
+  a.algorithm = A::SplitDQ;
+  CHECK(backwardAlgorithmFor(a, "sm_90a") == A::SplitDQ);
+  a.algorithm = A::Auto;
+  a.deterministic = true;
+  CHECK(backwardAlgorithmFor(a, "sm_90a") == A::SplitDQ);
+  a.deterministic = false;
+
+  // The workspace: with a window every prompt with responses may need
+  // accumulator rows (100 + 8), without one no group is long enough.
+  const int64_t T = 186, Hq = 8, Hkv = 2, D = 128;
+  const int64_t delta = align256(Hq * T * 4), dqacc = align256(T * Hq * D * 4),
+                acc = align256(108 * Hkv * D * 4);
+  CHECK(backwardWorkspaceBytes(a) == delta + dqacc + 2 * acc);
+  {
+    BackwardArgs plain = a;
+    plain.window = 0;
+    CHECK(backwardWorkspaceBytes(plain) == delta + dqacc);
+  }
+  // A refused configuration has no size either.
+  {
+    BackwardArgs det = a;
+    det.deterministic = true;
+    std::optional<Error> e = errorOf([&] { backwardWorkspaceBytes(det); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains("the deterministic backward does not yet "
+                                   "support a sliding window"));
+  }
+
+  // The C API copies the window; a caller built before it (a struct_size
+  // that ends before `window`) passes none, whatever lies past its struct.
+  {
+    int32_t prompts[] = {100, 8}, counts[] = {2, 1}, responses[] = {30, 40, 8};
+    dualkv_plan *cplan = nullptr;
+    REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+            DUALKV_OK);
+    dualkv_backward_args_t c{};
+    c.struct_size = sizeof c;
+    c.plan = cplan;
+    c.num_tokens = T;
+    c.num_q_heads = Hq;
+    c.num_kv_heads = Hkv;
+    c.head_dim = D;
+    c.window = 16;
+    int64_t bytes = -1;
+    CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
+    CHECK(bytes == delta + dqacc + 2 * acc);
+    c.struct_size = offsetof(dualkv_backward_args_t, window);
+    CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
+    CHECK(bytes == delta + dqacc);
+    c.struct_size = sizeof c;
+    c.deterministic = 1;
+    CHECK(dualkv_backward_workspace_size(&c, &bytes) ==
+          DUALKV_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(dualkv_last_error(),
+               Contains("the deterministic backward does not yet support a "
+                        "sliding window (window = 16)"));
+    dualkv_plan_destroy(cplan);
+  }
+
+  // A branching tree is refused by name (its forward runs the tree kernels,
+  // which take no window yet), before anything launches.
+  {
+    ScopedFakeDriver scoped;
+    Plan tree(PlanTree{{100, 30, 20, 10, 10}, {-1, 0, 1, 0, 3}});
+    BackwardArgs t = validBackwardArgs(tree);
+    t.window = 32;
+    for (auto call : std::vector<std::function<void()>>{
+             [&] { backward(t); }, [&] { backwardWorkspaceBytes(t); }}) {
+      std::optional<Error> e = errorOf(call);
+      REQUIRE(e);
+      CHECK(e->code() == ErrorCode::InvalidArgument);
+      CHECK_THAT(e->what(), Contains("sliding windows are not yet supported "
+                                     "for branching prefix trees (window = "
+                                     "32"));
+    }
+    CHECK(scoped.fake.launches == 0);
+  }
+
+  // The launches on the fake sm_90a: bwd_pre, the zeroed accumulators, the
+  // window's bwd (seeded: nothing compiles) over windowed items, bwd_post.
+  // (A plan the fake driver uploads must not outlive it: one of its own.)
+  FakeBackwardSetup setup;
+  FakeDriver &fake = setup.scoped.fake;
+  // The window's bwd takes W after its table's last parameter
+  // (kWindowParams): its table, for the schedule the seeded spec resolves
+  // to, records every parameter (8 bytes of each, 4 of an f32).
+  KernelSpec mainSpec;
+  mainSpec.kind = KernelKind::Bwd;
+  mainSpec.headDim = int(D);
+  mainSpec.numQHeads = int(Hq);
+  mainSpec.numKVHeads = int(Hkv);
+  mainSpec.arch = "sm_90a";
+  mainSpec.window = true;
+  const abi::ParamTable mainTable =
+      abi::kernelParams(KernelKind::Bwd, resolveSpec(mainSpec).schedule, false,
+                        false, false, true);
+  const int windowAt = mainTable.indexOf("window");
+  REQUIRE(windowAt == int(mainTable.size) - 1);
+  std::vector<int> &mainSignature = fake.signatures["attention_bwd"];
+  mainSignature.clear();
+  for (const abi::Param &param : mainTable)
+    mainSignature.push_back(param.type == abi::ParamType::F32 ? 4 : 8);
+  resetCacheStats();
+  Plan uploaded(groups);
+  a.plan = &uploaded;
+  seedBackwardKernels(setup.tmp.path, a);
+  backward(a);
+  CHECK(cacheStats().compiles == 0);
+  REQUIRE(fake.events.size() == 6);
+  const FakeDriver::Event &pre = fake.events[0], &main = fake.events[4],
+                          &post = fake.events[5];
+  REQUIRE(pre.name == "attention_bwd_pre");
+  REQUIRE(main.name == "attention_bwd");
+  REQUIRE(post.name == "attention_bwd_post");
+  const uint64_t base = pre.params[2];
+  CHECK(int64_t(fake.allocSizes[base]) >= backwardWorkspaceBytes(a));
+  // Group 0's prompt tile at 64 (keys 64-99) meets its own later queries
+  // and the second response's first ones: 36 accumulator rows.
+  CHECK(fake.events[2].params ==
+        std::vector<uint64_t>{base + delta + dqacc, 0, uint64_t(36 * Hkv * D)});
+  const std::vector<int32_t> &items = fake.copies[main.params[11]];
+  const std::vector<int32_t> &accTokens = fake.copies[post.params[6]];
+  BackwardItems launched{items, accTokens};
+  checkWindowItems(groupOracle(groups), 64, 1024, 16, launched);
+  BackwardItems built =
+      valueOf(buildBackwardItems(uploaded, 64, 1024, BackwardOrder::Auto, 16));
+  CHECK(launched.items == built.items);
+  CHECK(launched.accTokens == built.accTokens);
+  CHECK(post.params[14] == 36);
+  REQUIRE(main.params.size() == mainTable.size);
+  CHECK(main.params[windowAt] == 16);
+  CHECK(main.params[11] != 0);
+  // Another window: the same kernels, its own items (built once per window).
+  a.window = 40;
+  backward(a);
+  REQUIRE(fake.events.size() == 12);
+  CHECK(fake.events[10].params[windowAt] == 40);
+  CHECK(fake.events[10].params[11] != main.params[11]);
+  CHECK(cacheStats().compiles == 0);
+  BackwardItems w40{fake.copies[fake.events[10].params[11]],
+                    fake.copies[fake.events[11].params[6]]};
+  checkWindowItems(groupOracle(groups), 64, 1024, 40, w40);
+  // The shift of the second response's item: lpos = packed - 30.
+  bool shifted = false;
+  for (size_t i = 0; i < items.size(); i += kBwdItemFields)
+    shifted |= items[i + 2] == 130 && items[i + 5] == -30;
+  CHECK(shifted);
 }

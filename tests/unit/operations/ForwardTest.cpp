@@ -66,6 +66,7 @@ KernelSpec specFor(const ForwardArgs &a) {
   spec.dtype = a.dtype;
   spec.arch = "sm_90a";
   spec.tiling = a.tiling;
+  spec.window = a.window > 0; // W itself is a launch parameter
   return resolveSpec(spec);
 }
 
@@ -142,6 +143,10 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
       {[](ForwardArgs &a) { a.softcap = -1.0f; },
        "softcap (-1) must be finite and >= 0 (0: no softcap)"},
       {[](ForwardArgs &a) { a.softcap = INFINITY; }, "softcap (inf)"},
+      {[](ForwardArgs &a) { a.window = -1; },
+       "window (-1) must be >= 0 and below 2^31 (0: no sliding window)"},
+      {[](ForwardArgs &a) { a.window = int64_t(1) << 31; },
+       "window (2147483648) must be >= 0 and below 2^31"},
   };
   for (const auto &[mutate, expected] : cases) {
     CAPTURE(expected);
@@ -489,4 +494,114 @@ TEST_CASE("forward: the C API's struct launches what the C++ arguments do",
   CHECK(fromC.strides[8] == 120);
   CHECK(fromC.scaleLog2 == cxx.scaleLog2);
   dualkv_plan_destroy(cplan);
+}
+
+TEST_CASE("forward: a sliding window launches a kernel of its own with W as "
+          "its last parameter; branching trees are refused",
+          "[runtime][window]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  resetCacheStats();
+  // The window kernel's parameters (kFwdParams, then kWindowParams) are
+  // recorded as events: 6 pointers, 9 strides, scaleLog2, window.
+  std::vector<int> signature(15, 8);
+  signature.insert(signature.end(), {4, 8});
+  fake.signatures["attention_fwd_window"] = signature;
+
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+  ForwardArgs args = validArgs(plan);
+  args.tiling = {128, 32, 4, 2};
+  // The plain kernel and the window's, told apart by their entry names.
+  CacheEntry plain = sampleEntry(), windowed = sampleEntry();
+  windowed.info.name = "attention_fwd_window";
+  seedKernel(tmp.path, args, plain);
+  args.window = 16;
+  seedKernel(tmp.path, args, windowed);
+
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  CHECK(fake.lastLaunchName == "attention_fwd_window");
+  REQUIRE(fake.events.size() == 1);
+  REQUIRE(fake.events[0].params.size() == 17);
+  CHECK(fake.events[0].params[0] == 0x100000);
+  CHECK(fake.events[0].params[5] == plan.deviceTable());
+  CHECK(fake.events[0].params[14] == 112); // lseStrideH
+  CHECK(fake.events[0].params[16] == 16);
+  // One kernel serves every W: another window loads nothing.
+  const int loads = fake.cubinLoads;
+  args.window = 300;
+  forward(args);
+  REQUIRE(fake.events.size() == 2);
+  CHECK(fake.events[1].params[16] == 300);
+  CHECK(fake.cubinLoads == loads);
+  args.window = 0;
+  forward(args);
+  REQUIRE(fake.launches == 3);
+  CHECK(fake.lastLaunchName == plain.info.name);
+  CHECK(fake.events.size() == 2);
+  CHECK(cacheStats().compiles == 0);
+
+  // The C API copies the window; a caller built before it (its struct_size
+  // ends before `window`) passes none, whatever lies past its struct.
+  int32_t prompts[] = {40, 8}, counts[] = {3, 1}, responses[] = {24, 0, 32, 8};
+  dualkv_plan *cplan = nullptr;
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+          DUALKV_OK);
+  auto tensor = [](const TensorArg &t) {
+    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
+  };
+  dualkv_forward_args_t c{};
+  c.struct_size = sizeof c;
+  c.q = tensor(args.q);
+  c.k = tensor(args.k);
+  c.v = tensor(args.v);
+  c.o = tensor(args.o);
+  c.lse = args.lse;
+  c.lse_stride_h = args.lse_stride_h;
+  c.num_tokens = args.num_tokens;
+  c.num_q_heads = args.num_q_heads;
+  c.num_kv_heads = args.num_kv_heads;
+  c.head_dim = args.head_dim;
+  c.dtype = static_cast<int32_t>(args.dtype);
+  c.plan = cplan;
+  c.tiling = {128, 32, 4, 2};
+  c.window = 24;
+  REQUIRE(dualkv_forward(&c) == DUALKV_OK);
+  REQUIRE(fake.launches == 4);
+  CHECK(fake.lastLaunchName == "attention_fwd_window");
+  REQUIRE(fake.events.size() == 3);
+  CHECK(fake.events[2].params[16] == 24);
+  c.struct_size = offsetof(dualkv_forward_args_t, window);
+  REQUIRE(dualkv_forward(&c) == DUALKV_OK);
+  REQUIRE(fake.launches == 5);
+  CHECK(fake.lastLaunchName == plain.info.name);
+  c.struct_size = sizeof c;
+  c.window = -3;
+  CHECK(dualkv_forward(&c) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("window (-3) must be >= 0"));
+  dualkv_plan_destroy(cplan);
+
+  // A branching tree runs the tree kernels, which take no window yet; a
+  // chain of first children (one ancestor range) runs the plain ones.
+  Plan branching(PlanTree{{100, 30, 20, 10, 10}, {-1, 0, 1, 0, 3}});
+  REQUIRE(branching.maxAncestorRanges() > 1);
+  ForwardArgs t = validArgs(branching);
+  t.window = 64;
+  std::optional<Error> e = errorOf([&] { forward(t); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::InvalidArgument);
+  CHECK_THAT(e->what(),
+             Contains("sliding windows are not yet supported for branching "
+                      "prefix trees (window = 64"));
+  Plan chain(PlanTree{{20, 10, 12}, {-1, 0, 1}});
+  REQUIRE(chain.maxAncestorRanges() <= 1);
+  ForwardArgs ch = validArgs(chain);
+  ch.tiling = {128, 32, 4, 2};
+  ch.window = 16;
+  forward(ch);
+  CHECK(fake.launches == 6);
+  CHECK(fake.lastLaunchName == "attention_fwd_window");
 }
