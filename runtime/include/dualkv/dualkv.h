@@ -59,8 +59,9 @@ struct ForwardArgs {
   /// query sees only the keys fewer than W positions before it in its own
   /// logical sequence (prompt then response), lpos(i) - lpos(j) < W
   /// (docs/architecture.md §1); tiles outside the window are skipped. 0:
-  /// none; below 2^31. A kernel of its own (compiled for each W), never
-  /// tuned. Not yet for branching prefix trees (InvalidArgument).
+  /// none; below 2^31. W is the window kernels' launch parameter: one kernel
+  /// serves every W; never tuned. Not yet for branching prefix trees
+  /// (InvalidArgument).
   int64_t window = 0;
 };
 

@@ -497,7 +497,7 @@ TEST_CASE("forward: the C API's struct launches what the C++ arguments do",
 }
 
 TEST_CASE("forward: a sliding window launches a kernel of its own with W as "
-          "its last parameter; branching trees are refused",
+          "its last parameter, and branching trees are refused",
           "[runtime][window]") {
   TempDir tmp;
   ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
