@@ -8,9 +8,9 @@
 // the fp64 reference.
 // `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees),
 // `dualkv-gpu-tests sanitize tree` the trees only. With a sliding window
-// (`sanitize window`) the backward runs the atomic and the split-dQ
-// algorithms, not the deterministic mode (which refuses a window), and no
-// trees (whose kernels refuse one).
+// (`sanitize window`) the backward runs the atomic algorithm only (split-dQ
+// and the deterministic mode refuse a window), and no trees (whose kernels
+// refuse one).
 // tests/gpu/sanitize.sh runs it under compute-sanitizer (memcheck, racecheck,
 // synccheck, initcheck; ctest label `sanitize`), which fails on any report; the
 // checks keep a kernel that does nothing from passing. A branching prefix tree
@@ -116,19 +116,18 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
           ForwardResult fwd = dc.download();
           record(what + " fwd", forwardReferenceError(c, fwd, scoreFactor));
           // Both algorithms, whichever is the device's default: the
-          // split-dQ one as the deterministic mode, or by name with a window
-          // (the deterministic mode refuses one).
+          // split-dQ one as the deterministic mode; with a window only the
+          // atomic one (split-dQ and the deterministic mode refuse one).
           for (bool splitDq : {false, true}) {
+            if (splitDq && window > 0)
+              continue;
             BackwardOptions o;
-            o.deterministic = splitDq && window == 0;
-            o.algorithm = splitDq && window > 0 ? BackwardAlgorithm::SplitDQ
-                                                : BackwardAlgorithm::Atomic;
+            o.deterministic = splitDq;
+            o.algorithm = BackwardAlgorithm::Atomic;
             o.tiling = splitDq ? v.bwdKV : v.bwd;
             o.dqTiling = v.dq;
             BackwardResult r = dc.runBackward(o);
-            record(what + (!splitDq      ? " bwd"
-                           : window == 0 ? " bwd deterministic"
-                                         : " bwd split_dq"),
+            record(what + (splitDq ? " bwd deterministic" : " bwd"),
                    backwardReferenceError(c, fwd, r, scoreFactor));
           }
         } catch (const std::exception &e) {

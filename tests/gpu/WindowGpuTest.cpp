@@ -18,16 +18,17 @@
 //     the longest sequence, at T, at the largest W) also against the plain
 //     kernels, within the same tolerances;
 //   - random: `count` (at most 24) random batches with W log-uniform in
-//     [1, 2T], forward and the default, atomic and split-dQ backward against
+//     [1, 2T], forward and the default and atomic backward against
 //     fp64;
 //   - equivalence: the packed forward bitwise equal, and the backward within
 //     the equivalence tolerance, to each [prompt | response] run alone with
 //     the same window.
-// Every backward runs the atomic and the split-dQ algorithms by name, never
+// Every backward runs the atomic algorithm (the default with a window), never
 // the deterministic mode, which refuses a window.
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
+#include <cstdlib>
 #include <limits>
 
 using namespace dualkv;
@@ -35,15 +36,14 @@ using namespace dualkv::testing;
 
 namespace {
 
-/// The backward algorithms a windowed case runs (the deterministic mode
-/// refuses a window): the atomic one and the split-dQ one by name, and with
-/// `withDefault` first the device's default.
+/// The backward algorithms a windowed case runs (the deterministic mode and
+/// split-dQ refuse a window): the atomic one by name, and with `withDefault`
+/// first the device's default (atomic with a window).
 std::vector<BackwardOptions> windowModes(bool withDefault = false) {
   std::vector<BackwardOptions> modes;
   if (withDefault)
     modes.emplace_back();
-  for (BackwardAlgorithm a :
-       {BackwardAlgorithm::Atomic, BackwardAlgorithm::SplitDQ}) {
+  for (BackwardAlgorithm a : {BackwardAlgorithm::Atomic}) {
     BackwardOptions o;
     o.algorithm = a;
     modes.push_back(o);
@@ -198,6 +198,10 @@ int windowRefusals() {
     det.deterministic = true;
     expectRefusal("the deterministic backward with window 50",
                   [&] { dc.runBackward(det); });
+    BackwardOptions split;
+    split.algorithm = BackwardAlgorithm::SplitDQ;
+    expectRefusal("the split-dQ backward with window 50",
+                  [&] { dc.runBackward(split); });
   }
   // Node 4 sees two ancestor ranges (node 3's and the merged root + node
   // 1), so the plan runs the tree kernels.
@@ -332,7 +336,7 @@ int windowEdges(uint64_t seed) {
 
 /// `count` random batches (randomCase: 1-3 groups, empty responses, GQA,
 /// every head_dim, bf16 and fp16), each with a window log-uniform in
-/// [1, 2T]: forward and the default, atomic and split-dQ backward against
+/// [1, 2T]: forward and the default and atomic backward against
 /// fp64 (the softcap variant's budget and tolerances).
 int windowRandom(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -429,13 +433,28 @@ int windowEquivalence(uint64_t seed) {
 } // namespace
 
 int dualkv::testing::windowTest(int count) {
+  // DUALKV_WINDOW_PARTS (comma-separated: control, refusals, sanitize, edges,
+  // random, equivalence) runs those parts only; unset, all of them.
+  const char *partsEnv = std::getenv("DUALKV_WINDOW_PARTS");
+  const std::string parts = partsEnv ? "," + std::string(partsEnv) + "," : "";
+  auto wants = [&](const char *part) {
+    return parts.empty() ||
+           parts.find("," + std::string(part) + ",") != std::string::npos;
+  };
   fmt::print("variant window: sanitize workload W = {}\n", kSanitizeWindow);
-  int failures = windowControl();
-  failures += windowRefusals();
-  failures += sanitizeTest(0, 1.0, 0, false, false, kSanitizeWindow) ? 1 : 0;
-  failures += windowEdges(2026120706);
-  failures += windowRandom(std::min(count, 24), 20261210);
-  failures += windowEquivalence(2026120707);
+  int failures = 0;
+  if (wants("control"))
+    failures += windowControl();
+  if (wants("refusals"))
+    failures += windowRefusals();
+  if (wants("sanitize"))
+    failures += sanitizeTest(0, 1.0, 0, false, false, kSanitizeWindow) ? 1 : 0;
+  if (wants("edges"))
+    failures += windowEdges(2026120706);
+  if (wants("random"))
+    failures += windowRandom(std::min(count, 24), 20261210);
+  if (wants("equivalence"))
+    failures += windowEquivalence(2026120707);
   fmt::print("variant window: {}\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

@@ -122,8 +122,7 @@ struct BindSpecPass
       return ProblemAttr::get(
           ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
           FloatAttr::get(Float64Type::get(ctx), scale), true, tree,
-          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks,
-          spec.window);
+          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks, spec.window);
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.

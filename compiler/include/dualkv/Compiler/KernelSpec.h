@@ -108,9 +108,9 @@ DUALKV_API bool takesSoftcap(KernelKind kind);
 DUALKV_API bool takesDlse(KernelKind kind);
 DUALKV_API bool takesSinks(KernelKind kind);
 DUALKV_API bool takesWindow(KernelKind kind);
-/// `spec` with only the variants (softcap, dLSE, sinks, window) its kind takes: the
-/// one place a set of kernels built from one request (dualkv-bind-spec over a
-/// module, dualkv-aot's kinds, the runtime's backward set) gives each kernel
+/// `spec` with only the variants (softcap, dLSE, sinks, window) its kind takes:
+/// the one place a set of kernels built from one request (dualkv-bind-spec over
+/// a module, dualkv-aot's kinds, the runtime's backward set) gives each kernel
 /// its own.
 DUALKV_API KernelSpec withVariantsOfKind(KernelSpec spec);
 

@@ -71,9 +71,9 @@ public:
                 bool tree = false, bool dlse = false, bool sinks = false,
                 bool window = false) {
     OpBuilder &b = o.b;
-    params = ::dualkv::abi::kernelParams(
-        static_cast<::dualkv::KernelKind>(kind), schedule, tree, dlse, sinks,
-        window);
+    params =
+        ::dualkv::abi::kernelParams(static_cast<::dualkv::KernelKind>(kind),
+                                    schedule, tree, dlse, sinks, window);
     SmallVector<Type> args;
     SmallVector<int64_t> gridConstants;
     for (const ::dualkv::abi::Param &p : params) {

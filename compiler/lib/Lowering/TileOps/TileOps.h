@@ -71,8 +71,8 @@ struct TileEnv {
 namespace tile {
 
 /// `s` with the keys `kind` excludes at -inf: causal, key > query; bound,
-/// key >= `bound`. With a sliding window W (non-null) also the keys at W or more
-/// logical positions before the query: query + shift - key >= W, where the
+/// key >= `bound`. With a sliding window W (non-null) also the keys at W or
+/// more logical positions before the query: query + shift - key >= W, where the
 /// shift is `bound` for a bound mask (the query follows the shared region's
 /// keys) and `causalShift` (null: 0) for a causal one.
 void mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
