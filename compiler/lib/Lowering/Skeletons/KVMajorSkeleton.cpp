@@ -359,7 +359,10 @@ TileEnv KVMajorEmitter::tileEnv() {
   };
   env.scaleLog2 = scaleLog2, env.scale = scale;
   env.window = window;
-  env.windowShift = windowShift;
+  // Read again where a mask needs it rather than kept in a register through
+  // the query loops.
+  if (window)
+    env.windowShift = itemField(5, /*fresh=*/true);
   return env;
 }
 
