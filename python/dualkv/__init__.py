@@ -143,7 +143,8 @@ def _precompile_arch(arch):
 
 
 def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
-               backward=True, deterministic=False, tiling=None):
+               backward=True, deterministic=False, tiling=None, softcap=0.0,
+               dlse=False, sinks=False, window=False):
     """Compiles, in parallel, every kernel a forward (and with ``backward`` a
     backward, ``deterministic`` or not) of this configuration needs and
     writes them into the kernel cache (``$DUALKV_CACHE_DIR``), so that later
@@ -156,7 +157,11 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
     library sees it; the library names the supported ones); None for the
     current GPU's (then a GPU is needed; with an arch neither a GPU nor torch
     is). ``tiling``: None or (block_m, block_n, warps, stages), as for the
-    kernels' launches. Returns a dict: kernels, compiles, disk_hits,
+    kernels' launches. The variants' kernels, as ``attention`` asks for them:
+    ``softcap`` (each value its own kernels), ``dlse`` (a differentiated
+    LSE, ``return_lse=True``), ``sinks``, ``window`` (true or any W >= 1: one
+    set serves every W; its backward is the atomic algorithm's, so not with
+    ``deterministic``). Returns a dict: kernels, compiles, disk_hits,
     memory_hits, aot_hits, wall_ms."""
     ints = [integer(value, name, 0, 2**31 - 1) for name, value in
             (("head_dim", head_dim), ("num_q_heads", num_q_heads),
@@ -167,7 +172,10 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
         head_dim=ints[0], num_q_heads=ints[1], num_kv_heads=ints[2],
         dtype=code, arch=arch_bytes,
         backward=int(bool(backward)), deterministic=int(bool(deterministic)),
-        tiling=_tiling(tiling))
+        tiling=_tiling(tiling), softcap=_softcap_value(softcap),
+        dlse=int(bool(dlse)), sinks=int(bool(sinks)),
+        window=int(window if isinstance(window, bool)
+                   else _window_value(window) > 0))
     report = _lib.PrecompileReport()
     _check(_lib.lib().dualkv_precompile(ctypes.byref(args),
                                         ctypes.byref(report)))

@@ -124,6 +124,8 @@ class PrecompileArgs(_Sized):
         ("head_dim", i32), ("num_q_heads", i32), ("num_kv_heads", i32),
         ("dtype", i32), ("arch", ctypes.c_char_p), ("backward", i32),
         ("deterministic", i32), ("tiling", Tiling),
+        ("softcap", ctypes.c_float), ("dlse", i32), ("sinks", i32),
+        ("window", i32),
     ]
 
 

@@ -62,6 +62,16 @@ class PrecompileTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "num_q_heads"):
             dualkv.precompile(head_dim=64, num_q_heads=True, num_kv_heads=2,
                               arch="sm_80")
+        with self.assertRaisesRegex(ValueError, "window"):
+            dualkv.precompile(head_dim=64, num_q_heads=4, num_kv_heads=2,
+                              arch="sm_80", window=-1)
+        with self.assertRaisesRegex(ValueError, "softcap"):
+            dualkv.precompile(head_dim=64, num_q_heads=4, num_kv_heads=2,
+                              arch="sm_80", softcap=-2.0)
+        # The library's refusal: a window's backward is the atomic set.
+        with self.assertRaisesRegex(ValueError, "sliding window"):
+            dualkv.precompile(head_dim=64, num_q_heads=4, num_kv_heads=2,
+                              arch="sm_80", window=128, deterministic=True)
 
 
 if __name__ == "__main__":

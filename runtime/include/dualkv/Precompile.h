@@ -24,6 +24,16 @@ struct PrecompileArgs {
   /// same SplitDQ kernels).
   bool deterministic = false;
   Tiling tiling = {}; ///< as ForwardArgs::tiling / BackwardArgs::tiling
+  /// The variants whose kernels to make ready, as the launches will ask:
+  /// a logit softcap (ForwardArgs::softcap; each c its own kernels), a
+  /// differentiated LSE (BackwardArgs::dlse: bwd_pre), attention sinks
+  /// (ForwardArgs::sinks, BackwardArgs::dsinks) and a sliding window
+  /// (ForwardArgs::window > 0: one set serves every W; its backward is the
+  /// atomic algorithm's set, so `deterministic` refuses it).
+  float softcap = 0;
+  bool dlse = false;
+  bool sinks = false;
+  bool window = false;
 };
 
 /// What precompile() found: one count per kernel of the set.

@@ -238,6 +238,12 @@ typedef struct dualkv_precompile_args_t {
   int32_t backward;      /**< != 0: the backward's kernels too */
   int32_t deterministic; /**< != 0: the split-dQ set only */
   dualkv_tiling_t tiling;
+  /** The variants' kernels (PrecompileArgs); callers built before them pass
+   * a struct_size without them: none. */
+  float softcap;  /**< logit softcap c > 0; 0: none */
+  int32_t dlse;   /**< != 0: bwd_pre with a differentiated LSE */
+  int32_t sinks;  /**< != 0: attention sinks */
+  int32_t window; /**< != 0: a sliding window (every W) */
 } dualkv_precompile_args_t;
 
 /** What dualkv_precompile found (dualkv::PrecompileReport). */

@@ -364,7 +364,8 @@ int dualkv_cache_stats(dualkv_cache_stats_t *out) {
 int dualkv_precompile(const dualkv_precompile_args_t *in,
                       dualkv_precompile_report_t *out) {
   return guarded([&]() -> llvm::Error {
-    llvm::Expected<dualkv_precompile_args_t> read = readArgs(in, "args");
+    llvm::Expected<dualkv_precompile_args_t> read =
+        readArgs(in, "args", offsetof(dualkv_precompile_args_t, softcap));
     if (!read)
       return read.takeError();
     const dualkv_precompile_args_t &args = *read;
@@ -379,6 +380,10 @@ int dualkv_precompile(const dualkv_precompile_args_t *in,
     a.backward = args.backward != 0;
     a.deterministic = args.deterministic != 0;
     a.tiling = toTiling(args.tiling);
+    a.softcap = args.softcap;
+    a.dlse = args.dlse != 0;
+    a.sinks = args.sinks != 0;
+    a.window = args.window != 0;
     dualkv::PrecompileReport r = dualkv::precompile(a);
     if (!out)
       return llvm::Error::success();

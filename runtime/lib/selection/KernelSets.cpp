@@ -304,6 +304,13 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
         fmt::format("arch: arch '{}' is not supported; supported: {}",
                     clipForMessage(arch, kMaxArchQuoted), supportedArchs()));
   }
+  if (std::string why = checkSoftcap(args.softcap); !why.empty())
+    return invalidArgument(why);
+  if (args.window && args.backward && args.deterministic)
+    return invalidArgument(
+        "the deterministic backward does not yet support a sliding window: "
+        "precompile the window's set without deterministic (the atomic "
+        "algorithm's kernels)");
   KernelSpec base;
   base.kind = KernelKind::Fwd;
   base.headDim = D;
@@ -312,11 +319,17 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   base.dtype = args.dtype;
   base.arch = arch;
   base.tiling = args.tiling;
-  std::vector<SetMember> set = {SetMember{base}};
+  base.softcap = args.softcap;
+  base.dlse = args.dlse;
+  base.sinks = args.sinks;
+  base.window = args.window;
+  std::vector<SetMember> set = {SetMember{withVariantsOfKind(base)}};
   if (args.backward) {
-    // Where SplitDQ is the default (backwardAlgorithmFor), its set alone.
-    std::vector<SetMember> bwd = backwardSet(
-        base, args.deterministic || splitDQByDefault(arch), false, args.tiling);
+    // Where SplitDQ is the default (backwardAlgorithmFor), its set alone; a
+    // window's backward is the atomic algorithm on every arch.
+    bool splitDq =
+        !args.window && (args.deterministic || splitDQByDefault(arch));
+    std::vector<SetMember> bwd = backwardSet(base, splitDq, false, args.tiling);
     set.insert(set.end(), bwd.begin(), bwd.end());
   }
   // A pinned tiling the compiler cannot use for one of the set's kernels is

@@ -373,3 +373,47 @@ TEST_CASE("precompile: an entry whose meta.json became a folder is compiled "
   CHECK(hit.compiles == 0);
   clearKernelCache();
 }
+
+TEST_CASE("precompile: the variants' sets are their own kernels; a window's "
+          "backward is the atomic set and one set serves every W",
+          "[runtime][precompile]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
+  clearKernelCache();
+  resetCacheStats();
+  PrecompileArgs args;
+  args.head_dim = 64;
+  args.num_q_heads = 2;
+  args.num_kv_heads = 1;
+  args.arch = "sm_90a";
+  // sm_90a's default backward is split-dQ: fwd, bwd_pre, bwd_kv, bwd_dq.
+  PrecompileReport plain = precompile(args);
+  CHECK(plain.kernels == 4);
+  CHECK(plain.compiles == 4);
+  // A window: its fwd, bwd_pre (no window of its own: the plain one), and
+  // the atomic algorithm's bwd and bwd_post (one KV head: no sliced pair).
+  args.window = true;
+  PrecompileReport window = precompile(args);
+  CHECK(window.kernels == 4);
+  CHECK(window.memoryHits == 1); // bwd_pre
+  CHECK(window.compiles == 3);
+  // A softcap and sinks with the window: fwd, bwd_pre (sinks), bwd (softcap,
+  // window) are new; bwd_post takes no variant.
+  args.softcap = 30;
+  args.sinks = true;
+  PrecompileReport all = precompile(args);
+  CHECK(all.kernels == 4);
+  CHECK(all.compiles == 3);
+  CHECK(all.memoryHits == 1);
+  // The same request again compiles nothing.
+  CHECK(precompile(args).compiles == 0);
+  // Refused by name: a window's deterministic backward, a negative softcap.
+  args.deterministic = true;
+  CHECK_THROWS_WITH(precompile(args), Contains("sliding window"));
+  args.deterministic = false;
+  args.softcap = -1;
+  CHECK_THROWS_WITH(precompile(args), Contains("softcap"));
+  clearKernelCache();
+}
