@@ -78,6 +78,41 @@ void seedKernel(const std::string &root, const ForwardArgs &a,
   requireSuccess(DiskCache(root).store(key, entry));
 }
 
+/// The C plan of the groups {40: 24, 0, 32} and {8: 8} (the C API tests').
+dualkv_plan *cPlanOfTestGroups() {
+  int32_t prompts[] = {40, 8}, counts[] = {3, 1}, responses[] = {24, 0, 32, 8};
+  dualkv_plan *cplan = nullptr;
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+          DUALKV_OK);
+  return cplan;
+}
+
+/// `a` as the C API's struct over `cplan` (tiling, schedule and the variants
+/// left at zero).
+dualkv_forward_args_t cForwardArgs(const ForwardArgs &a,
+                                   const dualkv_plan *cplan) {
+  auto tensor = [](const TensorArg &t) {
+    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
+  };
+  dualkv_forward_args_t c{};
+  c.struct_size = sizeof c;
+  c.q = tensor(a.q);
+  c.k = tensor(a.k);
+  c.v = tensor(a.v);
+  c.o = tensor(a.o);
+  c.lse = a.lse;
+  c.lse_stride_h = a.lse_stride_h;
+  c.num_tokens = a.num_tokens;
+  c.num_q_heads = a.num_q_heads;
+  c.num_kv_heads = a.num_kv_heads;
+  c.head_dim = a.head_dim;
+  c.dtype = static_cast<int32_t>(a.dtype);
+  c.scale = a.scale;
+  c.plan = cplan;
+  c.stream = a.stream;
+  return c;
+}
+
 } // namespace
 
 TEST_CASE("forward: bad arguments are named and nothing launches",
@@ -453,29 +488,8 @@ TEST_CASE("forward: the C API's struct launches what the C++ arguments do",
   REQUIRE(fake.launches == 1);
   const FakeDriver::Launch cxx = fake.last;
 
-  int32_t prompts[] = {40, 8}, counts[] = {3, 1}, responses[] = {24, 0, 32, 8};
-  dualkv_plan *cplan = nullptr;
-  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
-          DUALKV_OK);
-  auto tensor = [](const TensorArg &t) {
-    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
-  };
-  dualkv_forward_args_t c{};
-  c.struct_size = sizeof c;
-  c.q = tensor(args.q);
-  c.k = tensor(args.k);
-  c.v = tensor(args.v);
-  c.o = tensor(args.o);
-  c.lse = args.lse;
-  c.lse_stride_h = args.lse_stride_h;
-  c.num_tokens = args.num_tokens;
-  c.num_q_heads = args.num_q_heads;
-  c.num_kv_heads = args.num_kv_heads;
-  c.head_dim = args.head_dim;
-  c.dtype = static_cast<int32_t>(args.dtype);
-  c.scale = args.scale;
-  c.plan = cplan;
-  c.stream = args.stream;
+  dualkv_plan *cplan = cPlanOfTestGroups();
+  dualkv_forward_args_t c = cForwardArgs(args, cplan);
   c.tiling = {128, 32, 4, 2};
   REQUIRE(dualkv_forward(&c) == DUALKV_OK);
   REQUIRE(fake.launches == 2);
@@ -546,27 +560,8 @@ TEST_CASE("forward: a sliding window launches a kernel of its own with W as "
 
   // The C API copies the window; a caller built before it (its struct_size
   // ends before `window`) passes none, whatever lies past its struct.
-  int32_t prompts[] = {40, 8}, counts[] = {3, 1}, responses[] = {24, 0, 32, 8};
-  dualkv_plan *cplan = nullptr;
-  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
-          DUALKV_OK);
-  auto tensor = [](const TensorArg &t) {
-    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
-  };
-  dualkv_forward_args_t c{};
-  c.struct_size = sizeof c;
-  c.q = tensor(args.q);
-  c.k = tensor(args.k);
-  c.v = tensor(args.v);
-  c.o = tensor(args.o);
-  c.lse = args.lse;
-  c.lse_stride_h = args.lse_stride_h;
-  c.num_tokens = args.num_tokens;
-  c.num_q_heads = args.num_q_heads;
-  c.num_kv_heads = args.num_kv_heads;
-  c.head_dim = args.head_dim;
-  c.dtype = static_cast<int32_t>(args.dtype);
-  c.plan = cplan;
+  dualkv_plan *cplan = cPlanOfTestGroups();
+  dualkv_forward_args_t c = cForwardArgs(args, cplan);
   c.tiling = {128, 32, 4, 2};
   c.window = 24;
   REQUIRE(dualkv_forward(&c) == DUALKV_OK);

@@ -33,15 +33,26 @@ using namespace dualkv::testing;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
+namespace {
+/// A fresh disk cache under a temporary folder, no tuning database, and the
+/// process's kernels and counters cleared.
+struct PrecompileEnv {
+  TempDir tmp;
+  ScopedEnv cacheDir{"DUALKV_CACHE_DIR", tmp.path + "/cache"};
+  ScopedEnv always{"DUALKV_ALWAYS_COMPILE", std::nullopt};
+  ScopedEnv db{"DUALKV_TUNING_DB", tmp.path + "/none.json"};
+  PrecompileEnv() {
+    clearKernelCache();
+    resetCacheStats();
+  }
+};
+} // namespace
+
 TEST_CASE("precompile: an explicit arch fills the disk cache without a GPU, "
           "a second run is all disk hits",
           "[runtime][precompile]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
-  clearKernelCache();
-  resetCacheStats();
+  PrecompileEnv env;
+  TempDir &tmp = env.tmp;
   PrecompileArgs args;
   args.head_dim = 64;
   args.num_q_heads = 4;
@@ -229,12 +240,8 @@ TEST_CASE("precompile: a tuned entry the spec check refuses is left out and "
 TEST_CASE("precompile: an explicit tiling and heads beyond the grid are "
           "refused by name before anything compiles",
           "[runtime][precompile]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
-  clearKernelCache();
-  resetCacheStats();
+  PrecompileEnv env;
+  TempDir &tmp = env.tmp;
   PrecompileArgs args;
   args.head_dim = 64;
   args.num_q_heads = 4;
@@ -338,12 +345,8 @@ TEST_CASE("precompile: the C API's arch is matched exactly",
 TEST_CASE("precompile: an entry whose meta.json became a folder is compiled "
           "once more and repaired, and the next process hits",
           "[runtime][precompile]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
-  clearKernelCache();
-  resetCacheStats();
+  PrecompileEnv env;
+  TempDir &tmp = env.tmp;
   PrecompileArgs args;
   args.head_dim = 64;
   args.num_q_heads = 2;
@@ -377,12 +380,7 @@ TEST_CASE("precompile: an entry whose meta.json became a folder is compiled "
 TEST_CASE("precompile: the variants' sets are their own kernels; a window's "
           "backward is the atomic set and one set serves every W",
           "[runtime][precompile]") {
-  TempDir tmp;
-  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path + "/cache");
-  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
-  ScopedEnv db("DUALKV_TUNING_DB", tmp.path + "/none.json");
-  clearKernelCache();
-  resetCacheStats();
+  PrecompileEnv env;
   PrecompileArgs args;
   args.head_dim = 64;
   args.num_q_heads = 2;
