@@ -365,7 +365,16 @@ def causal_configs():
     return configs
 
 
-CONFIG_SETS = ("standard", "targets", "causal", "all")
+def model_configs():
+    """Shapes of the models the variants serve that no other set has (the
+    set "models", not part of "all"): gpt-oss (Hq 64, Hkv 8, head_dim 64:
+    sinks, 128-token windows) at P=8192, N=16, R=1024. Gemma 3's sliding
+    layers are P8192_N16_R1024_D256's shape (Hq 16, Hkv 8, head_dim 256)."""
+    return [Config("P8192_N16_R1024_gptoss", [(8192, [1024] * 16)], hq=64,
+                   hkv=8, d=64, set_name="models")]
+
+
+CONFIG_SETS = ("standard", "targets", "causal", "models", "all")
 # --quick: a smoke run of each set (the new ones cover several groups per
 # launch, per-config heads and head_dim 256).
 QUICK_CONFIGS = ("P4096_N16_R1024", "P16384_N16_R1024",
@@ -374,8 +383,9 @@ QUICK_CONFIGS = ("P4096_N16_R1024", "P16384_N16_R1024",
 
 def all_configs():
     """Every config, the standard ones first, then the targets, then plain
-    causal attention (which --set all leaves out)."""
-    return standard_configs() + target_configs() + causal_configs()
+    causal attention and the models' shapes (which --set all leaves out)."""
+    return (standard_configs() + target_configs() + causal_configs()
+            + model_configs())
 
 
 def select_configs(set_name="all", quick=False, names=None):
@@ -390,7 +400,8 @@ def select_configs(set_name="all", quick=False, names=None):
                              + ", ".join(sorted(unknown)))
         return [c for c in configs if c.name in names]
     configs = [c for c in configs if set_name == c.set_name
-               or (set_name == "all" and c.set_name != "causal")]
+               or (set_name == "all"
+                   and c.set_name not in ("causal", "models"))]
     if quick:
         configs = [c for c in configs if c.name in QUICK_CONFIGS]
     return configs
@@ -1135,6 +1146,10 @@ def parse_args(argv=None, defaults=None):
         + " (plain causal attention at equal work: prompt-only plans for "
         "DualKV and Flex, one causal sequence of each prompt for cuDNN and "
         "FA2, so the replicated columns are those kernels at their best)"
+        + "; models = "
+        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, D {c.d})"
+                    for c in model_configs())
+        + " (gpt-oss's shape)"
         + "; all = standard and targets, standard first (default). "
         "--configs takes any of "
         "these names, whatever --set says. --quick: "
