@@ -377,7 +377,7 @@ TEST_CASE("precompile: an entry whose meta.json became a folder is compiled "
   clearKernelCache();
 }
 
-TEST_CASE("precompile: the variants' sets are their own kernels; a window's "
+TEST_CASE("precompile: the variants' sets are their own kernels, a window's "
           "backward is the atomic set and one set serves every W",
           "[runtime][precompile]") {
   PrecompileEnv env;
