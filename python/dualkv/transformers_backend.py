@@ -39,8 +39,8 @@ Attention variants, as transformers hands them to an attention interface:
 - ``sliding_window`` (Mistral's ``config.sliding_window``, Gemma 2/3's and
   gpt-oss's sliding layers): ``window=W`` of ``dualkv.attention``, the same
   W (see ``sliding_window_of``); a window of at least T tokens is no window.
-  The library refuses a window for branching prefix trees and with the
-  deterministic backward (``dualkv_deterministic=True``), by name.
+  The library refuses a window with the deterministic backward
+  (``dualkv_deterministic=True``), by name.
 - ``softcap`` (Gemma 2's ``attn_logit_softcapping``): ``softcap=c``.
 - ``s_aux`` (gpt-oss's per-head ``sinks`` parameter): ``sinks=``, run in
   float32; autograd trains it.

@@ -26,7 +26,8 @@ int treeTest(const std::string &which, int count);
 /// tree kernels at head_dim 64, 128, 256, bf16 and fp16, both backward
 /// modes, checked against fp64 (with `scoreFactor` as in sanitizeTest);
 /// returns the number of failures.
-int treeSanitizeWorkload(double scoreFactor = 1.0, double softcap = 0);
+int treeSanitizeWorkload(double scoreFactor = 1.0, double softcap = 0,
+                         int64_t window = 0);
 /// Many callers at once and many launches: threads | processes | leak
 /// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
 int stressTest(const std::string &which, int count, char **argv);

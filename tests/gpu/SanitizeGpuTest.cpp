@@ -9,8 +9,7 @@
 // `dualkv-gpu-tests sanitize D` runs head_dim D only (and no trees),
 // `dualkv-gpu-tests sanitize tree` the trees only. With a sliding window
 // (`sanitize window`) the backward runs the atomic algorithm only (split-dQ
-// and the deterministic mode refuse a window), and no trees (whose kernels
-// refuse one).
+// and the deterministic mode refuse a window), trees included.
 // tests/gpu/sanitize.sh runs it under compute-sanitizer (memcheck, racecheck,
 // synccheck, initcheck; ctest label `sanitize`), which fails on any report; the
 // checks keep a kernel that does nothing from passing. A branching prefix tree
@@ -139,10 +138,11 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
   // the KV-major kernels on a forest's work items.
   // The tree kernels read dLSE through the same bwd_pre kernel: their
   // workload runs without it.
-  // The tree kernels refuse a window.
-  if (onlyHeadDim <= 0 && !dlse && !sinks && window == 0)
+  // With a window, along each root-to-node path (the atomic backward only).
+  if (onlyHeadDim <= 0 && !dlse && !sinks)
     try {
-      const int treeFailures = treeSanitizeWorkload(scoreFactor, softcap);
+      const int treeFailures =
+          treeSanitizeWorkload(scoreFactor, softcap, window);
       checks += deviceIsSm90() ? 12 : 6;
       failures += treeFailures;
     } catch (const std::exception &e) {

@@ -18,6 +18,9 @@ struct TreeCase {
   int hq = 1, hkv = 1, d = 64;
   DType dtype = DType::BF16;
   double softcap = 0; ///< ForwardArgs::softcap, kernels and reference
+  /// ForwardArgs::window (0: none), kernels and reference: along each
+  /// root-to-node path.
+  int64_t window = 0;
   std::vector<uint16_t> q, k, v, dout;
 
   int64_t tokens() const {
@@ -50,6 +53,7 @@ struct TreeCase {
   reference::TreeProblem problem() const {
     reference::TreeProblem p{{}, hq, hkv, d, 1.0 / std::sqrt(double(d))};
     p.softcap = softcap;
+    p.window = window;
     for (size_t n = 0; n < tree.lengths.size(); ++n)
       p.nodes.push_back({tree.lengths[n], tree.parents[n]});
     return p;
@@ -196,6 +200,7 @@ struct TreeDevice {
     f.d = c.d;
     f.dtype = c.dtype;
     f.softcap = c.softcap;
+    f.window = c.window;
     return f;
   }
 };
@@ -246,8 +251,9 @@ TreeRun runTree(const TreeCase &c, std::optional<Schedule> fwd = {},
   TreeRun r;
   r.f = dev.forward();
   r.atomic = dev.backward(false);
-  r.det = dev.backward(true);
-  r.det2 = dev.backward(true);
+  // The deterministic mode refuses a window: the atomic run stands in.
+  r.det = c.window > 0 ? r.atomic : dev.backward(true);
+  r.det2 = c.window > 0 ? r.atomic : dev.backward(true);
   r.maxRanges = dev.plan.maxAncestorRanges();
   return r;
 }
@@ -444,7 +450,8 @@ int testPaths(int count, uint64_t seed) {
 
 } // namespace
 
-int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap) {
+int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap,
+                                          int64_t window) {
   // A branching tree whose segments see up to three ancestor ranges, with an
   // empty node, a one-token node, a subtree longer than a backward query
   // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
@@ -460,6 +467,7 @@ int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap) {
       c.d = d;
       c.dtype = t;
       c.softcap = softcap;
+      c.window = window;
       c.fill(rng);
       std::string why = checkTree(c, {}, {}, scoreFactor);
       if (!why.empty()) {

@@ -6,23 +6,25 @@
 // `dualkv-gpu-tests variant-window [count]` runs, in order:
 //   - control: the plain kernels (window 0) checked against the window's
 //     reference must fail, forward and backward (the checks see the window);
-//   - refusals: the deterministic backward and a branching prefix tree refuse
+//   - refusals: the deterministic and the split-dQ backward refuse
 //     a window with dualkv::Error;
 //   - the sanitize workload with kSanitizeWindow (every kind, head_dim,
-//     dtype and schedule it runs; no trees);
+//     dtype and schedule it runs, and its prefix trees);
 //   - edges: W 1 and 2, W around the prompt length, windows crossing the
 //     prompt/response boundary and the backward's query chunks, empty
 //     responses, prompt-only and several groups, lengths at multiples of 64
 //     and 128 and one off, head_dim 64/128/256, bf16 and fp16, forward and
-//     both backward algorithms against fp64; windows no pair reaches (W at
-//     the longest sequence, at T, at the largest W) also against the plain
-//     kernels, within the same tolerances;
+//     the default and the atomic backward against fp64; windows no pair reaches
+//     (W at the longest sequence, at T, at the largest W) also against the
+//     plain kernels, within the same tolerances;
 //   - random: `count` (at most 24) random batches with W log-uniform in
 //     [1, 2T], forward and the default and atomic backward against
 //     fp64;
 //   - equivalence: the packed forward bitwise equal, and the backward within
 //     the equivalence tolerance, to each [prompt | response] run alone with
-//     the same window.
+//     the same window;
+//   - trees: branching forests with W 1, 5, 40, 300 and 5000 along each
+//     root-to-node path, every tree schedule, against fp64.
 // Every backward runs the atomic algorithm (the default with a window), never
 // the deterministic mode, which refuses a window.
 #include "GpuHarness.h"
@@ -170,8 +172,7 @@ int windowControl() {
 }
 
 /// What is not supported yet must be refused with dualkv::Error, not run:
-/// the deterministic backward with a window, and a window on a branching
-/// prefix tree (the tree kernels).
+/// the deterministic and the split-dQ backward with a window.
 int windowRefusals() {
   int failures = 0;
   auto expectRefusal = [&](const char *what, auto &&call) {
@@ -203,28 +204,6 @@ int windowRefusals() {
     expectRefusal("the split-dQ backward with window 50",
                   [&] { dc.runBackward(split); });
   }
-  // Node 4 sees two ancestor ranges (node 3's and the merged root + node
-  // 1), so the plan runs the tree kernels.
-  const PlanTree tree{{10, 5, 3, 3, 2, 4}, {-1, 0, 1, 1, 3, 0}};
-  Plan treePlan(tree);
-  if (treePlan.maxAncestorRanges() <= 1) {
-    fmt::print("FAIL window refusal: the test's forest does not branch\n");
-    return failures + 1;
-  }
-  Case t;
-  t.groups = {{treePlan.numTokens(), {}}}; // buffers of the forest's size
-  t.hq = 4;
-  t.hkv = 2;
-  t.d = 128;
-  t.window = 4;
-  t.fill(rng);
-  DeviceCase dc(t);
-  ForwardArgs a = dc.args();
-  a.plan = &treePlan;
-  expectRefusal("the forward of a branching prefix tree with window 4", [&] {
-    dualkv::forward(a);
-    check(cudaDeviceSynchronize(), "forward");
-  });
   return failures;
 }
 
@@ -434,7 +413,7 @@ int windowEquivalence(uint64_t seed) {
 
 int dualkv::testing::windowTest(int count) {
   // DUALKV_WINDOW_PARTS (comma-separated: control, refusals, sanitize, edges,
-  // random, equivalence) runs those parts only; unset, all of them.
+  // random, equivalence, trees) runs those parts only; unset, all of them.
   const char *partsEnv = std::getenv("DUALKV_WINDOW_PARTS");
   const std::string parts = partsEnv ? "," + std::string(partsEnv) + "," : "";
   auto wants = [&](const char *part) {
@@ -455,6 +434,14 @@ int dualkv::testing::windowTest(int count) {
     failures += windowRandom(std::min(count, 24), 20261210);
   if (wants("equivalence"))
     failures += windowEquivalence(2026120707);
+  if (wants("trees"))
+    // Branching forests (up to three ancestor ranges a segment), the window
+    // along each root-to-node path: W = 1, within a range, across ranges,
+    // past the whole path; every tree schedule, against fp64.
+    for (int64_t w : {1, 5, 40, 300, 5000}) {
+      fmt::print("window trees: W = {}\n", w);
+      failures += treeSanitizeWorkload(1.0, 0, w);
+    }
   fmt::print("variant window: {}\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

@@ -308,9 +308,6 @@ std::string checkSpec(const KernelSpec &specIn) {
     return std::string("a ") + toString(spec.kind) +
            " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
            "a window";
-  if (spec.window && spec.tree)
-    return "sliding windows are not yet supported in the tree kernels (their "
-           "ancestor chains)";
   if (spec.sinks && !takesSinks(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel takes no sinks: only fwd (the denominator) and bwd_pre "

@@ -31,12 +31,12 @@ llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
   return checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/true);
 }
 
-/// Checks the sliding window (checkWindow) and that the algorithm can run
+/// Checks the sliding window (checkWindowArg) and that the algorithm can run
 /// it: the split-dQ algorithm, the deterministic mode's, writes each KV
 /// tile's dK/dV from one item, and a windowed tile is cut into an item per
 /// logical sequence it reaches (docs/backward-abi.md).
 llvm::Error checkBackwardWindow(const BackwardArgs &a) {
-  if (llvm::Error e = checkWindow(a.window, *a.plan))
+  if (llvm::Error e = checkWindowArg(a.window))
     return e;
   if (a.window > 0 && a.deterministic)
     return invalidArgument(fmt::format(

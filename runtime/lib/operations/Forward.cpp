@@ -40,7 +40,7 @@ llvm::Error validate(const ForwardArgs &a) {
     return e;
   if (llvm::Error e = checkSinks("sinks", a.sinks))
     return e;
-  if (llvm::Error e = checkWindow(a.window, *a.plan))
+  if (llvm::Error e = checkWindowArg(a.window))
     return e;
   return checkScaleAndTiling(a.scale, a.tiling);
 }

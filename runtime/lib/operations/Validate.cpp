@@ -162,19 +162,11 @@ llvm::Error checkSoftcap(float softcap) {
   return llvm::Error::success();
 }
 
-llvm::Error checkWindow(int64_t window, const Plan &plan) {
+llvm::Error checkWindowArg(int64_t window) {
   if (window < 0 || window > std::numeric_limits<int32_t>::max())
     return invalidArgument(fmt::format("window ({}) must be >= 0 and below "
                                        "2^31 (0: no sliding window)",
                                        window));
-  // A branching tree runs the tree kernels (KernelSpec::tree), whose
-  // ancestor-chain walk has no window yet (checkSpec refuses the pair).
-  if (window > 0 && plan.maxAncestorRanges() > 1)
-    return invalidArgument(fmt::format(
-        "sliding windows are not yet supported for branching prefix trees "
-        "(window = {}; the plan's segments see up to {} ancestor ranges, "
-        "which only the tree kernels walk)",
-        window, plan.maxAncestorRanges()));
   return llvm::Error::success();
 }
 

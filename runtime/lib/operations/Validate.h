@@ -41,10 +41,9 @@ llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
 llvm::Error checkSinks(const char *name, const float *sinks);
 /// A logit softcap: finite and >= 0 (0: none), else InvalidArgument.
 llvm::Error checkSoftcap(float softcap);
-/// A sliding window (ForwardArgs::window): >= 0 and below 2^31 (0: none)
-/// and, when set, a `plan` that is no branching prefix tree (the tree
-/// kernels take no window yet); else InvalidArgument naming it.
-llvm::Error checkWindow(int64_t window, const Plan &plan);
+/// A sliding window (ForwardArgs::window): >= 0 and below 2^31 (0: none);
+/// else InvalidArgument naming it.
+llvm::Error checkWindowArg(int64_t window);
 
 /// Checks a tiling override named `name` (zero fields take defaults):
 /// every field within the compiler's ranges (checkTilingFields).

@@ -5,7 +5,9 @@
 // full tiles (the tiles some rows of the query tile see and others do not)
 // and each backward q_loop one after its full tiles; every schedule lowers
 // them, the loop bounds skip the tiles outside the window, and the masks
-// compare logical positions (query + shift - key >= W drops a key).
+// compare logical positions (query + shift - key >= W drops a key). A tree's
+// chain walk carries each ancestor range's logical offset (the lengths of
+// the ranges walked so far).
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=window=true | FileCheck %s --check-prefix=BOUND
 // RUN: dualkv-opt %templates/attention_bwd_pre.mlir --dualkv-bind-spec=window=true | FileCheck %s --check-prefix=PRE
@@ -21,7 +23,11 @@
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="schedule=warp_specialized window=true" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=LOWERED
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=mma_sync window=true head-dim=256" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=LOWERED
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=PLAIN
-// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="window=true tree=true" 2>&1 | FileCheck %s --check-prefix=TREE
+// Trees: the chain walk carries each ancestor range's logical offset.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="window=true tree=true schedule=warp_specialized" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=LOWERED
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="window=true tree=true schedule=mma_sync" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=LOWERED
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="window=true tree=true schedule=warp_specialized" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=LOWERED
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="window=true tree=true" --dualkv-tile-regions | FileCheck %s --check-prefix=CHAIN
 
 // BOUND: problem <{{.*}}causal = true, window = true>
 // PRE-NOT: window = true
@@ -57,4 +63,7 @@
 // LOWERED: gpu.func @{{.*}}, %[[W:arg[0-9]+]]: i64) kernel
 // LOWERED: arith.cmpi sge
 
-// TREE: sliding windows are not yet supported in the tree kernels
+// CHAIN: dualkv.chain_loop
+// CHAIN: dualkv.kv_loop <shared> part <window>
+// CHAIN: dualkv.kv_loop <shared> part <full>
+// CHAIN: dualkv.kv_loop <shared> part <tail>

@@ -511,7 +511,7 @@ TEST_CASE("forward: the C API's struct launches what the C++ arguments do",
 }
 
 TEST_CASE("forward: a sliding window launches a kernel of its own with W as "
-          "its last parameter, and branching trees are refused",
+          "its last parameter, and branching trees run the tree kernel with it",
           "[runtime][window]") {
   TempDir tmp;
   ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
@@ -579,24 +579,30 @@ TEST_CASE("forward: a sliding window launches a kernel of its own with W as "
   CHECK_THAT(dualkv_last_error(), Contains("window (-3) must be >= 0"));
   dualkv_plan_destroy(cplan);
 
-  // A branching tree runs the tree kernels, which take no window yet; a
-  // chain of first children (one ancestor range) runs the plain ones.
+  // A branching tree runs the tree kernel with the window (its chain walk
+  // carries each ancestor range's logical offset); a chain of first
+  // children (one ancestor range) runs the plain ones.
   Plan branching(PlanTree{{100, 30, 20, 10, 10}, {-1, 0, 1, 0, 3}});
   REQUIRE(branching.maxAncestorRanges() > 1);
   ForwardArgs t = validArgs(branching);
+  t.tiling = {128, 32, 4, 2};
   t.window = 64;
-  std::optional<Error> e = errorOf([&] { forward(t); });
-  REQUIRE(e);
-  CHECK(e->code() == ErrorCode::InvalidArgument);
-  CHECK_THAT(e->what(),
-             Contains("sliding windows are not yet supported for branching "
-                      "prefix trees (window = 64"));
+  KernelSpec treeSpec = specFor(t);
+  treeSpec.tree = true;
+  CacheEntry treeEntry = sampleEntry();
+  treeEntry.info.name = "attention_fwd_tree_window";
+  requireSuccess(DiskCache(tmp.path).store(
+      CacheKey::fromSpec(resolveSpec(treeSpec), compilerFingerprint()),
+      treeEntry));
+  forward(t);
+  CHECK(fake.launches == 6);
+  CHECK(fake.lastLaunchName == "attention_fwd_tree_window");
   Plan chain(PlanTree{{20, 10, 12}, {-1, 0, 1}});
   REQUIRE(chain.maxAncestorRanges() <= 1);
   ForwardArgs ch = validArgs(chain);
   ch.tiling = {128, 32, 4, 2};
   ch.window = 16;
   forward(ch);
-  CHECK(fake.launches == 6);
+  CHECK(fake.launches == 7);
   CHECK(fake.lastLaunchName == "attention_fwd_window");
 }

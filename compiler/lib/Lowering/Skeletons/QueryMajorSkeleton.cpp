@@ -63,7 +63,7 @@ LogicalResult QueryMajorEmitter::emitInitStats(InitStatsOp op) {
 
 LogicalResult QueryMajorEmitter::emitKVLoop(KVLoopOp op) {
   auto bounds = kvLoopTiles(*this, op.getPart(), op.getRegion(), qRow0, segLen,
-                            sharedLen, blockM, blockN, window);
+                            sharedLen, blockM, blockN, window, sharedShift);
   if (!bounds)
     return op.emitOpError() << "is not tiled: run dualkv-tile-regions first";
   auto [lb, ub] = *bounds;
@@ -123,7 +123,13 @@ LogicalResult QueryMajorEmitter::emitChainLoop(ChainLoopOp op) {
   // The segment table's shared range, restored after the walk: nothing past
   // it may use a range of the loop body.
   Value tableStart = sharedStart, tableLen = sharedLen;
+  // With a sliding window the walk also carries the lengths of the ranges
+  // walked so far: a range's keys lie that many logical positions (its own
+  // length included) before the segment's first token.
+  const size_t walked = window ? 2 : 1;
   SmallVector<Value> inits{segIndex};
+  if (window)
+    inits.push_back(idx(0));
   for (Value v : op.getInits())
     inits.push_back(map.lookup(v));
   auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1), inits);
@@ -134,23 +140,29 @@ LogicalResult QueryMajorEmitter::emitChainLoop(ChainLoopOp op) {
     // The shared region of this iteration: one ancestor range.
     sharedStart = field(row, 0);
     sharedLen = field(row, 1);
+    if (window)
+      sharedShift = add(loop.getRegionIterArgs()[1], sharedLen);
     Value next = field(row, 2);
-    for (auto [from, to] : llvm::zip(op.getRegionIterArgs(),
-                                     loop.getRegionIterArgs().drop_front()))
+    for (auto [from, to] :
+         llvm::zip(op.getRegionIterArgs(),
+                   loop.getRegionIterArgs().drop_front(walked)))
       map.map(from, to);
     for (Operation &inner : op.getBody().front().without_terminator())
       if (failed(emitOp(&inner)))
         return failure();
     SmallVector<Value> yielded{next};
+    if (window)
+      yielded.push_back(sharedShift);
     for (Value v : op.getBody().front().getTerminator()->getOperands())
       yielded.push_back(map.lookup(v));
     scf::YieldOp::create(b, loc, yielded);
   }
   for (auto [from, to] :
-       llvm::zip(op.getResults(), loop.getResults().drop_front()))
+       llvm::zip(op.getResults(), loop.getResults().drop_front(walked)))
     map.map(from, to);
   sharedStart = tableStart;
   sharedLen = tableLen;
+  sharedShift = Value();
   return success();
 }
 
@@ -379,6 +391,7 @@ TileEnv QueryMajorEmitter::tileEnv() {
   // The shared region of this point of the walk (a tree's ancestor range).
   env.bound = sharedLen;
   env.window = window;
+  env.boundShift = sharedShift;
   env.scaleLog2 = scaleLog2, env.scale = scale;
   env.mTiles = mTiles, env.nTiles = nTiles, env.dTiles = dTiles;
   env.packOperand = [this](ArrayRef<Value> p) { return packAFragments(p); };

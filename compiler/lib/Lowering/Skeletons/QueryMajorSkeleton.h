@@ -136,6 +136,10 @@ protected:
   // Per-CTA values.
   Value head, kvHead, segIndex;
   Value segStart, segLen, sharedStart, sharedLen, qRow0;
+  /// With a sliding window, inside a tree's chain walk: how many logical
+  /// positions the current ancestor range starts before the segment (null:
+  /// sharedLen, a group's prompt).
+  Value sharedShift;
   Value kBuf, vBuf, qBuf, doBuf;
   IRMapping map;
 };

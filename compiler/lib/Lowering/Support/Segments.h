@@ -83,12 +83,14 @@ inline Value maxIndex(ScalarBuilder &o, Value a, Value b) {
 /// <window> is the region's tiles that some rows see and others do not
 /// (masked), <full> those every row sees, and the edges (<tail>, <diagonal>)
 /// keep their tiles, past the window's far edge. The parts stay in that order,
-/// each with lb <= ub.
-inline std::optional<TileRange> kvLoopTiles(ScalarBuilder &o, LoopPart part,
-                                            KVRegion region, Value qRow0,
-                                            Value segLen, Value sharedLen,
-                                            int64_t blockM, int64_t blockN,
-                                            Value window = Value()) {
+/// each with lb <= ub. A tree's ancestor range (the shared region of one step
+/// of the chain walk) lies `sharedShift` logical positions before the
+/// segment's first token (the lengths of the ranges walked so far, its own
+/// included); null: sharedLen, as for a group's prompt.
+inline std::optional<TileRange>
+kvLoopTiles(ScalarBuilder &o, LoopPart part, KVRegion region, Value qRow0,
+            Value segLen, Value sharedLen, int64_t blockM, int64_t blockN,
+            Value window = Value(), Value sharedShift = Value()) {
   if (part == LoopPart::all)
     return std::nullopt;
   bool shared = region == KVRegion::shared;
@@ -111,7 +113,8 @@ inline std::optional<TileRange> kvLoopTiles(ScalarBuilder &o, LoopPart part,
   }
   // The first row's lowest key seen (in the region's frame) and the key from
   // which the last row sees every one, clamped at 0.
-  Value first = shared ? o.add(sharedLen, qRow0) : qRow0;
+  Value first =
+      shared ? o.add(sharedShift ? sharedShift : sharedLen, qRow0) : qRow0;
   Value lowKey = subClamped(o, o.add(first, o.idx(1)), window);
   Value allKey = subClamped(o, o.add(first, o.idx(blockM)), window);
   // The first tile some row sees: none of the prompt's when lowKey is past it.

@@ -36,9 +36,10 @@ StatSlot mlir::dualkv::queryMajorStats(int64_t nTiles) {
 
 void tile::mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
                 const ScoreLayout &layout, Value bound, Value window,
-                Value causalShift) {
+                Value shift) {
   Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
-  Value shift = kind == MaskKind::bound ? bound : causalShift;
+  if (!shift && kind == MaskKind::bound)
+    shift = bound;
   for (int64_t i = 0, e = s.size(); i < e; ++i) {
     Value key = layout.key(i);
     Value query = layout.query(i);
@@ -240,7 +241,8 @@ LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
         SmallVector<Value> s = operand(op.getScores());
         ScoreLayout layout = env.layoutOf(map.lookup(op.getTile()));
         tile::mask(o, s, op.getKind(), layout, env.bound, env.window,
-                   env.windowShift);
+                   op.getKind() == MaskKind::bound ? env.boundShift
+                                                   : env.windowShift);
         map.map(op.getResult(), o.pack(s));
         return success();
       })

@@ -55,9 +55,11 @@ struct TileEnv {
   StatSlot stat;
   /// A bound mask's bound: the shared region's length.
   Value bound;
-  /// The kernel's sliding window W (null: none), and for causal masks the
-  /// shift from the frame's positions to logical ones (tile::mask; null: 0).
-  Value window, windowShift;
+  /// The kernel's sliding window W (null: none), and the shifts from the
+  /// frames' positions to logical ones (tile::mask): windowShift for causal
+  /// masks (null: 0), boundShift for bound ones (null: bound; a tree's
+  /// ancestor range: the lengths of the ranges walked so far).
+  Value window, windowShift, boundShift;
   Value scaleLog2, scale;
   /// Query-major tiles: m16 blocks a warp, key tiles of 8 and accumulator
   /// tiles of 8 columns.
@@ -72,12 +74,12 @@ namespace tile {
 
 /// `s` with the keys `kind` excludes at -inf: causal, key > query; bound,
 /// key >= `bound`. With a sliding window W (non-null) also the keys at W or
-/// more logical positions before the query: query + shift - key >= W, where the
-/// shift is `bound` for a bound mask (the query follows the shared region's
-/// keys) and `causalShift` (null: 0) for a causal one.
+/// more logical positions before the query: query + shift - key >= W, where
+/// a null `shift` is `bound` for a bound mask (the query follows the shared
+/// region's keys) and 0 for a causal one.
 void mask(ScalarBuilder &o, MutableArrayRef<Value> s, MaskKind kind,
           const ScoreLayout &layout, Value bound, Value window = Value(),
-          Value causalShift = Value());
+          Value shift = Value());
 /// `s` times `factor` (dualkv.scale_scores).
 void scaleScores(ScalarBuilder &o, MutableArrayRef<Value> s, float factor);
 /// The logit softcap c (dualkv.softcap): s becomes (c / scale) tanh(scale s /

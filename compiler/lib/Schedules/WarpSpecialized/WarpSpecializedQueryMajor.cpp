@@ -147,6 +147,8 @@ struct KVLoops {
 /// pipeline's first iterations.
 struct Chain {
   Value table, segRow, tiles;
+  /// The query tile's first row (a sliding window's bounds need it).
+  Value qRow0;
 };
 
 /// The pipeline's iterations, fixed before the roles split
@@ -163,16 +165,24 @@ struct Pipeline {
 /// start and length, and the ranges left after it.
 struct Walk {
   Value row, tile, tiles, start, len, left;
+  /// With a sliding window: how many logical positions the range starts
+  /// before the segment (the lengths of the ranges walked so far, its own
+  /// included); null without one.
+  Value shift;
 
-  static constexpr size_t kNumValues = 6;
+  /// How many values a walk state has (a seventh, shift, with a window).
+  static size_t count(bool windowed) { return windowed ? 7 : 6; }
   /// As an scf loop's values, in the order of the fields.
   SmallVector<Value> values() const {
-    return {row, tile, tiles, start, len, left};
+    SmallVector<Value> v = {row, tile, tiles, start, len, left};
+    if (shift)
+      v.push_back(shift);
+    return v;
   }
   /// From an scf loop's values (values()' order).
   static Walk from(ValueRange v) {
-    assert(v.size() == kNumValues && "not a walk state");
-    return {v[0], v[1], v[2], v[3], v[4], v[5]};
+    assert((v.size() == 6 || v.size() == 7) && "not a walk state");
+    return {v[0], v[1], v[2], v[3], v[4], v[5], v.size() == 7 ? v[6] : Value()};
   }
 };
 
@@ -210,7 +220,7 @@ struct Carried {
       c.state.push_back(take(s.size()));
     c.operand = take(shape.operand.size());
     if (shape.walk)
-      c.walk = Walk::from(take(Walk::kNumValues));
+      c.walk = Walk::from(take(shape.walk->values().size()));
     assert(at == values.size() && "values not laid out as the shape's");
     return c;
   }
@@ -483,7 +493,11 @@ private:
   /// of the next non-empty range.
   Walk walkStep(const Chain &chain, Walk w, bool advance);
   /// The tiles of every ancestor range of segment row `segRow`.
-  Value countChainTiles(Value table, Value segRow);
+  Value countChainTiles(const Chain &chain);
+  /// The first tile of an ancestor range of `len` keys (`tiles` tiles) that
+  /// `shift` positions before the segment a sliding window reaches (0
+  /// without a window; `tiles` when it reaches none).
+  Value rangeFirstTile(const Chain &chain, Value shift, Value len, Value tiles);
   /// The region start and tile of pipeline iteration `i`, whose walk state
   /// is `w` (tree kernels).
   std::pair<Value, Value> tileAt(const Pipeline &pipe,
@@ -592,8 +606,8 @@ Pipeline WarpSpecializedQueryMajor::pipeline(KVLoops kv, const KernelArgs &args,
   pipe.numIters = kv.numIters;
   if (isTree) {
     // The ancestor ranges' tiles come first.
-    Chain chain{args.chain, coords.segRow, Value()};
-    chain.tiles = countChainTiles(chain.table, chain.segRow);
+    Chain chain{args.chain, coords.segRow, Value(), coords.qRow0};
+    chain.tiles = countChainTiles(chain);
     pipe.numIters = add(chain.tiles, kv.numIters);
     pipe.chain = chain;
   }
@@ -622,14 +636,28 @@ WarpSpecializedQueryMajor::tileOf(const KVLoops &kv,
   return {start, tile};
 }
 
+Value WarpSpecializedQueryMajor::rangeFirstTile(const Chain &chain, Value shift,
+                                                Value len, Value tiles) {
+  if (!window)
+    return idx(0);
+  // The lowest key of the range the tile's first row sees (kvLoopTiles'
+  // rule): none when it is past the range.
+  Value lowKey =
+      subClamped(*this, add(add(shift, chain.qRow0), idx(1)), window);
+  return select(cmp(arith::CmpIPredicate::uge, lowKey, len), tiles,
+                divu(lowKey, blockN));
+}
+
 Walk WarpSpecializedQueryMajor::walkBegin(const Chain &chain) {
   Walk w;
   Value count = chainField(chain.table, chain.segRow, 3);
   w.row = chain.segRow;
-  w.tile = idx(0);
   w.start = chainField(chain.table, chain.segRow, 0);
   w.len = chainField(chain.table, chain.segRow, 1);
   w.tiles = ceilDiv(w.len, blockN);
+  if (window)
+    w.shift = w.len;
+  w.tile = rangeFirstTile(chain, w.shift, w.len, w.tiles);
   // A root segment's row has no range (count 0): no tiles, nothing left.
   w.left = select(cmp(arith::CmpIPredicate::ugt, count, idx(0)),
                   arith::SubIOp::create(b, loc, count, idx(1)), idx(0));
@@ -642,7 +670,7 @@ Walk WarpSpecializedQueryMajor::walkStep(const Chain &chain, Walk w,
   if (advance)
     w.tile = add(w.tile, idx(1));
   // While the range is done and another follows: the next row's range.
-  SmallVector<Type> types(Walk::kNumValues, b.getIndexType());
+  SmallVector<Type> types(w.values().size(), b.getIndexType());
   auto loop = scf::WhileOp::create(
       b, loc, types, w.values(),
       [&](OpBuilder &, Location, ValueRange args) {
@@ -655,29 +683,43 @@ Walk WarpSpecializedQueryMajor::walkStep(const Chain &chain, Walk w,
       [&](OpBuilder &, Location, ValueRange args) {
         Walk a = Walk::from(args), n;
         n.row = chainField(chain.table, a.row, 2);
-        n.tile = idx(0);
         n.start = chainField(chain.table, n.row, 0);
         n.len = chainField(chain.table, n.row, 1);
         n.tiles = ceilDiv(n.len, blockN);
+        if (window)
+          n.shift = add(a.shift, n.len);
+        n.tile = rangeFirstTile(chain, n.shift, n.len, n.tiles);
         n.left = arith::SubIOp::create(b, loc, a.left, idx(1));
         scf::YieldOp::create(b, loc, n.values());
       });
   return Walk::from(loop.getResults());
 }
 
-Value WarpSpecializedQueryMajor::countChainTiles(Value table, Value segRow) {
-  Value count = chainField(table, segRow, 3);
-  auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1),
-                                 ValueRange{segRow, idx(0)});
+Value WarpSpecializedQueryMajor::countChainTiles(const Chain &chain) {
+  Value count = chainField(chain.table, chain.segRow, 3);
+  SmallVector<Value> inits = {chain.segRow, idx(0)};
+  if (window)
+    inits.push_back(idx(0));
+  auto loop = scf::ForOp::create(b, loc, idx(0), count, idx(1), inits);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
-    Value row = loop.getRegionIterArgs()[0];
-    Value len = chainField(table, row, 1);
+    auto args = loop.getRegionIterArgs();
+    Value row = args[0];
+    Value len = chainField(chain.table, row, 1);
     Value tiles = ceilDiv(len, blockN);
-    scf::YieldOp::create(b, loc,
-                         ValueRange{chainField(table, row, 2),
-                                    add(loop.getRegionIterArgs()[1], tiles)});
+    SmallVector<Value> yielded = {chainField(chain.table, row, 2)};
+    if (window) {
+      // Only the tiles from the range's first the window reaches.
+      Value shift = add(args[2], len);
+      Value first = rangeFirstTile(chain, shift, len, tiles);
+      yielded.push_back(
+          add(args[1], arith::SubIOp::create(b, loc, tiles, first)));
+      yielded.push_back(shift);
+    } else {
+      yielded.push_back(add(args[1], tiles));
+    }
+    scf::YieldOp::create(b, loc, yielded);
   }
   return loop.getResult(1);
 }
@@ -709,11 +751,14 @@ SmallVector<Value> WarpSpecializedQueryMajor::maskAt(
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(branch.thenBlock());
-    // A range's last tile, if partial: keys past the range's end.
+    // A range's last tile, if partial: keys past the range's end. With a
+    // sliding window, every tile of a range (its window edge and its tail).
     Value last = cmp(arith::CmpIPredicate::eq, add(w->tile, idx(1)), w->tiles);
     Value partial = cmp(arith::CmpIPredicate::ne, remu(w->len, blockN), idx(0));
-    auto tail = scf::IfOp::create(b, loc, TypeRange{vec.getType()},
-                                  arith::AndIOp::create(b, loc, last, partial),
+    Value edge = window
+                     ? arith::ConstantIntOp::create(b, loc, 1, 1).getResult()
+                     : arith::AndIOp::create(b, loc, last, partial).getResult();
+    auto tail = scf::IfOp::create(b, loc, TypeRange{vec.getType()}, edge,
                                   /*withElseRegion=*/true);
     {
       OpBuilder::InsertionGuard inner(b);
@@ -723,7 +768,7 @@ SmallVector<Value> WarpSpecializedQueryMajor::maskAt(
                  queryMajorLayout(*this, 1, nTiles, coords.qRow0,
                                   mul(w->tile, idx(blockN)), ids.warp, ids.g,
                                   ids.t),
-                 w->len);
+                 w->len, window, w->shift);
       scf::YieldOp::create(b, loc, pack(masked));
       b.setInsertionPointToStart(tail.elseBlock());
       scf::YieldOp::create(b, loc, vec);
@@ -742,7 +787,7 @@ WarpSpecializedQueryMajor::walkAfter(const Pipeline &pipe, Value i,
   if (!isTree)
     return std::nullopt;
   Value inChain = cmp(arith::CmpIPredicate::ult, i, pipe.chain->tiles);
-  SmallVector<Type> types(Walk::kNumValues, b.getIndexType());
+  SmallVector<Type> types(w->values().size(), b.getIndexType());
   auto branch = scf::IfOp::create(b, loc, types, inChain,
                                   /*withElseRegion=*/true);
   {
