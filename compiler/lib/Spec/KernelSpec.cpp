@@ -10,7 +10,6 @@
 #include "dualkv/Compiler/Schedule.h"
 
 #include <cmath>
-#include <limits>
 
 namespace dualkv {
 
@@ -194,13 +193,6 @@ std::string checkSoftcap(double softcap) {
   if (!std::isfinite(softcap) || softcap < 0)
     return "softcap must be finite and >= 0 (0: none), got " +
            std::to_string(softcap);
-  return {};
-}
-
-std::string checkWindow(int64_t window) {
-  if (window < 0 || window > std::numeric_limits<int32_t>::max())
-    return "window must be >= 0 and below 2^31 (0: none), got " +
-           std::to_string(window);
   return {};
 }
 

@@ -169,9 +169,6 @@ DUALKV_API std::string checkProblem(int64_t headDim, int64_t numQHeads,
 /// Why `softcap` is no logit softcap (finite and >= 0; 0: none), or an empty
 /// string. #dualkv.problem's verifier and checkSpec run it.
 DUALKV_API std::string checkSoftcap(double softcap);
-/// Why `window` is no sliding window (>= 0 and below 2^31; 0: none), or an
-/// empty string.
-DUALKV_API std::string checkWindow(int64_t window);
 /// Why `spec` (resolved first) cannot be compiled and launched as it stands,
 /// or an empty string: an arch outside the supported set, a head_dim or head
 /// counts no kernel takes, a tiling its kind or schedule cannot compute, a

@@ -170,8 +170,6 @@ struct Walk {
   /// included); null without one.
   Value shift;
 
-  /// How many values a walk state has (a seventh, shift, with a window).
-  static size_t count(bool windowed) { return windowed ? 7 : 6; }
   /// As an scf loop's values, in the order of the fields.
   SmallVector<Value> values() const {
     SmallVector<Value> v = {row, tile, tiles, start, len, left};
@@ -494,10 +492,10 @@ private:
   Walk walkStep(const Chain &chain, Walk w, bool advance);
   /// The tiles of every ancestor range of segment row `segRow`.
   Value countChainTiles(const Chain &chain);
-  /// The first tile of an ancestor range of `len` keys (`tiles` tiles) that
-  /// `shift` positions before the segment a sliding window reaches (0
-  /// without a window; `tiles` when it reaches none).
-  Value rangeFirstTile(const Chain &chain, Value shift, Value len, Value tiles);
+  /// The first tile of an ancestor range of `len` keys `shift` positions
+  /// before the segment that a sliding window reaches (0 without a window;
+  /// the range's tile count when it reaches none).
+  Value rangeFirstTile(const Chain &chain, Value shift, Value len);
   /// The region start and tile of pipeline iteration `i`, whose walk state
   /// is `w` (tree kernels).
   std::pair<Value, Value> tileAt(const Pipeline &pipe,
@@ -637,15 +635,16 @@ WarpSpecializedQueryMajor::tileOf(const KVLoops &kv,
 }
 
 Value WarpSpecializedQueryMajor::rangeFirstTile(const Chain &chain, Value shift,
-                                                Value len, Value tiles) {
+                                                Value len) {
   if (!window)
     return idx(0);
-  // The lowest key of the range the tile's first row sees (kvLoopTiles'
-  // rule): none when it is past the range.
-  Value lowKey =
-      subClamped(*this, add(add(shift, chain.qRow0), idx(1)), window);
-  return select(cmp(arith::CmpIPredicate::uge, lowKey, len), tiles,
-                divu(lowKey, blockN));
+  // kvLoopTiles' rule for a shared region of `len` keys `shift` positions
+  // before the segment: the first of its tiles the window reaches (`tiles`
+  // when none).
+  return kvLoopTiles(*this, LoopPart::masked, KVRegion::shared, chain.qRow0,
+                     /*segLen: the shared region's bounds do not read it*/ len,
+                     len, blockM, blockN, window, shift)
+      ->lb;
 }
 
 Walk WarpSpecializedQueryMajor::walkBegin(const Chain &chain) {
@@ -657,7 +656,7 @@ Walk WarpSpecializedQueryMajor::walkBegin(const Chain &chain) {
   w.tiles = ceilDiv(w.len, blockN);
   if (window)
     w.shift = w.len;
-  w.tile = rangeFirstTile(chain, w.shift, w.len, w.tiles);
+  w.tile = rangeFirstTile(chain, w.shift, w.len);
   // A root segment's row has no range (count 0): no tiles, nothing left.
   w.left = select(cmp(arith::CmpIPredicate::ugt, count, idx(0)),
                   arith::SubIOp::create(b, loc, count, idx(1)), idx(0));
@@ -688,7 +687,7 @@ Walk WarpSpecializedQueryMajor::walkStep(const Chain &chain, Walk w,
         n.tiles = ceilDiv(n.len, blockN);
         if (window)
           n.shift = add(a.shift, n.len);
-        n.tile = rangeFirstTile(chain, n.shift, n.len, n.tiles);
+        n.tile = rangeFirstTile(chain, n.shift, n.len);
         n.left = arith::SubIOp::create(b, loc, a.left, idx(1));
         scf::YieldOp::create(b, loc, n.values());
       });
@@ -712,7 +711,7 @@ Value WarpSpecializedQueryMajor::countChainTiles(const Chain &chain) {
     if (window) {
       // Only the tiles from the range's first the window reaches.
       Value shift = add(args[2], len);
-      Value first = rangeFirstTile(chain, shift, len, tiles);
+      Value first = rangeFirstTile(chain, shift, len);
       yielded.push_back(
           add(args[1], arith::SubIOp::create(b, loc, tiles, first)));
       yielded.push_back(shift);
@@ -751,29 +750,39 @@ SmallVector<Value> WarpSpecializedQueryMajor::maskAt(
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(branch.thenBlock());
-    // A range's last tile, if partial: keys past the range's end. With a
-    // sliding window, every tile of a range (its window edge and its tail).
-    Value last = cmp(arith::CmpIPredicate::eq, add(w->tile, idx(1)), w->tiles);
-    Value partial = cmp(arith::CmpIPredicate::ne, remu(w->len, blockN), idx(0));
-    Value edge = window
-                     ? arith::ConstantIntOp::create(b, loc, 1, 1).getResult()
-                     : arith::AndIOp::create(b, loc, last, partial).getResult();
-    auto tail = scf::IfOp::create(b, loc, TypeRange{vec.getType()}, edge,
-                                  /*withElseRegion=*/true);
-    {
-      OpBuilder::InsertionGuard inner(b);
-      b.setInsertionPointToStart(tail.thenBlock());
+    // The tile's keys past the range's end and, with a sliding window,
+    // outside the window.
+    auto rangeMasked = [&] {
       SmallVector<Value> masked(s);
       tile::mask(*this, masked, MaskKind::bound,
                  queryMajorLayout(*this, 1, nTiles, coords.qRow0,
                                   mul(w->tile, idx(blockN)), ids.warp, ids.g,
                                   ids.t),
                  w->len, window, w->shift);
-      scf::YieldOp::create(b, loc, pack(masked));
+      return pack(masked);
+    };
+    // With a sliding window every tile of a range is masked (its window edge
+    // and its tail); without, a range's last tile, if partial.
+    Value rangeScores;
+    if (window) {
+      rangeScores = rangeMasked();
+    } else {
+      Value last =
+          cmp(arith::CmpIPredicate::eq, add(w->tile, idx(1)), w->tiles);
+      Value partial =
+          cmp(arith::CmpIPredicate::ne, remu(w->len, blockN), idx(0));
+      auto tail =
+          scf::IfOp::create(b, loc, TypeRange{vec.getType()},
+                            arith::AndIOp::create(b, loc, last, partial),
+                            /*withElseRegion=*/true);
+      OpBuilder::InsertionGuard inner(b);
+      b.setInsertionPointToStart(tail.thenBlock());
+      scf::YieldOp::create(b, loc, rangeMasked());
       b.setInsertionPointToStart(tail.elseBlock());
       scf::YieldOp::create(b, loc, vec);
+      rangeScores = tail.getResult(0);
     }
-    scf::YieldOp::create(b, loc, tail.getResult(0));
+    scf::YieldOp::create(b, loc, rangeScores);
     b.setInsertionPointToStart(branch.elseBlock());
     Value own = arith::SubIOp::create(b, loc, i, chainTiles);
     scf::YieldOp::create(b, loc, pack(maskEdges(pipe.kv, coords, s, own)));
