@@ -41,18 +41,21 @@ __version__ = _version.version()
 __all__ = [
     "DualKVError", "Plan", "forward", "backward", "attention", "version",
     "cache_stats", "gpu_available", "library_path", "pack", "PackedGroups",
-    "precompile", "pack_tree", "PackedTree", "rl",
+    "precompile", "pack_tree", "PackedTree", "rl", "ScoreMod", "score_mods",
 ]
 
 
 def __getattr__(name):
     # dualkv.attention, dualkv.ops and dualkv.distributed import torch, so they
-    # load on first use:
+    # load on first use (and with them dualkv.ScoreMod, dualkv.score_mods):
     # `import dualkv` alone needs neither torch nor transformers.
     if name == "attention":
         from .ops import attention
         return attention
-    if name in ("ops", "distributed", "rl"):
+    if name == "ScoreMod":
+        from .score_mod import ScoreMod
+        return ScoreMod
+    if name in ("ops", "distributed", "rl", "score_mod", "score_mods"):
         # import_module, not `from . import name`: the latter asks this
         # __getattr__ for the submodule first and would recurse forever.
         import importlib
@@ -144,7 +147,7 @@ def _precompile_arch(arch):
 
 def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
                backward=True, deterministic=False, tiling=None, softcap=0.0,
-               dlse=False, sinks=False, window=False):
+               dlse=False, sinks=False, window=False, score_mod=None):
     """Compiles, in parallel, every kernel a forward (and with ``backward`` a
     backward, ``deterministic`` or not) of this configuration needs and
     writes them into the kernel cache (``$DUALKV_CACHE_DIR``), so that later
@@ -161,13 +164,16 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
     ``softcap`` (each value its own kernels), ``dlse`` (a differentiated
     LSE, ``return_lse=True``), ``sinks``, ``window`` (true or any W >= 1: one
     set serves every W; its backward is the atomic algorithm's, so not with
-    ``deterministic``). Returns a dict: kernels, compiles, disk_hits,
-    memory_hits, aot_hits, wall_ms."""
+    ``deterministic``), ``score_mod`` (a score modifier as ``attention``
+    takes it: each text its own kernels; its inputs' values do not matter,
+    a traced function needs torch). Returns a dict: kernels, compiles,
+    disk_hits, memory_hits, aot_hits, wall_ms."""
     ints = [integer(value, name, 0, 2**31 - 1) for name, value in
             (("head_dim", head_dim), ("num_q_heads", num_q_heads),
              ("num_kv_heads", num_kv_heads))]
     arch_bytes = _precompile_arch(arch)
     code = _precompile_dtype(dtype)
+    mod = _score_mod(score_mod)
     args = _lib.PrecompileArgs(
         head_dim=ints[0], num_q_heads=ints[1], num_kv_heads=ints[2],
         dtype=code, arch=arch_bytes,
@@ -175,7 +181,8 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
         tiling=_tiling(tiling), softcap=_softcap_value(softcap),
         dlse=int(bool(dlse)), sinks=int(bool(sinks)),
         window=int(window if isinstance(window, bool)
-                   else _window_value(window) > 0))
+                   else _window_value(window) > 0),
+        score_mod=None if mod is None else mod.text.encode("utf-8"))
     report = _lib.PrecompileReport()
     _check(_lib.lib().dualkv_precompile(ctypes.byref(args),
                                         ctypes.byref(report)))
@@ -453,6 +460,16 @@ def _float_pointer(t):
     return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
 
 
+def _score_mod(score_mod):
+    """A ``score_mod=`` argument as a dualkv.ScoreMod or None
+    (``dualkv.score_mod.resolve``: text, a path, a ScoreMod or a traced
+    function); ValueError naming score_mod otherwise."""
+    if score_mod is None:
+        return None
+    from .score_mod import resolve
+    return resolve(score_mod)
+
+
 def _check_like(torch, name, t, ref_name, ref, device):
     """``t`` must be a THD CUDA tensor of ``ref``'s dtype and shape."""
     _check_thd(torch, name, t, device)
@@ -504,7 +521,7 @@ def _check_qkv(torch, q, k, v, plan):
 
 
 def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
-            softcap=None, window=0, sinks=None):
+            softcap=None, window=0, sinks=None, score_mod=None):
     """DualKV attention forward on the current CUDA stream.
 
     Args:
@@ -530,6 +547,12 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
         sinks: attention sinks (gpt-oss): None, or a float32 [Hq] CUDA
             tensor, one logit s_h per query head that joins every row's
             softmax denominator, lse = log(exp(s_h) + sum_j exp(S_ij)).
+        score_mod: a score modifier applied to every logit before the
+            softmax, as FlexAttention's: a
+            ``dualkv.ScoreMod``, MLIR text or the path of a .mlir file, or
+            a function ``fn(score, b, h, q_idx, kv_idx)`` (traced once;
+            ``dualkv.score_mod``); None: none. Its inputs are used on q's
+            device (copied there once, as float32).
 
     Returns:
         (o, lse). D must be 64, 128 or 256.
@@ -543,12 +566,16 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
     softcap_value = _softcap_value(softcap)
     window_value = _window_value(window)
     tiling_value = _tiling(tiling)
+    mod = _score_mod(score_mod)
     import torch
 
     T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
     device = q.device
     if sinks is not None:
         _check_sinks(torch, "sinks", sinks, device, Hq)
+    from .score_mod import CArguments
+    # Kept alive until the call returns: the text and the input pointers.
+    mod_args = CArguments(mod, device)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
@@ -573,6 +600,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
             plan=plan._handle, stream=stream, tiling=tiling_value,
             softcap=softcap_value, sinks=_float_pointer(sinks),
             window=window_value)
+        mod_args.fill(args)
         _check(_lib.lib().dualkv_forward(ctypes.byref(args)))
     plan._devices.add(device.index)
     return out, lse
@@ -580,7 +608,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
 
 def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
              dq=None, dk=None, dv=None, tiling=None, softcap=None,
-             dlse=None, window=0, sinks=None, dsinks=None):
+             dlse=None, window=0, sinks=None, dsinks=None, score_mod=None):
     """DualKV attention backward on the current CUDA stream (no autograd:
     ``dualkv.attention`` is the differentiable call).
 
@@ -610,6 +638,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
             (rowsum(dout * o)_i - dlse_i) into ``dsinks``.
         dsinks: optional float32 [Hq] output for dL/dsinks (allocated if
             None; needs ``sinks``).
+        score_mod: the forward's score modifier (the same one, with the same
+            input values), or None. Its captured inputs are constants: no
+            gradient for them.
 
     Returns:
         (dq, dk, dv), or (dq, dk, dv, dsinks) when ``sinks`` is given.
@@ -625,6 +656,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     softcap_value = _softcap_value(softcap)
     window_value = _window_value(window)
     tiling_value = _tiling(tiling)
+    mod = _score_mod(score_mod)
     import torch
 
     T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
@@ -670,6 +702,10 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         tiling=tiling_value, softcap=softcap_value,
         sinks=_float_pointer(sinks), dsinks=_float_pointer(dsinks),
         window=window_value)
+    from .score_mod import CArguments
+    # Kept alive until the calls return: the text and the input pointers.
+    mod_args = CArguments(mod, device)
+    mod_args.fill(args)
     if dlse is not None:
         args.dlse = ctypes.cast(dlse.data_ptr(),
                                 ctypes.POINTER(ctypes.c_float))

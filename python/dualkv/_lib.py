@@ -76,6 +76,11 @@ class ForwardArgs(_Sized):
         ("softcap", ctypes.c_float),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
         ("window", i64),
+        # A score modifier (dualkv.score_mod): MLIR text or NULL, and the
+        # device pointers of its memref inputs, in order.
+        ("score_mod", ctypes.c_char_p),
+        ("score_mod_inputs", ctypes.POINTER(ctypes.c_void_p)),
+        ("num_score_mod_inputs", i32),
     ]
 
 
@@ -98,6 +103,10 @@ class BackwardArgs(_Sized):
         ("sinks", ctypes.POINTER(ctypes.c_float)),
         ("dsinks", ctypes.POINTER(ctypes.c_float)),
         ("window", i64),
+        # The forward's score modifier (the same text and inputs).
+        ("score_mod", ctypes.c_char_p),
+        ("score_mod_inputs", ctypes.POINTER(ctypes.c_void_p)),
+        ("num_score_mod_inputs", i32),
     ]
 
 
@@ -126,6 +135,7 @@ class PrecompileArgs(_Sized):
         ("deterministic", i32), ("tiling", Tiling),
         ("softcap", ctypes.c_float), ("dlse", i32), ("sinks", i32),
         ("window", i32),
+        ("score_mod", ctypes.c_char_p),  # MLIR text or NULL: none
     ]
 
 

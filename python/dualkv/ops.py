@@ -39,16 +39,25 @@ are an input of ``dualkv::forward``; their gradient comes from a third op,
 output (dsinks), so that ``dualkv::backward`` keeps its three outputs for
 its callers. Importing this module registers the ops; ``dualkv.attention``
 does it on first use.
+
+Score modifiers (``score_mod=``) cross the op boundary as their text
+(``str?``) and their inputs as one float32 tensor with each input's size
+(``ScoreMod.flat_inputs``: a schema inferred from annotations cannot take an
+optional list of tensors); the implementations split it back into views.
+They are constants for autograd (no gradient). Under torch.compile the
+modifier is resolved (traced, its inputs moved) outside the graph, which is
+a graph break there: pass the same function or ScoreMod every step.
 """
 
 import functools
 import sys
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import Plan, _check_qkv_shapes, _checks, backward, forward
+from . import score_mod as _score_mods
 from ._bounded import env_flag
 from .plans import PlanCache
 
@@ -95,19 +104,27 @@ def _scale_or_none(scale):
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, scale: float,
                   deterministic: bool, softcap: float = 0.0, window: int = 0,
-                  sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                  sinks: Optional[Tensor] = None,
+                  score_mod: Optional[str] = None,
+                  score_mod_data: Optional[Tensor] = None,
+                  score_mod_sizes: Optional[List[int]] = None
+                  ) -> Tuple[Tensor, Tensor]:
     """(o, lse) of DualKV attention. ``plan``: a plan's descriptor; ``scale``
     0.0 means 1/sqrt(D); ``deterministic`` is only carried to the backward;
     ``softcap`` 0.0 means none; ``window`` 0 means none; ``sinks`` None or
-    fp32 [Hq]."""
+    fp32 [Hq]; ``score_mod`` None or a modifier's text, whose inputs are
+    ``score_mod_data`` split into ``score_mod_sizes``."""
     _require_cuda(q, "q")
     p = plan_for(plan, q.device)
     return forward(q, k, v, p, scale=_scale_or_none(scale),
-                   softcap=softcap or None, window=window, sinks=sinks)
+                   softcap=softcap or None, window=window, sinks=sinks,
+                   score_mod=_score_mods.from_op(score_mod, score_mod_data,
+                                                 score_mod_sizes))
 
 
 def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0, window=0,
-                  sinks=None):
+                  sinks=None, score_mod=None, score_mod_data=None,
+                  score_mod_sizes=None):
     _check_dims(q, k, v)
     T, Hq, _ = q.shape
     # Same layouts as dualkv.forward allocates: contiguous o, lse [Hq, T].
@@ -117,7 +134,10 @@ def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0, window=0,
 def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
                    lse: Tensor, plan: Tensor, scale: float,
                    deterministic: bool, softcap: float = 0.0,
-                   dlse: Optional[Tensor] = None, window: int = 0
+                   dlse: Optional[Tensor] = None, window: int = 0,
+                   score_mod: Optional[str] = None,
+                   score_mod_data: Optional[Tensor] = None,
+                   score_mod_sizes: Optional[List[int]] = None
                    ) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of DualKV attention, given the forward's o and lse (and
     the gradient of lse, when the caller differentiates it). With sinks the
@@ -127,11 +147,14 @@ def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
     p = plan_for(plan, q.device)
     return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
                     deterministic=deterministic, softcap=softcap or None,
-                    dlse=dlse, window=window)
+                    dlse=dlse, window=window,
+                    score_mod=_score_mods.from_op(score_mod, score_mod_data,
+                                                  score_mod_sizes))
 
 
 def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
-                   softcap=0.0, dlse=None, window=0):
+                   softcap=0.0, dlse=None, window=0, score_mod=None,
+                   score_mod_data=None, score_mod_sizes=None):
     _check_dims(q, k, v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -139,7 +162,10 @@ def _backward_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
 def _backward_sinks_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor,
                          dout: Tensor, lse: Tensor, plan: Tensor,
                          scale: float, deterministic: bool, softcap: float,
-                         dlse: Optional[Tensor], window: int, sinks: Tensor
+                         dlse: Optional[Tensor], window: int, sinks: Tensor,
+                         score_mod: Optional[str] = None,
+                         score_mod_data: Optional[Tensor] = None,
+                         score_mod_sizes: Optional[List[int]] = None
                          ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsinks) of DualKV attention with sinks (fp32 [Hq]):
     ``backward`` and dL/dsinks_h = -sum_i exp(s_h - lse_i) * Delta'_i from
@@ -148,25 +174,32 @@ def _backward_sinks_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor,
     p = plan_for(plan, q.device)
     return backward(q, k, v, o, dout, lse, p, scale=_scale_or_none(scale),
                     deterministic=deterministic, softcap=softcap or None,
-                    dlse=dlse, window=window, sinks=sinks)
+                    dlse=dlse, window=window, sinks=sinks,
+                    score_mod=_score_mods.from_op(score_mod, score_mod_data,
+                                                  score_mod_sizes))
 
 
 def _backward_sinks_fake(q, k, v, o, dout, lse, plan, scale, deterministic,
-                         softcap, dlse, window, sinks):
+                         softcap, dlse, window, sinks, score_mod=None,
+                         score_mod_data=None, score_mod_sizes=None):
     _check_dims(q, k, v)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             sinks.new_empty(sinks.shape, dtype=torch.float32))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, plan, scale, deterministic, softcap, window, sinks = inputs
+    (q, k, v, plan, scale, deterministic, softcap, window, sinks, score_mod,
+     score_mod_data, score_mod_sizes) = _padded(inputs, 12)
     o, lse = output
     # lse is differentiable (return_lse=True: a context-parallel merge uses
     # it). Without materialized grads autograd hands the backward None for
     # an output no loss reached, instead of a zero [Hq, T] fp32 tensor on
     # every step; the backward takes None for either.
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, o, lse, plan, sinks)
+    ctx.save_for_backward(q, k, v, o, lse, plan, sinks, score_mod_data)
+    ctx.num_inputs = len(inputs)
+    ctx.score_mod = score_mod
+    ctx.score_mod_sizes = score_mod_sizes
     ctx.scale = scale
     ctx.deterministic = deterministic
     ctx.softcap = softcap
@@ -177,10 +210,11 @@ def _backward_formula(ctx, dout, dlse):
     # Either is None when no loss reached that output (grads are not
     # materialized); dLSE enters the kernels as Delta - dLSE. One gradient
     # per input of dualkv::forward: q, k, v, then None for plan, scale,
-    # deterministic, softcap and window, then dsinks (None without sinks).
-    q, k, v, o, lse, plan, sinks = ctx.saved_tensors
+    # deterministic, softcap and window, then dsinks (None without sinks),
+    # then None for the score modifier's text, inputs and sizes (constants).
+    q, k, v, o, lse, plan, sinks, score_mod_data = ctx.saved_tensors
     if dout is None and dlse is None:
-        return (None,) * 9
+        return (None,) * ctx.num_inputs
     if dout is None:
         dout = torch.zeros_like(o)
     if dlse is not None:
@@ -190,12 +224,25 @@ def _backward_formula(ctx, dout, dlse):
     # row strides, and a no-op .contiguous() costs nothing otherwise.
     args = (q, k, v, o, dout.contiguous(), lse, plan, ctx.scale,
             ctx.deterministic, ctx.softcap, dlse, ctx.window)
+    mod = {}
+    if ctx.score_mod is not None:
+        mod = dict(score_mod=ctx.score_mod, score_mod_data=score_mod_data,
+                   score_mod_sizes=ctx.score_mod_sizes)
     if sinks is None:
-        dq, dk, dv = torch.ops.dualkv.backward(*args)
+        dq, dk, dv = torch.ops.dualkv.backward(*args, **mod)
         dsinks = None
     else:
-        dq, dk, dv, dsinks = torch.ops.dualkv.backward_sinks(*args, sinks)
-    return (dq, dk, dv, None, None, None, None, None, dsinks)
+        dq, dk, dv, dsinks = torch.ops.dualkv.backward_sinks(*args, sinks,
+                                                             **mod)
+    grads = (dq, dk, dv, None, None, None, None, None, dsinks, None, None,
+             None)
+    return grads[:ctx.num_inputs]
+
+
+def _padded(inputs, n):
+    """The op's inputs with the defaults of those a caller left out (None
+    for every optional argument after ``window``)."""
+    return tuple(inputs) + (None,) * (n - len(inputs))
 
 
 def _outside_dynamo(fn):
@@ -343,7 +390,8 @@ def _precompile_backward(q, k, deterministic):
 
 
 def attention(q, k, v, plan, scale=None, deterministic=False,
-              return_lse=False, softcap=None, window=0, sinks=None):
+              return_lse=False, softcap=None, window=0, sinks=None,
+              score_mod=None):
     """Differentiable DualKV attention (docs/architecture.md §1) on packed
     THD tensors.
 
@@ -379,6 +427,17 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             denominator, lse_i = log(exp(s_h) + sum_j exp(S_ij)).
             Differentiable: autograd gives its gradient, dL/ds_h =
             -sum_i exp(s_h - lse_i) * (rowsum(dO * O)_i - dLSE_i).
+        score_mod: a score modifier (FlexAttention's ``score_mod``):
+            each logit scale * q.k becomes fn(score, b, h, q_idx, kv_idx)
+            before the softmax, q_idx and kv_idx the positions in the
+            query's logical sequence [prompt | its response] (as on the N
+            replicated sequences), forward and backward. A function (traced
+            once into MLIR and cached; it must not use b, the batch index),
+            a ``dualkv.ScoreMod``, MLIR text or a .mlir path
+            (``dualkv.score_mod``); ``dualkv.score_mods`` has ALiBi, a
+            softcap and a relative-position bias. Tensors it captures
+            (``slopes[h]``) are read on q's device as float32 and get no
+            gradient. None means none.
 
     Returns:
         o [T, Hq, D] (contiguous), or (o, lse) with return_lse.
@@ -396,6 +455,12 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     softcap_value = _checks.softcap_value(softcap)
     window_value = _checks.window_value(window)
     sinks = _check_sinks(sinks, q)
+    mod_args = ()
+    if score_mod is not None:
+        prepare = _prepare_score_mod
+        if torch.compiler.is_compiling():
+            prepare = torch.compiler.disable(prepare)
+        mod_args = prepare(score_mod, q.device)
     if scale_value < 0:
         # The kernels take a positive scale: scale * (q . k) = -scale * (-q . k);
         # autograd carries the sign back into dq.
@@ -419,5 +484,15 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             _precompile_backward(q, k, deterministic)
     o, lse = torch.ops.dualkv.forward(q, k, v, plan_descriptor(plan),
                                       scale_value, bool(deterministic),
-                                      softcap_value, window_value, sinks)
+                                      softcap_value, window_value, sinks,
+                                      *mod_args)
     return (o, lse) if return_lse else o
+
+
+def _prepare_score_mod(score_mod, device):
+    """The forward op's (score_mod, score_mod_data, score_mod_sizes) of a
+    ``score_mod=`` argument: the text, the inputs on ``device`` as one
+    float32 tensor (None without inputs) and their sizes."""
+    mod = _score_mods.resolve(score_mod)
+    data, sizes = mod.flat_inputs(device)
+    return mod.text, data, sizes

@@ -336,13 +336,17 @@ class WindowTest(unittest.TestCase):
 
     def test_argument_structs_end_with_the_window(self):
         # dualkv_c.h appends `int64_t window` after sinks (forward) and after
-        # dsinks (backward); the library's struct_sizes check the sizes
-        # (LibraryTest), this the order.
+        # dsinks (backward), then the score modifier's three fields; the
+        # library's struct_sizes check the sizes (LibraryTest), this the
+        # order.
         for struct, before in ((_lib.ForwardArgs, "sinks"),
                                (_lib.BackwardArgs, "dsinks")):
             names = [name for name, _ in struct._fields_]
-            self.assertEqual(names[-2:], [before, "window"], struct.__name__)
-            self.assertIs(struct._fields_[-1][1], ctypes.c_int64)
+            self.assertEqual(names[-5:], [before, "window", "score_mod",
+                                          "score_mod_inputs",
+                                          "num_score_mod_inputs"],
+                             struct.__name__)
+            self.assertIs(struct._fields_[-4][1], ctypes.c_int64)
             self.assertEqual(getattr(struct, "window").offset % 8, 0)
         args = _lib.ForwardArgs(window=5)
         self.assertEqual(args.window, 5)
@@ -692,18 +696,20 @@ class FakeTest(unittest.TestCase):
         # every earlier positional call of the ops still works.
         fwd = torch.ops.dualkv.forward.default._schema
         names = [a.name for a in fwd.arguments]
+        mod = ["score_mod", "score_mod_data", "score_mod_sizes"]
         self.assertEqual(names, ["q", "k", "v", "plan", "scale",
                                  "deterministic", "softcap", "window",
-                                 "sinks"])
+                                 "sinks"] + mod)
         self.assertEqual(fwd.arguments[7].default_value, 0)
-        self.assertIsNone(fwd.arguments[8].default_value)
+        for a in fwd.arguments[8:]:
+            self.assertIsNone(a.default_value, a.name)
         bwd = torch.ops.dualkv.backward.default._schema
-        self.assertEqual([a.name for a in bwd.arguments][-3:],
-                         ["softcap", "dlse", "window"])
+        self.assertEqual([a.name for a in bwd.arguments][-6:],
+                         ["softcap", "dlse", "window"] + mod)
         self.assertEqual(len(bwd.returns), 3)
         sinks = torch.ops.dualkv.backward_sinks.default._schema
-        self.assertEqual([a.name for a in sinks.arguments][-2:],
-                         ["window", "sinks"])
+        self.assertEqual([a.name for a in sinks.arguments][-5:],
+                         ["window", "sinks"] + mod)
         self.assertEqual(len(sinks.returns), 4)
 
     def test_meta_sinks_and_window_forward_backward(self):
@@ -729,6 +735,35 @@ class FakeTest(unittest.TestCase):
         k = meta(self.T, 4, 64, requires_grad=True)
         dualkv.attention(q, k, k, self.plan, window=1).float().sum().backward()
         self.assertEqual(q.grad.shape, q.shape)
+
+    def test_meta_score_mod_forward_backward(self):
+        # A score modifier crosses the ops as text, one float32 tensor and
+        # its sizes (a traced function, its captured tensors moved to q's
+        # device); autograd hands it to the backward and gives it no
+        # gradient.
+        from dualkv import score_mods
+        slopes = score_mods.alibi_slopes(8)
+        table = torch.zeros(8, 9)
+
+        def two_inputs(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx) + table[h, 4]
+
+        for mod in (score_mods.alibi(slopes), score_mods.softcap(20.0),
+                    two_inputs):
+            q = meta(self.T, 8, 64, requires_grad=True)
+            k = meta(self.T, 2, 64, requires_grad=True)
+            v = meta(self.T, 2, 64, requires_grad=True)
+            sinks = torch.zeros(8, device="meta", requires_grad=True)
+            o, lse = dualkv.attention(q, k, v, self.plan, score_mod=mod,
+                                      sinks=sinks, return_lse=True)
+            (o.float().sum() + lse.sum()).backward()
+            for x in (q, k, v, sinks):
+                self.assertEqual(x.grad.shape, x.shape)
+        mod = dualkv.ScoreMod.trace(two_inputs)
+        data, sizes = mod.flat_inputs(torch.device("meta"))
+        self.assertEqual((data.device.type, sizes), ("meta", [8, 72]))
+        with self.assertRaisesRegex(ValueError, "score_mod must be"):
+            dualkv.attention(q, k, v, self.plan, score_mod=3)
 
     def test_backward_sinks_op_fake_shapes(self):
         q, k = meta(self.T, 4, 64), meta(self.T, 1, 64)
