@@ -4,7 +4,8 @@
 // same bits every run. dualkv-tile-regions masks only the scores that feed
 // probabilities (never dP). With a softcap, dualkv.softcap caps the scores and
 // dualkv.softcap_grad applies its derivative to P before the softmax gradient
-// (dualkv-bind-spec erases both otherwise).
+// (dualkv-bind-spec erases both otherwise); a score modifier likewise
+// (dualkv.score_mod, dualkv.score_mod_grad).
 dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
   %q = dualkv.load_q : !dualkv.q_tile
   %do = dualkv.load_dout : !dualkv.q_tile
@@ -18,8 +19,10 @@ dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
     %s0 = dualkv.qk %q, %k : !dualkv.scores
     %s = dualkv.softcap %s0 : !dualkv.scores
-    %p = dualkv.recompute_probs %s, %lse : !dualkv.scores, !dualkv.row_stats
-    %pg = dualkv.softcap_grad %p, %s : !dualkv.scores
+    %sm = dualkv.score_mod %s, %j : !dualkv.scores
+    %p = dualkv.recompute_probs %sm, %lse : !dualkv.scores, !dualkv.row_stats
+    %pm = dualkv.score_mod_grad %p, %s, %j : !dualkv.scores
+    %pg = dualkv.softcap_grad %pm, %s : !dualkv.scores
     %dp = dualkv.qk %do, %v : !dualkv.scores
     %ds = dualkv.softmax_grad %pg, %dp, %delta
         : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs
@@ -33,8 +36,10 @@ dualkv.kernel @attention_bwd_dq kind <bwd_dq> {
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
     %s0 = dualkv.qk %q, %k : !dualkv.scores
     %s = dualkv.softcap %s0 : !dualkv.scores
-    %p = dualkv.recompute_probs %s, %lse : !dualkv.scores, !dualkv.row_stats
-    %pg = dualkv.softcap_grad %p, %s : !dualkv.scores
+    %sm = dualkv.score_mod %s, %j : !dualkv.scores
+    %p = dualkv.recompute_probs %sm, %lse : !dualkv.scores, !dualkv.row_stats
+    %pm = dualkv.score_mod_grad %p, %s, %j : !dualkv.scores
+    %pg = dualkv.softcap_grad %pm, %s : !dualkv.scores
     %dp = dualkv.qk %do, %v : !dualkv.scores
     %ds = dualkv.softmax_grad %pg, %dp, %delta
         : !dualkv.scores, !dualkv.row_stats -> !dualkv.probs

@@ -14,16 +14,20 @@ dualkv.kernel @attention_bwd_kv kind <bwd_kv> {
     %q = dualkv.load_q_block <query> %i : !dualkv.q_block
     %do = dualkv.load_q_block <grad_output> %i : !dualkv.q_block
     // Pᵀ = exp(K Qᵀ · scale − LSE), the scores capped when the kernel has a
-    // softcap (erased otherwise); dV += Pᵀ dO
+    // softcap and modified when it has a score modifier (erased otherwise);
+    // dV += Pᵀ dO
     %st0 = dualkv.qk_t %k, %q : !dualkv.scores_t
     %st = dualkv.softcap %st0 : !dualkv.scores_t
+    %stm = dualkv.score_mod %st, %i : !dualkv.scores_t
     %lse = dualkv.load_col_stats <lse> %i : !dualkv.col_stats
-    %pt = dualkv.recompute_probs %st, %lse : !dualkv.scores_t, !dualkv.col_stats
+    %pt = dualkv.recompute_probs %stm, %lse : !dualkv.scores_t, !dualkv.col_stats
     %dv2 = dualkv.accumulate %pt, %do, %dv : !dualkv.grad_acc
-    // dSᵀ = scale · Pᵀ ∘ (V dOᵀ − Delta), Pᵀ times the cap's derivative; dK += dSᵀ Q
+    // dSᵀ = scale · Pᵀ ∘ (V dOᵀ − Delta), Pᵀ times the cap's and the modifier's
+    // derivatives; dK += dSᵀ Q
     %dpt = dualkv.qk_t %v, %do : !dualkv.scores_t
     %delta = dualkv.load_col_stats <delta> %i : !dualkv.col_stats
-    %pgt = dualkv.softcap_grad %pt, %st : !dualkv.scores_t
+    %pmt = dualkv.score_mod_grad %pt, %st, %i : !dualkv.scores_t
+    %pgt = dualkv.softcap_grad %pmt, %st : !dualkv.scores_t
     %dst = dualkv.softmax_grad %pgt, %dpt, %delta
         : !dualkv.scores_t, !dualkv.col_stats -> !dualkv.scores_t
     %dk2 = dualkv.accumulate %dst, %q, %dk : !dualkv.grad_acc

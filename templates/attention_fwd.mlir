@@ -2,8 +2,9 @@
 // The two KV regions are walked separately: the shared prompt (never causal) and the
 // query's own segment (causal). dualkv-tile-regions splits each loop into unmasked
 // full tiles and masked edge tiles; the template states the algorithm once.
-// dualkv.softcap caps the logits when the kernel is bound with a softcap
-// (dualkv-bind-spec erases it otherwise).
+// dualkv.softcap caps the logits when the kernel is bound with a softcap, and
+// dualkv.score_mod applies the user's score modifier when it has one
+// (dualkv-bind-spec erases either otherwise).
 dualkv.kernel @attention_fwd kind <fwd> {
   %q = dualkv.load_q : !dualkv.q_tile
   %acc0 = dualkv.init_acc : !dualkv.acc
@@ -18,7 +19,8 @@ dualkv.kernel @attention_fwd kind <fwd> {
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
     %s0 = dualkv.qk %q, %k : !dualkv.scores
     %s = dualkv.softcap %s0 : !dualkv.scores
-    %p, %mn, %ln, %alpha = dualkv.online_softmax %s, %m, %l
+    %sm = dualkv.score_mod %s, %j : !dualkv.scores
+    %p, %mn, %ln, %alpha = dualkv.online_softmax %sm, %m, %l
         : !dualkv.probs, !dualkv.row_stats, !dualkv.row_stats, !dualkv.row_stats
     %accs = dualkv.rescale %acc, %alpha : !dualkv.acc
     %accn = dualkv.pv %p, %v, %accs : !dualkv.acc
@@ -34,7 +36,8 @@ dualkv.kernel @attention_fwd kind <fwd> {
     %v = dualkv.load_kv <value> %j : !dualkv.kv_tile
     %s0 = dualkv.qk %q, %k : !dualkv.scores
     %s = dualkv.softcap %s0 : !dualkv.scores
-    %p, %mn, %ln, %alpha = dualkv.online_softmax %s, %m, %l
+    %sm = dualkv.score_mod %s, %j : !dualkv.scores
+    %p, %mn, %ln, %alpha = dualkv.online_softmax %sm, %m, %l
         : !dualkv.probs, !dualkv.row_stats, !dualkv.row_stats, !dualkv.row_stats
     %accs = dualkv.rescale %acc, %alpha : !dualkv.acc
     %accn = dualkv.pv %p, %v, %accs : !dualkv.acc

@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <functional>
 #include <vector>
 
 namespace dualkv::testing {
@@ -50,6 +51,12 @@ struct Case {
   /// ForwardArgs::sinks, fp32 [Hq] (empty: none); with them the backward
   /// also computes dL/dsinks.
   std::vector<float> sinks;
+  /// ForwardArgs::score_mod (empty: none) and its tensors (fp32, host); the
+  /// reference takes the same modifier written in C++ and its derivative.
+  std::string scoreMod;
+  std::vector<std::vector<float>> scoreModInputs;
+  std::function<double(double, int64_t, int64_t, int64_t)> scoreModRef,
+      scoreModRefGrad;
   int64_t tokens() const {
     int64_t t = 0;
     for (auto &g : groups) {
@@ -131,6 +138,8 @@ struct Case {
     p.softcap = softcap;
     p.window = window;
     p.sinks.assign(sinks.begin(), sinks.end());
+    p.score_mod = scoreModRef;
+    p.score_mod_grad = scoreModRefGrad;
     return p;
   }
   std::vector<double> widen(const std::vector<uint16_t> &x) const {
@@ -361,6 +370,9 @@ struct DeviceCase {
   DeviceBuffer q, k, v, o, lse;
   /// Case::sinks on the device, when the case has them.
   std::unique_ptr<DeviceBuffer> sinks;
+  /// Case::scoreModInputs on the device, and their addresses.
+  std::vector<std::unique_ptr<DeviceBuffer>> scoreModBuffers;
+  std::vector<const float *> scoreModPtrs;
   explicit DeviceCase(const Case &c)
       : c(c), plan(c.groups), q(c.q.size() * 2), k(c.k.size() * 2),
         v(c.v.size() * 2), o(c.q.size() * 2),
@@ -372,8 +384,23 @@ struct DeviceCase {
       sinks = std::make_unique<DeviceBuffer>(c.sinks.size() * sizeof(float));
       sinks->upload(c.sinks);
     }
+    for (const std::vector<float> &t : c.scoreModInputs) {
+      scoreModBuffers.push_back(
+          std::make_unique<DeviceBuffer>(t.size() * sizeof(float)));
+      scoreModBuffers.back()->upload(t);
+      scoreModPtrs.push_back(
+          static_cast<const float *>(scoreModBuffers.back()->ptr));
+    }
     o.poison();
     lse.poison();
+  }
+  /// The case's score modifier in `a` (ForwardArgs or BackwardArgs).
+  template <typename Args> void setScoreMod(Args &a) const {
+    if (c.scoreMod.empty())
+      return;
+    a.score_mod = c.scoreMod.c_str();
+    a.score_mod_inputs = scoreModPtrs.data();
+    a.num_score_mod_inputs = static_cast<int>(scoreModPtrs.size());
   }
   /// Forward arguments over these buffers (every stride the tightest).
   ForwardArgs args(const Tiling &tiling = {}) {
@@ -386,6 +413,7 @@ struct DeviceCase {
     setProblem(a, c, plan);
     if (sinks)
       a.sinks = static_cast<const float *>(sinks->ptr);
+    setScoreMod(a);
     a.tiling = tiling;
     // DUALKV_TEST_FWD_TILING_D128=M:N:W:S runs the head_dim 128 cases of the
     // forward tests on another tiling than the default (e.g. the sm_90a
@@ -487,6 +515,7 @@ struct BackwardDeviceCase : DeviceCase {
       a.dsinks = static_cast<float *>(dsinks->ptr);
       dsinks->poison();
     }
+    setScoreMod(a);
     a.deterministic = options.deterministic;
     a.algorithm = options.algorithmAsked();
     a.tiling = options.tiling;

@@ -57,6 +57,7 @@ int main(int argc, char **argv) {
                        "softcap | dlse | sinks | window] | "
                        "variant-softcap [count] | variant-dlse [count] | "
                        "variant-sinks [count] | variant-window [count] | "
+                       "variant-score-mod [count] | "
                        "template-scaled | template-scaled-control | "
                        "stress-threads [rounds] | "
                        "stress-processes [rounds] | stress-leak [launches]\n");

@@ -73,6 +73,13 @@ int variantTest(const std::string &which, int count);
 /// branching trees).
 int windowTest(int count);
 
+/// Score modifiers written by users (ScoreModGpuTest.cpp): a control, the
+/// refusals, the shipped modifiers and three written for the test through
+/// every head_dim, dtype and schedule, `count` (at most 24) random batches,
+/// and the text softcap against the built-in one, forward and backward
+/// against fp64.
+int scoreModTest(int count);
+
 /// The test templates (`scaled`, tests/templates/scaled/, loaded through
 /// DUALKV_TEMPLATE_DIR): the sanitize workload's kernels, every kind and
 /// schedule, checked against fp64 with the templates' change

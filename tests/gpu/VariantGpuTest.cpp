@@ -9,6 +9,7 @@
 // `sinks`: a learned logit per query head in every row's denominator, and
 // its gradient.
 // `window`: a sliding window (WindowGpuTest.cpp).
+// `score-mod`: score modifiers written by users (ScoreModGpuTest.cpp).
 #include "GpuHarness.h"
 #include "GpuTests.h"
 
@@ -124,6 +125,8 @@ int sinksControl() {
 int dualkv::testing::variantTest(const std::string &which, int count) {
   if (which == "window")
     return windowTest(count);
+  if (which == "score-mod")
+    return scoreModTest(count);
   if (which == "sinks") {
     int failures = sinksControl();
     failures += sanitizeTest(0, 1.0, 0, false, true) ? 1 : 0;

@@ -5,6 +5,7 @@
 // GPU.
 //
 //===----------------------------------------------------------------------===//
+#include "cache/CacheKey.h"
 #include "cache/DiskCache.h"
 #include "cache/Files.h"
 #include "common/CommandLine.h"
@@ -12,9 +13,11 @@
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Schedule.h"
+#include "dualkv/Compiler/ScoreMod.h"
 #include "dualkv/Tuning.h"
 
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/MemoryBuffer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -193,6 +196,14 @@ cl::opt<bool>
                     "W is their launch parameter, so one kernel\n"
                     "serves every window; other kinds as usual"),
            cl::cat(kernelOptions));
+cl::opt<std::string>
+    scoreModFile("score-mod", cl::value_desc("FILE"),
+                 cl::desc("a score modifier (MLIR text of one func.func\n"
+                          "@score_mod, docs/score-modifiers.md) that the\n"
+                          "kernels computing scores (fwd, bwd, bwd_kv,\n"
+                          "bwd_dq) apply to every logit; other kinds as\n"
+                          "usual"),
+                 cl::cat(kernelOptions));
 cl::opt<bool> dlse("dlse",
                    cl::desc("bwd_pre for a caller that differentiates the\n"
                             "LSE (Delta - dLSE, docs/backward-abi.md); other\n"
@@ -468,6 +479,21 @@ Args parseArgs(int argc, char **argv) {
   a.spec.dlse = dlse;
   a.spec.sinks = sinks;
   a.spec.window = window;
+  if (!scoreModFile.empty()) {
+    auto text = llvm::MemoryBuffer::getFile(scoreModFile);
+    if (!text) {
+      llvm::errs() << "dualkv-aot: --score-mod " << scoreModFile << ": "
+                   << text.getError().message() << "\n";
+      std::exit(2);
+    }
+    dualkv::ScoreModInfo info = dualkv::parseScoreMod((*text)->getBuffer().str());
+    if (!info.error.empty()) {
+      llvm::errs() << "dualkv-aot: --score-mod " << scoreModFile << ": "
+                   << info.error << "\n";
+      std::exit(2);
+    }
+    a.spec.scoreMod = info.canonical;
+  }
   a.spec.tiling = {blockM, blockN, warps, stages};
   a.archs.assign(archs.begin(), archs.end());
   if (a.archs.empty())
@@ -712,12 +738,14 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}{}{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
+      "dualkv_{}{}{}{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
       dualkv::toString(s.kind), s.tree ? "_tree" : "", s.dlse ? "_dlse" : "",
       s.sinks ? "_sinks" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
-      s.window ? "_window" : "", s.headDim, s.numQHeads, s.numKVHeads,
-      dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
+      s.window ? "_window" : "",
+      s.scoreMod.empty() ? std::string()
+                         : "_scoremod" + dualkv::sha256Hex(s.scoreMod).substr(0, 8),
+      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
       s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
@@ -863,6 +891,9 @@ registrationSource(const std::vector<Built> &builds, const std::string &name) {
         dualkv::enumeratorOf(s.schedule), s.tree ? "true" : "false", s.softcap,
         s.dlse ? "true" : "false", s.sinks ? "true" : "false",
         s.window ? "true" : "false");
+    if (!s.scoreMod.empty())
+      c += fmt::format("    k.spec.scoreMod = R\"dualkv({})dualkv\";\n",
+                       s.scoreMod);
     c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -934,6 +965,8 @@ std::string kernelReport(const dualkv::KernelSpec &spec,
     meta["sinks"] = true;
   if (spec.window)
     meta["window"] = true;
+  if (!spec.scoreMod.empty())
+    meta["score_mod"] = spec.scoreMod;
   // ptxas's log is outside text: a byte that is no UTF-8 is replaced, not
   // thrown over.
   return meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +

@@ -3,6 +3,7 @@
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Passes.h"
+#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Version.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
@@ -652,6 +653,24 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
     return result;
   }
 
+  if (!spec.scoreMod.empty()) {
+    // The modifier joins the template's module, where dualkv-bind-spec
+    // checks it and the kernels' score_mod ops find it.
+    mlir::OwningOpRef<mlir::ModuleOp> mod =
+        mlir::parseSourceString<mlir::ModuleOp>(spec.scoreMod, &ctx,
+                                                "score_mod");
+    mlir::func::FuncOp fn;
+    if (mod)
+      fn = mlir::dualkv::scoreModOf(*mod);
+    if (!fn) {
+      result.error = "the score modifier does not parse as a func.func "
+                     "@score_mod:\n" +
+                     diagnostics;
+      return result;
+    }
+    module->getBody()->push_back(fn->clone());
+  }
+
   mlir::dualkv::DualKVBindSpecOptions bind;
   bind.P = spec.P;
   bind.N = spec.N;
@@ -671,6 +690,7 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.dlse = spec.dlse;
   bind.sinks = spec.sinks;
   bind.window = spec.window;
+  bind.scoreMod = !spec.scoreMod.empty();
 
   mlir::PassManager pm(&ctx);
   std::string passLog;

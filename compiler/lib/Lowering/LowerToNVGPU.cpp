@@ -8,6 +8,7 @@
 // (Schedules/<Schedule>/<Schedule>Emitters.cpp).
 //
 //===----------------------------------------------------------------------===//
+#include "ScoreMod/ScoreModIR.h"
 #include "Lowering/ScheduleEmitters.h"
 
 namespace mlir::dualkv {
@@ -110,6 +111,9 @@ struct LowerToNVGPUPass
                     b.getI64IntegerAttr(kernel.getTiling()->getBlockM()));
       kernel.erase();
     }
+    // The score modifier lives on inline in the kernels that applied it.
+    if (func::FuncOp fn = scoreModOf(module))
+      fn.erase();
   }
 };
 

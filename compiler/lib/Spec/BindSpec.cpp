@@ -3,6 +3,7 @@
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
 #include "dualkv/Compiler/Schedule.h"
+#include "ScoreMod/ScoreModIR.h"
 
 #include "mlir/IR/Verifier.h"
 
@@ -44,6 +45,36 @@ static LogicalResult bindSoftcap(KernelOp kernel, bool capped) {
     return kernel.emitOpError()
            << "is bound with a softcap, but its template does not apply the "
               "cap's derivative (dualkv.softcap_grad before "
+              "dualkv.softmax_grad)";
+  return success();
+}
+
+/// With a score modifier, checks that `kernel`'s template applies it (and,
+/// in a backward kind, its derivative); without, erases both ops.
+static LogicalResult bindScoreMod(KernelOp kernel, bool modified) {
+  SmallVector<ScoreModOp> mods;
+  SmallVector<ScoreModGradOp> grads;
+  kernel.walk([&](ScoreModOp op) { mods.push_back(op); });
+  kernel.walk([&](ScoreModGradOp op) { grads.push_back(op); });
+  if (!modified) {
+    for (ScoreModGradOp op : grads) {
+      op.getResult().replaceAllUsesWith(op.getProbs());
+      op.erase();
+    }
+    for (ScoreModOp op : mods) {
+      op.getResult().replaceAllUsesWith(op.getScores());
+      op.erase();
+    }
+    return success();
+  }
+  if (mods.empty())
+    return kernel.emitOpError()
+           << "is bound with a score modifier, but its template applies none "
+              "(dualkv.score_mod on the scores that become probabilities)";
+  if (kernel.getKind() != KernelKind::fwd && grads.empty())
+    return kernel.emitOpError()
+           << "is bound with a score modifier, but its template does not "
+              "apply its derivative (dualkv.score_mod_grad before "
               "dualkv.softmax_grad)";
   return success();
 }
@@ -97,10 +128,22 @@ struct BindSpecPass
     }
     FloatAttr cap =
         softcap > 0 ? FloatAttr::get(Float64Type::get(ctx), softcap) : nullptr;
+    if (scoreMod) {
+      func::FuncOp fn = scoreModOf(getOperation());
+      if (!fn) {
+        getOperation().emitError()
+            << "dualkv-bind-spec: score-mod needs the module's score "
+               "modifier, a func.func @score_mod";
+        return signalPassFailure();
+      }
+      if (failed(verifyScoreMod(fn)))
+        return signalPassFailure();
+    }
     if (failed(ProblemAttr::verify(emitErr, P, N, numQHeads, numKVHeads,
                                    headDim, dtypeTy,
                                    FloatAttr::get(Float64Type::get(ctx), scale),
-                                   true, tree, cap, false, false, window)))
+                                   true, tree, cap, false, false, window,
+                                   scoreMod)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -122,7 +165,8 @@ struct BindSpecPass
       return ProblemAttr::get(
           ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
           FloatAttr::get(Float64Type::get(ctx), scale), true, tree,
-          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks, spec.window);
+          spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks, spec.window,
+          !spec.scoreMod.empty());
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
@@ -140,6 +184,10 @@ struct BindSpecPass
       spec.dlse = dlse;
       spec.sinks = sinks;
       spec.window = window;
+      // The text is the module's function; the spec only needs to know
+      // there is one.
+      if (scoreMod)
+        spec.scoreMod = "func.func @score_mod";
       spec = ::dualkv::withVariantsOfKind(spec);
       spec.numQHeads = static_cast<int>(numQHeads);
       spec.numKVHeads = static_cast<int>(numKVHeads);
@@ -161,6 +209,8 @@ struct BindSpecPass
       if (!spec)
         return WalkResult::interrupt();
       if (failed(bindSoftcap(kernel, spec->softcap > 0)))
+        return WalkResult::interrupt();
+      if (failed(bindScoreMod(kernel, !spec->scoreMod.empty())))
         return WalkResult::interrupt();
       const ::dualkv::Tiling &t = spec->tiling;
       kernel.setProblemAttr(problemOf(*spec));

@@ -186,6 +186,8 @@ KernelSpec withVariantsOfKind(KernelSpec spec) {
     spec.softcap = 0;
   spec.dlse = spec.dlse && takesDlse(spec.kind);
   spec.sinks = spec.sinks && takesSinks(spec.kind);
+  if (!takesSoftcap(spec.kind))
+    spec.scoreMod.clear();
   return spec;
 }
 
@@ -300,6 +302,10 @@ std::string checkSpec(const KernelSpec &specIn) {
     return std::string("a ") + toString(spec.kind) +
            " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
            "a window";
+  if (!spec.scoreMod.empty() && !takesSoftcap(spec.kind))
+    return std::string("a ") + toString(spec.kind) +
+           " kernel computes no scores: only fwd, bwd, bwd_kv and bwd_dq take "
+           "a score modifier";
   if (spec.sinks && !takesSinks(spec.kind))
     return std::string("a ") + toString(spec.kind) +
            " kernel takes no sinks: only fwd (the denominator) and bwd_pre "

@@ -65,20 +65,21 @@ abi::ParamTable commonKernelParams(KernelKind kind, bool tree) {
 }
 
 abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
-                                  bool dlse, bool sinks, bool window) {
+                                  bool dlse, bool sinks, bool window,
+                                  int scoreModInputs) {
   ParamTable base = recordOf(schedule).params(kind, tree);
-  if (!dlse && !sinks && !window)
+  if (!dlse && !sinks && !window && scoreModInputs < 0)
     return base;
   // The table with the variants' parameters appended, built once per base
   // table (each belongs to one kind) and set of variants, kept for the
   // process.
   static std::mutex mutex;
-  static std::map<std::tuple<const Param *, bool, bool, bool>,
+  static std::map<std::tuple<const Param *, bool, bool, bool, int>,
                   std::vector<Param>>
       withVariants;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, added] =
-      withVariants.try_emplace({base.params, dlse, sinks, window});
+  auto [it, added] = withVariants.try_emplace(
+      {base.params, dlse, sinks, window, scoreModInputs});
   std::vector<Param> &table = it->second;
   if (added) {
     auto append = [&](auto &extra) {
@@ -93,6 +94,9 @@ abi::ParamTable abi::kernelParams(KernelKind kind, Schedule schedule, bool tree,
       append(kSinkParams);
     if (window)
       append(kWindowParams);
+    if (scoreModInputs >= 0)
+      table.insert(table.end(), std::begin(kScoreModParams),
+                   std::begin(kScoreModParams) + 2 + scoreModInputs);
   }
   return {table.data(), table.size()};
 }

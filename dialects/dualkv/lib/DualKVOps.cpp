@@ -23,7 +23,7 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t numKVHeads, int64_t headDim,
                                   Type dtype, FloatAttr scale, bool causal,
                                   bool tree, FloatAttr softcap, bool dlse,
-                                  bool sinks, bool window) {
+                                  bool sinks, bool window, bool scoreMod) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -51,6 +51,7 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   // Which kinds read dLSE, sinks or a window is the kernel's check
   // (checkSpec).
   (void)window;
+  (void)scoreMod;
   (void)dlse;
   (void)sinks;
   return success();
@@ -205,6 +206,11 @@ FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
   spec.dlse = problem.getDlse();
   spec.sinks = problem.getSinks();
   spec.window = problem.getWindow();
+  // The modifier's text is the module's function, which the checks do not
+  // read (printing it here would verify the module again): they need to
+  // know there is one.
+  if (problem.getScoreMod())
+    spec.scoreMod = "func.func @score_mod";
   if (FloatAttr cap = problem.getSoftcap())
     spec.softcap = static_cast<float>(cap.getValueAsDouble());
   if (std::string why = ::dualkv::checkSpec(spec); !why.empty())
@@ -526,6 +532,21 @@ static LogicalResult verifySoftcapKernel(Operation *op) {
 LogicalResult SoftcapOp::verify() { return verifySoftcapKernel(*this); }
 
 LogicalResult SoftcapGradOp::verify() { return verifySoftcapKernel(*this); }
+
+/// A score_mod op's kernel, bound, must have a score modifier:
+/// dualkv-bind-spec erases them from kernels bound without one.
+static LogicalResult verifyScoreModKernel(Operation *op) {
+  auto kernel = op->getParentOfType<KernelOp>();
+  if (!kernel || !kernel.getProblem() || kernel.getProblem()->getScoreMod())
+    return success();
+  return op->emitOpError()
+         << "is in a kernel bound without a score modifier "
+            "(#dualkv.problem<..., score_mod = true>): nothing to apply";
+}
+
+LogicalResult ScoreModOp::verify() { return verifyScoreModKernel(*this); }
+
+LogicalResult ScoreModGradOp::verify() { return verifyScoreModKernel(*this); }
 
 LogicalResult MaskOp::verify() {
   // AllTypesMatch<scores, result> has checked the result type.

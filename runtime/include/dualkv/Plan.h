@@ -140,6 +140,10 @@ public:
   int numSegments() const { return static_cast<int>(segments_.size()); }
   int maxSegmentLen() const { return maxSegmentLen_; }
   const std::vector<Segment> &segments() const { return segments_; }
+  /// Each packed token's position in its logical sequence (the tokens of its
+  /// ancestors, then its own: a response token r of a group with prompt P
+  /// is at P + r), int32 [T]: what score modifiers see as q_idx and kv_idx.
+  std::vector<int32_t> logicalPositions() const;
   /// The segment table as uploaded: 4 int32 per segment.
   std::vector<int32_t> segmentTable() const;
 

@@ -34,6 +34,9 @@ struct PrecompileArgs {
   bool dlse = false;
   bool sinks = false;
   bool window = false;
+  /// A score modifier's MLIR text (ForwardArgs::score_mod; null or "":
+  /// none): its kernels, compiled from its canonical form.
+  const char *score_mod = nullptr;
 };
 
 /// What precompile() found: one count per kernel of the set.

@@ -5,6 +5,7 @@
 #include "dualkv/Export.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 /// Slow, exact (fp64) implementations that every kernel and test is checked
@@ -53,6 +54,11 @@ struct Problem {
   /// -Wmissing-field-initializers accepts `Problem{groups, hq, hkv, d, scale}`
   /// only when every trailing member has an initializer.)
   std::vector<double> sinks = {};
+  /// A score modifier (docs/score-modifiers.md) applied to each logit after
+  /// the softcap: z = score_mod(x, head, lpos(i), lpos(j)), with its
+  /// derivative dz/dx score_mod_grad (the same arguments); empty: none.
+  std::function<double(double, int64_t, int64_t, int64_t)> score_mod = {},
+                                                           score_mod_grad = {};
   /// Sum over groups of P + sum R.
   DUALKV_API int64_t num_tokens() const;
 };
@@ -142,6 +148,11 @@ struct TreeProblem {
   /// Attention sinks: one logit per query head (size num_q_heads) joining
   /// every row's softmax denominator; empty: none.
   std::vector<double> sinks = {};
+  /// A score modifier (docs/score-modifiers.md) applied to each logit after
+  /// the softcap: z = score_mod(x, head, lpos(i), lpos(j)), with its
+  /// derivative dz/dx score_mod_grad (the same arguments); empty: none.
+  std::function<double(double, int64_t, int64_t, int64_t)> score_mod = {},
+                                                           score_mod_grad = {};
   /// Sum of the nodes' lengths.
   DUALKV_API int64_t num_tokens() const;
 };

@@ -60,9 +60,21 @@ struct ForwardArgs {
   /// logical sequence (prompt then response), lpos(i) - lpos(j) < W
   /// (docs/architecture.md §1); tiles outside the window are skipped. 0:
   /// none; below 2^31. W is the window kernels' launch parameter: one kernel
-  /// serves every W; never tuned. Not yet for branching prefix trees
-  /// (InvalidArgument).
+  /// serves every W; never tuned. On prefix trees the window runs along
+  /// each root-to-node path.
   int64_t window = 0;
+  /// Optional score modifier written by the user (docs/score-modifiers.md):
+  /// MLIR text of one `func.func @score_mod(%score: f32, %head: i32,
+  /// %q_idx: i32, %kv_idx: i32[, %q_packed: i32, %kv_packed: i32, %region:
+  /// i32][, memref<?xf32>...]) -> f32` of arith and math ops, applied to
+  /// every logit scale · q·k (after a softcap) before the softmax; q_idx and
+  /// kv_idx are positions in the query's logical sequence. Null or empty:
+  /// none. Kernels of its own per modifier (its canonical form); not tuned.
+  const char *score_mod = nullptr;
+  /// The modifier's tensors: one fp32 device pointer per memref argument,
+  /// in order (contiguous; the kernels index them as the text does).
+  const float *const *score_mod_inputs = nullptr;
+  int num_score_mod_inputs = 0;
 };
 
 /// Runs the DualKV forward kernel on `args.stream`. Every argument is
@@ -132,6 +144,13 @@ struct BackwardArgs {
   /// algorithm: Auto takes it, and deterministic or SplitDQ are an
   /// InvalidArgument (their kernels write each KV tile from one work item).
   int64_t window = 0;
+  /// The forward's score modifier and its tensors (ForwardArgs::score_mod);
+  /// must match it. The backward applies the modifier's derivative in the
+  /// score, which the compiler derives; its tensors get no gradient. With a
+  /// modifier the backward runs the Atomic algorithm (as with a window).
+  const char *score_mod = nullptr;
+  const float *const *score_mod_inputs = nullptr;
+  int num_score_mod_inputs = 0;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta

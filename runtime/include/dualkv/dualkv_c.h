@@ -157,6 +157,13 @@ typedef struct dualkv_forward_args_t {
    * positions before it); 0: none. Callers built before it pass a
    * struct_size without it: none. */
   int64_t window;
+  /** score modifier: MLIR text of func.func @score_mod
+   * (dualkv::ForwardArgs::score_mod); null or "": none. Callers built before
+   * it pass a struct_size without it: none. */
+  const char *score_mod;
+  /** its tensors: one fp32 device pointer per memref argument, in order */
+  const float *const *score_mod_inputs;
+  int32_t num_score_mod_inputs;
 } dualkv_forward_args_t;
 
 /** The forward pass (dualkv::forward). */
@@ -192,6 +199,10 @@ typedef struct dualkv_backward_args_t {
   const float *sinks;    /**< the forward's sinks, or null */
   float *dsinks;         /**< null, or fp32 [Hq] written with dL/dsinks */
   int64_t window;        /**< the forward's window; must match it */
+  /** the forward's score modifier and tensors; must match them */
+  const char *score_mod;
+  const float *const *score_mod_inputs;
+  int32_t num_score_mod_inputs;
 } dualkv_backward_args_t;
 
 /**
@@ -244,6 +255,8 @@ typedef struct dualkv_precompile_args_t {
   int32_t dlse;   /**< != 0: bwd_pre with a differentiated LSE */
   int32_t sinks;  /**< != 0: attention sinks */
   int32_t window; /**< != 0: a sliding window (every W) */
+  /** null or "": none; else a score modifier's MLIR text (its kernels) */
+  const char *score_mod;
 } dualkv_precompile_args_t;
 
 /** What dualkv_precompile found (dualkv::PrecompileReport). */

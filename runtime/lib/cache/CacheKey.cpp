@@ -33,6 +33,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.dlse = spec.dlse;
   key.sinks = spec.sinks;
   key.window = spec.window;
+  key.scoreMod = spec.scoreMod;
   key.compilerFingerprint = compilerFingerprint;
   return key;
 }
@@ -55,6 +56,7 @@ KernelSpec CacheKey::spec() const {
   spec.dlse = dlse;
   spec.sinks = sinks;
   spec.window = window;
+  spec.scoreMod = scoreMod;
   return spec;
 }
 
@@ -87,6 +89,9 @@ json CacheKey::toJson() const {
     key["sinks"] = true;
   if (window)
     key["window"] = true;
+  // The modifier's canonical text: equal modifiers share kernels.
+  if (!scoreMod.empty())
+    key["score_mod"] = scoreMod;
   if (R != 0)
     key["R"] = R;
   return key;
@@ -97,13 +102,16 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 std::string CacheKey::describe() const {
   return fmt::format(
       "{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
-      "tiling {}x{} warps={} stages={} schedule {}{}{}{}{}{})",
+      "tiling {}x{} warps={} stages={} schedule {}{}{}{}{}{}{})",
       toString(kind), P, N, R ? fmt::format(" R={}", R) : std::string(),
       headDim, numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
       tiling.blockN, tiling.warps, tiling.stages, toString(schedule),
       tree ? ", tree" : "",
       softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string(),
-      dlse ? ", dlse" : "", sinks ? ", sinks" : "", window ? ", window" : "");
+      dlse ? ", dlse" : "", sinks ? ", sinks" : "", window ? ", window" : "",
+      scoreMod.empty()
+          ? std::string()
+          : ", score_mod " + sha256Hex(scoreMod).substr(0, 12));
 }
 
 } // namespace dualkv

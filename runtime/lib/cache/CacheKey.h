@@ -44,6 +44,8 @@ struct CacheKey {
   /// KernelSpec::window (W itself is a kernel parameter); in the JSON only
   /// when set.
   bool window = false;
+  /// KernelSpec::scoreMod (canonical text; empty: none).
+  std::string scoreMod;
   std::string compilerFingerprint;
 
   /// The key of `spec`, whose tiling and schedule should already be resolved

@@ -177,6 +177,9 @@ toBackwardArgs(const dualkv_backward_args_t *in) {
   args.sinks = a.sinks;
   args.dsinks = a.dsinks;
   args.window = a.window;
+  args.score_mod = a.score_mod;
+  args.score_mod_inputs = a.score_mod_inputs;
+  args.num_score_mod_inputs = a.num_score_mod_inputs;
   return args;
 }
 
@@ -323,6 +326,9 @@ int dualkv_forward(const dualkv_forward_args_t *in) {
     args.softcap = a.softcap;
     args.sinks = a.sinks;
     args.window = a.window;
+    args.score_mod = a.score_mod;
+    args.score_mod_inputs = a.score_mod_inputs;
+    args.num_score_mod_inputs = a.num_score_mod_inputs;
     dualkv::forward(args);
     return llvm::Error::success();
   });
@@ -384,6 +390,7 @@ int dualkv_precompile(const dualkv_precompile_args_t *in,
     a.dlse = args.dlse != 0;
     a.sinks = args.sinks != 0;
     a.window = args.window != 0;
+    a.score_mod = args.score_mod;
     dualkv::PrecompileReport r = dualkv::precompile(a);
     if (!out)
       return llvm::Error::success();

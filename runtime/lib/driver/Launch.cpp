@@ -17,9 +17,10 @@ llvm::Error tooManyParameters() {
 } // namespace
 
 LaunchParams::LaunchParams(KernelKind kind, Schedule schedule, bool tree,
-                           bool dlse, bool sinks, bool window)
-    : kind(kind),
-      table(abi::kernelParams(kind, schedule, tree, dlse, sinks, window)) {}
+                           bool dlse, bool sinks, bool window,
+                           int scoreModInputs)
+    : kind(kind), table(abi::kernelParams(kind, schedule, tree, dlse, sinks,
+                                          window, scoreModInputs)) {}
 
 LaunchParams::~LaunchParams() { llvm::consumeError(std::move(error_)); }
 

@@ -27,7 +27,8 @@ class LaunchParams {
 public:
   explicit LaunchParams(KernelKind kind, Schedule schedule = Schedule::Auto,
                         bool tree = false, bool dlse = false,
-                        bool sinks = false, bool window = false);
+                        bool sinks = false, bool window = false,
+                        int scoreModInputs = -1);
   LaunchParams(const LaunchParams &) = delete;
   LaunchParams &operator=(const LaunchParams &) = delete;
   /// Consumes an error data() did not report.
@@ -53,7 +54,7 @@ private:
   void keep(llvm::Error error);
   KernelKind kind;
   abi::ParamTable table;
-  std::array<void *, 32> slots{};
+  std::array<void *, 48> slots{};
   llvm::Error error_ = llvm::Error::success();
 };
 

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -29,6 +31,20 @@ llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
           checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype))
     return e;
   return checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/true);
+}
+
+bool hasScoreMod(const BackwardArgs &a) {
+  return a.score_mod && *a.score_mod;
+}
+
+/// The window the work items are cut by (docs/backward-abi.md): the sliding
+/// window; with a score modifier, whose KV-major kernels read each item's
+/// logical shift (field 5), one no sequence reaches across, so the items are
+/// cut by logical sequence only; else 0.
+int64_t itemWindowOf(const BackwardArgs &a) {
+  if (a.window > 0)
+    return a.window;
+  return hasScoreMod(a) ? int64_t(std::numeric_limits<int32_t>::max()) : 0;
 }
 
 /// Checks the sliding window (checkWindowArg) and that the algorithm can run
@@ -50,6 +66,17 @@ llvm::Error checkBackwardWindow(const BackwardArgs &a) {
         "the split-dQ backward (algorithm SplitDQ) does not yet support a "
         "sliding window (window = {}): take Atomic or Auto",
         a.window));
+  // A score modifier's items are cut by logical sequence too.
+  if (hasScoreMod(a) && a.deterministic)
+    return invalidArgument(
+        "the deterministic backward does not yet support a score modifier: "
+        "its split-dQ kernels write each KV tile's dK/dV from one work item, "
+        "and a modifier's items are one per logical sequence a tile reaches; "
+        "leave deterministic off (the atomic algorithm)");
+  if (hasScoreMod(a) && a.algorithm == BackwardAlgorithm::SplitDQ)
+    return invalidArgument(
+        "the split-dQ backward (algorithm SplitDQ) does not yet support a "
+        "score modifier: take Atomic or Auto");
   return llvm::Error::success();
 }
 
@@ -111,6 +138,11 @@ llvm::Error validate(const BackwardArgs &a) {
                            "sinks needs the forward's sinks");
   if (llvm::Error e = checkBackwardWindow(a))
     return e;
+  int inputs = 0;
+  if (llvm::Error e = checkScoreModArg(a.score_mod, a.score_mod_inputs,
+                                       a.num_score_mod_inputs, &inputs)
+                          .takeError())
+    return e;
   if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
     return e;
   if (llvm::Error e = checkTiling("dq_tiling", a.dq_tiling))
@@ -144,7 +176,7 @@ BackwardAlgorithm backwardAlgorithmFor(const BackwardArgs &args,
   // A sliding window cuts a KV tile's queries by logical sequence, into
   // several items whose dK/dV meet in the atomic algorithm's accumulators
   // (the split-dQ one has none yet).
-  if (args.window > 0)
+  if (args.window > 0 || hasScoreMod(args))
     return BackwardAlgorithm::Atomic;
   // sm_90a: bwd_kv and the dQ kernel (warp-specialized at head_dim 64 and
   // 128) take 5-10 % less forward+backward time than the atomic algorithm
@@ -178,7 +210,7 @@ llvm::Expected<int64_t> workspaceBytes(const BackwardArgs &args) {
     return e;
   return shapeWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
                              args.num_kv_heads, args.head_dim, split,
-                             args.tiling, args.window);
+                             args.tiling, itemWindowOf(args));
 }
 
 llvm::Error runBackward(const BackwardArgs &args) {
@@ -198,10 +230,11 @@ llvm::Error runBackward(const BackwardArgs &args) {
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
   // The main kernel (and bwd_post) run on `slice` KV heads and their query
   // heads at a time; the accumulators hold one slice.
-  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, split, args.window);
+  const int64_t itemWindow = itemWindowOf(args);
+  const int slice = backwardKVHeadsPerLaunch(plan, Hkv, split, itemWindow);
   const int sliceHq = Hq / Hkv * slice;
 
-  const int64_t accBound = split ? 0 : backwardAccRowsBound(plan, args.window);
+  const int64_t accBound = split ? 0 : backwardAccRowsBound(plan, itemWindow);
   const BackwardWorkspaceLayout layout =
       backwardWorkspaceLayout(T, Hq, Hkv, D, split, accBound, slice);
   if (args.workspace && args.workspace_bytes < layout.bytes)
@@ -230,6 +263,12 @@ llvm::Error runBackward(const BackwardArgs &args) {
   mainSpec.softcap = args.softcap;
   // W is the kernels' `window` parameter: one kernel serves every W.
   mainSpec.window = args.window > 0;
+  int scoreModInputs = -1;
+  if (llvm::Error e =
+          checkScoreModArg(args.score_mod, args.score_mod_inputs,
+                           args.num_score_mod_inputs, &scoreModInputs)
+              .moveInto(mainSpec.scoreMod))
+    return e;
   if (llvm::Error e =
           getKernel(mainSpec, Hq, Hkv, shapeClassOf(plan)).moveInto(mainPtr))
     return e;
@@ -240,6 +279,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   dqSpec.tree = tree;
   dqSpec.softcap = args.softcap;
   dqSpec.window = args.window > 0;
+  dqSpec.scoreMod = mainSpec.scoreMod;
   // The dQ kernel too takes its shape class's tuned tiling first (tree
   // kernels are not tuned).
   if (llvm::Error e =
@@ -255,7 +295,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   if (llvm::Error e =
           PlanDevice::backwardTable(plan, main.info.blockM,
                                     backwardChunk(main.info.blockM, split),
-                                    args.order, args.window)
+                                    args.order, itemWindow)
               .moveInto(table))
     return e;
   if (table.numAccRows > accBound)
@@ -304,6 +344,17 @@ llvm::Error runBackward(const BackwardArgs &args) {
   llvm::Expected<cuda::Driver &> driver = cuda::driver();
   if (!driver)
     return driver.takeError();
+
+  // The score modifier's parameters; each launch sets its first head.
+  ScoreModLaunch scoreMod;
+  if (scoreModInputs >= 0) {
+    if (llvm::Error e =
+            PlanDevice::logicalPositions(plan).moveInto(scoreMod.lpos))
+      return e;
+    scoreMod.count = scoreModInputs;
+    for (int i = 0; i < scoreModInputs; ++i)
+      scoreMod.inputs[i] = address(args.score_mod_inputs[i]);
+  }
 
   // 1. bwd_pre: delta = rowsum(o * dout), every head.
   {
@@ -370,9 +421,14 @@ llvm::Error runBackward(const BackwardArgs &args) {
     {
       LaunchParams params(split ? KernelKind::BwdKV : KernelKind::Bwd,
                           main.spec.schedule, /*tree=*/false, /*dlse=*/false,
-                          /*sinks=*/false, main.spec.window);
+                          /*sinks=*/false, main.spec.window, scoreModInputs);
       if (main.spec.window)
         params.i64("window", window);
+      // The slice's heads start at query head qh.
+      ScoreModLaunch sliceMod = scoreMod;
+      sliceMod.head0 = static_cast<int64_t>(qh);
+      if (scoreModInputs >= 0)
+        sliceMod.bind(params);
       // The schedule's tensor maps, if any: the slice's tensors (its heads
       // from 0), for the producer's TMA copies.
       const ScheduleRecord &record = recordOf(main.spec.schedule);
@@ -441,9 +497,12 @@ llvm::Error runBackward(const BackwardArgs &args) {
              v = address(args.v.data), dq = address(args.dq.data);
     uint64_t chain = plan.deviceChainTable();
     LaunchParams params(KernelKind::BwdDQ, last.spec.schedule, tree,
-                        /*dlse=*/false, /*sinks=*/false, last.spec.window);
+                        /*dlse=*/false, /*sinks=*/false, last.spec.window,
+                        scoreModInputs);
     if (last.spec.window)
       params.i64("window", window);
+    if (scoreModInputs >= 0)
+      scoreMod.bind(params);
     params.ptr("q", q).ptr("k", k).ptr("v", v).ptr("dout", dout);
     params.ptr("dq", dq).ptr("lse", lse).ptr("delta", delta);
     params.ptr("segs", segs);

@@ -42,6 +42,11 @@ llvm::Error validate(const ForwardArgs &a) {
     return e;
   if (llvm::Error e = checkWindowArg(a.window))
     return e;
+  int inputs = 0;
+  if (llvm::Error e = checkScoreModArg(a.score_mod, a.score_mod_inputs,
+                                       a.num_score_mod_inputs, &inputs)
+                          .takeError())
+    return e;
   return checkScaleAndTiling(a.scale, a.tiling);
 }
 
@@ -66,6 +71,12 @@ llvm::Error runForward(const ForwardArgs &args) {
   spec.sinks = args.sinks != nullptr;
   // W is the kernel's `window` parameter: one kernel serves every W.
   spec.window = args.window > 0;
+  int scoreModInputs = -1;
+  if (llvm::Error e =
+          checkScoreModArg(args.score_mod, args.score_mod_inputs,
+                           args.num_score_mod_inputs, &scoreModInputs)
+              .moveInto(spec.scoreMod))
+    return e;
   // The tiling tuned for the batch's shape class, if any (getKernel).
   const LoadedKernel *found = nullptr;
   if (llvm::Error e = getKernel(spec, 0, 0, shapeClassOf(plan)).moveInto(found))
@@ -87,7 +98,18 @@ llvm::Error runForward(const ForwardArgs &args) {
   float scaleLog2 =
       static_cast<float>(effectiveScale(args.scale, args.head_dim) * kLog2e);
   LaunchParams params(KernelKind::Fwd, kernel.spec.schedule, tree,
-                      /*dlse=*/false, kernel.spec.sinks, kernel.spec.window);
+                      /*dlse=*/false, kernel.spec.sinks, kernel.spec.window,
+                      scoreModInputs);
+  ScoreModLaunch scoreMod;
+  if (scoreModInputs >= 0) {
+    if (llvm::Error e =
+            PlanDevice::logicalPositions(plan).moveInto(scoreMod.lpos))
+      return e;
+    scoreMod.count = scoreModInputs;
+    for (int i = 0; i < scoreModInputs; ++i)
+      scoreMod.inputs[i] = reinterpret_cast<uintptr_t>(args.score_mod_inputs[i]);
+    scoreMod.bind(params);
+  }
   int64_t window = args.window;
   if (kernel.spec.window)
     params.i64("window", window);

@@ -4,11 +4,16 @@
 #include "selection/KernelSets.h"
 #include "support/Status.h"
 
+#include "dualkv/Compiler/ScoreMod.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <string_view>
 #include <utility>
 
 namespace dualkv::detail {
@@ -168,6 +173,59 @@ llvm::Error checkWindowArg(int64_t window) {
                                        "2^31 (0: no sliding window)",
                                        window));
   return llvm::Error::success();
+}
+
+llvm::Expected<std::string> checkScoreModArg(const char *text,
+                                             const float *const *inputs,
+                                             int numInputs, int *inputCount) {
+  *inputCount = -1;
+  if (!text || !*text) {
+    if (numInputs != 0)
+      return invalidArgument(fmt::format(
+          "num_score_mod_inputs ({}) must be 0 without a score_mod",
+          numInputs));
+    return std::string();
+  }
+  // Parsed once per text: a training loop passes the same modifier every
+  // call.
+  static std::mutex mutex;
+  static std::map<std::string, ScoreModInfo, std::less<>> parsed;
+  ScoreModInfo info;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = parsed.find(std::string_view(text));
+    if (found != parsed.end()) {
+      info = found->second;
+    } else {
+      info = parseScoreMod(text);
+      parsed.emplace(text, info);
+    }
+  }
+  if (!info.error.empty())
+    return invalidArgument("score_mod: " + info.error);
+  if (numInputs != info.inputs)
+    return invalidArgument(fmt::format(
+        "num_score_mod_inputs ({}) must equal the score modifier's tensor "
+        "(memref) arguments ({})",
+        numInputs, info.inputs));
+  for (int i = 0; i < numInputs; ++i)
+    if (!inputs || !inputs[i])
+      return invalidArgument(
+          fmt::format("score_mod_inputs[{}] is null (the score modifier "
+                      "takes {} tensors)",
+                      i, info.inputs));
+  *inputCount = info.inputs;
+  return info.canonical;
+}
+
+void ScoreModLaunch::bind(LaunchParams &params) {
+  static constexpr const char *kNames[] = {
+      "score_mod_input0", "score_mod_input1", "score_mod_input2",
+      "score_mod_input3", "score_mod_input4", "score_mod_input5",
+      "score_mod_input6", "score_mod_input7"};
+  params.ptr("lpos", lpos).i64("scoreModHead0", head0);
+  for (int i = 0; i < count; ++i)
+    params.ptr(kNames[i], inputs[i]);
 }
 
 llvm::Error checkTiling(const char *name, const Tiling &t) {

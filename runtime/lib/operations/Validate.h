@@ -45,6 +45,27 @@ llvm::Error checkSoftcap(float softcap);
 /// else InvalidArgument naming it.
 llvm::Error checkWindowArg(int64_t window);
 
+/// A score modifier (ForwardArgs::score_mod: null or "" for none) and its
+/// `numInputs` tensors `inputs`: the text must be one (parseScoreMod, once per
+/// text in the process), with as many tensors as its memref arguments, none
+/// null. Returns its canonical text (KernelSpec::scoreMod; empty: none) and,
+/// in `*inputCount`, its tensors (-1: none).
+llvm::Expected<std::string> checkScoreModArg(const char *text,
+                                             const float *const *inputs,
+                                             int numInputs, int *inputCount);
+
+/// A score-modifier launch's parameters (kScoreModParams): the plan's
+/// logical positions, the launch's first query head and the tensors. They
+/// must outlive the launch.
+struct ScoreModLaunch {
+  uint64_t lpos = 0;
+  int64_t head0 = 0;
+  uint64_t inputs[8] = {};
+  int count = 0;
+  /// Sets them in `params` (a kernel of `count` score-modifier tensors).
+  void bind(LaunchParams &params);
+};
+
 /// Checks a tiling override named `name` (zero fields take defaults):
 /// every field within the compiler's ranges (checkTilingFields).
 llvm::Error checkTiling(const char *name, const Tiling &tiling);

@@ -31,6 +31,8 @@ struct Plan::Device {
       backward;
   /// Forward work orders by blockM.
   std::map<int, ForwardTable> forward;
+  /// Each token's logical position (score modifiers), on first use.
+  cuda::CUdeviceptr lpos = 0;
 
   ~Device() {
     if (!table || !driver)
@@ -45,6 +47,8 @@ struct Plan::Device {
     driver->memFree(table);
     if (chain)
       driver->memFree(chain);
+    if (lpos)
+      driver->memFree(lpos);
     for (const auto &entry : forward)
       driver->memFree(entry.second.items);
     for (const auto &entry : backward) {
@@ -473,6 +477,32 @@ void *Plan::deviceContext() const {
     return nullptr;
   std::lock_guard<std::mutex> lock(device_->mutex);
   return device_->context;
+}
+
+std::vector<int32_t> Plan::logicalPositions() const {
+  std::vector<int32_t> lpos(static_cast<size_t>(numTokens_));
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const Segment &seg = segments_[s];
+    for (int32_t i = 0; i < seg.length; ++i)
+      lpos[static_cast<size_t>(seg.start + i)] =
+          static_cast<int32_t>(ancestorTokens_[s] + i);
+  }
+  return lpos;
+}
+
+llvm::Expected<uint64_t> PlanDevice::logicalPositions(const Plan &plan) {
+  if (llvm::Error e = requirePlanInCurrentContext(plan))
+    return e;
+  Plan::Device &device = *plan.device_;
+  std::lock_guard<std::mutex> lock(device.mutex);
+  if (device.lpos)
+    return device.lpos;
+  llvm::Expected<cuda::CUdeviceptr> copied = copyToDevice(
+      *device.driver, plan.logicalPositions(), "plan logical positions");
+  if (!copied)
+    return copied.takeError();
+  device.lpos = *copied;
+  return device.lpos;
 }
 
 uint64_t Plan::deviceChainTable() const {

@@ -23,6 +23,10 @@ struct PlanDevice {
                                                      int blockM, int64_t chunk,
                                                      BackwardOrder order,
                                                      int64_t window = 0);
+  /// The device copy of Plan::logicalPositions (int32 [T], what score
+  /// modifiers read), made on first use and kept for the plan's life
+  /// (uploads first; the current context must be the plan's).
+  static llvm::Expected<uint64_t> logicalPositions(const Plan &plan);
   /// Plan::forwardTable (uploads first).
   static llvm::Expected<ForwardTable> forwardTable(const Plan &plan,
                                                    int blockM);

@@ -77,11 +77,30 @@ struct Variant {
   double softcap;      // 0: none
   int64_t window;      // 0: none
   const double *sinks; // [Hq]; nullptr: none
+  const std::function<double(double, int64_t, int64_t, int64_t)> *mod,
+      *modGrad; // nullptr: none
+
+  /// The logit of x = scale q.k for query head h at logical positions
+  /// (qpos, kpos): capped, then modified.
+  double logit(double x, int64_t h, int64_t qpos, int64_t kpos) const {
+    double z = softcap > 0 ? softcap * std::tanh(x / softcap) : x;
+    return mod ? (*mod)(z, h, qpos, kpos) : z;
+  }
+  /// d logit / dx.
+  double slope(double x, int64_t h, int64_t qpos, int64_t kpos) const {
+    double t = softcap > 0 ? std::tanh(x / softcap) : 0;
+    double z = softcap > 0 ? softcap * t : x;
+    return (1 - t * t) * (mod ? (*modGrad)(z, h, qpos, kpos) : 1.0);
+  }
 };
 
 template <typename P> Variant variantOf(const P &p) {
-  return {p.scale, p.softcap, p.window,
-          p.sinks.empty() ? nullptr : p.sinks.data()};
+  return {p.scale,
+          p.softcap,
+          p.window,
+          p.sinks.empty() ? nullptr : p.sinks.data(),
+          p.score_mod ? &p.score_mod : nullptr,
+          p.score_mod ? &p.score_mod_grad : nullptr};
 }
 
 /// Offsets into the dense row-major tensors of a sequence of `tokens` tokens.
@@ -145,9 +164,8 @@ void causalForward(const Layout &l, const Variant &var, const double *q,
       double m =
           var.sinks ? var.sinks[h] : -std::numeric_limits<double>::infinity();
       for (int64_t j = first; j <= i; ++j) {
-        s[j] = var.scale * dot(q + l.q(i, h), k + l.kv(j, kh), l.d);
-        if (var.softcap > 0)
-          s[j] = var.softcap * std::tanh(s[j] / var.softcap);
+        s[j] = var.logit(var.scale * dot(q + l.q(i, h), k + l.kv(j, kh), l.d),
+                         h, i, j);
         m = std::max(m, s[j]);
       }
       // The sink joins the denominator, never the output.
@@ -188,12 +206,7 @@ void causalBackward(const Layout &l, const Variant &var, const double *q,
       for (int64_t j = first; j <= i; ++j) {
         const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
         const double x = var.scale * dot(qi, kj, l.d);
-        double z = x, dzdx = 1;
-        if (var.softcap > 0) {
-          const double t = std::tanh(x / var.softcap);
-          z = var.softcap * t;
-          dzdx = 1 - t * t;
-        }
+        const double z = var.logit(x, h, i, j), dzdx = var.slope(x, h, i, j);
         const double p = std::exp(z - lsei);
         const double ds = p * (dot(doi, vj, l.d) - delta);
         axpy(p, doi, dv + l.kv(j, kh), l.d);
@@ -302,8 +315,7 @@ void packedForward(const Layout &l, const Variant &var,
       for (const KeyRange &r : ranges)
         for (int64_t j = r.begin; j < r.end; ++j) {
           const double x = var.scale * dot(qi, k + l.kv(j, kh), l.d);
-          s.push_back(var.softcap > 0 ? var.softcap * std::tanh(x / var.softcap)
-                                      : x);
+          s.push_back(var.logit(x, h, lpos[i], lpos[j]));
           m = std::max(m, s.back());
         }
       // The sink is one more term of the denominator with no value row.
@@ -351,12 +363,10 @@ void packedBackward(const Layout &l, const Variant &var,
         for (int64_t j = r.begin; j < r.end; ++j) {
           const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
           const double x = var.scale * dot(qi, kj, l.d);
-          // dz/dx of the softcap: 1 - tanh^2.
-          const double t = var.softcap > 0 ? std::tanh(x / var.softcap) : 0;
-          const double z = var.softcap > 0 ? var.softcap * t : x;
+          const double z = var.logit(x, h, lpos[i], lpos[j]);
           const double p = std::exp(z - lsei);
           const double ds = p * (dot(doi, vj, l.d) - delta);
-          const double dx = var.scale * (1 - t * t) * ds;
+          const double dx = var.scale * var.slope(x, h, lpos[i], lpos[j]) * ds;
           axpy(p, doi, dv + l.kv(j, kh), l.d);
           axpy(dx, kj, dqi, l.d);
           axpy(dx, qi, dk + l.kv(j, kh), l.d);

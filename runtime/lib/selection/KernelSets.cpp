@@ -11,6 +11,7 @@
 #include "support/Status.h"
 
 #include "dualkv/Bounded.h"
+#include "dualkv/Compiler/ScoreMod.h"
 #include "dualkv/Device.h"
 
 #include <fmt/format.h>
@@ -311,6 +312,14 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
         "the deterministic backward does not yet support a sliding window: "
         "precompile the window's set without deterministic (the atomic "
         "algorithm's kernels)");
+  // The tensors are the launches'; the text alone picks the kernels.
+  std::string scoreMod;
+  if (args.score_mod && *args.score_mod) {
+    ScoreModInfo info = parseScoreMod(args.score_mod);
+    if (!info.error.empty())
+      return invalidArgument("score_mod: " + info.error);
+    scoreMod = info.canonical;
+  }
   KernelSpec base;
   base.kind = KernelKind::Fwd;
   base.headDim = D;
@@ -323,6 +332,7 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   base.dlse = args.dlse;
   base.sinks = args.sinks;
   base.window = args.window;
+  base.scoreMod = scoreMod;
   std::vector<SetMember> set = {SetMember{withVariantsOfKind(base)}};
   if (args.backward) {
     // Where SplitDQ is the default (backwardAlgorithmFor), its set alone; a

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Compiler/ScoreMod.h"
 
 #include <fmt/format.h>
 
@@ -30,5 +31,12 @@ std::string compilerFingerprint() { return "runtime-only"; }
 std::string kernelTemplate(KernelKind) { return {}; }
 
 std::string ptxasPath(const CompileOptions &) { return {}; }
+
+ScoreModInfo parseScoreMod(const std::string &) {
+  ScoreModInfo info;
+  info.error = "libdualkv_runtime has no compiler: score modifiers need "
+               "libdualkv, which parses and compiles them";
+  return info;
+}
 
 } // namespace dualkv

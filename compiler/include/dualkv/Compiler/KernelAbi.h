@@ -106,6 +106,23 @@ inline constexpr Param kSinkParams[] = {{"sinks", F32P}};
 /// Appended to fwd's, bwd's, bwd_kv's and bwd_dq's table with a sliding
 /// window (KernelSpec::window, after the others): W >= 1.
 inline constexpr Param kWindowParams[] = {{"window", I64}};
+/// Appended to fwd's, bwd's, bwd_kv's and bwd_dq's table with a score
+/// modifier (KernelSpec::scoreMod, after the window's): each token's position
+/// in its logical sequence (int32 [T], the plan's), the index of the launch's
+/// first query head among all of them (the backward launches slices of the
+/// heads; the modifier sees the head's index in the model), then the
+/// modifier's tensors, as many as it takes (kernelParams' `scoreModInputs`).
+inline constexpr Param kScoreModParams[] = {
+    {"lpos", I32P},
+    {"scoreModHead0", I64},
+    {"score_mod_input0", F32P},
+    {"score_mod_input1", F32P},
+    {"score_mod_input2", F32P},
+    {"score_mod_input3", F32P},
+    {"score_mod_input4", F32P},
+    {"score_mod_input5", F32P},
+    {"score_mod_input6", F32P},
+    {"score_mod_input7", F32P}};
 /// Appended to bwd_pre's table with sinks (after kDlseParams, if both): the
 /// forward's LSE, its head stride, the sinks and dL/dsinks [Hq] (fp32, added
 /// to: the runtime zeroes it first).
@@ -200,11 +217,13 @@ template <size_t N> constexpr ParamTable tableOf(const Param (&p)[N]) {
 /// The variants append their parameters: `dlse` (KernelSpec::dlse)
 /// kDlseParams, then `sinks` (KernelSpec::sinks) kSinkParams (fwd) or
 /// kSinkGradParams (bwd_pre), then `window` (KernelSpec::window)
-/// kWindowParams.
+/// kWindowParams, then a score modifier of `scoreModInputs` tensors (-1:
+/// none) lpos, scoreModHead0 and that many tensors of kScoreModParams.
 DUALKV_API ParamTable kernelParams(KernelKind kind,
                                    Schedule schedule = Schedule::Auto,
                                    bool tree = false, bool dlse = false,
-                                   bool sinks = false, bool window = false);
+                                   bool sinks = false, bool window = false,
+                                   int scoreModInputs = -1);
 
 } // namespace dualkv::abi
 

@@ -99,6 +99,13 @@ struct KernelSpec {
   /// W. The kernels that compute scores (fwd, bwd, bwd_kv, bwd_dq) take one;
   /// their loops skip the tiles outside the window and mask its edges.
   bool window = false;
+  /// A score modifier written by the user (docs/score-modifiers.md): the
+  /// canonical text of its `func.func @score_mod` (parseScoreMod,
+  /// dualkv/Compiler/ScoreMod.h), applied to every logit before the softmax;
+  /// its derivative is the compiler's. Empty: none. The kernels that compute
+  /// scores take one; with it they take the plan's logical positions and
+  /// the modifier's tensors (kScoreModParams, docs/forward-abi.md).
+  std::string scoreMod;
 };
 
 /// Which kinds take each variant: a softcap the kernels that compute scores

@@ -21,6 +21,9 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     the cap (`dualkv.softcap`, and in the backward kinds `dualkv.softcap_grad`):
     one that does not is an error, never a kernel without the cap. Without a
     softcap both ops are erased, so the template's kernels are the plain ones.
+    `score-mod` does the same for the module's score modifier (`func.func
+    @score_mod`, checked here) and the `dualkv.score_mod` and
+    `dualkv.score_mod_grad` ops.
 
     ```
     dualkv-opt --dualkv-bind-spec="head-dim=128 num-q-heads=32 num-kv-heads=8 dtype=bf16 arch=sm_90a"
@@ -50,6 +53,8 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
            "attention sinks: fwd counts them in the denominator, bwd_pre writes their gradient">,
     Option<"window", "window", "bool", "false",
            "a sliding window (its W a kernel parameter) in the kernels that compute scores">,
+    Option<"scoreMod", "score-mod", "bool", "false",
+           "apply the module's score modifier (func.func @score_mod) in the kernels that compute scores">,
   ];
   let dependentDialects = ["::mlir::dualkv::DualKVDialect"];
 }

@@ -363,6 +363,38 @@ TileEnv KVMajorEmitter::tileEnv() {
   // the query loops.
   if (window)
     env.windowShift = itemField(5, /*fresh=*/true);
+  if (scoreMod)
+    env.siteOf = [this, layoutOf = env.layoutOf](Operation *op) {
+      ScoreLayout layout =
+          layoutOf(map.lookup(op->getOperand(op->getNumOperands() - 1)));
+      // The block's keys are one segment's, consecutive from kRow0, and a
+      // score modifier's work items (as a window's) hold queries of one
+      // logical shift d (item field 5): lpos(q) - lpos(k) = q - k + d.
+      Value kLogical0 = scoreMod->logical(*this, kRow0);
+      Value keyBase = arith::SubIOp::create(b, loc, kLogical0, kRow0);
+      Value queryBase = add(keyBase, itemField(5, /*fresh=*/true));
+      ScoreSite site;
+      site.queryLogical = [this, layout, queryBase](int64_t i) {
+        return add(queryBase, layout.query(i));
+      };
+      site.keyLogical = [this, layout, keyBase](int64_t i) {
+        return add(keyBase, layout.key(i));
+      };
+      site.queryPacked = layout.query;
+      site.keyPacked = layout.key;
+      // A query before the block's segment ends is of that segment; later
+      // ones are of its descendants (responses, tree children).
+      site.region = [this, layout](int64_t i) {
+        return arith::IndexCastOp::create(
+            b, loc, b.getIndexType(),
+            arith::ExtUIOp::create(
+                b, loc, b.getI32Type(),
+                cmp(arith::CmpIPredicate::ult, layout.query(i), kvEnd)));
+      };
+      site.head = add(head, scoreMod->head0);
+      site.inputs = scoreMod->inputs;
+      return site;
+    };
   return env;
 }
 
@@ -526,7 +558,9 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
            << blockM << " and " << blockN;
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
             abiSchedule(), /*tree=*/false, /*dlse=*/false, /*sinks=*/false,
-            hasWindow(kernel));
+            hasWindow(kernel), scoreModInputs(kernel));
+  if (int inputs = scoreModInputs(kernel); inputs >= 0)
+    scoreMod = ScoreModParams::read(fn, inputs);
   qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
   doPtr = fn.param("dout"), dkPtr = fn.param("dk"), dvPtr = fn.param("dv"),
   lsePtr = fn.param("lse"), deltaPtr = fn.param("delta"),

@@ -41,6 +41,7 @@
 #define DUALKV_COMPILER_COMMON_KVMAJOR_H
 
 #include "Lowering/Support/KernelFunction.h"
+#include "ScoreMod/ScoreModIR.h"
 #include "Lowering/Support/MmaFragments.h"
 #include "Lowering/Support/SharedTiles.h"
 #include "Lowering/TileOps/TileOps.h"
@@ -316,6 +317,8 @@ protected:
   Value windowShift;
   /// The sliding window W (the `window` parameter; null: none).
   Value window;
+  /// A score modifier's parameters (scoreModInputs(kernel) >= 0).
+  std::optional<ScoreModParams> scoreMod;
   Value smem, kBuf, vBuf, dsBuf;
   // The query tile of this iteration: Q, dO, LSE and Delta in shared memory.
   Value qCur, doCur, lseCur, deltaCur;

@@ -395,6 +395,36 @@ TileEnv QueryMajorEmitter::tileEnv() {
   env.scaleLog2 = scaleLog2, env.scale = scale;
   env.mTiles = mTiles, env.nTiles = nTiles, env.dTiles = dTiles;
   env.packOperand = [this](ArrayRef<Value> p) { return packAFragments(p); };
+  if (scoreMod)
+    env.siteOf = [this](Operation *op) {
+      bool shared =
+          op->getParentOfType<KVLoopOp>().getRegion() == KVRegion::shared;
+      ScoreLayout layout = queryMajorLayout(
+          *this, mTiles, nTiles, qRow0,
+          mul(map.lookup(op->getOperand(op->getNumOperands() - 1)),
+              idx(blockN)),
+          ids.warp, ids.g, ids.t);
+      // Within a segment or an ancestor range, logical positions are
+      // consecutive from its first token's.
+      Value keyStart = shared ? sharedStart : segStart;
+      Value qLogical0 = scoreMod->logical(*this, segStart);
+      Value kLogical0 = scoreMod->logical(*this, keyStart);
+      ScoreSite site;
+      site.queryLogical = [=](int64_t i) {
+        return add(qLogical0, layout.query(i));
+      };
+      site.keyLogical = [=](int64_t i) {
+        return add(kLogical0, layout.key(i));
+      };
+      site.queryPacked = [=](int64_t i) {
+        return add(segStart, layout.query(i));
+      };
+      site.keyPacked = [=](int64_t i) { return add(keyStart, layout.key(i)); };
+      site.region = [this, shared](int64_t) { return idx(shared ? 0 : 1); };
+      site.head = add(head, scoreMod->head0);
+      site.inputs = scoreMod->inputs;
+      return site;
+    };
   return env;
 }
 
@@ -405,9 +435,11 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   const bool tree = kernel.walksChain();
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
             ::dualkv::Schedule::Auto, tree, /*dlse=*/false, hasSinks(),
-            hasWindow(kernel));
+            hasWindow(kernel), scoreModInputs(kernel));
   if (hasWindow(kernel))
     window = fn.indexParam("window");
+  if (int inputs = scoreModInputs(kernel); inputs >= 0)
+    scoreMod = ScoreModParams::read(fn, inputs);
   qPtr = fn.param("q"), kPtr = fn.param("k"), vPtr = fn.param("v"),
   lsePtr = fn.param("lse"), segPtr = fn.param("segs");
   if (tree)

@@ -25,6 +25,7 @@
 #ifndef DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 #define DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 
+#include "ScoreMod/ScoreModIR.h"
 #include "Lowering/Support/KernelFunction.h"
 #include "Lowering/Support/MmaFragments.h"
 #include "Lowering/Support/Segments.h"
@@ -140,6 +141,8 @@ protected:
   /// positions the current ancestor range starts before the segment (null:
   /// sharedLen, a group's prompt).
   Value sharedShift;
+  /// A score modifier's parameters (scoreModInputs(kernel) >= 0).
+  std::optional<ScoreModParams> scoreMod;
   Value kBuf, vBuf, qBuf, doBuf;
   IRMapping map;
 };

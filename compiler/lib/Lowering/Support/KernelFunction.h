@@ -69,11 +69,11 @@ public:
                 int64_t threads,
                 ::dualkv::Schedule schedule = ::dualkv::Schedule::Auto,
                 bool tree = false, bool dlse = false, bool sinks = false,
-                bool window = false) {
+                bool window = false, int scoreModInputs = -1) {
     OpBuilder &b = o.b;
-    params =
-        ::dualkv::abi::kernelParams(static_cast<::dualkv::KernelKind>(kind),
-                                    schedule, tree, dlse, sinks, window);
+    params = ::dualkv::abi::kernelParams(
+        static_cast<::dualkv::KernelKind>(kind), schedule, tree, dlse, sinks,
+        window, scoreModInputs);
     SmallVector<Type> args;
     SmallVector<int64_t> gridConstants;
     for (const ::dualkv::abi::Param &p : params) {
@@ -106,6 +106,8 @@ public:
     return arith::IndexCastOp::create(o.b, o.loc, o.b.getIndexType(),
                                       param(name));
   }
+  /// Whether the function create() made has parameter `name`.
+  bool hasParam(const char *name) const { return params.indexOf(name) >= 0; }
   /// The entry block of the function create() made.
   Block &entry() const { return *entryBlock; }
   gpu::GPUFuncOp op() const {

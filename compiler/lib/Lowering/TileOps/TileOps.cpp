@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Lowering/TileOps/TileOps.h"
+#include "ScoreMod/ScoreModIR.h"
 
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -158,6 +159,67 @@ void tile::softcapGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
   }
 }
 
+/// Emits `fn` on each score of `s` (raw, before the softmax scale) with
+/// `site`'s positions: calls `use(i, value, derivative)`.
+static LogicalResult
+eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
+             const ScoreSite &site, Value scaleLog2, bool derivative,
+             function_ref<void(int64_t, Value, Value, Value)> use) {
+  OpBuilder &b = o.b;
+  Location loc = o.loc;
+  Value scale = arith::MulFOp::create(b, loc, scaleLog2, o.f32c(kLn2));
+  auto i32 = [&](Value v) {
+    return arith::IndexCastOp::create(b, loc, b.getI32Type(), v).getResult();
+  };
+  Value head = i32(site.head);
+  Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0, e = s.size(); i < e; ++i) {
+    Value masked =
+        arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, s[i], ninf);
+    // A masked score's positions may lie outside the sequences (a tile's
+    // tail): its tensor reads go to element 0.
+    SmallVector<Value> inputs;
+    SmallVector<Value> scalars{head,
+                               i32(site.queryLogical(i)),
+                               i32(site.keyLogical(i)),
+                               i32(site.queryPacked(i)),
+                               i32(site.keyPacked(i)),
+                               i32(site.region(i))};
+    Value x = arith::MulFOp::create(b, loc, s[i], scale);
+    FailureOr<ScoreModValue> v =
+        emitScoreMod(o, fn, x, scalars, site.inputs, derivative, masked);
+    if (failed(v))
+      return failure();
+    use(i, masked, v->value, v->derivative);
+  }
+  return success();
+}
+
+LogicalResult tile::scoreMod(ScalarBuilder &o, MutableArrayRef<Value> s,
+                             func::FuncOp fn, const ScoreSite &site,
+                             Value scaleLog2) {
+  // f(x) / scale in the scores' units: f(x) log2(e) / scaleLog2.
+  Value unit = arith::DivFOp::create(o.b, o.loc, o.f32c(kLog2e), scaleLog2);
+  Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
+  return eachScoreMod(o, s, fn, site, scaleLog2, /*derivative=*/false,
+                      [&](int64_t i, Value masked, Value y, Value) {
+                        s[i] = o.select(
+                            masked, ninf,
+                            arith::MulFOp::create(o.b, o.loc, y, unit));
+                      });
+}
+
+LogicalResult tile::scoreModGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
+                                 ArrayRef<Value> s, func::FuncOp fn,
+                                 const ScoreSite &site, Value scaleLog2) {
+  Value zero = o.f32c(0.0f);
+  return eachScoreMod(o, s, fn, site, scaleLog2, /*derivative=*/true,
+                      [&](int64_t i, Value masked, Value, Value dy) {
+                        p[i] = arith::MulFOp::create(
+                            o.b, o.loc, p[i], o.select(masked, zero, dy));
+                      });
+}
+
 void tile::rescale(ScalarBuilder &o, MutableArrayRef<Value> acc,
                    ArrayRef<Value> alpha, int64_t mTiles, int64_t dTiles) {
   for (int64_t mt = 0; mt < mTiles; ++mt)
@@ -225,8 +287,22 @@ static FailureOr<double> softcapOf(Operation *op) {
   return op->emitOpError() << "needs a kernel bound with a softcap";
 }
 
+/// The score modifier of `op`'s kernel and the site of its scores.
+static FailureOr<std::pair<func::FuncOp, ScoreSite>>
+scoreModAt(Operation *op, const TileEnv &env) {
+  func::FuncOp fn = scoreModOf(op);
+  if (!fn)
+    return op->emitOpError() << "needs a module with a score modifier "
+                                "(func.func @score_mod)";
+  if (!env.siteOf)
+    return op->emitOpError()
+           << "has no lowering in this schedule: it gives no score positions";
+  return std::make_pair(fn, env.siteOf(op));
+}
+
 bool mlir::dualkv::isTileOp(Operation *op) {
-  return isa<MaskOp, ScaleScoresOp, SoftcapOp, SoftcapGradOp, OnlineSoftmaxOp,
+  return isa<MaskOp, ScaleScoresOp, SoftcapOp, SoftcapGradOp, ScoreModOp,
+             ScoreModGradOp, OnlineSoftmaxOp,
              RescaleOp, RecomputeProbsOp, SoftmaxGradOp>(op);
 }
 
@@ -268,6 +344,28 @@ LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,
         SmallVector<Value> p = operand(op.getProbs());
         SmallVector<Value> s = operand(op.getScores());
         tile::softcapGrad(o, p, s, *cap, env.scaleLog2);
+        map.map(op.getResult(), o.pack(p));
+        return success();
+      })
+      .Case([&](ScoreModOp op) -> LogicalResult {
+        auto at = scoreModAt(op, env);
+        if (failed(at))
+          return failure();
+        SmallVector<Value> s = operand(op.getScores());
+        if (failed(tile::scoreMod(o, s, at->first, at->second, env.scaleLog2)))
+          return failure();
+        map.map(op.getResult(), o.pack(s));
+        return success();
+      })
+      .Case([&](ScoreModGradOp op) -> LogicalResult {
+        auto at = scoreModAt(op, env);
+        if (failed(at))
+          return failure();
+        SmallVector<Value> p = operand(op.getProbs());
+        SmallVector<Value> s = operand(op.getScores());
+        if (failed(tile::scoreModGrad(o, p, s, at->first, at->second,
+                                      env.scaleLog2)))
+          return failure();
         map.map(op.getResult(), o.pack(p));
         return success();
       })

@@ -20,6 +20,8 @@
 
 #include "Lowering/Support/Builders.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
 #include "mlir/IR/IRMapping.h"
 
 #include <functional>
@@ -46,6 +48,19 @@ ScoreLayout queryMajorLayout(ScalarBuilder &o, int64_t mTiles, int64_t nTiles,
 /// Rows (mt, h) of the query-major layout have statistic slot 2 mt + h.
 StatSlot queryMajorStats(int64_t nTiles);
 
+/// Where the scores of a tile sit, for a score modifier: value i's query and
+/// key positions in the query's logical sequence and in the packed layout,
+/// and its region (0: a key of the shared prompt or an ancestor, 1: of the
+/// query's own segment), each an index value.
+struct ScoreSite {
+  std::function<Value(int64_t)> queryLogical, keyLogical, queryPacked,
+      keyPacked, region;
+  /// The query head (index).
+  Value head;
+  /// The modifier's tensors: the kernel's score_mod_input parameters.
+  SmallVector<Value> inputs;
+};
+
 /// What emitTileOp needs of the kernel: its scalars and the layout of its
 /// score tiles. A skeleton that emits an op itself (a mask over a pipeline's
 /// changing regions) does not pass it to emitTileOp.
@@ -68,6 +83,9 @@ struct TileEnv {
   /// reads: the C-to-A fragment repack of the query-major kernels; none
   /// keeps them as they are.
   std::function<Value(ArrayRef<Value>)> packOperand;
+  /// Score modifiers: the site of a score_mod or score_mod_grad op's scores
+  /// (null in a kernel without one).
+  std::function<ScoreSite(Operation *op)> siteOf;
 };
 
 namespace tile {
@@ -90,6 +108,17 @@ void softcap(ScalarBuilder &o, MutableArrayRef<Value> s, double cap,
 /// (dualkv.softcap_grad); entries with s = -inf give 0.
 void softcapGrad(ScalarBuilder &o, MutableArrayRef<Value> p, ArrayRef<Value> s,
                  double cap, Value scaleLog2);
+/// The module's score modifier `fn` on `s` in place: x = scale s becomes
+/// f(x, ...) / scale, -inf stays -inf; scaleLog2 is the softmax scale times
+/// log2(e).
+LogicalResult scoreMod(ScalarBuilder &o, MutableArrayRef<Value> s,
+                       func::FuncOp fn, const ScoreSite &site,
+                       Value scaleLog2);
+/// p times df/dx at x = scale s, `s` the scores the modifier took
+/// (dualkv.score_mod_grad); entries with s = -inf give 0.
+LogicalResult scoreModGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
+                           ArrayRef<Value> s, func::FuncOp fn,
+                           const ScoreSite &site, Value scaleLog2);
 /// One online-softmax step over query-major scores `s` (layout of
 /// queryMajorLayout): the new running max `m` (log2 domain of the scaled
 /// scores) and per-lane partial sum `l` of each row, the factor `alpha` the
@@ -123,7 +152,7 @@ Value logSumExp(ScalarBuilder &o, Value m, Value sum);
 } // namespace tile
 
 /// Emits the elementwise dualkv op `op` (mask, scale_scores, softcap,
-/// softcap_grad, online_softmax, rescale, recompute_probs, softmax_grad) on the
+/// softcap_grad, score_mod, score_mod_grad, online_softmax, rescale, recompute_probs, softmax_grad) on the
 /// values `map` gives its operands and maps its results; fails with a
 /// diagnostic on an op the library does not define.
 LogicalResult emitTileOp(Operation *op, ScalarBuilder &o, const TileEnv &env,

@@ -66,6 +66,7 @@
 #include "Lowering/Support/SharedTiles.h"
 #include "Lowering/Support/WgmmaBuilder.h"
 #include "Lowering/TileOps/TileOps.h"
+#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Compiler/Schedule.h"
 
 #include <limits>
@@ -287,6 +288,8 @@ private:
   /// The sliding window W (the `window` parameter, read at entry; null:
   /// none).
   Value window;
+  /// A score modifier's parameters (scoreModInputs(kernel) >= 0).
+  std::optional<ScoreModParams> scoreMod;
   /// A forward with attention sinks (#dualkv.problem<..., sinks = true>).
   bool hasSinks() {
     return !isDq && kernel.getProblem() && kernel.getProblem()->getSinks();
@@ -436,7 +439,47 @@ private:
                            SmallVector<Value> s, Value i,
                            const std::optional<Walk> &w, const TileEnv &env) {
     bindProduct(step, prog.scores, maskAt(pipe, coords, std::move(s), i, w));
-    return emitReady(prog, step, env);
+    if (!scoreMod)
+      return emitReady(prog, step, env);
+    // The score modifier's ops read the tile index and the positions of
+    // this iteration's tile.
+    auto [start, tile] = tileAt(pipe, coords, i, w);
+    step.map.map(prog.loop.getTileIndex(), tile);
+    TileEnv here = env;
+    here.siteOf = [this, coords, start = start, tile = tile](Operation *) {
+      return siteAt(coords, start, tile);
+    };
+    return emitReady(prog, step, here);
+  }
+  /// The positions of the scores of key tile `tile` of the region starting
+  /// at packed token `start` (the segment's own, or its prompt's or an
+  /// ancestor range's).
+  ScoreSite siteAt(const SegmentCoords &coords, Value start, Value tile) {
+    ScoreLayout layout =
+        queryMajorLayout(*this, 1, nTiles, coords.qRow0,
+                         mul(tile, idx(blockN)), ids.warp, ids.g, ids.t);
+    // Within a segment or an ancestor range, logical positions are
+    // consecutive from its first token's.
+    Value qLogical0 = scoreMod->logical(*this, coords.segStart);
+    Value kLogical0 = scoreMod->logical(*this, start);
+    Value own = arith::IndexCastOp::create(
+        b, loc, b.getIndexType(),
+        arith::ExtUIOp::create(
+            b, loc, b.getI32Type(),
+            cmp(arith::CmpIPredicate::eq, start, coords.segStart)));
+    ScoreSite site;
+    site.queryLogical = [=](int64_t i) {
+      return add(qLogical0, layout.query(i));
+    };
+    site.keyLogical = [=](int64_t i) { return add(kLogical0, layout.key(i)); };
+    site.queryPacked = [=](int64_t i) {
+      return add(coords.segStart, layout.query(i));
+    };
+    site.keyPacked = [=](int64_t i) { return add(start, layout.key(i)); };
+    site.region = [own](int64_t) { return own; };
+    site.head = add(coords.head, scoreMod->head0);
+    site.inputs = scoreMod->inputs;
+    return site;
   }
   /// The values `map` gives the body's values `v` (a fragment each).
   SmallVector<Value> lookup(const IRMapping &map, Value v) {
@@ -1448,7 +1491,7 @@ LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   Block &entry =
       fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
                 ::dualkv::Schedule::WarpSpecialized, isTree, /*dlse=*/false,
-                hasSinks(), hasWindow(kernel));
+                hasSinks(), hasWindow(kernel), scoreModInputs(kernel));
   auto func = cast<gpu::GPUFuncOp>(entry.getParentOp());
   int64_t total = threads() + kWarpgroupThreads;
   func.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(total), 1, 1}));
@@ -1456,6 +1499,8 @@ LogicalResult WarpSpecializedQueryMajor::emit(gpu::GPUModuleOp gpuModule) {
   KernelArgs args = readArgs();
   if (hasWindow(kernel))
     window = fn.indexParam("window");
+  if (int inputs = scoreModInputs(kernel); inputs >= 0)
+    scoreMod = ScoreModParams::read(fn, inputs);
   ids = ThreadIds::emit(*this);
   SegmentCoords coords = locate(args);
   RingTiles tiles = placeRing();

@@ -164,7 +164,10 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     than W positions before it in its logical sequence. `dualkv-tile-regions`
     gives each region's loop a masked `window` part at the window's far edge,
     the loop bounds skip the tiles outside it, and every `dualkv.mask` also
-    drops the keys outside it.
+    drops the keys outside it. `score_mod = true` (printed only when set;
+    the kinds that compute scores) applies the module's `func.func
+    @score_mod`, a modifier written by the user, through the kernel's
+    `dualkv.score_mod` and `dualkv.score_mod_grad` ops.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -180,7 +183,8 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         OptionalParameter<"::mlir::FloatAttr">:$softcap,
                         DefaultValuedParameter<"bool", "false">:$dlse,
                         DefaultValuedParameter<"bool", "false">:$sinks,
-                        DefaultValuedParameter<"bool", "false">:$window);
+                        DefaultValuedParameter<"bool", "false">:$window,
+                        DefaultValuedParameter<"bool", "false">:$score_mod);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

@@ -362,6 +362,58 @@ def DualKV_SoftcapGradOp : DualKV_Op<"softcap_grad", [Pure,
   let hasVerifier = 1;
 }
 
+def DualKV_ScoreModOp : DualKV_Op<"score_mod", [Pure,
+    DualKV_ScoreElementwise, AllTypesMatch<["scores", "result"]>]> {
+  let summary = "Apply the kernel's score modifier to every logit";
+  let description = [{
+    A score modifier written by the user: the module's
+    `func.func @score_mod(%score: f32, %head: i32, %q_idx: i32, %kv_idx: i32
+    [, %q_packed: i32, %kv_packed: i32, %region: i32] [, memref<?xf32>...])
+    -> f32`, applied to each logit x = scale · s of tile `tile` (s before
+    the softmax scale, as the other score ops take it), which becomes
+    f(x, ...) / scale. The positions are the query's and key's in the
+    query's logical sequence (and, when the function takes them, in the
+    packed layout, with `region` 0 for a key of the shared prompt or an
+    ancestor and 1 for one of the query's own segment); the memref
+    arguments are kernel parameters. Masked scores stay -inf. The kernel
+    must be bound with `score_mod = true`; `dualkv-bind-spec` erases the op
+    from a kernel bound without one. The backward pairs it with
+    `dualkv.score_mod_grad`.
+
+    ```mlir
+    %s1 = dualkv.score_mod %s, %j : !dualkv.scores
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores,
+                       Index:$tile);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = "$scores `,` $tile attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def DualKV_ScoreModGradOp : DualKV_Op<"score_mod_grad", [Pure,
+    AllTypesMatch<["probs", "scores", "result"]>]> {
+  let summary = "P times the score modifier's derivative";
+  let description = [{
+    The chain rule through `dualkv.score_mod`: each probability times
+    df/dx at x = scale · s, where `scores` are the scores the modifier took
+    (before it), so that `dualkv.softmax_grad` of the result is the
+    gradient of the scores before the modifier. The compiler derives df/dx
+    from the function's arith and math ops (forward mode). Masked entries
+    (s = -inf) give 0. Erased with the kernel's score_mod ops.
+
+    ```mlir
+    %pg = dualkv.score_mod_grad %p, %s, %i : !dualkv.scores_t
+    ```
+  }];
+  let arguments = (ins AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$probs,
+                       AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$scores,
+                       Index:$tile);
+  let results = (outs AnyTypeOf<[DualKV_ScoresType, DualKV_ScoresTType]>:$result);
+  let assemblyFormat = "$probs `,` $scores `,` $tile attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
 def DualKV_OnlineSoftmaxOp : DualKV_Op<"online_softmax", [Pure]> {
   let summary = "One step of the online softmax";
   let description = [{
