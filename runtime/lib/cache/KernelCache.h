@@ -21,7 +21,7 @@ namespace dualkv {
 /// another kernel.
 using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int64_t, int,
                            int, int, int, int, int, int, int, int, int, bool,
-                           int, float, bool, bool, int64_t>;
+                           int, float, bool, bool, int64_t, std::string>;
 
 inline FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s,
                        int tunedQHeads, int tunedKVHeads) {
@@ -29,7 +29,8 @@ inline FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s,
       ctx, static_cast<int>(s.kind), s.P, s.N, s.R, s.headDim, s.numQHeads,
       s.numKVHeads, static_cast<int>(s.dtype), s.tiling.blockM, s.tiling.blockN,
       s.tiling.warps, s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree,
-      static_cast<int>(s.schedule), s.softcap, s.dlse, s.sinks, s.window);
+      static_cast<int>(s.schedule), s.softcap, s.dlse, s.sinks, s.window,
+      s.scoreMod);
 }
 
 /// The loaded kernels of every context. Selection (getKernel) holds `mutex`

@@ -42,7 +42,7 @@ loadGeneric(KernelCache &cache, cuda::CUcontext ctx, const FastKey &fast,
     return it->second;
   }
   if (spec.tiling == Tiling{} && !spec.tree && !(spec.softcap > 0) &&
-      !spec.window)
+      !spec.window && spec.scoreMod.empty())
     if (std::optional<Tiling> tuned = processTuningDb().find(tunedKey)) {
       KernelSpec tunedSpec = spec;
       tunedSpec.tiling = *tuned;
@@ -79,11 +79,11 @@ llvm::Expected<const LoadedKernel *> getKernel(const KernelSpec &requested,
   std::lock_guard<std::mutex> lock(cache.mutex);
 
   // Only an open tiling of a tuned kind has a class to look up; the tree
-  // kernels (KernelSpec::tree), the softcap and the sliding-window variants
-  // are not tuned at all.
+  // kernels (KernelSpec::tree), the softcap, sliding-window and
+  // score-modifier variants are not tuned at all.
   const bool classed = !shape.any() && requested.tiling == Tiling{} &&
                        !requested.tree && !(requested.softcap > 0) &&
-                       !requested.window;
+                       !requested.window && requested.scoreMod.empty();
   KernelSpec request = requested;
   if (classed) {
     request.P = shape.P;

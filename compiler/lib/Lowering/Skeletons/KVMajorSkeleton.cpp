@@ -391,6 +391,11 @@ TileEnv KVMajorEmitter::tileEnv() {
                 b, loc, b.getI32Type(),
                 cmp(arith::CmpIPredicate::ult, layout.query(i), kvEnd)));
       };
+      site.inside = [this, layout](int64_t i) {
+        return arith::AndIOp::create(
+            b, loc, cmp(arith::CmpIPredicate::ult, layout.key(i), kvEnd),
+            cmp(arith::CmpIPredicate::ult, layout.query(i), qEnd));
+      };
       site.head = add(head, scoreMod->head0);
       site.inputs = scoreMod->inputs;
       return site;

@@ -421,6 +421,9 @@ TileEnv QueryMajorEmitter::tileEnv() {
       };
       site.keyPacked = [=](int64_t i) { return add(keyStart, layout.key(i)); };
       site.region = [this, shared](int64_t) { return idx(shared ? 0 : 1); };
+      site.inside = [=](int64_t i) {
+        return cmp(arith::CmpIPredicate::ult, layout.query(i), segLen);
+      };
       site.head = add(head, scoreMod->head0);
       site.inputs = scoreMod->inputs;
       return site;

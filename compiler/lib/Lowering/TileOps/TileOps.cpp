@@ -160,11 +160,12 @@ void tile::softcapGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
 }
 
 /// Emits `fn` on each score of `s` (raw, before the softmax scale) with
-/// `site`'s positions: calls `use(i, value, derivative)`.
+/// `site`'s positions: calls `use(i, masked, inside, value, derivative)`
+/// (inside null: every value is).
 static LogicalResult
 eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
              const ScoreSite &site, Value scaleLog2, bool derivative,
-             function_ref<void(int64_t, Value, Value, Value)> use) {
+             function_ref<void(int64_t, Value, Value, Value, Value)> use) {
   OpBuilder &b = o.b;
   Location loc = o.loc;
   Value scale = arith::MulFOp::create(b, loc, scaleLog2, o.f32c(kLn2));
@@ -176,8 +177,16 @@ eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
   for (int64_t i = 0, e = s.size(); i < e; ++i) {
     Value masked =
         arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ, s[i], ninf);
-    // A masked score's positions may lie outside the sequences (a tile's
-    // tail): its tensor reads go to element 0.
+    Value inside = site.inside ? site.inside(i) : Value();
+    // A masked score's or the padding's positions may lie outside the
+    // sequences: its tensor reads go to element 0.
+    Value skipped =
+        inside ? arith::OrIOp::create(
+                     b, loc, masked,
+                     arith::XOrIOp::create(
+                         b, loc, inside,
+                         arith::ConstantIntOp::create(b, loc, 1, 1)))
+               : masked;
     SmallVector<Value> inputs;
     SmallVector<Value> scalars{head,
                                i32(site.queryLogical(i)),
@@ -187,10 +196,10 @@ eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
                                i32(site.region(i))};
     Value x = arith::MulFOp::create(b, loc, s[i], scale);
     FailureOr<ScoreModValue> v =
-        emitScoreMod(o, fn, x, scalars, site.inputs, derivative, masked);
+        emitScoreMod(o, fn, x, scalars, site.inputs, derivative, skipped);
     if (failed(v))
       return failure();
-    use(i, masked, v->value, v->derivative);
+    use(i, masked, inside, v->value, v->derivative);
   }
   return success();
 }
@@ -202,10 +211,13 @@ LogicalResult tile::scoreMod(ScalarBuilder &o, MutableArrayRef<Value> s,
   Value unit = arith::DivFOp::create(o.b, o.loc, o.f32c(kLog2e), scaleLog2);
   Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
   return eachScoreMod(o, s, fn, site, scaleLog2, /*derivative=*/false,
-                      [&](int64_t i, Value masked, Value y, Value) {
-                        s[i] = o.select(
-                            masked, ninf,
-                            arith::MulFOp::create(o.b, o.loc, y, unit));
+                      [&](int64_t i, Value masked, Value inside, Value y,
+                          Value) {
+                        Value modified =
+                            arith::MulFOp::create(o.b, o.loc, y, unit);
+                        if (inside)
+                          modified = o.select(inside, modified, s[i]);
+                        s[i] = o.select(masked, ninf, modified);
                       });
 }
 
@@ -214,7 +226,10 @@ LogicalResult tile::scoreModGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
                                  const ScoreSite &site, Value scaleLog2) {
   Value zero = o.f32c(0.0f);
   return eachScoreMod(o, s, fn, site, scaleLog2, /*derivative=*/true,
-                      [&](int64_t i, Value masked, Value, Value dy) {
+                      [&](int64_t i, Value masked, Value inside, Value,
+                          Value dy) {
+                        if (inside)
+                          dy = o.select(inside, dy, o.f32c(1.0f));
                         p[i] = arith::MulFOp::create(
                             o.b, o.loc, p[i], o.select(masked, zero, dy));
                       });

@@ -55,6 +55,11 @@ StatSlot queryMajorStats(int64_t nTiles);
 struct ScoreSite {
   std::function<Value(int64_t)> queryLogical, keyLogical, queryPacked,
       keyPacked, region;
+  /// Whether value i pairs a query and a key of the sequences (i1; null:
+  /// all do). A tile's padding (keys past their segment, queries past a
+  /// work item or a segment) has positions of no sequence: the modifier
+  /// leaves its scores as they are, so they do what the plain kernel's do.
+  std::function<Value(int64_t)> inside;
   /// The query head (index).
   Value head;
   /// The modifier's tensors: the kernel's score_mod_input parameters.

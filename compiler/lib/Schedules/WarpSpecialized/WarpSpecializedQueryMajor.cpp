@@ -477,6 +477,9 @@ private:
     };
     site.keyPacked = [=](int64_t i) { return add(start, layout.key(i)); };
     site.region = [own](int64_t) { return own; };
+    site.inside = [=](int64_t i) {
+      return cmp(arith::CmpIPredicate::ult, layout.query(i), coords.segLen);
+    };
     site.head = add(coords.head, scoreMod->head0);
     site.inputs = scoreMod->inputs;
     return site;
