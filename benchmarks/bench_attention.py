@@ -117,11 +117,13 @@ def window_arg(text):
     return value
 
 
-def variant_tag(softcap=None, window=None, sinks=False):
+def variant_tag(softcap=None, window=None, sinks=False, score_mod=None):
     """The default output subfolder of a run with variants ("" for none):
-    softcap<C>, window<W> and sinks, joined by "_" (e.g. window128_sinks;
-    softcap50 alone, as before the window and sinks)."""
+    softcap<C>, window<W>, sinks and score_mod_<name>, joined by "_" (e.g.
+    window128_sinks; softcap50 alone, as before the window and sinks)."""
     parts = []
+    if score_mod:
+        parts.append(f"score_mod_{score_mod}")
     if softcap:
         parts.append(softcap_tag(softcap))
     if window:
@@ -129,6 +131,46 @@ def variant_tag(softcap=None, window=None, sinks=False):
     if sinks:
         parts.append("sinks")
     return "_".join(parts)
+
+
+SCORE_MODS = ("alibi", "softcap", "relative_bias")
+
+
+def score_mod_tensors(torch, name, hq, device):
+    """The tensors of shipped score modifier `name` for hq heads (fp32, on
+    `device`): ALiBi's slopes 2^(-8 (h + 1) / hq); the relative bias's
+    [hq][257] table (seeded normal values / 4); none for the softcap."""
+    if name == "alibi":
+        h = torch.arange(1, hq + 1, dtype=torch.float32, device=device)
+        return [torch.exp2(-8.0 * h / hq)]
+    if name == "relative_bias":
+        g = torch.Generator(device="cpu").manual_seed(2026120720)
+        table = torch.randn(hq, 257, generator=g) / 4
+        return [table.to(device)]
+    return []
+
+
+def flex_score_mod(torch, name, tensors, lpos):
+    """Flex's score_mod for shipped modifier `name`, written as a Flex user
+    would on the packed layout: q_idx and kv_idx are packed, so the
+    distances take the logical positions lpos[...] (the same ones DualKV's
+    q_idx and kv_idx are)."""
+    if name == "softcap":
+        def softcap50(score, b, h, q_idx, kv_idx):
+            return 50.0 * torch.tanh(score / 50.0)
+        return softcap50
+    if name == "alibi":
+        slopes = tensors[0]
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (lpos[kv_idx] - lpos[q_idx])
+        return alibi
+    table = tensors[0]
+
+    def relative_bias(score, b, h, q_idx, kv_idx):
+        d = torch.clamp(lpos[kv_idx] - lpos[q_idx], -128, 128) + 128
+        return score + table[h, d]
+    return relative_bias
 
 
 def capped_sum(lo, hi, cap):
@@ -491,9 +533,11 @@ class DualKV:
     with the inputs)."""
 
     def __init__(self, torch, dualkv, name, deterministic, softcap=None,
-                 window=None):
+                 window=None, score_mod=None):
         self.torch, self.dualkv = torch, dualkv
         self.name, self.deterministic = name, deterministic
+        # --score-mod: the shipped modifier's text (examples/score_mods).
+        self.score_mod = score_mod
         self.softcap = softcap
         self.window = window
         # softcap=... and window=... only when set: without them the calls
@@ -537,6 +581,13 @@ class DualKV:
         info["window"] = self.window
         # {"softcap": c, "window": W} (those set), and the sinks with --sinks
         sc = dict(self.softcap_kw)
+        if self.score_mod:
+            path = (Path(__file__).resolve().parent.parent / "examples"
+                    / "score_mods" / f"{self.score_mod}.mlir")
+            sc["score_mod"] = dualkv.ScoreMod.from_file(
+                str(path), score_mod_tensors(torch, self.score_mod, case.hq,
+                                             case.q.device))
+            info["score_mod"] = f"examples/score_mods/{self.score_mod}.mlir"
         if case.sinks is not None:
             info["sinks"] = "fp32 [Hq], sinks= (dsinks with the gradients)"
         if not case.with_grad:
@@ -545,6 +596,9 @@ class DualKV:
                 sc["sinks"] = case.sinks
             return {"fwd": lambda: dualkv.forward(q, k, v, plan, **sc)[0]}
         refusal = self.backward_refusal(case, plan)
+        if self.score_mod and self.deterministic:
+            raise NotAvailable("the deterministic backward does not yet "
+                               "support a score modifier")
         if refusal and self.deterministic:
             raise NotAvailable(f"no DualKV backward ({refusal}); the "
                                "deterministic mode changes only the backward")
@@ -752,8 +806,9 @@ class Flex:
     _score_mods = {}      # softcap -> its score_mod: one function per run
 
     def __init__(self, torch, name, dynamic, softcap=None, window=None,
-                 sinks_form=None):
+                 sinks_form=None, score_mod=None):
         self.torch, self.name, self.dynamic = torch, name, dynamic
+        self.score_mod_name = score_mod  # --score-mod: built in prepare()
         self.softcap = softcap
         self.window = window
         self.sinks_form = sinks_form  # None without --sinks
@@ -812,6 +867,13 @@ class Flex:
                                 for sg in case.segments])
         lpos = (torch.arange(case.T, device=dev, dtype=torch.int32)
                 - seg_start + prompt_len)
+        if self.score_mod_name:
+            kw["score_mod"] = flex_score_mod(
+                torch, self.score_mod_name,
+                score_mod_tensors(torch, self.score_mod_name, case.hq, dev),
+                lpos)
+            info["score_mod"] = (f"{self.score_mod_name} (flex_score_mod: "
+                                 "lpos of the packed q_idx, kv_idx)")
         KV = case.T
         if column:
             # One more key/value token, index T, that every query sees (the
@@ -1237,6 +1299,15 @@ def parse_args(argv=None, defaults=None):
                     "from the packing); FA2 and cuDNN (SDPA: no window) are "
                     "skipped; useful FLOPs count the pairs inside the window "
                     "only. Default --out: .../window<W>")
+    ap.add_argument("--score-mod", choices=SCORE_MODS, default=None,
+                    help="a shipped score modifier (examples/score_mods): "
+                    "alibi (ALiBi slopes 2^(-8(h+1)/Hq)), softcap (50 "
+                    "tanh(score / 50), as text: compare with --softcap 50), "
+                    "relative_bias (a seeded [Hq][257] table). DualKV runs "
+                    "the .mlir text (dualkv.ScoreMod.from_file), both Flex "
+                    "columns the same function as a score_mod over the "
+                    "logical positions lpos[q_idx], lpos[kv_idx]; FA2 and "
+                    "cuDNN are skipped. Default --out: .../score_mod_<name>")
     ap.add_argument("--sinks", action="store_true",
                     help="attention sinks (gpt-oss): one fp32 logit per "
                     "query head in every row's softmax denominator, "
@@ -1552,13 +1623,14 @@ def main(argv=None, defaults=None):
             dynamo_limits[knob] = getattr(torch._dynamo.config, knob)
 
     softcap = args.softcap  # None: no softcap
+    score_mod = args.score_mod  # None: no score modifier
     window = args.window    # None: no window
     sinks = args.sinks      # False: no sinks
     flex_sinks = args.flex_sinks if sinks else None
     # A variant run's default folder is a subfolder of the plain run's
     # (softcap<C>, window<W>, sinks, joined by "_"), so that the runs never
     # overwrite each other.
-    tag = variant_tag(softcap, window, sinks)
+    tag = variant_tag(softcap, window, sinks, score_mod)
     out_dir = Path(args.out) if args.out else common.default_out(
         *([tag] if tag else []))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1584,13 +1656,13 @@ def main(argv=None, defaults=None):
 
     builders = {
         "DualKV": lambda: DualKV(torch, dualkv, "DualKV", False, softcap,
-                                 window),
+                                 window, score_mod),
         "DualKV det.": lambda: DualKV(torch, dualkv, "DualKV det.", True,
-                                      softcap, window),
+                                      softcap, window, score_mod),
         FLEX_STATIC: lambda: Flex(torch, FLEX_STATIC, False, softcap, window,
-                                  flex_sinks),
+                                  flex_sinks, score_mod),
         FLEX_DYNAMIC: lambda: Flex(torch, FLEX_DYNAMIC, True, softcap, window,
-                                   flex_sinks),
+                                   flex_sinks, score_mod),
         "FA2 replicated": lambda: Replicated(torch, "FA2 replicated",
                                              SDPBackend.FLASH_ATTENTION),
         "cuDNN replicated": lambda: Replicated(torch, "cuDNN replicated",
@@ -1609,7 +1681,9 @@ def main(argv=None, defaults=None):
              "SDPA has no logit softcap"),
             (window, f"--window {window}", NO_WINDOW,
              "SDPA has no sliding window"),
-            (sinks, "--sinks", NO_SINKS, "SDPA has no attention sinks")):
+            (sinks, "--sinks", NO_SINKS, "SDPA has no attention sinks"),
+            (score_mod, f"--score-mod {score_mod}", NO_SINKS,
+             "SDPA has no score modifier")):
         if not on:
             continue
         gone = [m for m in lacking if m in order]
