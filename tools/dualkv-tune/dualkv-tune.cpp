@@ -11,6 +11,7 @@
 #include "common/DeviceProblem.h"
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/Compiler/ScoreMod.h"
 #include "dualkv/Reference.h"
 #include "dualkv/Tuning.h"
 #include "dualkv/dualkv.h"
@@ -105,6 +106,19 @@ reference once, then timed per class. FILE is text, one shape a line as
 "P N R" (spaces or commas; '#' starts a comment), or JSON: an array of
 [P, N, R] or of {"P": .., "N": .., "R": ..}, or an object whose "shapes" is
 such an array. R is the (mean) response length.
+
+With --score-mod FILE, the candidates are compiled with that score modifier
+and checked and timed with it (--kind fwd or bwd: the split-dQ backward takes
+no modifier), each of its tensors a device buffer of the fp32 elements that
+--score-mod-input-sizes gives, uniform random in [-0.1, 0.1]. The fp64 reference knows no
+modifier, so each candidate is checked against the kernel at the default
+tiling instead, at twice the reference's tolerances (each within them of the
+exact result). Nothing is written to the tuning database: the runtime never
+looks a score modifier's kernels up there (it runs the compiler's default
+tiling unless ForwardArgs or BackwardArgs::tiling names one), so --db is
+refused. The ranking is printed, and --report written, for you to pass the
+winner as that tiling (or to dualkv-aot --block-m, --block-n, --warps,
+--stages).
 )";
 
 cl::OptionCategory kernelOptions("Kernel to tune");
@@ -112,7 +126,8 @@ cl::OptionCategory runOptions("Tuning run");
 constexpr const char *kExitStatus =
     "\nexit status: 0 success, 1 no candidate survived (for any class) or a\n"
     "GPU/database error, 2 bad arguments (a --shapes file that cannot be read "
-    "or\nparsed included).\n";
+    "or\nparsed, or a --score-mod file that is no score modifier, "
+    "included).\n";
 
 constexpr int64_t kMaxTokens = 1 << 20;
 
@@ -146,6 +161,14 @@ cl::opt<std::string, false, dualkv::tools::ArchParser>
                cl::desc("target for --dry-run: sm_80 ... sm_121 (default\n"
                         "sm_90a; with a GPU, the GPU's)"),
                cl::init("sm_90a"), cl::cat(kernelOptions));
+cl::opt<std::string>
+    scoreModFile("score-mod", cl::value_desc("FILE"),
+                 cl::desc("a score modifier (MLIR text of one func.func\n"
+                          "@score_mod, docs/score-modifiers.md) that the\n"
+                          "candidates and the timed kernels apply to every\n"
+                          "logit; --kind fwd or bwd only. Checked against\n"
+                          "the default tiling, never recorded (above)"),
+                 cl::cat(kernelOptions));
 
 cl::opt<int, false, IntegerParser<1, kMaxTokens>>
     promptTokens("P", cl::value_desc("P"),
@@ -170,6 +193,16 @@ cl::opt<bool> listClasses(
     cl::desc("with --shapes: print each class and its shapes' count,\n"
              "and stop (no GPU, no compile)"),
     cl::cat(runOptions));
+cl::opt<std::string>
+    scoreModSizes("score-mod-input-sizes", cl::value_desc("N[,N...]"),
+                  cl::desc("with --score-mod: fp32 elements of each of its\n"
+                           "tensors (memref arguments, in order), as many\n"
+                           "sizes as it takes; each must cover every index\n"
+                           "it reads for the timed shapes and the check's\n"
+                           "(logical positions below 1000, packed below\n"
+                           "1196). Needed to check and time, not for\n"
+                           "--dry-run or --list-classes"),
+                  cl::cat(runOptions));
 cl::opt<int, false, IntegerParser<10, 100000>>
     reps("reps", cl::value_desc("K"),
          cl::desc("timed runs per candidate, at least 10 (default 10)"),
@@ -177,7 +210,8 @@ cl::opt<int, false, IntegerParser<10, 100000>>
 cl::opt<std::string>
     dbFile("db", cl::value_desc("FILE"),
            cl::desc("tuning database to update (default: $DUALKV_TUNING_DB,\n"
-                    "else <kernel cache>/tuning.json)"),
+                    "else <kernel cache>/tuning.json); not with\n"
+                    "--score-mod"),
            cl::cat(runOptions));
 cl::opt<std::string>
     reportFile("report", cl::value_desc("FILE"),
@@ -366,7 +400,83 @@ struct Args {
   std::string db, report, shapes;
   std::string arch = "sm_90a";
   bool dryRun = false, listClasses = false;
+  /// --score-mod: the file (spec.scoreMod holds its canonical text), its
+  /// tensors' count and their --score-mod-input-sizes (empty: not given).
+  std::string scoreModFile;
+  int scoreModInputs = 0;
+  std::vector<int64_t> scoreModSizes;
 };
+
+/// The most fp32 elements of one score-modifier tensor (4 GiB).
+constexpr int64_t kMaxScoreModElements = int64_t(1) << 30;
+/// The most bytes of a --score-mod file.
+constexpr size_t kMaxScoreModFileBytes = 1u << 20;
+
+/// "1 tensor (memref argument)", "2 tensors (memref arguments)".
+std::string tensorsName(int n) {
+  return fmt::format("{} tensor{} (memref argument{})", n, n == 1 ? "" : "s",
+                     n == 1 ? "" : "s");
+}
+
+/// --score-mod FILE read into a.spec.scoreMod (its canonical text) and
+/// a.scoreModInputs, and --score-mod-input-sizes into a.scoreModSizes; a file
+/// that is no score modifier, sizes that are no list of integers in [1,
+/// kMaxScoreModElements] or not one for each tensor, are refused (exit 2).
+void readScoreMod(Args &a, const std::string &file, const std::string &sizes,
+                  bool sizesGiven) {
+  if (file.empty()) {
+    if (sizesGiven)
+      usageError("--score-mod-input-sizes needs --score-mod FILE");
+    return;
+  }
+  const std::string shown = clipForMessage(file);
+  llvm::Expected<std::string> text =
+      readFileChecked(AT_FDCWD, file, FileRules{kMaxScoreModFileBytes});
+  if (!text) {
+    dualkv::tools::badValue("cannot read --score-mod: " +
+                            clipForMessage(llvm::toString(text.takeError())));
+    std::exit(2);
+  }
+  ScoreModInfo info = parseScoreMod(*text);
+  if (!info.error.empty()) {
+    dualkv::tools::badValue(
+        fmt::format("--score-mod {}: {}", shown, info.error));
+    std::exit(2);
+  }
+  a.scoreModFile = file;
+  a.spec.scoreMod = info.canonical;
+  a.scoreModInputs = info.inputs;
+  if (a.spec.kind == KernelKind::BwdKV || a.spec.kind == KernelKind::BwdDQ)
+    usageError(fmt::format("--score-mod with --kind {}: the split-dQ backward "
+                           "takes no score modifier; tune --kind bwd (the "
+                           "atomic backward, which a modifier's backward runs)",
+                           toString(a.spec.kind)));
+  if (sizesGiven) {
+    llvm::SmallVector<llvm::StringRef> words;
+    llvm::StringRef(sizes).split(words, ',');
+    for (llvm::StringRef w : words) {
+      std::optional<int64_t> n = dualkv::tools::readInteger(w.trim());
+      if (!n || *n < 1 || *n > kMaxScoreModElements)
+        usageError(fmt::format(
+            "--score-mod-input-sizes expects N[,N...], each an integer in "
+            "[1, {}], got '{}'",
+            kMaxScoreModElements, clipForMessage(sizes, kMaxEchoBytes)));
+      a.scoreModSizes.push_back(*n);
+    }
+  }
+  const int given = static_cast<int>(a.scoreModSizes.size());
+  if (!a.scoreModSizes.empty() && given != info.inputs)
+    usageError(fmt::format(
+        "--score-mod-input-sizes gives {} size{}, but the score modifier {} "
+        "takes {}",
+        given, given == 1 ? "" : "s", shown, tensorsName(info.inputs)));
+  if (a.scoreModSizes.empty() && info.inputs > 0 && !a.dryRun && !a.listClasses)
+    usageError(fmt::format(
+        "the score modifier {} takes {}: give {} in fp32 elements with "
+        "--score-mod-input-sizes",
+        shown, tensorsName(info.inputs),
+        info.inputs == 1 ? "its size" : "their sizes"));
+}
 
 Args parseArgs(int argc, char **argv) {
   dualkv::tools::parseCommandLine(argc, argv, "dualkv-tune",
@@ -393,6 +503,12 @@ Args parseArgs(int argc, char **argv) {
   if (a.spec.numQHeads % a.spec.numKVHeads != 0)
     usageError(fmt::format("--heads {}:{}: HQ must be a multiple of HKV",
                            a.spec.numQHeads, a.spec.numKVHeads));
+  readScoreMod(a, scoreModFile, scoreModSizes,
+               scoreModSizes.getNumOccurrences() > 0);
+  if (!a.spec.scoreMod.empty() && !a.db.empty())
+    usageError("--db with --score-mod: a score modifier's tiling is never "
+               "recorded (the runtime does not look score-modifier kernels up "
+               "in the tuning database)");
   return a;
 }
 
@@ -481,6 +597,52 @@ std::string arch() {
   return Arch::forComputeCapability(p.major, p.minor).str();
 }
 
+/// The --score-mod modifier as the runtime takes it: its text and one device
+/// buffer per tensor (--score-mod-input-sizes fp32 elements, uniform random
+/// in [-0.1, 0.1]). Without a modifier, nothing.
+class ScoreModTensors {
+public:
+  explicit ScoreModTensors(const Args &args) : text_(args.spec.scoreMod) {
+    if (text_.empty())
+      return;
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<float> uniform(-0.1f, 0.1f);
+    for (int64_t n : args.scoreModSizes) {
+      std::vector<float> host(static_cast<size_t>(n));
+      for (float &x : host)
+        x = uniform(rng);
+      buffers_.push_back(
+          std::make_unique<DeviceArray<float>>(static_cast<size_t>(n)));
+      buffers_.back()->write(host);
+      pointers_.push_back(buffers_.back()->data());
+    }
+  }
+
+  /// `a` (ForwardArgs or BackwardArgs) carrying the modifier.
+  template <typename A> A apply(A a) const {
+    if (text_.empty())
+      return a;
+    a.score_mod = text_.c_str();
+    a.score_mod_inputs = pointers_.data();
+    a.num_score_mod_inputs = static_cast<int>(pointers_.size());
+    return a;
+  }
+
+  bool active() const { return !text_.empty(); }
+
+private:
+  std::string text_;
+  std::vector<std::unique_ptr<DeviceArray<float>>> buffers_;
+  std::vector<const float *> pointers_;
+};
+
+/// Whether `x` and `ref` are the same value that is not finite (both NaN, or
+/// one infinity): the default tiling's result, which a score modifier's
+/// candidates are checked against, may hold them where a modifier masks.
+bool sameNonFinite(double x, double ref) {
+  return (std::isnan(x) && std::isnan(ref)) || (std::isinf(x) && x == ref);
+}
+
 //===----------------------------------------------------------------------===//
 // The fp64 reference, one thread per KV head
 //===----------------------------------------------------------------------===//
@@ -533,6 +695,8 @@ struct Errors {
 Errors compare(const std::vector<float> &x, const std::vector<double> &ref) {
   double maxAbs = 0, maxRef = 0, num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
+    if (sameNonFinite(x[i], ref[i]))
+      continue;
     if (!std::isfinite(x[i]) || !std::isfinite(ref[i]))
       return {INFINITY, INFINITY};
     double d = std::abs(double(x[i]) - ref[i]);
@@ -548,14 +712,19 @@ Errors compare(const std::vector<float> &x, const std::vector<double> &ref) {
 /// A small problem with every edge (partial tiles, an empty response, a group
 /// longer than one backward query chunk so that prompt dK/dV are summed over
 /// chunks) and its fp64 reference, computed once; check() runs one candidate
-/// on it.
+/// on it. With a score modifier, which the fp64 reference cannot evaluate,
+/// the reference is the kernel at the default tiling `dflt` instead, at twice
+/// the tolerances (each within them of the exact result).
 class Checker {
 public:
-  explicit Checker(const KernelSpec &s)
-      : spec_(s), groups_({{600, {400, 0, 113, 1}}, {65, {17}}}),
-        plan_(groups_), tokens_(plan_.numTokens()), rng_(5),
-        in_(plan_, headShape(s), rng_), dout_(in_.hostQ.size()),
-        dq_(in_.hostQ.size()), dk_(in_.hostK.size()), dv_(in_.hostV.size()) {
+  Checker(const KernelSpec &s, const ScoreModTensors &scoreMod,
+          const Tiling &dflt)
+      : spec_(s), scoreMod_(scoreMod), dflt_(dflt),
+        tolScale_(scoreMod.active() ? 2.0 : 1.0),
+        groups_({{600, {400, 0, 113, 1}}, {65, {17}}}), plan_(groups_),
+        tokens_(plan_.numTokens()), rng_(5), in_(plan_, headShape(s), rng_),
+        dout_(in_.hostQ.size()), dq_(in_.hostQ.size()), dk_(in_.hostK.size()),
+        dv_(in_.hostV.size()) {
     for (auto &g : groups_)
       problem_.groups.push_back({g.prompt_len, g.response_lens});
     problem_.num_q_heads = s.numQHeads;
@@ -570,6 +739,8 @@ public:
 
   /// Why `tiling` is wrong, or nothing when it agrees with the reference.
   std::optional<std::string> check(const Tiling &tiling) {
+    if (!baselineError_.empty())
+      return baselineError_;
     return isBackward(spec_.kind) ? checkBackward(tiling)
                                   : checkForward(tiling);
   }
@@ -595,6 +766,18 @@ private:
   }
 
   void prepareForward() {
+    if (scoreMod_.active()) {
+      // The default tiling's O and LSE (tolScale_ widens the tolerances).
+      in_.o.poison();
+      in_.lse.poison();
+      if (!runBaseline("the default tiling " + tilingName(dflt_),
+                       [&] { forward(forwardArgs(dflt_)); }))
+        return;
+      oRef_ = widen(in_.o.read());
+      auto lse = in_.lse.read();
+      lseRef_.assign(lse.begin(), lse.end());
+      return;
+    }
     const int hq = spec_.numQHeads, hkv = spec_.numKVHeads, d = spec_.headDim,
               g = hq / hkv;
     auto q = widen(in_.hostQ), k = widen(in_.hostK), v = widen(in_.hostV);
@@ -615,21 +798,26 @@ private:
   std::optional<std::string> checkForward(const Tiling &tiling) {
     in_.o.poison();
     in_.lse.poison();
-    forward(in_.forwardArgs(tiling));
+    forward(forwardArgs(tiling));
     cudaCheck(cudaDeviceSynchronize(), "check run");
     auto oh = in_.o.read();
     auto lh = in_.lse.read();
     double maxO = 0, maxLse = 0;
     for (size_t i = 0; i < oh.size(); ++i) {
-      double e = std::abs(fromElement(oh[i], spec_.dtype) - oRef_[i]);
+      double x = fromElement(oh[i], spec_.dtype);
+      if (sameNonFinite(x, oRef_[i]))
+        continue;
+      double e = std::abs(x - oRef_[i]);
       maxO = std::isfinite(e) ? std::max(maxO, e) : INFINITY;
     }
     for (size_t i = 0; i < lh.size(); ++i) {
+      if (sameNonFinite(lh[i], lseRef_[i]))
+        continue;
       double e = std::abs(lh[i] - lseRef_[i]);
       maxLse = std::isfinite(e) ? std::max(maxLse, e) : INFINITY;
     }
-    double tolO = spec_.dtype == DType::BF16 ? 2e-2 : 4e-3;
-    if (maxO <= tolO && maxLse <= 1e-4)
+    double tolO = tolScale_ * (spec_.dtype == DType::BF16 ? 2e-2 : 4e-3);
+    if (maxO <= tolO && maxLse <= tolScale_ * 1e-4)
       return std::nullopt;
     return fmt::format("wrong: max|dO| {:.3g}, max|dLSE| {:.3g}", maxO, maxLse);
   }
@@ -648,8 +836,22 @@ private:
     dout_.write(dout16_);
     KernelSpec fwdSpec = spec_;
     fwdSpec.kind = KernelKind::Fwd;
-    forward(in_.forwardArgs(defaultTiling(fwdSpec)));
-    cudaCheck(cudaDeviceSynchronize(), "forward for the backward check");
+    const Tiling fwdTiling = defaultTiling(fwdSpec);
+    if (!runBaseline("the forward at " + tilingName(fwdTiling),
+                     [&] { forward(forwardArgs(fwdTiling)); }))
+      return;
+    if (scoreMod_.active()) {
+      // The default tiling's gradients (tolScale_ widens the tolerances).
+      for (DeviceArray<uint16_t> *b : {&dq_, &dk_, &dv_})
+        b->poison();
+      if (!runBaseline("the default tiling " + tilingName(dflt_),
+                       [&] { backward(backwardArgs(dflt_)); }))
+        return;
+      dqRef_ = widen(dq_.read());
+      dkRef_ = widen(dk_.read());
+      dvRef_ = widen(dv_.read());
+      return;
+    }
     auto o = widen(in_.o.read());
     auto lse32 = in_.lse.read();
     std::vector<double> lse(lse32.begin(), lse32.end());
@@ -687,7 +889,8 @@ private:
     // tests/gpu/BackwardGpuTest.cpp, toleranceFor: bf16 4e-2 / 1.5e-2, fp16
     // 6e-3 / 2.5e-3 (max|err| / max|ref|, rel-L2).
     const bool bf16 = spec_.dtype == DType::BF16;
-    const double tolMax = bf16 ? 4e-2 : 6e-3, tolL2 = bf16 ? 1.5e-2 : 2.5e-3;
+    const double tolMax = tolScale_ * (bf16 ? 4e-2 : 6e-3),
+                 tolL2 = tolScale_ * (bf16 ? 1.5e-2 : 2.5e-3);
     bool ok = true;
     for (const Errors &x : e)
       ok = ok && x.maxAbsRel <= tolMax && x.relL2 <= tolL2;
@@ -699,13 +902,40 @@ private:
                        e[0].relL2, e[1].relL2, e[2].relL2);
   }
 
+  ForwardArgs forwardArgs(const Tiling &tiling) {
+    return scoreMod_.apply(in_.forwardArgs(tiling));
+  }
   BackwardArgs backwardArgs(const Tiling &tiling) {
-    return withAlgorithm(
+    return scoreMod_.apply(withAlgorithm(
         in_.backwardArgs(dout_.data(), dq_.data(), dk_.data(), dv_.data()),
-        spec_.kind, tiling);
+        spec_.kind, tiling));
+  }
+
+  /// Runs `what`, a kernel call the check's reference needs (the forward a
+  /// backward is checked over; with a score modifier, the default tiling).
+  /// With a modifier, a call the runtime refuses leaves every candidate
+  /// unchecked (baselineError_) and returns false; without one, it ends the
+  /// run, as does a CUDA error.
+  template <typename F> bool runBaseline(const std::string &what, F &&run) {
+    try {
+      run();
+    } catch (const Error &e) {
+      if (!scoreMod_.active())
+        throw;
+      baselineError_ = fmt::format(
+          "unchecked: {}, the check's reference with --score-mod, failed: {}",
+          what, e.what());
+      return false;
+    }
+    cudaCheck(cudaDeviceSynchronize(), "the check's reference run");
+    return true;
   }
 
   KernelSpec spec_;
+  const ScoreModTensors &scoreMod_;
+  Tiling dflt_;
+  double tolScale_;
+  std::string baselineError_;
   std::vector<PlanGroup> groups_;
   Plan plan_;
   int64_t tokens_;
@@ -727,8 +957,9 @@ private:
 /// work for another hundred million values.
 class Timer {
 public:
-  Timer(const Args &args, const KernelSpec &base)
-      : spec_(base),
+  Timer(const Args &args, const KernelSpec &base,
+        const ScoreModTensors &scoreMod)
+      : spec_(base), scoreMod_(scoreMod),
         plan_({PlanGroup{args.P, std::vector<int64_t>(args.N, args.R)}}) {
     std::mt19937_64 rng(7);
     for (int i = 0; i < 3; ++i)
@@ -741,7 +972,7 @@ public:
     dk_ = std::make_unique<DeviceArray<uint16_t>>(kSize);
     dv_ = std::make_unique<DeviceArray<uint16_t>>(kSize);
     for (auto &in : inputs_)
-      forward(in->forwardArgs());
+      forward(scoreMod_.apply(in->forwardArgs()));
     cudaCheck(cudaDeviceSynchronize(), "forward of the timing inputs");
   }
 
@@ -749,18 +980,19 @@ public:
   void run(int i, const Tiling &tiling) {
     DeviceProblem &in = *inputs_[size_t(i) % 3];
     if (!isBackward(spec_.kind)) {
-      forward(in.forwardArgs(tiling));
+      forward(scoreMod_.apply(in.forwardArgs(tiling)));
       return;
     }
     // dO: another input set's Q (random, same shape).
-    backward(
+    backward(scoreMod_.apply(
         withAlgorithm(in.backwardArgs(inputs_[size_t(i + 1) % 3]->q.data(),
                                       dq_->data(), dk_->data(), dv_->data()),
-                      spec_.kind, tiling));
+                      spec_.kind, tiling)));
   }
 
 private:
   KernelSpec spec_;
+  const ScoreModTensors &scoreMod_;
   Plan plan_;
   std::vector<std::unique_ptr<DeviceProblem>> inputs_;
   std::unique_ptr<DeviceArray<uint16_t>> dq_, dk_, dv_;
@@ -799,6 +1031,8 @@ nlohmann::json reportJson(const KernelSpec &base, const std::string &shape,
                         {"shape_class", cls.name()},
                         {"useful_flops", flops},
                         {"candidates", nlohmann::json::array()}};
+  if (!base.scoreMod.empty())
+    doc["score_mod"] = base.scoreMod; // checked against the default tiling
   for (const Candidate &c : cands)
     doc["candidates"].push_back(toJson(c, dflt));
   doc["default"] = tilingName(dflt);
@@ -871,9 +1105,14 @@ int main(int argc, char **argv) {
     KernelSpec base = args.spec;
     base.arch = gpu ? arch() : args.arch;
     const bool bwd = isBackward(base.kind);
-    fmt::print("dualkv-tune: {}, head_dim {}, heads {}:{}, {}, {}\n",
+    fmt::print("dualkv-tune: {}, head_dim {}, heads {}:{}, {}, {}{}\n",
                describe(base.kind), base.headDim, base.numQHeads,
-               base.numKVHeads, toString(base.dtype), base.arch);
+               base.numKVHeads, toString(base.dtype), base.arch,
+               base.scoreMod.empty()
+                   ? std::string()
+                   : fmt::format(", score modifier {} ({} tensor{})",
+                                 args.scoreModFile, args.scoreModInputs,
+                                 args.scoreModInputs == 1 ? "" : "s"));
     if (!args.shapes.empty()) {
       fmt::print("{} shape classes in {}:", jobs.size(), args.shapes);
       for (const Job &j : jobs)
@@ -918,7 +1157,8 @@ int main(int argc, char **argv) {
     // Correctness on a small problem (its reference computed once), once per
     // candidate whatever the number of classes.
     auto start = std::chrono::steady_clock::now();
-    Checker checker(base);
+    const ScoreModTensors scoreMod(args);
+    Checker checker(base, scoreMod, dflt);
     std::vector<bool> checked(cands.size(), false);
     for (size_t i = 0; i < cands.size(); ++i) {
       Candidate &c = cands[i];
@@ -940,7 +1180,10 @@ int main(int argc, char **argv) {
       }
     }
     fmt::print(
-        "reference check done in {:.1f} s\n",
+        "reference check{} done in {:.1f} s\n",
+        scoreMod.active() ? " (against the default tiling " + tilingName(dflt) +
+                                ": --score-mod)"
+                          : std::string(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count());
 
@@ -958,7 +1201,7 @@ int main(int argc, char **argv) {
       timing.N = job.shape.N;
       timing.R = job.shape.R;
       start = std::chrono::steady_clock::now();
-      Timer timer(timing, base);
+      Timer timer(timing, base, scoreMod);
       fmt::print(
           "\n{}{} inputs ready in {:.1f} s\n",
           job.cls.any() ? "" : fmt::format("shape class {}: ", job.cls.name()),
@@ -1034,6 +1277,16 @@ int main(int argc, char **argv) {
       reports.push_back(reportJson(base, shape, job.cls, flops, timed, dflt,
                                    ranked.front().tiling));
 
+      if (!base.scoreMod.empty()) {
+        // The runtime never looks a score modifier's kernels up in the
+        // tuning database (runtime/lib/selection/Select.cpp): an entry would
+        // serve nothing.
+        fmt::print("\nnot recorded: the runtime takes no tuned tiling for a "
+                   "score modifier; pass {} as ForwardArgs/BackwardArgs::"
+                   "tiling (or to dualkv-aot) to run it\n",
+                   tilingName(ranked.front().tiling));
+        continue;
+      }
       // Saved after every class: a later failure keeps the earlier ones.
       std::string error;
       TuningDb db = TuningDb::load(dbPath, &error);
