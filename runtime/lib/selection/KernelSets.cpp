@@ -320,6 +320,11 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
       return invalidArgument("score_mod: " + info.error);
     scoreMod = info.canonical;
   }
+  if (!scoreMod.empty() && args.backward && args.deterministic)
+    return invalidArgument(
+        "the deterministic backward does not yet support a score modifier: "
+        "precompile the modifier's set without deterministic (the atomic "
+        "algorithm's kernels)");
   KernelSpec base;
   base.kind = KernelKind::Fwd;
   base.headDim = D;
@@ -336,9 +341,10 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   std::vector<SetMember> set = {SetMember{withVariantsOfKind(base)}};
   if (args.backward) {
     // Where SplitDQ is the default (backwardAlgorithmFor), its set alone; a
-    // window's backward is the atomic algorithm on every arch.
-    bool splitDq =
-        !args.window && (args.deterministic || splitDQByDefault(arch));
+    // window's or a score modifier's backward is the atomic algorithm on
+    // every arch.
+    bool splitDq = !args.window && scoreMod.empty() &&
+                   (args.deterministic || splitDQByDefault(arch));
     std::vector<SetMember> bwd = backwardSet(base, splitDq, false, args.tiling);
     set.insert(set.end(), bwd.begin(), bwd.end());
   }

@@ -396,6 +396,7 @@ TileEnv KVMajorEmitter::tileEnv() {
             b, loc, cmp(arith::CmpIPredicate::ult, layout.key(i), kvEnd),
             cmp(arith::CmpIPredicate::ult, layout.query(i), qEnd));
       };
+      site.padShared = true;
       site.head = add(head, scoreMod->head0);
       site.inputs = scoreMod->inputs;
       return site;

@@ -199,7 +199,8 @@ eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
         emitScoreMod(o, fn, x, scalars, site.inputs, derivative, skipped);
     if (failed(v))
       return failure();
-    use(i, masked, inside, v->value, v->derivative);
+    use(i, masked, site.padShared ? inside : Value(), v->value,
+        v->derivative);
   }
   return success();
 }

@@ -57,9 +57,15 @@ struct ScoreSite {
       keyPacked, region;
   /// Whether value i pairs a query and a key of the sequences (i1; null:
   /// all do). A tile's padding (keys past their segment, queries past a
-  /// work item or a segment) has positions of no sequence: the modifier
-  /// leaves its scores as they are, so they do what the plain kernel's do.
+  /// work item or a segment) has positions of no sequence: its tensor reads
+  /// go to element 0, and with `padShared` the modifier leaves its scores as
+  /// they are, so they do what the plain kernel's do.
   std::function<Value(int64_t)> inside;
+  /// Whether the padding's scores reach the sequences' results: in a
+  /// KV-major tile a padding key's dS meets real queries in dQ (a zero key
+  /// row times an overflowed dS is NaN). A query-major tile's padding rows
+  /// are its own, and dropped.
+  bool padShared = false;
   /// The query head (index).
   Value head;
   /// The modifier's tensors: the kernel's score_mod_input parameters.
