@@ -21,13 +21,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
-#include <functional>
 #include <vector>
 
 namespace dualkv::testing {

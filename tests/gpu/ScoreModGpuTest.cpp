@@ -279,8 +279,7 @@ int modifierCases(const Modifier &m, bool everySchedule) {
                      c.describe(), error);
         }
       }
-  fmt::print("score_mod {}: {} checks, {} failed\n", m.name, checked,
-             failures);
+  fmt::print("score_mod {}: {} checks, {} failed\n", m.name, checked, failures);
   return failures;
 }
 
@@ -361,7 +360,8 @@ int refusals() {
   }
   {
     Case bad = c;
-    bad.scoreMod = R"(func.func @score_mod(%x: f32, %h: i32, %q: i32, %k: i32) -> f32 {
+    bad.scoreMod =
+        R"(func.func @score_mod(%x: f32, %h: i32, %q: i32, %k: i32) -> f32 {
   %f = math.floor %x : f32
   return %f : f32
 }

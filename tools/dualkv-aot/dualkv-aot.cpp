@@ -486,7 +486,8 @@ Args parseArgs(int argc, char **argv) {
                    << text.getError().message() << "\n";
       std::exit(2);
     }
-    dualkv::ScoreModInfo info = dualkv::parseScoreMod((*text)->getBuffer().str());
+    dualkv::ScoreModInfo info =
+        dualkv::parseScoreMod((*text)->getBuffer().str());
     if (!info.error.empty()) {
       llvm::errs() << "dualkv-aot: --score-mod " << scoreModFile << ": "
                    << info.error << "\n";
@@ -743,10 +744,12 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
       s.sinks ? "_sinks" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
       s.window ? "_window" : "",
-      s.scoreMod.empty() ? std::string()
-                         : "_scoremod" + dualkv::sha256Hex(s.scoreMod).substr(0, 8),
-      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
-      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
+      s.scoreMod.empty()
+          ? std::string()
+          : "_scoremod" + dualkv::sha256Hex(s.scoreMod).substr(0, 8),
+      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
+      withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
+      s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 

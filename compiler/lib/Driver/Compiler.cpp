@@ -1,9 +1,9 @@
 //===- Compiler.cpp - KernelSpec to PTX and cubin, in process
 //--------------===//
 #include "dualkv/Compiler/Compiler.h"
+#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Passes.h"
-#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Version.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"

@@ -8,8 +8,8 @@
 // (Schedules/<Schedule>/<Schedule>Emitters.cpp).
 //
 //===----------------------------------------------------------------------===//
-#include "ScoreMod/ScoreModIR.h"
 #include "Lowering/ScheduleEmitters.h"
+#include "ScoreMod/ScoreModIR.h"
 
 namespace mlir::dualkv {
 #define GEN_PASS_DEF_DUALKVLOWERTONVGPU

@@ -7,8 +7,8 @@
 // value that depends on the score carries its tangent, null where it is 0.
 //
 //===----------------------------------------------------------------------===//
-#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Compiler/ScoreMod.h"
+#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Dialect/DualKVOps.h"
 
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -57,19 +57,18 @@ Value ScoreModParams::logical(ScalarBuilder &o, Value token) const {
 /// The arith ops a modifier may use, cloned as they are (but divf).
 static bool isClonedArith(Operation *op) {
   return isa<arith::ConstantOp, arith::AddFOp, arith::SubFOp, arith::MulFOp,
-             arith::DivFOp, arith::NegFOp, arith::MaximumFOp,
-             arith::MinimumFOp, arith::CmpFOp, arith::SelectOp, arith::AddIOp,
-             arith::SubIOp, arith::MulIOp, arith::DivSIOp, arith::RemSIOp,
-             arith::CmpIOp, arith::AndIOp, arith::OrIOp, arith::XOrIOp,
-             arith::SIToFPOp, arith::FPToSIOp, arith::IndexCastOp,
-             arith::ExtSIOp, arith::TruncIOp>(op);
+             arith::DivFOp, arith::NegFOp, arith::MaximumFOp, arith::MinimumFOp,
+             arith::CmpFOp, arith::SelectOp, arith::AddIOp, arith::SubIOp,
+             arith::MulIOp, arith::DivSIOp, arith::RemSIOp, arith::CmpIOp,
+             arith::AndIOp, arith::OrIOp, arith::XOrIOp, arith::SIToFPOp,
+             arith::FPToSIOp, arith::IndexCastOp, arith::ExtSIOp,
+             arith::TruncIOp>(op);
 }
 
 static bool isAllowedMath(Operation *op) {
-  return isa<math::ExpOp, math::Exp2Op, math::LogOp, math::Log2Op,
-             math::TanhOp, math::SqrtOp, math::RsqrtOp, math::AbsFOp,
-             math::AbsIOp, math::SinOp, math::CosOp, math::PowFOp,
-             math::FmaOp>(op);
+  return isa<math::ExpOp, math::Exp2Op, math::LogOp, math::Log2Op, math::TanhOp,
+             math::SqrtOp, math::RsqrtOp, math::AbsFOp, math::AbsIOp,
+             math::SinOp, math::CosOp, math::PowFOp, math::FmaOp>(op);
 }
 
 static bool isScalarType(Type t) {
@@ -159,8 +158,8 @@ namespace {
 /// so far, null for 0) in `tans`.
 class Evaluator {
 public:
-  Evaluator(ScalarBuilder &o, bool derivative) : o(o), b(o.b), loc(o.loc),
-                                                 derivative(derivative) {}
+  Evaluator(ScalarBuilder &o, bool derivative)
+      : o(o), b(o.b), loc(o.loc), derivative(derivative) {}
 
   LogicalResult emit(Operation &op);
   IRMapping vals;
@@ -186,8 +185,7 @@ private:
   Value tanhOf(Value x) {
     // 1 - 2 / (1 + e^2x): saturates to +-1 as e^2x reaches inf or 0.
     Value e = o.exp2(mulf(x, o.f32c(2.0f * kLog2e)));
-    Value r = o.intrinsic("llvm.nvvm.rcp.approx.ftz.f",
-                          addf(e, o.f32c(1.0f)));
+    Value r = o.intrinsic("llvm.nvvm.rcp.approx.ftz.f", addf(e, o.f32c(1.0f)));
     return LLVM::FMAOp::create(b, loc, r, o.f32c(-2.0f), o.f32c(1.0f));
   }
   Value sinOf(Value x) { return o.intrinsic("llvm.nvvm.sin.approx.ftz.f", x); }
@@ -213,14 +211,14 @@ LogicalResult Evaluator::emit(Operation &op) {
         FloatAttr c;
         if (matchPattern(div.getRhs(), m_Constant(&c)) &&
             c.getValueAsDouble() != 0.0)
-          result =
-              mulf(in(0), o.f32c(static_cast<float>(1.0 / c.getValueAsDouble())));
+          result = mulf(in(0),
+                        o.f32c(static_cast<float>(1.0 / c.getValueAsDouble())));
         else
           result = divf(in(0), in(1));
         if (derivative && (dIn(0) || dIn(1)))
-          dResult = divf(sum({dIn(0), dIn(1) ? negf(mulf(result, dIn(1)))
-                                             : Value()}),
-                         in(1));
+          dResult =
+              divf(sum({dIn(0), dIn(1) ? negf(mulf(result, dIn(1))) : Value()}),
+                   in(1));
       })
       .Case([&](math::ExpOp) {
         result = o.exp2(mulf(in(0), o.f32c(kLog2e)));
@@ -255,8 +253,8 @@ LogicalResult Evaluator::emit(Operation &op) {
       .Case([&](math::RsqrtOp) {
         result = o.intrinsic("llvm.nvvm.rsqrt.approx.ftz.f", in(0));
         if (dIn(0)) // -y^3 / 2 dx
-          dResult = mulf(dIn(0), mulf(o.f32c(-0.5f),
-                                      mulf(result, mulf(result, result))));
+          dResult = mulf(
+              dIn(0), mulf(o.f32c(-0.5f), mulf(result, mulf(result, result))));
       })
       .Case([&](math::AbsFOp) {
         result = o.intrinsic("llvm.fabs.f32", in(0));
@@ -268,10 +266,10 @@ LogicalResult Evaluator::emit(Operation &op) {
       })
       .Case([&](math::AbsIOp) {
         Value x = in(0);
-        Value zero = arith::ConstantOp::create(
-            b, loc, b.getZeroAttr(x.getType()));
-        Value neg = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt,
-                                          x, zero);
+        Value zero =
+            arith::ConstantOp::create(b, loc, b.getZeroAttr(x.getType()));
+        Value neg =
+            arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, x, zero);
         result = o.select(neg, arith::SubIOp::create(b, loc, zero, x), x);
       })
       .Case([&](math::SinOp) {
@@ -287,9 +285,9 @@ LogicalResult Evaluator::emit(Operation &op) {
         Value a = in(0), c = in(1);
         result = o.exp2(mulf(c, o.log2(a)));
         if (dIn(0) || dIn(1))
-          dResult = mulf(result,
-                         sum({dIn(1) ? mulf(dIn(1), logOf(a)) : Value(),
-                              dIn(0) ? divf(mulf(c, dIn(0)), a) : Value()}));
+          dResult =
+              mulf(result, sum({dIn(1) ? mulf(dIn(1), logOf(a)) : Value(),
+                                dIn(0) ? divf(mulf(c, dIn(0)), a) : Value()}));
       })
       .Case([&](math::FmaOp) {
         result = LLVM::FMAOp::create(b, loc, in(0), in(1), in(2));
@@ -303,7 +301,9 @@ LogicalResult Evaluator::emit(Operation &op) {
         if (!derivative)
           return;
         llvm::TypeSwitch<Operation *>(&op)
-            .Case([&](arith::AddFOp) { dResult = sum({dIn(0), dIn(1)}); })
+            .Case([&](arith::AddFOp) {
+              dResult = sum({dIn(0), dIn(1)});
+            })
             .Case([&](arith::SubFOp) {
               dResult = dIn(1) ? (dIn(0) ? subf(dIn(0), dIn(1)) : negf(dIn(1)))
                                : dIn(0);
@@ -379,11 +379,11 @@ mlir::dualkv::emitScoreMod(ScalarBuilder &o, func::FuncOp fn, Value x,
     if (auto load = dyn_cast<memref::LoadOp>(op)) {
       auto arg = cast<BlockArgument>(load.getMemRef());
       Value tensor = inputs[arg.getArgNumber() - numScalars];
-      Value index = o.select(masked, o.idx(0),
-                             eval.vals.lookup(load.getIndices()[0]));
-      eval.vals.map(load.getResult(),
-                    memref::LoadOp::create(o.b, o.loc, tensor,
-                                           ValueRange{index}));
+      Value index =
+          o.select(masked, o.idx(0), eval.vals.lookup(load.getIndices()[0]));
+      eval.vals.map(
+          load.getResult(),
+          memref::LoadOp::create(o.b, o.loc, tensor, ValueRange{index}));
       continue;
     }
     if (failed(eval.emit(op)))

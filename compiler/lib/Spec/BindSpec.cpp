@@ -1,9 +1,9 @@
 //===- BindSpec.cpp - dualkv-bind-spec: fix problem, tiling, arch, schedule
 //===//
+#include "ScoreMod/ScoreModIR.h"
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Passes.h"
 #include "dualkv/Compiler/Schedule.h"
-#include "ScoreMod/ScoreModIR.h"
 
 #include "mlir/IR/Verifier.h"
 
@@ -139,11 +139,10 @@ struct BindSpecPass
       if (failed(verifyScoreMod(fn)))
         return signalPassFailure();
     }
-    if (failed(ProblemAttr::verify(emitErr, P, N, numQHeads, numKVHeads,
-                                   headDim, dtypeTy,
-                                   FloatAttr::get(Float64Type::get(ctx), scale),
-                                   true, tree, cap, false, false, window,
-                                   scoreMod)))
+    if (failed(ProblemAttr::verify(
+            emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
+            FloatAttr::get(Float64Type::get(ctx), scale), true, tree, cap,
+            false, false, window, scoreMod)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {

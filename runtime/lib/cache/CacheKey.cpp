@@ -109,9 +109,8 @@ std::string CacheKey::describe() const {
       tree ? ", tree" : "",
       softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string(),
       dlse ? ", dlse" : "", sinks ? ", sinks" : "", window ? ", window" : "",
-      scoreMod.empty()
-          ? std::string()
-          : ", score_mod " + sha256Hex(scoreMod).substr(0, 12));
+      scoreMod.empty() ? std::string()
+                       : ", score_mod " + sha256Hex(scoreMod).substr(0, 12));
 }
 
 } // namespace dualkv

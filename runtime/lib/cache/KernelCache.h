@@ -25,12 +25,12 @@ using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int64_t, int,
 
 inline FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s,
                        int tunedQHeads, int tunedKVHeads) {
-  return FastKey(
-      ctx, static_cast<int>(s.kind), s.P, s.N, s.R, s.headDim, s.numQHeads,
-      s.numKVHeads, static_cast<int>(s.dtype), s.tiling.blockM, s.tiling.blockN,
-      s.tiling.warps, s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree,
-      static_cast<int>(s.schedule), s.softcap, s.dlse, s.sinks, s.window,
-      s.scoreMod);
+  return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.R, s.headDim,
+                 s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
+                 s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
+                 s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree,
+                 static_cast<int>(s.schedule), s.softcap, s.dlse, s.sinks,
+                 s.window, s.scoreMod);
 }
 
 /// The loaded kernels of every context. Selection (getKernel) holds `mutex`

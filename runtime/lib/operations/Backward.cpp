@@ -33,9 +33,7 @@ llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
   return checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/true);
 }
 
-bool hasScoreMod(const BackwardArgs &a) {
-  return a.score_mod && *a.score_mod;
-}
+bool hasScoreMod(const BackwardArgs &a) { return a.score_mod && *a.score_mod; }
 
 /// The window the work items are cut by (docs/backward-abi.md): the sliding
 /// window; with a score modifier, whose KV-major kernels read each item's
@@ -347,14 +345,10 @@ llvm::Error runBackward(const BackwardArgs &args) {
 
   // The score modifier's parameters; each launch sets its first head.
   ScoreModLaunch scoreMod;
-  if (scoreModInputs >= 0) {
-    if (llvm::Error e =
-            PlanDevice::logicalPositions(plan).moveInto(scoreMod.lpos))
-      return e;
-    scoreMod.count = scoreModInputs;
-    for (int i = 0; i < scoreModInputs; ++i)
-      scoreMod.inputs[i] = address(args.score_mod_inputs[i]);
-  }
+  if (llvm::Error e =
+          ScoreModLaunch::of(plan, args.score_mod_inputs, scoreModInputs)
+              .moveInto(scoreMod))
+    return e;
 
   // 1. bwd_pre: delta = rowsum(o * dout), every head.
   {

@@ -101,15 +101,12 @@ llvm::Error runForward(const ForwardArgs &args) {
                       /*dlse=*/false, kernel.spec.sinks, kernel.spec.window,
                       scoreModInputs);
   ScoreModLaunch scoreMod;
-  if (scoreModInputs >= 0) {
-    if (llvm::Error e =
-            PlanDevice::logicalPositions(plan).moveInto(scoreMod.lpos))
-      return e;
-    scoreMod.count = scoreModInputs;
-    for (int i = 0; i < scoreModInputs; ++i)
-      scoreMod.inputs[i] = reinterpret_cast<uintptr_t>(args.score_mod_inputs[i]);
+  if (llvm::Error e =
+          ScoreModLaunch::of(plan, args.score_mod_inputs, scoreModInputs)
+              .moveInto(scoreMod))
+    return e;
+  if (scoreModInputs >= 0)
     scoreMod.bind(params);
-  }
   int64_t window = args.window;
   if (kernel.spec.window)
     params.i64("window", window);

@@ -1,5 +1,6 @@
 // Argument checks shared by the forward and the backward.
 #include "operations/Validate.h"
+#include "plans/PlanDevice.h"
 
 #include "selection/KernelSets.h"
 #include "support/Status.h"
@@ -181,9 +182,9 @@ llvm::Expected<std::string> checkScoreModArg(const char *text,
   *inputCount = -1;
   if (!text || !*text) {
     if (numInputs != 0)
-      return invalidArgument(fmt::format(
-          "num_score_mod_inputs ({}) must be 0 without a score_mod",
-          numInputs));
+      return invalidArgument(
+          fmt::format("num_score_mod_inputs ({}) must be 0 without a score_mod",
+                      numInputs));
     return std::string();
   }
   // Parsed once per text: a training loop passes the same modifier every
@@ -216,6 +217,19 @@ llvm::Expected<std::string> checkScoreModArg(const char *text,
                       i, info.inputs));
   *inputCount = info.inputs;
   return info.canonical;
+}
+
+llvm::Expected<ScoreModLaunch>
+ScoreModLaunch::of(const Plan &plan, const float *const *inputs, int count) {
+  ScoreModLaunch launch;
+  if (count < 0)
+    return launch;
+  if (llvm::Error e = PlanDevice::logicalPositions(plan).moveInto(launch.lpos))
+    return e;
+  launch.count = count;
+  for (int i = 0; i < count; ++i)
+    launch.inputs[i] = reinterpret_cast<uintptr_t>(inputs[i]);
+  return launch;
 }
 
 void ScoreModLaunch::bind(LaunchParams &params) {

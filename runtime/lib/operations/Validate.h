@@ -62,6 +62,11 @@ struct ScoreModLaunch {
   int64_t head0 = 0;
   uint64_t inputs[8] = {};
   int count = 0;
+  /// The parameters of a modifier of `count` tensors `inputs` (count < 0:
+  /// none) over `plan`, whose logical positions it copies to the device on
+  /// first use; head0 0.
+  static llvm::Expected<ScoreModLaunch>
+  of(const Plan &plan, const float *const *inputs, int count);
   /// Sets them in `params` (a kernel of `count` score-modifier tensors).
   void bind(LaunchParams &params);
 };

@@ -41,10 +41,10 @@
 #define DUALKV_COMPILER_COMMON_KVMAJOR_H
 
 #include "Lowering/Support/KernelFunction.h"
-#include "ScoreMod/ScoreModIR.h"
 #include "Lowering/Support/MmaFragments.h"
 #include "Lowering/Support/SharedTiles.h"
 #include "Lowering/TileOps/TileOps.h"
+#include "ScoreMod/ScoreModIR.h"
 
 #include "mlir/IR/IRMapping.h"
 

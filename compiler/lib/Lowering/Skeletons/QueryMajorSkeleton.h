@@ -25,12 +25,12 @@
 #ifndef DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 #define DUALKV_COMPILER_COMMON_QUERYMAJOR_H
 
-#include "ScoreMod/ScoreModIR.h"
 #include "Lowering/Support/KernelFunction.h"
 #include "Lowering/Support/MmaFragments.h"
 #include "Lowering/Support/Segments.h"
 #include "Lowering/Support/SharedTiles.h"
 #include "Lowering/TileOps/TileOps.h"
+#include "ScoreMod/ScoreModIR.h"
 
 #include "mlir/IR/IRMapping.h"
 

@@ -180,13 +180,13 @@ eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
     Value inside = site.inside ? site.inside(i) : Value();
     // A masked score's or the padding's positions may lie outside the
     // sequences: its tensor reads go to element 0.
-    Value skipped =
-        inside ? arith::OrIOp::create(
-                     b, loc, masked,
-                     arith::XOrIOp::create(
-                         b, loc, inside,
-                         arith::ConstantIntOp::create(b, loc, 1, 1)))
-               : masked;
+    Value skipped = inside
+                        ? arith::OrIOp::create(
+                              b, loc, masked,
+                              arith::XOrIOp::create(
+                                  b, loc, inside,
+                                  arith::ConstantIntOp::create(b, loc, 1, 1)))
+                        : masked;
     SmallVector<Value> inputs;
     SmallVector<Value> scalars{head,
                                i32(site.queryLogical(i)),
@@ -199,8 +199,7 @@ eachScoreMod(ScalarBuilder &o, ArrayRef<Value> s, func::FuncOp fn,
         emitScoreMod(o, fn, x, scalars, site.inputs, derivative, skipped);
     if (failed(v))
       return failure();
-    use(i, masked, site.padShared ? inside : Value(), v->value,
-        v->derivative);
+    use(i, masked, site.padShared ? inside : Value(), v->value, v->derivative);
   }
   return success();
 }
@@ -211,29 +210,28 @@ LogicalResult tile::scoreMod(ScalarBuilder &o, MutableArrayRef<Value> s,
   // f(x) / scale in the scores' units: f(x) log2(e) / scaleLog2.
   Value unit = arith::DivFOp::create(o.b, o.loc, o.f32c(kLog2e), scaleLog2);
   Value ninf = o.f32c(-std::numeric_limits<float>::infinity());
-  return eachScoreMod(o, s, fn, site, scaleLog2, /*derivative=*/false,
-                      [&](int64_t i, Value masked, Value inside, Value y,
-                          Value) {
-                        Value modified =
-                            arith::MulFOp::create(o.b, o.loc, y, unit);
-                        if (inside)
-                          modified = o.select(inside, modified, s[i]);
-                        s[i] = o.select(masked, ninf, modified);
-                      });
+  return eachScoreMod(
+      o, s, fn, site, scaleLog2, /*derivative=*/false,
+      [&](int64_t i, Value masked, Value inside, Value y, Value) {
+        Value modified = arith::MulFOp::create(o.b, o.loc, y, unit);
+        if (inside)
+          modified = o.select(inside, modified, s[i]);
+        s[i] = o.select(masked, ninf, modified);
+      });
 }
 
 LogicalResult tile::scoreModGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
                                  ArrayRef<Value> s, func::FuncOp fn,
                                  const ScoreSite &site, Value scaleLog2) {
   Value zero = o.f32c(0.0f);
-  return eachScoreMod(o, s, fn, site, scaleLog2, /*derivative=*/true,
-                      [&](int64_t i, Value masked, Value inside, Value,
-                          Value dy) {
-                        if (inside)
-                          dy = o.select(inside, dy, o.f32c(1.0f));
-                        p[i] = arith::MulFOp::create(
-                            o.b, o.loc, p[i], o.select(masked, zero, dy));
-                      });
+  return eachScoreMod(
+      o, s, fn, site, scaleLog2, /*derivative=*/true,
+      [&](int64_t i, Value masked, Value inside, Value, Value dy) {
+        if (inside)
+          dy = o.select(inside, dy, o.f32c(1.0f));
+        p[i] =
+            arith::MulFOp::create(o.b, o.loc, p[i], o.select(masked, zero, dy));
+      });
 }
 
 void tile::rescale(ScalarBuilder &o, MutableArrayRef<Value> acc,
@@ -318,8 +316,8 @@ scoreModAt(Operation *op, const TileEnv &env) {
 
 bool mlir::dualkv::isTileOp(Operation *op) {
   return isa<MaskOp, ScaleScoresOp, SoftcapOp, SoftcapGradOp, ScoreModOp,
-             ScoreModGradOp, OnlineSoftmaxOp,
-             RescaleOp, RecomputeProbsOp, SoftmaxGradOp>(op);
+             ScoreModGradOp, OnlineSoftmaxOp, RescaleOp, RecomputeProbsOp,
+             SoftmaxGradOp>(op);
 }
 
 LogicalResult mlir::dualkv::emitTileOp(Operation *op, ScalarBuilder &o,

@@ -123,8 +123,7 @@ void softcapGrad(ScalarBuilder &o, MutableArrayRef<Value> p, ArrayRef<Value> s,
 /// f(x, ...) / scale, -inf stays -inf; scaleLog2 is the softmax scale times
 /// log2(e).
 LogicalResult scoreMod(ScalarBuilder &o, MutableArrayRef<Value> s,
-                       func::FuncOp fn, const ScoreSite &site,
-                       Value scaleLog2);
+                       func::FuncOp fn, const ScoreSite &site, Value scaleLog2);
 /// p times df/dx at x = scale s, `s` the scores the modifier took
 /// (dualkv.score_mod_grad); entries with s = -inf give 0.
 LogicalResult scoreModGrad(ScalarBuilder &o, MutableArrayRef<Value> p,
@@ -163,9 +162,10 @@ Value logSumExp(ScalarBuilder &o, Value m, Value sum);
 } // namespace tile
 
 /// Emits the elementwise dualkv op `op` (mask, scale_scores, softcap,
-/// softcap_grad, score_mod, score_mod_grad, online_softmax, rescale, recompute_probs, softmax_grad) on the
-/// values `map` gives its operands and maps its results; fails with a
-/// diagnostic on an op the library does not define.
+/// softcap_grad, score_mod, score_mod_grad, online_softmax, rescale,
+/// recompute_probs, softmax_grad) on the values `map` gives its operands and
+/// maps its results; fails with a diagnostic on an op the library does not
+/// define.
 LogicalResult emitTileOp(Operation *op, ScalarBuilder &o, const TileEnv &env,
                          IRMapping &map);
 /// Whether emitTileOp defines `op`.

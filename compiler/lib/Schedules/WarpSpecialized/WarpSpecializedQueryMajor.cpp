@@ -456,8 +456,8 @@ private:
   /// ancestor range's).
   ScoreSite siteAt(const SegmentCoords &coords, Value start, Value tile) {
     ScoreLayout layout =
-        queryMajorLayout(*this, 1, nTiles, coords.qRow0,
-                         mul(tile, idx(blockN)), ids.warp, ids.g, ids.t);
+        queryMajorLayout(*this, 1, nTiles, coords.qRow0, mul(tile, idx(blockN)),
+                         ids.warp, ids.g, ids.t);
     // Within a segment or an ancestor range, logical positions are
     // consecutive from its first token's.
     Value qLogical0 = scoreMod->logical(*this, coords.segStart);
