@@ -20,7 +20,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
+if __name__ == "__main__":
+    # Run as a script (ctest): skipped (77) without pytest, torch or numpy.
+    import importlib.util
+    missing = [m for m in ("pytest", "torch", "numpy")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        print("skipped: needs " + ", ".join(missing))
+        sys.exit(77)
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -583,3 +592,7 @@ def test_c_arguments():
                               "num_score_mod_inputs"]
     assert [f[0] for f in _lib.PrecompileArgs._fields_][-2:] == [
         "window", "score_mod"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
