@@ -14,13 +14,14 @@ install(TARGETS dualkv dualkv_runtime_only EXPORT DualKVTargets
 install(TARGETS dualkv-aot dualkv-opt dualkv-tune RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # The public headers: the runtime's API, the compiler's (Compiler.h, KernelSpec.h, KernelAbi.h,
-# Schedule.h; not Passes.h, which needs MLIR) and the generated Export.h and Version.h.
+# Schedule.h, ScoreMod.h; not Passes.h, which needs MLIR) and the generated Export.h and Version.h.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/dualkv
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 install(FILES ${PROJECT_SOURCE_DIR}/compiler/include/dualkv/Compiler/Compiler.h
               ${PROJECT_SOURCE_DIR}/compiler/include/dualkv/Compiler/KernelSpec.h
               ${PROJECT_SOURCE_DIR}/compiler/include/dualkv/Compiler/KernelAbi.h
               ${PROJECT_SOURCE_DIR}/compiler/include/dualkv/Compiler/Schedule.h
+              ${PROJECT_SOURCE_DIR}/compiler/include/dualkv/Compiler/ScoreMod.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dualkv/Compiler)
 install(FILES ${DUALKV_GENERATED_INCLUDE_DIR}/dualkv/Export.h
               ${DUALKV_GENERATED_INCLUDE_DIR}/dualkv/Version.h

@@ -24,6 +24,7 @@ HEADERS = [
     "compiler/include/dualkv/Compiler/KernelSpec.h",
     "compiler/include/dualkv/Compiler/KernelAbi.h",
     "compiler/include/dualkv/Compiler/Schedule.h",
+    "compiler/include/dualkv/Compiler/ScoreMod.h",
     "base/include/dualkv/*.h",
 ]
 LINKER = {"_init", "_fini", "_edata", "_end", "__bss_start"}
