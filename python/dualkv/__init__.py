@@ -542,8 +542,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
         window: sliding window W >= 1: query token i sees key j only if it
             did before and lpos(i) - lpos(j) < W, lpos the position in the
             token's own logical sequence (a response token r of a group with
-            prompt P has lpos P + r); 0 or None: none. Refused (ValueError
-            from the library) for branching prefix trees.
+            prompt P has lpos P + r); 0 or None: none. On prefix trees the
+            window runs along each root-to-node path.
         sinks: attention sinks (gpt-oss): None, or a float32 [Hq] CUDA
             tensor, one logit s_h per query head that joins every row's
             softmax denominator, lse = log(exp(s_h) + sum_j exp(S_ij)).
