@@ -3,7 +3,9 @@
 #define DUALKV_TESTS_GPU_TESTS_H
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace dualkv::testing {
 
@@ -22,12 +24,21 @@ int forwardTest(const std::string &which, int count);
 int backwardTest(const std::string &which, int count);
 /// Prefix trees: random [count] | paths [count] (TreeGpuTest.cpp).
 int treeTest(const std::string &which, int count);
+/// A score modifier for the tree workload: its text, its tensors (for 4
+/// query heads), and its C++ statement and derivative for the reference.
+struct TreeScoreMod {
+  std::string text;
+  std::vector<std::vector<float>> inputs;
+  std::function<double(double, int64_t, int64_t, int64_t)> ref, grad;
+};
 /// The sanitizer workload's prefix trees: one branching forest through the
 /// tree kernels at head_dim 64, 128, 256, bf16 and fp16, both backward
-/// modes, checked against fp64 (with `scoreFactor` as in sanitizeTest);
-/// returns the number of failures.
+/// modes (the atomic one alone with a window or a score modifier), checked
+/// against fp64 (with `scoreFactor` as in sanitizeTest); returns the number
+/// of failures.
 int treeSanitizeWorkload(double scoreFactor = 1.0, double softcap = 0,
-                         int64_t window = 0);
+                         int64_t window = 0,
+                         const TreeScoreMod *scoreMod = nullptr);
 /// Many callers at once and many launches: threads | processes | leak
 /// (StressGpuTest.cpp); `worker <index>` is one process of `processes`.
 int stressTest(const std::string &which, int count, char **argv);

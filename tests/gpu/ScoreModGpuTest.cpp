@@ -14,6 +14,9 @@
 //     and exp, and a bias on the region, which takes the 7-argument form),
 //     at head_dim 64, 128 and 256, bf16 and fp16, every schedule that can
 //     compute the kernels, forward and backward against fp64;
+//   - trees: ALiBi, the bias table and the nonlinear modifier on branching
+//     prefix trees (positions along each root-to-node path), the tree
+//     schedules, forward and the atomic backward against fp64;
 //   - random: `count` (at most 24) random batches with ALiBi and the bias
 //     table, forward and backward against fp64;
 //   - the text softcap against the built-in softcap kernels.
@@ -308,6 +311,26 @@ int randomCases(int count) {
   return failures;
 }
 
+/// Branching prefix trees (the tree workload's forest, every head_dim and
+/// dtype, the chain walks of the default and the other schedules) with
+/// `m`: positions along each root-to-node path.
+int treeCases(const Modifier &m) {
+  Case forHeads;
+  forHeads.hq = 4;
+  forHeads.hkv = 2;
+  forHeads.d = 64;
+  TreeScoreMod tree;
+  tree.text = m.text;
+  tree.inputs = m.inputs(forHeads);
+  forHeads.scoreModInputs = tree.inputs;
+  m.reference(forHeads);
+  tree.ref = forHeads.scoreModRef;
+  tree.grad = forHeads.scoreModRefGrad;
+  int failures = treeSanitizeWorkload(1.0, 0, 0, &tree);
+  fmt::print("score_mod {} trees: {} failed\n", m.name, failures);
+  return failures;
+}
+
 /// The plain forward checked against ALiBi's reference must fail.
 int control() {
   std::mt19937_64 rng(2026120712);
@@ -427,7 +450,8 @@ int softcapAgreement(const std::string &softcap2) {
 
 int dualkv::testing::scoreModTest(int count) {
   // DUALKV_SCORE_MOD_PARTS (comma-separated: control, refusals, shipped,
-  // written, random, softcap) runs those parts only; unset, all of them.
+  // written, trees, random, softcap) runs those parts only; unset, all of
+  // them.
   const char *parts = std::getenv("DUALKV_SCORE_MOD_PARTS");
   auto wants = [&](const std::string &part) {
     if (!parts || !*parts)
@@ -460,6 +484,15 @@ int dualkv::testing::scoreModTest(int count) {
     for (const Modifier &m :
          {softcapText("softcap2", softcap2, 2.0), nonlinear(), regionBias()})
       failures += modifierCases(m, m.name != "softcap2");
+  // DUALKV_SCORE_MOD_TREES (comma-separated modifier names) narrows the
+  // trees part, so that processes can share it.
+  const char *treeNames = std::getenv("DUALKV_SCORE_MOD_TREES");
+  if (wants("trees"))
+    for (const Modifier &m : {alibi(), relativeBias(), nonlinear()})
+      if (!treeNames || !*treeNames ||
+          (std::string(",") + treeNames + ",").find("," + m.name + ",") !=
+              std::string::npos)
+        failures += treeCases(m);
   if (wants("random"))
     failures += randomCases(std::min(count, 24));
   if (wants("softcap"))

@@ -21,6 +21,12 @@ struct TreeCase {
   /// ForwardArgs::window (0: none), kernels and reference: along each
   /// root-to-node path.
   int64_t window = 0;
+  /// ForwardArgs::score_mod (empty: none), its tensors, and its C++
+  /// statement and derivative for the reference.
+  std::string scoreMod;
+  std::vector<std::vector<float>> scoreModInputs;
+  std::function<double(double, int64_t, int64_t, int64_t)> scoreModRef,
+      scoreModRefGrad;
   std::vector<uint16_t> q, k, v, dout;
 
   int64_t tokens() const {
@@ -54,6 +60,8 @@ struct TreeCase {
     reference::TreeProblem p{{}, hq, hkv, d, 1.0 / std::sqrt(double(d))};
     p.softcap = softcap;
     p.window = window;
+    p.score_mod = scoreModRef;
+    p.score_mod_grad = scoreModRefGrad;
     for (size_t n = 0; n < tree.lengths.size(); ++n)
       p.nodes.push_back({tree.lengths[n], tree.parents[n]});
     return p;
@@ -131,6 +139,9 @@ struct TreeDevice {
   const TreeCase &c;
   Plan plan;
   DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
+  /// TreeCase::scoreModInputs on the device, and their addresses.
+  std::vector<std::unique_ptr<DeviceBuffer>> scoreModBuffers;
+  std::vector<const float *> scoreModPtrs;
   explicit TreeDevice(const TreeCase &c)
       : c(c), plan(c.tree), q(c.q.size() * 2), k(c.k.size() * 2),
         v(c.v.size() * 2), o(c.q.size() * 2),
@@ -140,6 +151,21 @@ struct TreeDevice {
     k.upload(c.k);
     v.upload(c.v);
     dout.upload(c.dout);
+    for (const std::vector<float> &t : c.scoreModInputs) {
+      scoreModBuffers.push_back(
+          std::make_unique<DeviceBuffer>(t.size() * sizeof(float)));
+      scoreModBuffers.back()->upload(t);
+      scoreModPtrs.push_back(
+          static_cast<const float *>(scoreModBuffers.back()->ptr));
+    }
+  }
+  /// The case's score modifier in `a` (ForwardArgs or BackwardArgs).
+  template <typename Args> void setScoreMod(Args &a) const {
+    if (c.scoreMod.empty())
+      return;
+    a.score_mod = c.scoreMod.c_str();
+    a.score_mod_inputs = scoreModPtrs.data();
+    a.num_score_mod_inputs = static_cast<int>(scoreModPtrs.size());
   }
   /// The forward's schedule: Auto, or (DUALKV_TEST_FWD_SCHEDULE, e.g.
   /// warp_specialized) another, for every tree case.
@@ -157,6 +183,7 @@ struct TreeDevice {
     a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
     a.lse = static_cast<float *>(lse.ptr);
     setProblem(a, fakeCase(), plan);
+    setScoreMod(a);
     dualkv::forward(a);
     check(cudaDeviceSynchronize(), "tree forward");
     ForwardResult r;
@@ -183,6 +210,7 @@ struct TreeDevice {
     a.dv = {dv.ptr, int64_t(c.hkv) * c.d, c.d};
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, fakeCase(), plan);
+    setScoreMod(a);
     a.deterministic = deterministic;
     a.algorithm = BackwardAlgorithm::Atomic; // deterministic: split-dQ
     a.dq_tiling = dqTiling;
@@ -251,9 +279,11 @@ TreeRun runTree(const TreeCase &c, std::optional<Schedule> fwd = {},
   TreeRun r;
   r.f = dev.forward();
   r.atomic = dev.backward(false);
-  // The deterministic mode refuses a window: the atomic run stands in.
-  r.det = c.window > 0 ? r.atomic : dev.backward(true);
-  r.det2 = c.window > 0 ? r.atomic : dev.backward(true);
+  // The deterministic mode refuses a window and a score modifier: the
+  // atomic run stands in.
+  const bool atomicOnly = c.window > 0 || !c.scoreMod.empty();
+  r.det = atomicOnly ? r.atomic : dev.backward(true);
+  r.det2 = atomicOnly ? r.atomic : dev.backward(true);
   r.maxRanges = dev.plan.maxAncestorRanges();
   return r;
 }
@@ -451,7 +481,8 @@ int testPaths(int count, uint64_t seed) {
 } // namespace
 
 int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap,
-                                          int64_t window) {
+                                          int64_t window,
+                                          const TreeScoreMod *scoreMod) {
   // A branching tree whose segments see up to three ancestor ranges, with an
   // empty node, a one-token node, a subtree longer than a backward query
   // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
@@ -468,6 +499,12 @@ int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap,
       c.dtype = t;
       c.softcap = softcap;
       c.window = window;
+      if (scoreMod) {
+        c.scoreMod = scoreMod->text;
+        c.scoreModInputs = scoreMod->inputs;
+        c.scoreModRef = scoreMod->ref;
+        c.scoreModRefGrad = scoreMod->grad;
+      }
       c.fill(rng);
       std::string why = checkTree(c, {}, {}, scoreFactor);
       if (!why.empty()) {
