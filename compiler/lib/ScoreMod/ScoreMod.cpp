@@ -364,7 +364,20 @@ mlir::dualkv::emitScoreMod(ScalarBuilder &o, func::FuncOp fn, Value x,
     eval.tans[body.getArgument(0)] = o.f32c(1.0f);
   for (size_t i = 1; i < numScalars; ++i)
     eval.vals.map(body.getArgument(i), scalars[i - 1]);
+  // The values that depend on the score or the positions, which a masked
+  // score or the padding may hold out of any range: a tensor read at an
+  // index among them is guarded. One that depends on the head and constants
+  // alone (ALiBi's slope) reads the same element for every score of a row,
+  // which the compiler can then keep in a register.
+  DenseSet<Value> varying;
+  varying.insert(body.getArgument(0));
+  for (size_t i = 2; i < numScalars; ++i)
+    varying.insert(body.getArgument(i));
   for (Operation &op : body) {
+    if (llvm::any_of(op.getOperands(),
+                     [&](Value v) { return varying.contains(v); }))
+      for (Value r : op.getResults())
+        varying.insert(r);
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       Value v = ret.getOperand(0);
       ScoreModValue out;
@@ -379,8 +392,9 @@ mlir::dualkv::emitScoreMod(ScalarBuilder &o, func::FuncOp fn, Value x,
     if (auto load = dyn_cast<memref::LoadOp>(op)) {
       auto arg = cast<BlockArgument>(load.getMemRef());
       Value tensor = inputs[arg.getArgNumber() - numScalars];
-      Value index =
-          o.select(masked, o.idx(0), eval.vals.lookup(load.getIndices()[0]));
+      Value index = eval.vals.lookup(load.getIndices()[0]);
+      if (varying.contains(load.getIndices()[0]))
+        index = o.select(masked, o.idx(0), index);
       eval.vals.map(
           load.getResult(),
           memref::LoadOp::create(o.b, o.loc, tensor, ValueRange{index}));

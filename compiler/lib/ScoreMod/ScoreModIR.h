@@ -54,8 +54,9 @@ struct ScoreModValue {
 /// Emits `fn` (verified) at x (f32) with the six i32 `scalars` of the score
 /// (head, q_idx, kv_idx, q_packed, kv_packed, region: those `fn` takes are
 /// read) and the kernel's tensor parameters `inputs`; with `derivative`,
-/// also df/dx. Where `masked` (i1) holds, the tensors are read at index 0:
-/// a masked score's positions may lie outside every sequence.
+/// also df/dx. Where `masked` (i1) holds, the tensors are read at index 0
+/// when the index depends on the score or the positions: a masked score's
+/// positions may lie outside every sequence.
 FailureOr<ScoreModValue> emitScoreMod(ScalarBuilder &o, func::FuncOp fn,
                                       Value x, ArrayRef<Value> scalars,
                                       ArrayRef<Value> inputs, bool derivative,
