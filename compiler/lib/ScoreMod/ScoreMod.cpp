@@ -41,17 +41,42 @@ ScoreModParams ScoreModParams::read(KernelFunction &fn, int inputs) {
   ScoreModParams params;
   params.lpos = fn.param("lpos");
   params.head0 = fn.indexParam("scoreModHead0");
-  static constexpr const char *kNames[] = {
-      "score_mod_input0", "score_mod_input1", "score_mod_input2",
-      "score_mod_input3", "score_mod_input4", "score_mod_input5",
-      "score_mod_input6", "score_mod_input7"};
+  // The tensors follow lpos and scoreModHead0 in the ABI's table.
   for (int i = 0; i < inputs; ++i)
-    params.inputs.push_back(fn.param(kNames[i]));
+    params.inputs.push_back(
+        fn.param(::dualkv::abi::kScoreModParams[2 + i].name));
   return params;
 }
 
 Value ScoreModParams::logical(ScalarBuilder &o, Value token) const {
   return o.toIndex(memref::LoadOp::create(o.b, o.loc, lpos, ValueRange{token}));
+}
+
+ScoreSite ScoreModParams::queryMajorSite(
+    ScalarBuilder &o, const ScoreLayout &layout, Value segStart, Value segLen,
+    Value keyStart, std::function<Value()> region, Value head) const {
+  Value qLogical0 = logical(o, segStart);
+  Value kLogical0 = logical(o, keyStart);
+  ScoreSite site;
+  site.queryLogical = [&o, layout, qLogical0](int64_t i) {
+    return o.add(qLogical0, layout.query(i));
+  };
+  site.keyLogical = [&o, layout, kLogical0](int64_t i) {
+    return o.add(kLogical0, layout.key(i));
+  };
+  site.queryPacked = [&o, layout, segStart](int64_t i) {
+    return o.add(segStart, layout.query(i));
+  };
+  site.keyPacked = [&o, layout, keyStart](int64_t i) {
+    return o.add(keyStart, layout.key(i));
+  };
+  site.region = [region](int64_t) { return region(); };
+  site.inside = [&o, layout, segLen](int64_t i) {
+    return o.cmp(arith::CmpIPredicate::ult, layout.query(i), segLen);
+  };
+  site.head = o.add(head, head0);
+  site.inputs = inputs;
+  return site;
 }
 
 /// The arith ops a modifier may use, cloned as they are (but divf).

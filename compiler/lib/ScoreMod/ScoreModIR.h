@@ -11,6 +11,7 @@
 
 #include "Lowering/Support/Builders.h"
 #include "Lowering/Support/KernelFunction.h"
+#include "Lowering/TileOps/TileOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
@@ -37,6 +38,15 @@ struct ScoreModParams {
   static ScoreModParams read(KernelFunction &fn, int inputs);
   /// The logical position of packed token `token` (index): lpos[token].
   Value logical(ScalarBuilder &o, Value token) const;
+  /// The site of a query-major tile of `layout`: its rows are those of the
+  /// segment of `segLen` tokens from packed `segStart`, its keys those of
+  /// the region (the segment itself, its prompt or an ancestor range) from
+  /// packed `keyStart`, `region` (index) 0 or 1 for every score; `head` the
+  /// launch's query head. Within a segment or a range logical positions are
+  /// consecutive from its first token's; rows past the segment are padding.
+  ScoreSite queryMajorSite(ScalarBuilder &o, const ScoreLayout &layout,
+                           Value segStart, Value segLen, Value keyStart,
+                           std::function<Value()> region, Value head) const;
 };
 
 /// Whether `fn` is a score modifier the compiler can lower and differentiate

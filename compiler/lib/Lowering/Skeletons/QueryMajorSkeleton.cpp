@@ -404,29 +404,9 @@ TileEnv QueryMajorEmitter::tileEnv() {
           mul(map.lookup(op->getOperand(op->getNumOperands() - 1)),
               idx(blockN)),
           ids.warp, ids.g, ids.t);
-      // Within a segment or an ancestor range, logical positions are
-      // consecutive from its first token's.
-      Value keyStart = shared ? sharedStart : segStart;
-      Value qLogical0 = scoreMod->logical(*this, segStart);
-      Value kLogical0 = scoreMod->logical(*this, keyStart);
-      ScoreSite site;
-      site.queryLogical = [=](int64_t i) {
-        return add(qLogical0, layout.query(i));
-      };
-      site.keyLogical = [=](int64_t i) {
-        return add(kLogical0, layout.key(i));
-      };
-      site.queryPacked = [=](int64_t i) {
-        return add(segStart, layout.query(i));
-      };
-      site.keyPacked = [=](int64_t i) { return add(keyStart, layout.key(i)); };
-      site.region = [this, shared](int64_t) { return idx(shared ? 0 : 1); };
-      site.inside = [=](int64_t i) {
-        return cmp(arith::CmpIPredicate::ult, layout.query(i), segLen);
-      };
-      site.head = add(head, scoreMod->head0);
-      site.inputs = scoreMod->inputs;
-      return site;
+      return scoreMod->queryMajorSite(
+          *this, layout, segStart, segLen, shared ? sharedStart : segStart,
+          [this, shared] { return idx(shared ? 0 : 1); }, head);
     };
   return env;
 }

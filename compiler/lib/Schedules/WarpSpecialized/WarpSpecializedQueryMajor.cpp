@@ -458,31 +458,15 @@ private:
     ScoreLayout layout =
         queryMajorLayout(*this, 1, nTiles, coords.qRow0, mul(tile, idx(blockN)),
                          ids.warp, ids.g, ids.t);
-    // Within a segment or an ancestor range, logical positions are
-    // consecutive from its first token's.
-    Value qLogical0 = scoreMod->logical(*this, coords.segStart);
-    Value kLogical0 = scoreMod->logical(*this, start);
+    // The key's region: the segment's own, or its prompt or an ancestor's.
     Value own = arith::IndexCastOp::create(
         b, loc, b.getIndexType(),
         arith::ExtUIOp::create(
             b, loc, b.getI32Type(),
             cmp(arith::CmpIPredicate::eq, start, coords.segStart)));
-    ScoreSite site;
-    site.queryLogical = [=](int64_t i) {
-      return add(qLogical0, layout.query(i));
-    };
-    site.keyLogical = [=](int64_t i) { return add(kLogical0, layout.key(i)); };
-    site.queryPacked = [=](int64_t i) {
-      return add(coords.segStart, layout.query(i));
-    };
-    site.keyPacked = [=](int64_t i) { return add(start, layout.key(i)); };
-    site.region = [own](int64_t) { return own; };
-    site.inside = [=](int64_t i) {
-      return cmp(arith::CmpIPredicate::ult, layout.query(i), coords.segLen);
-    };
-    site.head = add(coords.head, scoreMod->head0);
-    site.inputs = scoreMod->inputs;
-    return site;
+    return scoreMod->queryMajorSite(
+        *this, layout, coords.segStart, coords.segLen, start,
+        [own] { return own; }, coords.head);
   }
   /// The values `map` gives the body's values `v` (a fragment each).
   SmallVector<Value> lookup(const IRMapping &map, Value v) {
