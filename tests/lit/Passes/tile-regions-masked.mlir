@@ -15,9 +15,9 @@
 // The lowering walks every tile of a masked loop (mma_sync, head_dim 256: 2 x 192
 // mma.sync in the loops, against 4 x 192 split) and the emitted kernel is the
 // one the compiler builds for that spec.
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=256 arch=sm_90a" --dualkv-tile-regions="mask-every-tile=true" --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA-MASKED
-// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=256 arch=sm_90a" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA-SPLIT
-// RUN: rm -rf %t && dualkv-aot --kind bwd_dq --head-dim 256 --no-cubin --out %t --dump-ir %t/ir > /dev/null
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=256 arch=sm_90a schedule=mma_sync" --dualkv-tile-regions="mask-every-tile=true" --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA-MASKED
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=256 arch=sm_90a schedule=mma_sync" --dualkv-tile-regions --dualkv-lower-to-nvgpu --dualkv-to-llvm | grep -c "nvvm.mma.sync" | FileCheck %s --check-prefix=MMA-SPLIT
+// RUN: rm -rf %t && dualkv-aot --kind bwd_dq --head-dim 256 --schedule mma_sync --no-cubin --out %t --dump-ir %t/ir > /dev/null
 // RUN: FileCheck %s --check-prefix=AOT < %t/ir/dualkv_bwd_dq_d256_h32x8_bf16_sm_90a_m64n32w4s1/passes.mlir
 // RUN: rm -rf %t && dualkv-aot --kind bwd_dq --head-dim 256 --arch sm_80 --no-cubin --out %t --dump-ir %t/ir > /dev/null
 // RUN: FileCheck %s --check-prefix=AOT80 < %t/ir/dualkv_bwd_dq_d256_h32x8_bf16_sm_80_m64n32w4s1/passes.mlir

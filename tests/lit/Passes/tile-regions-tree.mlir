@@ -9,7 +9,7 @@
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="tree=true head-dim=128 arch=sm_80" --dualkv-tile-regions | dualkv-opt --mlir-print-op-generic | dualkv-opt | FileCheck %s
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="tree=true head-dim=64 arch=sm_80" --dualkv-tile-regions | FileCheck %s --check-prefix=DQ
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 arch=sm_80" --dualkv-tile-regions | FileCheck %s --check-prefix=DEPTH1
-// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="tree=true head-dim=256 arch=sm_90a schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=WS
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="tree=true head-dim=256 arch=sm_90a schedule=warp_specialized stages=4" 2>&1 | FileCheck %s --check-prefix=WS
 // RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="tree=true head-dim=128 arch=sm_80" 2>&1 | FileCheck %s --check-prefix=KV
 // RUN: dualkv-opt %s -split-input-file -verify-diagnostics
 
@@ -50,9 +50,10 @@
 // DEPTH1-NOT: dualkv.chain_loop
 // DEPTH1: dualkv.kv_loop <shared> part <full>
 
-// The warp-specialized tree dQ kernel (Passes/lower-to-nvgpu-tree-ws.mlir) has head_dim
-// 64 and 128 only, as the dQ kernel of packed groups.
-// WS: the warp_specialized schedule cannot compute this bwd_dq kernel: its dQ kernel has head_dim 64 and 128, not 256
+// The warp-specialized tree dQ kernel (Passes/lower-to-nvgpu-tree-ws.mlir) has the
+// shared-memory limit of the dQ kernel of packed groups: at head_dim 256 Q and dO of
+// 128 rows take 128 KB, so four stages of 32-key tiles do not fit.
+// WS: the warp_specialized schedule cannot compute this bwd_dq kernel: its tiles exceed 227 KB of shared memory at block_n 32
 // KV: a bwd kernel has no tree variant
 
 // -----

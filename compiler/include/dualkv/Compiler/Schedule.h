@@ -69,8 +69,11 @@ struct QueryMajorLayout {
 /// (rows of head_dim + 8 floats) and mbarriers, and the swizzle's slack.
 struct KVMajorLayout {
   struct Options {
-    bool padded = false;    ///< rows padded by kTileRowPad (mma.sync)
-    bool grid2d = false;    ///< P and dS, BN x (BM + 8) each (mma.sync)
+    bool padded = false; ///< rows padded by kTileRowPad (mma.sync)
+    bool grid2d = false; ///< P and dS, BN x (BM + 8) each (mma.sync)
+    /// Pᵀ of even and odd iterations and dSᵀ, BM x BN each, unpadded (the
+    /// warp-specialized bwd_kv at head_dim 256, whose warpgroups share them)
+    bool sharedPAndDs = false;
     int dqStagingTiles = 0; ///< fp32 dQ staging tiles (bwd only)
     int barriers = 0;       ///< 8-byte mbarriers after the staging
     bool swizzleAlign = false;
@@ -92,6 +95,8 @@ struct KVMajorLayout {
     l.ds = l.dO + 2 * tile;
     if (o.grid2d)
       l.stats = l.ds + 2 * bn * (bm + kTileRowPad) * 2;
+    else if (o.sharedPAndDs)
+      l.stats = l.ds + 3 * bm * bn * 2;
     else
       l.stats = l.ds + (withDq ? bm * dsRowStride * 2 : 0);
     l.statSlots = bn > int64_t(t.warps) * 32 ? bn : int64_t(t.warps) * 32;

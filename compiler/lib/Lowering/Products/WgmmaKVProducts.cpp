@@ -23,6 +23,9 @@ void WgmmaKVProducts::layoutTiles(int64_t sharedBytes) {
   if (h.withDq)
     h.dsBuf =
         h.smemTiles.sharedTile(h.smem, h.layout.dsOffset(), h.blockM, h.blockN);
+  else if (h.splitWarpgroups) // Pᵀ of even and odd iterations, then dSᵀ
+    h.dsBuf = h.smemTiles.sharedTile(h.smem, h.layout.dsOffset(), 3 * h.blockM,
+                                     h.blockN);
 }
 
 void WgmmaKVProducts::beginQIteration(Value parity) {
@@ -36,6 +39,8 @@ void WgmmaKVProducts::beginQIteration(Value parity) {
                                o.mul(parity, o.idx(h.layout.tileBytes()))));
   doAddrCur = o.add(base, o.add(o.idx(h.layout.doOffset()),
                                 o.mul(parity, o.idx(h.layout.tileBytes()))));
+  if (h.splitWarpgroups)
+    pRow0 = o.mul(parity, o.idx(h.blockM));
 }
 
 void WgmmaKVProducts::waitWgmma(Value result, MutableArrayRef<Value> newest) {
@@ -58,6 +63,18 @@ void WgmmaKVProducts::waitWgmma(Value result, MutableArrayRef<Value> newest) {
 }
 
 void WgmmaKVProducts::issueQKTWgmma(QKTOp op) {
+  if (h.splitWarpgroups) {
+    // Each warpgroup all 64 keys x its BN / 2 queries (rows BN/2 w.. of the
+    // tile, whole swizzle atoms).
+    int64_t n = h.blockN / 2;
+    Value aDesc = wg.desc(addrOf(h.map.lookup(op.getKv())), 16, 1024);
+    Value bDesc = wg.desc(o.add(addrOf(h.map.lookup(op.getQ())),
+                                o.mul(warpGroup, o.idx(n * 128))),
+                          16, 1024);
+    commitWgmma(op.getResult(),
+                wg.overHeadDim({}, n, aDesc, h.blockM, bDesc, h.blockN));
+    return;
+  }
   // Each warpgroup 64 keys x BN queries, both operands K-major in shared
   // memory.
   Value aDesc = wg.desc(o.add(addrOf(h.map.lookup(op.getKv())),
@@ -87,6 +104,8 @@ void WgmmaKVProducts::qkt(QKTOp op) {
 }
 
 void WgmmaKVProducts::accumulate(AccumulateOp op) {
+  if (h.splitWarpgroups)
+    return splitAccumulate(op);
   // acc (keys x D) += Xᵀ Y: X (Pᵀ or dSᵀ) from registers as A; Y (dO or Q,
   // queries x D) N-major from shared memory, BN / 16 k-steps of 16 rows.
   // Committed, not waited for: the next wait takes the accumulators along.
@@ -98,6 +117,61 @@ void WgmmaKVProducts::accumulate(AccumulateOp op) {
   Value bDesc = wg.desc(addrOf(y), h.blockN * 128, 1024);
   wg.fence();
   commitWgmma(op.getResult(), wg.regsA(acc, xa, bDesc));
+}
+
+void WgmmaKVProducts::splitAccumulate(AccumulateOp op) {
+  // Xᵀ is Pᵀ (Y = dO) or dSᵀ (Y = Q). A warpgroup overwrites a buffer only
+  // once the other's products that read it have retired (each iteration
+  // retires all of its products at its end): it stores Pᵀ of iteration i
+  // after passing the barriers of iteration i - 1, where the other arrived
+  // after retiring iteration i - 2's products, the last to read this Pᵀ
+  // buffer; it stores dSᵀ after passing the barrier of its own iteration's
+  // Pᵀ, where the other arrived after retiring iteration i - 1's.
+  Value y = h.map.lookup(op.getY());
+  h.waitFor(y);
+  bool isP = y == h.doCur;
+  storeSplitT(o.unpack(h.map.lookup(op.getX())),
+              isP ? pRow0 : o.idx(2 * h.blockM));
+  proxyFence(o);
+  h.copies.syncThreads();
+  // acc (keys x D/2 columns of warpgroup w) += Xᵀ (keys x BN, K-major) Y
+  // (queries x its columns, N-major: 64-column atoms 2w and 2w + 1 of the
+  // tile, BN x 128 bytes apart), BN / 16 k-steps of 32 bytes of Xᵀ rows and
+  // 16 rows of Y.
+  int64_t n = h.headDim / 2, tileRowBytes = h.blockN * 128;
+  Value x = o.add(dsAddr, isP ? o.mul(pRow0, o.idx(h.blockN * 2))
+                              : o.idx(2 * h.blockM * h.blockN * 2));
+  Value aDesc = wg.desc(x, 16, 1024);
+  Value bDesc =
+      wg.desc(o.add(addrOf(y), o.mul(warpGroup, o.idx(n / 64 * tileRowBytes))),
+              tileRowBytes, 1024);
+  SmallVector<Value> acc = o.unpack(h.map.lookup(op.getAcc()));
+  wg.fence();
+  for (int64_t kk = 0; kk < h.blockN / 16; ++kk)
+    acc = wg.step(acc, n, wg.descPlus(aDesc, kk * 32), {},
+                  wg.descPlus(bDesc, kk * 16 * 128), false, true);
+  commitWgmma(op.getResult(), acc);
+}
+
+void WgmmaKVProducts::storeSplitT(ArrayRef<Value> x, Value row0) {
+  // Row r (a key) holds BN = 64 queries, one 128-byte swizzle row: 16-byte
+  // chunk c of it sits at chunk c ^ (r % 8), and r % 8 = g.
+  Value warpRow = o.mul(o.remu(h.ids.warp, 4), o.idx(16));
+  Value chunk0 = o.mul(warpGroup, o.idx(h.blockN / 16));
+  int64_t nTiles = h.blockN / 16;
+  for (int64_t nt = 0; nt < nTiles; ++nt)
+    for (int64_t half = 0; half < 2; ++half) {
+      int64_t i = nt * 4 + half * 2;
+      Value narrow =
+          arith::TruncFOp::create(o.b, o.loc, VectorType::get({2}, h.elemType),
+                                  o.pack({x[i], x[i + 1]}));
+      Value row = o.add(row0, o.add(warpRow, o.add(o.idx(half * 8), h.aG)));
+      Value chunk =
+          arith::XOrIOp::create(o.b, o.loc, o.add(chunk0, o.idx(nt)), h.aG);
+      Value col = o.add(o.mul(chunk, o.idx(8)), o.mul(h.aT, o.idx(2)));
+      vector::StoreOp::create(o.b, o.loc, narrow, h.dsBuf,
+                              ValueRange{row, col});
+    }
 }
 
 void WgmmaKVProducts::storeDsT(ArrayRef<Value> ds) {

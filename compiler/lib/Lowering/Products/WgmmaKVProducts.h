@@ -20,6 +20,18 @@
 // over all 128 keys at D = 128 (dqWgmma), or 64 queries x D over its own 64
 // keys (dqOwnKeys).
 //
+// With the emitter's splitWarpgroups (BM = 64 keys at head_dim 256, bwd_kv,
+// as FlashAttention-3's head_dim-256 backward splits its tiles) the two
+// warpgroups share the keys instead: warpgroup w computes Sᵀ and dPᵀ of all
+// 64 keys and queries BN/2 w.. (m64n32, D / 16 k-steps), stores its Pᵀ and
+// dSᵀ (bf16/fp16, swizzled) in shared memory, and after a barrier of both
+// takes A from there for columns D/2 w.. of dV += Pᵀ dO and dK += dSᵀ Q
+// (m64n128, BN / 16 k-steps): dK and dV of 64 keys x 256 columns would be
+// 256 registers a thread in one warpgroup, and a split of the reduction
+// (queries) would need both accumulators whole in each. Pᵀ has two buffers
+// (iteration parity), so that one barrier before each product suffices
+// (splitAccumulate says why).
+//
 // dQ leaves through shared memory: the warps store their fp32 C fragments in
 // a BN x D staging buffer (rows padded by 8 floats, conflict-free; stageDq),
 // and one thread a query row adds the row to the fp32 dQ accumulator with one
@@ -72,6 +84,10 @@ public:
   void qkt(QKTOp op);
   /// acc += Xᵀ Y of `op`, committed, not waited for.
   void accumulate(AccumulateOp op);
+  /// accumulate with splitWarpgroups: Xᵀ (the warpgroup's query columns) to
+  /// shared memory, a barrier of both warpgroups, then the warpgroup's
+  /// columns of acc from A in shared memory.
+  void splitAccumulate(AccumulateOp op);
   /// dQ = dS K at D = 128: dSᵀ to shared memory, a barrier of the computing
   /// threads, each warpgroup 64 queries x 64 columns over all keys; returns the
   /// warp's C fragments (rows 16 (warp % 4) + g, + 8, columns from 64 (warp /
@@ -111,6 +127,8 @@ private:
   WgmmaBuilder wg;
   // Shared addresses of the buffers for the descriptors (beginQIteration).
   Value kAddr, vAddr, dsAddr, qAddrCur, doAddrCur;
+  /// splitWarpgroups: this iteration's Pᵀ buffer (its first row in dsBuf).
+  Value pRow0;
   /// wgmma groups committed but not waited for, oldest first: the dialect
   /// value each computes and its accumulator registers. A wait takes the
   /// finished ones along and remaps their values.
@@ -137,6 +155,10 @@ private:
   void issueQKTWgmma(QKTOp op);
   /// Stores the warp's dSᵀ rows (keys 16 warp + g, + 8) in dsBuf, swizzled.
   void storeDsT(ArrayRef<Value> ds);
+  /// splitWarpgroups: stores the warp's Xᵀ values (keys 16 (warp % 4) + g,
+  /// + 8; queries BN/2 (warp / 4) + 8 nt + 2t, + 1) at rows `row0`.. of
+  /// dsBuf (BM x BN swizzled buffers one after another).
+  void storeSplitT(ArrayRef<Value> x, Value row0);
   /// The shared address of buffer `buf` (kBuf, vBuf, qCur, doCur, dsBuf).
   Value addrOf(Value buf) {
     if (buf == h.kBuf)

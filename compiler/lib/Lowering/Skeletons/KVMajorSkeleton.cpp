@@ -42,6 +42,7 @@ KVProductsHost KVMajorEmitter::productsHost() {
           blockN,
           nTiles,
           withDq,
+          splitWarpgroups,
           map,
           ids,
           frags,
@@ -325,10 +326,12 @@ LogicalResult KVMajorEmitter::emitLoadColStats(LoadColStatsOp op) {
     map.map(op.getResult(), pack(out));
     return success();
   }
+  Value col0 = queryCol0();
   for (int64_t nt = 0; nt < nTiles; ++nt)
     for (int64_t e = 0; e < 2; ++e) {
       Value v = memref::LoadOp::create(
-          b, loc, buf, ValueRange{add(idx(nt * 8 + e), mul(aT, idx(2)))});
+          b, loc, buf,
+          ValueRange{add(col0, add(idx(nt * 8 + e), mul(aT, idx(2))))});
       // LSE moves to the log2 domain of the kernels' exp2.
       if (isLse)
         v = arith::MulFOp::create(b, loc, v, f32c(kLog2e));

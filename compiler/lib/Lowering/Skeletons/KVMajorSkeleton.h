@@ -113,6 +113,8 @@ struct KVProductsHost {
   Type elemType;
   int64_t headDim, blockM, blockN, nTiles;
   bool withDq;
+  /// KVMajorEmitter::splitWarpgroups.
+  bool splitWarpgroups;
   IRMapping &map;
   ThreadIds &ids;
   MmaFragments &frags;
@@ -159,6 +161,8 @@ public:
   int64_t statsOffset() const {
     if (grid2d) // P and dS, queries x keys
       return dsOffset() + 2 * blockN * (blockM + kRowPad) * 2;
+    if (splitWarpgroups) // Pᵀ (two buffers) and dSᵀ, keys x queries
+      return dsOffset() + 3 * blockM * blockN * 2;
     return dsOffset() + (withDq ? blockM * dsRowStride * 2 : 0);
   }
 
@@ -203,12 +207,18 @@ protected:
   /// Key row (relative to the block) of C-fragment row half `h` of m16 block
   /// `mt` of this thread.
   Value keyRow(int64_t mt, int64_t h) {
-    return add(mul(ids.warp, idx(16 * mTiles)),
+    Value warpRow = splitWarpgroups ? remu(ids.warp, 4) : ids.warp;
+    return add(mul(warpRow, idx(16 * mTiles)),
                add(idx(mt * 16 + h * 8), ids.g));
   }
   /// Query column (relative to the tile) of element `e` of n8 tile `nt`.
   Value queryCol(int64_t nt, int64_t e) {
-    return add(idx(nt * 8 + e), mul(ids.t, idx(2)));
+    return add(add(queryCol0(), idx(nt * 8 + e)), mul(ids.t, idx(2)));
+  }
+  /// The first query column of the warp's scores: its warpgroup's half of
+  /// the tile with splitWarpgroups, else 0.
+  Value queryCol0() {
+    return splitWarpgroups ? mul(divu(ids.warp, 4), idx(blockN / 2)) : idx(0);
   }
   Value sQuery(int64_t mt, int64_t h) { // S layout: query row in the tile
     return add(mul(divu(ids.warp, 4), idx(blockN / 2)),
@@ -228,6 +238,8 @@ protected:
   }
   Value gradCol(int64_t dt) {
     Value col = add(idx(dt * 8), mul(ids.t, idx(2)));
+    if (splitWarpgroups)
+      return add(mul(divu(ids.warp, 4), idx(headDim / 2)), col);
     return grid2d ? add(mul(remu(ids.warp, gradColWarps()),
                             idx(headDim / gradColWarps())),
                         col)
@@ -245,6 +257,8 @@ protected:
     return grid2d ? mt * 2 + c / 2 : nt * 2 + c % 2;
   }
   int64_t gradDTiles() const {
+    if (splitWarpgroups)
+      return headDim / 2 / 8;
     return grid2d ? headDim / gradColWarps() / 8 : dTiles;
   }
   /// With waitOncePerTile: once per query tile, before its first use, waits
@@ -277,6 +291,13 @@ protected:
   /// Elements per row of dSᵀ in shared memory (one-block layouts).
   int64_t dsRowStride;
   bool withDq, grid2d = false, vectorRed = false;
+  /// Two warpgroups share one m64 block of keys (BM = 64, head_dim 256, the
+  /// warp-specialized bwd_kv): warpgroup w holds Sᵀ and dPᵀ of all keys and
+  /// queries [BN/2 w, BN/2 (w + 1)) of the tile (MT = 1, NT = BN / 16), and
+  /// columns [D/2 w, D/2 (w + 1)) of dK and dV; Pᵀ and dSᵀ meet in shared
+  /// memory (dsOffset(): Pᵀ of even and odd iterations, then dSᵀ, BM x BN
+  /// each) for the products.
+  bool splitWarpgroups = false;
   /// Whether Q, dO, K and V are stored in the 128-byte swizzle
   /// (SharedTiles.h).
   bool swizzledTiles = false;

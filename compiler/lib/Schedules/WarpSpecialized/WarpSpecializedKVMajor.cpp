@@ -1,6 +1,9 @@
 //===- WarpSpecializedKVMajor.cpp - the sm_90a KV-major backward ----------===//
 //
-// bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries:
+// bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries
+// (bwd_kv also at head_dim 256, block_m 64, where the two consumer
+// warpgroups share the keys and split the columns of dK and dV:
+// KVMajorEmitter::splitWarpgroups, WgmmaKVProducts.h):
 // the products of the warpgroup schedule, from a WgmmaKVProducts of its own
 // (Lowering/Products/WgmmaKVProducts.h: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared
 // memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers, dQ = dS K
@@ -65,9 +68,14 @@ namespace {
 constexpr int64_t kProducerThreads = 128;
 /// Registers a thread after setmaxnreg, within 384 x 168: 128 x 24 + 256 x
 /// 240 at head_dim 128; 128 x 40 + 256 x 232 at head_dim 64, where the
-/// consumers need fewer and the producer's two dQ reductions a row more.
-constexpr int32_t kProducerRegs = 24, kProducerRegs64 = 40;
-constexpr int32_t kConsumerRegs = 240, kConsumerRegs64 = 232;
+/// consumers need fewer and the producer's two dQ reductions a row more;
+/// 128 x 72 + 256 x 216 for bwd_kv at head_dim 256, whose producer copies
+/// 512-byte rows (with 40 it spilled 88 bytes, with 24 240) and whose
+/// consumers hold half of dK and dV.
+constexpr int32_t kProducerRegs = 24, kProducerRegs64 = 40,
+                  kProducerRegs256 = 72;
+constexpr int32_t kConsumerRegs = 240, kConsumerRegs64 = 232,
+                  kConsumerRegs256 = 216;
 constexpr int32_t kEntryRegs = 168;
 /// Slots of the query-tile ring (the tile views' two buffers).
 constexpr int64_t kSlots = 2;
@@ -75,7 +83,7 @@ constexpr int64_t kSlots = 2;
 class WarpSpecializedKVMajor : public KVMajorEmitter {
 public:
   WarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b)
-      : KVMajorEmitter(kernel, b), wgmma(productsHost()) {
+      : KVMajorEmitter(kernel, b), wgmma(splitHost()) {
     useWgmmaTiles();
     copies.syncedThreads = threads();
     tmaQueryTiles =
@@ -92,6 +100,17 @@ public:
   }
 
 private:
+  /// The products' host, the warp layout chosen first: at head_dim 256 both
+  /// warpgroups hold all 64 keys (one m16 block a warp) and half of the
+  /// query tile's columns of Sᵀ.
+  KVProductsHost splitHost() {
+    if (headDim == 256) {
+      splitWarpgroups = true;
+      mTiles = 1;
+      nTiles = blockN / 16;
+    }
+    return productsHost();
+  }
   /// full and empty of each slot, dq full, dq empty.
   static constexpr int64_t kBarriers = 2 * kSlots + 2;
   int64_t barrierOffset() const {
@@ -216,7 +235,9 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(role.thenBlock());
   NVVM::SetMaxRegisterOp::create(b, loc,
-                                 splitDq() ? kProducerRegs64 : kProducerRegs,
+                                 splitWarpgroups ? kProducerRegs256
+                                 : splitDq()     ? kProducerRegs64
+                                                 : kProducerRegs,
                                  NVVM::SetMaxRegisterAction::decrease);
   if (tmaQueryTiles)
     qMap = fn.param("qMap"), doMap = fn.param("doMap");
@@ -232,7 +253,9 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
   warps = consumerWarps;
   b.setInsertionPointToStart(role.elseBlock());
   NVVM::SetMaxRegisterOp::create(b, loc,
-                                 splitDq() ? kConsumerRegs64 : kConsumerRegs,
+                                 splitWarpgroups ? kConsumerRegs256
+                                 : splitDq()     ? kConsumerRegs64
+                                                 : kConsumerRegs,
                                  NVVM::SetMaxRegisterAction::increase);
   ringIter = idx(0);
   return KVMajorEmitter::emitBody();
@@ -391,11 +414,20 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                                          int64_t *sharedBytes) {
   static_assert(kSlots == 2, "the tile views hold two buffers");
   int64_t d = kernel.getProblem()->getHeadDim();
-  if ((d != 64 && d != 128) || kernel.getTiling()->getBlockM() != 128 ||
+  int64_t blockM = kernel.getTiling()->getBlockM();
+  if (d == 256 && kernel.getKind() == KernelKind::bwd_kv) {
+    if (blockM != 64 || kernel.getTiling()->getBlockN() != 64 ||
+        kernel.getTiling()->getWarps() != 8)
+      return kernel.emitOpError()
+             << "the warp-specialized bwd_kv at head_dim 256 needs block_m "
+                "64, block_n 64 and 8 consumer warps";
+    return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
+  }
+  if ((d != 64 && d != 128) || blockM != 128 ||
       kernel.getTiling()->getBlockN() != 64 ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
-           << "the warp-specialized backward needs head_dim 64 or 128, "
-              "block_m 128, block_n 64 and 8 consumer warps";
+           << "the warp-specialized backward needs head_dim 64 or 128 (bwd_kv "
+              "also 256), block_m 128, block_n 64 and 8 consumer warps";
   return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
 }

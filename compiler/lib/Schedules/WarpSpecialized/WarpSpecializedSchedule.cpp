@@ -21,9 +21,10 @@ bool isKVMajor(KernelKind kind) {
 /// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
 /// that divide the 128 query rows and fit shared memory; the KV-major
 /// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
-/// warpgroups, 64-query tiles; the dQ kernel (bwd_dq) at head_dim 64 and
-/// 128, the forward's 128 query rows and a ring of 2 to 4 stages of key
-/// tiles of at most 64 rows. The forward and the dQ kernel also walk prefix
+/// warpgroups, 64-query tiles, and bwd_kv at head_dim 256, 64 keys that both
+/// warpgroups share; the dQ kernel (bwd_dq) at head_dim 64, 128 and 256, the
+/// forward's 128 query rows and a ring of 2 to 4 stages of key tiles of at
+/// most 64 rows. The forward and the dQ kernel also walk prefix
 /// trees' ancestor chains.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
@@ -38,10 +39,16 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
-    if (spec.headDim != 64 && spec.headDim != 128)
-      return "its backward has head_dim 64 and 128, not " +
-             std::to_string(spec.headDim);
     const Tiling &t = spec.tiling;
+    if (spec.headDim == 256 && spec.kind == KernelKind::BwdKV) {
+      if (t.blockM != 64 || t.blockN != 64 || t.warps != 8)
+        return "its bwd_kv at head_dim 256 needs block_m 64, block_n 64 and 8 "
+               "(consumer) warps";
+      return {};
+    }
+    if (spec.headDim != 64 && spec.headDim != 128)
+      return "its backward has head_dim 64 and 128 (bwd_kv also 256), not " +
+             std::to_string(spec.headDim);
     if (t.blockM != 128 || t.blockN != 64 || t.warps != 8)
       return "its backward needs block_m 128, block_n 64 and 8 (consumer) "
              "warps";
@@ -49,8 +56,8 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
   }
   const Tiling &t = spec.tiling;
   if (dq) {
-    if (spec.headDim != 64 && spec.headDim != 128)
-      return "its dQ kernel has head_dim 64 and 128, not " +
+    if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
+      return "its dQ kernel has head_dim 64, 128 and 256, not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || t.stages > 4 ||
         t.blockN % 16 || 64 % t.blockN)
@@ -85,8 +92,10 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
   // measured level; docs/performance.md).
   // Prefix trees too: the forward and the dQ kernel walk their ancestor
   // chains.
+  // bwd_kv at head_dim 256 too (the split-dQ backward's, sm_90a's default).
   if (isKVMajor(resolved.kind))
-    return resolved.headDim == 64 || resolved.headDim == 128;
+    return resolved.headDim == 64 || resolved.headDim == 128 ||
+           resolved.headDim == 256;
   if (resolved.kind == KernelKind::BwdDQ)
     return t.stages > 2; // only the warp-specialized dQ kernel has them
   return t.blockN == (resolved.headDim == 256 ? 64 : 128);
@@ -98,6 +107,26 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
       (spec.schedule != Schedule::WarpSpecialized &&
        spec.schedule != Schedule::Auto))
     return std::nullopt;
+  // Under Auto only when the fields the caller pinned agree with `ws`, so
+  // that a pinned tiling (e.g. dualkv-aot's --block-m 64 --block-n 32
+  // --warps 4 for a whole backward set) keeps the other schedules' defaults.
+  auto agreeing = [&spec](const Tiling &ws) -> std::optional<Tiling> {
+    const Tiling &t = spec.tiling;
+    bool agrees = (!t.blockM || t.blockM == ws.blockM) &&
+                  (!t.blockN || t.blockN == ws.blockN) &&
+                  (!t.warps || t.warps == ws.warps) &&
+                  (!t.stages || t.stages == ws.stages);
+    if (spec.schedule == Schedule::WarpSpecialized || agrees)
+      return ws;
+    return std::nullopt;
+  };
+  if (spec.headDim == 256 && spec.kind == KernelKind::BwdDQ)
+    // 32-key tiles in a ring of 3 (Q and dO of 128 rows take 128 KB).
+    return agreeing(Tiling{128, 32, 8, kDqWarpSpecializedStages});
+  if (spec.headDim == 256 && spec.kind == KernelKind::BwdKV)
+    // 64 keys that both consumer warpgroups share, 64-query tiles copied by
+    // the producer's cp.async (WarpSpecializedKVMajor.cpp).
+    return agreeing(Tiling{64, 64, 8, 1});
   if (spec.kind == KernelKind::BwdDQ &&
       (spec.headDim == 64 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two
@@ -107,21 +136,9 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
     // product of tile i runs behind the scores of tile i + 1). With it the
     // split-dQ forward+backward took 47.9 ms at P = 16384 on the H200
     // against 55.1 with the wgmma dQ kernel (docs/performance.md); race-free
-    // under compute-sanitizer. Under Auto only when the fields the caller
-    // pinned agree with it, so that a pinned tiling (e.g. dualkv-aot's
-    // --block-m 64
-    // --block-n 32 --warps 4 for a whole backward set) keeps the other
-    // schedules' defaults. Prefix trees too: the tree variant walks the
-    // ancestor chains.
-    const Tiling ws = {128, 64, 8, kDqWarpSpecializedStages};
-    const Tiling &t = spec.tiling;
-    bool agrees = (!t.blockM || t.blockM == ws.blockM) &&
-                  (!t.blockN || t.blockN == ws.blockN) &&
-                  (!t.warps || t.warps == ws.warps) &&
-                  (!t.stages || t.stages == ws.stages);
-    if (spec.schedule == Schedule::WarpSpecialized || agrees)
-      return ws;
-    return std::nullopt;
+    // under compute-sanitizer. Prefix trees too: the tree variant walks
+    // the ancestor chains.
+    return agreeing(Tiling{128, 64, 8, kDqWarpSpecializedStages});
   }
   // sm_90a: 128 query rows in two consumer warpgroups beside a producer
   // warpgroup, 128-key tiles, 64 at head_dim 256, whose 64 x 256
@@ -159,6 +176,7 @@ int64_t warpSpecializedSharedBytesOf(const KernelSpec &resolved) {
   // dQ empty.
   KVMajorLayout::Options o;
   o.dqStagingTiles = resolved.headDim == 64 ? 2 : 1;
+  o.sharedPAndDs = resolved.headDim == 256;
   o.barriers = 6;
   o.swizzleAlign = true;
   return KVMajorLayout::of(resolved.tiling, resolved.headDim, resolved.kind, o)
@@ -228,7 +246,7 @@ int64_t warpSpecializedSharedBytes(const Tiling &tiling, int headDim,
 const ScheduleRecord kWarpSpecializedRecord = {
     Schedule::WarpSpecialized,
     "warp_specialized",
-    "sm_90a: the forward, bwd and bwd_kv at\nhead_dim 64 and 128",
+    "sm_90a: the forward, bwd_dq and bwd_kv at\nhead_dim 64, 128 and 256, bwd at 64 and\n128",
     warpSpecializedUnfit,
     warpSpecializedAutoPicks,
     warpSpecializedDefaultTiling,

@@ -18,12 +18,16 @@ KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 
 def schedule(kind, d, bm, bn, warps, arch, stages=1):
     """On sm_90a: the warp-specialized schedule for bwd and bwd_kv at
-    128:64:8 and head_dim 64 and 128, and for bwd_dq at head_dim 64 and 128
-    with more than two stages (a ring of key tiles of 16, 32 or 64 rows,
-    which only that schedule has); the warpgroup one for bwd_dq at 128:64:8,
-    head_dim 128 and fewer stages; mma_sync for everything else."""
-    if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 128) and stages > 2 \
-            and (bm, warps) == (128, 8) and bn in (16, 32, 64):
+    128:64:8 and head_dim 64 and 128, for bwd_kv at 64:64:8 and head_dim 256,
+    and for bwd_dq at head_dim 64, 128 and 256 with more than two stages (a
+    ring of key tiles of 16, 32 or 64 rows, which only that schedule has);
+    the warpgroup one for bwd_dq at 128:64:8, head_dim 128 and fewer stages;
+    mma_sync for everything else."""
+    if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 128, 256) \
+            and stages > 2 and (bm, warps) == (128, 8) and bn in (16, 32, 64):
+        return "warp_specialized"
+    if arch == "sm_90a" and kind == "bwd_kv" and d == 256 \
+            and (bm, bn, warps) == (64, 64, 8):
         return "warp_specialized"
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
         if kind in ("bwd", "bwd_kv") and d in (64, 128):
@@ -33,10 +37,11 @@ def schedule(kind, d, bm, bn, warps, arch, stages=1):
     return "mma_sync"
 
 
-def threads(kind, d, bm, bn, warps, arch, stages=1):
+def threads(kind, d, bm, bn, warps, arch, stages=1, sched=None):
     """32 a warp, and a producer warpgroup of 128 in the warp-specialized
     schedule."""
-    ws = schedule(kind, d, bm, bn, warps, arch, stages) == "warp_specialized"
+    sched = sched or schedule(kind, d, bm, bn, warps, arch, stages)
+    ws = sched == "warp_specialized"
     return 32 * warps + (128 if ws else 0)
 
 
@@ -46,8 +51,8 @@ def stat_slots(bn, warps):
     return max(bn, 32 * warps)
 
 
-def shared_bytes(kind, d, bm, bn, warps, arch, stages=1):
-    sched = schedule(kind, d, bm, bn, warps, arch, stages)
+def shared_bytes(kind, d, bm, bn, warps, arch, stages=1, sched=None):
+    sched = sched or schedule(kind, d, bm, bn, warps, arch, stages)
     if sched == "warp_specialized" and kind == "bwd_dq":
         # Q and dO (block_m rows), a ring of `stages` K and V tiles (block_n
         # rows) in the 128-byte swizzle, an mbarrier for Q and dO and four a
@@ -64,7 +69,11 @@ def shared_bytes(kind, d, bm, bn, warps, arch, stages=1):
         # bwd also stages dQ (block_n rows of d + 8 fp32) for its bulk
         # reductions: at head_dim 64 the warp-specialized one a buffer per
         # consumer warpgroup (each reduces the dQ of its own 64 keys).
+        # bwd_kv at head_dim 256: the warpgroups share P^T (two buffers) and
+        # dS^T, block_m x block_n each.
         ds = bm * bn * 2 if kind == "bwd" else 0
+        if sched == "warp_specialized" and kind == "bwd_kv" and d == 256:
+            ds = 3 * bm * bn * 2
         dq_buffers = 2 if sched == "warp_specialized" and d == 64 else 1
         dq = dq_buffers * bn * (d + 8) * 4 if kind == "bwd" else 0
         end = (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
@@ -106,6 +115,13 @@ def main():
             t["block_m"], t["block_n"], t["warps"], t["stages"])
         sched = schedule(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"],
                          t["stages"])
+        # A schedule named on the command line other than the compiler's
+        # choice ends the name: the kernel is that schedule's.
+        named = [x for x in ("mma_sync", "wgmma", "warp_specialized")
+                 if os.path.basename(path).endswith("_%s.json" % x)]
+        if named and named[0] != sched:
+            sched = named[0]
+            name += "_" + sched
         entry = "attention_%s_%s" % (kind, sched)
         if kind not in KINDS:
             problems.append("not a backward kind: %s" % kind)
@@ -115,11 +131,11 @@ def main():
         if os.path.basename(path) != name + ".json":
             problems.append("file name does not spell the spec (%s)" % name)
         want = threads(kind, d, t["block_m"], t["block_n"], t["warps"], j["arch"],
-                       t["stages"])
+                       t["stages"], sched)
         if j["threads"] != want:
             problems.append("threads %d != %d" % (j["threads"], want))
         smem = shared_bytes(kind, d, t["block_m"], t["block_n"], t["warps"],
-                            j["arch"], t["stages"])
+                            j["arch"], t["stages"], sched)
         if j["shared_bytes"] != smem:
             problems.append("shared_bytes %d != %d" % (j["shared_bytes"], smem))
         if not os.path.getsize(path[:-5] + ".ptx"):
