@@ -443,12 +443,12 @@ int testDeterministic(uint64_t seed) {
                  defaultDiffers == 0 ? "ok" : "FAIL", c.describe(),
                  defaultDiffers);
     }
-    // sm_90, head_dim 64 and 128: the dQ kernel that is not the default
-    // there (wgmma at head_dim 128, mma.sync at 64, asked for by tiling; the
-    // default is the warp-specialized one) against the fp64 reference,
-    // bitwise stable, beside the same bwd_kv (so dK and dV are the default
-    // dQ kernel's run's bits).
-    if (c.d != 256 && deviceIsSm90()) {
+    // sm_90: the dQ kernel that is not the default there (wgmma at head_dim
+    // 128, mma.sync at 64 and 256, asked for by tiling; the default is the
+    // warp-specialized one) against the fp64 reference, bitwise stable,
+    // beside the same bwd_kv (so dK and dV are the default dQ kernel's run's
+    // bits).
+    if (deviceIsSm90()) {
       BackwardOptions ws = det;
       ws.callerWorkspace = false;
       ws.dqTiling = c.d == 128 ? Tiling{128, 64, 8, 1} : Tiling{64, 32, 4, 1};

@@ -137,12 +137,12 @@ func.func @no_kernel() {
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
-// - head_dim 256, bwd on every arch and bwd_kv before sm_90a: 64 keys in 8 warps
-//   (2 * 64 * 256 / 256 = 128 registers, dK and dV split across the warps by head
-//   dimension, so the warps need not own whole m16 blocks of keys), 32-query tiles,
-//   mma_sync. On sm_90a bwd_kv takes the warp-specialized schedule: 64 keys shared
-//   by two consumer warpgroups, each half of dK's and dV's columns, 64-query tiles;
-//   and bwd_dq its 128 query rows with a ring of three 32-key tiles.
+// - head_dim 256, bwd and bwd_kv before sm_90a: 64 keys in 8 warps (2 * 64 * 256 /
+//   256 = 128 registers, dK and dV split across the warps by head dimension, so the
+//   warps need not own whole m16 blocks of keys), 32-query tiles, mma_sync. On sm_90a
+//   the warp-specialized schedule: 64 keys shared by two consumer warpgroups, each
+//   half of dK's and dV's columns, 64-query tiles loaded by TMA (2 stages); and
+//   bwd_dq its 128 query rows with a ring of three 32-key tiles.
 // Change these checks with defaultTiling.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
@@ -150,9 +150,9 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 2" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
-// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 2" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
@@ -257,12 +257,12 @@ func.func @no_kernel() {
 // ERR-WS: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs sm_90a, not sm_80
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="block-n=32 warps=4 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=ERR-WS-TILING
 // ERR-WS-TILING: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this fwd kernel: it needs block_m 128, 8 (consumer) warps, 2 stages and block_n 16, 32, 64 or 128
-// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
-// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: its backward has head_dim 64 and 128 (bwd_kv also 256), not 256
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256 block-n=32" 2>&1 | FileCheck %s --check-prefix=ERR-WS-BWD
+// ERR-WS-BWD: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd kernel: its backward at head_dim 256 needs block_m 64, block_n 64 and 8 (consumer) warps
 // RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256 block-n=64" 2>&1 | FileCheck %s --check-prefix=ERR-WS-DQ
 // ERR-WS-DQ: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_dq kernel: its tiles exceed 227 KB of shared memory at block_n 64
 // RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256 block-m=128" 2>&1 | FileCheck %s --check-prefix=ERR-WS-KV
-// ERR-WS-KV: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_kv kernel: its bwd_kv at head_dim 256 needs block_m 64, block_n 64 and 8 (consumer) warps
+// ERR-WS-KV: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_kv kernel: its backward at head_dim 256 needs block_m 64, block_n 64 and 8 (consumer) warps
 // RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=wgmma stages=3" 2>&1 | FileCheck %s --check-prefix=ERR-STAGES3
 // ERR-STAGES3: error: 'dualkv.kernel' op stages 3 and 4 are the warp-specialized dQ kernel's only; this bwd_dq kernel takes 1 or 2
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=fast" 2>&1 | FileCheck %s --check-prefix=ERR-SCHED

@@ -213,6 +213,22 @@ SmallVector<Value> WgmmaKVProducts::dqWgmma(ArrayRef<Value> ds) {
   return acc;
 }
 
+SmallVector<Value> WgmmaKVProducts::splitDq(int64_t half) {
+  Value aDesc = wg.desc(o.add(dsAddr, o.idx(2 * h.blockM * h.blockN * 2)),
+                        h.blockM * 128, 1024);
+  Value atom = o.add(o.mul(warpGroup, o.idx(h.headDim / 128)), o.idx(half));
+  Value bDesc = wg.desc(o.add(kAddr, o.mul(atom, o.idx(h.blockM * 128))),
+                        h.blockM * 128, 1024);
+  SmallVector<Value> acc;
+  wg.fence();
+  for (int64_t kk = 0; kk < h.blockM / 16; ++kk)
+    acc = wg.step(acc, 64, wg.descPlus(aDesc, kk * 16 * 128), {},
+                  wg.descPlus(bDesc, kk * 16 * 128), true, true);
+  wg.commit();
+  waitWgmma(Value(), acc);
+  return acc;
+}
+
 SmallVector<Value> WgmmaKVProducts::dqOwnKeys(ArrayRef<Value> ds) {
   storeDsT(ds);
   proxyFence(o);

@@ -98,6 +98,11 @@ public:
   /// warpgroup cannot take half of 64 columns): dSᵀ to shared memory, a
   /// barrier of the warpgroup's 128 threads (named barrier Warpgroup0 + w).
   SmallVector<Value> dqOwnKeys(ArrayRef<Value> ds);
+  /// splitWarpgroups: dQ columns D/2 w + 64 half.. (64 of them) of the
+  /// query tile, dS (M-major: dSᵀ, whole in shared memory) times K, BM / 16
+  /// k-steps of 16 keys, waited for; the warp's C fragments (queries 16
+  /// (warp % 4) + g, + 8).
+  SmallVector<Value> splitDq(int64_t half);
   /// Stores the warp's dQ C fragments in a staging buffer: dqWgmma's by
   /// default (columns from 64 (warp / 4), the buffer at dqOffset()), else
   /// columns from `colBase` into the buffer at byte `offset`.

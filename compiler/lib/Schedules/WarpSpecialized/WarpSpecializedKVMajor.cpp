@@ -1,9 +1,10 @@
 //===- WarpSpecializedKVMajor.cpp - the sm_90a KV-major backward ----------===//
 //
 // bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries
-// (bwd_kv also at head_dim 256, block_m 64, where the two consumer
-// warpgroups share the keys and split the columns of dK and dV:
-// KVMajorEmitter::splitWarpgroups, WgmmaKVProducts.h):
+// (and at head_dim 256, block_m 64, where the two consumer warpgroups share
+// the keys and split the columns of dK, dV and dQ, and each thread adds its
+// dQ values to global memory itself: KVMajorEmitter::splitWarpgroups,
+// WgmmaKVProducts.h):
 // the products of the warpgroup schedule, from a WgmmaKVProducts of its own
 // (Lowering/Products/WgmmaKVProducts.h: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared
 // memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers, dQ = dS K
@@ -68,14 +69,15 @@ namespace {
 constexpr int64_t kProducerThreads = 128;
 /// Registers a thread after setmaxnreg, within 384 x 168: 128 x 24 + 256 x
 /// 240 at head_dim 128; 128 x 40 + 256 x 232 at head_dim 64, where the
-/// consumers need fewer and the producer's two dQ reductions a row more;
-/// 128 x 72 + 256 x 216 for bwd_kv at head_dim 256, whose producer copies
-/// 512-byte rows (with 40 it spilled 88 bytes, with 24 240) and whose
-/// consumers hold half of dK and dV.
+/// consumers need fewer and the producer's two dQ reductions a row more, and
+/// at head_dim 256 with the TMA producer; 128 x 72 + 256 x 216 at head_dim
+/// 256 when the producer copies Q and dO by cp.async, 512-byte rows (with 40
+/// it spilled 88 bytes), which leaves the consumers, who hold half of dK and
+/// dV, too few for a window or a score modifier (4 to 24 bytes of spills).
 constexpr int32_t kProducerRegs = 24, kProducerRegs64 = 40,
-                  kProducerRegs256 = 72;
+                  kProducerRegsCopying256 = 72;
 constexpr int32_t kConsumerRegs = 240, kConsumerRegs64 = 232,
-                  kConsumerRegs256 = 216;
+                  kConsumerRegsCopying256 = 216;
 constexpr int32_t kEntryRegs = 168;
 /// Slots of the query-tile ring (the tile views' two buffers).
 constexpr int64_t kSlots = 2;
@@ -115,13 +117,28 @@ private:
   static constexpr int64_t kBarriers = 2 * kSlots + 2;
   int64_t barrierOffset() const {
     return wgmma.dqOffset() +
-           (withDq ? dqBuffers() * blockN * wgmma.dqRowBytes() : 0);
+           (stagesDq() ? dqBuffers() * blockN * wgmma.dqRowBytes() : 0);
   }
   /// head_dim 64: each warpgroup computes the dQ of its own 64 keys (a
   /// warpgroup cannot take half of 64 columns), so the warpgroups share
   /// nothing in a tile; their two partial dQ tiles have a staging buffer
   /// each and are both bulk-reduced.
   bool splitDq() const { return headDim == 64; }
+  /// bwd's dQ leaves through the staging buffers and the producer's bulk
+  /// reductions; with splitWarpgroups (head_dim 256, no shared memory left
+  /// for a 64 x 256 fp32 tile) each consumer thread adds its own dQ values
+  /// to global memory (KVMajorEmitter::reduceDqTile).
+  bool stagesDq() const { return withDq && !splitWarpgroups; }
+  int32_t producerRegs() const {
+    if (splitWarpgroups && !tmaQueryTiles)
+      return kProducerRegsCopying256;
+    return splitDq() || splitWarpgroups ? kProducerRegs64 : kProducerRegs;
+  }
+  int32_t consumerRegs() const {
+    if (splitWarpgroups && !tmaQueryTiles)
+      return kConsumerRegsCopying256;
+    return splitDq() || splitWarpgroups ? kConsumerRegs64 : kConsumerRegs;
+  }
   int64_t dqBuffers() const { return splitDq() ? 2 : 1; }
   Value barrierAt(int64_t first, Value slot) {
     return sharedPtr(
@@ -166,6 +183,19 @@ private:
   void endQIteration() override { wgmma.retireAll(); }
   void endKernel() override {}
   LogicalResult emitAccumulateDq(AccumulateDqOp op) override {
+    if (splitWarpgroups) {
+      // dSᵀ is whole in shared memory (accumulate's barrier for dK came
+      // before): the warpgroup's 128 columns in two products of 64, each
+      // added to global dQ as soon as it is done.
+      Value tile = map.lookup(op->getParentOfType<QLoopOp>().getTileIndex());
+      Value first = mul(tile, idx(blockN));
+      Value warpRow0 = mul(remu(ids.warp, 4), idx(16));
+      Value warpCol0 = mul(wgmma.warpGroup, idx(headDim / 2));
+      for (int64_t half = 0; half < 2; ++half)
+        reduceDqTile(wgmma.splitDq(half), 1, headDim / 4 / 8, warpRow0,
+                     warpCol0, half * headDim / 4, first);
+      return success();
+    }
     SmallVector<Value> ds = unpack(map.lookup(op.getDs()));
     // head_dim 64: dQ of the warpgroup's own 64 keys, 64 queries x 64
     // columns; only this warpgroup reads its dSᵀ rows.
@@ -220,7 +250,7 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
       NVVM::MBarrierInitOp::create(b, loc, emptyBarrier(idx(s)),
                                    i32c(int32_t(threads())), Value());
     }
-    if (withDq) {
+    if (stagesDq()) {
       NVVM::MBarrierInitOp::create(b, loc, dqFullBarrier(),
                                    i32c(int32_t(threads())), Value());
       NVVM::MBarrierInitOp::create(b, loc, dqEmptyBarrier(),
@@ -234,10 +264,7 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
       /*withElseRegion=*/true);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(role.thenBlock());
-  NVVM::SetMaxRegisterOp::create(b, loc,
-                                 splitWarpgroups ? kProducerRegs256
-                                 : splitDq()     ? kProducerRegs64
-                                                 : kProducerRegs,
+  NVVM::SetMaxRegisterOp::create(b, loc, producerRegs(),
                                  NVVM::SetMaxRegisterAction::decrease);
   if (tmaQueryTiles)
     qMap = fn.param("qMap"), doMap = fn.param("doMap");
@@ -252,10 +279,7 @@ LogicalResult WarpSpecializedKVMajor::emitBody() {
   ids.tid = consumerTid;
   warps = consumerWarps;
   b.setInsertionPointToStart(role.elseBlock());
-  NVVM::SetMaxRegisterOp::create(b, loc,
-                                 splitWarpgroups ? kConsumerRegs256
-                                 : splitDq()     ? kConsumerRegs64
-                                                 : kConsumerRegs,
+  NVVM::SetMaxRegisterOp::create(b, loc, consumerRegs(),
                                  NVVM::SetMaxRegisterAction::increase);
   ringIter = idx(0);
   return KVMajorEmitter::emitBody();
@@ -321,7 +345,7 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
           proxyFence(*this);
           arrive(*this, fullBarrier(slot));
         }
-        if (withDq)
+        if (stagesDq())
           emitIf(cmp(arith::CmpIPredicate::ugt, at, idx(0)), [&] {
             writeDq(arith::SubIOp::create(b, loc, at, idx(1)), args[1],
                     args[2]);
@@ -335,7 +359,7 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
     it = heads.getResult(0), prevFirst = heads.getResult(1),
     prevHead = heads.getResult(2);
   }
-  if (withDq) {
+  if (stagesDq()) {
     // The last tile's dQ, then every reduction in global memory before the
     // CTA ends.
     emitIf(cmp(arith::CmpIPredicate::ugt, it, idx(0)), [&] {
@@ -415,11 +439,11 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
   static_assert(kSlots == 2, "the tile views hold two buffers");
   int64_t d = kernel.getProblem()->getHeadDim();
   int64_t blockM = kernel.getTiling()->getBlockM();
-  if (d == 256 && kernel.getKind() == KernelKind::bwd_kv) {
+  if (d == 256) {
     if (blockM != 64 || kernel.getTiling()->getBlockN() != 64 ||
         kernel.getTiling()->getWarps() != 8)
       return kernel.emitOpError()
-             << "the warp-specialized bwd_kv at head_dim 256 needs block_m "
+             << "the warp-specialized backward at head_dim 256 needs block_m "
                 "64, block_n 64 and 8 consumer warps";
     return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
   }
@@ -427,7 +451,7 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
       kernel.getTiling()->getBlockN() != 64 ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
-           << "the warp-specialized backward needs head_dim 64 or 128 (bwd_kv "
-              "also 256), block_m 128, block_n 64 and 8 consumer warps";
+           << "the warp-specialized backward needs head_dim 64 or 128, "
+              "block_m 128, block_n 64 and 8 consumer warps";
   return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
 }

@@ -21,7 +21,7 @@ bool isKVMajor(KernelKind kind) {
 /// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
 /// that divide the 128 query rows and fit shared memory; the KV-major
 /// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
-/// warpgroups, 64-query tiles, and bwd_kv at head_dim 256, 64 keys that both
+/// warpgroups, 64-query tiles, and at head_dim 256 64 keys that both
 /// warpgroups share; the dQ kernel (bwd_dq) at head_dim 64, 128 and 256, the
 /// forward's 128 query rows and a ring of 2 to 4 stages of key tiles of at
 /// most 64 rows. The forward and the dQ kernel also walk prefix
@@ -40,14 +40,14 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
     return "it needs sm_90a, not " + spec.arch;
   if (kvMajor) {
     const Tiling &t = spec.tiling;
-    if (spec.headDim == 256 && spec.kind == KernelKind::BwdKV) {
+    if (spec.headDim == 256) {
       if (t.blockM != 64 || t.blockN != 64 || t.warps != 8)
-        return "its bwd_kv at head_dim 256 needs block_m 64, block_n 64 and 8 "
-               "(consumer) warps";
+        return "its backward at head_dim 256 needs block_m 64, block_n 64 "
+               "and 8 (consumer) warps";
       return {};
     }
     if (spec.headDim != 64 && spec.headDim != 128)
-      return "its backward has head_dim 64 and 128 (bwd_kv also 256), not " +
+      return "its backward has head_dim 64, 128 and 256, not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.blockN != 64 || t.warps != 8)
       return "its backward needs block_m 128, block_n 64 and 8 (consumer) "
@@ -79,7 +79,7 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
 }
 
 /// Auto picks it for the forward at its measured tilings (defaultTiling's),
-/// for the KV-major backward at head_dim 64 and 128 and for a dQ kernel
+/// for the KV-major backward at head_dim 64, 128 and 256 and for a dQ kernel
 /// tiling of more than 2 stages (only this schedule has them;
 /// kDqWarpSpecializedStages is its default). Other tilings of the
 /// warp-specialized forward are asked for by name.
@@ -92,7 +92,7 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
   // measured level; docs/performance.md).
   // Prefix trees too: the forward and the dQ kernel walk their ancestor
   // chains.
-  // bwd_kv at head_dim 256 too (the split-dQ backward's, sm_90a's default).
+  // Head_dim 256 too.
   if (isKVMajor(resolved.kind))
     return resolved.headDim == 64 || resolved.headDim == 128 ||
            resolved.headDim == 256;
@@ -123,10 +123,11 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   if (spec.headDim == 256 && spec.kind == KernelKind::BwdDQ)
     // 32-key tiles in a ring of 3 (Q and dO of 128 rows take 128 KB).
     return agreeing(Tiling{128, 32, 8, kDqWarpSpecializedStages});
-  if (spec.headDim == 256 && spec.kind == KernelKind::BwdKV)
-    // 64 keys that both consumer warpgroups share, 64-query tiles copied by
-    // the producer's cp.async (WarpSpecializedKVMajor.cpp).
-    return agreeing(Tiling{64, 64, 8, 1});
+  if (spec.headDim == 256 && isKVMajor(spec.kind))
+    // 64 keys that both consumer warpgroups share, 64-query tiles loaded by
+    // the producer's TMA (2 stages; WarpSpecializedKVMajor.cpp), which leaves
+    // the consumers the registers that windows and score modifiers need.
+    return agreeing(Tiling{64, 64, 8, kKVMajorTmaStages});
   if (spec.kind == KernelKind::BwdDQ &&
       (spec.headDim == 64 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two
@@ -175,7 +176,10 @@ int64_t warpSpecializedSharedBytesOf(const KernelSpec &resolved) {
   // reduces its own), and six mbarriers: full and empty of two slots, dQ full,
   // dQ empty.
   KVMajorLayout::Options o;
-  o.dqStagingTiles = resolved.headDim == 64 ? 2 : 1;
+  // At head_dim 256 each consumer thread adds its dQ values itself.
+  o.dqStagingTiles = resolved.headDim == 64    ? 2
+                     : resolved.headDim == 256 ? 0
+                                               : 1;
   o.sharedPAndDs = resolved.headDim == 256;
   o.barriers = 6;
   o.swizzleAlign = true;
@@ -246,7 +250,7 @@ int64_t warpSpecializedSharedBytes(const Tiling &tiling, int headDim,
 const ScheduleRecord kWarpSpecializedRecord = {
     Schedule::WarpSpecialized,
     "warp_specialized",
-    "sm_90a: the forward, bwd_dq and bwd_kv at\nhead_dim 64, 128 and 256, bwd at 64 and\n128",
+    "sm_90a: the forward and the backward at\nhead_dim 64, 128 and 256",
     warpSpecializedUnfit,
     warpSpecializedAutoPicks,
     warpSpecializedDefaultTiling,

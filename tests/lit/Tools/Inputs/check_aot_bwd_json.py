@@ -18,7 +18,7 @@ KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 
 def schedule(kind, d, bm, bn, warps, arch, stages=1):
     """On sm_90a: the warp-specialized schedule for bwd and bwd_kv at
-    128:64:8 and head_dim 64 and 128, for bwd_kv at 64:64:8 and head_dim 256,
+    128:64:8 and head_dim 64 and 128, and at 64:64:8 and head_dim 256,
     and for bwd_dq at head_dim 64, 128 and 256 with more than two stages (a
     ring of key tiles of 16, 32 or 64 rows, which only that schedule has);
     the warpgroup one for bwd_dq at 128:64:8, head_dim 128 and fewer stages;
@@ -26,7 +26,7 @@ def schedule(kind, d, bm, bn, warps, arch, stages=1):
     if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 128, 256) \
             and stages > 2 and (bm, warps) == (128, 8) and bn in (16, 32, 64):
         return "warp_specialized"
-    if arch == "sm_90a" and kind == "bwd_kv" and d == 256 \
+    if arch == "sm_90a" and kind in ("bwd", "bwd_kv") and d == 256 \
             and (bm, bn, warps) == (64, 64, 8):
         return "warp_specialized"
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
@@ -69,12 +69,13 @@ def shared_bytes(kind, d, bm, bn, warps, arch, stages=1, sched=None):
         # bwd also stages dQ (block_n rows of d + 8 fp32) for its bulk
         # reductions: at head_dim 64 the warp-specialized one a buffer per
         # consumer warpgroup (each reduces the dQ of its own 64 keys).
-        # bwd_kv at head_dim 256: the warpgroups share P^T (two buffers) and
-        # dS^T, block_m x block_n each.
+        # At head_dim 256 the warpgroups share P^T (two buffers) and dS^T,
+        # block_m x block_n each, and each thread adds its own dQ values to
+        # global memory (no staging).
         ds = bm * bn * 2 if kind == "bwd" else 0
-        if sched == "warp_specialized" and kind == "bwd_kv" and d == 256:
-            ds = 3 * bm * bn * 2
         dq_buffers = 2 if sched == "warp_specialized" and d == 64 else 1
+        if sched == "warp_specialized" and d == 256:
+            ds, dq_buffers = 3 * bm * bn * 2, 0
         dq = dq_buffers * bn * (d + 8) * 4 if kind == "bwd" else 0
         end = (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
                + dq)
