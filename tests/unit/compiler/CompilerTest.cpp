@@ -141,7 +141,11 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
     for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"}) {
       spec.arch = arch;
       spec.kind = KernelKind::Bwd;
-      Tiling kvMajor = d == 256                        ? Tiling{64, 32, 8, 1}
+      // sm_90a at head_dim 256: the warp-specialized backward, 64 keys
+      // that two consumer warpgroups share, Q and dO by TMA (2 stages).
+      bool sm90a = std::string(arch) == "sm_90a";
+      Tiling kvMajor = d == 256 && sm90a               ? Tiling{64, 64, 8, 2}
+                       : d == 256                      ? Tiling{64, 32, 8, 1}
                        : std::string(arch) == "sm_120" ? small
                                                        : Tiling{128, 64, 8, 1};
       CHECK(defaultTiling(spec) == kvMajor);
@@ -150,6 +154,10 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
     }
     spec.kind = KernelKind::BwdDQ;
     CHECK(defaultTiling(spec) == Tiling{64, 32, 4, 1});
+    spec.arch = "sm_90a";
+    CHECK(defaultTiling(spec) ==
+          (d == 256 ? Tiling{128, 32, 8, 3} : Tiling{128, 64, 8, 3}));
+    spec.arch = "sm_120";
     spec.kind = KernelKind::BwdPre;
     CHECK(defaultTiling(spec) == Tiling{64, 16, 4, 1});
     spec.kind = KernelKind::BwdPost;
@@ -157,11 +165,12 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
   }
 }
 
-TEST_CASE("compiler: only the head_dim-256 dQ kernel from sm_90 on masks "
-          "every tile",
+TEST_CASE("compiler: only the head_dim-256 mma_sync dQ kernel from sm_90 on "
+          "masks every tile",
           "[compiler][backward]") {
   // compiler/lib/Spec/KernelSpec.cpp maskEveryTile: one masked loop a region
-  // (two tile bodies instead of four) where a tile body is 192 mma.sync a warp.
+  // (two tile bodies instead of four) where a tile body is 192 mma.sync a warp;
+  // not the warp-specialized dQ kernel, sm_90a's default.
   auto resolved = [](KernelKind kind, int d, const char *arch) {
     KernelSpec spec;
     spec.kind = kind;
@@ -169,8 +178,9 @@ TEST_CASE("compiler: only the head_dim-256 dQ kernel from sm_90 on masks "
     spec.arch = arch;
     return resolveSpec(spec);
   };
-  for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"})
+  for (const char *arch : {"sm_90", "sm_100", "sm_120"})
     CHECK(maskEveryTile(resolved(KernelKind::BwdDQ, 256, arch)));
+  CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_90a")));
   CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_80")));
   CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_89")));
   for (int d : {64, 128})
@@ -183,6 +193,7 @@ TEST_CASE("compiler: only the head_dim-256 dQ kernel from sm_90 on masks "
   tree.kind = KernelKind::BwdDQ;
   tree.headDim = 256;
   tree.tree = true;
+  tree.arch = "sm_90";
   CHECK(maskEveryTile(resolveSpec(tree)));
 }
 
@@ -654,7 +665,11 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::Bwd, "sm_90a", 64), S},
       {specOf(K::BwdKV, "sm_90a", 64), S},
       {specOf(K::Bwd, "sm_90a", 64, {}, M), M}, // by name
-      {specOf(K::Bwd, "sm_90a", 256), M},
+      {specOf(K::Bwd, "sm_90a", 256), S},
+      {specOf(K::BwdKV, "sm_90a", 256), S},
+      {specOf(K::BwdKV, "sm_90a", 256, {64, 64, 8, 1}), S},
+      {specOf(K::BwdKV, "sm_90a", 256, {64, 32, 8, 1}), M},
+      {specOf(K::Bwd, "sm_90", 256), M},
       {specOf(K::Bwd, "sm_90a", 128, {128, 32, 8, 1}), M},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}), M},
       {specOf(K::Bwd, "sm_80", 128), M},
@@ -682,7 +697,8 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}), M},
       {specOf(K::BwdDQ, "sm_90a", 128, {64, 32, 4, 1}, W), W},
       {specOf(K::BwdDQ, "sm_90a", 64, {64, 32, 4, 1}), M},
-      {specOf(K::BwdDQ, "sm_90a", 256), M},
+      {specOf(K::BwdDQ, "sm_90a", 256), S},
+      {specOf(K::BwdDQ, "sm_90a", 256, {64, 32, 4, 1}), M},
       {specOf(K::BwdDQ, "sm_90", 128), M},
       {specOf(K::BwdDQ, "sm_80", 128), M},
       // Never wgmma: the elementwise kernels.
@@ -744,9 +760,9 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::Fwd, "sm_90a", 256, {128, 128, 8, 2}, S),
        "the warp_specialized schedule cannot compute this fwd kernel: its "
        "tiles exceed 227 KB of shared memory at block_n 128"},
-      {specOf(K::BwdDQ, "sm_90a", 256, {}, S),
+      {specOf(K::BwdDQ, "sm_90a", 256, {128, 32, 8, 4}, S),
        "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
-       "dQ kernel has head_dim 64 and 128, not 256"},
+       "tiles exceed 227 KB of shared memory at block_n 32"},
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 128, 8, 3}, S),
        "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
        "dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 stages and "
@@ -754,9 +770,10 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}, W),
        "stages 3 and 4 are the warp-specialized dQ kernel's only; this bwd_dq "
        "kernel takes 1 or 2"},
-      {specOf(K::Bwd, "sm_90a", 256, {}, S),
+      {specOf(K::Bwd, "sm_90a", 256, {64, 32, 8, 1}, S),
        "the warp_specialized schedule cannot compute this bwd kernel: its "
-       "backward has head_dim 64 and 128, not 256"},
+       "backward at head_dim 256 needs block_m 64, block_n 64 and 8 "
+       "(consumer) warps"},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}, S),
        "the warp_specialized schedule cannot compute this bwd_kv kernel: its "
        "backward needs block_m 128, block_n 64 and 8 (consumer) warps"},

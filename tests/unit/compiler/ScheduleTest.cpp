@@ -31,12 +31,12 @@ constexpr int kHeadDims[] = {64, 128, 256};
 constexpr Schedule kSchedules[] = {Schedule::Auto, Schedule::MmaSync,
                                    Schedule::Wgmma, Schedule::WarpSpecialized};
 /// Open, pinned and partly pinned tilings, each schedule's own among them.
-const Tiling kTilings[] = {{0, 0, 0, 0},     {64, 32, 4, 1},   {128, 64, 8, 3},
-                           {128, 64, 8, 0},  {128, 128, 8, 2}, {128, 32, 4, 2},
-                           {64, 64, 4, 1},   {128, 64, 8, 2},  {0, 0, 0, 3},
-                           {128, 64, 8, 1},  {128, 32, 8, 1},  {64, 32, 8, 1},
-                           {0, 64, 0, 0},    {128, 16, 8, 2},  {128, 32, 8, 4},
-                           {128, 256, 8, 2}, {128, 64, 4, 2}};
+const Tiling kTilings[] = {
+    {0, 0, 0, 0},     {64, 32, 4, 1},  {128, 64, 8, 3}, {128, 64, 8, 0},
+    {128, 128, 8, 2}, {128, 32, 4, 2}, {64, 64, 4, 1},  {128, 64, 8, 2},
+    {0, 0, 0, 3},     {128, 64, 8, 1}, {128, 32, 8, 1}, {64, 32, 8, 1},
+    {0, 64, 0, 0},    {128, 16, 8, 2}, {128, 32, 8, 4}, {128, 256, 8, 2},
+    {128, 64, 4, 2},  {64, 64, 8, 2},  {64, 64, 8, 1},  {128, 32, 8, 3}};
 
 bool queryMajor(KernelKind k) {
   return k == KernelKind::Fwd || k == KernelKind::BwdDQ;
@@ -83,14 +83,20 @@ int64_t refSharedBytes(const KernelSpec &r) {
   int64_t bytes = (2 * bm + 4 * bn) * row * 2; // K, V, 2 x Q, 2 x dO
   const bool grid2d =
       mma && w == 8 && ((bm == 128 && bn == 64) || (d == 256 && bm == 64));
+  // The warp-specialized backward at head_dim 256: its two consumer
+  // warpgroups share Pᵀ (two buffers) and dSᵀ, and stage no dQ.
+  const bool shared = ws && d == 256;
   if (grid2d)
     bytes += 2 * bn * (bm + 8) * 2; // P and dS
+  else if (shared)
+    bytes += 3 * bm * bn * 2; // Pᵀ twice, dSᵀ
   else if (r.kind == KernelKind::Bwd)
     bytes += bm * (mma ? bn + 8 : bn) * 2;   // dSᵀ
   bytes += 2 * 2 * std::max(bn, 32 * w) * 4; // LSE and Delta, 2 tiles
   if (mma)
     return bytes;
-  const int64_t dq = r.kind == KernelKind::Bwd ? bn * (d + 8) * 4 : 0;
+  const int64_t dq =
+      r.kind == KernelKind::Bwd && !shared ? bn * (d + 8) * 4 : 0;
   if (ws)
     return bytes + (d == 64 ? 2 : 1) * dq + 6 * 8 + 1024;
   return bytes + dq + 1024;
@@ -117,11 +123,11 @@ bool refFits(const KernelSpec &r) {
     if (!sm90a || (r.tree && kvMajor(r.kind)))
       return false;
     if (kvMajor(r.kind))
-      return (d == 64 || d == 128) && t.blockM == 128 && t.blockN == 64 &&
-             t.warps == 8;
+      return d == 256 ? t.blockM == 64 && t.blockN == 64 && t.warps == 8
+                      : t.blockM == 128 && t.blockN == 64 && t.warps == 8;
     if (r.kind == KernelKind::BwdDQ) {
-      if (d == 256 || t.blockM != 128 || t.warps != 8 || t.stages < 2 ||
-          t.blockN > 64 || t.blockN < 16)
+      if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || t.blockN > 64 ||
+          t.blockN < 16)
         return false;
     } else if (r.kind == KernelKind::Fwd) {
       if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN < 16 ||
@@ -148,8 +154,26 @@ Tiling refDefaultTiling(const KernelSpec &s) {
       return Tiling{64, 32, 4, 1};
     return t;
   };
+  // sm_90a at head_dim 256: the warp-specialized backward (64 keys, the TMA
+  // producer's 2 stages) and dQ kernel (a ring of three 32-key tiles) when
+  // the pinned fields agree.
+  auto agrees = [&s](Tiling ws) {
+    const Tiling &t = s.tiling;
+    return (!t.blockM || t.blockM == ws.blockM) &&
+           (!t.blockN || t.blockN == ws.blockN) &&
+           (!t.warps || t.warps == ws.warps) &&
+           (!t.stages || t.stages == ws.stages);
+  };
+  auto wsDefault = [&](Tiling ws) {
+    return sm90a &&
+           (s.schedule == Schedule::WarpSpecialized || (auto_ && agrees(ws)));
+  };
   if (d == 256 && kvMajor(s.kind))
-    return {64, 32, 8, 1};
+    return wsDefault({64, 64, 8, 2}) ? Tiling{64, 64, 8, 2}
+                                     : Tiling{64, 32, 8, 1};
+  if (d == 256 && s.kind == KernelKind::BwdDQ &&
+      wsDefault({128, 32, 8, kDqWarpSpecializedStages}))
+    return {128, 32, 8, kDqWarpSpecializedStages};
   switch (s.kind) {
   case KernelKind::BwdPre:
   case KernelKind::BwdPost:
@@ -193,7 +217,7 @@ KernelSpec refResolve(KernelSpec s) {
   KernelSpec ws = s, wg = s;
   ws.schedule = Schedule::WarpSpecialized;
   wg.schedule = Schedule::Wgmma;
-  bool wsPreferred = kvMajor(s.kind) ? s.headDim == 64 || s.headDim == 128
+  bool wsPreferred = kvMajor(s.kind) ? true
                      : s.kind == KernelKind::BwdDQ
                          ? t.stages > 2
                          : t.blockN == (s.headDim == 256 ? 64 : 128);

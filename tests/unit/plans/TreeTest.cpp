@@ -541,8 +541,13 @@ TEST_CASE("tree kernels: spec, schedule and cache key", "[runtime][tree]") {
   KernelSpec oneStage = treeDq;
   oneStage.tiling = {128, 64, 8, 1};
   CHECK(resolveSpec(oneStage).schedule == Schedule::Wgmma);
+  // At head_dim 256 too, with a ring of three 32-key tiles.
   KernelSpec dq256 = treeDq;
   dq256.headDim = 256;
+  CHECK(resolveSpec(dq256).schedule == Schedule::WarpSpecialized);
+  CHECK(resolveSpec(dq256).tiling == Tiling{128, 32, 8, 3});
+  CHECK(checkSpec(resolveSpec(dq256)).empty());
+  dq256.tiling = {64, 32, 4, 1};
   CHECK(resolveSpec(dq256).schedule == Schedule::MmaSync);
   CHECK(checkSpec(resolveSpec(dq256)).empty());
   // Its parameters: the warp-specialized dQ kernel's, then the chain table.
@@ -699,7 +704,9 @@ TEST_CASE("tree kernels compile: the chain walk in every query-major "
        Schedule::MmaSync},
       {KernelKind::BwdDQ, "sm_80", 128, "attention_bwd_dq_mma_sync"},
       {KernelKind::BwdDQ, "sm_90a", 128, "attention_bwd_dq_warp_specialized"},
-      {KernelKind::BwdDQ, "sm_90a", 256, "attention_bwd_dq_mma_sync"},
+      {KernelKind::BwdDQ, "sm_90a", 256, "attention_bwd_dq_warp_specialized"},
+      {KernelKind::BwdDQ, "sm_90a", 256, "attention_bwd_dq_mma_sync",
+       Schedule::MmaSync},
   };
   const bool ptxas = !ptxasPath({}).empty();
   for (const Case &c : cases) {
