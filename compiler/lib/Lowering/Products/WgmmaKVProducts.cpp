@@ -198,25 +198,18 @@ SmallVector<Value> WgmmaKVProducts::dqWgmma(ArrayRef<Value> ds) {
   proxyFence(o);
   h.copies.syncThreads();
   // dQ (queries x D) = dS (queries x keys, M-major: dSᵀ) K (keys x D,
-  // N-major); warpgroup w computes columns 64w..64w+63, BM / 16 k-steps of 16
-  // keys.
-  Value aDesc = wg.desc(dsAddr, h.blockM * 128, 1024);
-  Value bDesc = wg.desc(o.add(kAddr, o.mul(warpGroup, o.idx(h.blockM * 128))),
-                        h.blockM * 128, 1024);
-  SmallVector<Value> acc;
-  wg.fence();
-  for (int64_t kk = 0; kk < h.blockM / 16; ++kk)
-    acc = wg.step(acc, 64, wg.descPlus(aDesc, kk * 16 * 128), {},
-                  wg.descPlus(bDesc, kk * 16 * 128), true, true);
-  wg.commit();
-  waitWgmma(Value(), acc);
-  return acc;
+  // N-major); warpgroup w computes columns 64w..64w+63.
+  return dqOfAtom(dsAddr, warpGroup);
 }
 
 SmallVector<Value> WgmmaKVProducts::splitDq(int64_t half) {
-  Value aDesc = wg.desc(o.add(dsAddr, o.idx(2 * h.blockM * h.blockN * 2)),
-                        h.blockM * 128, 1024);
-  Value atom = o.add(o.mul(warpGroup, o.idx(h.headDim / 128)), o.idx(half));
+  return dqOfAtom(o.add(dsAddr, o.idx(2 * h.blockM * h.blockN * 2)),
+                  o.add(o.mul(warpGroup, o.idx(h.headDim / 128)), o.idx(half)));
+}
+
+SmallVector<Value> WgmmaKVProducts::dqOfAtom(Value dsT, Value atom) {
+  // BM / 16 k-steps of 16 keys.
+  Value aDesc = wg.desc(dsT, h.blockM * 128, 1024);
   Value bDesc = wg.desc(o.add(kAddr, o.mul(atom, o.idx(h.blockM * 128))),
                         h.blockM * 128, 1024);
   SmallVector<Value> acc;

@@ -103,6 +103,9 @@ public:
   /// k-steps of 16 keys, waited for; the warp's C fragments (queries 16
   /// (warp % 4) + g, + 8).
   SmallVector<Value> splitDq(int64_t half);
+  /// dQ of 64 queries x the 64 columns of K's swizzle atom `atom` = dS
+  /// (M-major: dSᵀ at shared address `dsT`) K, BM keys, waited for.
+  SmallVector<Value> dqOfAtom(Value dsT, Value atom);
   /// Stores the warp's dQ C fragments in a staging buffer: dqWgmma's by
   /// default (columns from 64 (warp / 4), the buffer at dqOffset()), else
   /// columns from `colBase` into the buffer at byte `offset`.
