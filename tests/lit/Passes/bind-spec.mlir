@@ -137,12 +137,13 @@ func.func @no_kernel() {
 // - bwd_pre, bwd_post: elementwise, a warp per row: 64 rows a CTA over 4 warps;
 //   block_n 16 and stages 1 only satisfy the tiling's rules (block_m a multiple of
 //   block_n; 16 rows * head_dim / 8 chunks split over 128 threads).
-// - head_dim 256, bwd and bwd_kv before sm_90a: 64 keys in 8 warps (2 * 64 * 256 /
-//   256 = 128 registers, dK and dV split across the warps by head dimension, so the
-//   warps need not own whole m16 blocks of keys), 32-query tiles, mma_sync. On sm_90a
-//   the warp-specialized schedule: 64 keys shared by two consumer warpgroups, each
-//   half of dK's and dV's columns, 64-query tiles loaded by TMA (2 stages); and
-//   bwd_dq its 128 query rows with a ring of three 32-key tiles.
+// - head_dim 256, bwd on every arch and bwd_kv before sm_90a: 64 keys in 8 warps
+//   (2 * 64 * 256 / 256 = 128 registers, dK and dV split across the warps by head
+//   dimension, so the warps need not own whole m16 blocks of keys), 32-query tiles,
+//   mma_sync. On sm_90a bwd_kv takes the warp-specialized schedule (bwd by name): 64
+//   keys shared by two consumer warpgroups, each half of dK's and dV's columns,
+//   64-query tiles loaded by TMA (2 stages); and bwd_dq its 128 query rows with a
+//   ring of three 32-key tiles.
 // Change these checks with defaultTiling.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
@@ -150,7 +151,8 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=64 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=arch=sm_80 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=128 -DTILING="block_m = 64, block_n = 64, warps = 4, stages = 1" -DSCHED=mma_sync
-// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 2" -DSCHED=warp_specialized
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 schedule=warp_specialized" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 2" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 2" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync

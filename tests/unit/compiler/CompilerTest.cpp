@@ -141,16 +141,17 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
     for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"}) {
       spec.arch = arch;
       spec.kind = KernelKind::Bwd;
-      // sm_90a at head_dim 256: the warp-specialized backward, 64 keys
-      // that two consumer warpgroups share, Q and dO by TMA (2 stages).
+      // sm_90a at head_dim 256: bwd_kv warp-specialized, 64 keys that two
+      // consumer warpgroups share, Q and dO by TMA (2 stages); bwd so only
+      // by name.
       bool sm90a = std::string(arch) == "sm_90a";
-      Tiling kvMajor = d == 256 && sm90a               ? Tiling{64, 64, 8, 2}
-                       : d == 256                      ? Tiling{64, 32, 8, 1}
+      Tiling kvMajor = d == 256                        ? Tiling{64, 32, 8, 1}
                        : std::string(arch) == "sm_120" ? small
                                                        : Tiling{128, 64, 8, 1};
       CHECK(defaultTiling(spec) == kvMajor);
       spec.kind = KernelKind::BwdKV;
-      CHECK(defaultTiling(spec) == kvMajor);
+      CHECK(defaultTiling(spec) ==
+            (d == 256 && sm90a ? Tiling{64, 64, 8, 2} : kvMajor));
     }
     spec.kind = KernelKind::BwdDQ;
     CHECK(defaultTiling(spec) == Tiling{64, 32, 4, 1});
@@ -665,7 +666,9 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::Bwd, "sm_90a", 64), S},
       {specOf(K::BwdKV, "sm_90a", 64), S},
       {specOf(K::Bwd, "sm_90a", 64, {}, M), M}, // by name
-      {specOf(K::Bwd, "sm_90a", 256), S},
+      {specOf(K::Bwd, "sm_90a", 256), M},
+      {specOf(K::Bwd, "sm_90a", 256, {}, S), S},
+      {specOf(K::Bwd, "sm_90a", 256, {64, 64, 8, 2}), S},
       {specOf(K::BwdKV, "sm_90a", 256), S},
       {specOf(K::BwdKV, "sm_90a", 256, {64, 64, 8, 1}), S},
       {specOf(K::BwdKV, "sm_90a", 256, {64, 32, 8, 1}), M},

@@ -168,9 +168,13 @@ Tiling refDefaultTiling(const KernelSpec &s) {
     return sm90a &&
            (s.schedule == Schedule::WarpSpecialized || (auto_ && agrees(ws)));
   };
+  if (d == 256 && s.kind == KernelKind::BwdKV && wsDefault({64, 64, 8, 2}))
+    return {64, 64, 8, 2};
+  if (d == 256 && s.kind == KernelKind::Bwd && sm90a &&
+      s.schedule == Schedule::WarpSpecialized)
+    return {64, 64, 8, 2};
   if (d == 256 && kvMajor(s.kind))
-    return wsDefault({64, 64, 8, 2}) ? Tiling{64, 64, 8, 2}
-                                     : Tiling{64, 32, 8, 1};
+    return {64, 32, 8, 1};
   if (d == 256 && s.kind == KernelKind::BwdDQ &&
       wsDefault({128, 32, 8, kDqWarpSpecializedStages}))
     return {128, 32, 8, kDqWarpSpecializedStages};

@@ -123,11 +123,21 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   if (spec.headDim == 256 && spec.kind == KernelKind::BwdDQ)
     // 32-key tiles in a ring of 3 (Q and dO of 128 rows take 128 KB).
     return agreeing(Tiling{128, 32, 8, kDqWarpSpecializedStages});
-  if (spec.headDim == 256 && isKVMajor(spec.kind))
-    // 64 keys that both consumer warpgroups share, 64-query tiles loaded by
-    // the producer's TMA (2 stages; WarpSpecializedKVMajor.cpp), which leaves
-    // the consumers the registers that windows and score modifiers need.
-    return agreeing(Tiling{64, 64, 8, kKVMajorTmaStages});
+  // 64 keys that both consumer warpgroups share, 64-query tiles loaded by the
+  // producer's TMA (2 stages; WarpSpecializedKVMajor.cpp), which leaves the
+  // consumers the registers that windows and score modifiers need. bwd_kv
+  // by default: the split-dQ backward took 17.9 ms at P 8K N 16 R 1K (Hq 16,
+  // Hkv 8) on the H100 against 40.5 with the mma_sync kernels. The fused bwd
+  // (the atomic algorithm's, for windows and score modifiers) only by name:
+  // its dQ added to global memory by every thread took 42.5 ms against 42.8
+  // for the mma_sync bwd, and 121.0 against 110.8 at P 16K
+  // (docs/performance.md).
+  const Tiling kv256 = {64, 64, 8, kKVMajorTmaStages};
+  if (spec.headDim == 256 && spec.kind == KernelKind::BwdKV)
+    return agreeing(kv256);
+  if (spec.headDim == 256 && spec.kind == KernelKind::Bwd &&
+      spec.schedule == Schedule::WarpSpecialized)
+    return kv256;
   if (spec.kind == KernelKind::BwdDQ &&
       (spec.headDim == 64 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two
