@@ -130,8 +130,8 @@ void WgmmaKVProducts::splitAccumulate(AccumulateOp op) {
   Value y = h.map.lookup(op.getY());
   h.waitFor(y);
   bool isP = y == h.doCur;
-  storeSplitT(o.unpack(h.map.lookup(op.getX())),
-              isP ? pRow0 : o.idx(2 * h.blockM));
+  Value row0 = isP ? pRow0 : o.idx(splitDsRow());
+  storeSplitT(o.unpack(h.map.lookup(op.getX())), row0);
   proxyFence(o);
   h.copies.syncThreads();
   // acc (keys x D/2 columns of warpgroup w) += Xᵀ (keys x BN, K-major) Y
@@ -139,9 +139,7 @@ void WgmmaKVProducts::splitAccumulate(AccumulateOp op) {
   // tile, BN x 128 bytes apart), BN / 16 k-steps of 32 bytes of Xᵀ rows and
   // 16 rows of Y.
   int64_t n = h.headDim / 2, tileRowBytes = h.blockN * 128;
-  Value x = o.add(dsAddr, isP ? o.mul(pRow0, o.idx(h.blockN * 2))
-                              : o.idx(2 * h.blockM * h.blockN * 2));
-  Value aDesc = wg.desc(x, 16, 1024);
+  Value aDesc = wg.desc(splitRowAddr(row0), 16, 1024);
   Value bDesc =
       wg.desc(o.add(addrOf(y), o.mul(warpGroup, o.idx(n / 64 * tileRowBytes))),
               tileRowBytes, 1024);
@@ -154,39 +152,34 @@ void WgmmaKVProducts::splitAccumulate(AccumulateOp op) {
 }
 
 void WgmmaKVProducts::storeSplitT(ArrayRef<Value> x, Value row0) {
-  // Row r (a key) holds BN = 64 queries, one 128-byte swizzle row: 16-byte
-  // chunk c of it sits at chunk c ^ (r % 8), and r % 8 = g.
-  Value warpRow = o.mul(o.remu(h.ids.warp, 4), o.idx(16));
-  Value chunk0 = o.mul(warpGroup, o.idx(h.blockN / 16));
-  int64_t nTiles = h.blockN / 16;
-  for (int64_t nt = 0; nt < nTiles; ++nt)
-    for (int64_t half = 0; half < 2; ++half) {
-      int64_t i = nt * 4 + half * 2;
-      Value narrow =
-          arith::TruncFOp::create(o.b, o.loc, VectorType::get({2}, h.elemType),
-                                  o.pack({x[i], x[i + 1]}));
-      Value row = o.add(row0, o.add(warpRow, o.add(o.idx(half * 8), h.aG)));
-      Value chunk =
-          arith::XOrIOp::create(o.b, o.loc, o.add(chunk0, o.idx(nt)), h.aG);
-      Value col = o.add(o.mul(chunk, o.idx(8)), o.mul(h.aT, o.idx(2)));
-      vector::StoreOp::create(o.b, o.loc, narrow, h.dsBuf,
-                              ValueRange{row, col});
-    }
+  // Warp w holds keys 16 (w % 4) + g, queries from BN/2 (w / 4): 16-byte
+  // chunk BN/16 (w / 4) + nt of its rows.
+  storeScoresT(x, row0, o.remu(h.ids.warp, 4),
+               o.mul(warpGroup, o.idx(h.blockN / 16)));
 }
 
 void WgmmaKVProducts::storeDsT(ArrayRef<Value> ds) {
-  // dSᵀ (keys x queries) to shared memory in the swizzled layout: thread
-  // (g, t) of warp w holds keys 16w + g (+ 8), queries 8nt + 2t (+ 1); key %
-  // 8 = g.
+  // Thread (g, t) of warp w holds keys 16w + g (+ 8), queries 8nt + 2t (+ 1).
+  storeScoresT(ds, Value(), h.ids.warp, Value());
+}
+
+void WgmmaKVProducts::storeScoresT(ArrayRef<Value> x, Value row0,
+                                   Value warpRows, Value chunk0) {
+  // Keys x queries in the swizzled layout: row r (a key) holds BN = 64
+  // queries, one 128-byte swizzle row, whose 16-byte chunk c sits at chunk
+  // c ^ (r % 8); r % 8 = g.
   for (int64_t nt = 0; nt < h.nTiles; ++nt)
     for (int64_t half = 0; half < 2; ++half) {
       int64_t i = nt * 4 + half * 2;
       Value narrow =
           arith::TruncFOp::create(o.b, o.loc, VectorType::get({2}, h.elemType),
-                                  o.pack({ds[i], ds[i + 1]}));
+                                  o.pack({x[i], x[i + 1]}));
       Value row =
-          o.add(o.mul(h.ids.warp, o.idx(16)), o.add(o.idx(half * 8), h.aG));
-      Value chunk = arith::XOrIOp::create(o.b, o.loc, o.idx(nt), h.aG);
+          o.add(o.mul(warpRows, o.idx(16)), o.add(o.idx(half * 8), h.aG));
+      if (row0)
+        row = o.add(row0, row);
+      Value chunk = arith::XOrIOp::create(
+          o.b, o.loc, chunk0 ? o.add(chunk0, o.idx(nt)) : o.idx(nt), h.aG);
       Value col = o.add(o.mul(chunk, o.idx(8)), o.mul(h.aT, o.idx(2)));
       vector::StoreOp::create(o.b, o.loc, narrow, h.dsBuf,
                               ValueRange{row, col});
@@ -203,7 +196,7 @@ SmallVector<Value> WgmmaKVProducts::dqWgmma(ArrayRef<Value> ds) {
 }
 
 SmallVector<Value> WgmmaKVProducts::splitDq(int64_t half) {
-  return dqOfAtom(o.add(dsAddr, o.idx(2 * h.blockM * h.blockN * 2)),
+  return dqOfAtom(splitRowAddr(o.idx(splitDsRow())),
                   o.add(o.mul(warpGroup, o.idx(h.headDim / 128)), o.idx(half)));
 }
 

@@ -137,6 +137,12 @@ private:
   Value kAddr, vAddr, dsAddr, qAddrCur, doAddrCur;
   /// splitWarpgroups: this iteration's Pᵀ buffer (its first row in dsBuf).
   Value pRow0;
+  /// splitWarpgroups: dsBuf's first row of dSᵀ, after the two Pᵀ buffers.
+  int64_t splitDsRow() const { return 2 * h.blockM; }
+  /// The shared address of dsBuf's row `row` (BN elements a row).
+  Value splitRowAddr(Value row) {
+    return o.add(dsAddr, o.mul(row, o.idx(h.blockN * 2)));
+  }
   /// wgmma groups committed but not waited for, oldest first: the dialect
   /// value each computes and its accumulator registers. A wait takes the
   /// finished ones along and remaps their values.
@@ -167,6 +173,11 @@ private:
   /// + 8; queries BN/2 (warp / 4) + 8 nt + 2t, + 1) at rows `row0`.. of
   /// dsBuf (BM x BN swizzled buffers one after another).
   void storeSplitT(ArrayRef<Value> x, Value row0);
+  /// What storeDsT and storeSplitT share: the warp's Xᵀ values (keys 16
+  /// `warpRows` + g, + 8; queries of 16-byte chunks `chunk0` + nt, none: 0)
+  /// at rows `row0` (none: 0).. of dsBuf.
+  void storeScoresT(ArrayRef<Value> x, Value row0, Value warpRows,
+                    Value chunk0);
   /// The shared address of buffer `buf` (kBuf, vBuf, qCur, doCur, dsBuf).
   Value addrOf(Value buf) {
     if (buf == h.kBuf)
