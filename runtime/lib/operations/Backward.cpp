@@ -101,7 +101,10 @@ llvm::Expected<int64_t> shapeWorkspaceBytes(const Plan *plan, int64_t numTokens,
       .bytes;
 }
 
-llvm::Error validate(const BackwardArgs &a) {
+/// Checks every argument; the score modifier's canonical text and tensor
+/// count (-1: none) come back in `*scoreMod` and `*scoreModInputs`.
+llvm::Error validate(const BackwardArgs &a, std::string *scoreMod,
+                     int *scoreModInputs) {
   if (llvm::Error e = checkShape(a.plan, a.num_tokens, a.num_q_heads,
                                  a.num_kv_heads, a.head_dim, a.dtype))
     return e;
@@ -136,10 +139,9 @@ llvm::Error validate(const BackwardArgs &a) {
                            "sinks needs the forward's sinks");
   if (llvm::Error e = checkBackwardWindow(a))
     return e;
-  int inputs = 0;
   if (llvm::Error e = checkScoreModArg(a.score_mod, a.score_mod_inputs,
-                                       a.num_score_mod_inputs, &inputs)
-                          .takeError())
+                                       a.num_score_mod_inputs, scoreModInputs)
+                          .moveInto(*scoreMod))
     return e;
   if (llvm::Error e = checkScaleAndTiling(a.scale, a.tiling))
     return e;
@@ -212,7 +214,9 @@ llvm::Expected<int64_t> workspaceBytes(const BackwardArgs &args) {
 }
 
 llvm::Error runBackward(const BackwardArgs &args) {
-  if (llvm::Error e = validate(args))
+  std::string scoreModText;
+  int scoreModInputs = -1;
+  if (llvm::Error e = validate(args, &scoreModText, &scoreModInputs))
     return e;
   const Plan &plan = *args.plan;
   if (llvm::Error e = cuda::currentContext().takeError())
@@ -261,12 +265,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   mainSpec.softcap = args.softcap;
   // W is the kernels' `window` parameter: one kernel serves every W.
   mainSpec.window = args.window > 0;
-  int scoreModInputs = -1;
-  if (llvm::Error e =
-          checkScoreModArg(args.score_mod, args.score_mod_inputs,
-                           args.num_score_mod_inputs, &scoreModInputs)
-              .moveInto(mainSpec.scoreMod))
-    return e;
+  mainSpec.scoreMod = std::move(scoreModText);
   if (llvm::Error e =
           getKernel(mainSpec, Hq, Hkv, shapeClassOf(plan)).moveInto(mainPtr))
     return e;

@@ -17,7 +17,10 @@ using namespace detail;
 
 namespace {
 
-llvm::Error validate(const ForwardArgs &a) {
+/// Checks every argument; the score modifier's canonical text and tensor
+/// count (-1: none) come back in `*scoreMod` and `*scoreModInputs`.
+llvm::Error validate(const ForwardArgs &a, std::string *scoreMod,
+                     int *scoreModInputs) {
   if (llvm::Error e = checkProblem(a.plan, a.num_tokens, a.num_q_heads,
                                    a.num_kv_heads, a.head_dim, a.dtype))
     return e;
@@ -42,16 +45,17 @@ llvm::Error validate(const ForwardArgs &a) {
     return e;
   if (llvm::Error e = checkWindowArg(a.window))
     return e;
-  int inputs = 0;
   if (llvm::Error e = checkScoreModArg(a.score_mod, a.score_mod_inputs,
-                                       a.num_score_mod_inputs, &inputs)
-                          .takeError())
+                                       a.num_score_mod_inputs, scoreModInputs)
+                          .moveInto(*scoreMod))
     return e;
   return checkScaleAndTiling(a.scale, a.tiling);
 }
 
 llvm::Error runForward(const ForwardArgs &args) {
-  if (llvm::Error e = validate(args))
+  std::string scoreModText;
+  int scoreModInputs = -1;
+  if (llvm::Error e = validate(args, &scoreModText, &scoreModInputs))
     return e;
   const Plan &plan = *args.plan;
 
@@ -71,12 +75,7 @@ llvm::Error runForward(const ForwardArgs &args) {
   spec.sinks = args.sinks != nullptr;
   // W is the kernel's `window` parameter: one kernel serves every W.
   spec.window = args.window > 0;
-  int scoreModInputs = -1;
-  if (llvm::Error e =
-          checkScoreModArg(args.score_mod, args.score_mod_inputs,
-                           args.num_score_mod_inputs, &scoreModInputs)
-              .moveInto(spec.scoreMod))
-    return e;
+  spec.scoreMod = std::move(scoreModText);
   // The tiling tuned for the batch's shape class, if any (getKernel).
   const LoadedKernel *found = nullptr;
   if (llvm::Error e = getKernel(spec, 0, 0, shapeClassOf(plan)).moveInto(found))

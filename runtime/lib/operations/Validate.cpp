@@ -233,13 +233,11 @@ ScoreModLaunch::of(const Plan &plan, const float *const *inputs, int count) {
 }
 
 void ScoreModLaunch::bind(LaunchParams &params) {
-  static constexpr const char *kNames[] = {
-      "score_mod_input0", "score_mod_input1", "score_mod_input2",
-      "score_mod_input3", "score_mod_input4", "score_mod_input5",
-      "score_mod_input6", "score_mod_input7"};
-  params.ptr("lpos", lpos).i64("scoreModHead0", head0);
+  // kScoreModParams: lpos, scoreModHead0, then the tensors.
+  const abi::Param *names = abi::kScoreModParams;
+  params.ptr(names[0].name, lpos).i64(names[1].name, head0);
   for (int i = 0; i < count; ++i)
-    params.ptr(kNames[i], inputs[i]);
+    params.ptr(names[2 + i].name, inputs[i]);
 }
 
 llvm::Error checkTiling(const char *name, const Tiling &t) {
