@@ -363,6 +363,31 @@ void setProblem(Args &a, const Case &c, const Plan &plan) {
   a.plan = &plan;
 }
 
+/// A score modifier on the device: its text and its tensors uploaded, set in
+/// ForwardArgs or BackwardArgs by `set` (nothing for an empty text).
+struct DeviceScoreMod {
+  const std::string &text;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  std::vector<const float *> ptrs;
+  DeviceScoreMod(const std::string &text,
+                 const std::vector<std::vector<float>> &inputs)
+      : text(text) {
+    for (const std::vector<float> &t : inputs) {
+      buffers.push_back(
+          std::make_unique<DeviceBuffer>(t.size() * sizeof(float)));
+      buffers.back()->upload(t);
+      ptrs.push_back(static_cast<const float *>(buffers.back()->ptr));
+    }
+  }
+  template <typename Args> void set(Args &a) const {
+    if (text.empty())
+      return;
+    a.score_mod = text.c_str();
+    a.score_mod_inputs = ptrs.data();
+    a.num_score_mod_inputs = static_cast<int>(ptrs.size());
+  }
+};
+
 /// A case on the device: its plan, q/k/v uploaded, o and lse poisoned with NaN.
 struct DeviceCase {
   const Case &c;
@@ -370,13 +395,13 @@ struct DeviceCase {
   DeviceBuffer q, k, v, o, lse;
   /// Case::sinks on the device, when the case has them.
   std::unique_ptr<DeviceBuffer> sinks;
-  /// Case::scoreModInputs on the device, and their addresses.
-  std::vector<std::unique_ptr<DeviceBuffer>> scoreModBuffers;
-  std::vector<const float *> scoreModPtrs;
+  /// Case::scoreMod and its tensors on the device.
+  DeviceScoreMod scoreMod;
   explicit DeviceCase(const Case &c)
       : c(c), plan(c.groups), q(c.q.size() * 2), k(c.k.size() * 2),
         v(c.v.size() * 2), o(c.q.size() * 2),
-        lse(size_t(c.tokens()) * c.hq * 4) {
+        lse(size_t(c.tokens()) * c.hq * 4),
+        scoreMod(c.scoreMod, c.scoreModInputs) {
     q.upload(c.q);
     k.upload(c.k);
     v.upload(c.v);
@@ -384,23 +409,8 @@ struct DeviceCase {
       sinks = std::make_unique<DeviceBuffer>(c.sinks.size() * sizeof(float));
       sinks->upload(c.sinks);
     }
-    for (const std::vector<float> &t : c.scoreModInputs) {
-      scoreModBuffers.push_back(
-          std::make_unique<DeviceBuffer>(t.size() * sizeof(float)));
-      scoreModBuffers.back()->upload(t);
-      scoreModPtrs.push_back(
-          static_cast<const float *>(scoreModBuffers.back()->ptr));
-    }
     o.poison();
     lse.poison();
-  }
-  /// The case's score modifier in `a` (ForwardArgs or BackwardArgs).
-  template <typename Args> void setScoreMod(Args &a) const {
-    if (c.scoreMod.empty())
-      return;
-    a.score_mod = c.scoreMod.c_str();
-    a.score_mod_inputs = scoreModPtrs.data();
-    a.num_score_mod_inputs = static_cast<int>(scoreModPtrs.size());
   }
   /// Forward arguments over these buffers (every stride the tightest).
   ForwardArgs args(const Tiling &tiling = {}) {
@@ -413,7 +423,7 @@ struct DeviceCase {
     setProblem(a, c, plan);
     if (sinks)
       a.sinks = static_cast<const float *>(sinks->ptr);
-    setScoreMod(a);
+    scoreMod.set(a);
     a.tiling = tiling;
     // DUALKV_TEST_FWD_TILING_D128=M:N:W:S runs the head_dim 128 cases of the
     // forward tests on another tiling than the default (e.g. the sm_90a
@@ -515,7 +525,7 @@ struct BackwardDeviceCase : DeviceCase {
       a.dsinks = static_cast<float *>(dsinks->ptr);
       dsinks->poison();
     }
-    setScoreMod(a);
+    scoreMod.set(a);
     a.deterministic = options.deterministic;
     a.algorithm = options.algorithmAsked();
     a.tiling = options.tiling;

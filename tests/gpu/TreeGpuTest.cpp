@@ -139,33 +139,18 @@ struct TreeDevice {
   const TreeCase &c;
   Plan plan;
   DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
-  /// TreeCase::scoreModInputs on the device, and their addresses.
-  std::vector<std::unique_ptr<DeviceBuffer>> scoreModBuffers;
-  std::vector<const float *> scoreModPtrs;
+  /// TreeCase::scoreMod and its tensors on the device.
+  DeviceScoreMod scoreMod;
   explicit TreeDevice(const TreeCase &c)
       : c(c), plan(c.tree), q(c.q.size() * 2), k(c.k.size() * 2),
         v(c.v.size() * 2), o(c.q.size() * 2),
         lse(size_t(c.tokens()) * c.hq * 4), dout(c.q.size() * 2),
-        dq(c.q.size() * 2), dk(c.k.size() * 2), dv(c.v.size() * 2) {
+        dq(c.q.size() * 2), dk(c.k.size() * 2), dv(c.v.size() * 2),
+        scoreMod(c.scoreMod, c.scoreModInputs) {
     q.upload(c.q);
     k.upload(c.k);
     v.upload(c.v);
     dout.upload(c.dout);
-    for (const std::vector<float> &t : c.scoreModInputs) {
-      scoreModBuffers.push_back(
-          std::make_unique<DeviceBuffer>(t.size() * sizeof(float)));
-      scoreModBuffers.back()->upload(t);
-      scoreModPtrs.push_back(
-          static_cast<const float *>(scoreModBuffers.back()->ptr));
-    }
-  }
-  /// The case's score modifier in `a` (ForwardArgs or BackwardArgs).
-  template <typename Args> void setScoreMod(Args &a) const {
-    if (c.scoreMod.empty())
-      return;
-    a.score_mod = c.scoreMod.c_str();
-    a.score_mod_inputs = scoreModPtrs.data();
-    a.num_score_mod_inputs = static_cast<int>(scoreModPtrs.size());
   }
   /// The forward's schedule: Auto, or (DUALKV_TEST_FWD_SCHEDULE, e.g.
   /// warp_specialized) another, for every tree case.
@@ -183,7 +168,7 @@ struct TreeDevice {
     a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
     a.lse = static_cast<float *>(lse.ptr);
     setProblem(a, fakeCase(), plan);
-    setScoreMod(a);
+    scoreMod.set(a);
     dualkv::forward(a);
     check(cudaDeviceSynchronize(), "tree forward");
     ForwardResult r;
@@ -210,7 +195,7 @@ struct TreeDevice {
     a.dv = {dv.ptr, int64_t(c.hkv) * c.d, c.d};
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, fakeCase(), plan);
-    setScoreMod(a);
+    scoreMod.set(a);
     a.deterministic = deterministic;
     a.algorithm = BackwardAlgorithm::Atomic; // deterministic: split-dQ
     a.dq_tiling = dqTiling;
