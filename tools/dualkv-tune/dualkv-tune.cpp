@@ -78,14 +78,16 @@ database under its kind:
           4/8, stages 1: the backward does not pipeline); timed: the whole
           atomic backward call (bwd_pre, bwd, bwd_post), the candidate as
           BackwardArgs::tiling
-  bwd_kv  the split-dQ algorithm's dK/dV kernel (same candidates); timed: the
-          whole split-dQ backward call (bwd_pre, bwd_kv, bwd_dq). On sm_90a
-          that algorithm is the default one (and the deterministic one
-          everywhere): tune bwd_kv and bwd_dq there
+  bwd_kv  the split-dQ algorithm's dK/dV kernel (same candidates, and block_n
+          128 at head_dim 64); timed: the whole split-dQ backward call
+          (bwd_pre, bwd_kv, bwd_dq). On sm_90a that algorithm is the default
+          one (and the deterministic one everywhere): tune bwd_kv and bwd_dq
+          there
   bwd_dq  the split-dQ algorithm's dQ kernel (block_m 64/128, block_n
-          16/32/64, warps 4/8, stages 1 to 4: more than 2 only in the
-          warp-specialized schedule); timed: the whole split-dQ backward call,
-          the candidate as BackwardArgs::dq_tiling, bwd_kv at its own tiling
+          16/32/64, and 128 at head_dim 64, warps 4/8, stages 1 to 4: more
+          than 2 only in the warp-specialized schedule); timed: the whole
+          split-dQ backward call, the candidate as BackwardArgs::dq_tiling,
+          bwd_kv at its own tiling
 Candidates that the verifier rejects, that ptxas fails or that spill are dropped
 (listed with the reason); the rest are checked against the fp64 reference on a
 small problem with every edge (the GPU tests' tolerances), then timed (CUDA
@@ -550,9 +552,13 @@ std::vector<Candidate> enumerate(const KernelSpec &base) {
     stages = {1};
   std::vector<Candidate> all;
   bool warnedNoPtxas = false;
-  // The forward also tries 128-key tiles (its sm_90a default at head_dim 128).
+  // The forward also tries 128-key tiles (its sm_90a default at head_dim
+  // 128), bwd_kv 128-query tiles (its sm_90a default at head_dim 64) and the
+  // dQ kernel 128-key tiles (sm_90a, head_dim 64).
   std::vector<int> blockNs = {16, 32, 64};
-  if (!isBackward(base.kind))
+  if (!isBackward(base.kind) ||
+      (base.headDim == 64 &&
+       (base.kind == KernelKind::BwdKV || base.kind == KernelKind::BwdDQ)))
     blockNs.push_back(128);
   for (int m : {64, 128})
     for (int n : blockNs)

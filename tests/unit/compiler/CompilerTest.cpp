@@ -150,8 +150,10 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
                                                        : Tiling{128, 64, 8, 1};
       CHECK(defaultTiling(spec) == kvMajor);
       spec.kind = KernelKind::BwdKV;
-      CHECK(defaultTiling(spec) ==
-            (d == 256 && sm90a ? Tiling{64, 64, 8, 2} : kvMajor));
+      // sm_90a at head_dim 64: bwd_kv takes 128-query tiles.
+      CHECK(defaultTiling(spec) == (d == 256 && sm90a  ? Tiling{64, 64, 8, 2}
+                                    : d == 64 && sm90a ? Tiling{128, 128, 8, 1}
+                                                       : kvMajor));
     }
     spec.kind = KernelKind::BwdDQ;
     CHECK(defaultTiling(spec) == Tiling{64, 32, 4, 1});
@@ -769,7 +771,7 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 128, 8, 3}, S),
        "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
        "dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 stages and "
-       "block_n 16, 32 or 64"},
+       "block_n 16, 32 or 64 (or 128 at head_dim 64)"},
       {specOf(K::BwdDQ, "sm_90a", 128, {128, 64, 8, 3}, W),
        "stages 3 and 4 are the warp-specialized dQ kernel's only; this bwd_dq "
        "kernel takes 1 or 2"},
@@ -779,7 +781,8 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
        "(consumer) warps"},
       {specOf(K::BwdKV, "sm_90a", 128, {64, 64, 4, 1}, S),
        "the warp_specialized schedule cannot compute this bwd_kv kernel: its "
-       "backward needs block_m 128, block_n 64 and 8 (consumer) warps"},
+       "backward needs block_m 128, block_n 64 (128 for bwd_kv at head_dim "
+       "64) and 8 (consumer) warps"},
       {specOf(K::Bwd, "sm_80", 128, {}, S),
        "the warp_specialized schedule cannot compute this bwd kernel: it "
        "needs sm_90a, not sm_80"},

@@ -123,11 +123,17 @@ bool refFits(const KernelSpec &r) {
     if (!sm90a || (r.tree && kvMajor(r.kind)))
       return false;
     if (kvMajor(r.kind))
+      // bwd_kv at head_dim 64 takes 128-query tiles too.
       return d == 256 ? t.blockM == 64 && t.blockN == 64 && t.warps == 8
-                      : t.blockM == 128 && t.blockN == 64 && t.warps == 8;
+                      : t.blockM == 128 && t.warps == 8 &&
+                            (t.blockN == 64 || (t.blockN == 128 && d == 64 &&
+                                                r.kind == KernelKind::BwdKV));
     if (r.kind == KernelKind::BwdDQ) {
-      if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || t.blockN > 64 ||
-          t.blockN < 16)
+      // Key tiles of 16 to 64 rows dividing 64, or 128 at head_dim 64.
+      bool keys =
+          t.blockN >= 16 &&
+          (t.blockN <= 64 ? 64 % t.blockN == 0 : t.blockN == 128 && d == 64);
+      if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || !keys)
         return false;
     } else if (r.kind == KernelKind::Fwd) {
       if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN < 16 ||
@@ -175,6 +181,10 @@ Tiling refDefaultTiling(const KernelSpec &s) {
     return {64, 64, 8, 2};
   if (d == 256 && kvMajor(s.kind))
     return {64, 32, 8, 1};
+  // sm_90a at head_dim 64: bwd_kv walks 128-query tiles when the pinned
+  // fields agree.
+  if (d == 64 && s.kind == KernelKind::BwdKV && wsDefault({128, 128, 8, 1}))
+    return {128, 128, 8, 1};
   if (d == 256 && s.kind == KernelKind::BwdDQ &&
       wsDefault({128, 32, 8, kDqWarpSpecializedStages}))
     return {128, 32, 8, kDqWarpSpecializedStages};

@@ -1,11 +1,11 @@
 //===- WarpSpecializedKVMajor.cpp - the sm_90a KV-major backward ----------===//
 //
 // bwd and bwd_kv at head_dim 64 and 128, block_m 128 keys, block_n 64 queries
-// (and at head_dim 256, block_m 64, where the two consumer warpgroups share
-// the keys and split the columns of dK, dV and dQ, and each thread adds its
-// dQ values to global memory itself: KVMajorEmitter::splitWarpgroups,
-// WgmmaKVProducts.h):
-// the products of the warpgroup schedule, from a WgmmaKVProducts of its own
+// (bwd_kv at head_dim 64 also 128 queries, its default; and at head_dim 256,
+// block_m 64, where the two consumer warpgroups share the keys and split the
+// columns of dK, dV and dQ, and each thread adds its dQ values to global memory
+// itself: KVMajorEmitter::splitWarpgroups, WgmmaKVProducts.h): the products of
+// the warpgroup schedule, from a WgmmaKVProducts of its own
 // (Lowering/Products/WgmmaKVProducts.h: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ from shared
 // memory, dV += Pᵀ dO and dK += dSᵀ Q with A from registers, dQ = dS K
 // leaving by bulk reduction), with the query tiles' copies taken off the
@@ -68,7 +68,8 @@ namespace {
 /// Threads of the producer warpgroup, which follows the consumers.
 constexpr int64_t kProducerThreads = 128;
 /// Registers a thread after setmaxnreg, within 384 x 168: 128 x 24 + 256 x
-/// 240 at head_dim 128; 128 x 40 + 256 x 232 at head_dim 64, where the
+/// 240 at head_dim 128 and for bwd_kv's 128-query tiles at head_dim 64;
+/// 128 x 40 + 256 x 232 at head_dim 64 otherwise, where the
 /// consumers need fewer and the producer's two dQ reductions a row more, and
 /// at head_dim 256 with the TMA producer; 128 x 72 + 256 x 216 at head_dim
 /// 256 when the producer copies Q and dO by cp.async, 512-byte rows (with 40
@@ -132,12 +133,20 @@ private:
   int32_t producerRegs() const {
     if (splitWarpgroups && !tmaQueryTiles)
       return kProducerRegsCopying256;
-    return splitDq() || splitWarpgroups ? kProducerRegs64 : kProducerRegs;
+    return fewProducerRegs() ? kProducerRegs : kProducerRegs64;
   }
   int32_t consumerRegs() const {
     if (splitWarpgroups && !tmaQueryTiles)
       return kConsumerRegsCopying256;
-    return splitDq() || splitWarpgroups ? kConsumerRegs64 : kConsumerRegs;
+    return fewProducerRegs() ? kConsumerRegs : kConsumerRegs64;
+  }
+  /// 24 producer registers and 240 a consumer: at head_dim 128, and for
+  /// bwd_kv's 128-query tiles at head_dim 64, whose consumers hold Sᵀ and dPᵀ
+  /// of 64 keys x 128 queries and whose producer reduces no dQ.
+  bool fewProducerRegs() const {
+    if (splitWarpgroups)
+      return false;
+    return !splitDq() || (!withDq && blockN == 128);
   }
   int64_t dqBuffers() const { return splitDq() ? 2 : 1; }
   Value barrierAt(int64_t first, Value slot) {
@@ -447,11 +456,14 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                 "64, block_n 64 and 8 consumer warps";
     return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
   }
+  int64_t blockN = kernel.getTiling()->getBlockN();
   if ((d != 64 && d != 128) || blockM != 128 ||
-      kernel.getTiling()->getBlockN() != 64 ||
+      !(blockN == 64 ||
+        (blockN == 128 && d == 64 && kernel.getKind() == KernelKind::bwd_kv)) ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
            << "the warp-specialized backward needs head_dim 64 or 128, "
-              "block_m 128, block_n 64 and 8 consumer warps";
+              "block_m 128, block_n 64 (128 for bwd_kv at head_dim 64) and 8 "
+              "consumer warps";
   return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
 }

@@ -21,10 +21,12 @@ bool isKVMajor(KernelKind kind) {
 /// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
 /// that divide the 128 query rows and fit shared memory; the KV-major
 /// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
-/// warpgroups, 64-query tiles, and at head_dim 256 64 keys that both
-/// warpgroups share; the dQ kernel (bwd_dq) at head_dim 64, 128 and 256, the
-/// forward's 128 query rows and a ring of 2 to 4 stages of key tiles of at
-/// most 64 rows. The forward and the dQ kernel also walk prefix
+/// warpgroups, 64-query tiles (bwd_kv at head_dim 64 also 128), and at
+/// head_dim 256 64 keys that both warpgroups share; the dQ kernel (bwd_dq)
+/// at head_dim 64, 128 and 256, the forward's 128 query rows and a ring of 2
+/// to 4 stages of key tiles of at most 64 rows (128 at head_dim 64, spill-free
+/// but not faster: 9.67 against 9.30 ms of split-dQ backward at P 8K N 16 R
+/// 1K on the H100). The forward and the dQ kernel also walk prefix
 /// trees' ancestor chains.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
@@ -49,9 +51,11 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
     if (spec.headDim != 64 && spec.headDim != 128)
       return "its backward has head_dim 64, 128 and 256, not " +
              std::to_string(spec.headDim);
-    if (t.blockM != 128 || t.blockN != 64 || t.warps != 8)
-      return "its backward needs block_m 128, block_n 64 and 8 (consumer) "
-             "warps";
+    bool wideQueries =
+        t.blockN == 128 && spec.headDim == 64 && spec.kind == KernelKind::BwdKV;
+    if (t.blockM != 128 || t.warps != 8 || !(t.blockN == 64 || wideQueries))
+      return "its backward needs block_m 128, block_n 64 (128 for bwd_kv at "
+             "head_dim 64) and 8 (consumer) warps";
     return {};
   }
   const Tiling &t = spec.tiling;
@@ -60,9 +64,10 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
       return "its dQ kernel has head_dim 64, 128 and 256, not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || t.stages > 4 ||
-        t.blockN % 16 || 64 % t.blockN)
+        t.blockN % 16 ||
+        (64 % t.blockN && !(t.blockN == 128 && spec.headDim == 64)))
       return "its dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 "
-             "stages and block_n 16, 32 or 64";
+             "stages and block_n 16, 32 or 64 (or 128 at head_dim 64)";
   } else {
     if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
       return "it has head_dim 64, 128 and 256, not " +
@@ -138,6 +143,15 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   if (spec.headDim == 256 && spec.kind == KernelKind::Bwd &&
       spec.schedule == Schedule::WarpSpecialized)
     return kv256;
+  // Head_dim 64: bwd_kv walks 128-query tiles (each consumer warpgroup's Sᵀ
+  // and dPᵀ are 64 keys x 128 queries; without dQ the producer needs only
+  // 24 registers, which leaves the consumers 240): the split-dQ backward
+  // took 9.30 ms against 9.86 with 64-query tiles at P 8K N 16 R 1K, 22.0
+  // against 23.0 at P 16K (H100, one process; docs/performance.md). A
+  // tiling pinned otherwise keeps the 64-query tiles below.
+  if (spec.headDim == 64 && spec.kind == KernelKind::BwdKV)
+    if (std::optional<Tiling> t = agreeing(Tiling{128, 128, 8, 1}))
+      return t;
   if (spec.kind == KernelKind::BwdDQ &&
       (spec.headDim == 64 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two

@@ -18,13 +18,18 @@ KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 
 def schedule(kind, d, bm, bn, warps, arch, stages=1):
     """On sm_90a: the warp-specialized schedule for bwd and bwd_kv at
-    128:64:8 and head_dim 64 and 128, and at 64:64:8 and head_dim 256,
-    and for bwd_dq at head_dim 64, 128 and 256 with more than two stages (a
-    ring of key tiles of 16, 32 or 64 rows, which only that schedule has);
-    the warpgroup one for bwd_dq at 128:64:8, head_dim 128 and fewer stages;
-    mma_sync for everything else."""
+    128:64:8 and head_dim 64 and 128, bwd_kv also at 128:128:8 and head_dim
+    64, and at 64:64:8 and head_dim 256, and for bwd_dq at head_dim 64, 128
+    and 256 with more than two stages (a ring of key tiles of 16, 32 or 64
+    rows, or 128 at head_dim 64, which only that schedule has); the warpgroup
+    one for bwd_dq at 128:64:8, head_dim 128 and fewer stages; mma_sync for
+    everything else."""
     if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 128, 256) \
-            and stages > 2 and (bm, warps) == (128, 8) and bn in (16, 32, 64):
+            and stages > 2 and (bm, warps) == (128, 8) \
+            and (bn in (16, 32, 64) or (bn == 128 and d == 64)):
+        return "warp_specialized"
+    if arch == "sm_90a" and kind == "bwd_kv" and d == 64 \
+            and (bm, bn, warps) == (128, 128, 8):
         return "warp_specialized"
     if arch == "sm_90a" and kind in ("bwd", "bwd_kv") and d == 256 \
             and (bm, bn, warps) == (64, 64, 8):
