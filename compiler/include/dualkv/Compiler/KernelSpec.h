@@ -147,6 +147,14 @@ inline constexpr int kDqWarpSpecializedStages = 3;
 /// The stages of a warp-specialized bwd/bwd_kv tiling whose producer loads
 /// Q and dO by TMA (with 1, by cp.async).
 inline constexpr int kKVMajorTmaStages = 2;
+/// Whether a warp-specialized bwd or bwd_kv at head_dim 64 or 128 takes
+/// query tiles of `blockN` rows: 64, and 128 for bwd_kv (`computesDq` false)
+/// at head_dim 64, whose producer reduces no dQ and so leaves the consumers
+/// the registers for Sᵀ and dPᵀ of 64 keys x 128 queries.
+inline constexpr bool warpSpecializedKVQueryTileFits(bool computesDq,
+                                                     int headDim, int blockN) {
+  return blockN == 64 || (blockN == 128 && headDim == 64 && !computesDq);
+}
 
 /// CUDA's launch limits on every arch DualKV targets: threads a CTA, and
 /// gridDim.y and gridDim.z, where the kernels put heads (and segments).

@@ -456,10 +456,10 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                 "64, block_n 64 and 8 consumer warps";
     return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
   }
-  int64_t blockN = kernel.getTiling()->getBlockN();
   if ((d != 64 && d != 128) || blockM != 128 ||
-      !(blockN == 64 ||
-        (blockN == 128 && d == 64 && kernel.getKind() == KernelKind::bwd_kv)) ||
+      !::dualkv::warpSpecializedKVQueryTileFits(
+          kernel.getKind() == KernelKind::bwd, d,
+          kernel.getTiling()->getBlockN()) ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
            << "the warp-specialized backward needs head_dim 64 or 128, "

@@ -51,9 +51,9 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
     if (spec.headDim != 64 && spec.headDim != 128)
       return "its backward has head_dim 64, 128 and 256, not " +
              std::to_string(spec.headDim);
-    bool wideQueries =
-        t.blockN == 128 && spec.headDim == 64 && spec.kind == KernelKind::BwdKV;
-    if (t.blockM != 128 || t.warps != 8 || !(t.blockN == 64 || wideQueries))
+    if (t.blockM != 128 || t.warps != 8 ||
+        !warpSpecializedKVQueryTileFits(spec.kind == KernelKind::Bwd,
+                                        spec.headDim, t.blockN))
       return "its backward needs block_m 128, block_n 64 (128 for bwd_kv at "
              "head_dim 64) and 8 (consumer) warps";
     return {};
