@@ -376,13 +376,15 @@ def standard_configs():
 
 def target_configs():
     """The target shapes besides the standard ones (the set
-    "targets"): head_dim 64 (Hq 32, Hkv 8) and head_dim 256 (Hq 16, Hkv 8)
-    at P=8192, N=16, R=1024; and 4 groups in one
+    "targets"): head_dim 64 and 96 (Hq 32, Hkv 8) and head_dim 256 (Hq 16,
+    Hkv 8) at P=8192, N=16, R=1024; and 4 groups in one
     launch, each P=2048 with 8 responses of lengths drawn from 64..4096
     (seed GROUPS_SEED), Qwen3-8B heads."""
     configs = [
         Config("P8192_N16_R1024_D64", [(8192, [1024] * 16)], hq=32, hkv=8,
                d=64, set_name="targets"),
+        Config("P8192_N16_R1024_D96", [(8192, [1024] * 16)], hq=32, hkv=8,
+               d=96, set_name="targets"),
         Config("P8192_N16_R1024_D256", [(8192, [1024] * 16)], hq=16, hkv=8,
                d=256, set_name="targets"),
     ]
@@ -398,10 +400,10 @@ def causal_configs():
     """Plain causal attention at equal work (the set "causal", not part of
     "all"): prompt-only groups, which the replicated peers run as one causal
     sequence each, so cuDNN and FA2 run plain causal attention on exactly the
-    pairs DualKV computes. L = 16384 at head_dim 64, 128 and 256 (Hq 32, Hkv
+    pairs DualKV computes. L = 16384 at head_dim 64, 96, 128 and 256 (Hq 32, Hkv
     8), and two sequences of 8192 at head_dim 128."""
     configs = [Config(f"causal_L16384_D{d}", [(16384, [])], hq=32, hkv=8, d=d,
-                      set_name="causal") for d in (64, 128, 256)]
+                      set_name="causal") for d in (64, 96, 128, 256)]
     configs.append(Config("causal_2x8192_D128", [(8192, [])] * 2, hq=32,
                           hkv=8, d=128, set_name="causal"))
     return configs
@@ -1258,10 +1260,10 @@ def parse_args(argv=None, defaults=None):
                     dest="config_set",
                     help="which configs: standard (benchmarks/README.md's, Qwen3-8B "
                     "heads, one group each, and P=65536 for DualKV), targets "
-                    "(head_dim 64 and 256 at P=8192 N=16 "
+                    "(head_dim 64, 96 and 256 at P=8192 N=16 "
                     "R=1024, 4 groups of P=2048 N=8 R 64..4096), causal "
                     "(plain causal attention at equal work, L=16384 at "
-                    "head_dim 64, 128, 256 and 2 x 8192 at 128), or all "
+                    "head_dim 64, 96, 128, 256 and 2 x 8192 at 128), or all "
                     "(default: standard first, then targets; not causal)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: only " + ", ".join(QUICK_CONFIGS)
@@ -1539,7 +1541,7 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
     ] + ([skipped_line(meta)] if skipped_line(meta) else []) + [
         "",
         f"Heads: Qwen3-8B's Hq={Hq}, Hkv={Hkv}, D={D} unless the details "
-        "table's Hq:Hkv / D says otherwise (the _D64 and _D256 configs); "
+        "table's Hq:Hkv / D says otherwise (the _D64, _D96 and _D256 configs); "
         "bf16; one group per launch except G<k>_… (k groups back to back in "
         f"one launch); median of {reps} timed runs after "
         f"{warmup} warm-ups (CUDA events). Useful TFLOP/s = 4·D·Hq·useful "

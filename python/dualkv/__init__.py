@@ -555,7 +555,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
             device (copied there once, as float32).
 
     Returns:
-        (o, lse). D must be 64, 128 or 256.
+        (o, lse). D must be 64, 96, 128 or 256.
 
     Raises:
         ValueError naming the argument at fault (checked here first, then by
@@ -644,7 +644,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
 
     Returns:
         (dq, dk, dv), or (dq, dk, dv, dsinks) when ``sinks`` is given.
-        D must be 64, 128 or 256.
+        D must be 64, 96, 128 or 256.
 
     The library's workspace is allocated here with torch (caching allocator,
     CUDA-graph pools). Raises ValueError naming the argument at fault,

@@ -442,7 +442,7 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     Returns:
         o [T, Hq, D] (contiguous), or (o, lse) with return_lse.
 
-    Backward through ``o`` gives dq, dk, dv (D 64, 128 or 256) and, with
+    Backward through ``o`` gives dq, dk, dv (D 64, 96, 128 or 256) and, with
     ``sinks``, the sinks' gradient. Runs on the
     current CUDA stream; works under torch.compile(fullgraph=True) and in
     CUDA graphs (see the module docstring for the plan and for capture).

@@ -125,7 +125,7 @@ GROUPS = [(67, [40, 0, 17, 129]), (128, [1, 64]), (5, [3])]
 
 # ------------------------------------------------------------------ accuracy
 
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (4, 1)])
 def test_gradients_match_reference(D, dtype, heads):
@@ -204,8 +204,8 @@ def test_functional_backward_checks_arguments():
         dualkv.backward(q, k, v, o, dout, lse.half(), plan)
     with pytest.raises(ValueError, match="dk is"):
         dualkv.backward(q, k, v, o, dout, lse, plan, dk=torch.empty_like(q))
-    q2, k2, v2, d2 = make_inputs(plan.groups, 4, 2, 96, torch.bfloat16)
-    with pytest.raises(ValueError, match="head_dim|96"):
+    q2, k2, v2, d2 = make_inputs(plan.groups, 4, 2, 80, torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim|80"):
         dualkv.backward(q2, k2, v2, q2, d2, lse, plan)
     # The functional call agrees with autograd.
     dq, dk, dv = dualkv.backward(q, k, v, o, dout, lse, plan,
@@ -355,22 +355,32 @@ def assert_logits_match_replicated(logits, packed, groups, eager):
                 assert err <= 3e-2 * ref.abs().max().item() + 1e-2, err
 
 
-def test_transformers_model_matches_replicated_sequences():
-    """A tiny random Llama with attn_implementation="dualkv" on a packed batch
-    gives the logits of its replicated sequences under "eager"."""
+@pytest.mark.parametrize("family", ["Llama", "Phi3"])
+def test_transformers_model_matches_replicated_sequences(family):
+    """A tiny random Llama (head_dim 64) or Phi-3 (head_dim 96, Phi-3-mini's)
+    with attn_implementation="dualkv" on a packed batch gives the logits of
+    its replicated sequences under "eager"."""
     transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, family + "Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no "
+                    f"{family}Config")
     from dualkv import transformers_backend
     transformers_backend.register()
-    def config(attn):
-        return transformers.LlamaConfig(
-            vocab_size=97, hidden_size=256, intermediate_size=512,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=512, attn_implementation=attn)
+    heads = 4
+    hidden = heads * (96 if family == "Phi3" else 64)
 
+    def config(attn):
+        return getattr(transformers, family + "Config")(
+            vocab_size=97, hidden_size=hidden, intermediate_size=512,
+            num_hidden_layers=2, num_attention_heads=heads,
+            num_key_value_heads=2, max_position_embeddings=512,
+            attn_implementation=attn)
+
+    model_cls = getattr(transformers, family + "ForCausalLM")
     torch.manual_seed(0)
-    eager = transformers.LlamaForCausalLM(config("eager"))
+    eager = model_cls(config("eager"))
     eager = eager.cuda().to(torch.bfloat16)
-    packed_model = transformers.LlamaForCausalLM(config("dualkv"))
+    packed_model = model_cls(config("dualkv"))
     packed_model = packed_model.cuda().to(torch.bfloat16)
     packed_model.load_state_dict(eager.state_dict())
     groups = [([1, 5, 9, 2, 7], [[3, 3, 8], [], [4]]), ([6, 6], [[1, 2]])]

@@ -382,13 +382,13 @@ class ArchTest(unittest.TestCase):
 
     def test_well_formed_archs_reach_the_library(self):
         # An unsupported arch of the right form is the library's to refuse;
-        # head_dim 96 makes sure that no supported one compiles anything.
+        # head_dim 80 makes sure that no supported one compiles anything.
         with self.assertRaisesRegex(ValueError, "arch 'sm_12' is not supported; "
                                     "supported: sm_80, "):
             dualkv.precompile(64, 4, 4, arch="sm_12", backward=False)
         for arch in ["sm_80", "sm_90a", "sm_100"]:
-            with self.assertRaisesRegex(ValueError, "head_dim \\(96\\)"):
-                dualkv.precompile(96, 4, 4, arch=arch, backward=False)
+            with self.assertRaisesRegex(ValueError, "head_dim \\(80\\)"):
+                dualkv.precompile(80, 4, 4, arch=arch, backward=False)
 
 
 STUB_LIBRARY = r"""

@@ -48,7 +48,7 @@ class PrecompileTest(unittest.TestCase):
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, "head_dim"):
-            dualkv.precompile(head_dim=96, num_q_heads=4, num_kv_heads=2,
+            dualkv.precompile(head_dim=80, num_q_heads=4, num_kv_heads=2,
                               arch="sm_80")
         with self.assertRaisesRegex(ValueError, "multiple"):
             dualkv.precompile(head_dim=64, num_q_heads=3, num_kv_heads=2,

@@ -184,16 +184,16 @@ def make_input(rng, work, n):
 
 
 # The oracle: head_dim and heads values whose verdict is known without the
-# tool. A head_dim is supported when it is 64, 128 or 256. Heads HQ:HKV are
+# tool. A head_dim is supported when it is 64, 96, 128 or 256. Heads HQ:HKV are
 # launchable when both are integers >= 1, HQ a multiple of HKV and HQ <= 65535
 # (a grid dimension); for a backward kind also HQ + HKV <= 65535.
-ORACLE_HEAD_DIMS = [64, 128, 256, 0, -64, 96, 512, 4096, 2**32 + 64, 2**63 - 1]
+ORACLE_HEAD_DIMS = [64, 96, 128, 256, 0, -64, 80, 512, 4096, 2**32 + 64, 2**63 - 1]
 ORACLE_HEADS = [(4, 4), (8, 2), (65535, 1), (65530, 5), (0, 0), (4, 0), (0, 4), (6, 4),
                 (4, 8), (65536, 1), (65532, 4), (131072, 2), (2**32 + 4, 4), (4, 2**32 + 4)]
 
 
 def head_dim_ok(d):
-    return d in (64, 128, 256)
+    return d in (64, 96, 128, 256)
 
 
 def heads_ok(hq, hkv, backward):

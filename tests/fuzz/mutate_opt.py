@@ -193,7 +193,7 @@ def check(opt, path, flags, timeout):
 KINDS = ["fwd", "bwd_dq", "bwd", "bwd_kv", "bwd_pre", "bwd_post"]
 SCHEDULES = ["auto", "mma_sync", "wgmma", "warp_specialized"]
 ARCHS = ["sm_80", "sm_86", "sm_90", "sm_90a", "sm_120"]
-HEAD_DIMS = [64, 128, 256]
+HEAD_DIMS = [64, 96, 128, 256]
 # block_m:block_n:warps:stages. Defaults (None), the tilings the schedules are
 # measured at, the crash (128:32:4:2 under wgmma), and ones no schedule or
 # arch takes: too many accumulator registers, copies that do not split, shared

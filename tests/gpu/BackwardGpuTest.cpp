@@ -263,7 +263,7 @@ int testRandom(int count, uint64_t seed) {
   std::vector<Case> cases;
   std::vector<std::vector<BackwardOptions>> modes;
   for (int i = 0; i < count; ++i) {
-    cases.push_back(randomCase(rng, {64, 128, 256}, kWorkBudget));
+    cases.push_back(randomCase(rng, {64, 96, 128, 256}, kWorkBudget));
     cases.back().fill(rng);
     cases.back().fillGrad(rng);
     BackwardOptions atomic;
@@ -337,7 +337,7 @@ std::vector<double> rowsOf(const std::vector<T> &x,
 int testEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checkedCases = 0;
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       Case packed;
       packed.d = d;

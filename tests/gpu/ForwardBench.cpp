@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
   };
   for (Config cfg : {Config{4096, 16, 1024}, Config{16384, 16, 1024},
                      Config{32768, 16, 1024}})
-    for (int d : {64, 128, 256}) {
+    for (int d : {64, 96, 128, 256}) {
       if (std::none_of(runs.begin(), runs.end(),
                        [&](auto &r) { return r.first == d; }))
         continue;

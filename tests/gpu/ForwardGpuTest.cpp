@@ -96,7 +96,7 @@ int testRandom(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
   for (int i = 0; i < count; ++i) {
-    cases.push_back(randomCase(rng, {64, 128, 256}, kWorkBudget));
+    cases.push_back(randomCase(rng, {64, 96, 128, 256}, kWorkBudget));
     cases.back().fill(rng);
   }
   std::vector<Checked> all;
@@ -115,7 +115,7 @@ int testEdges(uint64_t seed) {
   std::vector<Case> cases;
   const int64_t prompts[] = {1, 2, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129};
   const int64_t resp[] = {0, 1, 17, 63, 64, 65, 129};
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16})
       for (int64_t p : prompts) {
         Case c;
@@ -140,7 +140,7 @@ int testEdges(uint64_t seed) {
 int testEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checkedCases = 0;
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       Case packed;
       packed.d = d;

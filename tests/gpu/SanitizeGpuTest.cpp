@@ -26,25 +26,27 @@ namespace {
 /// default schedules), or sm_80's defaults, which resolve to the mma.sync
 /// schedule on every arch.
 struct Variant {
-  const char *name;
+  std::string name;
   Tiling fwd, bwd, bwdKV, dq;
   Schedule fwdSchedule = Schedule::Auto;
 };
 
-/// sm_80's default tilings (defaultTiling with arch sm_80): mma.sync on every
-/// arch, since they fit neither the wgmma nor the warp-specialized schedule.
-Variant mmaSyncVariant(int headDim, DType dtype) {
-  auto sm80 = [&](KernelKind kind) {
+/// `arch`'s default tilings (defaultTiling; sm_80 unless named): mma.sync on
+/// every arch, since they fit neither the wgmma nor the warp-specialized
+/// schedule.
+Variant mmaSyncVariant(int headDim, DType dtype,
+                       const std::string &arch = "sm_80") {
+  auto tiling = [&](KernelKind kind) {
     KernelSpec spec;
     spec.kind = kind;
     spec.headDim = headDim;
     spec.dtype = dtype;
-    spec.arch = "sm_80";
+    spec.arch = arch;
     return defaultTiling(spec);
   };
-  return {"mma_sync (sm_80 tilings)", sm80(KernelKind::Fwd),
-          sm80(KernelKind::Bwd), sm80(KernelKind::BwdKV),
-          sm80(KernelKind::BwdDQ)};
+  return {"mma_sync (" + arch + " tilings)", tiling(KernelKind::Fwd),
+          tiling(KernelKind::Bwd), tiling(KernelKind::BwdKV),
+          tiling(KernelKind::BwdDQ)};
 }
 
 /// Two groups: partial tiles everywhere, an empty and a one-token response,
@@ -77,7 +79,7 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
     ++failures;
     fmt::print("FAIL {}: {}\n", what, error);
   };
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       if (onlyHeadDim && d != onlyHeadDim) // -1: the trees only
         continue;
@@ -90,6 +92,10 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
         c.fillSinks(rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
                                        mmaSyncVariant(d, t)};
+      // Head_dim 96 at the 99 KB archs' tilings too: bwd 64:32:4, whose dQ
+      // columns a warp (48) end in a chunk of 16 (MmaSyncKVMajor.cpp).
+      if (d == 96)
+        variants.push_back(mmaSyncVariant(d, t, "sm_86"));
       // The kernels no default picks for packed groups: the wgmma forward
       // (by name) and, by their tilings, the KV-major backward's TMA
       // producer (two stages) and the wgmma dQ kernel (one stage; prefix

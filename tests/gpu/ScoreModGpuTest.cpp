@@ -256,7 +256,7 @@ int modifierCases(const Modifier &m, bool everySchedule) {
                  Schedule::WarpSpecialized};
   int dtype = 0;
   for (const auto &groups : batches)
-    for (int d : {64, 128, 256})
+    for (int d : {64, 96, 128, 256})
       for (Schedule s : schedules) {
         Case c;
         c.groups = groups;
@@ -290,7 +290,7 @@ int randomCases(int count) {
   std::mt19937_64 rng(2026120711);
   int failures = 0;
   for (int i = 0; i < count; ++i) {
-    Case c = randomCase(rng, {64, 128, 256}, 1e8);
+    Case c = randomCase(rng, {64, 96, 128, 256}, 1e8);
     c.fill(rng);
     c.fillGrad(rng);
     const Modifier m = i % 2 ? relativeBias() : alibi();
@@ -416,7 +416,7 @@ int refusals() {
 int softcapAgreement(const std::string &softcap2) {
   std::mt19937_64 rng(2026120714);
   int failures = 0;
-  for (int d : {64, 128, 256}) {
+  for (int d : {64, 96, 128, 256}) {
     Case c = controlCase(rng, d);
     c.fillGrad(rng);
     c.softcap = 2.0;

@@ -339,7 +339,8 @@ int testRandom(int count, uint64_t seed) {
     std::vector<TreeCase> cases;
     std::vector<TreeRun> runs;
     for (int i = first; i < std::min(count, first + kBatch); ++i) {
-      cases.push_back(randomTreeCase(rng, {64, 128, 256}, 600, kWorkBudget));
+      cases.push_back(
+          randomTreeCase(rng, {64, 96, 128, 256}, 600, kWorkBudget));
       cases.back().fill(rng);
       runs.push_back(runTree(cases.back()));
     }
@@ -473,7 +474,7 @@ int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap,
   // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
   std::mt19937_64 rng(20261215);
   int failures = 0;
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       TreeCase c;
       c.tree = PlanTree{{70, 33, 1, 0, 64, 17, 1100, 5, 40, 9},

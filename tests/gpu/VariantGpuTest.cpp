@@ -32,7 +32,7 @@ int randomVariant(int count, uint64_t seed, double softcap, bool dlse,
   std::mt19937_64 rng(seed);
   int failures = 0;
   for (int i = 0; i < count; ++i) {
-    Case c = randomCase(rng, {64, 128, 256}, 2e8);
+    Case c = randomCase(rng, {64, 96, 128, 256}, 2e8);
     c.softcap = softcap;
     c.fill(rng);
     c.fillGrad(rng);
@@ -72,7 +72,7 @@ int randomVariant(int count, uint64_t seed, double softcap, bool dlse,
 int softcapControl(double softcap) {
   std::mt19937_64 rng(2026120701);
   int passedWrongly = 0;
-  for (int d : {64, 128, 256}) {
+  for (int d : {64, 96, 128, 256}) {
     Case c = controlCase(rng, d);
     ForwardResult plain = runForward(c); // c.softcap == 0: plain kernels
     c.softcap = softcap;

@@ -145,7 +145,7 @@ int windowControl() {
   std::mt19937_64 rng(2026120704);
   constexpr int64_t kWindow = 50; // P = 300: responses lose the prompt
   int passedWrongly = 0;
-  for (int d : {64, 128, 256}) {
+  for (int d : {64, 96, 128, 256}) {
     Case c = controlCase(rng, d);
     c.fillGrad(rng);
     ForwardResult fwd;
@@ -326,7 +326,7 @@ int windowRandom(int count, uint64_t seed) {
     for (int i = first; i < std::min(count, first + 8); ++i) {
       WindowRun r;
       r.label = fmt::format("random {}", i);
-      r.c = randomCase(rng, {64, 128, 256}, 2e8);
+      r.c = randomCase(rng, {64, 96, 128, 256}, 2e8);
       r.c.window = logUniform(rng, 1, 2 * r.c.tokens());
       r.c.fill(rng);
       r.c.fillGrad(rng);
@@ -349,7 +349,7 @@ int windowRandom(int count, uint64_t seed) {
 int windowEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checks = 0;
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16})
       for (int64_t w : {1, 64, 200}) {
         Case packed;
@@ -377,7 +377,7 @@ int windowEquivalence(uint64_t seed) {
       }
   const int64_t backwardWindows[] = {200, 1000, 97, 1030, 64, 500};
   int index = 0;
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       Case packed;
       packed.d = d;

@@ -107,23 +107,6 @@ std::string expectsIntegerIn(llvm::StringRef flag, llvm::StringRef text,
       .str();
 }
 
-bool isSupportedHeadDim(int64_t headDim) {
-  for (int d : kHeadDims)
-    if (headDim == d)
-      return true;
-  return false;
-}
-
-std::string headDimChoices() {
-  std::string list;
-  for (size_t i = 0; i < std::size(kHeadDims); ++i)
-    list += (i == 0                          ? ""
-             : i + 1 == std::size(kHeadDims) ? " or "
-                                             : ", ") +
-            std::to_string(kHeadDims[i]);
-  return list;
-}
-
 bool HeadDimParser::parse(llvm::cl::Option &, llvm::StringRef name,
                           llvm::StringRef text, int &value) {
   std::optional<int64_t> v = readInteger(text);

@@ -9,6 +9,7 @@
 #define DUALKV_TOOLS_COMMAND_LINE_H
 
 #include "dualkv/Compiler/Compiler.h"
+#include "dualkv/HeadDims.h"
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/SmallVector.h"
@@ -102,19 +103,9 @@ public:
                        size_t globalWidth) const;
 };
 
-/// The head dimensions every kernel kind supports (the compiler's spec check
-/// and the runtime's launch check take the same three).
-inline constexpr int kHeadDims[] = {64, 128, 256};
-
-/// Whether `headDim` is one of kHeadDims.
-bool isSupportedHeadDim(int64_t headDim);
-
-/// "64, 128 or 256", for messages.
-std::string headDimChoices();
-
 /// An int option whose value is a supported head dimension; anything else
-/// (junk, 96, a number beyond int64) is one bad value: "--head-dim must be
-/// 64, 128 or 256, got '96'".
+/// (junk, 512, a number beyond int64) is one bad value: "--head-dim must
+/// be 64, 96, 128 or 256, got '512'" (dualkv/HeadDims.h has the list).
 class HeadDimParser : public llvm::cl::parser<int> {
 public:
   using llvm::cl::parser<int>::parser;

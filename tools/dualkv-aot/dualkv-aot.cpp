@@ -149,7 +149,7 @@ cl::opt<int, false, Count>
                   cl::cat(kernelOptions));
 cl::opt<int, false, dualkv::tools::HeadDimParser>
     headDim("head-dim", cl::value_desc("D"),
-            cl::desc("64, 128 or 256 (default 128)"), cl::init(128),
+            cl::desc("64, 96, 128 or 256 (default 128)"), cl::init(128),
             cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false, dualkv::tools::HeadsParser<Count>>
     heads("heads",
@@ -626,10 +626,9 @@ std::vector<Job> readSpecFile(const Args &a) {
     job.spec.N = integer("N", 0, maxInt, job.spec.N);
     if (o.contains("head_dim")) {
       std::optional<int64_t> d = jsonInteger(o["head_dim"]);
-      if (!d || !dualkv::tools::isSupportedHeadDim(*d))
+      if (!d || !dualkv::isSupportedHeadDim(*d))
         specError(fmt::format("{} must be {}, got {}", where("head_dim"),
-                              dualkv::tools::headDimChoices(),
-                              brief(o["head_dim"])));
+                              dualkv::headDimChoices(), brief(o["head_dim"])));
       job.spec.headDim = static_cast<int>(*d);
     }
     if (o.contains("heads")) {

@@ -149,7 +149,7 @@ cl::opt<
                cl::cat(kernelOptions));
 cl::opt<int, false, dualkv::tools::HeadDimParser>
     headDim("head-dim", cl::value_desc("D"),
-            cl::desc("64, 128 or 256 (default 128)"), cl::init(128),
+            cl::desc("64, 96, 128 or 256 (default 128)"), cl::init(128),
             cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false,
         dualkv::tools::HeadsParser<IntegerParser<1, 65535>>>

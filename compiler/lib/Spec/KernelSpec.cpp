@@ -8,6 +8,7 @@
 #include "dualkv/Compiler/KernelSpec.h"
 #include "dualkv/Bounded.h"
 #include "dualkv/Compiler/Schedule.h"
+#include "dualkv/HeadDims.h"
 
 #include <cmath>
 
@@ -162,8 +163,8 @@ std::string checkProblem(int64_t headDim, int64_t numQHeads,
   if (numQHeads % numKVHeads != 0)
     return "num_q_heads (" + str(numQHeads) +
            ") must be a multiple of num_kv_heads (" + str(numKVHeads) + ")";
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    return "head_dim must be 64, 128 or 256, got " + str(headDim);
+  if (!isSupportedHeadDim(headDim))
+    return "head_dim must be " + headDimChoices() + ", got " + str(headDim);
   return {};
 }
 
@@ -216,13 +217,22 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
     return "block_m (" + str(t.blockM) +
            ") must be a multiple of 16 * warps (" + str(16 * t.warps) +
            "), as each warp owns whole m16 row blocks";
-  // Tile copies give every thread whole 16-byte columns of rows.
+  // Tile copies give every thread whole 16-byte columns of rows, a part of
+  // the row at a time (copyParts: head_dim 96's 12 chunks as 8 + 4). The
+  // elementwise kernels copy no tiles.
   const int64_t threads = int64_t(t.warps) * 32;
+  bool copiesTiles =
+      spec.kind != KernelKind::BwdPre && spec.kind != KernelKind::BwdPost;
+  const std::vector<CopyPart> parts = copyParts(d / 8);
   for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
-    if (rows * d / 8 % threads != 0)
-      return "tiling copies " + str(rows) + " rows of " + str(d / 8) +
-             " 16-byte chunks with " + str(threads) +
-             " threads: the chunks must split evenly";
+    for (CopyPart part : parts)
+      if (copiesTiles && rows * part.chunks % threads != 0)
+        return "tiling copies " + str(rows) + " rows of " + str(d / 8) +
+               " 16-byte chunks with " + str(threads) +
+               " threads: the chunks must split evenly" +
+               (parts.size() > 1
+                    ? ", " + str(part.chunks) + " chunks of each row at a time"
+                    : "");
   // Registers per thread for the fp32 accumulators alone: O (forward, dQ),
   // or dK and dV (KV-major backward).
   int64_t accRegs = (kvMajor ? 2 : 1) * t.blockM * d / threads;

@@ -12,7 +12,7 @@ namespace dualkv {
 /// What precompile() should make ready: the kernels a forward (and, with
 /// `backward`, a backward) of this configuration launches.
 struct PrecompileArgs {
-  int head_dim = 0; ///< 64, 128 or 256
+  int head_dim = 0; ///< 64, 96, 128 or 256
   int num_q_heads = 0;
   int num_kv_heads = 0;
   DType dtype = DType::BF16;

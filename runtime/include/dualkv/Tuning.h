@@ -74,12 +74,12 @@ struct TunedEntry {
 /// entry is spelled as before classes existed, and absent reads as 0). An
 /// entry whose P, N, R are not a shape class (isShapeClass) is malformed, as
 /// is one whose integers are not JSON integers within their ranges (head_dim
-/// 64, 128 or 256; heads within the grid; tiling fields within the compiler's
-/// ranges). Version 1 has always stored the kind; readers before the backward
-/// reject an entry of a backward kind, and with it the whole file, as they do
-/// any malformed entry. Anything wrong with a file (unreadable, not JSON,
-/// another schema or version, truncated, fields of the wrong type or range)
-/// makes load() report it and return an empty database: a tuning file is
+/// 64, 96, 128 or 256; heads within the grid; tiling fields within the
+/// compiler's ranges). Version 1 has always stored the kind; readers before the
+/// backward reject an entry of a backward kind, and with it the whole file, as
+/// they do any malformed entry. Anything wrong with a file (unreadable, not
+/// JSON, another schema or version, truncated, fields of the wrong type or
+/// range) makes load() report it and return an empty database: a tuning file is
 /// never trusted in part. A well-formed entry the compiler's spec check
 /// (checkSpec) refuses, such as a forward of 3 stages, is left out alone, with
 /// a warning: that kernel takes the default tiling, as a launch does when a

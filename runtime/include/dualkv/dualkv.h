@@ -34,7 +34,7 @@ struct ForwardArgs {
   int64_t num_tokens = 0;   ///< T; must equal plan->numTokens()
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0; ///< 64, 128 or 256
+  int head_dim = 0; ///< 64, 96, 128 or 256
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); finite, not negative (negate
                    ///< q for a negative scale)
@@ -94,7 +94,7 @@ struct BackwardArgs {
   int64_t num_tokens = 0;     ///< T; must equal plan->numTokens()
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0; ///< 64, 128 or 256
+  int head_dim = 0; ///< 64, 96, 128 or 256
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); must match the forward's
   /// Reduce prompt dK/dV and dQ in a fixed order (no atomics): the same bits

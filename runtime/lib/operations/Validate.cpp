@@ -6,6 +6,7 @@
 #include "support/Status.h"
 
 #include "dualkv/Compiler/ScoreMod.h"
+#include "dualkv/HeadDims.h"
 
 #include <fmt/format.h>
 
@@ -91,9 +92,9 @@ llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
   if (llvm::Error e =
           checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/false))
     return e;
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    return invalidArgument(
-        fmt::format("head_dim {} is not supported (64, 128, 256)", headDim));
+  if (!isSupportedHeadDim(headDim))
+    return invalidArgument(fmt::format("head_dim {} is not supported ({})",
+                                       headDim, headDimChoices()));
   if (dtype != DType::BF16 && dtype != DType::FP16)
     return invalidArgument(fmt::format("dtype ({}) is neither bf16 nor fp16",
                                        static_cast<int>(dtype)));

@@ -5,6 +5,7 @@
 #include "cache/CompileTable.h"
 #include "driver/CudaDriver.h"
 #include "driver/Launch.h"
+#include "dualkv/HeadDims.h"
 #include "selection/Tuned.h"
 #include "support/Env.h"
 #include "support/Parallel.h"
@@ -267,9 +268,9 @@ namespace {
 llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   auto start = std::chrono::steady_clock::now();
   const int D = args.head_dim, Hq = args.num_q_heads, Hkv = args.num_kv_heads;
-  if (D != 64 && D != 128 && D != 256)
+  if (!isSupportedHeadDim(D))
     return invalidArgument(
-        fmt::format("head_dim ({}) must be 64, 128 or 256", D));
+        fmt::format("head_dim ({}) must be {}", D, headDimChoices()));
   if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     return invalidArgument(
         fmt::format("num_q_heads ({}) must be a positive multiple of "

@@ -4,6 +4,7 @@
 #include "cache/DiskCache.h"
 #include "cache/Files.h"
 #include "driver/Launch.h"
+#include "dualkv/HeadDims.h"
 #include "selection/KernelSets.h"
 #include "selection/Tuned.h"
 #include "support/Env.h"
@@ -140,9 +141,9 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
   int64_t headDim = 0, numQHeads = 0, numKVHeads = 0;
   if (llvm::Error err = integer(j, "head_dim", 0, 1 << 30, headDim))
     return err;
-  if (headDim != 64 && headDim != 128 && headDim != 256)
-    return invalidArgument(fmt::format("{} ({}) must be 64, 128 or 256",
-                                       where("head_dim"), headDim));
+  if (!isSupportedHeadDim(headDim))
+    return invalidArgument(fmt::format("{} ({}) must be {}", where("head_dim"),
+                                       headDim, headDimChoices()));
   if (llvm::Error err = integer(j, "num_q_heads", 1, kMaxGridYZ, numQHeads))
     return err;
   if (llvm::Error err = integer(j, "num_kv_heads", 1, kMaxGridYZ, numKVHeads))

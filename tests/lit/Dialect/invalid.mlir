@@ -35,12 +35,12 @@ func.func @problem_gqa_not_multiple() attributes {x = #dualkv.problem<P = 0, N =
 
 // -----
 
-// expected-error @+1 {{head_dim must be 64, 128 or 256, got 96}}
-func.func @problem_head_dim_96() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 96, dtype = bf16, scale = 1.0, causal = true>} { return }
+// expected-error @+1 {{head_dim must be 64, 96, 128 or 256, got 80}}
+func.func @problem_head_dim_80() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 80, dtype = bf16, scale = 1.0, causal = true>} { return }
 
 // -----
 
-// expected-error @+1 {{head_dim must be 64, 128 or 256, got 512}}
+// expected-error @+1 {{head_dim must be 64, 96, 128 or 256, got 512}}
 func.func @problem_head_dim_512() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 512, dtype = bf16, scale = 1.0, causal = true>} { return }
 
 // -----
@@ -335,7 +335,7 @@ dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num
 
 // 256 threads copy a 16-row key tile of 8 chunks a row: 128 chunks do not split.
 // expected-error @+1 {{'dualkv.kernel' op tiling copies 16 rows of 8 16-byte chunks with 256 threads: the chunks must split evenly}}
-dualkv.kernel @copies_do_not_split kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 16, warps = 8, stages = 1> arch "sm_80" schedule <mma_sync> {
+dualkv.kernel @copies_do_not_split kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 64, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 16, warps = 8, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----

@@ -87,8 +87,8 @@ func.func @no_kernel() {
 // Archs before sm_80 (no cp.async, no bf16 mma.sync) are refused, not handed to LLVM.
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=sm_75 2>&1 | FileCheck %s --check-prefix=ERR-ARCH75
 // ERR-ARCH75: error: dualkv-bind-spec: arch 'sm_75' is not supported; supported: sm_80,
-// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=96 2>&1 | FileCheck %s --check-prefix=ERR-HEAD-DIM
-// ERR-HEAD-DIM: error: head_dim must be 64, 128 or 256, got 96
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=80 2>&1 | FileCheck %s --check-prefix=ERR-HEAD-DIM
+// ERR-HEAD-DIM: error: head_dim must be 64, 96, 128 or 256, got 80
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=12 num-kv-heads=8" 2>&1 | FileCheck %s --check-prefix=ERR-HEADS
 // ERR-HEADS: error: num_q_heads (12) must be a multiple of num_kv_heads (8)
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=num-kv-heads=0 2>&1 | FileCheck %s --check-prefix=ERR-KV-HEADS

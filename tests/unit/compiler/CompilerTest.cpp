@@ -202,7 +202,7 @@ TEST_CASE("compiler: only the head_dim-256 mma_sync dQ kernel from sm_90 on "
 
 TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
           "[compiler]") {
-  for (int d : {64, 128, 256})
+  for (int d : {64, 96, 128, 256})
     for (DType t : {DType::BF16, DType::FP16}) {
       KernelSpec spec;
       spec.headDim = d;
@@ -296,7 +296,7 @@ TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
       {KernelKind::BwdKV, "attention_bwd_kv_mma_sync"},
       {KernelKind::BwdDQ, "attention_bwd_dq_mma_sync"}};
   for (auto [kind, entry] : kinds)
-    for (int d : {64, 128, 256})
+    for (int d : {64, 96, 128, 256})
       for (DType t : {DType::BF16, DType::FP16}) {
         KernelSpec spec;
         spec.kind = kind;
@@ -386,10 +386,10 @@ TEST_CASE("compiler: ptxas turns the PTX into a cubin without spills",
 
 TEST_CASE("compiler: a bad spec fails with the field and value", "[compiler]") {
   KernelSpec spec;
-  spec.headDim = 96;
+  spec.headDim = 80;
   CompileResult r = compile(spec, {false, "", ""});
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("head_dim must be 64, 128 or 256, got 96") !=
+  CHECK(r.error.find("head_dim must be 64, 96, 128 or 256, got 80") !=
         std::string::npos);
 
   spec.headDim = 128;
@@ -823,7 +823,7 @@ TEST_CASE("compiler: checkSpec holds every kernel to CUDA's launch limits",
   // 256 on the 99 KB archs, which no tiling fits.
   for (const auto &[arch, bytes] : limits)
     for (K kind : {K::Fwd, K::BwdPre, K::Bwd, K::BwdPost, K::BwdKV, K::BwdDQ})
-      for (int d : {64, 128, 256}) {
+      for (int d : {64, 96, 128, 256}) {
         KernelSpec r = resolveSpec(specOf(kind, arch, d));
         CAPTURE(arch, toString(kind), d);
         bool kvMajor = kind == K::Bwd || kind == K::BwdKV;
@@ -880,8 +880,8 @@ TEST_CASE("compiler: checkSpec holds every kernel to CUDA's launch limits",
   // What no kernel takes is refused by the same check, not by the pipeline.
   CHECK(heads(K::Fwd, 12, 8) ==
         "num_q_heads (12) must be a multiple of num_kv_heads (8)");
-  KernelSpec d96 = specOf(K::Fwd, "sm_80", 96);
-  CHECK(checkSpec(d96) == "head_dim must be 64, 128 or 256, got 96");
+  KernelSpec d80 = specOf(K::Fwd, "sm_80", 80);
+  CHECK(checkSpec(d80) == "head_dim must be 64, 96, 128 or 256, got 80");
   CHECK(checkSpec(specOf(K::Fwd, "sm_90a", 128, {128, 8, 8, 2})) ==
         "block_n must be a power of two in [16, 256], got 8");
   CHECK(checkSpec(specOf(K::Fwd, "sm_80", 128, {1 << 30, 32, 4, 2})) ==

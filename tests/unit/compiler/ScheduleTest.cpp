@@ -27,7 +27,7 @@ constexpr KernelKind kKinds[] = {KernelKind::Fwd,   KernelKind::BwdPre,
 constexpr const char *kArchs[] = {"sm_80",  "sm_86",  "sm_87",  "sm_89",
                                   "sm_90",  "sm_90a", "sm_100", "sm_103",
                                   "sm_110", "sm_120", "sm_121", "sm_70"};
-constexpr int kHeadDims[] = {64, 128, 256};
+constexpr int kHeadDims[] = {64, 96, 128, 256};
 constexpr Schedule kSchedules[] = {Schedule::Auto, Schedule::MmaSync,
                                    Schedule::Wgmma, Schedule::WarpSpecialized};
 /// Open, pinned and partly pinned tilings, each schedule's own among them.
@@ -120,7 +120,8 @@ bool refFits(const KernelSpec &r) {
              t.blockN % 16 == 0 && t.blockN <= 256;
     return kvMajor(r.kind) && t.blockM == 128 && t.blockN == 64 && t.warps == 8;
   case Schedule::WarpSpecialized:
-    if (!sm90a || (r.tree && kvMajor(r.kind)))
+    // Its TMA tiles are whole 64-element swizzle atoms: not head_dim 96.
+    if (!sm90a || (r.tree && kvMajor(r.kind)) || d % 64)
       return false;
     if (kvMajor(r.kind))
       // bwd_kv at head_dim 64 takes 128-query tiles too.
@@ -192,8 +193,9 @@ Tiling refDefaultTiling(const KernelSpec &s) {
   case KernelKind::BwdPre:
   case KernelKind::BwdPost:
     return {64, 16, 4, 1};
-  case KernelKind::Bwd:
-    return fit(n >= 90 ? Tiling{128, 64, 8, 1} : Tiling{128, 32, 8, 1});
+  case KernelKind::Bwd: // head_dim 96: 64-query tiles on sm_80 too
+    return fit(n >= 90 || d == 96 ? Tiling{128, 64, 8, 1}
+                                  : Tiling{128, 32, 8, 1});
   case KernelKind::BwdKV:
     return fit(n >= 90 ? Tiling{128, 64, 8, 1} : Tiling{64, 64, 4, 1});
   case KernelKind::BwdDQ: {
@@ -209,7 +211,8 @@ Tiling refDefaultTiling(const KernelSpec &s) {
     return {64, 32, 4, 1};
   }
   case KernelKind::Fwd:
-    if (sm90a && (s.schedule == Schedule::WarpSpecialized || auto_))
+    if (sm90a && d % 64 == 0 &&
+        (s.schedule == Schedule::WarpSpecialized || auto_))
       return {128, d == 256 ? 64 : 128, 8, 2};
     if (sm90a && d == 128 && s.schedule == Schedule::Wgmma)
       return {128, 128, 8, 2};
@@ -372,7 +375,8 @@ TEST_CASE("schedules: the spec functions read the records as the rules say",
               ++checked;
             }
   // Every case ran, and the named schedules' fit rules refused some.
-  CHECK(checked == 6 * 12 * 3 * 2 * 4 * int(std::size(kTilings)));
+  CHECK(checked ==
+        6 * 12 * int(std::size(kHeadDims)) * 2 * 4 * int(std::size(kTilings)));
   CHECK(unfitNamed > 100);
 }
 

@@ -123,7 +123,7 @@ TEST_CASE("precompile: two threads asking for one set compile each kernel "
 
 TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
   PrecompileArgs args;
-  args.head_dim = 96;
+  args.head_dim = 80;
   args.num_q_heads = 4;
   args.num_kv_heads = 2;
   args.arch = "sm_80";
@@ -133,7 +133,7 @@ TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
     CHECK(e->code() == ErrorCode::InvalidArgument);
     CHECK_THAT(e->what(), Contains(expected));
   };
-  code("head_dim (96)");
+  code("head_dim (80)");
   args.head_dim = 64;
   args.num_q_heads = 3;
   code("num_q_heads (3)");

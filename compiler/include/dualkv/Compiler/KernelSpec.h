@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dualkv {
 
@@ -156,6 +157,26 @@ inline constexpr bool warpSpecializedKVQueryTileFits(bool computesDq,
   return blockN == 64 || (blockN == 128 && headDim == 64 && !computesDq);
 }
 
+/// A tile row's 16-byte chunks as the cp.async tile copies deal them out
+/// (Lowering/Support/SharedTiles.h, copyTile): parts of a power-of-two
+/// number of chunks, largest first, each giving every thread one column of
+/// rows: {0, n} when n is a power of two (head_dim 64, 128, 256), {0, 8} and
+/// {8, 4} for head_dim 96's 12. The spec check (warpLayoutUnfit) makes each
+/// part's rows * chunks a multiple of the threads.
+struct CopyPart {
+  int64_t first, chunks;
+};
+inline std::vector<CopyPart> copyParts(int64_t chunksPerRow) {
+  std::vector<CopyPart> parts;
+  int64_t first = 0;
+  for (int64_t bit = int64_t(1) << 20; bit; bit >>= 1)
+    if (chunksPerRow & bit) {
+      parts.push_back({first, bit});
+      first += bit;
+    }
+  return parts;
+}
+
 /// CUDA's launch limits on every arch DualKV targets: threads a CTA, and
 /// gridDim.y and gridDim.z, where the kernels put heads (and segments).
 inline constexpr int64_t kMaxBlockThreads = 1024;
@@ -176,9 +197,9 @@ DUALKV_API int64_t sharedBytes(const KernelSpec &resolved);
 DUALKV_API std::string checkTiling(int64_t blockM, int64_t blockN,
                                    int64_t warps, int64_t stages);
 /// Why `headDim`, `numQHeads`, `numKVHeads` are no problem any kernel takes
-/// (head_dim 64, 128 or 256; positive head counts, num_q_heads a multiple of
-/// num_kv_heads), or an empty string. #dualkv.problem's verifier and
-/// checkSpec run it.
+/// (head_dim one of kHeadDims, dualkv/HeadDims.h; positive head counts,
+/// num_q_heads a multiple of num_kv_heads), or an empty string.
+/// #dualkv.problem's verifier and checkSpec run it.
 DUALKV_API std::string checkProblem(int64_t headDim, int64_t numQHeads,
                                     int64_t numKVHeads);
 /// Why `softcap` is no logit softcap (finite and >= 0; 0: none), or an empty

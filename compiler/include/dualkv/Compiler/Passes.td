@@ -34,7 +34,7 @@ def DualKVBindSpec : Pass<"dualkv-bind-spec", "::mlir::ModuleOp"> {
     Option<"N", "N", "int64_t", "0", "response count class (0: any)">,
     Option<"numQHeads", "num-q-heads", "int64_t", "32", "query heads">,
     Option<"numKVHeads", "num-kv-heads", "int64_t", "8", "key/value heads">,
-    Option<"headDim", "head-dim", "int64_t", "128", "head size: 64, 128 or 256">,
+    Option<"headDim", "head-dim", "int64_t", "128", "head size: 64, 96, 128 or 256">,
     Option<"dtype", "dtype", "std::string", "\"bf16\"", "bf16 or f16">,
     Option<"arch", "arch", "std::string", "\"sm_90a\"", "target, e.g. sm_80, sm_90a">,
     Option<"schedule", "schedule", "std::string", "\"auto\"",

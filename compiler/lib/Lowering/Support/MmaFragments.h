@@ -87,12 +87,25 @@ public:
   /// matrix.
   SmallVector<Value, 4> ldmatrix4(Value buf, Value row, Value col,
                                   bool transpose) {
+    return ldmatrix(buf, row, col, transpose, 4);
+  }
+  /// ldmatrix.x2 at (row, col) of `buf`: two i32 registers, the matrices
+  /// lanes 0-7 and 8-15 address (the others' addresses are ignored). With
+  /// the addresses of ldmatrix4's (k 0-7, n 0-7), (k 8-15, n 0-7), ...
+  /// order, the B fragment of the first n8 tile: head_dim 96's odd 8-column
+  /// tile.
+  SmallVector<Value, 4> ldmatrix2(Value buf, Value row, Value col,
+                                  bool transpose) {
+    return ldmatrix(buf, row, col, transpose, 2);
+  }
+  SmallVector<Value, 4> ldmatrix(Value buf, Value row, Value col,
+                                 bool transpose, int64_t count) {
     OpBuilder &b = o.b;
-    auto vecType = VectorType::get({4, 2}, elemType);
+    auto vecType = VectorType::get({count, 2}, elemType);
     Value m = nvgpu::LdMatrixOp::create(b, o.loc, vecType, buf,
-                                        ValueRange{row, col}, transpose, 4);
+                                        ValueRange{row, col}, transpose, count);
     SmallVector<Value, 4> regs;
-    for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t i = 0; i < count; ++i) {
       Value pair = vector::ExtractOp::create(b, o.loc, m, ArrayRef<int64_t>{i});
       Value asInt = vector::BitCastOp::create(
           b, o.loc, VectorType::get({1}, b.getI32Type()), pair);

@@ -14,6 +14,7 @@
 #include "Lowering/Support/Builders.h"
 #include "Lowering/Support/HopperSync.h"
 #include "Lowering/Support/NamedBarriers.h"
+#include "dualkv/Compiler/KernelSpec.h"
 
 #include <utility>
 
@@ -89,39 +90,45 @@ public:
                  Value tileValid = {}, bool swizzled = false) {
     OpBuilder &b = o.b;
     int64_t chunksPerRow = headDim / 8; // 16-byte chunks
-    // threads is a multiple of chunksPerRow (>= 128 threads, <= 32 chunks a
-    // row): every thread copies the same column of rows row0, row0 +
-    // rowsPerPass, ... so the global addresses differ by a constant stride and
-    // stay cheap in registers.
-    int64_t rowsPerPass = threads / chunksPerRow;
-    Value row0 = o.divu(tid, chunksPerRow);
-    Value col = o.mul(o.remu(tid, chunksPerRow), o.idx(8));
-    Value colOffset = o.add(headOffset, col);
+    // Every thread copies the same column of rows row0, row0 + rowsPerPass,
+    // ... so the global addresses differ by a constant stride and stay cheap
+    // in registers. A row of a power-of-two number of chunks (head_dim 64, 128,
+    // 256: at most 32, threads >= 128) is one such part; head_dim 96's 12
+    // chunks are two, columns 0-63 (8 chunks) then 64-95 (4), each dealt out
+    // the same way (copyParts in KernelSpec.h).
     SmallVector<Value> tokens;
-    for (int64_t i = 0; i * rowsPerPass < rows; ++i) {
-      Value r = o.add(row0, o.idx(i * rowsPerPass));
-      Value rel = o.add(first, r);
-      Value srcElems;
-      Value row = rel;
-      if (predicated) {
-        // A null limit means every row of the tile is inside its region.
-        Value valid =
-            limit ? o.cmp(arith::CmpIPredicate::ult, rel, limit) : tileValid;
-        if (limit && tileValid)
-          valid = arith::AndIOp::create(b, o.loc, valid, tileValid);
-        // Out-of-range rows read nothing (src-size 0 zero-fills) from a valid
-        // address.
-        row = o.select(valid, rel, o.idx(0));
-        srcElems = o.select(valid, o.idx(8), o.idx(0));
+    for (auto [chunk0, chunks] : ::dualkv::copyParts(chunksPerRow)) {
+      int64_t rowsPerPass = threads / chunks;
+      Value row0 = o.divu(tid, chunks);
+      Value col = o.mul(o.remu(tid, chunks), o.idx(8));
+      if (chunk0)
+        col = o.add(col, o.idx(chunk0 * 8));
+      Value colOffset = o.add(headOffset, col);
+      for (int64_t i = 0; i * rowsPerPass < rows; ++i) {
+        Value r = o.add(row0, o.idx(i * rowsPerPass));
+        Value rel = o.add(first, r);
+        Value srcElems;
+        Value row = rel;
+        if (predicated) {
+          // A null limit means every row of the tile is inside its region.
+          Value valid =
+              limit ? o.cmp(arith::CmpIPredicate::ult, rel, limit) : tileValid;
+          if (limit && tileValid)
+            valid = arith::AndIOp::create(b, o.loc, valid, tileValid);
+          // Out-of-range rows read nothing (src-size 0 zero-fills) from a valid
+          // address.
+          row = o.select(valid, rel, o.idx(0));
+          srcElems = o.select(valid, o.idx(8), o.idx(0));
+        }
+        Value src = o.add(o.mul(o.add(start, row), strideT), colOffset);
+        SmallVector<Value, 2> dst = {r, col};
+        if (swizzled)
+          dst = swizzledIndex(r, col, rows);
+        Value tok = nvgpu::DeviceAsyncCopyOp::create(
+            b, o.loc, buf, dst, base, ValueRange{src}, b.getIndexAttr(8),
+            srcElems, b.getUnitAttr());
+        tokens.push_back(tok);
       }
-      Value src = o.add(o.mul(o.add(start, row), strideT), colOffset);
-      SmallVector<Value, 2> dst = {r, col};
-      if (swizzled)
-        dst = swizzledIndex(r, col, rows);
-      Value tok = nvgpu::DeviceAsyncCopyOp::create(
-          b, o.loc, buf, dst, base, ValueRange{src}, b.getIndexAttr(8),
-          srcElems, b.getUnitAttr());
-      tokens.push_back(tok);
     }
     return nvgpu::DeviceAsyncCreateGroupOp::create(b, o.loc, tokens);
   }

@@ -306,7 +306,9 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
   Value aRow2d = add(warpRow0, add(remu(aLane, 8), mul(remu(quad, 2), idx(8))));
   Value aCol2d = mul(divu(quad, 2), idx(8));
   for (int64_t c0 = 0; c0 < warpCols; c0 += chunkCols) {
-    int64_t cTiles = chunkCols / 8;
+    // The last chunk may be narrower (head_dim 96: 48 columns a warp are
+    // chunks of 32 and 16).
+    int64_t cTiles = std::min(chunkCols, warpCols - c0) / 8;
     SmallVector<Value> acc(qmTiles * cTiles * 4, f32c(0.0f));
     for (int64_t kk = 0; kk < kSteps; ++kk) {
       SmallVector<SmallVector<Value, 4>> aFrags;
@@ -318,12 +320,16 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulateDq(AccumulateDqOp op) {
                    : frags.ldmatrix4(dsBuf, add(idx(kk * 16), aKeyRow),
                                      add(aQueryCol, idx(qm * 16)),
                                      /*transpose=*/true));
-      for (int64_t dp = 0; dp < cTiles / 2; ++dp) {
-        auto r =
-            frags.ldmatrix4(kTile, add(idx(kk * 16), bRow),
-                            add(bCol, idx(c0 + dp * 16)), /*transpose=*/true);
+      // Pairs of n8 tiles by ldmatrix.x4; an odd last tile (head_dim 96:
+      // 24 columns a warp) by ldmatrix.x2 at the same addresses.
+      for (int64_t dp = 0; dp < (cTiles + 1) / 2; ++dp) {
+        int64_t halves = std::min<int64_t>(2, cTiles - 2 * dp);
+        Value row = add(idx(kk * 16), bRow), col = add(bCol, idx(c0 + dp * 16));
+        auto r = halves == 2
+                     ? frags.ldmatrix4(kTile, row, col, /*transpose=*/true)
+                     : frags.ldmatrix2(kTile, row, col, /*transpose=*/true);
         for (int64_t qm = 0; qm < qmTiles; ++qm)
-          for (int64_t half = 0; half < 2; ++half) {
+          for (int64_t half = 0; half < halves; ++half) {
             MutableArrayRef<Value> c(&acc[(qm * cTiles + 2 * dp + half) * 4],
                                      4);
             auto d = frags.mma(aFrags[qm], {r[2 * half], r[2 * half + 1]}, c);

@@ -88,9 +88,13 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
     // memory a query (on sm_90a at head_dim 64 and 128 the warp-specialized
     // schedule); its 171 KB of shared memory at head_dim 128 exceed an sm_80
     // SM's 163 KB, so sm_80 streams 32-query tiles past warps of 16 keys.
-    return fitSharedMemory(spec, archNumber(spec.arch) >= 90
-                                     ? Tiling{128, 64, 8, 1}
-                                     : Tiling{128, 32, 8, 1});
+    // Head_dim 96 takes 64-query tiles on sm_80 too: 145 KB fit, and 32 rows
+    // of its 4-chunk column parts (SharedTiles.h) are not a copy pass of 256
+    // threads.
+    return fitSharedMemory(spec,
+                           archNumber(spec.arch) >= 90 || spec.headDim == 96
+                               ? Tiling{128, 64, 8, 1}
+                               : Tiling{128, 32, 8, 1});
   case KernelKind::BwdKV:
     // sm_90 and later: as the fused kernel (on sm_90a at head_dim 64 and
     // 128, the warp-specialized schedule). sm_80: without dQ, 64 keys in 4
