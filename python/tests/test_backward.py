@@ -374,7 +374,7 @@ def test_transformers_model_matches_replicated_sequences(family):
             vocab_size=97, hidden_size=hidden, intermediate_size=512,
             num_hidden_layers=2, num_attention_heads=heads,
             num_key_value_heads=2, max_position_embeddings=512,
-            attn_implementation=attn)
+            pad_token_id=0, attn_implementation=attn)
 
     model_cls = getattr(transformers, family + "ForCausalLM")
     torch.manual_seed(0)

@@ -73,8 +73,10 @@ int64_t refSharedBytes(const KernelSpec &r) {
     return 0;
   if (queryMajor(r.kind)) {
     const int64_t qRows = (r.kind == KernelKind::BwdDQ ? 2 : 1) * bm;
-    if (ws) // Q (dO), K and V rings, 1 + 4 stages mbarriers, 1 KB align
-      return (qRows + 2 * st * bn) * d * 2 + 8 * (1 + 4 * st) + 1024;
+    if (ws) // Q (dO), K and V rings of rows of whole 64-element atoms
+            // (96: 128), 1 + 4 stages mbarriers, 1 KB align
+      return (qRows + 2 * st * bn) * (d == 96 ? 128 : d) * 2 +
+             8 * (1 + 4 * st) + 1024;
     if (mma) // rows padded by 8 elements
       return (qRows + 2 * bn) * (d + 8) * 2;
     return (qRows + 2 * bn) * d * 2 + 1024;
@@ -120,8 +122,9 @@ bool refFits(const KernelSpec &r) {
              t.blockN % 16 == 0 && t.blockN <= 256;
     return kvMajor(r.kind) && t.blockM == 128 && t.blockN == 64 && t.warps == 8;
   case Schedule::WarpSpecialized:
-    // Its TMA tiles are whole 64-element swizzle atoms: not head_dim 96.
-    if (!sm90a || (r.tree && kvMajor(r.kind)) || d % 64)
+    // The KV-major backward's tiles are whole 64-element swizzle atoms: not
+    // head_dim 96 (the query-major kernels round its tiles up to 128).
+    if (!sm90a || (r.tree && kvMajor(r.kind)) || (kvMajor(r.kind) && d % 64))
       return false;
     if (kvMajor(r.kind))
       // bwd_kv at head_dim 64 takes 128-query tiles too.
@@ -203,7 +206,7 @@ Tiling refDefaultTiling(const KernelSpec &s) {
     bool agrees = (!t.blockM || t.blockM == 128) &&
                   (!t.blockN || t.blockN == 64) && (!t.warps || t.warps == 8) &&
                   (!t.stages || t.stages == kDqWarpSpecializedStages);
-    if (sm90a && (d == 64 || d == 128) &&
+    if (sm90a && (d == 64 || d == 96 || d == 128) &&
         (s.schedule == Schedule::WarpSpecialized || (auto_ && agrees)))
       return {128, 64, 8, kDqWarpSpecializedStages};
     if (sm90a && d == 128)
@@ -211,8 +214,7 @@ Tiling refDefaultTiling(const KernelSpec &s) {
     return {64, 32, 4, 1};
   }
   case KernelKind::Fwd:
-    if (sm90a && d % 64 == 0 &&
-        (s.schedule == Schedule::WarpSpecialized || auto_))
+    if (sm90a && (s.schedule == Schedule::WarpSpecialized || auto_))
       return {128, d == 256 ? 64 : 128, 8, 2};
     if (sm90a && d == 128 && s.schedule == Schedule::Wgmma)
       return {128, 128, 8, 2};

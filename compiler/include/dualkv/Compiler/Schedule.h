@@ -109,15 +109,23 @@ struct KVMajorLayout {
   }
 };
 
+/// Columns of a tile in the 128-byte swizzle: whole 64-element atoms, so
+/// head_dim 96 takes 128 (its last 32 columns zero-filled by the TMA, which
+/// reads past a row's end as zeros).
+inline constexpr int64_t swizzledTileDim(int64_t headDim) {
+  return (headDim + 63) / 64 * 64;
+}
+
 /// The warp-specialized query-major kernels (fwd, bwd_dq): [Q][dO
-/// (bwd_dq)][K x stages][V x stages] unpadded in the 128-byte swizzle, an
-/// mbarrier for Q and four a stage, and kSwizzleAlign bytes to align.
+/// (bwd_dq)][K x stages][V x stages] unpadded in the 128-byte swizzle (rows
+/// of swizzledTileDim columns), an mbarrier for Q and four a stage, and
+/// kSwizzleAlign bytes to align.
 struct RingLayout {
   int64_t q = 0, dO = 0, kRing = 0, vRing = 0, slotBytes = 0, barriers = 0,
           numBarriers = 0, total = 0;
   static RingLayout of(const Tiling &t, int headDim, KernelKind kind) {
     RingLayout l;
-    const int64_t row = int64_t(headDim) * 2;
+    const int64_t row = swizzledTileDim(headDim) * 2;
     l.dO = t.blockM * row;
     l.kRing = (kind == KernelKind::BwdDQ ? 2 : 1) * t.blockM * row;
     l.slotBytes = t.blockN * row;

@@ -19,8 +19,13 @@ namespace mlir::dualkv {
 
 class WgmmaBuilder {
 public:
-  WgmmaBuilder(OpBuilder &b, Location loc, Type elemType, int64_t headDim)
-      : b(b), loc(loc), elemType(elemType), headDim(headDim) {}
+  /// `headDim` columns a tile (the N of regsA); products over the head
+  /// dimension (overHeadDim) contract its first `contractDim` (0: all), which
+  /// is head_dim 96 in tiles of 128 columns whose last 32 are zero.
+  WgmmaBuilder(OpBuilder &b, Location loc, Type elemType, int64_t headDim,
+               int64_t contractDim = 0)
+      : b(b), loc(loc), elemType(elemType), headDim(headDim),
+        contractDim(contractDim ? contractDim : headDim) {}
 
   void fence() { WgmmaFenceOp::create(b, loc); }
   void commit() { WgmmaCommitOp::create(b, loc); }
@@ -84,10 +89,10 @@ public:
 
   /// acc (empty: from zero) += A Bᵀ over the head dimension: A (m64, `aDesc`)
   /// and B (n rows, `bDesc`) K-major swizzled tiles of `aRows` and `bRows`
-  /// rows; D / 16 k-steps of 32 bytes, the next atom every 4.
+  /// rows; contractDim / 16 k-steps of 32 bytes, the next atom every 4.
   SmallVector<Value> overHeadDim(SmallVector<Value> acc, int64_t n, Value aDesc,
                                  int64_t aRows, Value bDesc, int64_t bRows) {
-    for (int64_t kt = 0; kt < headDim / 16; ++kt) {
+    for (int64_t kt = 0; kt < contractDim / 16; ++kt) {
       int64_t off = (kt / 4) * 128, in = (kt % 4) * 32;
       acc = step(acc, n, descPlus(aDesc, off * aRows + in), {},
                  descPlus(bDesc, off * bRows + in), false, false);
@@ -108,7 +113,7 @@ private:
   OpBuilder &b;
   Location loc;
   Type elemType;
-  int64_t headDim;
+  int64_t headDim, contractDim;
 };
 
 } // namespace mlir::dualkv

@@ -254,22 +254,23 @@ public:
       : ScalarBuilder(b, kernel.getLoc()), kernel(kernel),
         elemType(kernel.getProblem()->getDtype()),
         headDim(kernel.getProblem()->getHeadDim()),
+        tileDim(::dualkv::swizzledTileDim(headDim)),
         warps(kernel.getTiling()->getWarps()),
         blockM(kernel.getTiling()->getBlockM()),
         blockN(kernel.getTiling()->getBlockN()),
         stages(kernel.getTiling()->getStages()),
         groupSize(kernel.getProblem()->getNumQHeads() /
                   kernel.getProblem()->getNumKvHeads()),
-        nTiles(blockN / 8), dTiles(headDim / 8),
+        nTiles(blockN / 8), dTiles(tileDim / 8),
         isDq(kernel.getKind() == KernelKind::bwd_dq),
         isTree(kernel.walksChain()),
         ring(::dualkv::RingLayout::of(
             {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
             isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd)),
         fn(*this, elemType), frags(*this, elemType),
-        smemTiles(*this, elemType, headDim),
-        mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
-            kernel.getProblem()->getHeadDim()) {}
+        smemTiles(*this, elemType, tileDim),
+        mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(), tileDim,
+            headDim) {}
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
@@ -280,9 +281,12 @@ public:
 private:
   // ---- fixed at construction ----------------------------------------------
   KernelOp kernel;
-  /// The element type, head_dim, and the consumer warps a CTA.
+  /// The element type, head_dim, the columns of its swizzled tiles
+  /// (swizzledTileDim: 128 at head_dim 96, whose last 32 the TMA zero-fills;
+  /// the accumulators of O and dQ keep them, zero, and the stores leave them
+  /// out), and the consumer warps a CTA.
   const Type elemType;
-  const int64_t headDim, warps;
+  const int64_t headDim, tileDim, warps;
   const int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
   const bool isDq, isTree;
   /// The sliding window W (the `window` parameter, read at entry; null:
@@ -856,11 +860,11 @@ void WarpSpecializedQueryMajor::emitProducer(const KernelArgs &args,
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), qBar, i32c(int32_t(ring.kRing)), NVVM::MemScopeKind::CTA,
       false, Value());
-  tmaLoadTile(*this, args.qMap, tiles.base, blockM, headDim,
+  tmaLoadTile(*this, args.qMap, tiles.base, blockM, tileDim,
               add(coords.segStart, coords.qRow0), coords.head, qBar);
   if (isDq)
     tmaLoadTile(*this, args.doMap, add(tiles.base, idx(ring.dO)), blockM,
-                headDim, add(coords.segStart, coords.qRow0), coords.head, qBar);
+                tileDim, add(coords.segStart, coords.qRow0), coords.head, qBar);
 
   SmallVector<Value> walkInit;
   if (isTree)
@@ -884,14 +888,14 @@ void WarpSpecializedQueryMajor::emitProducer(const KernelArgs &args,
       b, loc, Type(), kFull(tiles, slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
   tmaLoadTile(*this, args.kMap,
-              add(tiles.base, add(idx(ring.kRing), slotBytes)), blockN, headDim,
+              add(tiles.base, add(idx(ring.kRing), slotBytes)), blockN, tileDim,
               row, coords.kvHead, kFull(tiles, slot));
   waitParity(*this, vEmpty(tiles, slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), vFull(tiles, slot), i32c(int32_t(ring.slotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
   tmaLoadTile(*this, args.vMap,
-              add(tiles.base, add(idx(ring.vRing), slotBytes)), blockN, headDim,
+              add(tiles.base, add(idx(ring.vRing), slotBytes)), blockN, tileDim,
               row, coords.kvHead, vFull(tiles, slot));
   if (isTree)
     scf::YieldOp::create(b, loc, walkAfter(pipe, i, w)->values());
@@ -1297,12 +1301,13 @@ void WarpSpecializedQueryMajor::storeRows(const SegmentCoords &coords,
                                           Value strideT, Value strideH) {
   // The rows go through this warpgroup's 64 rows of the Q tile (its last
   // scores are done, so Q is free), in the same swizzle, then out as 16-byte
-  // row chunks: every warp of the group writes whole rows, coalesced.
+  // row chunks: every warp of the group writes whole rows, coalesced. Only
+  // head_dim's columns (a tile of 128 at head_dim 96 holds 32 zero ones).
   proxyFence(*this);
   for (int64_t h = 0; h < 2; ++h) {
     Value r =
         add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)); // row in the tile
-    for (int64_t dt = 0; dt < dTiles; ++dt) {
+    for (int64_t dt = 0; dt < headDim / 8; ++dt) {
       Value lo = acc[dt * 4 + h * 2], hi = acc[dt * 4 + h * 2 + 1];
       if (!rowScale.empty()) {
         lo = arith::MulFOp::create(b, loc, lo, rowScale[h]);
@@ -1322,26 +1327,33 @@ void WarpSpecializedQueryMajor::storeRows(const SegmentCoords &coords,
       *this,
       i32Of(*this, add(idx(barrierId(QueryMajorBarrier::Epilogue0)), wg)),
       kWarpgroupThreads);
-  int64_t chunks = headDim / 8;
-  int64_t rowsPerPass = kWarpgroupThreads / chunks;
+  // A row's 16-byte chunks in power-of-two column parts (copyParts: one
+  // part but at head_dim 96, whose 12 are 8 + 4), each part's chunks dealt
+  // to the threads as one column of rows apiece.
   Value lt = remu(ids.tid, kWarpgroupThreads);
-  Value c = mul(remu(lt, chunks), idx(8));
   auto vec8 = VectorType::get({8}, elemType);
-  for (int64_t pass = 0; pass * rowsPerPass < 64; ++pass) {
-    Value r =
-        add(mul(wg, idx(64)), add(idx(pass * rowsPerPass), divu(lt, chunks)));
-    SmallVector<Value, 2> at = smemTiles.swizzledIndex(r, c, blockM);
-    Value chunk = vector::LoadOp::create(b, loc, vec8, tiles.qTile,
-                                         ValueRange{at[0], at[1]});
-    Value row = add(coords.qRow0, r);
-    auto inRange = scf::IfOp::create(
-        b, loc, cmp(arith::CmpIPredicate::ult, row, coords.segLen),
-        /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(inRange.thenBlock());
-    Value token = add(coords.segStart, row);
-    Value offset = add(add(mul(token, strideT), mul(coords.head, strideH)), c);
-    vector::StoreOp::create(b, loc, chunk, out, ValueRange{offset});
+  for (auto [chunk0, chunks] : ::dualkv::copyParts(headDim / 8)) {
+    int64_t rowsPerPass = kWarpgroupThreads / chunks;
+    Value c = mul(remu(lt, chunks), idx(8));
+    if (chunk0)
+      c = add(c, idx(chunk0 * 8));
+    for (int64_t pass = 0; pass * rowsPerPass < 64; ++pass) {
+      Value r =
+          add(mul(wg, idx(64)), add(idx(pass * rowsPerPass), divu(lt, chunks)));
+      SmallVector<Value, 2> at = smemTiles.swizzledIndex(r, c, blockM);
+      Value chunk = vector::LoadOp::create(b, loc, vec8, tiles.qTile,
+                                           ValueRange{at[0], at[1]});
+      Value row = add(coords.qRow0, r);
+      auto inRange = scf::IfOp::create(
+          b, loc, cmp(arith::CmpIPredicate::ult, row, coords.segLen),
+          /*withElseRegion=*/false);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(inRange.thenBlock());
+      Value token = add(coords.segStart, row);
+      Value offset =
+          add(add(mul(token, strideT), mul(coords.head, strideH)), c);
+      vector::StoreOp::create(b, loc, chunk, out, ValueRange{offset});
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Spec/ScheduleRecords.h"
+#include "dualkv/HeadDims.h"
 
 namespace dualkv {
 
@@ -59,9 +60,11 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
     return {};
   }
   const Tiling &t = spec.tiling;
+  // The query-major kernels take head_dim 96 in tiles of 128 columns
+  // (swizzledTileDim), the TMA zero-filling the last 32.
   if (dq) {
-    if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
-      return "its dQ kernel has head_dim 64, 128 and 256, not " +
+    if (!isSupportedHeadDim(spec.headDim))
+      return "its dQ kernel has head_dim " + headDimChoices() + ", not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.warps != 8 || t.stages < 2 || t.stages > 4 ||
         t.blockN % 16 ||
@@ -69,8 +72,8 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
       return "its dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 "
              "stages and block_n 16, 32 or 64 (or 128 at head_dim 64)";
   } else {
-    if (spec.headDim != 64 && spec.headDim != 128 && spec.headDim != 256)
-      return "it has head_dim 64, 128 and 256, not " +
+    if (!isSupportedHeadDim(spec.headDim))
+      return "it has head_dim " + headDimChoices() + ", not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN % 16 ||
         128 % t.blockN)
@@ -153,7 +156,7 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
     if (std::optional<Tiling> t = agreeing(Tiling{128, 128, 8, 1}))
       return t;
   if (spec.kind == KernelKind::BwdDQ &&
-      (spec.headDim == 64 || spec.headDim == 128)) {
+      (spec.headDim == 64 || spec.headDim == 96 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two
     // consumer warpgroups of 64 query rows (WarpSpecialized/
     // WarpSpecializedQueryMajor.cpp); 64-key tiles in a three-stage ring, as
@@ -171,8 +174,9 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   // 16384, head_dim 128, on the H200 against 423 for the warpgroup schedule
   // (docs/performance.md). Prefix trees whose segments walk an ancestor
   // chain too (the tree variant).
-  if (spec.kind == KernelKind::Fwd &&
-      (spec.headDim == 64 || spec.headDim == 128 || spec.headDim == 256))
+  // Head_dim 96 as 128 (swizzledTileDim): its scores contract 96 columns,
+  // P V fills 128, of which the last 32 stay zero.
+  if (spec.kind == KernelKind::Fwd && isSupportedHeadDim(spec.headDim))
     return Tiling{128, spec.headDim == 256 ? 64 : 128, 8, 2};
   return std::nullopt;
 }
@@ -274,7 +278,8 @@ int64_t warpSpecializedSharedBytes(const Tiling &tiling, int headDim,
 const ScheduleRecord kWarpSpecializedRecord = {
     Schedule::WarpSpecialized,
     "warp_specialized",
-    "sm_90a: the forward and the backward at\nhead_dim 64, 128 and 256",
+    "sm_90a: the forward and the dQ kernel at\nhead_dim 64, 96, 128 and 256, "
+    "the KV-major\nbackward at 64, 128 and 256",
     warpSpecializedUnfit,
     warpSpecializedAutoPicks,
     warpSpecializedDefaultTiling,

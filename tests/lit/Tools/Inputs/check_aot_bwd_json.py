@@ -19,12 +19,12 @@ KINDS = ("bwd_pre", "bwd", "bwd_post", "bwd_kv", "bwd_dq")
 def schedule(kind, d, bm, bn, warps, arch, stages=1):
     """On sm_90a: the warp-specialized schedule for bwd and bwd_kv at
     128:64:8 and head_dim 64 and 128, bwd_kv also at 128:128:8 and head_dim
-    64, and at 64:64:8 and head_dim 256, and for bwd_dq at head_dim 64, 128
-    and 256 with more than two stages (a ring of key tiles of 16, 32 or 64
+    64, and at 64:64:8 and head_dim 256, and for bwd_dq at head_dim 64, 96,
+    128 and 256 with more than two stages (a ring of key tiles of 16, 32 or 64
     rows, or 128 at head_dim 64, which only that schedule has); the warpgroup
     one for bwd_dq at 128:64:8, head_dim 128 and fewer stages; mma_sync for
     everything else."""
-    if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 128, 256) \
+    if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 96, 128, 256) \
             and stages > 2 and (bm, warps) == (128, 8) \
             and (bn in (16, 32, 64) or (bn == 128 and d == 64)):
         return "warp_specialized"
@@ -60,9 +60,12 @@ def shared_bytes(kind, d, bm, bn, warps, arch, stages=1, sched=None):
     sched = sched or schedule(kind, d, bm, bn, warps, arch, stages)
     if sched == "warp_specialized" and kind == "bwd_dq":
         # Q and dO (block_m rows), a ring of `stages` K and V tiles (block_n
-        # rows) in the 128-byte swizzle, an mbarrier for Q and dO and four a
-        # stage (K and V full and empty), 1024 bytes of alignment.
-        return (2 * bm + 2 * stages * bn) * d * 2 + 8 * (1 + 4 * stages) + 1024
+        # rows) in the 128-byte swizzle (rows of whole 64-element atoms: 128
+        # columns at head_dim 96), an mbarrier for Q and dO and four a stage
+        # (K and V full and empty), 1024 bytes of alignment.
+        atoms = -(-d // 64) * 64
+        return ((2 * bm + 2 * stages * bn) * atoms * 2 + 8 * (1 + 4 * stages)
+                + 1024)
     if sched == "wgmma" and kind == "bwd_dq":
         # Q and dO (block_m rows), K and V (block_n rows) unpadded in the
         # 128-byte swizzle, and 1024 bytes to align them to its period.

@@ -25,11 +25,12 @@ def main():
             t["block_n"], t["warps"], t["stages"])
         if os.path.basename(path) != name + ".json":
             problems.append("file name does not spell the spec (%s)" % name)
-        # The warp-specialized schedule (sm_90a, head_dim 64/128/256 at its
+        # The warp-specialized schedule (sm_90a, head_dim 64/96/128/256 at its
         # tilings): a producer warpgroup beside the consumer warps; Q and a ring
-        # of `stages` K and V tiles unpadded in the 128-byte swizzle, an 8-byte
+        # of `stages` K and V tiles unpadded in the 128-byte swizzle (rows of
+        # whole 64-element atoms: 128 columns at head_dim 96), an 8-byte
         # mbarrier for Q and four a stage, 1 KB to align the tiles.
-        ws = (j["arch"] == "sm_90a" and d in (64, 128, 256)
+        ws = (j["arch"] == "sm_90a" and d in (64, 96, 128, 256)
               and (t["block_m"], t["warps"], t["stages"]) == (128, 8, 2)
               and t["block_n"] == (64 if d == 256 else 128))
         threads = 32 * t["warps"] + (128 if ws else 0)
@@ -43,7 +44,8 @@ def main():
                  and t["block_n"] % 16 == 0 and t["block_n"] <= 256)
         if ws:
             stages = t["stages"]
-            smem = ((t["block_m"] + 2 * stages * t["block_n"]) * d * 2
+            atoms = -(-d // 64) * 64
+            smem = ((t["block_m"] + 2 * stages * t["block_n"]) * atoms * 2
                     + 8 * (1 + 4 * stages) + 1024)
         elif wgmma:
             smem = (t["block_m"] + 2 * t["block_n"]) * d * 2 + 1024
