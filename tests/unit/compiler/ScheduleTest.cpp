@@ -81,7 +81,7 @@ int64_t refSharedBytes(const KernelSpec &r) {
       return (qRows + 2 * bn) * (d + 8) * 2;
     return (qRows + 2 * bn) * d * 2 + 1024;
   }
-  const int64_t row = mma ? d + 8 : d;
+  const int64_t row = mma ? d + 8 : d == 96 ? 128 : d;
   int64_t bytes = (2 * bm + 4 * bn) * row * 2; // K, V, 2 x Q, 2 x dO
   const bool grid2d =
       mma && w == 8 && ((bm == 128 && bn == 64) || (d == 256 && bm == 64));
@@ -122,9 +122,10 @@ bool refFits(const KernelSpec &r) {
              t.blockN % 16 == 0 && t.blockN <= 256;
     return kvMajor(r.kind) && t.blockM == 128 && t.blockN == 64 && t.warps == 8;
   case Schedule::WarpSpecialized:
-    // The KV-major backward's tiles are whole 64-element swizzle atoms: not
-    // head_dim 96 (the query-major kernels round its tiles up to 128).
-    if (!sm90a || (r.tree && kvMajor(r.kind)) || (kvMajor(r.kind) && d % 64))
+    // Head_dim 96 in tiles of 128 columns, but not the fused bwd (its dQ
+    // staging).
+    if (!sm90a || (r.tree && kvMajor(r.kind)) ||
+        (r.kind == KernelKind::Bwd && d == 96))
       return false;
     if (kvMajor(r.kind))
       // bwd_kv at head_dim 64 takes 128-query tiles too.
@@ -189,6 +190,9 @@ Tiling refDefaultTiling(const KernelSpec &s) {
   // fields agree.
   if (d == 64 && s.kind == KernelKind::BwdKV && wsDefault({128, 128, 8, 1}))
     return {128, 128, 8, 1};
+  // Head_dim 96: bwd_kv's Q and dO by TMA (two stages).
+  if (d == 96 && s.kind == KernelKind::BwdKV && wsDefault({128, 64, 8, 2}))
+    return {128, 64, 8, 2};
   if (d == 256 && s.kind == KernelKind::BwdDQ &&
       wsDefault({128, 32, 8, kDqWarpSpecializedStages}))
     return {128, 32, 8, kDqWarpSpecializedStages};

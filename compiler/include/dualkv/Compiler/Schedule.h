@@ -40,6 +40,14 @@ inline constexpr int64_t kTileRowPad = 8;
 /// to; their layouts take this much more to align the base.
 inline constexpr int64_t kSwizzleAlign = 1024;
 
+/// Columns of a tile in the 128-byte swizzle: whole 64-element atoms, so
+/// head_dim 96 takes 128 (its last 32 columns zero-filled by the TMA, which
+/// reads past a row's end as zeros, or left unwritten by cp.async where no
+/// product reads them into a stored result).
+inline constexpr int64_t swizzledTileDim(int64_t headDim) {
+  return (headDim + 63) / 64 * 64;
+}
+
 /// The cp.async query-major kernels (fwd, bwd_dq of mma_sync and wgmma):
 /// [Q][dO (bwd_dq)][K][V], rows of `rowStride` elements (2 bytes each).
 struct QueryMajorLayout {
@@ -86,7 +94,9 @@ struct KVMajorLayout {
     KVMajorLayout l;
     const bool withDq = kind == KernelKind::Bwd;
     const int64_t bm = t.blockM, bn = t.blockN;
-    l.rowStride = headDim + (o.padded ? kTileRowPad : 0);
+    // Unpadded rows are whole swizzle atoms (head_dim 96: 128 columns).
+    l.rowStride =
+        o.padded ? headDim + kTileRowPad : swizzledTileDim(int64_t(headDim));
     const int64_t dsRowStride = bn + (o.padded ? kTileRowPad : 0);
     const int64_t tile = bn * l.rowStride * 2;
     l.v = bm * l.rowStride * 2;
@@ -108,13 +118,6 @@ struct KVMajorLayout {
     return l;
   }
 };
-
-/// Columns of a tile in the 128-byte swizzle: whole 64-element atoms, so
-/// head_dim 96 takes 128 (its last 32 columns zero-filled by the TMA, which
-/// reads past a row's end as zeros).
-inline constexpr int64_t swizzledTileDim(int64_t headDim) {
-  return (headDim + 63) / 64 * 64;
-}
 
 /// The warp-specialized query-major kernels (fwd, bwd_dq): [Q][dO
 /// (bwd_dq)][K x stages][V x stages] unpadded in the 128-byte swizzle (rows

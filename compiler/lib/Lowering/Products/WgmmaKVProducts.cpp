@@ -14,8 +14,8 @@ using namespace mlir;
 using namespace mlir::dualkv;
 
 void WgmmaKVProducts::layoutTiles(int64_t sharedBytes) {
-  // Rows of D elements, unpadded (the emitter's rowStride is D).
-  int64_t blockBytes = h.blockM * h.headDim * 2;
+  // Rows of whole swizzle atoms, unpadded (the emitter's rowStride).
+  int64_t blockBytes = h.blockM * ::dualkv::swizzledTileDim(h.headDim) * 2;
   smemAddr = h.smemTiles.alignToSwizzle(h.smem, sharedBytes);
   warpGroup = o.divu(h.ids.warp, 4);
   h.kBuf = h.smemTiles.swizzledTile(h.smem, 0, h.blockM);
@@ -33,7 +33,8 @@ void WgmmaKVProducts::beginQIteration(Value parity) {
   // k-step's descriptor into registers of its own.
   Value base = opaque(o, smemAddr);
   kAddr = base;
-  vAddr = o.add(base, o.idx(h.blockM * h.headDim * 2));
+  vAddr =
+      o.add(base, o.idx(h.blockM * ::dualkv::swizzledTileDim(h.headDim) * 2));
   dsAddr = o.add(base, o.idx(h.layout.dsOffset()));
   qAddrCur = o.add(base, o.add(o.idx(h.layout.qOffset()),
                                o.mul(parity, o.idx(h.layout.tileBytes()))));

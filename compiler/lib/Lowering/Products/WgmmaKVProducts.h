@@ -57,7 +57,9 @@ namespace mlir::dualkv {
 class WgmmaKVProducts {
 public:
   explicit WgmmaKVProducts(KVProductsHost host)
-      : h(std::move(host)), o(h.o), wg(o.b, o.loc, h.elemType, h.headDim) {}
+      : h(std::move(host)), o(h.o),
+        wg(o.b, o.loc, h.elemType, ::dualkv::swizzledTileDim(h.headDim),
+           h.headDim) {}
 
   /// Where the dQ staging buffers start: after the skeleton's buffers.
   int64_t dqOffset() const { return h.layout.KVMajorEmitter::sharedBytes(); }

@@ -216,7 +216,7 @@ SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
   auto tileType = swizzledTiles
-                      ? MemRefType::get({blockN * headDim / 64, 64}, elemType,
+                      ? MemRefType::get({blockN * rowStride / 64, 64}, elemType,
                                         MemRefLayoutAttrInterface(), workgroup)
                       : MemRefType::get({blockN, rowStride}, elemType,
                                         MemRefLayoutAttrInterface(), workgroup);
@@ -497,7 +497,7 @@ LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
           Value token = add(kRow0, r);
           Value kBase = add(mul(token, dkStrideT), mul(kvHead, dkStrideH));
           Value vBase = add(mul(token, dvStrideT), mul(kvHead, dvStrideH));
-          for (int64_t dt = 0; dt < gradDTiles(); ++dt) {
+          for (int64_t dt = 0; dt < storedGradDTiles(); ++dt) {
             int64_t i = (mt * gradDTiles() + dt) * 4 + h * 2;
             Value col = gradCol(dt);
             storePair(dkPtr, add(kBase, col), dk[i], dk[i + 1]);
@@ -517,7 +517,7 @@ LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
         emitIf(cmp(arith::CmpIPredicate::ult, r, kvLen), [&] {
           Value base = mul(add(mul(add(accRow, r), idx(numKVHeads)), kvHead),
                            idx(headDim));
-          for (int64_t dt = 0; dt < gradDTiles(); ++dt)
+          for (int64_t dt = 0; dt < storedGradDTiles(); ++dt)
             for (int64_t e = 0; e < 2; ++e) {
               int64_t i = (mt * gradDTiles() + dt) * 4 + h * 2 + e;
               Value at = add(base, add(gradCol(dt), idx(e)));

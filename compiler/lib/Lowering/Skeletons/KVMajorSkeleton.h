@@ -45,6 +45,7 @@
 #include "Lowering/Support/SharedTiles.h"
 #include "Lowering/TileOps/TileOps.h"
 #include "ScoreMod/ScoreModIR.h"
+#include "dualkv/Compiler/Schedule.h"
 
 #include "mlir/IR/IRMapping.h"
 
@@ -261,6 +262,11 @@ protected:
       return headDim / 2 / 8;
     return grid2d ? headDim / gradColWarps() / 8 : dTiles;
   }
+  /// The n8 tiles of dK and dV a thread stores: gradDTiles() but for the
+  /// wgmma tiles of head_dim 96, whose last 4 of 16 are padding.
+  int64_t storedGradDTiles() const {
+    return splitWarpgroups || grid2d ? gradDTiles() : headDim / 8;
+  }
   /// With waitOncePerTile: once per query tile, before its first use, waits
   /// for all of the tile's copies (Q, dO, LSE, Delta; the next tile's stay
   /// in flight) and syncs the CTA, so later uses in the iteration need no
@@ -366,7 +372,11 @@ protected:
   /// unpadded rows in the 128-byte swizzle, dS^T rows of blockN elements, one
   /// wait per query tile, copies made visible to wgmma before the barrier.
   void useWgmmaTiles() {
-    rowStride = headDim;
+    // Rows of whole swizzle atoms: head_dim 96 in 128 columns, dK and dV
+    // accumulated over all of them and stored over 96 (storedGradDTiles).
+    rowStride = ::dualkv::swizzledTileDim(headDim);
+    dTiles = rowStride / 8;
+    smemTiles.setSwizzledTileCols(rowStride);
     dsRowStride = blockN;
     swizzledTiles = true;
     waitOncePerTile = true;

@@ -30,7 +30,10 @@ constexpr int64_t kRowPad = 8;
 class SharedTiles {
 public:
   SharedTiles(ScalarBuilder o, Type elemType, int64_t headDim)
-      : o(o), elemType(elemType), headDim(headDim) {}
+      : o(o), elemType(elemType), headDim(headDim), tileCols(headDim) {}
+  /// Swizzled tiles of `cols` columns, whole 64-element atoms (head_dim 96:
+  /// 128); the copies still fill headDim of them.
+  void setSwizzledTileCols(int64_t cols) { tileCols = cols; }
 
   /// A view of `rows` padded rows of the element type at byte `offset` of the
   /// dynamic shared memory `smem`.
@@ -74,9 +77,9 @@ public:
                                   ValueRange{o.idx(bytes - 1024)});
     return aligned;
   }
-  /// A swizzled view of `rows` rows x headDim columns at `offset`.
+  /// A swizzled view of `rows` rows x tileCols columns at `offset`.
   Value swizzledTile(Value smem, int64_t offset, int64_t rows) {
-    return sharedTile(smem, offset, rows * headDim / 64, 64);
+    return sharedTile(smem, offset, rows * tileCols / 64, 64);
   }
 
   /// Issues cp.async copies of `rows` rows of one head into `buf`, spread
@@ -136,7 +139,7 @@ public:
 private:
   ScalarBuilder o;
   Type elemType;
-  int64_t headDim;
+  int64_t headDim, tileCols;
 };
 
 /// The cp.async copy groups of a kernel's loop iteration, oldest first, and

@@ -337,10 +337,10 @@ LogicalResult WarpSpecializedKVMajor::emitProducer() {
                                              NVVM::MemScopeKind::CTA);
             Value row = add(qBegin, first);
             Value base = add(wgmma.smemAddr, mul(slot, idx(tileBytes())));
-            tmaLoadTile(*this, qMap, add(base, idx(qOffset())), blockN, headDim,
-                        row, head, fullBarrier(slot));
+            tmaLoadTile(*this, qMap, add(base, idx(qOffset())), blockN,
+                        rowStride, row, head, fullBarrier(slot));
             tmaLoadTile(*this, doMap, add(base, idx(doOffset())), blockN,
-                        headDim, row, head, fullBarrier(slot));
+                        rowStride, row, head, fullBarrier(slot));
           });
           // issueStatCopies waits for its own copies.
           issueStatCopies(first, slot, valid, /*infinitePastItem=*/true);
@@ -456,14 +456,16 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                 "64, block_n 64 and 8 consumer warps";
     return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
   }
-  if ((d != 64 && d != 128) || blockM != 128 ||
+  // Head_dim 96 (bwd_kv only: in tiles of 128 columns, no dQ staging).
+  bool d96 = d == 96 && kernel.getKind() == KernelKind::bwd_kv;
+  if ((d != 64 && d != 128 && !d96) || blockM != 128 ||
       !::dualkv::warpSpecializedKVQueryTileFits(
           kernel.getKind() == KernelKind::bwd, d,
           kernel.getTiling()->getBlockN()) ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
-           << "the warp-specialized backward needs head_dim 64 or 128, "
-              "block_m 128, block_n 64 (128 for bwd_kv at head_dim 64) and 8 "
-              "consumer warps";
+           << "the warp-specialized backward needs head_dim 64 or 128 (96 "
+              "for bwd_kv), block_m 128, block_n 64 (128 for bwd_kv at "
+              "head_dim 64) and 8 consumer warps";
   return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
 }

@@ -49,8 +49,12 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
                "and 8 (consumer) warps";
       return {};
     }
-    if (spec.headDim != 64 && spec.headDim != 128)
-      return "its backward has head_dim 64, 128 and 256, not " +
+    // bwd_kv takes head_dim 96 in tiles of 128 columns (swizzledTileDim);
+    // the fused bwd's dQ staging does not.
+    if (spec.headDim != 64 && spec.headDim != 128 &&
+        !(spec.headDim == 96 && spec.kind == KernelKind::BwdKV))
+      return "its backward has head_dim 64, 128 and 256 (and 96 for bwd_kv), "
+             "not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.warps != 8 ||
         !warpSpecializedKVQueryTileFits(spec.kind == KernelKind::Bwd,
@@ -102,8 +106,8 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
   // chains.
   // Head_dim 256 too.
   if (isKVMajor(resolved.kind))
-    return resolved.headDim == 64 || resolved.headDim == 128 ||
-           resolved.headDim == 256;
+    return resolved.headDim == 64 || resolved.headDim == 96 ||
+           resolved.headDim == 128 || resolved.headDim == 256;
   if (resolved.kind == KernelKind::BwdDQ)
     return t.stages > 2; // only the warp-specialized dQ kernel has them
   return t.blockN == (resolved.headDim == 256 ? 64 : 128);
@@ -154,6 +158,13 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   // tiling pinned otherwise keeps the 64-query tiles below.
   if (spec.headDim == 64 && spec.kind == KernelKind::BwdKV)
     if (std::optional<Tiling> t = agreeing(Tiling{128, 128, 8, 1}))
+      return t;
+  // Head_dim 96: Q and dO by TMA (2 stages), which zero-fills their last 32
+  // columns of 128; with one stage the producer's cp.async of 8 + 4-chunk
+  // column parts spilled 8 bytes at its 24 registers.
+  if (spec.headDim == 96 && spec.kind == KernelKind::BwdKV)
+    if (std::optional<Tiling> t =
+            agreeing(Tiling{128, 64, 8, kKVMajorTmaStages}))
       return t;
   if (spec.kind == KernelKind::BwdDQ &&
       (spec.headDim == 64 || spec.headDim == 96 || spec.headDim == 128)) {

@@ -37,6 +37,8 @@ def schedule(kind, d, bm, bn, warps, arch, stages=1):
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
         if kind in ("bwd", "bwd_kv") and d in (64, 128):
             return "warp_specialized"
+        if kind == "bwd_kv" and d == 96:  # in tiles of 128 columns
+            return "warp_specialized"
         if kind == "bwd_dq" and d == 128:
             return "wgmma"
     return "mma_sync"
@@ -85,8 +87,9 @@ def shared_bytes(kind, d, bm, bn, warps, arch, stages=1, sched=None):
         if sched == "warp_specialized" and d == 256:
             ds, dq_buffers = 3 * bm * bn * 2, 0
         dq = dq_buffers * bn * (d + 8) * 4 if kind == "bwd" else 0
-        end = (2 * bm * d * 2 + 4 * bn * d * 2 + ds + 4 * stat_slots(bn, warps) * 4
-               + dq)
+        cols = -(-d // 64) * 64  # whole 64-element atoms: 128 at head_dim 96
+        end = (2 * bm * cols * 2 + 4 * bn * cols * 2 + ds
+               + 4 * stat_slots(bn, warps) * 4 + dq)
         if sched == "warp_specialized":
             # Six mbarriers: full and empty of the two query-tile slots, dQ
             # staged and dQ read.
