@@ -268,9 +268,11 @@ public:
             {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
             isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd)),
         fn(*this, elemType), frags(*this, elemType),
-        smemTiles(*this, elemType, tileDim),
+        smemTiles(*this, elemType, headDim),
         mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(), tileDim,
-            headDim) {}
+            headDim) {
+    smemTiles.setSwizzledTileCols(tileDim);
+  }
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
