@@ -48,7 +48,8 @@ PUBLIC = {
     "Reference.h": "reference",
 }
 # Headers below the runtime: any layer may include them.
-BELOW = re.compile(r'^dualkv/(Export\.h|Version\.h|Names\.h|Bounded\.h|Compiler/.*)$')
+BELOW = re.compile(
+    r'^dualkv/(Export\.h|Version\.h|Names\.h|Bounded\.h|HeadDims\.h|Compiler/.*)$')
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 # The only files below the API that may throw: the edge helpers.
 THROWERS = {"support/Status.h", "support/Status.cpp"}
