@@ -156,6 +156,14 @@ inline constexpr bool warpSpecializedKVQueryTileFits(bool computesDq,
                                                      int headDim, int blockN) {
   return blockN == 64 || (blockN == 128 && headDim == 64 && !computesDq);
 }
+/// Whether a warp-specialized bwd or bwd_kv of 128 keys (not head_dim 256's
+/// 64) takes `headDim`: 64 and 128, and 96 for bwd_kv (`computesDq` false),
+/// in tiles of 128 columns (swizzledTileDim); the fused bwd's dQ staging
+/// does not take 96.
+inline constexpr bool warpSpecializedKVHeadDimFits(bool computesDq,
+                                                   int headDim) {
+  return headDim == 64 || headDim == 128 || (headDim == 96 && !computesDq);
+}
 
 /// A tile row's 16-byte chunks as the cp.async tile copies deal them out
 /// (Lowering/Support/SharedTiles.h, copyTile): parts of a power-of-two

@@ -456,12 +456,10 @@ mlir::dualkv::emitWarpSpecializedKVMajor(KernelOp kernel, OpBuilder &b,
                 "64, block_n 64 and 8 consumer warps";
     return emitWith<WarpSpecializedKVMajor>(kernel, b, gpuModule, sharedBytes);
   }
-  // Head_dim 96 (bwd_kv only: in tiles of 128 columns, no dQ staging).
-  bool d96 = d == 96 && kernel.getKind() == KernelKind::bwd_kv;
-  if ((d != 64 && d != 128 && !d96) || blockM != 128 ||
+  bool computesDq = kernel.getKind() == KernelKind::bwd;
+  if (!::dualkv::warpSpecializedKVHeadDimFits(computesDq, d) || blockM != 128 ||
       !::dualkv::warpSpecializedKVQueryTileFits(
-          kernel.getKind() == KernelKind::bwd, d,
-          kernel.getTiling()->getBlockN()) ||
+          computesDq, d, kernel.getTiling()->getBlockN()) ||
       kernel.getTiling()->getWarps() != 8)
     return kernel.emitOpError()
            << "the warp-specialized backward needs head_dim 64 or 128 (96 "

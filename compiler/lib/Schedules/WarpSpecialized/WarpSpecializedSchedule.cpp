@@ -18,17 +18,17 @@ bool isKVMajor(KernelKind kind) {
 }
 
 /// Why the warp-specialized schedule cannot compute `spec` (tiling
-/// resolved), or an empty string: on sm_90a, the forward at head_dim 64, 128
-/// or 256, two consumer warpgroups of 64 rows, a two-stage ring of key tiles
-/// that divide the 128 query rows and fit shared memory; the KV-major
-/// backward (bwd, bwd_kv) at head_dim 64 and 128, 128 keys in two consumer
-/// warpgroups, 64-query tiles (bwd_kv at head_dim 64 also 128), and at
-/// head_dim 256 64 keys that both warpgroups share; the dQ kernel (bwd_dq)
-/// at head_dim 64, 128 and 256, the forward's 128 query rows and a ring of 2
-/// to 4 stages of key tiles of at most 64 rows (128 at head_dim 64, spill-free
-/// but not faster: 9.67 against 9.30 ms of split-dQ backward at P 8K N 16 R
-/// 1K on the H100). The forward and the dQ kernel also walk prefix
-/// trees' ancestor chains.
+/// resolved), or an empty string: on sm_90a, the forward at head_dim 64, 96,
+/// 128 or 256, two consumer warpgroups of 64 rows, a two-stage ring of key
+/// tiles that divide the 128 query rows and fit shared memory; the KV-major
+/// backward (bwd, bwd_kv) at head_dim 64 and 128 (bwd_kv also 96), 128 keys
+/// in two consumer warpgroups, 64-query tiles (bwd_kv at head_dim 64 also
+/// 128), and at head_dim 256 64 keys that both warpgroups share; the dQ
+/// kernel (bwd_dq) at head_dim 64, 96, 128 and 256, the forward's 128 query
+/// rows and a ring of 2 to 4 stages of key tiles of at most 64 rows (128 at
+/// head_dim 64, spill-free but not faster: 9.67 against 9.30 ms of split-dQ
+/// backward at P 8K N 16 R 1K on the H100). The forward and the dQ kernel also
+/// walk prefix trees' ancestor chains.
 std::string warpSpecializedUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
   bool kvMajor = isKVMajor(spec.kind);
@@ -49,10 +49,8 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
                "and 8 (consumer) warps";
       return {};
     }
-    // bwd_kv takes head_dim 96 in tiles of 128 columns (swizzledTileDim);
-    // the fused bwd's dQ staging does not.
-    if (spec.headDim != 64 && spec.headDim != 128 &&
-        !(spec.headDim == 96 && spec.kind == KernelKind::BwdKV))
+    if (!warpSpecializedKVHeadDimFits(spec.kind == KernelKind::Bwd,
+                                      spec.headDim))
       return "its backward has head_dim 64, 128 and 256 (and 96 for bwd_kv), "
              "not " +
              std::to_string(spec.headDim);
