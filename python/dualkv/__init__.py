@@ -147,7 +147,8 @@ def _precompile_arch(arch):
 
 def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
                backward=True, deterministic=False, tiling=None, softcap=0.0,
-               dlse=False, sinks=False, window=False, score_mod=None):
+               dlse=False, sinks=False, window=False, score_mod=None,
+               v_head_dim=None):
     """Compiles, in parallel, every kernel a forward (and with ``backward`` a
     backward, ``deterministic`` or not) of this configuration needs and
     writes them into the kernel cache (``$DUALKV_CACHE_DIR``), so that later
@@ -166,11 +167,14 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
     set serves every W; its backward is the atomic algorithm's, so not with
     ``deterministic``), ``score_mod`` (a score modifier as ``attention``
     takes it: each text its own kernels; its inputs' values do not matter,
-    a traced function needs torch). Returns a dict: kernels, compiles,
+    a traced function needs torch). ``v_head_dim``: the value rows' width,
+    None (or 0) for ``head_dim``'s; 128 with ``head_dim`` 192 (MLA, the
+    only pair of unequal widths). Returns a dict: kernels, compiles,
     disk_hits, memory_hits, aot_hits, wall_ms."""
     ints = [integer(value, name, 0, 2**31 - 1) for name, value in
             (("head_dim", head_dim), ("num_q_heads", num_q_heads),
-             ("num_kv_heads", num_kv_heads))]
+             ("num_kv_heads", num_kv_heads),
+             ("v_head_dim", 0 if v_head_dim is None else v_head_dim))]
     arch_bytes = _precompile_arch(arch)
     code = _precompile_dtype(dtype)
     mod = _score_mod(score_mod)
@@ -182,7 +186,8 @@ def precompile(head_dim, num_q_heads, num_kv_heads, dtype="bf16", arch=None,
         dlse=int(bool(dlse)), sinks=int(bool(sinks)),
         window=int(window if isinstance(window, bool)
                    else _window_value(window) > 0),
-        score_mod=None if mod is None else mod.text.encode("utf-8"))
+        score_mod=None if mod is None else mod.text.encode("utf-8"),
+        v_head_dim=ints[3])
     report = _lib.PrecompileReport()
     _check(_lib.lib().dualkv_precompile(ctypes.byref(args),
                                         ctypes.byref(report)))
@@ -470,18 +475,27 @@ def _score_mod(score_mod):
     return resolve(score_mod)
 
 
-def _check_like(torch, name, t, ref_name, ref, device):
-    """``t`` must be a THD CUDA tensor of ``ref``'s dtype and shape."""
+def _check_like(torch, name, t, ref_name, ref, device, width=None):
+    """``t`` must be a THD CUDA tensor of ``ref``'s dtype and shape; with
+    ``width``, of rows that wide instead (an output [T, Hq, Dv] beside q
+    [T, Hq, D])."""
     _check_thd(torch, name, t, device)
-    if t.dtype != ref.dtype or t.shape != ref.shape:
+    shape = tuple(ref.shape)
+    if width is not None and width != shape[2]:
+        shape = shape[:2] + (width,)
+        like = f"[T, H] of {ref_name}, v's head_dim {width}"
+    else:
+        like = ref_name
+    if t.dtype != ref.dtype or tuple(t.shape) != shape:
         raise ValueError(f"dualkv: {name} is {t.dtype} {tuple(t.shape)}; it "
-                         f"must be {ref.dtype} {tuple(ref.shape)} like "
-                         f"{ref_name}")
+                         f"must be {ref.dtype} {shape} like {like}")
 
 
 def _check_qkv_shapes(torch, q, k, v):
     """Dtypes and shapes of 3-D q, k, v, shared by the plain calls and the
-    custom ops; returns (T, Hq, Hkv, D)."""
+    custom ops; returns (T, Hq, Hkv, D, Dv): v's head_dim Dv may differ from
+    q's and k's D (MLA: 192 and 128; the library names the pairs it
+    takes)."""
     if _dtype_code(torch, q.dtype) is None:
         raise ValueError(f"dualkv: q has dtype {q.dtype}; "
                          "use torch.bfloat16 or torch.float16")
@@ -490,9 +504,10 @@ def _check_qkv_shapes(torch, q, k, v):
             raise ValueError(f"dualkv: {name} has dtype {t.dtype} but q has "
                              f"{q.dtype}")
     T, Hq, D = q.shape
-    if k.shape != v.shape:
+    if k.shape[:2] != v.shape[:2]:
         raise ValueError(f"dualkv: k has shape {tuple(k.shape)} but v has "
-                         f"{tuple(v.shape)}")
+                         f"{tuple(v.shape)}: they must agree in tokens and "
+                         f"heads ([T, Hkv, D] and [T, Hkv, Dv])")
     if k.shape[0] != T or k.shape[2] != D:
         raise ValueError(f"dualkv: k has shape {tuple(k.shape)}; with q "
                          f"{tuple(q.shape)} it must be [{T}, Hkv, {D}]")
@@ -500,11 +515,12 @@ def _check_qkv_shapes(torch, q, k, v):
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"dualkv: q's heads ({Hq}) are not a multiple of "
                          f"k's heads ({Hkv})")
-    return T, Hq, Hkv, D
+    return T, Hq, Hkv, D, v.shape[2]
 
 
 def _check_qkv(torch, q, k, v, plan):
-    """Checks q, k, v (and plan against them); returns (T, Hq, Hkv, D, code)."""
+    """Checks q, k, v (and plan against them); returns (T, Hq, Hkv, D, Dv,
+    code)."""
     if not isinstance(plan, Plan):
         raise ValueError(f"dualkv: plan must be a dualkv.Plan, "
                          f"not {type(plan).__name__}")
@@ -512,12 +528,12 @@ def _check_qkv(torch, q, k, v, plan):
     device = q.device
     _check_thd(torch, "k", k, device)
     _check_thd(torch, "v", v, device)
-    T, Hq, Hkv, D = _check_qkv_shapes(torch, q, k, v)
+    T, Hq, Hkv, D, Dv = _check_qkv_shapes(torch, q, k, v)
     code = _dtype_code(torch, q.dtype)
     if T != plan.num_tokens:
         raise ValueError(f"dualkv: q has {T} tokens but the plan has "
                          f"{plan.num_tokens} (plan.num_tokens)")
-    return T, Hq, Hkv, D, code
+    return T, Hq, Hkv, D, Dv, code
 
 
 def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
@@ -527,13 +543,14 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
     Args:
         q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other
             strides free, multiples of 8 elements, 16-byte aligned).
-        k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        k: [T, Hkv, D], v: [T, Hkv, Dv], same dtype and device; Hq % Hkv ==
+            0 (GQA/MQA). Dv is D, or 128 with D 192 (MLA, DeepSeek-V3).
         plan: a ``Plan`` with ``plan.num_tokens == T``.
         scale: softmax scale, any finite nonzero real whose float32 value
             (the kernels') is finite and nonzero (negative runs as a positive
             scale on -q); None means 1/sqrt(D). Anything else, 0 included,
             is a ValueError naming the value.
-        out: optional output [T, Hq, D] like q; allocated if None.
+        out: optional output [T, Hq, Dv] (q's dtype); allocated if None.
         lse: optional float32 [Hq, T] (token stride 1) for the natural-log
             log-sum-exp; allocated if None.
         tiling: optional (block_m, block_n, warps, stages), 0 = default.
@@ -555,7 +572,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
             device (copied there once, as float32).
 
     Returns:
-        (o, lse). D must be 64, 96, 128 or 256.
+        (o, lse), o [T, Hq, Dv]. D must be 64, 96, 128 or 256 with Dv = D,
+        or 192 with Dv = 128.
 
     Raises:
         ValueError naming the argument at fault (checked here first, then by
@@ -569,7 +587,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
     mod = _score_mod(score_mod)
     import torch
 
-    T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
+    T, Hq, Hkv, D, Dv, code = _check_qkv(torch, q, k, v, plan)
     device = q.device
     if sinks is not None:
         _check_sinks(torch, "sinks", sinks, device, Hq)
@@ -577,9 +595,9 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
     # Kept alive until the call returns: the text and the input pointers.
     mod_args = CArguments(mod, device)
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = q.new_empty((T, Hq, Dv))
     else:
-        _check_like(torch, "out", out, "q", q, device)
+        _check_like(torch, "out", out, "q", q, device, width=Dv)
     if lse is None:
         lse = torch.empty((Hq, T), dtype=torch.float32, device=device)
     else:
@@ -599,7 +617,7 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
             num_kv_heads=Hkv, head_dim=D, dtype=code, scale=scale_value,
             plan=plan._handle, stream=stream, tiling=tiling_value,
             softcap=softcap_value, sinks=_float_pointer(sinks),
-            window=window_value)
+            window=window_value, v_head_dim=Dv)
         mod_args.fill(args)
         _check(_lib.lib().dualkv_forward(ctypes.byref(args)))
     plan._devices.add(device.index)
@@ -613,8 +631,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     ``dualkv.attention`` is the differentiable call).
 
     Args:
-        q, k, v: the forward's inputs ([T, Hq, D], [T, Hkv, D], [T, Hkv, D]).
-        o, lse: the forward's outputs for these inputs and this scale.
+        q, k, v: the forward's inputs ([T, Hq, D], [T, Hkv, D], [T, Hkv, Dv]).
+        o, lse: the forward's outputs for these inputs and this scale (o
+            [T, Hq, Dv]).
         dout: dL/dO, like o (same dtype and shape; last dim contiguous, other
             strides free).
         plan: the forward's ``Plan``.
@@ -643,8 +662,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
             gradient for them.
 
     Returns:
-        (dq, dk, dv), or (dq, dk, dv, dsinks) when ``sinks`` is given.
-        D must be 64, 96, 128 or 256.
+        (dq, dk, dv), or (dq, dk, dv, dsinks) when ``sinks`` is given; dv
+        like v. D must be 64, 96, 128 or 256 with Dv = D, or 192 with
+        Dv = 128.
 
     The library's workspace is allocated here with torch (caching allocator,
     CUDA-graph pools). Raises ValueError naming the argument at fault,
@@ -659,7 +679,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
     mod = _score_mod(score_mod)
     import torch
 
-    T, Hq, Hkv, D, code = _check_qkv(torch, q, k, v, plan)
+    T, Hq, Hkv, D, Dv, code = _check_qkv(torch, q, k, v, plan)
     device = q.device
     if sinks is None and dsinks is not None:
         raise ValueError("dualkv: dsinks is given but sinks is None: the "
@@ -670,7 +690,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
             dsinks = torch.empty(Hq, dtype=torch.float32, device=device)
         else:
             _check_sinks(torch, "dsinks", dsinks, device, Hq)
-    _check_like(torch, "o", o, "q", q, device)
+    _check_like(torch, "o", o, "q", q, device, width=Dv)
     _check_like(torch, "dout", dout, "o", o, device)
     _check_lse(torch, "lse", lse, device, Hq, T)
     if dlse is not None:
@@ -701,7 +721,7 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
         deterministic=1 if deterministic else 0, plan=plan._handle,
         tiling=tiling_value, softcap=softcap_value,
         sinks=_float_pointer(sinks), dsinks=_float_pointer(dsinks),
-        window=window_value)
+        window=window_value, v_head_dim=Dv)
     from .score_mod import CArguments
     # Kept alive until the calls return: the text and the input pointers.
     mod_args = CArguments(mod, device)

@@ -81,6 +81,9 @@ class ForwardArgs(_Sized):
         ("score_mod", ctypes.c_char_p),
         ("score_mod_inputs", ctypes.POINTER(ctypes.c_void_p)),
         ("num_score_mod_inputs", i32),
+        # The value rows' width (v and o); 0: head_dim. An int64 in C, so
+        # that the struct grows by it.
+        ("v_head_dim", i64),
     ]
 
 
@@ -107,6 +110,7 @@ class BackwardArgs(_Sized):
         ("score_mod", ctypes.c_char_p),
         ("score_mod_inputs", ctypes.POINTER(ctypes.c_void_p)),
         ("num_score_mod_inputs", i32),
+        ("v_head_dim", i64),  # the forward's; 0: head_dim
     ]
 
 
@@ -136,6 +140,7 @@ class PrecompileArgs(_Sized):
         ("softcap", ctypes.c_float), ("dlse", i32), ("sinks", i32),
         ("window", i32),
         ("score_mod", ctypes.c_char_p),  # MLIR text or NULL: none
+        ("v_head_dim", i32),  # 0: head_dim
     ]
 
 

@@ -4,6 +4,7 @@ differentiable ``dualkv.attention`` built on them.
     import dualkv
     plan = dualkv.Plan([(4096, [1024] * 16)])
     o = dualkv.attention(q, k, v, plan)            # q [T,Hq,D], k/v [T,Hkv,D]
+                                                   # (v [T,Hkv,128] at D 192)
     loss = o.float().square().mean(); loss.backward()
 
 How the plan crosses the op boundary. A ``dualkv.Plan`` wraps a C handle,
@@ -127,8 +128,10 @@ def _forward_fake(q, k, v, plan, scale, deterministic, softcap=0.0, window=0,
                   score_mod_sizes=None):
     _check_dims(q, k, v)
     T, Hq, _ = q.shape
-    # Same layouts as dualkv.forward allocates: contiguous o, lse [Hq, T].
-    return q.new_empty(q.shape), q.new_empty((Hq, T), dtype=torch.float32)
+    # Same layouts as dualkv.forward allocates: contiguous o [T, Hq, Dv] (v's
+    # head_dim), lse [Hq, T].
+    return (q.new_empty((T, Hq, v.shape[2])),
+            q.new_empty((Hq, T), dtype=torch.float32))
 
 
 def _backward_impl(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dout: Tensor,
@@ -364,7 +367,7 @@ def _check_inputs(q, k, v, plan):
 _PRECOMPILED = set()
 
 
-def _precompile_backward(q, k, deterministic):
+def _precompile_backward(q, k, v, deterministic):
     """Before the first forward of a configuration that autograd will
     differentiate, compiles (or reads from the disk cache) its forward and
     backward kernels together, in parallel (dualkv.precompile): the first
@@ -374,8 +377,8 @@ def _precompile_backward(q, k, deterministic):
     report it."""
     if not env_flag("DUALKV_PRECOMPILE", True):
         return
-    key = (q.device.index, q.shape[2], q.shape[1], k.shape[1], q.dtype,
-           bool(deterministic))
+    key = (q.device.index, q.shape[2], v.shape[2], q.shape[1], k.shape[1],
+           q.dtype, bool(deterministic))
     if key in _PRECOMPILED:
         return
     _PRECOMPILED.add(key)
@@ -384,7 +387,8 @@ def _precompile_backward(q, k, deterministic):
         with torch.cuda.device(q.device):
             precompile(head_dim=q.shape[2], num_q_heads=q.shape[1],
                        num_kv_heads=k.shape[1], dtype=q.dtype,
-                       backward=True, deterministic=bool(deterministic))
+                       backward=True, deterministic=bool(deterministic),
+                       v_head_dim=v.shape[2])
     except (OSError, RuntimeError, ValueError):
         pass
 
@@ -398,7 +402,9 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     Args:
         q: [T, Hq, D] CUDA tensor, bf16 or fp16, last dim contiguous (other
             strides free: slices of a fused qkv projection work).
-        k, v: [T, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        k: [T, Hkv, D], v: [T, Hkv, Dv], same dtype and device; Hq % Hkv
+            == 0 (GQA/MQA). Dv is D, or 128 with D 192 (MLA, DeepSeek-V3:
+            128 + 64 rotary query/key columns, 128 value columns).
         plan: the ``dualkv.Plan`` of the packed micro-batch (T tokens).
         scale: softmax scale, as ``dualkv.forward`` takes it: a finite
             nonzero real whose float32 value is finite and nonzero (negative
@@ -440,9 +446,10 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             gradient. None means none.
 
     Returns:
-        o [T, Hq, D] (contiguous), or (o, lse) with return_lse.
+        o [T, Hq, Dv] (contiguous), or (o, lse) with return_lse.
 
-    Backward through ``o`` gives dq, dk, dv (D 64, 96, 128 or 256) and, with
+    Backward through ``o`` gives dq, dk, dv (like q, k, v; D 64, 96, 128 or
+    256 with Dv = D, or D 192 with Dv 128) and, with
     ``sinks``, the sinks' gradient. Runs on the
     current CUDA stream; works under torch.compile(fullgraph=True) and in
     CUDA graphs (see the module docstring for the plan and for capture).
@@ -481,7 +488,7 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
             PLAN_CACHE.put(index, plan.key, plan)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                         or v.requires_grad):
-            _precompile_backward(q, k, deterministic)
+            _precompile_backward(q, k, v, deterministic)
     o, lse = torch.ops.dualkv.forward(q, k, v, plan_descriptor(plan),
                                       scale_value, bool(deterministic),
                                       softcap_value, window_value, sinks,

@@ -554,6 +554,9 @@ class ValidationTest(unittest.TestCase):
         self.check("v has dtype", q, k, v.half(), plan)
         self.check("but v has", q, k, v[:, :1], plan)
         self.check("k has shape", q, k[:, :, :32], v[:, :, :32], plan)
+        # v's head_dim may differ from q's and k's (MLA); its tokens and
+        # heads may not.
+        self.check("but v has", q, k, meta(q.shape[0] - 1, 2, 32), plan)
         self.check("not a multiple of k's heads", meta(15, 3, 64), k, v, plan)
         self.check("q must be 3-D", q[0], k, v, plan)
         self.check("q's last dimension must be contiguous",
@@ -680,6 +683,27 @@ class FakeTest(unittest.TestCase):
         o.transpose(0, 1).float().sum().backward()
         for x in (q, k, v):
             self.assertEqual((x.grad.shape, x.grad.dtype), (x.shape, x.dtype))
+
+    def test_meta_mla_shapes(self):
+        # MLA: q and k rows of 192, v rows of 128; o, dO and dv are 128
+        # wide, dq and dk 192.
+        q = meta(self.T, 8, 192, requires_grad=True)
+        k = meta(self.T, 2, 192, requires_grad=True)
+        v = meta(self.T, 2, 128, requires_grad=True)
+        o, lse = dualkv.attention(q, k, v, self.plan, return_lse=True)
+        self.assertEqual(tuple(o.shape), (self.T, 8, 128))
+        self.assertTrue(o.is_contiguous())
+        self.assertEqual(tuple(lse.shape), (8, self.T))
+        o.float().sum().backward()
+        for x in (q, k, v):
+            self.assertEqual((x.grad.shape, x.grad.dtype), (x.shape, x.dtype))
+        desc = dualkv.ops.plan_descriptor(self.plan)
+        dq, dk, dv = torch.ops.dualkv.backward(
+            q.detach(), k.detach(), v.detach(), o.detach(), o.detach(),
+            lse.detach(), desc, 0.0, False)
+        self.assertEqual([tuple(t.shape) for t in (dq, dk, dv)],
+                         [(self.T, 8, 192), (self.T, 2, 192),
+                          (self.T, 2, 128)])
 
     def test_backward_op_fake_shapes(self):
         q, k = meta(self.T, 4, 64), meta(self.T, 1, 64)
@@ -844,6 +868,17 @@ class TransformersBackendTest(unittest.TestCase):
         out, weights = self.backend.dualkv_attention_forward(
             None, q, k, k, None, scaling=0.125, dualkv_plan=self.plan)
         self.assertEqual(tuple(out.shape), (1, self.T, 8, 64))
+        self.assertIsNone(weights)
+
+    def test_mla_layout(self):
+        # DeepSeek-V3's layers hand value states of 128 beside query/key
+        # states of 192 (unpadded: padding is for flash attention only).
+        q = meta(1, 8, self.T, 192)
+        k = meta(1, 2, self.T, 192)
+        v = meta(1, 2, self.T, 128)
+        out, weights = self.backend.dualkv_attention_forward(
+            None, q, k, v, None, scaling=192 ** -0.5, dualkv_plan=self.plan)
+        self.assertEqual(tuple(out.shape), (1, self.T, 8, 128))
         self.assertIsNone(weights)
 
     def test_refusals(self):

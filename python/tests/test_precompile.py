@@ -68,6 +68,19 @@ class PrecompileTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "softcap"):
             dualkv.precompile(head_dim=64, num_q_heads=4, num_kv_heads=2,
                               arch="sm_80", softcap=-2.0)
+        # MLA's query/key head_dim needs its value head_dim, which goes
+        # with nothing else; both are integers.
+        with self.assertRaisesRegex(ValueError, r"head_dim \(192\) with "
+                                    r"v_head_dim \(0: head_dim\)"):
+            dualkv.precompile(head_dim=192, num_q_heads=4, num_kv_heads=2,
+                              arch="sm_80")
+        with self.assertRaisesRegex(ValueError, r"head_dim \(128\) with "
+                                    r"v_head_dim \(64\)"):
+            dualkv.precompile(head_dim=128, num_q_heads=4, num_kv_heads=2,
+                              arch="sm_80", v_head_dim=64)
+        with self.assertRaisesRegex(ValueError, "v_head_dim"):
+            dualkv.precompile(head_dim=192, num_q_heads=4, num_kv_heads=2,
+                              arch="sm_80", v_head_dim=128.0)
         # The library's refusal: a window's backward is the atomic set.
         with self.assertRaisesRegex(ValueError, "sliding window"):
             dualkv.precompile(head_dim=64, num_q_heads=4, num_kv_heads=2,

@@ -24,7 +24,8 @@ struct AotKernel {
 };
 
 /// Makes `kernel` available to forward() and friends: a launch whose spec
-/// matches (kind, shape class, heads, head_dim, dtype, arch, tiling) uses it
+/// matches (kind, shape class, heads, head_dim and value head_dim, dtype,
+/// arch, tiling) uses it
 /// without compiling. Registering the same spec twice keeps the latest.
 /// Thread-safe.
 DUALKV_API void registerAotKernel(const AotKernel &kernel);

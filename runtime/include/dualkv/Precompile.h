@@ -12,7 +12,7 @@ namespace dualkv {
 /// What precompile() should make ready: the kernels a forward (and, with
 /// `backward`, a backward) of this configuration launches.
 struct PrecompileArgs {
-  int head_dim = 0; ///< 64, 96, 128 or 256
+  int head_dim = 0; ///< as ForwardArgs::head_dim
   int num_q_heads = 0;
   int num_kv_heads = 0;
   DType dtype = DType::BF16;
@@ -37,6 +37,9 @@ struct PrecompileArgs {
   /// A score modifier's MLIR text (ForwardArgs::score_mod; null or "":
   /// none): its kernels, compiled from its canonical form.
   const char *score_mod = nullptr;
+  /// The value head_dim (ForwardArgs::v_head_dim): 0 (or head_dim) for
+  /// rows as wide as q's and k's, 128 with head_dim 192.
+  int v_head_dim = 0;
 };
 
 /// What precompile() found: one count per kernel of the set.

@@ -9,9 +9,11 @@
 #include <vector>
 
 /// Slow, exact (fp64) implementations that every kernel and test is checked
-/// against. Tensors are dense row-major: q, o, dq are [T][Hq][D]; k, v, dk, dv
-/// are [T][Hkv][D]; lse is [Hq][T] (natural log). Every function validates its
-/// Problem and throws std::invalid_argument naming the offending field.
+/// against. Tensors are dense row-major: q, dq are [T][Hq][D]; k, dk are
+/// [T][Hkv][D]; v, dv are [T][Hkv][Dv]; o, dout are [T][Hq][Dv]; lse is
+/// [Hq][T] (natural log). D is head_dim, Dv the value head_dim (v_head_dim,
+/// or D when that is 0). Every function validates its Problem and throws
+/// std::invalid_argument naming the offending field.
 ///
 /// Variants (the trailing fields of Problem and TreeProblem; their defaults
 /// give plain attention). With x_ij = scale * q_i.k_j, query i's logits are
@@ -59,6 +61,10 @@ struct Problem {
   /// derivative dz/dx score_mod_grad (the same arguments); empty: none.
   std::function<double(double, int64_t, int64_t, int64_t)> score_mod = {},
                                                            score_mod_grad = {};
+  /// The value head_dim Dv: the width of v, o, dout and dv rows (q and k
+  /// rows are head_dim wide); 0: head_dim. Any width >= 0: the reference
+  /// takes every shape, not only the kernels' (MLA's 192 with 128).
+  int64_t v_head_dim = 0;
   /// Sum over groups of P + sum R.
   DUALKV_API int64_t num_tokens() const;
 };
@@ -87,16 +93,16 @@ DUALKV_API std::vector<TokenInfo> token_info(const Problem &problem);
 DUALKV_API bool allowed(const std::vector<TokenInfo> &info, int64_t i,
                         int64_t j);
 
-/// Packed DualKV forward: writes o [T][Hq][D] and lse [Hq][T].
+/// Packed DualKV forward: writes o [T][Hq][Dv] and lse [Hq][T].
 DUALKV_API void forward(const Problem &problem, const double *q,
                         const double *k, const double *v, double *o,
                         double *lse);
 
 /// Packed DualKV backward of forward(): given its o and lse, the upstream
-/// gradient dout [T][Hq][D] and the gradient \p dlse [Hq][T] of the loss
-/// with respect to lse (nullptr: zero), writes dq [T][Hq][D], dk and dv
-/// [T][Hkv][D]; where \p dsinks is not null, also dL/dsinks [Hq] (zeros when
-/// the problem has no sinks).
+/// gradient dout [T][Hq][Dv] and the gradient \p dlse [Hq][T] of the loss
+/// with respect to lse (nullptr: zero), writes dq [T][Hq][D], dk [T][Hkv][D]
+/// and dv [T][Hkv][Dv]; where \p dsinks is not null, also dL/dsinks [Hq] (zeros
+/// when the problem has no sinks).
 DUALKV_API void backward(const Problem &problem, const double *q,
                          const double *k, const double *v, const double *o,
                          const double *lse, const double *dout, double *dq,
@@ -153,6 +159,8 @@ struct TreeProblem {
   /// derivative dz/dx score_mod_grad (the same arguments); empty: none.
   std::function<double(double, int64_t, int64_t, int64_t)> score_mod = {},
                                                            score_mod_grad = {};
+  /// The value head_dim (Problem::v_head_dim); 0: head_dim.
+  int64_t v_head_dim = 0;
   /// Sum of the nodes' lengths.
   DUALKV_API int64_t num_tokens() const;
 };
@@ -183,7 +191,7 @@ DUALKV_API bool tree_allowed(const TreeLayout &layout, int64_t i, int64_t j);
 /// ancestors plus its index in its node.
 DUALKV_API std::vector<int64_t> tree_positions(const TreeProblem &problem);
 
-/// Packed forward of a forest, through tree_allowed(): o [T][Hq][D], lse
+/// Packed forward of a forest, through tree_allowed(): o [T][Hq][Dv], lse
 /// [Hq][T].
 DUALKV_API void tree_forward(const TreeProblem &problem, const double *q,
                              const double *k, const double *v, double *o,

@@ -1,5 +1,5 @@
 // The tuning database: the fastest tiling dualkv-tune measured for an (arch,
-// kernel, heads, head_dim, dtype, shape class), read by the runtime and by
+// kernel, heads, head shape, dtype, shape class), read by the runtime and by
 // dualkv-aot.
 #ifndef DUALKV_TUNING_H
 #define DUALKV_TUNING_H
@@ -59,8 +59,8 @@ DUALKV_API bool isShapeClass(const ShapeClass &c);
 
 /// One measured winner.
 struct TunedEntry {
-  /// arch, kind, heads, head_dim, dtype, shape class (P, N, R: all 0 for
-  /// the generic entry); its tiling
+  /// arch, kind, heads, head_dim and value head_dim, dtype, shape class
+  /// (P, N, R: all 0 for the generic entry); its tiling
   KernelSpec spec;
   double ms = 0;     ///< median time on the tuning shape
   double tflops = 0; ///< useful TFLOP/s on the tuning shape
@@ -71,10 +71,14 @@ struct TunedEntry {
 /// tiling: the kernel kind is part of the key, so the forward (fwd) and the
 /// backward's main kernels (bwd, bwd_kv) each have their own entry, and so is
 /// the shape class (P, N, R; "R" is written only when non-zero, so a generic
-/// entry is spelled as before classes existed, and absent reads as 0). An
-/// entry whose P, N, R are not a shape class (isShapeClass) is malformed, as
-/// is one whose integers are not JSON integers within their ranges (head_dim
-/// 64, 96, 128 or 256; heads within the grid; tiling fields within the
+/// entry is spelled as before classes existed, and absent reads as 0), and
+/// so is the value head_dim ("v_head_dim", written only when it differs
+/// from head_dim, so entries of equal widths are spelled as before it
+/// existed; absent reads as head_dim; readers before it refuse an entry of
+/// head_dim 192, and with it the file). An entry whose P, N, R are not a
+/// shape class (isShapeClass) is malformed, as is one whose integers are
+/// not JSON integers within their ranges (head_dim 64, 96, 128 or 256, or
+/// 192 with v_head_dim 128; heads within the grid; tiling fields within the
 /// compiler's ranges). Version 1 has always stored the kind; readers before the
 /// backward reject an entry of a backward kind, and with it the whole file, as
 /// they do any malformed entry. Anything wrong with a file (unreadable, not
@@ -99,7 +103,8 @@ public:
   static std::string defaultPath();
 
   /// The tuned tiling for `spec` (its tiling ignored; its kind, shape class
-  /// P, N, R, heads, head_dim, dtype and arch must all match), if any.
+  /// P, N, R, heads, head_dim, value head_dim (vDim()), dtype and arch must
+  /// all match), if any.
   std::optional<Tiling> find(const KernelSpec &spec) const;
   /// The runtime's lookup order: the entry of `spec` under shape class `c`,
   /// else its generic entry (P = N = R = 0), else nothing (the compiler's

@@ -18,15 +18,17 @@
 namespace dualkv {
 
 /// One packed "THD" tensor. Strides count elements, not bytes; the last
-/// (head_dim) dimension is contiguous.
+/// (head_dim, or v_head_dim for v, o and their gradients) dimension is
+/// contiguous.
 struct TensorArg {
   void *data = nullptr; ///< device pointer
   int64_t stride_t = 0; ///< between consecutive tokens
   int64_t stride_h = 0; ///< between consecutive heads
 };
 
-/// Arguments of one forward call (docs/architecture.md §1): q [T][Hq][D], k and
-/// v [T][Hkv][D], o like q, lse [Hq][T] fp32 (natural log).
+/// Arguments of one forward call (docs/architecture.md §1): q [T][Hq][D], k
+/// [T][Hkv][D], v [T][Hkv][Dv], o [T][Hq][Dv], lse [Hq][T] fp32 (natural
+/// log); D is head_dim, Dv v_head_dim (equal to D unless set).
 struct ForwardArgs {
   TensorArg q, k, v, o;
   float *lse = nullptr;
@@ -34,7 +36,9 @@ struct ForwardArgs {
   int64_t num_tokens = 0;   ///< T; must equal plan->numTokens()
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0; ///< 64, 96, 128 or 256
+  /// Query and key rows' width: 64, 96, 128 or 256 (v_head_dim equal), or
+  /// 192 with v_head_dim 128 (MLA, DeepSeek-V3).
+  int head_dim = 0;
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); finite, not negative (negate
                    ///< q for a negative scale)
@@ -75,6 +79,12 @@ struct ForwardArgs {
   /// in order (contiguous; the kernels index them as the text does).
   const float *const *score_mod_inputs = nullptr;
   int num_score_mod_inputs = 0;
+  /// Value rows' width Dv, of v and o: 0 (or head_dim) for rows as wide as
+  /// q's and k's; else the one split shape, 128 with head_dim 192 (MLA:
+  /// 128 + 64 rotary query/key columns, 128 value columns), which every arch
+  /// runs with the mma_sync schedule. The scale's default stays
+  /// 1/sqrt(head_dim).
+  int v_head_dim = 0;
 };
 
 /// Runs the DualKV forward kernel on `args.stream`. Every argument is
@@ -85,8 +95,8 @@ struct ForwardArgs {
 DUALKV_API void forward(const ForwardArgs &args);
 
 /// Arguments of one backward call (docs/backward-abi.md): the forward's q, k,
-/// v, o and lse, the gradient of o (dout, like o), and the gradients to
-/// write: dq like q, dk and dv like k and v (every token written).
+/// v, o and lse, the gradient of o (dout, like o: [T][Hq][Dv]), and the
+/// gradients to write: dq like q, dk like k, dv like v (every token written).
 struct BackwardArgs {
   TensorArg q, k, v, o, dout, dq, dk, dv;
   const float *lse = nullptr; ///< the forward's lse [Hq][T] (natural log)
@@ -94,7 +104,7 @@ struct BackwardArgs {
   int64_t num_tokens = 0;     ///< T; must equal plan->numTokens()
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0; ///< 64, 96, 128 or 256
+  int head_dim = 0; ///< the forward's (ForwardArgs::head_dim)
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); must match the forward's
   /// Reduce prompt dK/dV and dQ in a fixed order (no atomics): the same bits
@@ -151,15 +161,19 @@ struct BackwardArgs {
   const char *score_mod = nullptr;
   const float *const *score_mod_inputs = nullptr;
   int num_score_mod_inputs = 0;
+  /// The forward's value head_dim (ForwardArgs::v_head_dim): the width of
+  /// v, o, dout and dv rows; 0: head_dim.
+  int v_head_dim = 0;
 };
 
 /// Bytes of device workspace backward() needs for these arguments: delta
 /// fp32 [Hq][T]; in the Atomic algorithm also dQ's fp32 accumulator
-/// [T][Hq][D] and, when a group is longer than one query chunk, fp32 dK/dV
-/// accumulators for its prompt (with a window, for every prompt with
-/// responses too); each piece 256-byte aligned. Depends only on the plan,
-/// the head counts, head_dim, the algorithm and the window (never on a
-/// kernel or the tiling). BackwardAlgorithm::Auto is resolved for the current
+/// [T][Hq][D] and, when a group is longer than one query chunk, fp32 dK
+/// ([.][.][D]) and dV ([.][.][Dv]) accumulators for its prompt (with a
+/// window, for every prompt with responses too); each piece 256-byte
+/// aligned. Depends only on the plan, the head counts, head_dim and
+/// v_head_dim, the algorithm and the window (never on a kernel or the
+/// tiling). BackwardAlgorithm::Auto is resolved for the current
 /// context's device; without a GPU, as Atomic, whose workspace is the larger
 /// (enough for either). Checks those arguments like backward().
 DUALKV_API int64_t backwardWorkspaceBytes(const BackwardArgs &args);

@@ -164,6 +164,12 @@ typedef struct dualkv_forward_args_t {
   /** its tensors: one fp32 device pointer per memref argument, in order */
   const float *const *score_mod_inputs;
   int32_t num_score_mod_inputs;
+  /** value rows' width Dv, of v and o (dualkv::ForwardArgs::v_head_dim): 0
+   * or head_dim for rows as wide as q's and k's, 128 with head_dim 192
+   * (MLA). int64_t, so that the struct grows by it: an int32_t would sit in
+   * the padding after num_score_mod_inputs, which callers built before it
+   * pass within their struct_size. Callers built before it: 0. */
+  int64_t v_head_dim;
 } dualkv_forward_args_t;
 
 /** The forward pass (dualkv::forward). */
@@ -203,18 +209,22 @@ typedef struct dualkv_backward_args_t {
   const char *score_mod;
   const float *const *score_mod_inputs;
   int32_t num_score_mod_inputs;
+  /** the forward's v_head_dim (dualkv_forward_args_t): the width of v, o,
+   * dout and dv rows; 0: head_dim. Callers built before it: 0. */
+  int64_t v_head_dim;
 } dualkv_backward_args_t;
 
 /**
  * The backward pass (dualkv::backward): writes dq (like q), dk and dv (like
- * k and v) from dout (like o), the forward's o and lse.
+ * k and v) from dout (like o: v_head_dim wide), the forward's o and lse.
  */
 DUALKV_API int dualkv_backward(const dualkv_backward_args_t *args);
 
 /**
  * Sets *out_bytes to the device workspace dualkv_backward needs for `args`
  * (dualkv::backwardWorkspaceBytes; only the plan, num_tokens, the heads,
- * head_dim, deterministic, algorithm, tiling and window are read): for the
+ * head_dim, v_head_dim, deterministic, algorithm, tiling and window are
+ * read): for the
  * current device's default algorithm; without a GPU the atomic algorithm's,
  * which is enough for either.
  */
@@ -257,6 +267,9 @@ typedef struct dualkv_precompile_args_t {
   int32_t window; /**< != 0: a sliding window (every W) */
   /** null or "": none; else a score modifier's MLIR text (its kernels) */
   const char *score_mod;
+  /** the value head_dim (dualkv_forward_args_t::v_head_dim); 0: head_dim.
+   * Callers built before it pass a struct_size without it: 0. */
+  int32_t v_head_dim;
 } dualkv_precompile_args_t;
 
 /** What dualkv_precompile found (dualkv::PrecompileReport). */

@@ -20,13 +20,13 @@ namespace dualkv {
 /// of the request is in it: a request that differs only in its schedule is
 /// another kernel.
 using FastKey = std::tuple<cuda::CUcontext, int, int64_t, int64_t, int64_t, int,
-                           int, int, int, int, int, int, int, int, int, bool,
-                           int, float, bool, bool, int64_t, std::string>;
+                           int, int, int, int, int, int, int, int, int, int,
+                           bool, int, float, bool, bool, int64_t, std::string>;
 
 inline FastKey fastKey(cuda::CUcontext ctx, const KernelSpec &s,
                        int tunedQHeads, int tunedKVHeads) {
   return FastKey(ctx, static_cast<int>(s.kind), s.P, s.N, s.R, s.headDim,
-                 s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
+                 s.vDim(), s.numQHeads, s.numKVHeads, static_cast<int>(s.dtype),
                  s.tiling.blockM, s.tiling.blockN, s.tiling.warps,
                  s.tiling.stages, tunedQHeads, tunedKVHeads, s.tree,
                  static_cast<int>(s.schedule), s.softcap, s.dlse, s.sinks,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -111,7 +112,8 @@ template <typename T> llvm::Error writeOut(T *out, T value, const char *what) {
 
 /// The fields the forward's and the backward's arguments share, from the C
 /// struct `a` into the C++ `args` (the same names on both sides): q, k, v, o,
-/// lse, the shape, dtype, scale, plan, stream and the main kernel's tiling.
+/// lse, the shape (v_head_dim included), dtype, scale, plan, stream and the
+/// main kernel's tiling.
 template <typename C, typename Cpp>
 llvm::Error toSharedArgs(const C &a, Cpp &args) {
   args.q = toTensor(a.q);
@@ -124,6 +126,11 @@ llvm::Error toSharedArgs(const C &a, Cpp &args) {
   args.num_q_heads = a.num_q_heads;
   args.num_kv_heads = a.num_kv_heads;
   args.head_dim = a.head_dim;
+  if (a.v_head_dim < 0 || a.v_head_dim > std::numeric_limits<int32_t>::max())
+    return dualkv::invalidArgument(
+        fmt::format("v_head_dim ({}) must be >= 0 and below 2^31 (0: head_dim)",
+                    a.v_head_dim));
+  args.v_head_dim = static_cast<int>(a.v_head_dim);
   args.scale = a.scale;
   args.plan = a.plan ? &a.plan->plan : nullptr;
   args.stream = a.stream;
@@ -145,6 +152,17 @@ static_assert(kForwardArgsOldestSize ==
 static_assert(kBackwardArgsOldestSize ==
                   offsetof(dualkv_backward_args_t, dsinks) + sizeof(void *),
               "window follows dsinks without padding");
+// v_head_dim was appended after num_score_mod_inputs: the structs must grow
+// by it, so that a caller built before it (whose struct_size ends at the
+// padding after num_score_mod_inputs) passes none.
+static_assert(offsetof(dualkv_forward_args_t, v_head_dim) >=
+                  offsetof(dualkv_forward_args_t, num_score_mod_inputs) +
+                      sizeof(int64_t),
+              "v_head_dim lies past the padding after num_score_mod_inputs");
+static_assert(offsetof(dualkv_backward_args_t, v_head_dim) >=
+                  offsetof(dualkv_backward_args_t, num_score_mod_inputs) +
+                      sizeof(int64_t),
+              "v_head_dim lies past the padding after num_score_mod_inputs");
 
 /// The C++ arguments of the C struct at `in`.
 llvm::Expected<dualkv::BackwardArgs>
@@ -391,6 +409,7 @@ int dualkv_precompile(const dualkv_precompile_args_t *in,
     a.sinks = args.sinks != 0;
     a.window = args.window != 0;
     a.score_mod = args.score_mod;
+    a.v_head_dim = args.v_head_dim;
     dualkv::PrecompileReport r = dualkv::precompile(a);
     if (!out)
       return llvm::Error::success();

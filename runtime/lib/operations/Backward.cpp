@@ -26,9 +26,10 @@ namespace {
 
 /// Checks what the workspace size depends on (and what backward() shares).
 llvm::Error checkShape(const Plan *plan, int64_t numTokens, int numQHeads,
-                       int numKVHeads, int headDim, DType dtype) {
-  if (llvm::Error e =
-          checkProblem(plan, numTokens, numQHeads, numKVHeads, headDim, dtype))
+                       int numKVHeads, int headDim, int valueHeadDim,
+                       DType dtype) {
+  if (llvm::Error e = checkProblem(plan, numTokens, numQHeads, numKVHeads,
+                                   headDim, valueHeadDim, dtype))
     return e;
   return checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/true);
 }
@@ -80,22 +81,23 @@ llvm::Error checkBackwardWindow(const BackwardArgs &a) {
 
 /// The workspace bytes of a backward of this shape in the split-dQ (`split`)
 /// or the atomic algorithm, with a sliding window of `window` tokens (0:
-/// none); checks the plan, num_tokens, heads, head_dim and tiling like
+/// none); checks the plan, num_tokens, heads, head shape and tiling like
 /// backward() does.
 llvm::Expected<int64_t> shapeWorkspaceBytes(const Plan *plan, int64_t numTokens,
                                             int numQHeads, int numKVHeads,
-                                            int headDim, bool split,
-                                            const Tiling &tiling,
+                                            int headDim, int valueHeadDim,
+                                            bool split, const Tiling &tiling,
                                             int64_t window) {
   if (llvm::Error e = checkShape(plan, numTokens, numQHeads, numKVHeads,
-                                 headDim, DType::BF16))
+                                 headDim, valueHeadDim, DType::BF16))
     return e;
   if (llvm::Error e = checkScaleAndTiling(0.f, tiling))
     return e;
   // The accumulator rows depend on the main kernel's blockM, the bound does
   // not: the size is known without a GPU and whatever tiling is loaded.
   return backwardWorkspaceLayout(
-             numTokens, numQHeads, numKVHeads, headDim, split,
+             numTokens, numQHeads, numKVHeads, headDim,
+             valueWidth(headDim, valueHeadDim), split,
              split ? 0 : backwardAccRowsBound(*plan, window),
              backwardKVHeadsPerLaunch(*plan, numKVHeads, split, window))
       .bytes;
@@ -105,23 +107,31 @@ llvm::Expected<int64_t> shapeWorkspaceBytes(const Plan *plan, int64_t numTokens,
 /// count (-1: none) come back in `*scoreMod` and `*scoreModInputs`.
 llvm::Error validate(const BackwardArgs &a, std::string *scoreMod,
                      int *scoreModInputs) {
-  if (llvm::Error e = checkShape(a.plan, a.num_tokens, a.num_q_heads,
-                                 a.num_kv_heads, a.head_dim, a.dtype))
+  if (llvm::Error e =
+          checkShape(a.plan, a.num_tokens, a.num_q_heads, a.num_kv_heads,
+                     a.head_dim, a.v_head_dim, a.dtype))
     return e;
   const int64_t T = a.num_tokens;
   const int Hq = a.num_q_heads, Hkv = a.num_kv_heads, D = a.head_dim;
+  // v, o, dout and dv rows are Dv wide (docs/backward-abi.md).
+  const int Dv = valueWidth(D, a.v_head_dim);
+  const char *DvName = valueWidthName(D, a.v_head_dim);
   struct Tensor {
     const char *name;
     const TensorArg &arg;
     int heads;
     bool isOutput;
+    bool value; // rows of Dv
   };
   for (const Tensor &t :
-       {Tensor{"q", a.q, Hq, false}, Tensor{"k", a.k, Hkv, false},
-        Tensor{"v", a.v, Hkv, false}, Tensor{"o", a.o, Hq, false},
-        Tensor{"dout", a.dout, Hq, false}, Tensor{"dq", a.dq, Hq, true},
-        Tensor{"dk", a.dk, Hkv, true}, Tensor{"dv", a.dv, Hkv, true}})
-    if (llvm::Error e = checkTensor(t.name, t.arg, T, t.heads, D, t.isOutput))
+       {Tensor{"q", a.q, Hq, false, false}, Tensor{"k", a.k, Hkv, false, false},
+        Tensor{"v", a.v, Hkv, false, true}, Tensor{"o", a.o, Hq, false, true},
+        Tensor{"dout", a.dout, Hq, false, true},
+        Tensor{"dq", a.dq, Hq, true, false},
+        Tensor{"dk", a.dk, Hkv, true, false},
+        Tensor{"dv", a.dv, Hkv, true, true}})
+    if (llvm::Error e = checkTensor(t.name, t.arg, T, t.heads, t.value ? Dv : D,
+                                    t.isOutput, t.value ? DvName : "head_dim"))
       return e;
   if (llvm::Error e = checkLse("lse", a.lse, a.lse_stride_h, T, Hq))
     return e;
@@ -159,8 +169,8 @@ llvm::Error validate(const BackwardArgs &a, std::string *scoreMod,
 }
 
 KernelSpec specOf(const BackwardArgs &a, KernelKind kind, Tiling tiling) {
-  return genericSpec(kind, a.head_dim, a.num_q_heads, a.num_kv_heads, a.dtype,
-                     tiling);
+  return genericSpec(kind, a.head_dim, a.v_head_dim, a.num_q_heads,
+                     a.num_kv_heads, a.dtype, tiling);
 }
 
 uint64_t address(const void *p) { return reinterpret_cast<uintptr_t>(p); }
@@ -204,13 +214,14 @@ llvm::Expected<int64_t> workspaceBytes(const BackwardArgs &args) {
   const bool split =
       backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
   if (llvm::Error e = checkShape(args.plan, args.num_tokens, args.num_q_heads,
-                                 args.num_kv_heads, args.head_dim, DType::BF16))
+                                 args.num_kv_heads, args.head_dim,
+                                 args.v_head_dim, DType::BF16))
     return e;
   if (llvm::Error e = checkBackwardWindow(args))
     return e;
   return shapeWorkspaceBytes(args.plan, args.num_tokens, args.num_q_heads,
-                             args.num_kv_heads, args.head_dim, split,
-                             args.tiling, itemWindowOf(args));
+                             args.num_kv_heads, args.head_dim, args.v_head_dim,
+                             split, args.tiling, itemWindowOf(args));
 }
 
 llvm::Error runBackward(const BackwardArgs &args) {
@@ -230,6 +241,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
       backwardAlgorithmFor(args, arch) == BackwardAlgorithm::SplitDQ;
   const int64_t T = args.num_tokens;
   const int Hq = args.num_q_heads, Hkv = args.num_kv_heads, D = args.head_dim;
+  const int Dv = valueWidth(D, args.v_head_dim);
   // The main kernel (and bwd_post) run on `slice` KV heads and their query
   // heads at a time; the accumulators hold one slice.
   const int64_t itemWindow = itemWindowOf(args);
@@ -238,7 +250,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
 
   const int64_t accBound = split ? 0 : backwardAccRowsBound(plan, itemWindow);
   const BackwardWorkspaceLayout layout =
-      backwardWorkspaceLayout(T, Hq, Hkv, D, split, accBound, slice);
+      backwardWorkspaceLayout(T, Hq, Hkv, D, Dv, split, accBound, slice);
   if (args.workspace && args.workspace_bytes < layout.bytes)
     return invalidArgument(
         fmt::format("workspace_bytes ({}) is less than the {} bytes this "
@@ -260,7 +272,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
   const LoadedKernel &pre = *prePtr;
   // ... and the one tuned for the batch's shape class first (getKernel).
   KernelSpec mainSpec =
-      genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D, sliceHq,
+      genericSpec(split ? KernelKind::BwdKV : KernelKind::Bwd, D, Dv, sliceHq,
                   slice, args.dtype, args.tiling, args.schedule);
   mainSpec.softcap = args.softcap;
   // W is the kernels' `window` parameter: one kernel serves every W.
@@ -281,8 +293,8 @@ llvm::Error runBackward(const BackwardArgs &args) {
   // kernels are not tuned).
   if (llvm::Error e =
           (split ? getKernel(dqSpec, 0, 0, shapeClassOf(plan))
-                 : getKernel(genericSpec(KernelKind::BwdPost, D, sliceHq, slice,
-                                         args.dtype, {})))
+                 : getKernel(genericSpec(KernelKind::BwdPost, D, Dv, sliceHq,
+                                         slice, args.dtype, {})))
               .moveInto(lastPtr))
     return e;
   const LoadedKernel &last = *lastPtr;
@@ -405,7 +417,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
       if (numAccRows > 0) {
         if (llvm::Error e = zero(dkacc, numAccRows * slice * D, "dkacc"))
           return e;
-        if (llvm::Error e = zero(dvacc, numAccRows * slice * D, "dvacc"))
+        if (llvm::Error e = zero(dvacc, numAccRows * slice * Dv, "dvacc"))
           return e;
       }
     }
@@ -436,6 +448,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
       tensors.q = &sliceQ, tensors.k = &sliceK, tensors.v = &sliceV;
       tensors.dout = &sliceDo, tensors.numTokens = T;
       tensors.qHeads = sliceHq, tensors.kvHeads = slice, tensors.headDim = D;
+      tensors.valueHeadDim = Dv;
       tensors.dtype = args.dtype;
       cuda::CUtensorMap maps[4] = {};
       if (llvm::Error e =
@@ -517,6 +530,7 @@ llvm::Error runBackward(const BackwardArgs &args) {
     tensors.q = &args.q, tensors.k = &args.k, tensors.v = &args.v;
     tensors.dout = &args.dout, tensors.numTokens = T;
     tensors.qHeads = Hq, tensors.kvHeads = Hkv, tensors.headDim = D;
+    tensors.valueHeadDim = Dv;
     tensors.dtype = args.dtype;
     cuda::CUtensorMap maps[4] = {};
     if (llvm::Error e =

@@ -21,20 +21,24 @@ namespace {
 /// count (-1: none) come back in `*scoreMod` and `*scoreModInputs`.
 llvm::Error validate(const ForwardArgs &a, std::string *scoreMod,
                      int *scoreModInputs) {
-  if (llvm::Error e = checkProblem(a.plan, a.num_tokens, a.num_q_heads,
-                                   a.num_kv_heads, a.head_dim, a.dtype))
+  if (llvm::Error e =
+          checkProblem(a.plan, a.num_tokens, a.num_q_heads, a.num_kv_heads,
+                       a.head_dim, a.v_head_dim, a.dtype))
     return e;
+  // v and o rows are Dv wide (docs/forward-abi.md).
+  const int Dv = valueWidth(a.head_dim, a.v_head_dim);
+  const char *DvName = valueWidthName(a.head_dim, a.v_head_dim);
   if (llvm::Error e =
           checkTensor("q", a.q, a.num_tokens, a.num_q_heads, a.head_dim, false))
     return e;
   if (llvm::Error e = checkTensor("k", a.k, a.num_tokens, a.num_kv_heads,
                                   a.head_dim, false))
     return e;
-  if (llvm::Error e = checkTensor("v", a.v, a.num_tokens, a.num_kv_heads,
-                                  a.head_dim, false))
+  if (llvm::Error e = checkTensor("v", a.v, a.num_tokens, a.num_kv_heads, Dv,
+                                  false, DvName))
     return e;
   if (llvm::Error e =
-          checkTensor("o", a.o, a.num_tokens, a.num_q_heads, a.head_dim, true))
+          checkTensor("o", a.o, a.num_tokens, a.num_q_heads, Dv, true, DvName))
     return e;
   if (llvm::Error e =
           checkLse("lse", a.lse, a.lse_stride_h, a.num_tokens, a.num_q_heads))
@@ -67,9 +71,9 @@ llvm::Error runForward(const ForwardArgs &args) {
   // A branching tree's segments see several ancestor ranges: the tree
   // kernel walks the plan's chain table (docs/forward-abi.md).
   const bool tree = plan.maxAncestorRanges() > 1;
-  KernelSpec spec =
-      genericSpec(KernelKind::Fwd, args.head_dim, args.num_q_heads,
-                  args.num_kv_heads, args.dtype, args.tiling, args.schedule);
+  KernelSpec spec = genericSpec(KernelKind::Fwd, args.head_dim, args.v_head_dim,
+                                args.num_q_heads, args.num_kv_heads, args.dtype,
+                                args.tiling, args.schedule);
   spec.tree = tree;
   spec.softcap = args.softcap;
   spec.sinks = args.sinks != nullptr;
@@ -132,6 +136,7 @@ llvm::Error runForward(const ForwardArgs &args) {
   tensors.q = &args.q, tensors.k = &args.k, tensors.v = &args.v;
   tensors.numTokens = args.num_tokens, tensors.qHeads = args.num_q_heads;
   tensors.kvHeads = args.num_kv_heads, tensors.headDim = args.head_dim;
+  tensors.valueHeadDim = args.v_head_dim;
   tensors.dtype = args.dtype;
   if (llvm::Error e =
           bindTensorMaps(geometry, kernel.spec.tiling, tensors, maps, params))

@@ -21,7 +21,8 @@
 namespace dualkv::detail {
 
 llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
-                        int numHeads, int headDim, bool isOutput) {
+                        int numHeads, int width, bool isOutput,
+                        const char *widthName) {
   if (!t.data)
     return invalidArgument(fmt::format("{}.data is null", name));
   auto address = reinterpret_cast<uintptr_t>(t.data);
@@ -43,9 +44,9 @@ llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
           fmt::format("{}.{} ({}) is negative", name, d.field, d.stride));
     if (d.extent <= 1)
       continue;
-    if (d.stride < headDim)
-      return invalidArgument(fmt::format("{}.{} ({}) must be >= head_dim ({})",
-                                         name, d.field, d.stride, headDim));
+    if (d.stride < width)
+      return invalidArgument(fmt::format("{}.{} ({}) must be >= {} ({})", name,
+                                         d.field, d.stride, widthName, width));
     if (d.stride % 8 != 0)
       return invalidArgument(
           fmt::format("{}.{} ({}) must be a multiple of 8 elements, so "
@@ -54,7 +55,7 @@ llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
   }
   // Kernels index in 32 bits: the last element must have an offset below 2^31.
   int64_t last =
-      (numTokens - 1) * t.stride_t + (numHeads - 1) * t.stride_h + headDim - 1;
+      (numTokens - 1) * t.stride_t + (numHeads - 1) * t.stride_h + width - 1;
   if (numTokens > 0 && last > kMaxElementOffset)
     return invalidArgument(fmt::format(
         "{} spans {} elements from {}.data; kernels address at most "
@@ -74,8 +75,27 @@ llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
   return llvm::Error::success();
 }
 
+std::string headShapeError(int64_t headDim, int64_t valueHeadDim) {
+  if (valueHeadDim < 0)
+    return fmt::format("v_head_dim ({}) must be >= 0 (0: head_dim)",
+                       valueHeadDim);
+  const int64_t v = valueHeadDim ? valueHeadDim : headDim;
+  if (isSupportedHeadShape(headDim, v))
+    return {};
+  // A query/key head_dim with no equal value head_dim (192) is named with
+  // the value head_dim it lacks.
+  if (valueHeadDim == 0 && !isQueryKeyHeadDim(headDim))
+    return fmt::format("head_dim {} is not supported ({})", headDim,
+                       headShapeChoices());
+  return fmt::format("head_dim {} with v_head_dim {}{} is not supported ({})",
+                     headDim, valueHeadDim,
+                     valueHeadDim == 0 ? " (0: head_dim)" : "",
+                     headShapeChoices());
+}
+
 llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
-                         int numKVHeads, int headDim, DType dtype) {
+                         int numKVHeads, int headDim, int valueHeadDim,
+                         DType dtype) {
   if (!plan)
     return invalidArgument("plan is null");
   if (numQHeads < 1)
@@ -92,9 +112,8 @@ llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
   if (llvm::Error e =
           checkHeadsFitGrid(numQHeads, numKVHeads, /*backward=*/false))
     return e;
-  if (!isSupportedHeadDim(headDim))
-    return invalidArgument(fmt::format("head_dim {} is not supported ({})",
-                                       headDim, headDimChoices()));
+  if (std::string why = headShapeError(headDim, valueHeadDim); !why.empty())
+    return invalidArgument(why);
   if (dtype != DType::BF16 && dtype != DType::FP16)
     return invalidArgument(fmt::format("dtype ({}) is neither bf16 nor fp16",
                                        static_cast<int>(dtype)));
@@ -245,14 +264,15 @@ llvm::Error checkTiling(const char *name, const Tiling &t) {
   return checkTilingFields(name, t, /*zeroTakesDefault=*/true);
 }
 
-KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
-                       int numKVHeads, DType dtype, Tiling tiling,
-                       Schedule schedule) {
+KernelSpec genericSpec(KernelKind kind, int headDim, int valueHeadDim,
+                       int numQHeads, int numKVHeads, DType dtype,
+                       Tiling tiling, Schedule schedule) {
   KernelSpec spec;
   spec.kind = kind;
   spec.P = 0;
   spec.N = 0;
   spec.headDim = headDim;
+  spec.valueHeadDim = valueHeadDim == headDim ? 0 : valueHeadDim;
   spec.numQHeads = numQHeads;
   spec.numKVHeads = numKVHeads;
   spec.dtype = dtype;
@@ -273,27 +293,28 @@ llvm::Error bindTensorMaps(const LaunchGeometry &geometry, const Tiling &tiling,
     maps[i] = {};
     if (geometry.mapsRead) {
       const TensorArg *tensor = nullptr;
-      int heads = tensors.qHeads;
+      int heads = tensors.qHeads, width = tensors.headDim;
+      const int valueWidth =
+          tensors.valueHeadDim ? tensors.valueHeadDim : tensors.headDim;
       switch (use.operand) {
       case MapOperand::Q:
         tensor = tensors.q;
         break;
       case MapOperand::DOut:
-        tensor = tensors.dout;
+        tensor = tensors.dout, width = valueWidth;
         break;
       case MapOperand::K:
         tensor = tensors.k, heads = tensors.kvHeads;
         break;
       case MapOperand::V:
-        tensor = tensors.v, heads = tensors.kvHeads;
+        tensor = tensors.v, heads = tensors.kvHeads, width = valueWidth;
         break;
       }
       if (!tensor)
         return internalError(
             fmt::format("no tensor for the tensor map {}", use.param));
       if (llvm::Error e =
-              tensorMap(*tensor, tensors.numTokens, heads, tensors.headDim,
-                        tensors.dtype,
+              tensorMap(*tensor, tensors.numTokens, heads, width, tensors.dtype,
                         use.blockNRows ? tiling.blockN : tiling.blockM)
                   .moveInto(maps[i]))
         return e;

@@ -21,16 +21,37 @@ constexpr double kLog2e = 1.4426950408889634;
 // Every check returns an InvalidArgument error naming the argument and its
 // value, or success.
 
-/// Checks one THD tensor of `numHeads` heads: what the kernels' 16-byte
-/// cp.async row loads and pointer arithmetic assume. An output must not
-/// alias itself.
+/// Checks one THD tensor of `numHeads` heads of rows `width` elements wide:
+/// what the kernels' 16-byte cp.async row loads and pointer arithmetic
+/// assume. An output must not alias itself. `widthName` names the width in
+/// messages ("head_dim", or "v_head_dim" for value rows narrower than the
+/// query/key ones).
 llvm::Error checkTensor(const char *name, const TensorArg &t, int64_t numTokens,
-                        int numHeads, int headDim, bool isOutput);
+                        int numHeads, int width, bool isOutput,
+                        const char *widthName = "head_dim");
 
-/// Checks the shape of a call: the plan, head counts (GQA), head_dim (64,
-/// 128, 256), dtype, num_tokens against the plan, the plan's segment count.
+/// The value head_dim of a call: `valueHeadDim`, or `headDim` when that is 0.
+inline int valueWidth(int headDim, int valueHeadDim) {
+  return valueHeadDim ? valueHeadDim : headDim;
+}
+/// How checkTensor names the value rows' width: "head_dim" when they are as
+/// wide as the query/key rows, else "v_head_dim".
+inline const char *valueWidthName(int headDim, int valueHeadDim) {
+  return valueWidth(headDim, valueHeadDim) == headDim ? "head_dim"
+                                                      : "v_head_dim";
+}
+
+/// Checks the shape of a call: the plan, head counts (GQA), the head shape
+/// (head_dim and v_head_dim, 0 taking head_dim: a pair isSupportedHeadShape
+/// accepts, dualkv/HeadDims.h), dtype, num_tokens against the plan, the
+/// plan's segment count.
 llvm::Error checkProblem(const Plan *plan, int64_t numTokens, int numQHeads,
-                         int numKVHeads, int headDim, DType dtype);
+                         int numKVHeads, int headDim, int valueHeadDim,
+                         DType dtype);
+
+/// Why (head_dim, v_head_dim) is no head shape a kernel takes, as
+/// checkProblem words it (`valueHeadDim` 0: head_dim), or an empty string.
+std::string headShapeError(int64_t headDim, int64_t valueHeadDim);
 
 /// Checks an fp32 [Hq][T] tensor such as lse.
 llvm::Error checkLse(const char *name, const float *lse, int64_t strideH,
@@ -81,9 +102,11 @@ llvm::Error checkScaleAndTiling(float scale, const Tiling &tiling);
 /// The spec of a shape-generic kernel (P = N = 0): kernels read exact lengths
 /// from the plan, so one binary serves every batch and RL's changing shapes
 /// never recompile.
-KernelSpec genericSpec(KernelKind kind, int headDim, int numQHeads,
-                       int numKVHeads, DType dtype, Tiling tiling,
-                       Schedule schedule = Schedule::Auto);
+/// `valueHeadDim` is the call's (0: headDim), kept as KernelSpec spells it:
+/// 0 when equal to headDim.
+KernelSpec genericSpec(KernelKind kind, int headDim, int valueHeadDim,
+                       int numQHeads, int numKVHeads, DType dtype,
+                       Tiling tiling, Schedule schedule = Schedule::Auto);
 
 /// The softmax scale to use: `scale`, or 1/sqrt(head_dim) when it is 0.
 double effectiveScale(float scale, int headDim);
@@ -99,11 +122,12 @@ inline llvm::Expected<cuda::CUtensorMap> tensorMap(const TensorArg &t,
 }
 
 /// The tensors of a launch that its tensor maps (LaunchGeometry::maps) may
-/// cover: Q and dO over `qHeads`, K and V over `kvHeads`.
+/// cover: Q and dO over `qHeads`, K and V over `kvHeads`; Q and K rows of
+/// `headDim` elements, V and dO rows of `valueHeadDim` (0: headDim).
 struct MapTensors {
   const TensorArg *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   int64_t numTokens = 0;
-  int qHeads = 0, kvHeads = 0, headDim = 0;
+  int qHeads = 0, kvHeads = 0, headDim = 0, valueHeadDim = 0;
   DType dtype = DType::BF16;
 };
 

@@ -11,8 +11,8 @@ namespace dualkv {
 
 BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
                                                 int numQHeads, int numKVHeads,
-                                                int headDim, bool split,
-                                                int64_t accRows,
+                                                int headDim, int valueHeadDim,
+                                                bool split, int64_t accRows,
                                                 int kvHeadsPerLaunch) {
   BackwardWorkspaceLayout l;
   const int64_t f32 = sizeof(float);
@@ -26,11 +26,11 @@ BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
   l.dqacc = l.bytes;
   l.bytes += alignUp(numTokens * sliceQHeads * headDim * f32, kWorkspaceAlign);
   if (accRows > 0) {
-    const int64_t acc =
-        alignUp(accRows * kvHeadsPerLaunch * headDim * f32, kWorkspaceAlign);
+    const int64_t rows = accRows * kvHeadsPerLaunch;
     l.dkacc = l.bytes;
-    l.dvacc = l.bytes + acc;
-    l.bytes += 2 * acc;
+    l.bytes += alignUp(rows * headDim * f32, kWorkspaceAlign);
+    l.dvacc = l.bytes;
+    l.bytes += alignUp(rows * valueHeadDim * f32, kWorkspaceAlign);
   }
   return l;
 }

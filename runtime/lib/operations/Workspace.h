@@ -33,18 +33,19 @@ struct BackwardWorkspaceLayout {
                       ///< heads of one launch's KV heads)
   int64_t dkacc = -1; ///< fp32 [accRows][Hkv_s][D] (atomic algorithm,
                       ///< accRows > 0; Hkv_s = KV heads per launch)
-  int64_t dvacc = -1; ///< like dkacc
+  int64_t dvacc = -1; ///< fp32 [accRows][Hkv_s][Dv], like dkacc
   int64_t deltaStrideH = 0;
   int64_t bytes = 0; ///< total size
 };
 
 /// The workspace layout of the split-dQ (`split`: Δ only) or the atomic
 /// algorithm for `accRows` accumulator rows and main-kernel launches of
-/// `kvHeadsPerLaunch` KV heads each.
+/// `kvHeadsPerLaunch` KV heads each; dQ's and dK's accumulator rows are
+/// `headDim` floats, dV's `valueHeadDim` (docs/backward-abi.md).
 BackwardWorkspaceLayout backwardWorkspaceLayout(int64_t numTokens,
                                                 int numQHeads, int numKVHeads,
-                                                int headDim, bool split,
-                                                int64_t accRows,
+                                                int headDim, int valueHeadDim,
+                                                bool split, int64_t accRows,
                                                 int kvHeadsPerLaunch);
 
 /// The workspace of one call, held from ownedWorkspace() until the call has

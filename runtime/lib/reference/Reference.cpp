@@ -63,6 +63,9 @@ llvm::Error checkProblem(const Problem &p) {
                     p.num_q_heads, p.num_kv_heads));
   if (p.head_dim <= 0)
     return fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
+  if (p.v_head_dim < 0)
+    return fail(fmt::format("v_head_dim ({}) must be >= 0 (0: head_dim)",
+                            p.v_head_dim));
   if (!std::isfinite(p.scale))
     return fail(fmt::format("scale ({}) is not finite", p.scale));
   return checkVariants(p);
@@ -103,13 +106,19 @@ template <typename P> Variant variantOf(const P &p) {
           p.score_mod ? &p.score_mod_grad : nullptr};
 }
 
-/// Offsets into the dense row-major tensors of a sequence of `tokens` tokens.
+/// Offsets into the dense row-major tensors of a sequence of `tokens` tokens:
+/// q and dq rows of d values, k and dk of d, v and dv of dv, o and dout of dv.
 struct Layout {
-  int64_t tokens, hq, hkv, d;
+  int64_t tokens, hq, hkv, d, dv;
   Layout(const Problem &p, int64_t tokens)
-      : tokens(tokens), hq(p.num_q_heads), hkv(p.num_kv_heads), d(p.head_dim) {}
+      : tokens(tokens), hq(p.num_q_heads), hkv(p.num_kv_heads), d(p.head_dim),
+        dv(p.v_head_dim ? p.v_head_dim : p.head_dim) {}
   int64_t q(int64_t t, int64_t h) const { return (t * hq + h) * d; }
   int64_t kv(int64_t t, int64_t h) const { return (t * hkv + h) * d; }
+  /// Rows of o and dout.
+  int64_t o(int64_t t, int64_t h) const { return (t * hq + h) * dv; }
+  /// Rows of v and dv.
+  int64_t v(int64_t t, int64_t h) const { return (t * hkv + h) * dv; }
   int64_t lse(int64_t h, int64_t t) const { return h * tokens + t; }
   int64_t kvHead(int64_t h) const { return h / (hq / hkv); }
 };
@@ -172,10 +181,10 @@ void causalForward(const Layout &l, const Variant &var, const double *q,
       double sum = var.sinks ? std::exp(var.sinks[h] - m) : 0;
       for (int64_t j = first; j <= i; ++j)
         sum += s[j] = std::exp(s[j] - m);
-      double *oi = o + l.q(i, h);
-      std::fill(oi, oi + l.d, 0.0);
+      double *oi = o + l.o(i, h);
+      std::fill(oi, oi + l.dv, 0.0);
       for (int64_t j = first; j <= i; ++j)
-        axpy(s[j] / sum, v + l.kv(j, kh), oi, l.d);
+        axpy(s[j] / sum, v + l.v(j, kh), oi, l.dv);
       lse[l.lse(h, i)] = m + std::log(sum);
     }
   }
@@ -191,25 +200,25 @@ void causalBackward(const Layout &l, const Variant &var, const double *q,
                     double *dq, double *dk, double *dv, double *dsinks) {
   std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
   std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
-  std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
+  std::fill(dv, dv + l.tokens * l.hkv * l.dv, 0.0);
   for (int64_t i = 0; i < l.tokens; ++i) {
     const int64_t first =
         var.window > 0 ? std::max<int64_t>(0, i - var.window + 1) : 0;
     for (int64_t h = 0; h < l.hq; ++h) {
       const int64_t kh = l.kvHead(h);
-      const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
+      const double *qi = q + l.q(i, h), *doi = dout + l.o(i, h);
       const double lsei = lse[l.lse(h, i)];
       // dL/dlse_i = dlse_i: dS = P (dP - delta + dlse).
-      double delta = dot(doi, o + l.q(i, h), l.d);
+      double delta = dot(doi, o + l.o(i, h), l.dv);
       if (dlse)
         delta -= dlse[l.lse(h, i)];
       for (int64_t j = first; j <= i; ++j) {
-        const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
+        const double *kj = k + l.kv(j, kh), *vj = v + l.v(j, kh);
         const double x = var.scale * dot(qi, kj, l.d);
         const double z = var.logit(x, h, i, j), dzdx = var.slope(x, h, i, j);
         const double p = std::exp(z - lsei);
-        const double ds = p * (dot(doi, vj, l.d) - delta);
-        axpy(p, doi, dv + l.kv(j, kh), l.d);
+        const double ds = p * (dot(doi, vj, l.dv) - delta);
+        axpy(p, doi, dv + l.v(j, kh), l.dv);
         axpy(var.scale * dzdx * ds, kj, dq + l.q(i, h), l.d);
         axpy(var.scale * dzdx * ds, qi, dk + l.kv(j, kh), l.d);
       }
@@ -322,12 +331,12 @@ void packedForward(const Layout &l, const Variant &var,
       double sum = var.sinks ? std::exp(var.sinks[h] - m) : 0;
       for (double &x : s)
         sum += x = std::exp(x - m);
-      double *oi = o + l.q(i, h);
-      std::fill(oi, oi + l.d, 0.0);
+      double *oi = o + l.o(i, h);
+      std::fill(oi, oi + l.dv, 0.0);
       size_t idx = 0;
       for (const KeyRange &r : ranges)
         for (int64_t j = r.begin; j < r.end; ++j)
-          axpy(s[idx++] / sum, v + l.kv(j, kh), oi, l.d);
+          axpy(s[idx++] / sum, v + l.v(j, kh), oi, l.dv);
       lse[l.lse(h, i)] = m + std::log(sum);
     }
   }
@@ -345,7 +354,7 @@ void packedBackward(const Layout &l, const Variant &var,
                     RangesOf rangesOf) {
   std::fill(dq, dq + l.tokens * l.hq * l.d, 0.0);
   std::fill(dk, dk + l.tokens * l.hkv * l.d, 0.0);
-  std::fill(dv, dv + l.tokens * l.hkv * l.d, 0.0);
+  std::fill(dv, dv + l.tokens * l.hkv * l.dv, 0.0);
   if (dsinks)
     std::fill(dsinks, dsinks + l.hq, 0.0);
   for (int64_t i = 0; i < l.tokens; ++i) {
@@ -353,21 +362,21 @@ void packedBackward(const Layout &l, const Variant &var,
         clipToWindow(rangesOf(i), lpos, i, var.window);
     for (int64_t h = 0; h < l.hq; ++h) {
       const int64_t kh = l.kvHead(h);
-      const double *qi = q + l.q(i, h), *doi = dout + l.q(i, h);
+      const double *qi = q + l.q(i, h), *doi = dout + l.o(i, h);
       const double lsei = lse[l.lse(h, i)];
       // Delta less dL/dlse_i: dS = P (dP - Delta + dlse).
       const double delta =
-          dot(doi, o + l.q(i, h), l.d) - (dlse ? dlse[l.lse(h, i)] : 0.0);
+          dot(doi, o + l.o(i, h), l.dv) - (dlse ? dlse[l.lse(h, i)] : 0.0);
       double *dqi = dq + l.q(i, h);
       for (const KeyRange &r : ranges)
         for (int64_t j = r.begin; j < r.end; ++j) {
-          const double *kj = k + l.kv(j, kh), *vj = v + l.kv(j, kh);
+          const double *kj = k + l.kv(j, kh), *vj = v + l.v(j, kh);
           const double x = var.scale * dot(qi, kj, l.d);
           const double z = var.logit(x, h, lpos[i], lpos[j]);
           const double p = std::exp(z - lsei);
-          const double ds = p * (dot(doi, vj, l.d) - delta);
+          const double ds = p * (dot(doi, vj, l.dv) - delta);
           const double dx = var.scale * var.slope(x, h, lpos[i], lpos[j]) * ds;
-          axpy(p, doi, dv + l.kv(j, kh), l.d);
+          axpy(p, doi, dv + l.v(j, kh), l.dv);
           axpy(dx, kj, dqi, l.d);
           axpy(dx, qi, dk + l.kv(j, kh), l.d);
         }
@@ -406,6 +415,9 @@ template <typename P> llvm::Error checkHeads(const P &p) {
                     p.num_q_heads, p.num_kv_heads));
   if (p.head_dim <= 0)
     return fail(fmt::format("head_dim ({}) must be positive", p.head_dim));
+  if (p.v_head_dim < 0)
+    return fail(fmt::format("v_head_dim ({}) must be >= 0 (0: head_dim)",
+                            p.v_head_dim));
   if (!std::isfinite(p.scale))
     return fail(fmt::format("scale ({}) is not finite", p.scale));
   return checkVariants(p);
@@ -413,6 +425,7 @@ template <typename P> llvm::Error checkHeads(const P &p) {
 
 Layout treeDims(const TreeProblem &p, int64_t tokens) {
   Problem dims{{}, p.num_q_heads, p.num_kv_heads, p.head_dim, p.scale};
+  dims.v_head_dim = p.v_head_dim;
   return Layout(dims, tokens);
 }
 
@@ -514,20 +527,21 @@ void forward_replicated(const Problem &problem, const double *q,
                         double *lse) {
   validate(problem);
   const Layout packed(problem, problem.num_tokens());
-  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d,
+                ow = packed.hq * packed.dv, vw = packed.hkv * packed.dv;
   for (const Copy &c : replicatedCopies(problem)) {
     const Layout l(problem, c.tokens.size());
     const std::vector<double> cq = gather(q, c.tokens, qw),
                               ck = gather(k, c.tokens, kvw),
-                              cv = gather(v, c.tokens, kvw);
-    std::vector<double> co(cq.size()), clse(l.hq * l.tokens);
+                              cv = gather(v, c.tokens, vw);
+    std::vector<double> co(l.tokens * ow), clse(l.hq * l.tokens);
     causalForward(l, variantOf(problem), cq.data(), ck.data(), cv.data(),
                   co.data(), clse.data());
     // Every copy computes the prompt rows from the same prompt keys, so they
     // agree; the first copy supplies them.
     for (int64_t r = c.first ? 0 : c.prompt_len; r < l.tokens; ++r) {
       const int64_t t = c.tokens[r];
-      std::copy(co.begin() + r * qw, co.begin() + (r + 1) * qw, o + t * qw);
+      std::copy(co.begin() + r * ow, co.begin() + (r + 1) * ow, o + t * ow);
       for (int64_t h = 0; h < l.hq; ++h)
         lse[packed.lse(h, t)] = clse[l.lse(h, r)];
     }
@@ -551,25 +565,26 @@ void backward_replicated(const Problem &problem, const double *q,
                          double *dsinks) {
   validate(problem);
   const Layout packed(problem, problem.num_tokens());
-  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d,
+                ow = packed.hq * packed.dv, vw = packed.hkv * packed.dv;
   std::fill(dq, dq + packed.tokens * qw, 0.0);
   std::fill(dk, dk + packed.tokens * kvw, 0.0);
-  std::fill(dv, dv + packed.tokens * kvw, 0.0);
+  std::fill(dv, dv + packed.tokens * vw, 0.0);
   if (dsinks)
     std::fill(dsinks, dsinks + packed.hq, 0.0);
   for (const Copy &c : replicatedCopies(problem)) {
     const Layout l(problem, c.tokens.size());
     const std::vector<double> cq = gather(q, c.tokens, qw),
                               ck = gather(k, c.tokens, kvw),
-                              cv = gather(v, c.tokens, kvw),
-                              co = gather(o, c.tokens, qw),
+                              cv = gather(v, c.tokens, vw),
+                              co = gather(o, c.tokens, ow),
                               clse = gatherLse(lse, c.tokens, packed);
-    std::vector<double> cdout = gather(dout, c.tokens, qw);
+    std::vector<double> cdout = gather(dout, c.tokens, ow);
     std::vector<double> cdlse;
     if (dlse)
       cdlse = gatherLse(dlse, c.tokens, packed);
     if (!c.first) {
-      std::fill(cdout.begin(), cdout.begin() + c.prompt_len * qw, 0.0);
+      std::fill(cdout.begin(), cdout.begin() + c.prompt_len * ow, 0.0);
       for (int64_t h = 0; h < l.hq && dlse; ++h)
         std::fill(cdlse.begin() + l.lse(h, 0),
                   cdlse.begin() + l.lse(h, c.prompt_len), 0.0);
@@ -583,10 +598,10 @@ void backward_replicated(const Problem &problem, const double *q,
       const int64_t t = c.tokens[r];
       for (int64_t x = 0; x < qw; ++x)
         dq[t * qw + x] += cdq[r * qw + x];
-      for (int64_t x = 0; x < kvw; ++x) {
+      for (int64_t x = 0; x < kvw; ++x)
         dk[t * kvw + x] += cdk[r * kvw + x];
-        dv[t * kvw + x] += cdv[r * kvw + x];
-      }
+      for (int64_t x = 0; x < vw; ++x)
+        dv[t * vw + x] += cdv[r * vw + x];
     }
   }
 }
@@ -612,6 +627,7 @@ TreeProblem as_tree(const Problem &problem) {
                 problem.softcap,
                 problem.window,
                 problem.sinks};
+  t.v_head_dim = problem.v_head_dim;
   for (const Group &g : problem.groups) {
     const int64_t root = static_cast<int64_t>(t.nodes.size());
     t.nodes.push_back({g.prompt_len, -1});
@@ -728,14 +744,15 @@ void tree_forward_paths(const TreeProblem &problem, const double *q,
                         double *lse) {
   tree_layout(problem); // validates
   const Layout packed = treeDims(problem, problem.num_tokens());
-  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d,
+                ow = packed.hq * packed.dv, vw = packed.hkv * packed.dv;
   std::vector<bool> done(packed.tokens, false);
   for (const std::vector<int64_t> &path : leafPaths(problem)) {
     const Layout l = treeDims(problem, path.size());
     const std::vector<double> cq = gather(q, path, qw),
                               ck = gather(k, path, kvw),
-                              cv = gather(v, path, kvw);
-    std::vector<double> co(cq.size()), clse(l.hq * l.tokens);
+                              cv = gather(v, path, vw);
+    std::vector<double> co(l.tokens * ow), clse(l.hq * l.tokens);
     causalForward(l, variantOf(problem), cq.data(), ck.data(), cv.data(),
                   co.data(), clse.data());
     for (int64_t r = 0; r < l.tokens; ++r) {
@@ -743,7 +760,7 @@ void tree_forward_paths(const TreeProblem &problem, const double *q,
       if (done[t])
         continue;
       done[t] = true;
-      std::copy(co.begin() + r * qw, co.begin() + (r + 1) * qw, o + t * qw);
+      std::copy(co.begin() + r * ow, co.begin() + (r + 1) * ow, o + t * ow);
       for (int64_t h = 0; h < l.hq; ++h)
         lse[packed.lse(h, t)] = clse[l.lse(h, r)];
     }
@@ -757,10 +774,11 @@ void tree_backward_paths(const TreeProblem &problem, const double *q,
                          double *dsinks) {
   tree_layout(problem); // validates
   const Layout packed = treeDims(problem, problem.num_tokens());
-  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d;
+  const int64_t qw = packed.hq * packed.d, kvw = packed.hkv * packed.d,
+                ow = packed.hq * packed.dv, vw = packed.hkv * packed.dv;
   std::fill(dq, dq + packed.tokens * qw, 0.0);
   std::fill(dk, dk + packed.tokens * kvw, 0.0);
-  std::fill(dv, dv + packed.tokens * kvw, 0.0);
+  std::fill(dv, dv + packed.tokens * vw, 0.0);
   if (dsinks)
     std::fill(dsinks, dsinks + packed.hq, 0.0);
   std::vector<bool> counted(packed.tokens, false);
@@ -768,18 +786,18 @@ void tree_backward_paths(const TreeProblem &problem, const double *q,
     const Layout l = treeDims(problem, path.size());
     const std::vector<double> cq = gather(q, path, qw),
                               ck = gather(k, path, kvw),
-                              cv = gather(v, path, kvw),
-                              co = gather(o, path, qw),
+                              cv = gather(v, path, vw),
+                              co = gather(o, path, ow),
                               clse = gatherLse(lse, path, packed);
     // A token's loss terms are counted once: its dout and dlse enter the first
     // path through it only (so its dsinks term is counted once too).
-    std::vector<double> cdout = gather(dout, path, qw);
+    std::vector<double> cdout = gather(dout, path, ow);
     std::vector<double> cdlse;
     if (dlse)
       cdlse = gatherLse(dlse, path, packed);
     for (int64_t r = 0; r < l.tokens; ++r) {
       if (counted[path[r]]) {
-        std::fill(cdout.begin() + r * qw, cdout.begin() + (r + 1) * qw, 0.0);
+        std::fill(cdout.begin() + r * ow, cdout.begin() + (r + 1) * ow, 0.0);
         for (int64_t h = 0; h < l.hq && dlse; ++h)
           cdlse[l.lse(h, r)] = 0;
       }
@@ -794,10 +812,10 @@ void tree_backward_paths(const TreeProblem &problem, const double *q,
       const int64_t t = path[r];
       for (int64_t x = 0; x < qw; ++x)
         dq[t * qw + x] += cdq[r * qw + x];
-      for (int64_t x = 0; x < kvw; ++x) {
+      for (int64_t x = 0; x < kvw; ++x)
         dk[t * kvw + x] += cdk[r * kvw + x];
-        dv[t * kvw + x] += cdv[r * kvw + x];
-      }
+      for (int64_t x = 0; x < vw; ++x)
+        dv[t * vw + x] += cdv[r * vw + x];
     }
   }
 }

@@ -268,9 +268,18 @@ namespace {
 llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   auto start = std::chrono::steady_clock::now();
   const int D = args.head_dim, Hq = args.num_q_heads, Hkv = args.num_kv_heads;
-  if (!isSupportedHeadDim(D))
-    return invalidArgument(
-        fmt::format("head_dim ({}) must be {}", D, headDimChoices()));
+  const int Dv = args.v_head_dim ? args.v_head_dim : D;
+  if (args.v_head_dim < 0)
+    return invalidArgument(fmt::format(
+        "v_head_dim ({}) must be >= 0 (0: head_dim)", args.v_head_dim));
+  if (!isSupportedHeadShape(D, Dv)) {
+    if (args.v_head_dim == 0 && !isQueryKeyHeadDim(D))
+      return invalidArgument(
+          fmt::format("head_dim ({}) must be {}", D, headShapeChoices()));
+    return invalidArgument(fmt::format(
+        "head_dim ({}) with v_head_dim ({}{}) must be {}", D, args.v_head_dim,
+        args.v_head_dim == 0 ? ": head_dim" : "", headShapeChoices()));
+  }
   if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     return invalidArgument(
         fmt::format("num_q_heads ({}) must be a positive multiple of "
@@ -329,6 +338,7 @@ llvm::Expected<PrecompileReport> precompileSet(const PrecompileArgs &args) {
   KernelSpec base;
   base.kind = KernelKind::Fwd;
   base.headDim = D;
+  base.valueHeadDim = Dv == D ? 0 : Dv;
   base.numQHeads = Hq;
   base.numKVHeads = Hkv;
   base.dtype = args.dtype;

@@ -44,8 +44,9 @@ constexpr size_t kMaxFileBytes = 64u << 20;
 /// without its tiling.
 bool sameKey(const KernelSpec &a, const KernelSpec &b) {
   return a.kind == b.kind && a.P == b.P && a.N == b.N && a.R == b.R &&
-         a.headDim == b.headDim && a.numQHeads == b.numQHeads &&
-         a.numKVHeads == b.numKVHeads && a.dtype == b.dtype && a.arch == b.arch;
+         a.headDim == b.headDim && a.vDim() == b.vDim() &&
+         a.numQHeads == b.numQHeads && a.numKVHeads == b.numKVHeads &&
+         a.dtype == b.dtype && a.arch == b.arch;
 }
 
 json toJsonEntry(const TunedEntry &e) {
@@ -69,6 +70,9 @@ json toJsonEntry(const TunedEntry &e) {
   // Only a class entry has an R: a generic entry is spelled as before.
   if (s.R != 0)
     j["R"] = s.R;
+  // Likewise a value head_dim apart from head_dim (MLA's 192 with 128).
+  if (s.vDim() != s.headDim)
+    j["v_head_dim"] = s.vDim();
   return j;
 }
 
@@ -138,12 +142,21 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
         where("P"), s.P, s.N, s.R, kShapeClassMinP, kShapeClassMinN,
         kShapeClassMinR));
   // Heads as a launch takes them: within the grid (kMaxGridYZ).
-  int64_t headDim = 0, numQHeads = 0, numKVHeads = 0;
+  int64_t headDim = 0, valueHeadDim = 0, numQHeads = 0, numKVHeads = 0;
   if (llvm::Error err = integer(j, "head_dim", 0, 1 << 30, headDim))
     return err;
-  if (!isSupportedHeadDim(headDim))
+  // "v_head_dim" only where the value rows are narrower; absent: head_dim.
+  const bool hasValueHeadDim = j.is_object() && j.contains("v_head_dim");
+  if (hasValueHeadDim)
+    if (llvm::Error err = integer(j, "v_head_dim", 1, 1 << 30, valueHeadDim))
+      return err;
+  if (!hasValueHeadDim && !isSupportedHeadDim(headDim))
     return invalidArgument(fmt::format("{} ({}) must be {}", where("head_dim"),
                                        headDim, headDimChoices()));
+  if (hasValueHeadDim && !isSupportedHeadShape(headDim, valueHeadDim))
+    return invalidArgument(fmt::format(
+        "{} ({}) with {} ({}) must be {}", where("head_dim"), headDim,
+        where("v_head_dim"), valueHeadDim, headShapeChoices()));
   if (llvm::Error err = integer(j, "num_q_heads", 1, kMaxGridYZ, numQHeads))
     return err;
   if (llvm::Error err = integer(j, "num_kv_heads", 1, kMaxGridYZ, numKVHeads))
@@ -154,6 +167,7 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
                                        where("num_q_heads"), numQHeads,
                                        numKVHeads));
   s.headDim = static_cast<int>(headDim);
+  s.valueHeadDim = valueHeadDim == headDim ? 0 : static_cast<int>(valueHeadDim);
   s.numQHeads = static_cast<int>(numQHeads);
   s.numKVHeads = static_cast<int>(numKVHeads);
   std::string dtype;
@@ -198,11 +212,13 @@ llvm::Expected<TunedEntry> fromJsonEntry(const json &j, size_t index) {
 std::string describeEntry(const KernelSpec &s) {
   std::string shape =
       s.R ? fmt::format("P={} N={} R={}", s.P, s.N, s.R) : "generic";
-  return fmt::format("{} {} head_dim {} heads {}:{} {} {} tiling {},{},{},{}",
-                     toString(s.kind), shape, s.headDim, s.numQHeads,
-                     s.numKVHeads, toString(s.dtype),
-                     clipForMessage(s.arch, 80), s.tiling.blockM,
-                     s.tiling.blockN, s.tiling.warps, s.tiling.stages);
+  return fmt::format(
+      "{} {} head_dim {}{} heads {}:{} {} {} tiling {},{},{},{}",
+      toString(s.kind), shape, s.headDim,
+      s.vDim() == s.headDim ? std::string()
+                            : fmt::format(" v_head_dim {}", s.vDim()),
+      s.numQHeads, s.numKVHeads, toString(s.dtype), clipForMessage(s.arch, 80),
+      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages);
 }
 
 /// The entries of the database text `text`; an InvalidArgument error saying

@@ -18,11 +18,14 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &) {
   CompileResult r;
   r.error = fmt::format(
       "libdualkv_runtime has no compiler and no ahead-of-time kernel for {} "
-      "head_dim {} heads {}:{} {} {} tiling {},{},{},{}: generate it with "
+      "head_dim {}{} heads {}:{} {} {} tiling {},{},{},{}: generate it with "
       "dualkv-aot --emit-registration and register it, or link libdualkv",
-      toString(spec.kind), spec.headDim, spec.numQHeads, spec.numKVHeads,
-      toString(spec.dtype), spec.arch, spec.tiling.blockM, spec.tiling.blockN,
-      spec.tiling.warps, spec.tiling.stages);
+      toString(spec.kind), spec.headDim,
+      spec.vDim() == spec.headDim ? std::string()
+                                  : fmt::format(" v_head_dim {}", spec.vDim()),
+      spec.numQHeads, spec.numKVHeads, toString(spec.dtype), spec.arch,
+      spec.tiling.blockM, spec.tiling.blockN, spec.tiling.warps,
+      spec.tiling.stages);
   return r;
 }
 

@@ -178,6 +178,40 @@ TEST_CASE("cache key: a sliding window is spelled only when set and has "
   CHECK(CacheKey::fromSpec(spec, plain.compilerFingerprint) == windowed);
 }
 
+TEST_CASE("cache key: a value head_dim apart from head_dim is spelled only "
+          "then and has its own hash",
+          "[runtime][head-shape]") {
+  // The equal shapes keep their spelling (the canonical JSON above is
+  // unchanged, whether the spec says v_head_dim 0 or head_dim); MLA's
+  // (192, 128) is a key of its own, never the (192, 192) one's.
+  const CacheKey plain = sampleKey();
+  CHECK_FALSE(plain.toJson().contains("v_head_dim"));
+  KernelSpec spec = plain.spec();
+  spec.valueHeadDim = spec.headDim;
+  CHECK(CacheKey::fromSpec(spec, plain.compilerFingerprint) == plain);
+  CHECK(CacheKey::fromSpec(spec, plain.compilerFingerprint).hash() ==
+        plain.hash());
+  spec.headDim = 192;
+  spec.valueHeadDim = 128;
+  const CacheKey mla = CacheKey::fromSpec(spec, plain.compilerFingerprint);
+  CHECK(mla.toJson().at("head_dim") == 192);
+  CHECK(mla.toJson().at("v_head_dim") == 128);
+  CHECK(mla.describe().find("head_dim=192 v_head_dim=128") !=
+        std::string::npos);
+  CacheKey same192 = mla;
+  same192.valueHeadDim = 0;
+  CacheKey v128 = plain; // head_dim 128, value rows 128
+  std::set<std::string> hashes;
+  for (const CacheKey &k : {plain, mla, same192, v128})
+    hashes.insert(k.hash());
+  CHECK(hashes.size() == 3); // v128 is plain
+  CHECK(mla.hash() != same192.hash());
+  // The spec round-trips with its value head_dim.
+  CHECK(mla.spec().headDim == 192);
+  CHECK(mla.spec().vDim() == 128);
+  CHECK(CacheKey::fromSpec(mla.spec(), mla.compilerFingerprint) == mla);
+}
+
 TEST_CASE("cache key: every kernel kind and dtype has its own spelling",
           "[runtime]") {
   std::set<std::string> hashes;

@@ -165,6 +165,21 @@ TEST_CASE("backward workspace: sizes by hand and through the C API",
   c.head_dim = 256;
   CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
   CHECK(bytes == delta + 2 * dqacc + 4 * accOne);
+  // head_dim 192 with v_head_dim 128: dQ's and dK's accumulators 192 wide,
+  // dV's 128 (docs/backward-abi.md).
+  c.head_dim = 192;
+  c.v_head_dim = 128;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
+  CHECK(bytes == delta + align256(2150 * 8 * 192 * 4) +
+                     align256(1500 * 2 * 192 * 4) +
+                     align256(1500 * 2 * 128 * 4));
+  CHECK(bytes == delta + dqacc * 3 / 2 + accOne * 3 / 2 + accOne);
+  c.v_head_dim = 0;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) ==
+        DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(),
+             Contains("head_dim 192 with v_head_dim 0 (0: head_dim) is not "
+                      "supported"));
   c.head_dim = 128;
   c.num_tokens = 2000;
   CHECK(dualkv_backward_workspace_size(&c, &bytes) ==
@@ -213,6 +228,14 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
        "num_q_heads + num_kv_heads (65535 + 5) exceeds the grid limit"},
       {[](BackwardArgs &a) { a.head_dim = 80; },
        "head_dim 80 is not supported"},
+      {[](BackwardArgs &a) { a.head_dim = 192; },
+       "head_dim 192 with v_head_dim 0 (0: head_dim) is not supported (64, "
+       "96, 128 or 256 with an equal value head_dim, or 192 with value "
+       "head_dim 128)"},
+      {[](BackwardArgs &a) { a.v_head_dim = 96; },
+       "head_dim 128 with v_head_dim 96 is not supported"},
+      {[](BackwardArgs &a) { a.v_head_dim = -128; },
+       "v_head_dim (-128) must be >= 0 (0: head_dim)"},
       {[](BackwardArgs &a) { a.dtype = static_cast<DType>(3); }, "dtype (3)"},
       {[](BackwardArgs &a) { a.num_tokens = 111; },
        "num_tokens (111) differs from the plan's token count (112)"},
@@ -380,6 +403,7 @@ void seedBackwardKernels(const std::string &root, const BackwardArgs &a,
     spec.kind = kind;
     spec.P = spec.N = 0;
     spec.headDim = a.head_dim;
+    spec.valueHeadDim = a.v_head_dim == a.head_dim ? 0 : a.v_head_dim;
     spec.numQHeads = a.num_q_heads;
     spec.numKVHeads = a.num_kv_heads;
     if (kvHeads) {
@@ -1078,4 +1102,152 @@ TEST_CASE("backward: a sliding window runs the atomic algorithm with windowed "
   for (size_t i = 0; i < items.size(); i += kBwdItemFields)
     shifted |= items[i + 2] == 130 && items[i + 5] == -30;
   CHECK(shifted);
+}
+
+//===----------------------------------------------------------------------===//
+// Value rows narrower than the query/key rows (MLA)
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// validBackwardArgs at head_dim 192, v_head_dim 128: q, k, dq, dk rows of
+/// 192; v, o, dout, dv rows of 128 (dense).
+BackwardArgs mlaBackwardArgs(const Plan &plan) {
+  BackwardArgs a = validBackwardArgs(plan);
+  const int64_t D = 192, Dv = 128, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * Dv, Dv};
+  a.o = {fakePointer(0x400000), Hq * Dv, Dv};
+  a.dout = {fakePointer(0x500000), Hq * Dv, Dv};
+  a.dq = {fakePointer(0x600000), Hq * D, D};
+  a.dk = {fakePointer(0x700000), Hkv * D, D};
+  a.dv = {fakePointer(0x800000), Hkv * Dv, Dv};
+  a.head_dim = D;
+  a.v_head_dim = Dv;
+  return a;
+}
+
+} // namespace
+
+TEST_CASE("backward: head_dim 192 with v_head_dim 128 checks each tensor "
+          "against its width and sizes dV's accumulator by v_head_dim",
+          "[runtime][backward][head-shape]") {
+  FakeBackwardSetup setup;
+  TempDir &tmp = setup.tmp;
+  FakeDriver &fake = setup.scoped.fake;
+  resetCacheStats();
+
+  // As the default sequence's test: a prompt of 1100 tokens (128
+  // accumulator rows at blockM 64) and a group 8 | 8; T = 1116.
+  std::vector<PlanGroup> groups = {{1100, {}}, {8, {8}}};
+  Plan plan(groups);
+
+  using Mutator = std::function<void(BackwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      {[](BackwardArgs &a) { a.dv.stride_h = 120; },
+       "dv.stride_h (120) must be >= v_head_dim (128)"},
+      {[](BackwardArgs &a) { a.dout.stride_t = 64; },
+       "dout.stride_t (64) must be >= v_head_dim (128)"},
+      {[](BackwardArgs &a) { a.o.stride_h = 100; },
+       "o.stride_h (100) must be >= v_head_dim (128)"},
+      {[](BackwardArgs &a) { a.dq.stride_h = 128; },
+       "dq.stride_h (128) must be >= head_dim (192)"},
+      {[](BackwardArgs &a) { a.dk.stride_h = 128; },
+       "dk.stride_h (128) must be >= head_dim (192)"},
+      {[](BackwardArgs &a) { a.dv.stride_t = 128; }, "dv rows overlap"},
+  };
+  for (const auto &[mutate, expected] : cases) {
+    CAPTURE(expected);
+    BackwardArgs args = mlaBackwardArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { backward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(expected));
+  }
+  CHECK(fake.events.empty());
+
+  BackwardArgs a = mlaBackwardArgs(plan);
+  seedBackwardKernels(tmp.path, a);
+  const int64_t T = 1116, Hq = 8, Hkv = 2, D = 192, Dv = 128, rows = 128;
+  const int64_t delta = align256(Hq * T * 4), dqacc = align256(T * Hq * D * 4),
+                dkacc = align256(1100 * Hkv * D * 4),
+                dvacc = align256(1100 * Hkv * Dv * 4);
+  CHECK(backwardWorkspaceBytes(a) == delta + dqacc + dkacc + dvacc);
+
+  backward(a);
+  CHECK(cacheStats().compiles == 0);
+  REQUIRE(fake.events.size() == 6);
+  const FakeDriver::Event &pre = fake.events[0];
+  REQUIRE(pre.name == "attention_bwd_pre");
+  const uint64_t base = pre.params[2];
+  const uint64_t dqaccAt = base + delta, dkaccAt = dqaccAt + dqacc,
+                 dvaccAt = dkaccAt + dkacc;
+  // bwd_pre reads o and dout rows of 128.
+  CHECK(pre.params == std::vector<uint64_t>{ptr(a.o.data), ptr(a.dout.data),
+                                            base, 1024, 128, 1024, 128,
+                                            uint64_t(T), uint64_t(T)});
+  // dQ's and dK's accumulators are zeroed 192 wide, dV's 128.
+  CHECK(fake.events[1].params ==
+        std::vector<uint64_t>{dqaccAt, 0, uint64_t(T * Hq * D)});
+  CHECK(fake.events[2].params ==
+        std::vector<uint64_t>{dkaccAt, 0, uint64_t(rows * Hkv * D)});
+  CHECK(fake.events[3].params ==
+        std::vector<uint64_t>{dvaccAt, 0, uint64_t(rows * Hkv * Dv)});
+  const FakeDriver::Event &main = fake.events[4];
+  REQUIRE(main.name == "attention_bwd");
+  CHECK(std::vector<uint64_t>(main.params.begin() + 8,
+                              main.params.begin() + 11) ==
+        std::vector<uint64_t>{dqaccAt, dkaccAt, dvaccAt});
+  // Strides: q, k, v, dout, dk, dv (token, head), then lse's and delta's.
+  CHECK(std::vector<uint64_t>(main.params.begin() + 12,
+                              main.params.begin() + 26) ==
+        std::vector<uint64_t>{1536, 192, 384, 192, 256, 128, 1024, 128, 384,
+                              192, 256, 128, uint64_t(T), uint64_t(T)});
+  // The default scale is 1/sqrt(head_dim).
+  CHECK(main.params[26] == bits(float(1.0 / std::sqrt(192.0))));
+  const FakeDriver::Event &post = fake.events[5];
+  REQUIRE(post.name == "attention_bwd_post");
+  CHECK(post.params == std::vector<uint64_t>{dqaccAt, dkaccAt, dvaccAt,
+                                             ptr(a.dq.data), ptr(a.dk.data),
+                                             ptr(a.dv.data), post.params[6],
+                                             1536, 192, 384, 192, 256, 128,
+                                             uint64_t(T), uint64_t(rows)});
+
+  // The C API carries v_head_dim to the same launches.
+  dualkv_plan *cplan = nullptr;
+  int32_t prompts[] = {1100, 8}, counts[] = {0, 1}, responses[] = {8};
+  REQUIRE(dualkv_plan_create(prompts, counts, responses, 2, &cplan) ==
+          DUALKV_OK);
+  auto tensor = [](const TensorArg &t) {
+    return dualkv_tensor_t{t.data, t.stride_t, t.stride_h};
+  };
+  dualkv_backward_args_t c{};
+  c.struct_size = sizeof c;
+  c.q = tensor(a.q), c.k = tensor(a.k), c.v = tensor(a.v), c.o = tensor(a.o);
+  c.dout = tensor(a.dout), c.dq = tensor(a.dq), c.dk = tensor(a.dk);
+  c.dv = tensor(a.dv);
+  c.lse = a.lse;
+  c.lse_stride_h = a.lse_stride_h;
+  c.num_tokens = T;
+  c.num_q_heads = Hq;
+  c.num_kv_heads = Hkv;
+  c.head_dim = D;
+  c.v_head_dim = Dv;
+  c.algorithm = DUALKV_BACKWARD_ATOMIC;
+  c.plan = cplan;
+  REQUIRE(dualkv_backward(&c) == DUALKV_OK);
+  REQUIRE(fake.events.size() == 12);
+  CHECK(fake.events[9].params[2] == uint64_t(rows * Hkv * Dv));
+  CHECK(std::vector<uint64_t>(fake.events[10].params.begin() + 12,
+                              fake.events[10].params.begin() + 26) ==
+        std::vector<uint64_t>(main.params.begin() + 12,
+                              main.params.begin() + 26));
+  // A caller built before v_head_dim passes none: the equal shape, refused.
+  c.struct_size = offsetof(dualkv_backward_args_t, v_head_dim);
+  CHECK(dualkv_backward(&c) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(), Contains("head_dim 192 with v_head_dim 0"));
+  CHECK(fake.events.size() == 12);
+  dualkv_plan_destroy(cplan);
 }

@@ -61,6 +61,7 @@ KernelSpec specFor(const ForwardArgs &a) {
   spec.kind = KernelKind::Fwd;
   spec.P = spec.N = 0;
   spec.headDim = a.head_dim;
+  spec.valueHeadDim = a.v_head_dim == a.head_dim ? 0 : a.v_head_dim;
   spec.numQHeads = a.num_q_heads;
   spec.numKVHeads = a.num_kv_heads;
   spec.dtype = a.dtype;
@@ -110,6 +111,7 @@ dualkv_forward_args_t cForwardArgs(const ForwardArgs &a,
   c.scale = a.scale;
   c.plan = cplan;
   c.stream = a.stream;
+  c.v_head_dim = a.v_head_dim;
   return c;
 }
 
@@ -138,7 +140,22 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
        },
        "num_q_heads (70000) exceeds the grid limit"},
       {[](ForwardArgs &a) { a.head_dim = 80; },
-       "head_dim 80 is not supported (64, 96, 128 or 256)"},
+       "head_dim 80 is not supported (64, 96, 128 or 256 with an equal value "
+       "head_dim, or 192 with value head_dim 128)"},
+      // MLA's query/key head_dim needs its value head_dim.
+      {[](ForwardArgs &a) { a.head_dim = 192; },
+       "head_dim 192 with v_head_dim 0 (0: head_dim) is not supported (64, "
+       "96, 128 or 256 with an equal value head_dim, or 192 with value "
+       "head_dim 128)"},
+      {[](ForwardArgs &a) {
+         a.head_dim = 192;
+         a.v_head_dim = 192;
+       },
+       "head_dim 192 with v_head_dim 192 is not supported"},
+      {[](ForwardArgs &a) { a.v_head_dim = 64; },
+       "head_dim 128 with v_head_dim 64 is not supported"},
+      {[](ForwardArgs &a) { a.v_head_dim = -1; },
+       "v_head_dim (-1) must be >= 0 (0: head_dim)"},
       {[](ForwardArgs &a) { a.dtype = static_cast<DType>(7); }, "dtype (7)"},
       {[](ForwardArgs &a) { a.num_tokens = 100; },
        "num_tokens (100) differs from the plan's token count (112)"},
@@ -605,4 +622,117 @@ TEST_CASE("forward: a sliding window launches a kernel of its own with W as "
   forward(ch);
   CHECK(fake.launches == 7);
   CHECK(fake.lastLaunchName == "attention_fwd_window");
+}
+
+namespace {
+
+/// Valid arguments of MLA's head shape for `plan`: Hq = 8, Hkv = 2, q and k
+/// rows of 192, v and o rows of 128 (dense).
+ForwardArgs mlaArgs(const Plan &plan) {
+  ForwardArgs a = validArgs(plan);
+  const int64_t D = 192, Dv = 128, Hq = 8, Hkv = 2;
+  a.q = {fakePointer(0x100000), Hq * D, D};
+  a.k = {fakePointer(0x200000), Hkv * D, D};
+  a.v = {fakePointer(0x300000), Hkv * Dv, Dv};
+  a.o = {fakePointer(0x400000), Hq * Dv, Dv};
+  a.head_dim = D;
+  a.v_head_dim = Dv;
+  return a;
+}
+
+} // namespace
+
+TEST_CASE("forward: head_dim 192 with v_head_dim 128 checks v and o against "
+          "the value width and launches a kernel of its own",
+          "[runtime][head-shape]") {
+  TempDir tmp;
+  ScopedEnv cacheDir("DUALKV_CACHE_DIR", tmp.path);
+  ScopedEnv always("DUALKV_ALWAYS_COMPILE", std::nullopt);
+  ScopedFakeDriver scoped;
+  FakeDriver &fake = scoped.fake;
+  resetCacheStats();
+  Plan plan({{40, {24, 0, 32}}, {8, {8}}});
+
+  // v and o rows are 128 wide: strides of 128 pass, below it are named with
+  // v_head_dim; q and k keep head_dim's 192.
+  using Mutator = std::function<void(ForwardArgs &)>;
+  std::vector<std::pair<Mutator, std::string>> cases = {
+      {[](ForwardArgs &a) { a.v.stride_h = 120; },
+       "v.stride_h (120) must be >= v_head_dim (128)"},
+      {[](ForwardArgs &a) { a.o.stride_t = 64; },
+       "o.stride_t (64) must be >= v_head_dim (128)"},
+      {[](ForwardArgs &a) { a.q.stride_h = 128; },
+       "q.stride_h (128) must be >= head_dim (192)"},
+      {[](ForwardArgs &a) { a.k.stride_h = 128; },
+       "k.stride_h (128) must be >= head_dim (192)"},
+      // o rows of 128 at a token stride below 8 heads of them overlap.
+      {[](ForwardArgs &a) { a.o.stride_t = 7 * 128; }, "o rows overlap"},
+  };
+  for (const auto &[mutate, expected] : cases) {
+    CAPTURE(expected);
+    ForwardArgs args = mlaArgs(plan);
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { forward(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Contains(expected));
+  }
+  CHECK(fake.launches == 0);
+
+  // The kernel of the (192, 128) spec, under a key of its own: the equal
+  // shape's entry at head_dim 192 would be another file.
+  ForwardArgs args = mlaArgs(plan);
+  args.tiling = {128, 32, 4, 2};
+  KernelSpec spec = specFor(args);
+  CHECK(spec.headDim == 192);
+  CHECK(spec.vDim() == 128);
+  CacheEntry entry = sampleEntry();
+  entry.info.blockM = 16;
+  seedKernel(tmp.path, args, entry);
+  forward(args);
+  REQUIRE(fake.launches == 1);
+  CHECK(cacheStats().diskHits == 1);
+  CHECK(cacheStats().compiles == 0);
+  const FakeDriver::Launch &l = fake.last;
+  CHECK(l.ptrs[2] == 0x300000);
+  CHECK(l.ptrs[3] == 0x400000);
+  // q, k, v, o strides (token, head), then lse's: v and o at 128.
+  CHECK(std::vector<int64_t>(l.strides, l.strides + 9) ==
+        std::vector<int64_t>{1536, 192, 384, 192, 256, 128, 1024, 128, 112});
+  // The default scale is 1/sqrt(head_dim), the query/key width.
+  CHECK(l.scaleLog2 ==
+        Approx(1.4426950408889634 / std::sqrt(192.0)).epsilon(1e-6));
+
+  // v_head_dim equal to head_dim is the equal shape: 128 and 0 are one kernel.
+  ForwardArgs equal = validArgs(plan);
+  equal.tiling = {128, 32, 4, 2};
+  seedKernel(tmp.path, equal, entry);
+  forward(equal);
+  const int loads = fake.cubinLoads;
+  equal.v_head_dim = 128;
+  forward(equal);
+  CHECK(fake.cubinLoads == loads);
+  CHECK(fake.launches == 3);
+
+  // The C API carries v_head_dim; a caller built before it (its struct_size
+  // ends before the field) runs the equal shape.
+  dualkv_plan *cplan = cPlanOfTestGroups();
+  dualkv_forward_args_t c = cForwardArgs(args, cplan);
+  c.tiling = {128, 32, 4, 2};
+  REQUIRE(dualkv_forward(&c) == DUALKV_OK);
+  REQUIRE(fake.launches == 4);
+  CHECK(std::vector<int64_t>(fake.last.strides, fake.last.strides + 9) ==
+        std::vector<int64_t>{1536, 192, 384, 192, 256, 128, 1024, 128, 112});
+  c.struct_size = offsetof(dualkv_forward_args_t, v_head_dim);
+  CHECK(dualkv_forward(&c) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(),
+             Contains("head_dim 192 with v_head_dim 0 (0: head_dim) is not "
+                      "supported"));
+  c.struct_size = sizeof c;
+  c.v_head_dim = int64_t(1) << 32;
+  CHECK(dualkv_forward(&c) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(),
+             Contains("v_head_dim (4294967296) must be >= 0 and below 2^31"));
+  CHECK(fake.launches == 4);
+  dualkv_plan_destroy(cplan);
 }

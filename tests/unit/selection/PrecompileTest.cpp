@@ -133,7 +133,19 @@ TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
     CHECK(e->code() == ErrorCode::InvalidArgument);
     CHECK_THAT(e->what(), Contains(expected));
   };
-  code("head_dim (80)");
+  code("head_dim (80) must be 64, 96, 128 or 256 with an equal value "
+       "head_dim, or 192 with value head_dim 128");
+  // MLA's query/key head_dim needs its value head_dim, and the value
+  // head_dim goes only with it.
+  args.head_dim = 192;
+  code("head_dim (192) with v_head_dim (0: head_dim) must be 64, 96, 128 or "
+       "256 with an equal value head_dim, or 192 with value head_dim 128");
+  args.head_dim = 128;
+  args.v_head_dim = 64;
+  code("head_dim (128) with v_head_dim (64) must be");
+  args.v_head_dim = -1;
+  code("v_head_dim (-1) must be >= 0 (0: head_dim)");
+  args.v_head_dim = 0;
   args.head_dim = 64;
   args.num_q_heads = 3;
   code("num_q_heads (3)");
@@ -157,7 +169,21 @@ TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
   CHECK_THAT(dualkv_last_error(), Contains("dtype (7)"));
   // struct_size below the first version, and a field past what this library
   // knows, are refused by name.
+  // The C struct carries v_head_dim; a caller built before it passes a
+  // struct_size without it, which reads as 0.
   c.dtype = DUALKV_BF16;
+  c.head_dim = 192;
+  c.v_head_dim = 96;
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(),
+             Contains("head_dim (192) with v_head_dim (96) must be"));
+  c.struct_size = offsetof(dualkv_precompile_args_t, v_head_dim);
+  CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(dualkv_last_error(),
+             Contains("head_dim (192) with v_head_dim (0: head_dim)"));
+  c.struct_size = sizeof c;
+  c.head_dim = 64;
+  c.v_head_dim = 0;
   c.struct_size = sizeof(size_t);
   CHECK(dualkv_precompile(&c, &report) == DUALKV_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(dualkv_last_error(), Contains("below the struct's first version"));

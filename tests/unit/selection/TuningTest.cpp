@@ -158,6 +158,100 @@ TEST_CASE("tuning: the kernel kind is part of the key", "[tuning]") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("tuning: a value head_dim apart from head_dim is part of the key "
+          "and written only then",
+          "[tuning][head-shape]") {
+  TuningDb db;
+  db.put(sample(128, "sm_80", {128, 32, 4, 2}));
+  TunedEntry mla = sample(192, "sm_80", {128, 32, 4, 2});
+  mla.spec.valueHeadDim = 128;
+  db.put(mla);
+  TunedEntry mlaBwd = sample(192, "sm_80", {64, 32, 8, 1}, KernelKind::Bwd);
+  mlaBwd.spec.valueHeadDim = 128;
+  db.put(mlaBwd);
+  REQUIRE(db.entries().size() == 3);
+  // The equal shape is spelled as before v_head_dim existed; MLA's entries
+  // carry it.
+  nlohmann::json doc = nlohmann::json::parse(db.toJson());
+  REQUIRE(doc.at("entries").size() == 3);
+  CHECK_FALSE(doc["entries"][0].contains("v_head_dim"));
+  CHECK(doc["entries"][1].at("head_dim") == 192);
+  CHECK(doc["entries"][1].at("v_head_dim") == 128);
+  CHECK(doc["entries"][2].at("v_head_dim") == 128);
+
+  std::string path = tempPath("dualkv-tuning-head-shape");
+  std::string error;
+  std::vector<std::string> skipped;
+  REQUIRE(db.save(path, &error));
+  TuningDb back = TuningDb::load(path, &error, &skipped);
+  CHECK(error.empty());
+  CHECK(skipped == std::vector<std::string>{});
+  REQUIRE(back.entries().size() == 3);
+  CHECK(back.entries()[1].spec.headDim == 192);
+  CHECK(back.entries()[1].spec.vDim() == 128);
+  KernelSpec spec;
+  spec.headDim = 192;
+  spec.valueHeadDim = 128;
+  spec.arch = "sm_80";
+  REQUIRE(back.find(spec).has_value());
+  CHECK(*back.find(spec) == Tiling{128, 32, 4, 2});
+  spec.kind = KernelKind::Bwd;
+  REQUIRE(back.find(spec).has_value());
+  CHECK(*back.find(spec) == Tiling{64, 32, 8, 1});
+  // Neither answers for another value head_dim, nor the equal shape's for
+  // MLA's.
+  spec.valueHeadDim = 0;
+  CHECK_FALSE(back.find(spec).has_value());
+  spec.kind = KernelKind::Fwd;
+  spec.headDim = 128;
+  spec.valueHeadDim = 128; // the same as 0
+  REQUIRE(back.find(spec).has_value());
+  CHECK(*back.find(spec) == Tiling{128, 32, 4, 2});
+  // Replacing keeps to its own head shape.
+  TunedEntry mla2 = mla;
+  mla2.spec.tiling = {64, 64, 4, 2};
+  back.put(mla2);
+  CHECK(back.entries().size() == 3);
+  CHECK(*back.find(spec) == Tiling{128, 32, 4, 2});
+
+  // Files: "v_head_dim" equal to head_dim reads as the equal shape; a
+  // head_dim 192 without one, or a pair no kernel takes, refuses the file by
+  // name.
+  auto file = [&](const std::string &shape) {
+    return R"({"schema": "dualkv-tuning", "version": 2, "entries": [)"
+           R"({"kind": "fwd", "P": 0, "N": 0, )" +
+           shape +
+           R"(, "num_q_heads": 32, "num_kv_heads": 8, "dtype": "bf16",)"
+           R"( "arch": "sm_80", "tiling": {"block_m": 128, "block_n": 32,)"
+           R"( "warps": 4, "stages": 2}}]})";
+  };
+  writeText(path, file(R"("head_dim": 128, "v_head_dim": 128)"));
+  TuningDb equal = TuningDb::load(path, &error);
+  CHECK(error.empty());
+  REQUIRE(equal.entries().size() == 1);
+  CHECK(equal.entries()[0].spec.valueHeadDim == 0);
+  for (const auto &[shape, expect] :
+       std::vector<std::pair<std::string, std::string>>{
+           {R"("head_dim": 192)", "entries[0].head_dim (192) must be 64, 96, "
+                                  "128 or 256"},
+           {R"("head_dim": 128, "v_head_dim": 64)",
+            "entries[0].head_dim (128) with entries[0].v_head_dim (64) must "
+            "be 64, 96, 128 or 256 with an equal value head_dim, or 192 with "
+            "value head_dim 128"},
+           {R"("head_dim": 192, "v_head_dim": 0)",
+            "entries[0].v_head_dim is not a valid integer"},
+           {R"("head_dim": 192, "v_head_dim": "128")",
+            "entries[0].v_head_dim is not a valid integer"},
+       }) {
+    INFO(shape);
+    writeText(path, file(shape));
+    TuningDb refused = TuningDb::load(path, &error);
+    CHECK(refused.entries().empty());
+    CHECK(error.find(expect) != std::string::npos);
+  }
+  std::remove(path.c_str());
+}
+
 TEST_CASE("tuning: version 2 holds every kind and other versions or "
           "unknown kinds are foreign",
           "[tuning]") {
