@@ -190,10 +190,8 @@ Tiling refDefaultTiling(const KernelSpec &s) {
   // fields agree.
   if (d == 64 && s.kind == KernelKind::BwdKV && wsDefault({128, 128, 8, 1}))
     return {128, 128, 8, 1};
-  // Head_dim 96, the warp-specialized bwd_kv by name: Q and dO by TMA (two
-  // stages).
-  if (d == 96 && s.kind == KernelKind::BwdKV && sm90a &&
-      s.schedule == Schedule::WarpSpecialized)
+  // Head_dim 96: bwd_kv's Q and dO by TMA (two stages).
+  if (d == 96 && s.kind == KernelKind::BwdKV && wsDefault({128, 64, 8, 2}))
     return {128, 64, 8, 2};
   if (d == 256 && s.kind == KernelKind::BwdDQ &&
       wsDefault({128, 32, 8, kDqWarpSpecializedStages}))
@@ -242,7 +240,7 @@ KernelSpec refResolve(KernelSpec s) {
   KernelSpec ws = s, wg = s;
   ws.schedule = Schedule::WarpSpecialized;
   wg.schedule = Schedule::Wgmma;
-  bool wsPreferred = kvMajor(s.kind) ? s.headDim != 96
+  bool wsPreferred = kvMajor(s.kind) ? true
                      : s.kind == KernelKind::BwdDQ
                          ? t.stages > 2
                          : t.blockN == (s.headDim == 256 ? 64 : 128);

@@ -103,11 +103,9 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
   // Prefix trees too: the forward and the dQ kernel walk their ancestor
   // chains.
   // Head_dim 256 too.
-  // Not bwd_kv at head_dim 96 yet: it compiles spill-free but has not run on
-  // a GPU, so it is asked for by name (--schedule warp_specialized).
   if (isKVMajor(resolved.kind))
-    return resolved.headDim == 64 || resolved.headDim == 128 ||
-           resolved.headDim == 256;
+    return resolved.headDim == 64 || resolved.headDim == 96 ||
+           resolved.headDim == 128 || resolved.headDim == 256;
   if (resolved.kind == KernelKind::BwdDQ)
     return t.stages > 2; // only the warp-specialized dQ kernel has them
   return t.blockN == (resolved.headDim == 256 ? 64 : 128);
@@ -159,12 +157,13 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   if (spec.headDim == 64 && spec.kind == KernelKind::BwdKV)
     if (std::optional<Tiling> t = agreeing(Tiling{128, 128, 8, 1}))
       return t;
-  // Head_dim 96, by name: Q and dO by TMA (2 stages), which zero-fills
-  // their last 32 columns of 128; with one stage the producer's cp.async of
-  // 8 + 4-chunk column parts spilled 8 bytes at its 24 registers.
-  if (spec.headDim == 96 && spec.kind == KernelKind::BwdKV &&
-      spec.schedule == Schedule::WarpSpecialized)
-    return Tiling{128, 64, 8, kKVMajorTmaStages};
+  // Head_dim 96: Q and dO by TMA (2 stages), which zero-fills their last 32
+  // columns of 128; with one stage the producer's cp.async of 8 + 4-chunk
+  // column parts spilled 8 bytes at its 24 registers.
+  if (spec.headDim == 96 && spec.kind == KernelKind::BwdKV)
+    if (std::optional<Tiling> t =
+            agreeing(Tiling{128, 64, 8, kKVMajorTmaStages}))
+      return t;
   if (spec.kind == KernelKind::BwdDQ &&
       (spec.headDim == 64 || spec.headDim == 96 || spec.headDim == 128)) {
     // sm_90a, head_dim 64 and 128: a TMA producer warpgroup and two

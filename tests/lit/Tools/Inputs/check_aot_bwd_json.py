@@ -37,6 +37,8 @@ def schedule(kind, d, bm, bn, warps, arch, stages=1):
     if arch == "sm_90a" and (bm, bn, warps) == (128, 64, 8):
         if kind in ("bwd", "bwd_kv") and d in (64, 128):
             return "warp_specialized"
+        if kind == "bwd_kv" and d == 96:  # in tiles of 128 columns
+            return "warp_specialized"
         if kind == "bwd_dq" and d == 128:
             return "wgmma"
     return "mma_sync"
