@@ -677,6 +677,8 @@ CompileResult compile(const KernelSpec &specIn, const CompileOptions &options) {
   bind.numQHeads = spec.numQHeads;
   bind.numKVHeads = spec.numKVHeads;
   bind.headDim = spec.headDim;
+  // 0 when equal, so the bound problem prints as before.
+  bind.valueHeadDim = spec.vDim() == spec.headDim ? 0 : spec.vDim();
   // The MLIR element type's spelling, which dualkv-bind-spec reads.
   bind.dtype = spec.dtype == DType::BF16 ? "bf16" : "f16";
   bind.arch = spec.arch;

@@ -100,6 +100,7 @@ struct BindSpecPass
 
     for (auto [name, value] :
          {std::pair<const char *, int64_t>{"head-dim", headDim},
+          {"v-head-dim", valueHeadDim},
           {"block-m", blockM},
           {"block-n", blockN},
           {"warps", warps},
@@ -120,6 +121,9 @@ struct BindSpecPass
         return signalPassFailure();
       }
     }
+    // An equal value head_dim is no value head_dim of its own: the problem
+    // prints it only when the widths differ.
+    const int64_t vHeadDim = valueHeadDim == headDim ? 0 : valueHeadDim;
     auto emitErr = [&] { return getOperation().emitError(); };
     double scale = 1.0 / std::sqrt(static_cast<double>(headDim));
     if (std::string why = ::dualkv::checkSoftcap(softcap); !why.empty()) {
@@ -142,7 +146,7 @@ struct BindSpecPass
     if (failed(ProblemAttr::verify(
             emitErr, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
             FloatAttr::get(Float64Type::get(ctx), scale), true, tree, cap,
-            false, false, window, scoreMod)))
+            false, false, window, scoreMod, vHeadDim)))
       return signalPassFailure();
     std::string archError;
     if (!::dualkv::Arch::parse(arch, &archError)) {
@@ -165,7 +169,7 @@ struct BindSpecPass
           ctx, P, N, numQHeads, numKVHeads, headDim, dtypeTy,
           FloatAttr::get(Float64Type::get(ctx), scale), true, tree,
           spec.softcap > 0 ? cap : nullptr, spec.dlse, spec.sinks, spec.window,
-          !spec.scoreMod.empty());
+          !spec.scoreMod.empty(), vHeadDim);
     };
     // Defaults and the schedule come from the same function the runtime uses
     // (resolveSpec), so IR and launch agree; they depend on the kernel's kind.
@@ -173,6 +177,7 @@ struct BindSpecPass
       ::dualkv::KernelSpec spec;
       spec.kind = static_cast<::dualkv::KernelKind>(kernel.getKind());
       spec.headDim = static_cast<int>(headDim);
+      spec.valueHeadDim = static_cast<int>(vHeadDim);
       spec.arch = arch;
       spec.tiling = {static_cast<int>(blockM), static_cast<int>(blockN),
                      static_cast<int>(warps), static_cast<int>(stages)};

@@ -154,8 +154,8 @@ std::string checkTiling(int64_t blockM, int64_t blockN, int64_t warps,
   return {};
 }
 
-std::string checkProblem(int64_t headDim, int64_t numQHeads,
-                         int64_t numKVHeads) {
+std::string checkProblem(int64_t headDim, int64_t valueHeadDim,
+                         int64_t numQHeads, int64_t numKVHeads) {
   auto str = [](int64_t x) { return std::to_string(x); };
   if (numQHeads <= 0 || numKVHeads <= 0)
     return "head counts must be positive, got num_q_heads = " + str(numQHeads) +
@@ -163,8 +163,16 @@ std::string checkProblem(int64_t headDim, int64_t numQHeads,
   if (numQHeads % numKVHeads != 0)
     return "num_q_heads (" + str(numQHeads) +
            ") must be a multiple of num_kv_heads (" + str(numKVHeads) + ")";
-  if (!isSupportedHeadDim(headDim))
-    return "head_dim must be " + headDimChoices() + ", got " + str(headDim);
+  if (headDim == valueHeadDim && !isSupportedHeadDim(headDim))
+    return isQueryKeyHeadDim(headDim)
+               ? "head_dim " + str(headDim) +
+                     " needs its own value head_dim: head_dim must be " +
+                     headShapeChoices()
+               : "head_dim must be " + headDimChoices() + ", got " +
+                     str(headDim);
+  if (!isSupportedHeadShape(headDim, valueHeadDim))
+    return "head_dim must be " + headShapeChoices() + ", got head_dim " +
+           str(headDim) + " with value head_dim " + str(valueHeadDim);
   return {};
 }
 
@@ -209,33 +217,40 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
   auto str = [](int64_t x) { return std::to_string(x); };
   bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
   // Each warp owns whole m16 row blocks of block_m, except in the KV-major
-  // backward's two-dimensional warp layout at head_dim 256: block_m 64 in 8
-  // warps, each 32 keys x 64 columns of dK and dV
+  // backward's two-dimensional warp layout at head_dim 192 and 256: block_m
+  // 64 in 8 warps, each 32 keys x a quarter of the columns of dK and dV
   // (Schedules/MmaSync/MmaSyncKVMajor.cpp).
-  if (!(kvMajor && d == 256 && t.blockM == 64 && t.warps == 8) &&
+  if (!(kvMajor && d >= 192 && t.blockM == 64 && t.warps == 8) &&
       t.blockM % (16 * t.warps) != 0)
     return "block_m (" + str(t.blockM) +
            ") must be a multiple of 16 * warps (" + str(16 * t.warps) +
            "), as each warp owns whole m16 row blocks";
   // Tile copies give every thread whole 16-byte columns of rows, a part of
-  // the row at a time (copyParts: head_dim 96's 12 chunks as 8 + 4). The
+  // the row at a time (copyParts: head_dim 96's 12 chunks as 8 + 4, 192's 24
+  // as 16 + 8), for rows of the head_dim and of the value head_dim. The
   // elementwise kernels copy no tiles.
   const int64_t threads = int64_t(t.warps) * 32;
+  const int64_t dv = spec.vDim();
   bool copiesTiles =
       spec.kind != KernelKind::BwdPre && spec.kind != KernelKind::BwdPost;
-  const std::vector<CopyPart> parts = copyParts(d / 8);
-  for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
-    for (CopyPart part : parts)
-      if (copiesTiles && rows * part.chunks % threads != 0)
-        return "tiling copies " + str(rows) + " rows of " + str(d / 8) +
-               " 16-byte chunks with " + str(threads) +
-               " threads: the chunks must split evenly" +
-               (parts.size() > 1
-                    ? ", " + str(part.chunks) + " chunks of each row at a time"
-                    : "");
-  // Registers per thread for the fp32 accumulators alone: O (forward, dQ),
-  // or dK and dV (KV-major backward).
-  int64_t accRegs = (kvMajor ? 2 : 1) * t.blockM * d / threads;
+  for (int64_t width : {d, dv}) {
+    const std::vector<CopyPart> parts = copyParts(width / 8);
+    for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
+      for (CopyPart part : parts)
+        if (copiesTiles && rows * part.chunks % threads != 0)
+          return "tiling copies " + str(rows) + " rows of " +
+                 str(width / 8) + " 16-byte chunks with " + str(threads) +
+                 " threads: the chunks must split evenly" +
+                 (parts.size() > 1 ? ", " + str(part.chunks) +
+                                         " chunks of each row at a time"
+                                   : "");
+  }
+  // Registers per thread for the fp32 accumulators alone: O (forward; the
+  // value head_dim's columns), dQ, or dK and dV (KV-major backward).
+  const int64_t accCols = kvMajor                          ? d + dv
+                          : spec.kind == KernelKind::Fwd ? dv
+                                                         : d;
+  int64_t accRegs = t.blockM * accCols / threads;
   if (accRegs > 128)
     return "tiling gives each thread " + str(accRegs) +
            " accumulator registers (accumulators * block_m * head_dim / "
@@ -299,7 +314,8 @@ std::string checkSpec(const KernelSpec &specIn) {
   if (!arch)
     return error;
   if (std::string why =
-          checkProblem(spec.headDim, spec.numQHeads, spec.numKVHeads);
+          checkProblem(spec.headDim, spec.vDim(), spec.numQHeads,
+                       spec.numKVHeads);
       !why.empty())
     return why;
   const Tiling &t = spec.tiling;

@@ -23,7 +23,8 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   int64_t numKVHeads, int64_t headDim,
                                   Type dtype, FloatAttr scale, bool causal,
                                   bool tree, FloatAttr softcap, bool dlse,
-                                  bool sinks, bool window, bool scoreMod) {
+                                  bool sinks, bool window, bool scoreMod,
+                                  int64_t vHeadDim) {
   if (P < 0)
     return emitError() << "P must be >= 0 (0 means any prompt length), got "
                        << P;
@@ -31,7 +32,11 @@ LogicalResult ProblemAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "N must be >= 0, got " << N;
   // The spec's rules (compiler/lib/Spec/KernelSpec.cpp), which the runtime
   // checks too.
-  if (std::string why = ::dualkv::checkProblem(headDim, numQHeads, numKVHeads);
+  if (vHeadDim < 0)
+    return emitError() << "v_head_dim must be >= 0 (0 means head_dim), got "
+                       << vHeadDim;
+  if (std::string why = ::dualkv::checkProblem(
+          headDim, vHeadDim ? vHeadDim : headDim, numQHeads, numKVHeads);
       !why.empty())
     return emitError() << why;
   if (!dtype || !(dtype.isBF16() || dtype.isF16()))
@@ -71,9 +76,12 @@ LogicalResult TilingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 //===----------------------------------------------------------------------===//
 
 /// Checks that `type` is a rank-3 THD tensor with `heads` heads of the
-/// problem's head size and element type.
+/// problem's element type, rows of the problem's head_dim (`value`: its
+/// value head_dim).
 static LogicalResult verifyTHD(Operation *op, StringRef name, Type type,
-                               int64_t heads, ProblemAttr problem) {
+                               int64_t heads, ProblemAttr problem,
+                               bool value = false) {
+  int64_t width = value ? problem.getValueHeadDim() : problem.getHeadDim();
   auto t = cast<RankedTensorType>(type);
   if (t.getRank() != 3)
     return op->emitOpError()
@@ -81,10 +89,9 @@ static LogicalResult verifyTHD(Operation *op, StringRef name, Type type,
   if (!ShapedType::isDynamic(t.getDimSize(1)) && t.getDimSize(1) != heads)
     return op->emitOpError() << name << " has " << t.getDimSize(1)
                              << " heads, the problem says " << heads;
-  if (!ShapedType::isDynamic(t.getDimSize(2)) &&
-      t.getDimSize(2) != problem.getHeadDim())
+  if (!ShapedType::isDynamic(t.getDimSize(2)) && t.getDimSize(2) != width)
     return op->emitOpError() << name << " has head_dim " << t.getDimSize(2)
-                             << ", the problem says " << problem.getHeadDim();
+                             << ", the problem says " << width;
   if (t.getElementType() != problem.getDtype())
     return op->emitOpError()
            << name << " has element type " << t.getElementType()
@@ -99,8 +106,8 @@ static LogicalResult verifyAttentionTensors(Operation *op, ProblemAttr problem,
   int64_t hq = problem.getNumQHeads(), hkv = problem.getNumKvHeads();
   if (failed(verifyTHD(op, "q", q, hq, problem)) ||
       failed(verifyTHD(op, "k", k, hkv, problem)) ||
-      failed(verifyTHD(op, "v", v, hkv, problem)) ||
-      failed(verifyTHD(op, "o", o, hq, problem)))
+      failed(verifyTHD(op, "v", v, hkv, problem, /*value=*/true)) ||
+      failed(verifyTHD(op, "o", o, hq, problem, /*value=*/true)))
     return failure();
   int64_t tokens = cast<RankedTensorType>(q).getDimSize(0);
   for (auto [name, type] :
@@ -190,6 +197,7 @@ FailureOr<::dualkv::KernelSpec> KernelOp::checkedSpec() {
   spec.P = problem.getP();
   spec.N = problem.getN();
   spec.headDim = static_cast<int>(problem.getHeadDim());
+  spec.valueHeadDim = static_cast<int>(problem.getVHeadDim());
   spec.numQHeads = static_cast<int>(problem.getNumQHeads());
   spec.numKVHeads = static_cast<int>(problem.getNumKvHeads());
   spec.dtype = problem.getDtype() && problem.getDtype().isF16()

@@ -68,7 +68,13 @@ struct KernelSpec {
   int64_t P = 0;
   int64_t N = 0;
   int64_t R = 0;
+  /// Query and key rows' width.
   int headDim = 128;
+  /// Value rows' width (and so the output's, dO's and dV's); 0: headDim.
+  /// Apart from headDim only in kSplitHeadShapes (dualkv/HeadDims.h).
+  int valueHeadDim = 0;
+  /// The value head_dim: valueHeadDim, or headDim when that is 0.
+  int vDim() const { return valueHeadDim ? valueHeadDim : headDim; }
   int numQHeads = 32;
   int numKVHeads = 8;
   DType dtype = DType::BF16;
@@ -204,12 +210,13 @@ DUALKV_API int64_t sharedBytes(const KernelSpec &resolved);
 /// or an empty string. #dualkv.tiling's verifier and checkSpec run it.
 DUALKV_API std::string checkTiling(int64_t blockM, int64_t blockN,
                                    int64_t warps, int64_t stages);
-/// Why `headDim`, `numQHeads`, `numKVHeads` are no problem any kernel takes
-/// (head_dim one of kHeadDims, dualkv/HeadDims.h; positive head counts,
-/// num_q_heads a multiple of num_kv_heads), or an empty string.
-/// #dualkv.problem's verifier and checkSpec run it.
-DUALKV_API std::string checkProblem(int64_t headDim, int64_t numQHeads,
-                                    int64_t numKVHeads);
+/// Why `headDim`, `valueHeadDim`, `numQHeads`, `numKVHeads` are no problem
+/// any kernel takes (a head shape isSupportedHeadShape accepts,
+/// dualkv/HeadDims.h; positive head counts, num_q_heads a multiple of
+/// num_kv_heads), or an empty string. #dualkv.problem's verifier and
+/// checkSpec run it.
+DUALKV_API std::string checkProblem(int64_t headDim, int64_t valueHeadDim,
+                                    int64_t numQHeads, int64_t numKVHeads);
 /// Why `softcap` is no logit softcap (finite and >= 0; 0: none), or an empty
 /// string. #dualkv.problem's verifier and checkSpec run it.
 DUALKV_API std::string checkSoftcap(double softcap);

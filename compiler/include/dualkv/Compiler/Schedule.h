@@ -49,23 +49,27 @@ inline constexpr int64_t swizzledTileDim(int64_t headDim) {
 }
 
 /// The cp.async query-major kernels (fwd, bwd_dq of mma_sync and wgmma):
-/// [Q][dO (bwd_dq)][K][V], rows of `rowStride` elements (2 bytes each).
+/// [Q][dO (bwd_dq)][K][V], rows of `rowStride` elements (2 bytes each); dO
+/// and V rows of `vRowStride` (the value head_dim's).
 struct QueryMajorLayout {
   int64_t rowStride = 0; ///< elements a row: head_dim (+ kTileRowPad)
+  int64_t vRowStride = 0; ///< the value head_dim (+ kTileRowPad)
   int64_t q = 0, dO = 0, k = 0, v = 0;
   int64_t total = 0; ///< bytes, alignment slack included
   /// `padded`: rows padded by kTileRowPad (mma.sync), else unpadded in the
-  /// swizzle with kSwizzleAlign bytes more.
+  /// swizzle with kSwizzleAlign bytes more. `valueHeadDim` 0: headDim.
   static QueryMajorLayout of(const Tiling &t, int headDim, KernelKind kind,
-                             bool padded) {
+                             bool padded, int valueHeadDim = 0) {
     QueryMajorLayout l;
     const bool dq = kind == KernelKind::BwdDQ;
     l.rowStride = headDim + (padded ? kTileRowPad : 0);
-    const int64_t row = l.rowStride * 2;
+    l.vRowStride =
+        (valueHeadDim ? valueHeadDim : headDim) + (padded ? kTileRowPad : 0);
+    const int64_t row = l.rowStride * 2, vRow = l.vRowStride * 2;
     l.dO = t.blockM * row;
-    l.k = (dq ? 2 : 1) * t.blockM * row;
+    l.k = l.dO + (dq ? t.blockM * vRow : 0);
     l.v = l.k + t.blockN * row;
-    l.total = l.v + t.blockN * row + (padded ? 0 : kSwizzleAlign);
+    l.total = l.v + t.blockN * vRow + (padded ? 0 : kSwizzleAlign);
     return l;
   }
 };
@@ -86,23 +90,26 @@ struct KVMajorLayout {
     int barriers = 0;       ///< 8-byte mbarriers after the staging
     bool swizzleAlign = false;
   };
-  int64_t rowStride = 0, statSlots = 0;
+  int64_t rowStride = 0, vRowStride = 0, statSlots = 0;
   int64_t k = 0, v = 0, q = 0, dO = 0, ds = 0, stats = 0, dqStaging = 0,
           barriers = 0, total = 0;
+  /// `valueHeadDim` (V and dO rows; 0: headDim).
   static KVMajorLayout of(const Tiling &t, int headDim, KernelKind kind,
-                          const Options &o) {
+                          const Options &o, int valueHeadDim = 0) {
     KVMajorLayout l;
     const bool withDq = kind == KernelKind::Bwd;
     const int64_t bm = t.blockM, bn = t.blockN;
+    const int64_t dv = valueHeadDim ? valueHeadDim : headDim;
     // Unpadded rows are whole swizzle atoms (head_dim 96: 128 columns).
     l.rowStride =
         o.padded ? headDim + kTileRowPad : swizzledTileDim(int64_t(headDim));
+    l.vRowStride = o.padded ? dv + kTileRowPad : swizzledTileDim(dv);
     const int64_t dsRowStride = bn + (o.padded ? kTileRowPad : 0);
-    const int64_t tile = bn * l.rowStride * 2;
+    const int64_t tile = bn * l.rowStride * 2, vTile = bn * l.vRowStride * 2;
     l.v = bm * l.rowStride * 2;
-    l.q = 2 * bm * l.rowStride * 2;
+    l.q = l.v + bm * l.vRowStride * 2;
     l.dO = l.q + 2 * tile;
-    l.ds = l.dO + 2 * tile;
+    l.ds = l.dO + 2 * vTile;
     if (o.grid2d)
       l.stats = l.ds + 2 * bn * (bm + kTileRowPad) * 2;
     else if (o.sharedPAndDs)

@@ -1,8 +1,8 @@
 //===- ElementwiseSkeleton.cpp - bwd_pre and bwd_post, on every arch ------===//
 //
-// A warp per row, each lane D / 32 contiguous elements: Delta = rowsum(O dO)
-// before the backward, the fp32 accumulators to the element type after it
-// (docs/backward-abi.md).
+// A warp per row, each lane D / 32 contiguous elements (DV / 32 of O, dO and
+// dV): Delta = rowsum(O dO) before the backward, the fp32 accumulators to the
+// element type after it (docs/backward-abi.md).
 //
 //===----------------------------------------------------------------------===//
 #include "Lowering/ScheduleEmitters.h"
@@ -33,12 +33,17 @@ private:
         first, add(mul(ids.warp, idx(rowsPerWarp)), loop.getInductionVar()));
     emitIf(cmp(arith::CmpIPredicate::ult, row, limit), [&] { body(row); });
   }
-  Value loadVec(Value ptr, Value at, Type elem) {
-    return vector::LoadOp::create(b, loc, VectorType::get({perLane()}, elem),
-                                  ptr, ValueRange{at});
+  /// `width`: the row's elements (0: headDim).
+  Value loadVec(Value ptr, Value at, Type elem, int64_t width = 0) {
+    return vector::LoadOp::create(
+        b, loc, VectorType::get({perLane(width)}, elem), ptr, ValueRange{at});
   }
-  int64_t perLane() const { return headDim / 32; }
-  Value laneCol() { return mul(ids.lane, idx(perLane())); }
+  int64_t perLane(int64_t width = 0) const {
+    return (width ? width : headDim) / 32;
+  }
+  Value laneCol(int64_t width = 0) {
+    return mul(ids.lane, idx(perLane(width)));
+  }
   /// bwd_pre of a caller that differentiates the LSE
   /// (#dualkv.problem<..., dlse = true>): Delta - dLSE.
   bool subtractsDlse() {
@@ -61,12 +66,15 @@ LogicalResult ElementwiseEmitter::emitPre() {
         tokens = fn.indexParam("numTokens");
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
-  auto f32Vec = VectorType::get({perLane()}, b.getF32Type());
+  // O and dO rows: the value head_dim.
+  const int64_t w = valueHeadDim;
+  auto f32Vec = VectorType::get({perLane(w)}, b.getF32Type());
   forEachRow(mul(block, idx(blockM)), tokens, [&](Value row) {
-    Value ov =
-        loadVec(o, add(add(mul(row, oT), mul(head, oH)), laneCol()), elemType);
-    Value dv = loadVec(dout, add(add(mul(row, doT), mul(head, doH)), laneCol()),
-                       elemType);
+    Value ov = loadVec(o, add(add(mul(row, oT), mul(head, oH)), laneCol(w)),
+                       elemType, w);
+    Value dv =
+        loadVec(dout, add(add(mul(row, doT), mul(head, doH)), laneCol(w)),
+                elemType, w);
     Value prod =
         arith::MulFOp::create(b, loc, arith::ExtFOp::create(b, loc, f32Vec, ov),
                               arith::ExtFOp::create(b, loc, f32Vec, dv));
@@ -115,9 +123,10 @@ LogicalResult ElementwiseEmitter::emitPost() {
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value y = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   Value first = mul(block, idx(blockM));
-  auto narrowType = VectorType::get({perLane()}, elemType);
-  auto convert = [&](Value src, Value srcAt, Value dst, Value dstAt) {
-    Value v = loadVec(src, srcAt, b.getF32Type());
+  auto convert = [&](Value src, Value srcAt, Value dst, Value dstAt,
+                     int64_t width = 0) {
+    Value v = loadVec(src, srcAt, b.getF32Type(), width);
+    auto narrowType = VectorType::get({perLane(width)}, elemType);
     vector::StoreOp::create(b, loc,
                             arith::TruncFOp::create(b, loc, narrowType, v), dst,
                             ValueRange{dstAt});
@@ -144,12 +153,16 @@ LogicalResult ElementwiseEmitter::emitPost() {
     forEachRow(first, accRows, [&](Value row) {
       Value token =
           toIndex(memref::LoadOp::create(b, loc, accTokens, ValueRange{row}));
-      Value src = add(mul(add(mul(row, idx(numKVHeads)), kvHead), idx(headDim)),
-                      laneCol());
+      Value accKey = add(mul(row, idx(numKVHeads)), kvHead);
+      Value src = add(mul(accKey, idx(headDim)), laneCol());
       convert(dkAcc, src, dk,
               add(add(mul(token, dkT), mul(kvHead, dkH)), laneCol()));
-      convert(dvAcc, src, dv,
-              add(add(mul(token, dvT), mul(kvHead, dvH)), laneCol()));
+      // dV rows: the value head_dim ([rows][Hkv][DV] in its accumulator).
+      const int64_t w = valueHeadDim;
+      Value vSrc =
+          w == headDim ? src : add(mul(accKey, idx(w)), laneCol(w));
+      convert(dvAcc, vSrc, dv,
+              add(add(mul(token, dvT), mul(kvHead, dvH)), laneCol(w)), w);
     });
   }
   return success();

@@ -18,12 +18,15 @@ using namespace mlir::dualkv;
 
 KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
     : BackwardEmitterBase(kernel, b), frags(*this, elemType),
-      smemTiles(*this, elemType, headDim), copies(*this) {
+      smemTiles(*this, elemType, headDim),
+      vTiles(*this, elemType, valueHeadDim), copies(*this) {
   mTiles = blockM / (16 * warps);
   nTiles = blockN / 8;
   kTiles = headDim / 16;
   dTiles = headDim / 8;
+  vDTiles = valueHeadDim / 8;
   rowStride = headDim + kRowPad;
+  vRowStride = valueHeadDim + kRowPad;
   dsRowStride = blockN + kRowPad;
   withDq = kernel.getKind() == KernelKind::bwd;
   statSlotCount = std::max(blockN, threads());
@@ -31,6 +34,29 @@ KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
   std::optional<::dualkv::Arch> arch =
       ::dualkv::Arch::parse(kernel.getArch()->str());
   vectorRed = arch && arch->number >= 90;
+}
+
+int64_t KVMajorEmitter::contractTiles(QKTOp op) const {
+  auto kv = op.getKv().getDefiningOp<LoadKVBlockOp>();
+  return kv && kv.getOperand() == KVOperand::value ? valueHeadDim / 16
+                                                   : kTiles;
+}
+
+bool KVMajorEmitter::seedsValueGrad(Value acc) {
+  for (OpOperand &use : acc.getUses()) {
+    Operation *user = use.getOwner();
+    if (isa<StoreKVGradsOp>(user))
+      return use.getOperandNumber() == 1;
+    if (auto accumulate = dyn_cast<AccumulateOp>(user))
+      return accumulatesValueGrad(accumulate);
+    if (auto loop = dyn_cast<QLoopOp>(user)) {
+      unsigned i = use.getOperandNumber();
+      if (seedsValueGrad(loop.getRegionIterArgs()[i]) ||
+          seedsValueGrad(loop.getResult(i)))
+        return true;
+    }
+  }
+  return false;
 }
 
 KVProductsHost KVMajorEmitter::productsHost() {
@@ -73,7 +99,7 @@ Value KVMajorEmitter::itemField(int64_t f, bool fresh) {
 LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
   bool isKey = op.getOperand() == KVOperand::key;
   Value buf = isKey ? kBuf : vBuf;
-  Value group = smemTiles.copyTile(
+  Value group = (isKey ? smemTiles : vTiles).copyTile(
       ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockM, idx(0), kRow0,
       kvEnd, isKey ? kStrideT : vStrideT,
       mul(kvHead, isKey ? kStrideH : vStrideH),
@@ -85,7 +111,10 @@ LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
 }
 
 LogicalResult KVMajorEmitter::emitInitGrad(InitGradOp op) {
-  map.map(op.getResult(), splat(*this, gradMTiles() * gradDTiles() * 4, 0.0f));
+  map.map(op.getResult(),
+          splat(*this,
+                gradMTiles() * gradDTiles(seedsValueGrad(op.getResult())) * 4,
+                0.0f));
   return success();
 }
 
@@ -215,11 +244,13 @@ SmallVector<Value> KVMajorEmitter::qIterationYields(QLoopOp op) {
 SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
   auto workgroup =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
-  auto tileType = swizzledTiles
-                      ? MemRefType::get({blockN * rowStride / 64, 64}, elemType,
-                                        MemRefLayoutAttrInterface(), workgroup)
-                      : MemRefType::get({blockN, rowStride}, elemType,
-                                        MemRefLayoutAttrInterface(), workgroup);
+  auto tileTypeOf = [&](int64_t stride) {
+    return swizzledTiles
+               ? MemRefType::get({blockN * stride / 64, 64}, elemType,
+                                 MemRefLayoutAttrInterface(), workgroup)
+               : MemRefType::get({blockN, stride}, elemType,
+                                 MemRefLayoutAttrInterface(), workgroup);
+  };
   auto statType = MemRefType::get({statSlots()}, b.getF32Type(),
                                   MemRefLayoutAttrInterface(), workgroup);
   auto view = [&](MemRefType type, int64_t base, int64_t stride) {
@@ -229,8 +260,8 @@ SmallVector<Value, 4> KVMajorEmitter::tileViews(Value parity) {
         .getResult();
   };
   int64_t statBytes = statSlots() * 4;
-  return {view(tileType, qOffset(), tileBytes()),
-          view(tileType, doOffset(), tileBytes()),
+  return {view(tileTypeOf(rowStride), qOffset(), tileBytes()),
+          view(tileTypeOf(vRowStride), doOffset(), vTileBytes()),
           view(statType, statsOffset(), statBytes),
           view(statType, statsOffset() + 2 * statBytes, statBytes)};
 }
@@ -245,11 +276,11 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
                                       mul(head, qStrideH),
                                       /*predicated=*/true, valid,
                                       /*swizzled=*/swizzledTiles));
-  groups.push_back(smemTiles.copyTile(ids.tid, threads(), views[1], doPtr,
-                                      blockN, qBegin, first, qLen, doStrideT,
-                                      mul(head, doStrideH),
-                                      /*predicated=*/true, valid,
-                                      /*swizzled=*/swizzledTiles));
+  groups.push_back(vTiles.copyTile(ids.tid, threads(), views[1], doPtr,
+                                   blockN, qBegin, first, qLen, doStrideT,
+                                   mul(head, doStrideH),
+                                   /*predicated=*/true, valid,
+                                   /*swizzled=*/swizzledTiles));
   groups.push_back(issueStatCopies(first, parity, valid));
   return groups;
 }
@@ -497,32 +528,50 @@ LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
           Value token = add(kRow0, r);
           Value kBase = add(mul(token, dkStrideT), mul(kvHead, dkStrideH));
           Value vBase = add(mul(token, dvStrideT), mul(kvHead, dvStrideH));
+          // dK and dV column tiles interleaved; dV's own columns when
+          // its rows are narrower.
+          const bool sameCols = valueHeadDim == headDim;
           for (int64_t dt = 0; dt < storedGradDTiles(); ++dt) {
             int64_t i = (mt * gradDTiles() + dt) * 4 + h * 2;
             Value col = gradCol(dt);
             storePair(dkPtr, add(kBase, col), dk[i], dk[i + 1]);
-            storePair(dvPtr, add(vBase, col), dv[i], dv[i + 1]);
+            if (sameCols)
+              storePair(dvPtr, add(vBase, col), dv[i], dv[i + 1]);
+          }
+          for (int64_t dt = 0; !sameCols && dt < storedGradDTiles(true);
+               ++dt) {
+            int64_t i = (mt * gradDTiles(true) + dt) * 4 + h * 2;
+            storePair(dvPtr, add(vBase, gradCol(dt, true)), dv[i], dv[i + 1]);
           }
         });
       }
   }
   {
     // Several items share these prompt keys: add to the fp32 accumulators,
-    // [rows][Hkv][D].
+    // [rows][Hkv][D] (dV: [rows][Hkv][DV]).
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(direct.elseBlock());
     for (int64_t mt = 0; mt < gradMTiles(); ++mt)
       for (int64_t h = 0; h < 2; ++h) {
         Value r = gradRow(mt, h);
         emitIf(cmp(arith::CmpIPredicate::ult, r, kvLen), [&] {
-          Value base = mul(add(mul(add(accRow, r), idx(numKVHeads)), kvHead),
-                           idx(headDim));
+          Value accKey = add(mul(add(accRow, r), idx(numKVHeads)), kvHead);
+          Value base = mul(accKey, idx(headDim));
+          const bool sameCols = valueHeadDim == headDim;
           for (int64_t dt = 0; dt < storedGradDTiles(); ++dt)
             for (int64_t e = 0; e < 2; ++e) {
               int64_t i = (mt * gradDTiles() + dt) * 4 + h * 2 + e;
               Value at = add(base, add(gradCol(dt), idx(e)));
               atomicAdd(dkAccPtr, at, dk[i]);
-              atomicAdd(dvAccPtr, at, dv[i]);
+              if (sameCols)
+                atomicAdd(dvAccPtr, at, dv[i]);
+            }
+          Value vBase = sameCols ? base : mul(accKey, idx(valueHeadDim));
+          for (int64_t dt = 0; !sameCols && dt < storedGradDTiles(true); ++dt)
+            for (int64_t e = 0; e < 2; ++e) {
+              int64_t i = (mt * gradDTiles(true) + dt) * 4 + h * 2 + e;
+              atomicAdd(dvAccPtr, add(vBase, add(gradCol(dt, true), idx(e))),
+                        dv[i]);
             }
         });
       }

@@ -6,12 +6,14 @@
 // buffered: Q, dO, LSE and Delta of tile i + 1 are copied while tile i is
 // computed. With NT = BN / 8 and DT = D / 8 the values are
 //
-//   kv_block    memref<BM x (D+8) x E>, shared memory (A fragments)
-//   q_block     memref<BN x (D+8) x E>, shared memory (B fragments)
+//   kv_block    memref<BM x (D+8) x E>, shared memory (A fragments); V
+//               DV + 8 wide (DV: the value head_dim)
+//   q_block     memref<BN x (D+8) x E>, shared memory (B fragments); dO
+//               DV + 8 wide
 //   scores_t    vector<MT*NT*4 x f32>, C fragments: keys g and g + 8,
 //               queries 2t and 2t + 1
 //   col_stats   vector<NT*2 x f32>, queries 2t and 2t + 1 of each n8 tile
-//   grad_acc    vector<MT*DT*4 x f32>, C fragments of dK or dV
+//   grad_acc    vector<MT*DT*4 x f32>, C fragments of dK or dV (DT = DV / 8)
 //
 // The two-dimensional layout (grid2d: 8 warps, BM = 128 and BN = 64, the
 // fused kernel's default from sm_90 on in the mma.sync schedule, or at head_dim
@@ -60,6 +62,7 @@ protected:
       : ScalarBuilder(b, kernel.getLoc()),
         elemType(kernel.getProblem()->getDtype()),
         headDim(kernel.getProblem()->getHeadDim()),
+        valueHeadDim(kernel.getProblem()->getValueHeadDim()),
         warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
         kernel(kernel) {
     ProblemAttr p = *kernel.getProblem();
@@ -70,9 +73,10 @@ protected:
     blockN = kernel.getTiling()->getBlockN();
   }
 
-  /// The element type, head_dim, and warps a CTA.
+  /// The element type, head_dim (Q, K, dQ and dK rows), the value head_dim
+  /// (V, O, dO and dV rows), and warps a CTA.
   Type elemType;
-  int64_t headDim, warps;
+  int64_t headDim, valueHeadDim, warps;
   int64_t threads() const { return warps * 32; }
   KernelFunction fn;
   ThreadIds ids;
@@ -145,8 +149,8 @@ public:
 
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
-  /// [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] rows of rowStride elements (query
-  /// tiles double buffered), dSᵀ (BM x dsRowStride) when the kernel computes
+  /// [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] rows of rowStride elements (V and
+  /// dO: vRowStride; query tiles double buffered), dSᵀ (BM x dsRowStride) when the kernel computes
   /// dQ (grid2d: P and dS, BN x (BM+8) each), then LSE and Delta of the two
   /// query tiles in flight (fp32, statSlots() each).
   virtual int64_t sharedBytes() const {
@@ -156,9 +160,11 @@ public:
   /// more threads than queries (issueTileCopies).
   int64_t statSlots() const { return statSlotCount; }
   int64_t tileBytes() const { return blockN * rowStride * 2; }
-  int64_t qOffset() const { return 2 * blockM * rowStride * 2; }
+  /// A dO tile's bytes.
+  int64_t vTileBytes() const { return blockN * vRowStride * 2; }
+  int64_t qOffset() const { return blockM * (rowStride + vRowStride) * 2; }
   int64_t doOffset() const { return qOffset() + 2 * tileBytes(); }
-  int64_t dsOffset() const { return doOffset() + 2 * tileBytes(); }
+  int64_t dsOffset() const { return doOffset() + 2 * vTileBytes(); }
   int64_t statsOffset() const {
     if (grid2d) // P and dS, queries x keys
       return dsOffset() + 2 * blockN * (blockM + kRowPad) * 2;
@@ -170,8 +176,9 @@ public:
 protected:
   /// ldmatrix, mma.sync, and the C-to-A repack of Pᵀ and dSᵀ.
   MmaFragments frags;
-  /// K, V, the query tiles and dSᵀ in shared memory, and their copies.
-  SharedTiles smemTiles;
+  /// K, V, the query tiles and dSᵀ in shared memory, and their copies;
+  /// vTiles those of the value head_dim's rows (V, dO).
+  SharedTiles smemTiles, vTiles;
   /// The copy groups of the current query tile.
   CopyGroups copies;
 
@@ -230,22 +237,36 @@ protected:
                add(idx(nt * 8 + e), mul(ids.t, idx(2))));
   }
   /// Rows and columns of the dK/dV accumulators: key row of half `h` of m16
-  /// block `mt`, first column of n8 tile `dt`.
+  /// block `mt`, first column of n8 tile `dt` (`value`: of dV, whose rows
+  /// are valueHeadDim wide).
   Value gradRow(int64_t mt, int64_t h) {
     if (!grid2d)
       return keyRow(mt, h);
     return add(mul(divu(ids.warp, gradColWarps()), idx(32)),
                add(idx(mt * 16 + h * 8), ids.g));
   }
-  Value gradCol(int64_t dt) {
+  Value gradCol(int64_t dt, bool value = false) {
     Value col = add(idx(dt * 8), mul(ids.t, idx(2)));
+    const int64_t width = gradWidth(value);
     if (splitWarpgroups)
-      return add(mul(divu(ids.warp, 4), idx(headDim / 2)), col);
+      return add(mul(divu(ids.warp, 4), idx(width / 2)), col);
     return grid2d ? add(mul(remu(ids.warp, gradColWarps()),
-                            idx(headDim / gradColWarps())),
+                            idx(width / gradColWarps())),
                         col)
                   : col;
   }
+  /// The columns of dK (or, `value`, dV).
+  int64_t gradWidth(bool value) const {
+    return value ? valueHeadDim : headDim;
+  }
+  /// Whether accumulate `op` adds to dV (its Y is dO), not dK (Y is Q).
+  static bool accumulatesValueGrad(AccumulateOp op) {
+    auto y = op.getY().getDefiningOp<LoadQBlockOp>();
+    return y && y.getOperand() == QOperand::grad_output;
+  }
+  /// Whether the init_grad result `acc` becomes dV: followed through the
+  /// q_loops it seeds to the accumulate or store_kv_grads that takes it.
+  static bool seedsValueGrad(Value acc);
   /// grid2d: the warps that split the columns of dK and dV (each warp 32
   /// keys).
   int64_t gradColWarps() const { return warps / (blockM / 32); }
@@ -257,15 +278,18 @@ protected:
   int64_t statIndex(int64_t mt, int64_t nt, int64_t c) const {
     return grid2d ? mt * 2 + c / 2 : nt * 2 + c % 2;
   }
-  int64_t gradDTiles() const {
+  /// The n8 tiles of dK (or, `value`, dV) a thread accumulates.
+  int64_t gradDTiles(bool value = false) const {
+    const int64_t width = gradWidth(value);
     if (splitWarpgroups)
-      return headDim / 2 / 8;
-    return grid2d ? headDim / gradColWarps() / 8 : dTiles;
+      return width / 2 / 8;
+    return grid2d ? width / gradColWarps() / 8 : value ? vDTiles : dTiles;
   }
-  /// The n8 tiles of dK and dV a thread stores: gradDTiles() but for the
+  /// The n8 tiles of dK (or dV) a thread stores: gradDTiles() but for the
   /// wgmma tiles of head_dim 96, whose last 4 of 16 are padding.
-  int64_t storedGradDTiles() const {
-    return splitWarpgroups || grid2d ? gradDTiles() : headDim / 8;
+  int64_t storedGradDTiles(bool value = false) const {
+    return splitWarpgroups || grid2d ? gradDTiles(value)
+                                     : gradWidth(value) / 8;
   }
   /// With waitOncePerTile: once per query tile, before its first use, waits
   /// for all of the tile's copies (Q, dO, LSE, Delta; the next tile's stay
@@ -291,7 +315,11 @@ protected:
   /// the diagonal ones (which meet the block's keys) or the rest.
   LogicalResult qLoopBounds(QLoopOp op, Value &lb, Value &ub);
 
-  int64_t mTiles, nTiles, kTiles, dTiles, rowStride;
+  /// dTiles: n8 tiles of a dK row; vDTiles: of a dV row.
+  int64_t mTiles, nTiles, kTiles, dTiles, vDTiles, rowStride, vRowStride;
+  /// The k-steps of `op`'s product: K Qᵀ contracts head_dim, V dOᵀ the
+  /// value head_dim.
+  int64_t contractTiles(QKTOp op) const;
   /// Floats of each LSE or Delta array (statSlots()).
   int64_t statSlotCount;
   /// Elements per row of dSᵀ in shared memory (one-block layouts).
@@ -375,8 +403,11 @@ protected:
     // Rows of whole swizzle atoms: head_dim 96 in 128 columns, dK and dV
     // accumulated over all of them and stored over 96 (storedGradDTiles).
     rowStride = ::dualkv::swizzledTileDim(headDim);
+    vRowStride = ::dualkv::swizzledTileDim(valueHeadDim);
     dTiles = rowStride / 8;
+    vDTiles = vRowStride / 8;
     smemTiles.setSwizzledTileCols(rowStride);
+    vTiles.setSwizzledTileCols(vRowStride);
     dsRowStride = blockN;
     swizzledTiles = true;
     waitOncePerTile = true;

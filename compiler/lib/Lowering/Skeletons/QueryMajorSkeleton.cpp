@@ -19,9 +19,10 @@ QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
     : ScalarBuilder(b, kernel.getLoc()),
       elemType(kernel.getProblem()->getDtype()),
       headDim(kernel.getProblem()->getHeadDim()),
+      valueHeadDim(kernel.getProblem()->getValueHeadDim()),
       warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
       frags(*this, elemType), smemTiles(*this, elemType, headDim),
-      copies(*this), kernel(kernel) {
+      vTiles(*this, elemType, valueHeadDim), copies(*this), kernel(kernel) {
   ProblemAttr p = *kernel.getProblem();
   TilingAttr t = *kernel.getTiling();
   blockM = t.getBlockM();
@@ -30,10 +31,18 @@ QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
   mTiles = blockM / (16 * warps);
   kTiles = headDim / 16;
   nTiles = blockN / 8;
-  dTiles = headDim / 8;
-  rowStride = headDim + kRowPad;
   stages = t.getStages();
   isDq = kernel.getKind() == KernelKind::bwd_dq;
+  // The accumulator: O (value head_dim) or dQ (head_dim).
+  dTiles = (isDq ? headDim : valueHeadDim) / 8;
+  rowStride = headDim + kRowPad;
+  vRowStride = valueHeadDim + kRowPad;
+}
+
+int64_t QueryMajorEmitter::contractTiles(QKOp op) {
+  auto kv = op.getK().getDefiningOp<LoadKVOp>();
+  return kv && kv.getOperand() == KVOperand::value ? valueHeadDim / 16
+                                                   : kTiles;
 }
 
 LogicalResult QueryMajorEmitter::emitLoadQ(LoadQOp op) {
@@ -179,7 +188,7 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
     return success();
   }
   Value first = mul(map.lookup(op.getTile()), idx(blockN));
-  Value group = smemTiles.copyTile(
+  Value group = (isKey ? smemTiles : vTiles).copyTile(
       ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
       shared ? sharedStart : segStart, first, shared ? sharedLen : segLen,
       isKey ? kStrideT : vStrideT, mul(kvHead, isKey ? kStrideH : vStrideH),
@@ -240,10 +249,10 @@ Value QueryMajorEmitter::packAFragments(ArrayRef<Value> p) {
 }
 
 LogicalResult QueryMajorEmitter::emitLoadDout(LoadDoutOp op) {
-  Value group = smemTiles.copyTile(ids.tid, threads(), doBuf, doPtr, blockM,
-                                   segStart, qRow0, segLen, doStrideT,
-                                   mul(head, doStrideH), /*predicated=*/true,
-                                   Value(), /*swizzled=*/swizzledTiles);
+  Value group = vTiles.copyTile(ids.tid, threads(), doBuf, doPtr, blockM,
+                                segStart, qRow0, segLen, doStrideT,
+                                mul(head, doStrideH), /*predicated=*/true,
+                                Value(), /*swizzled=*/swizzledTiles);
   copies.waitAll(group);
   map.map(op.getResult(), doBuf);
   return success();
@@ -478,7 +487,7 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   // [Q: block_m rows][dO: block_m rows, bwd_dq][K: block_n rows][V: block_n
   // rows], each row padded.
   int64_t qBytes = blockM * rowStride * 2;
-  int64_t kvOffset = (isDq ? 2 : 1) * qBytes;
+  int64_t kvOffset = qBytes + (isDq ? blockM * vRowStride * 2 : 0);
   layoutTiles(smem, qBytes, kvOffset);
 
   for (Operation &op : kernel.getBody().front())

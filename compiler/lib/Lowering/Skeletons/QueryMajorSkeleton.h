@@ -5,12 +5,13 @@
 // (MmaFragments.h); with MT = block_m / (16 * warps), NT = block_n / 8,
 // DT = D / 8 their layouts are:
 //   q_tile     memref<BM x (D+8) x E> in shared memory (A fragments via
-//              ldmatrix); the deterministic dQ kernel holds dO the same way
-//   kv_tile    memref<BN x (D+8) x E> in shared memory
+//              ldmatrix); the deterministic dQ kernel holds dO the same way,
+//              DV + 8 wide (DV: the value head_dim)
+//   kv_tile    memref<BN x (D+8) x E> in shared memory (V: DV + 8)
 //   scores     vector<MT*NT*4 x f32>  C fragments: rows g and g+8, cols 2t,
 //              2t+1
 //   probs      vector<MT*BN/16*4 x i32> A fragments of P (or dS), repacked
-//   acc        vector<MT*DT*4 x f32>  C fragments of O (or dQ)
+//   acc        vector<MT*DT*4 x f32>  C fragments of O (DT = DV / 8) or dQ
 //   row_stats  vector<MT*2 x f32>     rows g and g+8 of each m16 block
 // QueryMajorEmitter emits everything but the two products and the tiles'
 // place in shared memory: the loop bounds of the two regions (in tree kernels
@@ -46,28 +47,33 @@ public:
   /// Emits the gpu.func into `gpuModule`; returns failure with a diagnostic.
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
-  /// [Q][dO (bwd_dq)][K][V], rows of rowStride elements.
+  /// [Q][dO (bwd_dq)][K][V], rows of rowStride elements (dO and V:
+  /// vRowStride).
   virtual int64_t sharedBytes() const {
-    return ((isDq ? 2 : 1) * blockM + 2 * blockN) * rowStride * 2;
+    return ((blockM + blockN) * rowStride +
+            ((isDq ? blockM : 0) + blockN) * vRowStride) *
+           2;
   }
 
 protected:
-  /// The element type, head_dim, and warps a CTA.
+  /// The element type, head_dim (Q and K rows), the value head_dim (V, O
+  /// and dO rows), and warps a CTA.
   Type elemType;
-  int64_t headDim, warps;
+  int64_t headDim, valueHeadDim, warps;
   int64_t threads() const { return warps * 32; }
   KernelFunction fn;
   ThreadIds ids;
   /// ldmatrix, mma.sync, and the C-to-A repack of P.
   MmaFragments frags;
-  /// Q, dO, K and V in shared memory, and their copies.
-  SharedTiles smemTiles;
+  /// Q, dO, K and V in shared memory, and their copies; vTiles those of
+  /// the value head_dim's rows (V, dO).
+  SharedTiles smemTiles, vTiles;
   /// The copy groups of the current KV iteration.
   CopyGroups copies;
 
   // ---- the schedule's hooks ------------------------------------------------
   /// Places the tiles in the dynamic shared memory `smem` (qBuf, doBuf,
-  /// kBuf, vBuf): Q at 0, K at kvOffset, V after K.
+  /// kBuf, vBuf): Q at 0, dO at qBytes, K at kvOffset, V after K.
   virtual void layoutTiles(Value smem, int64_t qBytes, int64_t kvOffset) = 0;
   /// Called at the top of every KV iteration.
   virtual void beginKVIteration() {}
@@ -114,7 +120,10 @@ protected:
 
   KernelOp kernel;
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
-      stages;
+      vRowStride, stages;
+  /// The k-steps of `op`'s product: Q Kᵀ contracts head_dim, dO Vᵀ the value
+  /// head_dim.
+  int64_t contractTiles(QKOp op);
   bool isDq = false;
   /// The sliding window W (the `window` parameter; null: none).
   Value window;

@@ -47,9 +47,10 @@ public:
   MmaSyncKVMajorEmitter(KernelOp kernel, OpBuilder &b)
       : KVMajorEmitter(kernel, b) {
     // 128 keys, 64-query tiles and 8 warps take the two-dimensional warp
-    // layout (see the file comment), as do 64 keys in 8 warps at head_dim 256.
+    // layout (see the file comment), as do 64 keys in 8 warps at head_dim 192
+    // and 256.
     grid2d = warps == 8 && ((blockM == 128 && blockN == 64) ||
-                            (headDim == 256 && blockM == 64));
+                            (headDim >= 192 && blockM == 64));
     waitOncePerTile = grid2d;
   }
 
@@ -57,7 +58,7 @@ private:
   void layoutTiles() override {
     int64_t blockBytes = blockM * rowStride * 2;
     kBuf = smemTiles.sharedTile(smem, 0, blockM);
-    vBuf = smemTiles.sharedTile(smem, blockBytes, blockM);
+    vBuf = vTiles.sharedTile(smem, blockBytes, blockM);
     if (grid2d) {
       dsBuf = smemTiles.sharedTile(smem, dsOffset(), blockN, blockM + kRowPad);
       pBuf = smemTiles.sharedTile(smem,
@@ -118,7 +119,7 @@ LogicalResult MmaSyncKVMajorEmitter::emitQKT(QKTOp op) {
   Value quad = divu(aLane, 8);
   Value rowInBlock = add(remu(aLane, 8), mul(divu(quad, 2), idx(8)));
   Value colInBlock = mul(remu(quad, 2), idx(8));
-  for (int64_t kt = 0; kt < kTiles; ++kt) {
+  for (int64_t kt = 0, steps = contractTiles(op); kt < steps; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
     for (int64_t mt = 0; mt < mTiles; ++mt)
       aFrags.push_back(rowMajorA(aBuf, mt, kt));
@@ -154,7 +155,7 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate(AccumulateOp op) {
   // X (keys x queries) as A fragments; Y (queries x d, row-major) is B.
   SmallVector<Value> xa = frags.packAFragments(x, mTiles, nTiles);
   frags.mmaTransposedB(acc, xa, map.lookup(op.getY()), aLane, mTiles,
-                       nTiles / 2, dTiles);
+                       nTiles / 2, gradDTiles(accumulatesValueGrad(op)));
   map.map(op.getResult(), pack(acc));
   return success();
 }
@@ -177,7 +178,7 @@ LogicalResult MmaSyncKVMajorEmitter::emitQKT2d(QKTOp op) {
   Value bRow = add(mul(remu(ids.warp, 4), idx(blockM / 4)),
                    add(remu(aLane, 8), mul(divu(quad, 2), idx(8))));
   Value bCol = mul(remu(quad, 2), idx(8));
-  for (int64_t kt = 0; kt < kTiles; ++kt) {
+  for (int64_t kt = 0, steps = contractTiles(op); kt < steps; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
     for (int64_t mt = 0; mt < sm; ++mt)
       aFrags.push_back(frags.ldmatrix4(aBuf, add(aRow, idx(mt * 16)),
@@ -216,7 +217,8 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
     storedScores[xv] = buf;
   }
   SmallVector<Value> acc = unpack(map.lookup(op.getAcc()));
-  const int64_t gdt = gradDTiles(), gcw = gradColWarps();
+  const bool value = accumulatesValueGrad(op);
+  const int64_t gdt = gradDTiles(value), gcw = gradColWarps();
   Value quad = divu(aLane, 8);
   // A (keys x queries) from X (queries x keys) by ldmatrix.trans: matrix j
   // holds keys + 8 (j % 2), queries + 8 (j / 2).
@@ -226,7 +228,7 @@ LogicalResult MmaSyncKVMajorEmitter::emitAccumulate2d(AccumulateOp op) {
   // B (queries x D) by ldmatrix.trans: (q 0-7, d 0-7), (q 8-15, d 0-7),
   // (q 0-7, d 8-15), (q 8-15, d 8-15).
   Value bQuery = add(remu(aLane, 8), mul(remu(quad, 2), idx(8)));
-  Value bCol = add(mul(remu(ids.warp, gcw), idx(headDim / gcw)),
+  Value bCol = add(mul(remu(ids.warp, gcw), idx(gradWidth(value) / gcw)),
                    mul(divu(quad, 2), idx(8)));
   for (int64_t kk = 0; kk < blockN / 16; ++kk) {
     SmallVector<Value, 4> aFrags[2];

@@ -23,10 +23,9 @@ private:
   void layoutTiles(Value smem, int64_t qBytes, int64_t kvOffset) override {
     qBuf = smemTiles.sharedTile(smem, 0, blockM);
     if (isDq)
-      doBuf = smemTiles.sharedTile(smem, qBytes, blockM);
+      doBuf = vTiles.sharedTile(smem, qBytes, blockM);
     kBuf = smemTiles.sharedTile(smem, kvOffset, blockN);
-    vBuf =
-        smemTiles.sharedTile(smem, kvOffset + blockN * rowStride * 2, blockN);
+    vBuf = vTiles.sharedTile(smem, kvOffset + blockN * rowStride * 2, blockN);
   }
   SmallVector<Value> computeScores(QKOp op) override;
   SmallVector<Value> accumulatePV(ArrayRef<Value> p, SmallVector<Value> acc,
@@ -50,7 +49,7 @@ SmallVector<Value> MmaSyncQueryMajorEmitter::computeScores(QKOp op) {
   Value quad = divu(ids.lane, 8);
   Value rowInBlock = add(remu(ids.lane, 8), mul(divu(quad, 2), idx(8)));
   Value colInBlock = mul(remu(quad, 2), idx(8));
-  for (int64_t kt = 0; kt < kTiles; ++kt) {
+  for (int64_t kt = 0, steps = contractTiles(op); kt < steps; ++kt) {
     SmallVector<SmallVector<Value, 4>> aFrags;
     for (int64_t mt = 0; mt < mTiles; ++mt) {
       Value row =

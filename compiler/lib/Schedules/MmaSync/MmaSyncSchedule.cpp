@@ -26,7 +26,9 @@ int64_t mmaSyncSharedBytes(const KernelSpec &resolved) {
     return 0;
   case KernelKind::Fwd:
   case KernelKind::BwdDQ:
-    return QueryMajorLayout::of(t, resolved.headDim, resolved.kind, true).total;
+    return QueryMajorLayout::of(t, resolved.headDim, resolved.kind, true,
+                                resolved.vDim())
+        .total;
   case KernelKind::Bwd:
   case KernelKind::BwdKV:
     break;
@@ -36,8 +38,10 @@ int64_t mmaSyncSharedBytes(const KernelSpec &resolved) {
   KVMajorLayout::Options o;
   o.padded = true;
   o.grid2d = t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
-                              (d == 256 && t.blockM == 64));
-  return KVMajorLayout::of(t, resolved.headDim, resolved.kind, o).total;
+                              (d >= 192 && t.blockM == 64));
+  return KVMajorLayout::of(t, resolved.headDim, resolved.kind, o,
+                           resolved.vDim())
+      .total;
 }
 
 /// `tiling`, the KV-major backward's default at head_dim 64 or 128, or, on
@@ -74,6 +78,22 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
   if (spec.headDim == 256 &&
       (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV))
     return Tiling{64, 32, 8, 1};
+  // MLA's 192/128, bwd and bwd_kv: dK and dV of 128 keys would be 160 fp32
+  // registers a thread in 8 warps; 64 keys in the two-dimensional layout of
+  // head_dim 256 (2 x 4 warps of 32 keys x 48 columns of dK and 32 of dV)
+  // take 80. bwd_kv takes 64-query tiles where their 148 KB fit (255
+  // registers, no spills), else 32; the fused bwd spilled 12-16 bytes with
+  // 64 and takes 32 (97 KB, 211-239 registers).
+  if (spec.headDim == 192 &&
+      (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV)) {
+    std::optional<Arch> arch = Arch::parse(spec.arch);
+    KernelSpec wide = spec;
+    wide.tiling = {64, 64, 8, 1};
+    if (spec.kind == KernelKind::BwdKV &&
+        (!arch || mmaSyncSharedBytes(wide) <= maxSharedBytes(*arch)))
+      return wide.tiling;
+    return Tiling{64, 32, 8, 1};
+  }
   switch (spec.kind) {
   case KernelKind::BwdPre:
   case KernelKind::BwdPost:
@@ -115,7 +135,9 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
   // one tile ahead. head_dim 64 and 128: 4 warps of 32 rows (each K/V fragment
   // feeds two MMAs); head_dim 256: 8 warps of 16 rows, as 32 rows of a 256-wide
   // accumulator do not fit.
-  return Tiling{128, 32, spec.headDim >= 256 ? 8 : 4, 2};
+  // head_dim 192 (MLA, value rows of 128) as 256: with 4 warps its Q
+  // fragments and O spilled 4 bytes on sm_90a.
+  return Tiling{128, 32, spec.headDim >= 192 ? 8 : 4, 2};
 }
 
 bool mmaSyncMasksEveryTile(const KernelSpec &spec) {

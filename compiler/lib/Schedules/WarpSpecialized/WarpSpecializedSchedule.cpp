@@ -41,6 +41,11 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
            "ancestor chains)";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
+  if (spec.vDim() != spec.headDim)
+    return "its value rows are as wide as the query and key rows, not "
+           "head_dim " +
+           std::to_string(spec.headDim) + " with value head_dim " +
+           std::to_string(spec.vDim());
   if (kvMajor) {
     const Tiling &t = spec.tiling;
     if (spec.headDim == 256) {
@@ -113,7 +118,7 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
 
 std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   std::optional<Arch> a = Arch::parse(spec.arch);
-  if (!a || !a->hasWgmma() ||
+  if (!a || !a->hasWgmma() || spec.vDim() != spec.headDim ||
       (spec.schedule != Schedule::WarpSpecialized &&
        spec.schedule != Schedule::Auto))
     return std::nullopt;

@@ -28,6 +28,7 @@ public:
   WgmmaQueryMajorEmitter(KernelOp kernel, OpBuilder &b)
       : QueryMajorEmitter(kernel, b), wg(b, loc, elemType, headDim) {
     rowStride = headDim;
+    vRowStride = valueHeadDim;
     swizzledTiles = true;
     copies.wgmmaReadsTiles = true;
   }

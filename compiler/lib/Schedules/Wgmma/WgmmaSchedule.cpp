@@ -17,8 +17,11 @@ std::string wgmmaUnfit(const KernelSpec &spec) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
-  if (spec.headDim != 128)
-    return "it has head_dim 128 only, not " + std::to_string(spec.headDim);
+  if (spec.headDim != 128 || spec.vDim() != 128)
+    return "it has head_dim 128 only, not " + std::to_string(spec.headDim) +
+           (spec.vDim() != spec.headDim
+                ? " with value head_dim " + std::to_string(spec.vDim())
+                : std::string());
   const Tiling &t = spec.tiling;
   switch (spec.kind) {
   case KernelKind::Fwd:
@@ -54,7 +57,7 @@ bool wgmmaAutoPicks(const KernelSpec &resolved) {
 
 std::optional<Tiling> wgmmaDefaultTiling(const KernelSpec &spec) {
   std::optional<Arch> a = Arch::parse(spec.arch);
-  if (!a || !a->hasWgmma() || spec.headDim != 128)
+  if (!a || !a->hasWgmma() || spec.headDim != 128 || spec.vDim() != 128)
     return std::nullopt;
   // sm_90a, head_dim 128: the dQ kernel of the warpgroup schedule
   // (Schedules/Wgmma/WgmmaQueryMajor.cpp), 128 query rows in two warpgroups

@@ -167,7 +167,10 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
     drops the keys outside it. `score_mod = true` (printed only when set;
     the kinds that compute scores) applies the module's `func.func
     @score_mod`, a modifier written by the user, through the kernel's
-    `dualkv.score_mod` and `dualkv.score_mod_grad` ops.
+    `dualkv.score_mod` and `dualkv.score_mod_grad` ops. `v_head_dim`
+    (printed only when set; 0 means `head_dim`) is the width of the value
+    rows, and so of the output, dO and dV, when it differs from the query and
+    key rows' `head_dim`: MLA's `head_dim = 192, v_head_dim = 128`.
 
     ```mlir
     #dualkv.problem<P = 4096, N = 16, num_q_heads = 32, num_kv_heads = 8,
@@ -184,9 +187,16 @@ def DualKV_ProblemAttr : DualKV_Attr<"Problem", "problem"> {
                         DefaultValuedParameter<"bool", "false">:$dlse,
                         DefaultValuedParameter<"bool", "false">:$sinks,
                         DefaultValuedParameter<"bool", "false">:$window,
-                        DefaultValuedParameter<"bool", "false">:$score_mod);
+                        DefaultValuedParameter<"bool", "false">:$score_mod,
+                        DefaultValuedParameter<"int64_t", "0">:$v_head_dim);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The value rows' width: v_head_dim, or head_dim when it is 0.
+    int64_t getValueHeadDim() const {
+      return getVHeadDim() ? getVHeadDim() : getHeadDim();
+    }
+  }];
 }
 
 def DualKV_TilingAttr : DualKV_Attr<"Tiling", "tiling"> {
