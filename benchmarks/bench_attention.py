@@ -9,6 +9,12 @@ and 4 groups of P=2048, N=8, R 64..4096 in one launch (--set targets).
 sequences: prompt-only plans (one L-token prompt, no responses) for DualKV and
 Flex, one causal sequence each for cuDNN and FA2 (their kernels at their best),
 at L = 16384 for head_dim 64, 128 and 256 and at 2 x 8192 for head_dim 128.
+A value head_dim apart from the query/key head_dim (MLA, DeepSeek-V3's 192/128,
+32 heads without GQA): P8192_N16_R1024_D192V128 (targets) and
+causal_L16384_D192V128 (causal); v and dO are [T, Hkv, DV] and [T, Hq, DV].
+Useful FLOPs: 2·(D + DV)·Hq·pairs forward (Q·Kᵀ, P·V) and (8·D + 6·DV)·Hq·pairs
+forward+backward (the backward 6·D + 4·DV: S recompute 2D, dP 2DV, dV 2DV,
+dK 2D, dQ 2D): 4·D·Hq·pairs and 3.5x that where D = DV.
 
 The headline peer is FlexAttention at its fastest: torch.compile(
 flex_attention, dynamic=False) on contiguous [1, H, T, D] tensors, a kernel
@@ -307,16 +313,19 @@ class Config:
     """One benchmark configuration: groups [(P, [R_1 .. R_N]), ...] packed
     back to back ([prompt_0 | r_0_1 .. | prompt_1 | ...],
     docs/architecture.md §1),
-    heads (hq query, hkv key/value) and head_dim d, the --set it belongs to,
-    and the seed of its drawn lengths (None: none drawn). Pure Python: the
-    layout and the FLOP accounting need no torch."""
+    heads (hq query, hkv key/value), head_dim d (queries and keys) and the
+    value head_dim dv (values, outputs and dO; None: d, every shape but
+    MLA's 192/128), the --set it belongs to, and the seed of its drawn
+    lengths (None: none drawn). Pure Python: the layout and the FLOP
+    accounting need no torch."""
 
     def __init__(self, name, groups, hq=DEFAULT_HEADS[0],
                  hkv=DEFAULT_HEADS[1], d=DEFAULT_HEADS[2], set_name="standard",
-                 seed=None):
+                 seed=None, dv=None):
         self.name, self.set_name, self.seed = name, set_name, seed
         self.groups = [(int(P), [int(R) for R in Rs]) for P, Rs in groups]
         self.hq, self.hkv, self.d = hq, hkv, d
+        self.dv = d if dv is None else dv
         if hq % hkv:
             raise ValueError(f"{name}: Hq {hq} is not a multiple of Hkv {hkv}")
         self.G = len(self.groups)
@@ -350,14 +359,37 @@ class Config:
         return sum(common.replicated_pairs(P, Rs) for P, Rs in self.groups)
 
     def useful_flops(self, window=None):
-        """Useful forward FLOPs: 4 * D * Hq * pairs, summed over groups (with
-        a sliding window: only the pairs inside it)."""
-        return 4 * self.d * self.hq * self.useful_pairs(window)
+        """Useful forward FLOPs: 2 * (D + DV) * Hq * pairs (Q K^T over D,
+        P V over DV), summed over groups (with a sliding window: only the
+        pairs inside it); 4 * D * Hq * pairs where DV = D."""
+        return 2 * (self.d + self.dv) * self.hq * self.useful_pairs(window)
+
+    def useful_flops_fwd_bwd(self, window=None):
+        """Useful forward+backward FLOPs: (2 (D + DV) + 6 D + 4 DV) * Hq *
+        pairs, the backward's 6 D + 4 DV per pair and head being S = Q K^T
+        recomputed (2 D), dP = dO V^T (2 DV), dV = P^T dO (2 DV), dK = dS^T Q
+        (2 D) and dQ = dS K (2 D). Where DV = D that is 14 D = 3.5 x the
+        forward's 4 D: then exactly the former common.FWD_BWD_FACTOR *
+        useful_flops (the same value and type as before DV)."""
+        if self.dv == self.d:
+            return common.FWD_BWD_FACTOR * self.useful_flops(window)
+        return ((8 * self.d + 6 * self.dv) * self.hq
+                * self.useful_pairs(window))
+
+    def dims(self):
+        """"D", or "D/DV" where the value head_dim differs (192/128)."""
+        return head_dims_text(self.d, self.dv)
 
     def describe(self):
-        """"G=.. T=.. Hq:Hkv=..:.. D=.." for the progress lines."""
+        """"G=.. T=.. Hq:Hkv=..:.. D=.." for the progress lines (D=192/128
+        with a value head_dim of its own)."""
         return (f"G={self.G} T={self.T} Hq:Hkv={self.hq}:{self.hkv} "
-                f"D={self.d}")
+                f"D={self.dims()}")
+
+
+def head_dims_text(d, dv=None):
+    """"D", or "D/DV" where the value head_dim dv differs from d."""
+    return f"{d}" if dv is None or dv == d else f"{d}/{dv}"
 
 
 def standard_configs():
@@ -376,8 +408,9 @@ def standard_configs():
 
 def target_configs():
     """The target shapes besides the standard ones (the set
-    "targets"): head_dim 64 and 96 (Hq 32, Hkv 8) and head_dim 256 (Hq 16,
-    Hkv 8) at P=8192, N=16, R=1024; and 4 groups in one
+    "targets"): head_dim 64 and 96 (Hq 32, Hkv 8), head_dim 256 (Hq 16,
+    Hkv 8) and MLA's head_dim 192 with value head_dim 128 (DeepSeek-V3: Hq
+    32, Hkv 32, no GQA) at P=8192, N=16, R=1024; and 4 groups in one
     launch, each P=2048 with 8 responses of lengths drawn from 64..4096
     (seed GROUPS_SEED), Qwen3-8B heads."""
     configs = [
@@ -387,6 +420,8 @@ def target_configs():
                d=96, set_name="targets"),
         Config("P8192_N16_R1024_D256", [(8192, [1024] * 16)], hq=16, hkv=8,
                d=256, set_name="targets"),
+        Config("P8192_N16_R1024_D192V128", [(8192, [1024] * 16)], hq=32,
+               hkv=32, d=192, dv=128, set_name="targets"),
     ]
     rng = random.Random(GROUPS_SEED)
     configs.append(Config(
@@ -401,9 +436,12 @@ def causal_configs():
     "all"): prompt-only groups, which the replicated peers run as one causal
     sequence each, so cuDNN and FA2 run plain causal attention on exactly the
     pairs DualKV computes. L = 16384 at head_dim 64, 96, 128 and 256 (Hq 32, Hkv
-    8), and two sequences of 8192 at head_dim 128."""
+    8) and at MLA's head_dim 192 with value head_dim 128 (Hq 32, Hkv 32), and
+    two sequences of 8192 at head_dim 128."""
     configs = [Config(f"causal_L16384_D{d}", [(16384, [])], hq=32, hkv=8, d=d,
                       set_name="causal") for d in (64, 96, 128, 256)]
+    configs.append(Config("causal_L16384_D192V128", [(16384, [])], hq=32,
+                          hkv=32, d=192, dv=128, set_name="causal"))
     configs.append(Config("causal_2x8192_D128", [(8192, [])] * 2, hq=32,
                           hkv=8, d=128, set_name="causal"))
     return configs
@@ -453,22 +491,24 @@ def select_configs(set_name="all", quick=False, names=None):
 
 class Case:
     """One config's inputs, shared by every method (packed THD layout: q
-    [T, Hq, D], k and v [T, Hkv, D]), and DualKV's results for the spot
-    checks."""
+    [T, Hq, D], k [T, Hkv, D], v [T, Hkv, DV], dO [T, Hq, DV]; DV = D but
+    for MLA's 192/128), and DualKV's results for the spot checks."""
 
     def __init__(self, torch, config, dtype, with_grad, sinks=False):
         self.config = config
         self.name, self.groups = config.name, config.groups
         self.hq, self.hkv, self.d = config.hq, config.hkv, config.d
+        self.dv = config.dv  # v's, o's and dO's head_dim
         self.T = config.T
         self.segments, self.seqs = config.segments, config.sequences
         self.with_grad = with_grad
         dev = "cuda"
         self.q = torch.randn(self.T, self.hq, self.d, device=dev, dtype=dtype)
         self.k = torch.randn(self.T, self.hkv, self.d, device=dev, dtype=dtype)
-        self.v = torch.randn(self.T, self.hkv, self.d, device=dev, dtype=dtype)
+        self.v = torch.randn(self.T, self.hkv, self.dv, device=dev,
+                             dtype=dtype)
         # dL/dO of the packed loss (every token's output counted once).
-        self.dout = (torch.randn(self.T, self.hq, self.d, device=dev,
+        self.dout = (torch.randn(self.T, self.hq, self.dv, device=dev,
                                  dtype=dtype) if with_grad else None)
         # --sinks: fp32 [Hq] sink logits (a learned parameter: every
         # method differentiates them with gradients on).
@@ -557,13 +597,17 @@ class DualKV:
         then speaks for itself)."""
         import ctypes
         dualkv = self.dualkv
+        # v_head_dim only where it differs (0 = head_dim: the field's
+        # default, so the equal-width probe is the one before DV).
+        split = {"v_head_dim": case.dv} if case.dv != case.d else {}
         try:
             lib = dualkv._lib
             args = lib.BackwardArgs(
                 plan=plan._handle, num_tokens=case.T, num_q_heads=case.hq,
                 num_kv_heads=case.hkv, head_dim=case.d,
                 deterministic=1 if self.deterministic else 0,
-                **self.softcap_kw)  # softcap and window: the ctypes fields
+                **self.softcap_kw,  # softcap and window: the ctypes fields
+                **split)
             nbytes = ctypes.c_int64(0)
             status = lib.lib().dualkv_backward_workspace_size(
                 ctypes.byref(args), ctypes.byref(nbytes))
@@ -661,6 +705,56 @@ class DualKV:
                 torch.equal(g, r) for g, r in zip(grads, case.grads_ref))
 
 
+def refusal_text(error, caught):
+    """Why a backend refused: the error's first line, then the warnings it
+    gave on the way (torch's SDPA says there why its kernel does not
+    apply; "No available kernel" alone would not)."""
+    said = []
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        if text and text not in said:
+            said.append(text)
+    return (common.short_error(error)
+            + (" (" + "; ".join(said) + ")" if said else ""))[:500]
+
+
+def split_dims_refusal(torch, case, kv_heads, run, grad):
+    """A value head_dim apart from head_dim (case.dv != case.d): runs run(q,
+    k, v) once on small inputs of the case's head dims (q [1, Hq, 128, D],
+    k [1, kv_heads, 128, D], v [1, kv_heads, 128, DV], the case's dtype) and,
+    with gradients (case.with_grad), grad(o, (q, k, v), dO), on the GPU
+    outside any timing. Returns None when both run, else (step, reason):
+    step "fwd" (nothing runs) or "bwd" (the forward runs, not the backward),
+    reason the backend's own words. A peer that refuses such shapes then
+    shows n/a with the reason instead of a failure, and never another
+    kernel under its label (run and grad pin the method's backend)."""
+    import warnings
+    dev, dtype, backward = case.q.device, case.q.dtype, case.with_grad
+
+    def make(h, d):
+        return torch.randn(1, h, 128, d, device=dev, dtype=dtype,
+                           requires_grad=backward)
+
+    q, k, v = make(case.hq, case.d), make(kv_heads, case.d), make(kv_heads,
+                                                                  case.dv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            o = run(q, k, v)
+            torch.cuda.synchronize()
+        except Exception as e:
+            return "fwd", refusal_text(e, caught)
+        if not backward:
+            return None
+        del caught[:]
+        try:
+            grad(o, (q, k, v), torch.randn_like(o))
+            torch.cuda.synchronize()
+        except Exception as e:
+            return "bwd", refusal_text(e, caught)
+    return None
+
+
 class Replicated:
     """SDPA on every group's N sequences [prompt_g | resp_{g,n}] (causal),
     K/V expanded to Hq heads. Every sequence of one (P, R): one batched call
@@ -669,7 +763,10 @@ class Replicated:
     point). Backward: the replicated copies are the leaves; dO of copy n of
     group g is the packed dO of its tokens, with the prompt rows zeroed for
     n >= 1 (the packed loss counts each prompt output once), so the
-    gradients sum to DualKV's."""
+    gradients sum to DualKV's. A value head_dim apart from head_dim (v and
+    dO [.., DV]): split_dims_refusal asks the backend first, under the same
+    sdpa_kernel(backend), so a backend that refuses such shapes is n/a with
+    its reason (never another backend under this label)."""
 
     def __init__(self, torch, name, backend):
         self.torch, self.name, self.backend = torch, name, backend
@@ -679,10 +776,31 @@ class Replicated:
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
         rep = case.hq // case.hkv
+        backend = self.backend
+        bwd_refusal = None
+        if case.dv != case.d:
+            def sdpa(q, k, v):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v,
+                                                          is_causal=True)
+
+            def sdpa_grad(o, inputs, do):
+                with sdpa_kernel(backend):
+                    return torch.autograd.grad(o, inputs, do)
+
+            refused = split_dims_refusal(torch, case, case.hq, sdpa,
+                                         sdpa_grad)
+            where = (f"head_dim {case.d} with value head_dim {case.dv} "
+                     f"under sdpa_kernel({backend})")
+            if refused and refused[0] == "fwd":
+                raise NotAvailable(f"SDPA refuses {where}: {refused[1]}")
+            if refused:
+                bwd_refusal = (f"SDPA has no backward for {where}: "
+                               f"{refused[1]}")
 
         def replicate(seq_ids):
             """Sequences seq_ids (of case.seqs, one length S) -> [B, Hq, S, D]
-            views of BSHD copies (and dO with the prompt rows of every copy
+            views of BSHD copies (v [B, Hq, S, DV]) (and dO with the prompt rows of every copy
             n >= 1 of its group zeroed)."""
             idx = torch.stack([case.sequence_index(torch, s)
                                for s in seq_ids])  # [B, S]
@@ -699,16 +817,16 @@ class Replicated:
                     do[b, :case.seqs[s].P] = 0
             return qkv, do.transpose(-3, -2)
 
-        backend = self.backend
+        dims = head_dims_text(case.d, case.dv)  # D, or D/DV (q, k / v)
         if len({(s.P, s.R) for s in case.seqs}) == 1:
             seqs = [replicate(range(len(case.seqs)))]  # one batch [B, ...]
             S = case.seqs[0].P + case.seqs[0].R
             info["layout"] = (f"batched [{len(case.seqs)}, {case.hq}, {S}, "
-                              f"{case.d}]")
+                              f"{dims}]")
         else:
             seqs = [replicate([s]) for s in range(len(case.seqs))]
             info["layout"] = (f"{len(case.seqs)} calls of [1, {case.hq}, "
-                              f"S_n, {case.d}]")
+                              f"S_n, {dims}]")
 
         def fwd():
             with sdpa_kernel(backend):
@@ -723,15 +841,17 @@ class Replicated:
                     [do for _, do in seqs])
             return outs, grads
 
+        if bwd_refusal:
+            return {"fwd": fwd, "fwd_bwd_unavailable": bwd_refusal}
         return {"fwd": fwd, "fwd_bwd": fwd_bwd}
 
     def check(self, case, out, grads, info):
-        """out/grads per call: [B, Hq, S, D], the calls' rows in case.seqs
-        order (one batch of all, or one call each)."""
+        """out/grads per call: [B, Hq, S, D] (o and dv [.., DV]), the calls'
+        rows in case.seqs order (one batch of all, or one call each)."""
         torch = self.torch
         if case.o_ref is None:
             return
-        per_seq = []  # (o, dq, dk, dv) of sequence s as [Hq, S, D]
+        per_seq = []  # (o, dq, dk, dv) of sequence s as [Hq, S, D|DV]
         for c, o in enumerate(out):
             for b in range(o.shape[0]):
                 g = (tuple(x[b] for x in grads[3 * c:3 * c + 3])
@@ -757,7 +877,7 @@ class Replicated:
             dq = dq.transpose(0, 1)  # [S, Hq, D]
             # dK of K expanded to Hq heads, summed back over each GQA group
             dk, dv = (x.float().unflatten(0, (hkv, hq // hkv)).sum(1)
-                      .transpose(0, 1) for x in (dk, dv))  # [S, Hkv, D]
+                      .transpose(0, 1) for x in (dk, dv))  # [S, Hkv, D|DV]
             # the prompt's dq from copy 0 of its group only (dO zeroed in
             # the others)
             rows = slice(0, None) if seq.n == 0 else slice(P, None)
@@ -802,7 +922,11 @@ class Flex:
     --sinks, sinks_form "lse" compiles flex_attention(return_lse=True) and
     the rescaling o * sigmoid(lse - s) as one function (flex_with_sinks);
     "column" appends one zero key/value token every query sees, whose score
-    the score_mod replaces by s_h (sink_column_score_mod)."""
+    the score_mod replaces by s_h (sink_column_score_mod). A value head_dim
+    apart from head_dim: v [1, Hkv, T, DV] (and dO, o [1, Hq, T, DV]); an
+    eager flex_attention on small inputs of those dims asks first
+    (split_dims_refusal), so a torch whose Flex refuses them shows n/a with
+    its reason."""
 
     _mask_builder = None  # torch.compile(create_block_mask), shared
     _score_mods = {}      # softcap -> its score_mod: one function per run
@@ -822,6 +946,7 @@ class Flex:
         from torch.nn.attention.flex_attention import (create_block_mask,
                                                        flex_attention)
         self.create_block_mask = create_block_mask
+        self.flex_eager = flex_attention  # split_dims_refusal's probe
         if sinks_form == "lse":
             self.flex = torch.compile(flex_with_sinks(torch, flex_attention),
                                       dynamic=dynamic)
@@ -842,6 +967,22 @@ class Flex:
         info["window"] = self.window
         sinks = case.sinks
         column = sinks is not None and self.sinks_form == "column"
+        bwd_refusal = None
+        if case.dv != case.d:
+            flex_eager = self.flex_eager
+
+            def probe(q, k, v):
+                return flex_eager(q, k, v, enable_gqa=True)
+
+            refused = split_dims_refusal(torch, case, case.hkv, probe,
+                                         torch.autograd.grad)
+            where = f"head_dim {case.d} with value head_dim {case.dv}"
+            if refused and refused[0] == "fwd":
+                raise NotAvailable(f"flex_attention refuses {where}: "
+                                   f"{refused[1]}")
+            if refused:
+                bwd_refusal = (f"flex_attention has no backward for {where}: "
+                               f"{refused[1]}")
         # The keyword arguments of every flex call: the block mask (built
         # below), GQA, and the softcap's score_mod where there is one (no
         # score_mod keyword without: the calls of a run without --softcap).
@@ -945,10 +1086,10 @@ class Flex:
         except Exception:
             pass
 
-        # [T, H, D] -> contiguous [1, H, T, D] copies, made once here: the
-        # timed calls see Flex's own layout and no transposes (forward or
-        # backward). The copies stand in for the packed inputs in peak GiB
-        # (run_method counts the inputs once).
+        # [T, H, D] -> contiguous [1, H, T, D] copies (v and dO [.., DV]),
+        # made once here: the timed calls see Flex's own layout and no
+        # transposes (forward or backward). The copies stand in for the
+        # packed inputs in peak GiB (run_method counts the inputs once).
         def bhtd(t):
             return t.transpose(0, 1).unsqueeze(0).contiguous()
 
@@ -964,6 +1105,8 @@ class Flex:
                               "and v (the sink token last)")
         else:
             info["layout"] = "contiguous [1, H, T, D] copies"
+        if case.dv != case.d:
+            info["layout"] += f" (D {case.d}; v, o and dO: DV {case.dv})"
         info["input_copy_bytes"] = sum(t.numel() * t.element_size()
                                        for t in copies)
         flex = self.flex
@@ -997,10 +1140,12 @@ class Flex:
             o = fwd()
             return o, torch.autograd.grad(o, inputs, dout)
 
+        if bwd_refusal:
+            return {"fwd": fwd, "fwd_bwd_unavailable": bwd_refusal}
         return {"fwd": fwd, "fwd_bwd": fwd_bwd}
 
     def check(self, case, out, grads, info):
-        """out, grads: [1, H, T, D]; compared in DualKV's [T, H, D] (the
+        """out, grads: [1, H, T, D] (o and dv [.., DV]); compared in DualKV's [T, H, D] (the
         transposes are here, outside the timing)."""
         if case.o_ref is None:
             return
@@ -1148,6 +1293,7 @@ def plot(results, path, with_grad):
     import matplotlib.pyplot as plt
     pts = [r for r in results
            if r["G"] == 1 and (r["Hq"], r["Hkv"], r["D"]) == DEFAULT_HEADS
+           and r.get("DV", r["D"]) == r["D"]
            and r["N"] == 16 and set(r["Rs"]) == {1024}]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     steps = (("fwd_bwd", "-", "fwd+bwd"), ("fwd", ":", "fwd")) if with_grad \
@@ -1196,24 +1342,106 @@ def select_methods(spec):
     return [m for m in METHODS if m in chosen]
 
 
+def self_check():
+    """--self-check: the pure-Python parts, no torch or GPU. Useful FLOPs:
+    at DV = D exactly the former 4·D·Hq·pairs and 3.5x that (value and
+    type) for every config; at 192/128 the formula computed here apart;
+    the MLA configs' shapes and sets, their "192/128" cells and JSON "DV".
+    Returns the number of failed checks (each printed)."""
+    failures = []
+
+    def check(ok, what):
+        if not ok:
+            failures.append(what)
+            print("FAIL: " + what)
+
+    configs = all_configs()
+    for c in configs:
+        for window in (None, 128):
+            pairs = c.useful_pairs(window)
+            if c.dv == c.d:
+                old = 4 * c.d * c.hq * pairs  # the count before DV
+                new, new_fb = c.useful_flops(window), c.useful_flops_fwd_bwd(
+                    window)
+                check(new == old and type(new) is type(old),
+                      f"{c.name} window {window}: fwd {new!r} != {old!r}")
+                old_fb = common.FWD_BWD_FACTOR * old
+                check(new_fb == old_fb and type(new_fb) is type(old_fb),
+                      f"{c.name} window {window}: fwd+bwd {new_fb!r} != "
+                      f"{old_fb!r}")
+                check(new_fb == 14 * c.d * c.hq * pairs,
+                      f"{c.name}: fwd+bwd != 14·D·Hq·pairs")
+    by_name = {c.name: c for c in configs}
+    for name, set_name, groups in (
+            ("P8192_N16_R1024_D192V128", "targets", [(8192, [1024] * 16)]),
+            ("causal_L16384_D192V128", "causal", [(16384, [])])):
+        c = by_name.get(name)
+        check(c is not None, f"{name} missing")
+        if c is None:
+            continue
+        check((c.hq, c.hkv, c.d, c.dv, c.set_name, c.groups)
+              == (32, 32, 192, 128, set_name, groups), f"{name}'s shape")
+        check(name in [x.name for x in select_configs(set_name)],
+              f"{name} not in --set {set_name}")
+        pairs = c.useful_pairs()
+        # Forward Q·Kᵀ (2·192) and P·V (2·128); backward S again (2·192),
+        # dP = dO·Vᵀ (2·128), dV = Pᵀ·dO (2·128), dK = dSᵀ·Q (2·192),
+        # dQ = dS·K (2·192); per pair and query head.
+        fwd = (2 * 192 + 2 * 128) * 32 * pairs
+        bwd = (2 * 192 + 2 * 128 + 2 * 128 + 2 * 192 + 2 * 192) * 32 * pairs
+        check(c.useful_flops() == fwd, f"{name}: fwd {c.useful_flops()} "
+              f"!= {fwd}")
+        check(c.useful_flops_fwd_bwd() == fwd + bwd,
+              f"{name}: fwd+bwd {c.useful_flops_fwd_bwd()} != {fwd + bwd}")
+        rec = result_record(c)
+        check(rec["D"] == 192 and rec["DV"] == 128, f"{name}: JSON D/DV")
+        check(rec["useful_flops_fwd_bwd"] == fwd + bwd,
+              f"{name}: JSON fwd+bwd FLOPs")
+        check(heads_cell(rec) == "32:32 / 192/128",
+              f"{name}: cell {heads_cell(rec)!r}")
+    check([c.name for c in select_configs("all")] == [
+        c.name for c in configs if c.set_name in ("standard", "targets")],
+        "--set all is standard + targets")
+    rec = result_record(by_name["P8192_N16_R1024_D96"])
+    check(rec["DV"] == 96 and heads_cell(rec) == "32:8 / 96",
+          "P8192_N16_R1024_D96's cell")
+    check(heads_cell({"Hq": 32, "Hkv": 8, "D": 128}) == "32:8 / 128",
+          "a result from before DV")
+    print(f"self-check: {len(configs)} configs, "
+          f"{'ok' if not failures else f'{len(failures)} failed'}")
+    return len(failures)
+
+
+def heads_dims(config):
+    """"D 128", or "D 192, DV 128" where the value head_dim differs (the
+    help's config lists)."""
+    if config.dv == config.d:
+        return f"D {config.d}"
+    return f"D {config.d}, DV {config.dv}"
+
+
 def parse_args(argv=None, defaults=None):
     epilog = (
         "Config sets (--set): standard = "
         + ", ".join(c.name for c in standard_configs())
         + " (Hq 32, Hkv 8, D 128, one group each); targets = "
-        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, D {c.d}, "
+        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, {heads_dims(c)}, "
                     f"{c.G} group{'s' if c.G > 1 else ''})"
                     for c in target_configs())
         + "; causal = "
-        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, D {c.d})"
+        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, {heads_dims(c)})"
                     for c in causal_configs())
         + " (plain causal attention at equal work: prompt-only plans for "
         "DualKV and Flex, one causal sequence of each prompt for cuDNN and "
         "FA2, so the replicated columns are those kernels at their best)"
         + "; models = "
-        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, D {c.d})"
+        + ", ".join(f"{c.name} (Hq {c.hq}, Hkv {c.hkv}, {heads_dims(c)})"
                     for c in model_configs())
         + " (gpt-oss's shape)"
+        + ". DV: the value head_dim (v, o, dO) where it differs from D "
+        "(MLA, DeepSeek-V3's 192/128); useful FLOPs 2·(D + DV)·Hq·pairs "
+        "forward, (8·D + 6·DV)·Hq·pairs forward+backward (4·D and 14·D "
+        "where DV = D)"
         + "; all = standard and targets, standard first (default). "
         "--configs takes any of "
         "these names, whatever --set says. --quick: "
@@ -1260,10 +1488,11 @@ def parse_args(argv=None, defaults=None):
                     dest="config_set",
                     help="which configs: standard (benchmarks/README.md's, Qwen3-8B "
                     "heads, one group each, and P=65536 for DualKV), targets "
-                    "(head_dim 64, 96 and 256 at P=8192 N=16 "
-                    "R=1024, 4 groups of P=2048 N=8 R 64..4096), causal "
-                    "(plain causal attention at equal work, L=16384 at "
-                    "head_dim 64, 96, 128, 256 and 2 x 8192 at 128), or all "
+                    "(head_dim 64, 96, 256 and 192 with value head_dim 128 "
+                    "at P=8192 N=16 R=1024, 4 groups of P=2048 N=8 R "
+                    "64..4096), causal (plain causal attention at equal "
+                    "work, L=16384 at head_dim 64, 96, 128, 256 and 192/128, "
+                    "and 2 x 8192 at 128), or all "
                     "(default: standard first, then targets; not causal)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: only " + ", ".join(QUICK_CONFIGS)
@@ -1323,6 +1552,10 @@ def parse_args(argv=None, defaults=None):
                     "s), compiled as one function; column: one zero "
                     "key/value token every query sees, its score set to s_h "
                     "by a score_mod")
+    ap.add_argument("--self-check", action="store_true",
+                    help="check the pure-Python parts (useful FLOPs with "
+                    "and without a value head_dim, the configs) without "
+                    "torch or a GPU, then exit (1 on a failure)")
     if defaults:
         ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
@@ -1345,7 +1578,9 @@ def result_record(config, softcap=None, window=None, sinks=False):
     """The JSON record of one config, before its methods run (softcap: the
     run's --softcap, None for none; the FLOPs do not depend on it; window:
     --window, None for none: the useful pairs and FLOPs are those inside it;
-    sinks: --sinks)."""
+    sinks: --sinks). "DV": the value head_dim (= "D" but for MLA's
+    192/128); the FLOPs are Config.useful_flops and
+    Config.useful_flops_fwd_bwd."""
     flops = config.useful_flops(window)
     res = {"name": config.name, "set": config.set_name, "G": config.G,
            "groups": [[P, Rs] for P, Rs in config.groups],
@@ -1356,17 +1591,19 @@ def result_record(config, softcap=None, window=None, sinks=False):
     if config.seed is not None:
         res["seed"] = config.seed
     res.update({"Hq": config.hq, "Hkv": config.hkv, "D": config.d,
+                "DV": config.dv,
                 "T": config.T, "useful_pairs": config.useful_pairs(window),
                 "replicated_pairs": config.replicated_pairs(),
                 "useful_flops": flops,
-                "useful_flops_fwd_bwd": common.FWD_BWD_FACTOR * flops,
+                "useful_flops_fwd_bwd": config.useful_flops_fwd_bwd(window),
                 "methods": {}})
     return res
 
 
 def heads_cell(r):
-    """"Hq:Hkv / D" of a result."""
-    return f"{r['Hq']}:{r['Hkv']} / {r['D']}"
+    """"Hq:Hkv / D" of a result ("32:32 / 192/128" where the value head_dim
+    DV differs; results without "DV" predate it: DV = D)."""
+    return f"{r['Hq']}:{r['Hkv']} / {head_dims_text(r['D'], r.get('DV'))}"
 
 
 def build_tables(results, order, with_grad):
@@ -1541,12 +1778,17 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
     ] + ([skipped_line(meta)] if skipped_line(meta) else []) + [
         "",
         f"Heads: Qwen3-8B's Hq={Hq}, Hkv={Hkv}, D={D} unless the details "
-        "table's Hq:Hkv / D says otherwise (the _D64, _D96 and _D256 configs); "
+        "table's Hq:Hkv / D says otherwise (the _D64, _D96, _D256 and "
+        "_D192V128 configs; D/DV: a value head_dim DV apart from D, MLA's "
+        "192/128); "
         "bf16; one group per launch except G<k>_… (k groups back to back in "
         f"one launch); median of {reps} timed runs after "
         f"{warmup} warm-ups (CUDA events). Useful TFLOP/s = 4·D·Hq·useful "
         "pairs / time for the forward, 3.5× that for forward+backward, pairs "
-        "summed over the groups (same numerator for every method). "
+        "summed over the groups (same numerator for every method); with a "
+        "value head_dim DV apart from D, 2·(D + DV)·Hq·pairs forward (Q·Kᵀ, "
+        "P·V) and (8·D + 6·DV)·Hq·pairs forward+backward (backward: S "
+        "recomputed 2·D, dP 2·DV, dV 2·DV, dK 2·D, dQ 2·D). "
         "Replicated peers run every group's N sequences [prompt | response]. "
         "Peak GiB: torch.cuda.max_memory_allocated over the method's "
         "preparation and one " + ("forward+backward" if with_grad
@@ -1599,6 +1841,8 @@ def write_report(out_dir, stem, meta, env, results, order, with_grad,
 
 def main(argv=None, defaults=None):
     args = parse_args(argv, defaults)
+    if args.self_check:
+        return 1 if self_check() else 0
     started = time.perf_counter()
     with_grad = args.mode == "fwdbwd"
     stem = "attention" if with_grad else "forward"
@@ -1726,6 +1970,7 @@ def main(argv=None, defaults=None):
         torch.manual_seed(0)
         case = Case(torch, config, torch.bfloat16, with_grad, sinks)
         flops = config.useful_flops(window)
+        flops_fwd_bwd = config.useful_flops_fwd_bwd(window)
         res = result_record(config, softcap, window, sinks)
         for m in order:
             if m in init_errors:
@@ -1744,7 +1989,7 @@ def main(argv=None, defaults=None):
                 line = (f"  {m:20s} fwd {ms_of(info, 'fwd'):9.3f} ms "
                         f"{info['fwd_tflops']:5.0f} TFLOP/s")
                 if with_grad and ms_of(info, "fwd_bwd"):
-                    info["fwd_bwd_tflops"] = (common.FWD_BWD_FACTOR * flops
+                    info["fwd_bwd_tflops"] = (flops_fwd_bwd
                                               / (ms_of(info, "fwd_bwd") * 1e-3)
                                               / 1e12)
                     line += (f" | fwd+bwd {ms_of(info, 'fwd_bwd'):9.3f} ms "
