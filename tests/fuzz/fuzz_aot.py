@@ -14,8 +14,9 @@ says why on stderr in a line starting "dualkv-aot:". The last line is a summary
 with the number of inputs tried. Standard library only.
 
 About one input in eight is an oracle case instead: a valid command with one
-head_dim or heads (on the command line, or in a spec file with the integer
-written in some form) whose verdict is known independently (ORACLE_* below).
+head_dim, value head_dim or heads (on the command line, or in a spec file with
+the integers written in some form) whose verdict is known independently
+(ORACLE_* below).
 One that no kernel supports or no launch takes must be refused with exit 2 and
 one "dualkv-aot:" line before anything is written; one that is fine must
 compile (exit 0).
@@ -47,7 +48,8 @@ FLAGS = {
     "--kind": ["fwd", "bwd", "bwd_pre", "bwd_post", "bwd_kv", "bwd_dq"],
     "--P": ["0", "1", "64", "8192"],
     "--N": ["0", "1", "16"],
-    "--head-dim": ["64", "128", "256"],
+    "--head-dim": ["64", "128", "192", "256"],
+    "--v-head-dim": ["0", "64", "128", "192"],
     "--heads": ["32:8", "8:8", "4:1", "8:2", "1:1"],
     "--dtype": ["bf16", "fp16", "f16"],
     "--arch": ARCHS + ["sm_80,sm_90a"],
@@ -183,17 +185,35 @@ def make_input(rng, work, n):
     return argv
 
 
-# The oracle: head_dim and heads values whose verdict is known without the
-# tool. A head_dim is supported when it is 64, 96, 128 or 256. Heads HQ:HKV are
+# The oracle: head_dim, value head_dim and heads values whose verdict is known
+# without the tool. A head shape is supported when the value head_dim is the
+# head_dim and that is 64, 96, 128 or 256, or when they are MLA's 192 and 128;
+# --v-head-dim 0 (and leaving it out) means the --head-dim's. Heads HQ:HKV are
 # launchable when both are integers >= 1, HQ a multiple of HKV and HQ <= 65535
 # (a grid dimension); for a backward kind also HQ + HKV <= 65535.
-ORACLE_HEAD_DIMS = [64, 96, 128, 256, 0, -64, 80, 512, 4096, 2**32 + 64, 2**63 - 1]
+ORACLE_HEAD_DIMS = [64, 96, 128, 192, 256, 0, -64, 80, 512, 4096, 2**32 + 64,
+                    2**63 - 1]
+# None: not given.
+ORACLE_V_HEAD_DIMS = [None, None, 128, 64, 192, 0, 80, -128]
 ORACLE_HEADS = [(4, 4), (8, 2), (65535, 1), (65530, 5), (0, 0), (4, 0), (0, 4), (6, 4),
                 (4, 8), (65536, 1), (65532, 4), (131072, 2), (2**32 + 4, 4), (4, 2**32 + 4)]
 
 
 def head_dim_ok(d):
-    return d in (64, 96, 128, 256)
+    """Whether --head-dim d parses: a query/key width of some shape."""
+    return d in (64, 96, 128, 192, 256)
+
+
+def v_head_dim_ok(v):
+    """Whether --v-head-dim v parses (0: the --head-dim's)."""
+    return v in (0, 64, 96, 128, 256)
+
+
+def shape_ok(d, v):
+    """Whether (head_dim d, value head_dim v) is a head shape; v None or 0:
+    d."""
+    v = v or d
+    return (d == v and d in (64, 96, 128, 256)) or (d, v) == (192, 128)
 
 
 def heads_ok(hq, hkv, backward):
@@ -219,15 +239,28 @@ def oracle_input(rng, work, n):
     kind = rng.choice(["fwd", "fwd", "bwd_pre"])
     backward = kind != "fwd"
     d = rng.choice(ORACLE_HEAD_DIMS if rng.random() < 0.4 else [64])
+    v = rng.choice(ORACLE_V_HEAD_DIMS) if rng.random() < 0.4 else None
+    if rng.random() < 0.1:
+        d, v = 192, 128
     hq, hkv = rng.choice(ORACLE_HEADS if rng.random() < 0.7 else [(4, 4)])
     heads = "%d:%d" % (hq, hkv)
     base = ["--no-cubin", "--arch", "sm_80", "--out", out]
     if rng.random() < 0.5:
-        argv = ["--kind", kind, "--head-dim", str(d), "--heads", heads] + base
-        # llvm::cl reports each bad flag on a line of its own; the backward's
-        # HQ + HKV is checked once the flags are parsed.
+        argv = ["--kind", kind, "--head-dim", str(d)]
+        if v is not None:
+            argv += ["--v-head-dim", str(v)]
+        argv += ["--heads", heads] + base
+        # llvm::cl reports each bad flag on a line of its own; the head shape
+        # and then the backward's HQ + HKV are checked once the flags are
+        # parsed, the first problem ending the run.
         names = [] if head_dim_ok(d) else ["--head-dim"]
-        if not heads_ok(hq, hkv, False) or (not names and not heads_ok(hq, hkv, backward)):
+        if v is not None and not v_head_dim_ok(v):
+            names.append("--v-head-dim")
+        if not heads_ok(hq, hkv, False):
+            names.append("--heads")
+        if not names and not shape_ok(d, v):
+            names.append("--head-dim %d" % d)
+        if not names and not heads_ok(hq, hkv, backward):
             names.append("--heads")
         return argv, (2 if names else 0), names
     dim_text, dim_typed = spell_integer(rng, d)
@@ -239,14 +272,26 @@ def oracle_input(rng, work, n):
     heads_text, heads_typed = rng.choice(heads_forms)
     if heads_typed is None:  # a prefix or suffix: refused unless it added none
         heads_typed = json.loads(heads_text) == heads
-    text = '[{"kind": "%s", "head_dim": %s, "heads": %s}]' % (kind, dim_text, heads_text)
+    v_field, v_good = "", True
+    if v is not None:
+        v_text, v_typed = spell_integer(rng, v)
+        v_field = ', "v_head_dim": %s' % v_text
+        # A spec's value head_dim is a width: 0 is refused there.
+        v_good = v_typed and v in (64, 96, 128, 256)
+    text = '[{"kind": "%s", "head_dim": %s%s, "heads": %s}]' % (
+        kind, dim_text, v_field, heads_text)
     spec = os.path.join(work, "oracle-%05d.json" % n)
     with open(spec, "w") as f:
         f.write(text)
     dim_good = dim_typed and head_dim_ok(d)
-    ok = dim_good and heads_typed and heads_ok(hq, hkv, backward)
-    # The first bad field of a spec ends the reading: head_dim comes first.
-    names = ["spec[0].head_dim" if not dim_good else "spec[0].heads"]
+    pair_good = shape_ok(d, v)
+    ok = (dim_good and v_good and pair_good and heads_typed
+          and heads_ok(hq, hkv, backward))
+    # The first bad field of a spec ends the reading: head_dim, v_head_dim,
+    # their pair, then heads.
+    names = ["spec[0].head_dim" if not dim_good else
+             "spec[0].v_head_dim" if not v_good else
+             "spec[0]: head_dim" if not pair_good else "spec[0].heads"]
     return ["--spec-file", spec] + base, (0 if ok else 2), names
 
 

@@ -107,14 +107,51 @@ std::string expectsIntegerIn(llvm::StringRef flag, llvm::StringRef text,
       .str();
 }
 
+namespace {
+
+/// ", or 192 with --v-head-dim 128": the split head shapes, as flags.
+std::string splitShapesAsFlags() {
+  std::string text;
+  for (dualkv::HeadShape s : kSplitHeadShapes)
+    text += ", or " + std::to_string(s.qk) + " with --v-head-dim " +
+            std::to_string(s.v);
+  return text;
+}
+
+} // namespace
+
 bool HeadDimParser::parse(llvm::cl::Option &, llvm::StringRef name,
                           llvm::StringRef text, int &value) {
   std::optional<int64_t> v = readInteger(text);
-  if (!v || !isSupportedHeadDim(*v))
-    return badValue(flag(name) + " must be " + headDimChoices() + ", got '" +
-                    text + "'");
+  if (!v || !isQueryKeyHeadDim(*v))
+    return badValue(flag(name) + " must be " + headDimChoices() +
+                    splitShapesAsFlags() + ", got '" + text + "'");
   value = static_cast<int>(*v);
   return false;
+}
+
+bool ValueHeadDimParser::parse(llvm::cl::Option &, llvm::StringRef name,
+                               llvm::StringRef text, int &value) {
+  std::optional<int64_t> v = readInteger(text);
+  if (!v || (*v != 0 && !isSupportedHeadDim(*v)))
+    return badValue(flag(name) + " must be " + headDimChoices() +
+                    " (0: --head-dim's), got '" + text + "'");
+  value = static_cast<int>(*v);
+  return false;
+}
+
+std::string headShapeProblem(int headDim, int valueHeadDim) {
+  const int v = valueHeadDim ? valueHeadDim : headDim;
+  if (isSupportedHeadShape(headDim, v))
+    return {};
+  const std::string choices = " (the head shapes: " + headShapeChoices() + ")";
+  if (valueHeadDim == 0 || valueHeadDim == headDim)
+    for (dualkv::HeadShape s : kSplitHeadShapes)
+      if (s.qk == headDim)
+        return "--head-dim " + std::to_string(headDim) +
+               " needs --v-head-dim " + std::to_string(s.v) + choices;
+  return "--head-dim " + std::to_string(headDim) + " with --v-head-dim " +
+         std::to_string(valueHeadDim) + " is no supported head shape" + choices;
 }
 
 std::string headsProblem(int64_t hq, int64_t hkv, bool backward) {

@@ -103,15 +103,33 @@ public:
                        size_t globalWidth) const;
 };
 
-/// An int option whose value is a supported head dimension; anything else
-/// (junk, 512, a number beyond int64) is one bad value: "--head-dim must
-/// be 64, 96, 128 or 256, got '512'" (dualkv/HeadDims.h has the list).
+/// An int option whose value is a query/key head dimension of some head
+/// shape (isQueryKeyHeadDim); anything else (junk, 512, a number beyond
+/// int64) is one bad value: "--head-dim must be 64, 96, 128 or 256, or 192
+/// with --v-head-dim 128, got '512'" (dualkv/HeadDims.h has the lists).
 class HeadDimParser : public llvm::cl::parser<int> {
 public:
   using llvm::cl::parser<int>::parser;
   bool parse(llvm::cl::Option &, llvm::StringRef name, llvm::StringRef text,
              int &value);
 };
+
+/// An int option whose value is a value head dimension: 0 (the --head-dim's)
+/// or one of kHeadDims; anything else is one bad value: "--v-head-dim must
+/// be 64, 96, 128 or 256 (0: --head-dim's), got '80'". Whether it goes with
+/// the --head-dim is headShapeProblem's to say.
+class ValueHeadDimParser : public llvm::cl::parser<int> {
+public:
+  using llvm::cl::parser<int>::parser;
+  bool parse(llvm::cl::Option &, llvm::StringRef name, llvm::StringRef text,
+             int &value);
+};
+
+/// Why --head-dim `headDim` with --v-head-dim `valueHeadDim` (0: equal) is
+/// no head shape (isSupportedHeadShape), or an empty string: "--head-dim 192
+/// needs --v-head-dim 128 (...)", "--head-dim 128 with --v-head-dim 64 is no
+/// supported head shape (...)", the choices of headShapeChoices.
+std::string headShapeProblem(int headDim, int valueHeadDim);
 
 /// The most query heads a launch takes: every kernel puts the heads in a
 /// grid dimension (the forward's z, bwd_pre's y), and CUDA caps grid y and z

@@ -58,8 +58,10 @@ DeviceProblem::DeviceProblem(const Plan &plan, const HeadShape &shape,
                            shape.dtype, rng)),
       hostK(randomElements(size_t(tokens) * shape.numKVHeads * shape.headDim,
                            shape.dtype, rng)),
-      hostV(randomElements(hostK.size(), shape.dtype, rng)), q(hostQ.size()),
-      k(hostK.size()), v(hostV.size()), o(hostQ.size()),
+      hostV(randomElements(size_t(tokens) * shape.numKVHeads * shape.vDim(),
+                           shape.dtype, rng)),
+      q(hostQ.size()), k(hostK.size()), v(hostV.size()),
+      o(size_t(tokens) * shape.numQHeads * shape.vDim()),
       lse(size_t(tokens) * shape.numQHeads), plan_(plan) {
   q.write(hostQ);
   k.write(hostK);
@@ -69,15 +71,15 @@ DeviceProblem::DeviceProblem(const Plan &plan, const HeadShape &shape,
 }
 
 template <typename Args> Args DeviceProblem::over() const {
-  auto dense = [&](const void *data, int heads) {
-    return TensorArg{const_cast<void *>(data), int64_t(heads) * shape.headDim,
-                     shape.headDim};
+  auto dense = [&](const void *data, int heads, int width) {
+    return TensorArg{const_cast<void *>(data), int64_t(heads) * width, width};
   };
   Args a;
-  a.q = dense(q.data(), shape.numQHeads);
-  a.k = dense(k.data(), shape.numKVHeads);
-  a.v = dense(v.data(), shape.numKVHeads);
-  a.o = dense(o.data(), shape.numQHeads);
+  a.q = dense(q.data(), shape.numQHeads, shape.headDim);
+  a.k = dense(k.data(), shape.numKVHeads, shape.headDim);
+  a.v = dense(v.data(), shape.numKVHeads, shape.vDim());
+  a.o = dense(o.data(), shape.numQHeads, shape.vDim());
+  a.v_head_dim = shape.valueHeadDim;
   a.lse = lse.data();
   a.lse_stride_h = tokens;
   a.num_tokens = tokens;
@@ -87,8 +89,8 @@ template <typename Args> Args DeviceProblem::over() const {
   a.dtype = shape.dtype;
   a.plan = &plan_;
   if constexpr (std::is_same_v<Args, BackwardArgs>) {
-    // The caller's dO and gradients, laid out like Q, Q, K and V.
-    a.dout = a.q;
+    // The caller's dO and gradients, laid out like O, Q, K and V.
+    a.dout = a.o;
     a.dq = a.q;
     a.dk = a.k;
     a.dv = a.v;

@@ -72,15 +72,19 @@ private:
   size_t size_;
 };
 
-/// The head configuration of a problem.
+/// The head configuration of a problem: Q and K rows of headDim elements, V
+/// and O rows of valueHeadDim (0: headDim).
 struct HeadShape {
   int numQHeads = 0, numKVHeads = 0, headDim = 0;
   DType dtype = DType::BF16;
+  int valueHeadDim = 0;
+  int vDim() const { return valueHeadDim ? valueHeadDim : headDim; }
 };
 
-/// One packed batch of `plan` on the GPU, dense [T][H][D]: Q, K and V of
-/// random normal values in the element type (never all zeros; their host
-/// copies kept for references), O and LSE [Hq][T] poisoned.
+/// One packed batch of `plan` on the GPU, dense [T][H][D] (V and O
+/// [T][H][Dv]): Q, K and V of random normal values in the element type
+/// (never all zeros; their host copies kept for references), O and LSE
+/// [Hq][T] poisoned.
 class DeviceProblem {
 public:
   /// `plan` must outlive the problem.
@@ -95,7 +99,7 @@ public:
   /// A forward over Q, K, V into O and LSE.
   ForwardArgs forwardArgs(const Tiling &tiling = {}) const;
   /// A backward of that forward with dO read from `dout` and the gradients
-  /// written to `dq`, `dk`, `dv`: dense arrays shaped like Q, Q, K and V.
+  /// written to `dq`, `dk`, `dv`: dense arrays shaped like O, Q, K and V.
   BackwardArgs backwardArgs(const void *dout, void *dq, void *dk,
                             void *dv) const;
 

@@ -14,6 +14,7 @@
 #include "dualkv/Compiler/Compiler.h"
 #include "dualkv/Compiler/Schedule.h"
 #include "dualkv/Compiler/ScoreMod.h"
+#include "dualkv/HeadDims.h"
 #include "dualkv/Tuning.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -62,11 +63,16 @@ constexpr const char *kOverview =
 For each kernel, DIR receives <name>.ptx, <name>.cubin (when ptxas is
 available) and <name>.json (the spec, launch geometry, schedule and ptxas
 register/spill report), where <name> is
-dualkv_<kind>_d<D>_h<Hq>x<Hkv>_<dtype>_<arch>_m<M>n<N>w<W>s<S>, plus
-_<schedule> when --schedule names another than the compiler's choice. A spec
-asked for several archs with one tiling (launch geometry) for all of them also
-gets <name>.fatbin holding every arch's cubin and the PTX (default tilings can
+dualkv_<kind>_d<D>_h<Hq>x<Hkv>_<dtype>_<arch>_m<M>n<N>w<W>s<S> (d<D>v<Dv>
+when --v-head-dim differs from --head-dim: d192v128), plus _<schedule> when
+--schedule names another than the compiler's choice. A spec asked for several
+archs with one tiling (launch geometry) for all of them also gets
+<name>.fatbin holding every arch's cubin and the PTX (default tilings can
 differ by arch: the forward's on sm_90a is the warp-specialized schedule's).
+
+Head shapes (--head-dim, --v-head-dim): 64, 96, 128 or 256 with value rows as
+wide, or MLA's query/key 192 with value 128 (DeepSeek-V3), which every arch
+computes with the mma_sync schedule.
 )";
 
 cl::OptionCategory kernelOptions("What to compile");
@@ -149,8 +155,16 @@ cl::opt<int, false, Count>
                   cl::cat(kernelOptions));
 cl::opt<int, false, dualkv::tools::HeadDimParser>
     headDim("head-dim", cl::value_desc("D"),
-            cl::desc("64, 96, 128 or 256 (default 128)"), cl::init(128),
-            cl::cat(kernelOptions));
+            cl::desc("query/key head size: 64, 96, 128 or 256\n"
+                     "(default 128), or 192 with --v-head-dim 128"),
+            cl::init(128), cl::cat(kernelOptions));
+cl::opt<int, false, dualkv::tools::ValueHeadDimParser>
+    valueHeadDim("v-head-dim", cl::value_desc("DV"),
+                 cl::desc("value head size (V, O, dO, dV; default: the\n"
+                          "--head-dim's); apart from it only 128 with\n"
+                          "--head-dim 192 (MLA: DeepSeek-V3), which every\n"
+                          "arch runs with the mma_sync schedule"),
+                 cl::init(0), cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false, dualkv::tools::HeadsParser<Count>>
     heads("heads",
           cl::desc("HQ:HKV, query and key/value heads (default\n"
@@ -246,8 +260,9 @@ cl::opt<std::string>
     specFile("spec-file", cl::value_desc("F"),
              cl::desc("compile every spec of the JSON file F: an array\n"
                       "of objects {\"kind\", \"P\", \"N\", \"head_dim\",\n"
-                      "\"heads\": \"HQ:HKV\", \"dtype\", \"arch\": \"sm_90a\" "
-                      "or\n[\"sm_80\", \"sm_90a\"], \"tiling\": \"default\",\n"
+                      "\"v_head_dim\", \"heads\": \"HQ:HKV\", \"dtype\",\n"
+                      "\"arch\": \"sm_90a\" or [\"sm_80\", \"sm_90a\"],\n"
+                      "\"tiling\": \"default\",\n"
                       "\"tuned\" or {\"block_m\", \"block_n\", \"warps\",\n"
                       "\"stages\"}, \"schedule\"}; flags then give the\n"
                       "defaults of missing fields"),
@@ -470,6 +485,11 @@ Args parseArgs(int argc, char **argv) {
   a.spec.P = promptClass;
   a.spec.N = responseClass;
   a.spec.headDim = headDim;
+  if (std::string problem =
+          dualkv::tools::headShapeProblem(headDim, valueHeadDim);
+      !problem.empty())
+    usageError(problem);
+  a.spec.valueHeadDim = valueHeadDim == headDim ? 0 : valueHeadDim;
   a.spec.numQHeads = heads.query;
   a.spec.numKVHeads = heads.kv;
   a.spec.dtype = dtype;
@@ -610,8 +630,8 @@ std::vector<Job> readSpecFile(const Args &a) {
     };
     for (auto &[key, value] : o.items())
       if (key != "kind" && key != "P" && key != "N" && key != "head_dim" &&
-          key != "heads" && key != "dtype" && key != "arch" &&
-          key != "tiling" && key != "schedule")
+          key != "v_head_dim" && key != "heads" && key != "dtype" &&
+          key != "arch" && key != "tiling" && key != "schedule")
         specError(fmt::format("spec[{}] has an unknown field '{}'", i, key));
     std::vector<dualkv::KernelKind> kinds = a.kinds;
     if (auto kind = text("kind")) {
@@ -624,12 +644,38 @@ std::vector<Job> readSpecFile(const Args &a) {
     const int64_t maxInt = std::numeric_limits<int32_t>::max();
     job.spec.P = integer("P", 0, maxInt, job.spec.P);
     job.spec.N = integer("N", 0, maxInt, job.spec.N);
+    // A spec's "head_dim" without "v_head_dim" has value rows as wide;
+    // with neither, the flags' shape holds.
     if (o.contains("head_dim")) {
       std::optional<int64_t> d = jsonInteger(o["head_dim"]);
-      if (!d || !dualkv::isSupportedHeadDim(*d))
-        specError(fmt::format("{} must be {}, got {}", where("head_dim"),
-                              dualkv::headDimChoices(), brief(o["head_dim"])));
+      if (!d || !dualkv::isQueryKeyHeadDim(*d))
+        specError(fmt::format(
+            "{} must be {}, or 192 with \"v_head_dim\": 128, got {}",
+            where("head_dim"), dualkv::headDimChoices(), brief(o["head_dim"])));
       job.spec.headDim = static_cast<int>(*d);
+      job.spec.valueHeadDim = 0;
+    }
+    if (o.contains("v_head_dim")) {
+      std::optional<int64_t> dv = jsonInteger(o["v_head_dim"]);
+      if (!dv || !dualkv::isSupportedHeadDim(*dv))
+        specError(fmt::format("{} must be {}, got {}", where("v_head_dim"),
+                              dualkv::headDimChoices(),
+                              brief(o["v_head_dim"])));
+      job.spec.valueHeadDim =
+          *dv == job.spec.headDim ? 0 : static_cast<int>(*dv);
+    }
+    if (!dualkv::isSupportedHeadShape(job.spec.headDim, job.spec.vDim())) {
+      // A split shape's query/key head_dim given alone names what it lacks.
+      for (dualkv::HeadShape shape : dualkv::kSplitHeadShapes)
+        if (job.spec.vDim() == job.spec.headDim && shape.qk == job.spec.headDim)
+          specError(fmt::format("spec[{}]: head_dim {} needs \"v_head_dim\": "
+                                "{} ({})",
+                                i, shape.qk, shape.v,
+                                dualkv::headShapeChoices()));
+      specError(fmt::format("spec[{}]: head_dim {} with v_head_dim {} is no "
+                            "head shape a kernel takes ({})",
+                            i, job.spec.headDim, job.spec.vDim(),
+                            dualkv::headShapeChoices()));
     }
     if (o.contains("heads")) {
       // Each count all digits and within int64 (no sscanf: "%d" wraps
@@ -896,6 +942,8 @@ registrationSource(const std::vector<Built> &builds, const std::string &name) {
     if (!s.scoreMod.empty())
       c += fmt::format("    k.spec.scoreMod = R\"dualkv({})dualkv\";\n",
                        s.scoreMod);
+    if (s.vDim() != s.headDim)
+      c += fmt::format("    k.spec.valueHeadDim = {};\n", s.vDim());
     c += fmt::format("    k.info.name = \"{}\";\n    k.info.threads = {};\n    "
                      "k.info.sharedBytes = {};\n    k.info.blockM = {};\n",
                      b.info.name, b.info.threads, b.info.sharedBytes,
@@ -969,6 +1017,9 @@ std::string kernelReport(const dualkv::KernelSpec &spec,
     meta["window"] = true;
   if (!spec.scoreMod.empty())
     meta["score_mod"] = spec.scoreMod;
+  // Value rows apart from the query/key ones (as in the kernel cache's key).
+  if (spec.vDim() != spec.headDim)
+    meta["v_head_dim"] = spec.vDim();
   // ptxas's log is outside text: a byte that is no UTF-8 is replaced, not
   // thrown over.
   return meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
@@ -1109,12 +1160,15 @@ int main(int argc, char **argv) {
         std::optional<dualkv::Tiling> tuned = tuning.get().find(key);
         if (!tuned) {
           fmt::print(stderr,
-                     "dualkv-aot: no tuned tiling for {} head_dim {} heads "
+                     "dualkv-aot: no tuned tiling for {} head_dim {}{} heads "
                      "{}:{} {} {} in "
                      "'{}': run dualkv-tune there first\n",
-                     dualkv::toString(key.kind), key.headDim, key.numQHeads,
-                     key.numKVHeads, dualkv::toString(key.dtype), key.arch,
-                     tuning.path());
+                     dualkv::toString(key.kind), key.headDim,
+                     key.vDim() == key.headDim
+                         ? std::string()
+                         : fmt::format(" v_head_dim {}", key.vDim()),
+                     key.numQHeads, key.numKVHeads, dualkv::toString(key.dtype),
+                     key.arch, tuning.path());
           ++failures;
           continue;
         }

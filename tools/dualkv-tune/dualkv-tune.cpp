@@ -149,8 +149,16 @@ cl::opt<
                cl::cat(kernelOptions));
 cl::opt<int, false, dualkv::tools::HeadDimParser>
     headDim("head-dim", cl::value_desc("D"),
-            cl::desc("64, 96, 128 or 256 (default 128)"), cl::init(128),
-            cl::cat(kernelOptions));
+            cl::desc("query/key head size: 64, 96, 128 or 256\n"
+                     "(default 128), or 192 with --v-head-dim 128"),
+            cl::init(128), cl::cat(kernelOptions));
+cl::opt<int, false, dualkv::tools::ValueHeadDimParser>
+    valueHeadDim("v-head-dim", cl::value_desc("DV"),
+                 cl::desc("value head size (default: the --head-dim's);\n"
+                          "apart from it only 128 with --head-dim 192\n"
+                          "(MLA), whose candidates are the mma_sync\n"
+                          "schedule's tilings on every arch"),
+                 cl::init(0), cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false,
         dualkv::tools::HeadsParser<IntegerParser<1, 65535>>>
     heads("heads", cl::desc("HQ:HKV, query and key/value heads (default 32:8)"),
@@ -229,7 +237,7 @@ cl::opt<bool>
 bool isBackward(KernelKind k) { return k != KernelKind::Fwd; }
 
 dualkv::tools::HeadShape headShape(const KernelSpec &s) {
-  return {s.numQHeads, s.numKVHeads, s.headDim, s.dtype};
+  return {s.numQHeads, s.numKVHeads, s.headDim, s.dtype, s.valueHeadDim};
 }
 
 /// One shape of a --shapes file.
@@ -487,6 +495,11 @@ Args parseArgs(int argc, char **argv) {
   Args a;
   a.spec.kind = kindOption;
   a.spec.headDim = headDim;
+  if (std::string problem =
+          dualkv::tools::headShapeProblem(headDim, valueHeadDim);
+      !problem.empty())
+    usageError(problem);
+  a.spec.valueHeadDim = valueHeadDim == headDim ? 0 : valueHeadDim;
   a.spec.numQHeads = heads.query;
   a.spec.numKVHeads = heads.kv;
   a.spec.dtype = dtype;
@@ -729,13 +742,14 @@ public:
         tolScale_(scoreMod.active() ? 2.0 : 1.0),
         groups_({{600, {400, 0, 113, 1}}, {65, {17}}}), plan_(groups_),
         tokens_(plan_.numTokens()), rng_(5), in_(plan_, headShape(s), rng_),
-        dout_(in_.hostQ.size()), dq_(in_.hostQ.size()), dk_(in_.hostK.size()),
+        dout_(in_.o.size()), dq_(in_.hostQ.size()), dk_(in_.hostK.size()),
         dv_(in_.hostV.size()) {
     for (auto &g : groups_)
       problem_.groups.push_back({g.prompt_len, g.response_lens});
     problem_.num_q_heads = s.numQHeads;
     problem_.num_kv_heads = s.numKVHeads;
     problem_.head_dim = s.headDim;
+    problem_.v_head_dim = s.vDim();
     problem_.scale = 1.0 / std::sqrt(double(s.headDim));
     if (isBackward(s.kind))
       prepareBackward();
@@ -785,18 +799,18 @@ private:
       return;
     }
     const int hq = spec_.numQHeads, hkv = spec_.numKVHeads, d = spec_.headDim,
-              g = hq / hkv;
+              dv = spec_.vDim(), g = hq / hkv;
     auto q = widen(in_.hostQ), k = widen(in_.hostK), v = widen(in_.hostV);
-    oRef_.assign(q.size(), 0);
+    oRef_.assign(in_.o.size(), 0);
     lseRef_.assign(size_t(tokens_) * hq, 0);
     forEachKvHead(hkv, [&](int h) {
       auto qh = sliceHeads(q, tokens_, hq, d, h * g, g);
       auto kh = sliceHeads(k, tokens_, hkv, d, h, 1);
-      auto vh = sliceHeads(v, tokens_, hkv, d, h, 1);
-      std::vector<double> oh(qh.size()), lh(size_t(tokens_) * g);
+      auto vh = sliceHeads(v, tokens_, hkv, dv, h, 1);
+      std::vector<double> oh(size_t(tokens_) * g * dv), lh(size_t(tokens_) * g);
       reference::forward(perKvHead(), qh.data(), kh.data(), vh.data(),
                          oh.data(), lh.data());
-      scatterHeads(oh, oRef_, tokens_, hq, d, h * g, g);
+      scatterHeads(oh, oRef_, tokens_, hq, dv, h * g, g);
       std::copy(lh.begin(), lh.end(), lseRef_.begin() + h * g * tokens_);
     });
   }
@@ -834,9 +848,9 @@ private:
   /// candidates).
   void prepareBackward() {
     const int hq = spec_.numQHeads, hkv = spec_.numKVHeads, d = spec_.headDim,
-              g = hq / hkv;
+              dv = spec_.vDim(), g = hq / hkv;
     std::normal_distribution<float> normal;
-    dout16_.resize(in_.q.size());
+    dout16_.resize(in_.o.size());
     for (auto &e : dout16_)
       e = toElement(normal(rng_), spec_.dtype);
     dout_.write(dout16_);
@@ -868,10 +882,10 @@ private:
     dvRef_.assign(v.size(), 0);
     forEachKvHead(hkv, [&](int h) {
       auto qh = sliceHeads(q, tokens_, hq, d, h * g, g);
-      auto oh = sliceHeads(o, tokens_, hq, d, h * g, g);
-      auto douth = sliceHeads(dout, tokens_, hq, d, h * g, g);
+      auto oh = sliceHeads(o, tokens_, hq, dv, h * g, g);
+      auto douth = sliceHeads(dout, tokens_, hq, dv, h * g, g);
       auto kh = sliceHeads(k, tokens_, hkv, d, h, 1);
-      auto vh = sliceHeads(v, tokens_, hkv, d, h, 1);
+      auto vh = sliceHeads(v, tokens_, hkv, dv, h, 1);
       std::vector<double> lh(lse.begin() + h * g * tokens_,
                              lse.begin() + (h + 1) * g * tokens_);
       std::vector<double> dqh(qh.size()), dkh(kh.size()), dvh(vh.size());
@@ -880,7 +894,7 @@ private:
                           dkh.data(), dvh.data());
       scatterHeads(dqh, dqRef_, tokens_, hq, d, h * g, g);
       scatterHeads(dkh, dkRef_, tokens_, hkv, d, h, 1);
-      scatterHeads(dvh, dvRef_, tokens_, hkv, d, h, 1);
+      scatterHeads(dvh, dvRef_, tokens_, hkv, dv, h, 1);
     });
   }
 
@@ -973,10 +987,11 @@ public:
           std::make_unique<DeviceProblem>(plan_, headShape(base), rng));
     if (!isBackward(base.kind))
       return;
-    size_t qSize = inputs_[0]->hostQ.size(), kSize = inputs_[0]->hostK.size();
+    size_t qSize = inputs_[0]->hostQ.size(), kSize = inputs_[0]->hostK.size(),
+           vSize = inputs_[0]->hostV.size();
     dq_ = std::make_unique<DeviceArray<uint16_t>>(qSize);
     dk_ = std::make_unique<DeviceArray<uint16_t>>(kSize);
-    dv_ = std::make_unique<DeviceArray<uint16_t>>(kSize);
+    dv_ = std::make_unique<DeviceArray<uint16_t>>(vSize);
     for (auto &in : inputs_)
       forward(scoreMod_.apply(in->forwardArgs()));
     cudaCheck(cudaDeviceSynchronize(), "forward of the timing inputs");
@@ -989,7 +1004,8 @@ public:
       forward(scoreMod_.apply(in.forwardArgs(tiling)));
       return;
     }
-    // dO: another input set's Q (random, same shape).
+    // dO: another input set's Q (random; O's shape or larger: every head
+    // shape has Dv <= D), read with O's strides.
     backward(scoreMod_.apply(
         withAlgorithm(in.backwardArgs(inputs_[size_t(i + 1) % 3]->q.data(),
                                       dq_->data(), dk_->data(), dv_->data()),
@@ -1039,6 +1055,8 @@ nlohmann::json reportJson(const KernelSpec &base, const std::string &shape,
                         {"candidates", nlohmann::json::array()}};
   if (!base.scoreMod.empty())
     doc["score_mod"] = base.scoreMod; // checked against the default tiling
+  if (base.vDim() != base.headDim)
+    doc["v_head_dim"] = base.vDim();
   for (const Candidate &c : cands)
     doc["candidates"].push_back(toJson(c, dflt));
   doc["default"] = tilingName(dflt);
@@ -1058,12 +1076,13 @@ bool writeReport(const std::string &path, const nlohmann::json &doc) {
 }
 
 /// Useful FLOPs of one group (benchmarks/README.md): the forward 4 * D * Hq
-/// * pairs, the backward 2.5 times that.
+/// * pairs (2 * (D + Dv) with a value head_dim Dv apart: Q K^T and P V), the
+/// backward 2.5 times that.
 double usefulFlops(const KernelSpec &base, const Shape &s) {
   double pairs =
       s.P * (s.P + 1) / 2.0 + s.N * (s.R * double(s.P) + s.R * (s.R + 1) / 2.0);
-  return (isBackward(base.kind) ? 2.5 : 1.0) * 4.0 * base.headDim *
-         base.numQHeads * pairs;
+  return (isBackward(base.kind) ? 2.5 : 1.0) * 2.0 *
+         (base.headDim + base.vDim()) * base.numQHeads * pairs;
 }
 
 std::string shapeName(const Shape &s) {
@@ -1111,9 +1130,12 @@ int main(int argc, char **argv) {
     KernelSpec base = args.spec;
     base.arch = gpu ? arch() : args.arch;
     const bool bwd = isBackward(base.kind);
-    fmt::print("dualkv-tune: {}, head_dim {}, heads {}:{}, {}, {}{}\n",
-               describe(base.kind), base.headDim, base.numQHeads,
-               base.numKVHeads, toString(base.dtype), base.arch,
+    fmt::print("dualkv-tune: {}, head_dim {}{}, heads {}:{}, {}, {}{}\n",
+               describe(base.kind), base.headDim,
+               base.vDim() == base.headDim
+                   ? std::string()
+                   : fmt::format(" v_head_dim {}", base.vDim()),
+               base.numQHeads, base.numKVHeads, toString(base.dtype), base.arch,
                base.scoreMod.empty()
                    ? std::string()
                    : fmt::format(", score modifier {} ({} tensor{})",
