@@ -19,6 +19,9 @@ struct Options {
   std::vector<std::array<int64_t, 3>> configs; // P, N, R
   std::vector<std::string> modes = {"fwd", "bwd", "fwd+bwd", "fwd+bwd det"};
   int d = 128, hq = 32, hkv = 8, reps = 10, warmup = 3, sets = 3;
+  /// The value head_dim (--dv; 0: d): v, o, dO and dV rows.
+  int dv = 0;
+  int vd() const { return dv ? dv : d; }
   DType dtype = DType::BF16;
   /// Tilings of the backward's main kernel to time; {} is the default.
   std::vector<Tiling> bwdTilings = {Tiling{}};
@@ -65,7 +68,9 @@ struct InputSet {
   DeviceBuffer q, k, v, dout, o, lse;
   InputSet(int64_t t, const Options &opt)
       : q(size_t(t) * opt.hq * opt.d * 2), k(size_t(t) * opt.hkv * opt.d * 2),
-        v(k.bytes), dout(q.bytes), o(q.bytes), lse(size_t(t) * opt.hq * 4) {}
+        v(size_t(t) * opt.hkv * opt.vd() * 2),
+        dout(size_t(t) * opt.hq * opt.vd() * 2), o(dout.bytes),
+        lse(size_t(t) * opt.hq * 4) {}
 };
 
 double median(std::vector<float> ms) {
@@ -74,27 +79,29 @@ double median(std::vector<float> ms) {
 }
 
 int usage(std::FILE *to = stderr) {
-  fmt::print(
-      to, "usage: dualkv-backward-bench [--configs P:N:R,...] [--d 64|128|256] "
-          "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
-          "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
-          "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
-          "[--dq-tilings M:N:W:S,...] "
-          "[--bwd-orders auto,longest_first,query_chunks] "
-          "[--bwd-algorithms auto,atomic,split_dq]\n"
-          "Defaults: the standard configs of benchmarks/README.md plus "
-          "65536:16:1024, D=128, heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
-          "rotating input sets, every mode, the default backward tiling "
-          "(--bwd-tilings times each listed block_m:block_n:warps[:stages] "
-          "(stages 1 if left out; 128:64:8:2 on sm_90a is the "
-          "warp-specialized backward with the TMA producer) of the "
-          "backward's main kernel in turn; --bwd-schedules likewise each "
-          "listed schedule of it; --dq-tilings each listed "
-          "block_m:block_n:warps:stages of the split-dQ algorithm's dQ "
-          "kernel, 0 fields taking defaults; --bwd-orders each listed "
-          "order of the main kernel's work items; --bwd-algorithms each "
-          "listed algorithm of the modes bwd and fwd+bwd, det being "
-          "split_dq).\n");
+  fmt::print(to,
+             "usage: dualkv-backward-bench [--configs P:N:R,...] "
+             "[--d 64|96|128|192|256] [--dv 128 (with --d 192)] "
+             "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
+             "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
+             "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "
+             "[--dq-tilings M:N:W:S,...] "
+             "[--bwd-orders auto,longest_first,query_chunks] "
+             "[--bwd-algorithms auto,atomic,split_dq]\n"
+             "Defaults: the standard configs of benchmarks/README.md plus "
+             "65536:16:1024, D=128 (value rows as wide: --dv 128 with --d 192 "
+             "for MLA), heads 32:8, bf16, 10 reps, 3 warm-ups, 3 "
+             "rotating input sets, every mode, the default backward tiling "
+             "(--bwd-tilings times each listed block_m:block_n:warps[:stages] "
+             "(stages 1 if left out; 128:64:8:2 on sm_90a is the "
+             "warp-specialized backward with the TMA producer) of the "
+             "backward's main kernel in turn; --bwd-schedules likewise each "
+             "listed schedule of it; --dq-tilings each listed "
+             "block_m:block_n:warps:stages of the split-dQ algorithm's dQ "
+             "kernel, 0 fields taking defaults; --bwd-orders each listed "
+             "order of the main kernel's work items; --bwd-algorithms each "
+             "listed algorithm of the modes bwd and fwd+bwd, det being "
+             "split_dq).\n");
   return 2;
 }
 
@@ -195,6 +202,8 @@ int main(int argc, char **argv) {
         }
       } else if (a == "--d") {
         opt.d = std::stoi(value());
+      } else if (a == "--dv") {
+        opt.dv = std::stoi(value());
       } else if (a == "--heads") {
         if (std::sscanf(value().c_str(), "%d:%d", &opt.hq, &opt.hkv) != 2)
           return usage();
@@ -252,10 +261,12 @@ int main(int argc, char **argv) {
 
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device properties");
-  fmt::print("# {} | dualkv {} | Hq={} Hkv={} D={} {} | median of {} after {} "
-             "warm-ups, {} rotating input sets\n",
-             prop.name, version(), opt.hq, opt.hkv, opt.d, dtypeName(opt.dtype),
-             opt.reps, opt.warmup, opt.sets);
+  fmt::print("# {} | dualkv {} | Hq={} Hkv={} D={}{} {} | median of {} after "
+             "{} warm-ups, {} rotating input sets\n",
+             prop.name, version(), opt.hq, opt.hkv, opt.d,
+             opt.vd() == opt.d ? std::string()
+                               : fmt::format(" Dv={}", opt.vd()),
+             dtypeName(opt.dtype), opt.reps, opt.warmup, opt.sets);
   fmt::print("{:>6} {:>3} {:>5} {:<22} {:>10} {:>10} {:>8}\n", "P", "N", "R",
              "mode", "median ms", "min ms", "TFLOP/s");
   RandomPool pool(opt.dtype);
@@ -266,10 +277,12 @@ int main(int argc, char **argv) {
     shape.hq = opt.hq;
     shape.hkv = opt.hkv;
     shape.d = opt.d;
+    shape.dv = opt.dv;
     shape.dtype = opt.dtype;
     shape.groups = {PlanGroup{p, std::vector<int64_t>(size_t(n), r)}};
     const int64_t t = shape.tokens();
-    const double fwdFlops = shape.work() * 4; // 4 * D * Hq * pairs
+    // 2 * (D + Dv) * Hq * pairs: Q K^T and P V.
+    const double fwdFlops = shape.work() * 2 * (opt.d + opt.vd()) / opt.d;
     try {
       Plan plan(shape.groups);
       std::vector<std::unique_ptr<InputSet>> sets;
@@ -283,19 +296,21 @@ int main(int argc, char **argv) {
         }
       }
       DeviceBuffer dq(size_t(t) * opt.hq * opt.d * 2),
-          dk(size_t(t) * opt.hkv * opt.d * 2), dv(dk.bytes);
+          dk(size_t(t) * opt.hkv * opt.d * 2),
+          dv(size_t(t) * opt.hkv * opt.vd() * 2);
       auto fwdArgs = [&](InputSet &s) {
         ForwardArgs a;
         a.q = {s.q.ptr, int64_t(opt.hq) * opt.d, opt.d};
         a.k = {s.k.ptr, int64_t(opt.hkv) * opt.d, opt.d};
-        a.v = {s.v.ptr, int64_t(opt.hkv) * opt.d, opt.d};
-        a.o = {s.o.ptr, int64_t(opt.hq) * opt.d, opt.d};
+        a.v = {s.v.ptr, int64_t(opt.hkv) * opt.vd(), opt.vd()};
+        a.o = {s.o.ptr, int64_t(opt.hq) * opt.vd(), opt.vd()};
         a.lse = static_cast<float *>(s.lse.ptr);
         a.lse_stride_h = t;
         a.num_tokens = t;
         a.num_q_heads = opt.hq;
         a.num_kv_heads = opt.hkv;
         a.head_dim = opt.d;
+        a.v_head_dim = opt.dv;
         a.dtype = opt.dtype;
         a.plan = &plan;
         return a;
@@ -308,16 +323,17 @@ int main(int argc, char **argv) {
         a.k = f.k;
         a.v = f.v;
         a.o = f.o;
-        a.dout = {s.dout.ptr, int64_t(opt.hq) * opt.d, opt.d};
+        a.dout = {s.dout.ptr, int64_t(opt.hq) * opt.vd(), opt.vd()};
         a.dq = {dq.ptr, int64_t(opt.hq) * opt.d, opt.d};
         a.dk = {dk.ptr, int64_t(opt.hkv) * opt.d, opt.d};
-        a.dv = {dv.ptr, int64_t(opt.hkv) * opt.d, opt.d};
+        a.dv = {dv.ptr, int64_t(opt.hkv) * opt.vd(), opt.vd()};
         a.lse = f.lse;
         a.lse_stride_h = t;
         a.num_tokens = t;
         a.num_q_heads = opt.hq;
         a.num_kv_heads = opt.hkv;
         a.head_dim = opt.d;
+        a.v_head_dim = opt.dv;
         a.dtype = opt.dtype;
         a.deterministic = deterministic;
         a.plan = &plan;

@@ -263,7 +263,7 @@ int testRandom(int count, uint64_t seed) {
   std::vector<Case> cases;
   std::vector<std::vector<BackwardOptions>> modes;
   for (int i = 0; i < count; ++i) {
-    cases.push_back(randomCase(rng, {64, 96, 128, 256}, kWorkBudget));
+    cases.push_back(randomCase(rng, allHeadShapes(), kWorkBudget));
     cases.back().fill(rng);
     cases.back().fillGrad(rng);
     BackwardOptions atomic;
@@ -290,7 +290,8 @@ int testRandom(int count, uint64_t seed) {
 
 /// P and R at 0, 1, 17 and around the tile sizes (32, 64, 128, 1024); P >= 1
 /// (Plan rejects an empty prompt). Each case runs in both modes. head_dim 256
-/// (64-key blocks, the head dimension split across the warps) in both dtypes.
+/// (64-key blocks, the head dimension split across the warps) in both dtypes,
+/// and MLA's 192 with value rows of 128.
 int testEdges(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t prompts[] = {1,   17,  63,   64,   65,  127,
@@ -301,11 +302,18 @@ int testEdges(uint64_t seed) {
   std::vector<std::vector<BackwardOptions>> modes;
   BackwardOptions atomic, det;
   det.deterministic = true;
-  for (auto [d, t] : {std::pair{128, DType::BF16}, std::pair{64, DType::FP16},
-                      std::pair{256, DType::BF16}, std::pair{256, DType::FP16}})
+  struct Shape {
+    int d, dv;
+    DType t;
+  };
+  for (auto [d, dv, t] :
+       {Shape{128, 0, DType::BF16}, Shape{64, 0, DType::FP16},
+        Shape{256, 0, DType::BF16}, Shape{256, 0, DType::FP16},
+        Shape{192, 128, DType::BF16}, Shape{192, 128, DType::FP16}})
     for (size_t i = 0; i < std::size(prompts); ++i) {
       Case c;
       c.d = d;
+      c.dv = dv;
       c.dtype = t;
       c.hkv = 1;
       c.hq = 4;
@@ -337,10 +345,11 @@ std::vector<double> rowsOf(const std::vector<T> &x,
 int testEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checkedCases = 0;
-  for (int d : {64, 96, 128, 256})
+  for (CaseShape s : allHeadShapes())
     for (DType t : {DType::BF16, DType::FP16}) {
       Case packed;
-      packed.d = d;
+      packed.d = s.d;
+      packed.dv = s.dv;
       packed.dtype = t;
       packed.hkv = 2;
       packed.hq = 8;
@@ -506,7 +515,10 @@ bool dualkv::testing::backwardEquivalence(const Case &packed,
   const DType t = packed.dtype;
   const bool deterministic = mode.deterministic;
   std::vector<ReplicaCopy> copies = replicatedCopies(packed);
-  const int64_t qw = int64_t(packed.hq) * d, kvw = int64_t(packed.hkv) * d;
+  // dQ and dK rows are d wide; dO's and dV's the value head_dim.
+  const int64_t qw = int64_t(packed.hq) * d, kvw = int64_t(packed.hkv) * d,
+                ow = int64_t(packed.hq) * packed.vd(),
+                vw = int64_t(packed.hkv) * packed.vd();
 
   // Which tokens are prompt tokens (compared to a sum).
   std::vector<int64_t> promptTokens, responseTokens;
@@ -531,7 +543,7 @@ bool dualkv::testing::backwardEquivalence(const Case &packed,
   for (auto &copy : copies) {
     Case one = gatherCopies(packed, {copy});
     if (!copy.first)
-      std::fill(one.dout.begin(), one.dout.begin() + copy.group.prompt_len * qw,
+      std::fill(one.dout.begin(), one.dout.begin() + copy.group.prompt_len * ow,
                 0);
     const BackwardResult c = runOne(one, mode);
     for (size_t row = 0; row < copy.tokens.size(); ++row) {
@@ -544,28 +556,30 @@ bool dualkv::testing::backwardEquivalence(const Case &packed,
       }
       for (int64_t x = 0; x < kvw; ++x) {
         sumDk[tok * kvw + x] += c.dk[row * kvw + x];
-        sumDv[tok * kvw + x] += c.dv[row * kvw + x];
-        if (!prompt) {
+        if (!prompt)
           oneDk[tok * kvw + x] = c.dk[row * kvw + x];
-          oneDv[tok * kvw + x] = c.dv[row * kvw + x];
-        }
+      }
+      for (int64_t x = 0; x < vw; ++x) {
+        sumDv[tok * vw + x] += c.dv[row * vw + x];
+        if (!prompt)
+          oneDv[tok * vw + x] = c.dv[row * vw + x];
       }
     }
   }
   Tolerance tol = equivalenceToleranceFor(t);
   auto promptDk = rowsOf(got.dk, promptTokens, kvw),
-       promptDv = rowsOf(got.dv, promptTokens, kvw);
+       promptDv = rowsOf(got.dv, promptTokens, vw);
   auto expDk = rowsOf(sumDk, promptTokens, kvw),
-       expDv = rowsOf(sumDv, promptTokens, kvw);
+       expDv = rowsOf(sumDv, promptTokens, vw);
   std::vector<float> pk(promptDk.begin(), promptDk.end()),
       pv(promptDv.begin(), promptDv.end());
   TensorErrors ek = compareTensor(pk.data(), expDk.data(), expDk.size()),
                ev = compareTensor(pv.data(), expDv.data(), expDv.size()),
                eq = compareTensor(got.dq.data(), sumDq.data(), sumDq.size());
   auto respDk = rowsOf(got.dk, responseTokens, kvw),
-       respDv = rowsOf(got.dv, responseTokens, kvw),
+       respDv = rowsOf(got.dv, responseTokens, vw),
        respOneDk = rowsOf(oneDk, responseTokens, kvw),
-       respOneDv = rowsOf(oneDv, responseTokens, kvw);
+       respOneDv = rowsOf(oneDv, responseTokens, vw);
   auto toFloat = [](const std::vector<double> &x) {
     return std::vector<float>(x.begin(), x.end());
   };
@@ -580,12 +594,14 @@ bool dualkv::testing::backwardEquivalence(const Case &packed,
               within(erk, tol) && within(erv, tol) &&
               (!deterministic || bitsDq + bitsDk + bitsDv == 0);
   fmt::print(
-      "{} equivalence {} D={} {}{}: prompt dK/dV vs sum over copies: "
+      "{} equivalence {} D={}{} {}{}: prompt dK/dV vs sum over copies: "
       "max|err|/max|ref| {:.3g} / {:.3g}, rel-L2 {:.3g} / {:.3g} (tol "
       "{:.1e}, {:.1e}); dQ rel-L2 {:.3g}, response dK/dV rel-L2 {:.3g} / "
       "{:.3g}; values differing in bits from their copy: dQ {}, response "
       "dK {}, dV {}{}\n",
-      pass ? "ok" : "FAIL", modeName(mode), d, dtypeName(t),
+      pass ? "ok" : "FAIL", modeName(mode), d,
+      packed.vd() == d ? std::string() : fmt::format(" Dv={}", packed.vd()),
+      dtypeName(t),
       packed.window > 0 ? fmt::format(" window={}", packed.window) : "",
       ek.maxAbsRel(), ev.maxAbsRel(), ek.relL2, ev.relL2, tol.maxAbsRel,
       tol.relL2, eq.relL2, erk.relL2, erv.relL2, bitsDq, bitsDk, bitsDv,

@@ -46,7 +46,7 @@ std::vector<Checked> checkCases(std::vector<Case> cases) {
     const Case &c = cases[i];
     auto p = c.problem();
     auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v);
-    std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
+    std::vector<double> o(c.oSize()), lse(size_t(c.tokens()) * c.hq);
     reference::forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());
     Errors e = compare(results[i], o, lse);
     Tolerance tol = toleranceFor(c.dtype);
@@ -96,7 +96,7 @@ int testRandom(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
   for (int i = 0; i < count; ++i) {
-    cases.push_back(randomCase(rng, {64, 96, 128, 256}, kWorkBudget));
+    cases.push_back(randomCase(rng, allHeadShapes(), kWorkBudget));
     cases.back().fill(rng);
   }
   std::vector<Checked> all;
@@ -115,11 +115,12 @@ int testEdges(uint64_t seed) {
   std::vector<Case> cases;
   const int64_t prompts[] = {1, 2, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129};
   const int64_t resp[] = {0, 1, 17, 63, 64, 65, 129};
-  for (int d : {64, 96, 128, 256})
+  for (CaseShape s : allHeadShapes())
     for (DType t : {DType::BF16, DType::FP16})
       for (int64_t p : prompts) {
         Case c;
-        c.d = d;
+        c.d = s.d;
+        c.dv = s.dv;
         c.dtype = t;
         c.hkv = 1;
         c.hq = 4;
@@ -140,10 +141,11 @@ int testEdges(uint64_t seed) {
 int testEquivalence(uint64_t seed) {
   std::mt19937_64 rng(seed);
   int failures = 0, checkedCases = 0;
-  for (int d : {64, 96, 128, 256})
+  for (CaseShape s : allHeadShapes())
     for (DType t : {DType::BF16, DType::FP16}) {
       Case packed;
-      packed.d = d;
+      packed.d = s.d;
+      packed.dv = s.dv;
       packed.dtype = t;
       packed.hkv = 2;
       packed.hq = 8;
@@ -222,7 +224,7 @@ std::string dualkv::testing::forwardReferenceError(const Case &c,
   auto p = c.problem();
   p.scale = scaledReference(p.scale, scoreFactor);
   auto q = c.widen(c.q), k = c.widen(c.k), v = c.widen(c.v);
-  std::vector<double> o(q.size()), lse(size_t(c.tokens()) * c.hq);
+  std::vector<double> o(c.oSize()), lse(size_t(c.tokens()) * c.hq);
   reference::forward(p, q.data(), k.data(), v.data(), o.data(), lse.data());
   Errors e = compare(r, o, lse);
   Tolerance tol = toleranceFor(c.dtype);
@@ -245,7 +247,8 @@ int64_t dualkv::testing::forwardEquivalenceMismatches(const Case &packed) {
     for (int64_t tok : copy.tokens)
       pairs.push_back({tok, int64_t(pairs.size())});
   ForwardResult a = runForward(packed), b = runForward(rep);
-  const int64_t tp = packed.tokens(), tr = rep.tokens(), d = packed.d;
+  // O rows are the value head_dim wide.
+  const int64_t tp = packed.tokens(), tr = rep.tokens(), d = packed.vd();
   int64_t mismatches = 0;
   for (auto [pt, rt] : pairs)
     for (int h = 0; h < packed.hq; ++h) {

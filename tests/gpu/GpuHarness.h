@@ -38,14 +38,19 @@ using namespace dualkv::examples;
 struct Case {
   std::vector<PlanGroup> groups;
   int hq = 1, hkv = 1, d = 64;
+  /// The value head_dim (ForwardArgs::v_head_dim): the width of v, o, dO and
+  /// dV rows; 0: d.
+  int dv = 0;
+  /// The value rows' width: dv, or d when that is 0.
+  int vd() const { return dv ? dv : d; }
   DType dtype = DType::BF16;
   /// ForwardArgs::softcap (0: none), given to the kernels and the reference.
   double softcap = 0;
   /// ForwardArgs::window and BackwardArgs::window (0: none), given to the
   /// kernels and the reference.
   int64_t window = 0;
-  std::vector<uint16_t> q, k, v; // packed THD, dense
-  std::vector<uint16_t> dout;    // upstream gradient like q (backward only)
+  std::vector<uint16_t> q, k, v; // packed THD, dense (v rows vd() wide)
+  std::vector<uint16_t> dout;    // upstream gradient like o (backward only)
   /// BackwardArgs::dlse, fp32 [Hq][T] (empty: the LSE is not differentiated).
   std::vector<float> dlse;
   /// ForwardArgs::sinks, fp32 [Hq] (empty: none); with them the backward
@@ -80,7 +85,9 @@ struct Case {
   }
   std::string describe() const {
     std::string s = fmt::format(
-        "Hq={} Hkv={} D={} {}{}{} groups:", hq, hkv, d, toString(dtype),
+        "Hq={} Hkv={} D={}{} {}{}{} groups:", hq, hkv, d,
+        vd() == d ? std::string() : fmt::format(" Dv={}", vd()),
+        toString(dtype),
         softcap > 0 ? fmt::format(" softcap={}", softcap) : std::string(),
         window > 0 ? fmt::format(" window={}", window) : std::string());
     for (auto &g : groups) {
@@ -102,13 +109,15 @@ struct Case {
     int64_t t = tokens();
     q = gen(size_t(t) * hq * d);
     k = gen(size_t(t) * hkv * d);
-    v = gen(size_t(t) * hkv * d);
+    v = gen(size_t(t) * hkv * vd());
   }
+  /// Elements of o and dO: [T][Hq][vd()].
+  size_t oSize() const { return size_t(tokens()) * hq * vd(); }
   /// A random upstream gradient dO (kept apart from fill() so that the
   /// forward tests' random streams do not change).
   void fillGrad(std::mt19937_64 &rng) {
     std::normal_distribution<float> n(0.f, 1.f);
-    dout.resize(q.size());
+    dout.resize(oSize());
     for (auto &e : dout)
       e = to16(n(rng), dtype);
   }
@@ -134,6 +143,7 @@ struct Case {
     p.num_q_heads = hq;
     p.num_kv_heads = hkv;
     p.head_dim = d;
+    p.v_head_dim = vd();
     p.scale = 1.0 / std::sqrt(double(d));
     p.softcap = softcap;
     p.window = window;
@@ -152,6 +162,18 @@ struct Case {
 
 inline const char *dtypeName(DType t) { return toString(t); }
 
+/// A head shape of the tests: query/key head_dim d, value head_dim dv (0: d).
+struct CaseShape {
+  int d = 64, dv = 0;
+};
+/// Every head shape the kernels take (dualkv/HeadDims.h): 64, 96, 128 and
+/// 256 with value rows as wide, and MLA's 192 with 128.
+inline const std::vector<CaseShape> &allHeadShapes() {
+  static const std::vector<CaseShape> shapes = {
+      {64, 0}, {96, 0}, {128, 0}, {256, 0}, {192, 128}};
+  return shapes;
+}
+
 /// An integer in [lo, hi], uniform in log(x).
 inline int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
   std::uniform_real_distribution<double> u(std::log(double(lo)),
@@ -161,11 +183,11 @@ inline int64_t logUniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
 
 /// A random packed problem (docs/architecture.md §6): 1-3 groups, P 1-5000 and
 /// R 1-2000 log-uniform, N 0-16, 15% of the responses empty, 1-2 KV heads with
-/// GQA ratio 1, 4 or 8, head_dim from `dims`, bf16 or fp16. Lengths are scaled
-/// down until the reference's work (Case::work) is at most `budget`, which
-/// bounds the test's run time. Inputs are not filled.
-inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
-                       double budget) {
+/// GQA ratio 1, 4 or 8, head shape from `shapes`, bf16 or fp16. Lengths are
+/// scaled down until the reference's work (Case::work) is at most `budget`,
+/// which bounds the test's run time. Inputs are not filled.
+inline Case randomCase(std::mt19937_64 &rng,
+                       const std::vector<CaseShape> &shapes, double budget) {
   Case c;
   std::uniform_int_distribution<int> groups(1, 3), responses(0, 16),
       coin(0, 99);
@@ -182,7 +204,9 @@ inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
   const int ratios[] = {1, 4, 8};
   c.hkv = 1 + coin(rng) % 2;
   c.hq = ratios[coin(rng) % 3] * c.hkv;
-  c.d = dims[size_t(coin(rng)) % dims.size()];
+  const CaseShape &shape = shapes[size_t(coin(rng)) % shapes.size()];
+  c.d = shape.d;
+  c.dv = shape.dv;
   c.dtype = coin(rng) % 2 ? DType::BF16 : DType::FP16;
   while (c.work() > budget) {
     double f = std::sqrt(budget / c.work()) * 0.95;
@@ -193,6 +217,15 @@ inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
     }
   }
   return c;
+}
+
+/// randomCase over head_dims `dims`, value rows as wide.
+inline Case randomCase(std::mt19937_64 &rng, const std::vector<int> &dims,
+                       double budget) {
+  std::vector<CaseShape> shapes;
+  for (int d : dims)
+    shapes.push_back({d, 0});
+  return randomCase(rng, shapes, budget);
 }
 
 /// The batch of the variants' controls (VariantGpuTest.cpp,
@@ -258,18 +291,18 @@ inline Case gatherCopies(const Case &packed,
   rep.v.clear();
   rep.dout.clear();
   auto rows = [&](std::vector<uint16_t> &dst, const std::vector<uint16_t> &src,
-                  int64_t tok, int h) {
-    dst.insert(dst.end(), src.begin() + tok * h * packed.d,
-               src.begin() + (tok + 1) * h * packed.d);
+                  int64_t tok, int h, int width) {
+    dst.insert(dst.end(), src.begin() + tok * h * width,
+               src.begin() + (tok + 1) * h * width);
   };
   for (auto &c : copies) {
     rep.groups.push_back(c.group);
     for (int64_t tok : c.tokens) {
-      rows(rep.q, packed.q, tok, packed.hq);
-      rows(rep.k, packed.k, tok, packed.hkv);
-      rows(rep.v, packed.v, tok, packed.hkv);
+      rows(rep.q, packed.q, tok, packed.hq, packed.d);
+      rows(rep.k, packed.k, tok, packed.hkv, packed.d);
+      rows(rep.v, packed.v, tok, packed.hkv, packed.vd());
       if (!packed.dout.empty())
-        rows(rep.dout, packed.dout, tok, packed.hq);
+        rows(rep.dout, packed.dout, tok, packed.hq, packed.vd());
     }
   }
   return rep;
@@ -344,7 +377,7 @@ inline std::vector<float> downloadWidened(const DeviceBuffer &b, size_t n,
 
 /// O and LSE of one forward launch, copied back to the host.
 struct ForwardResult {
-  std::vector<float> o;   // [T][Hq][D]
+  std::vector<float> o;   // [T][Hq][Dv]
   std::vector<float> lse; // [Hq][T]
 };
 
@@ -357,6 +390,7 @@ void setProblem(Args &a, const Case &c, const Plan &plan) {
   a.num_q_heads = c.hq;
   a.num_kv_heads = c.hkv;
   a.head_dim = c.d;
+  a.v_head_dim = c.dv;
   a.dtype = c.dtype;
   a.softcap = static_cast<float>(c.softcap);
   a.window = c.window;
@@ -399,8 +433,7 @@ struct DeviceCase {
   DeviceScoreMod scoreMod;
   explicit DeviceCase(const Case &c)
       : c(c), plan(c.groups), q(c.q.size() * 2), k(c.k.size() * 2),
-        v(c.v.size() * 2), o(c.q.size() * 2),
-        lse(size_t(c.tokens()) * c.hq * 4),
+        v(c.v.size() * 2), o(c.oSize() * 2), lse(size_t(c.tokens()) * c.hq * 4),
         scoreMod(c.scoreMod, c.scoreModInputs) {
     q.upload(c.q);
     k.upload(c.k);
@@ -417,8 +450,8 @@ struct DeviceCase {
     ForwardArgs a;
     a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
     a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
-    a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
-    a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
+    a.v = {v.ptr, int64_t(c.hkv) * c.vd(), c.vd()};
+    a.o = {o.ptr, int64_t(c.hq) * c.vd(), c.vd()};
     a.lse = static_cast<float *>(lse.ptr);
     setProblem(a, c, plan);
     if (sinks)
@@ -435,7 +468,7 @@ struct DeviceCase {
   /// O (widened to float) and LSE as they are on the device now.
   ForwardResult download() const {
     ForwardResult r;
-    r.o = downloadWidened(o, c.q.size(), c.dtype);
+    r.o = downloadWidened(o, c.oSize(), c.dtype);
     r.lse = lse.download<float>(size_t(c.tokens()) * c.hq);
     return r;
   }
@@ -444,7 +477,7 @@ struct DeviceCase {
 /// dQ, dK and dV of one backward launch, widened to float.
 struct BackwardResult {
   std::vector<float> dq;          // [T][Hq][D]
-  std::vector<float> dk, dv;      // [T][Hkv][D]
+  std::vector<float> dk, dv;      // [T][Hkv][D], [T][Hkv][Dv]
   std::vector<float> dsinks = {}; // [Hq] when the case has sinks
 };
 
@@ -483,9 +516,9 @@ struct BackwardDeviceCase : DeviceCase {
   /// dL/dsinks, when the case has sinks.
   std::unique_ptr<DeviceBuffer> dsinks;
   explicit BackwardDeviceCase(const Case &c)
-      : DeviceCase(c), dout(c.q.size() * 2), dq(c.q.size() * 2),
+      : DeviceCase(c), dout(c.oSize() * 2), dq(c.q.size() * 2),
         dk(c.k.size() * 2), dv(c.v.size() * 2) {
-    if (c.dout.size() != c.q.size())
+    if (c.dout.size() != c.oSize())
       throw std::invalid_argument("BackwardDeviceCase: call fillGrad() first");
     dout.upload(c.dout);
     if (!c.dlse.empty()) {
@@ -506,14 +539,15 @@ struct BackwardDeviceCase : DeviceCase {
   /// allocated on first use.
   BackwardArgs backwardArgs(const BackwardOptions &options = {}) {
     BackwardArgs a;
+    const int64_t dv = c.vd();
     a.q = {q.ptr, int64_t(c.hq) * c.d, c.d};
     a.k = {k.ptr, int64_t(c.hkv) * c.d, c.d};
-    a.v = {v.ptr, int64_t(c.hkv) * c.d, c.d};
-    a.o = {o.ptr, int64_t(c.hq) * c.d, c.d};
-    a.dout = {dout.ptr, int64_t(c.hq) * c.d, c.d};
+    a.v = {v.ptr, int64_t(c.hkv) * dv, dv};
+    a.o = {o.ptr, int64_t(c.hq) * dv, dv};
+    a.dout = {dout.ptr, int64_t(c.hq) * dv, dv};
     a.dq = {dq.ptr, int64_t(c.hq) * c.d, c.d};
     a.dk = {dk.ptr, int64_t(c.hkv) * c.d, c.d};
-    a.dv = {dv.ptr, int64_t(c.hkv) * c.d, c.d};
+    a.dv = {this->dv.ptr, int64_t(c.hkv) * dv, dv};
     a.lse = static_cast<const float *>(lse.ptr);
     setProblem(a, c, plan);
     if (dlse) {

@@ -1,5 +1,6 @@
 // The sanitizer workload: every kernel kind the library ships (fwd, bwd_pre,
-// bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 128 and 256, bf16 and fp16,
+// bwd, bwd_post, bwd_kv, bwd_dq) at head_dim 64, 96, 128 and 256 and at
+// MLA's 192 with value rows of 128 (`sanitize 192`), bf16 and fp16,
 // in the device's default schedules and in the mma.sync schedule at sm_80's
 // default tilings (and on sm_90 at head_dim 128 the wgmma forward, the TMA
 // producer of the warp-specialized backward and the wgmma dQ kernel, which no
@@ -34,12 +35,13 @@ struct Variant {
 /// `arch`'s default tilings (defaultTiling; sm_80 unless named): mma.sync on
 /// every arch, since they fit neither the wgmma nor the warp-specialized
 /// schedule.
-Variant mmaSyncVariant(int headDim, DType dtype,
+Variant mmaSyncVariant(CaseShape shape, DType dtype,
                        const std::string &arch = "sm_80") {
   auto tiling = [&](KernelKind kind) {
     KernelSpec spec;
     spec.kind = kind;
-    spec.headDim = headDim;
+    spec.headDim = shape.d;
+    spec.valueHeadDim = shape.dv;
     spec.dtype = dtype;
     spec.arch = arch;
     return defaultTiling(spec);
@@ -53,9 +55,10 @@ Variant mmaSyncVariant(int headDim, DType dtype,
 /// and a group longer than one backward query chunk (1024 tokens), so one
 /// prompt tile is split over several CTAs and reduced through the fp32
 /// accumulators; GQA with two query heads a KV head.
-Case sanitizeCase(int headDim, DType dtype, std::mt19937_64 &rng) {
+Case sanitizeCase(CaseShape shape, DType dtype, std::mt19937_64 &rng) {
   Case c;
-  c.d = headDim;
+  c.d = shape.d;
+  c.dv = shape.dv;
   c.dtype = dtype;
   c.hq = 4;
   c.hkv = 2;
@@ -79,11 +82,12 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
     ++failures;
     fmt::print("FAIL {}: {}\n", what, error);
   };
-  for (int d : {64, 96, 128, 256})
+  for (CaseShape shape : allHeadShapes())
     for (DType t : {DType::BF16, DType::FP16}) {
+      const int d = shape.d;
       if (onlyHeadDim && d != onlyHeadDim) // -1: the trees only
         continue;
-      Case c = sanitizeCase(d, t, rng);
+      Case c = sanitizeCase(shape, t, rng);
       c.softcap = softcap;
       c.window = window;
       if (dlse)
@@ -91,11 +95,11 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
       if (sinks)
         c.fillSinks(rng);
       std::vector<Variant> variants = {Variant{"default", {}, {}, {}, {}},
-                                       mmaSyncVariant(d, t)};
+                                       mmaSyncVariant(shape, t)};
       // Head_dim 96 at the 99 KB archs' tilings too: bwd 64:32:4, whose dQ
       // columns a warp (48) end in a chunk of 16 (MmaSyncKVMajor.cpp).
       if (d == 96)
-        variants.push_back(mmaSyncVariant(d, t, "sm_86"));
+        variants.push_back(mmaSyncVariant(shape, t, "sm_86"));
       // The kernels no default picks for packed groups: the wgmma forward
       // (by name) and, by their tilings, the KV-major backward's TMA
       // producer (two stages) and the wgmma dQ kernel (one stage; prefix
