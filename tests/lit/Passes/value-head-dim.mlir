@@ -1,12 +1,19 @@
 // A value head_dim apart from the query/key head_dim (MLA's 192/128): the bound
-// problem carries v_head_dim (printed only when it differs), sm_90a's wgmma and
-// warp-specialized schedules refuse it so every kind takes mma_sync, the KV-major
-// backward takes 64 keys in the two-dimensional warp layout, and the kernels lay
-// out V and dO rows of 128 + 8 elements beside Q and K rows of 192 + 8.
+// problem carries v_head_dim (printed only when it differs). On sm_90a the forward
+// is warp-specialized (V tiles of two swizzle atoms beside Q and K tiles of three),
+// the backward kinds mma_sync's, as every kind on sm_80: the KV-major backward takes
+// 64 keys in the two-dimensional warp layout, and the kernels lay out V and dO rows
+// of 128 + 8 elements beside Q and K rows of 192 + 8.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=192 v-head-dim=128" | FileCheck %s --check-prefix=FWD
 // FWD: problem <P = 0, N = 0, num_q_heads = 32, num_kv_heads = 8, head_dim = 192, dtype = bf16, scale = 0.0721687836487{{[0-9]*}} : f64, causal = true, v_head_dim = 128>
-// FWD-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2> arch "sm_90a" schedule <mma_sync>
+// FWD-SAME: tiling <block_m = 128, block_n = 128, warps = 8, stages = 2> arch "sm_90a" schedule <warp_specialized>
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=192 v-head-dim=128 arch=sm_80" | FileCheck %s --check-prefix=FWD80
+// FWD80: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2> arch "sm_80" schedule <mma_sync>
+// The warp-specialized forward's ring: [Q 128 x 192][K 2 x 128 x 192][V 2 x 128 x
+// 128] in the swizzle, 9 mbarriers, 1 KB to align.
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=192 v-head-dim=128" --dualkv-tile-regions --dualkv-lower-to-nvgpu | FileCheck %s --check-prefix=SMEM-WS
+// SMEM-WS: dualkv.shared_bytes = 214088
 
 // An equal value head_dim is no value head_dim of its own.
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 v-head-dim=128" | FileCheck %s --check-prefix=EQUAL
@@ -44,5 +51,5 @@
 // ALONE: error: head_dim 192 needs its own value head_dim: head_dim must be 64, 96, 128 or 256 with an equal value head_dim, or 192 with value head_dim 128
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 v-head-dim=64" 2>&1 | FileCheck %s --check-prefix=PAIR
 // PAIR: error: head_dim must be 64, 96, 128 or 256 with an equal value head_dim, or 192 with value head_dim 128, got head_dim 128 with value head_dim 64
-// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=192 v-head-dim=128 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=WS
-// WS: the warp_specialized schedule cannot compute this fwd kernel: its value rows are as wide as the query and key rows, not head_dim 192 with value head_dim 128
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=192 v-head-dim=128 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=WS
+// WS: the warp_specialized schedule cannot compute this bwd_dq kernel: its bwd_dq kernel has value rows as wide as the query and key rows, not head_dim 192 with value head_dim 128

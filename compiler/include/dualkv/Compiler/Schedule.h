@@ -128,19 +128,25 @@ struct KVMajorLayout {
 
 /// The warp-specialized query-major kernels (fwd, bwd_dq): [Q][dO
 /// (bwd_dq)][K x stages][V x stages] unpadded in the 128-byte swizzle (rows
-/// of swizzledTileDim columns), an mbarrier for Q and four a stage, and
-/// kSwizzleAlign bytes to align.
+/// of swizzledTileDim columns; dO and V of the value head_dim's), an
+/// mbarrier for Q and four a stage, and kSwizzleAlign bytes to align.
 struct RingLayout {
-  int64_t q = 0, dO = 0, kRing = 0, vRing = 0, slotBytes = 0, barriers = 0,
-          numBarriers = 0, total = 0;
-  static RingLayout of(const Tiling &t, int headDim, KernelKind kind) {
+  /// slotBytes: a K slot's bytes; vSlotBytes: a V slot's.
+  int64_t q = 0, dO = 0, kRing = 0, vRing = 0, slotBytes = 0, vSlotBytes = 0,
+          barriers = 0, numBarriers = 0, total = 0;
+  /// `valueHeadDim` 0: headDim.
+  static RingLayout of(const Tiling &t, int headDim, KernelKind kind,
+                       int valueHeadDim = 0) {
     RingLayout l;
     const int64_t row = swizzledTileDim(headDim) * 2;
+    const int64_t vRow =
+        swizzledTileDim(valueHeadDim ? valueHeadDim : headDim) * 2;
     l.dO = t.blockM * row;
-    l.kRing = (kind == KernelKind::BwdDQ ? 2 : 1) * t.blockM * row;
+    l.kRing = l.dO + (kind == KernelKind::BwdDQ ? t.blockM * vRow : 0);
     l.slotBytes = t.blockN * row;
+    l.vSlotBytes = t.blockN * vRow;
     l.vRing = l.kRing + t.stages * l.slotBytes;
-    l.barriers = l.vRing + t.stages * l.slotBytes;
+    l.barriers = l.vRing + t.stages * l.vSlotBytes;
     l.numBarriers = 1 + 4 * int64_t(t.stages);
     l.total = l.barriers + 8 * l.numBarriers + kSwizzleAlign;
     return l;

@@ -255,22 +255,26 @@ public:
         elemType(kernel.getProblem()->getDtype()),
         headDim(kernel.getProblem()->getHeadDim()),
         tileDim(::dualkv::swizzledTileDim(headDim)),
+        valueHeadDim(kernel.getProblem()->getValueHeadDim()),
+        vTileDim(::dualkv::swizzledTileDim(valueHeadDim)),
         warps(kernel.getTiling()->getWarps()),
         blockM(kernel.getTiling()->getBlockM()),
         blockN(kernel.getTiling()->getBlockN()),
         stages(kernel.getTiling()->getStages()),
         groupSize(kernel.getProblem()->getNumQHeads() /
                   kernel.getProblem()->getNumKvHeads()),
-        nTiles(blockN / 8), dTiles(tileDim / 8),
+        nTiles(blockN / 8),
         isDq(kernel.getKind() == KernelKind::bwd_dq),
-        isTree(kernel.walksChain()),
+        dTiles((isDq ? tileDim : vTileDim) / 8),
+        outDim(isDq ? headDim : valueHeadDim), isTree(kernel.walksChain()),
         ring(::dualkv::RingLayout::of(
             {int(blockM), int(blockN), int(warps), int(stages)}, int(headDim),
-            isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd)),
+            isDq ? ::dualkv::KernelKind::BwdDQ : ::dualkv::KernelKind::Fwd,
+            int(valueHeadDim))),
         fn(*this, elemType), frags(*this, elemType),
         smemTiles(*this, elemType, headDim),
-        mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(), tileDim,
-            headDim) {
+        mma(b, kernel.getLoc(), kernel.getProblem()->getDtype(),
+            isDq ? tileDim : vTileDim, headDim) {
     smemTiles.setSwizzledTileCols(tileDim);
   }
 
@@ -286,11 +290,16 @@ private:
   /// The element type, head_dim, the columns of its swizzled tiles
   /// (swizzledTileDim: 128 at head_dim 96, whose last 32 the TMA zero-fills;
   /// the accumulators of O and dQ keep them, zero, and the stores leave them
-  /// out), and the consumer warps a CTA.
+  /// out), the value head_dim and its tiles' columns (V; the forward only
+  /// takes one apart from head_dim), and the consumer warps a CTA.
   const Type elemType;
-  const int64_t headDim, tileDim, warps;
-  const int64_t blockM, blockN, stages, groupSize, nTiles, dTiles;
-  const bool isDq, isTree;
+  const int64_t headDim, tileDim, valueHeadDim, vTileDim, warps;
+  const int64_t blockM, blockN, stages, groupSize, nTiles;
+  const bool isDq;
+  /// The accumulator's n8 tiles (O: vTileDim's, dQ: tileDim's) and the
+  /// columns the epilogue stores (the value head_dim's, or head_dim's).
+  const int64_t dTiles, outDim;
+  const bool isTree;
   /// The sliding window W (the `window` parameter, read at entry; null:
   /// none).
   Value window;
@@ -350,7 +359,7 @@ private:
     return add(t.base, add(idx(ring.kRing), mul(slot, idx(ring.slotBytes))));
   }
   Value vAddrOf(const RingTiles &t, Value slot) {
-    return add(t.base, add(idx(ring.vRing), mul(slot, idx(ring.slotBytes))));
+    return add(t.base, add(idx(ring.vRing), mul(slot, idx(ring.vSlotBytes))));
   }
   Value kFull(const RingTiles &t, Value s) { return barrierAt(t, 1, s); }
   Value vFull(const RingTiles &t, Value s) { return barrierAt(t, 2, s); }
@@ -885,6 +894,9 @@ void WarpSpecializedQueryMajor::emitProducer(const KernelArgs &args,
   auto [start, tile] = tileAt(pipe, coords, i, w);
   Value row = add(start, mul(tile, idx(blockN)));
   Value slotBytes = mul(slot, idx(ring.slotBytes));
+  Value vSlotBytes = ring.vSlotBytes == ring.slotBytes
+                         ? slotBytes
+                         : mul(slot, idx(ring.vSlotBytes));
   waitParity(*this, kEmpty(tiles, slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
       b, loc, Type(), kFull(tiles, slot), i32c(int32_t(ring.slotBytes)),
@@ -894,11 +906,11 @@ void WarpSpecializedQueryMajor::emitProducer(const KernelArgs &args,
               row, coords.kvHead, kFull(tiles, slot));
   waitParity(*this, vEmpty(tiles, slot), free);
   NVVM::MBarrierArriveExpectTxOp::create(
-      b, loc, Type(), vFull(tiles, slot), i32c(int32_t(ring.slotBytes)),
+      b, loc, Type(), vFull(tiles, slot), i32c(int32_t(ring.vSlotBytes)),
       NVVM::MemScopeKind::CTA, false, Value());
   tmaLoadTile(*this, args.vMap,
-              add(tiles.base, add(idx(ring.vRing), slotBytes)), blockN, tileDim,
-              row, coords.kvHead, vFull(tiles, slot));
+              add(tiles.base, add(idx(ring.vRing), vSlotBytes)), blockN,
+              vTileDim, row, coords.kvHead, vFull(tiles, slot));
   if (isTree)
     scf::YieldOp::create(b, loc, walkAfter(pipe, i, w)->values());
 }
@@ -1304,12 +1316,13 @@ void WarpSpecializedQueryMajor::storeRows(const SegmentCoords &coords,
   // The rows go through this warpgroup's 64 rows of the Q tile (its last
   // scores are done, so Q is free), in the same swizzle, then out as 16-byte
   // row chunks: every warp of the group writes whole rows, coalesced. Only
-  // head_dim's columns (a tile of 128 at head_dim 96 holds 32 zero ones).
+  // outDim's columns (a tile of 128 at head_dim 96 holds 32 zero ones; O of
+  // MLA's 192/128 fills 128 of Q's 192).
   proxyFence(*this);
   for (int64_t h = 0; h < 2; ++h) {
     Value r =
         add(mul(ids.warp, idx(16)), add(idx(h * 8), ids.g)); // row in the tile
-    for (int64_t dt = 0; dt < headDim / 8; ++dt) {
+    for (int64_t dt = 0; dt < outDim / 8; ++dt) {
       Value lo = acc[dt * 4 + h * 2], hi = acc[dt * 4 + h * 2 + 1];
       if (!rowScale.empty()) {
         lo = arith::MulFOp::create(b, loc, lo, rowScale[h]);
@@ -1334,7 +1347,7 @@ void WarpSpecializedQueryMajor::storeRows(const SegmentCoords &coords,
   // to the threads as one column of rows apiece.
   Value lt = remu(ids.tid, kWarpgroupThreads);
   auto vec8 = VectorType::get({8}, elemType);
-  for (auto [chunk0, chunks] : ::dualkv::copyParts(headDim / 8)) {
+  for (auto [chunk0, chunks] : ::dualkv::copyParts(outDim / 8)) {
     int64_t rowsPerPass = kWarpgroupThreads / chunks;
     Value c = mul(remu(lt, chunks), idx(8));
     if (chunk0)

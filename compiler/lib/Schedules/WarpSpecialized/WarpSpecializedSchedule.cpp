@@ -41,8 +41,11 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
            "ancestor chains)";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
-  if (spec.vDim() != spec.headDim)
-    return "its value rows are as wide as the query and key rows, not "
+  // A value head_dim of its own: the forward only (its P V fills the value
+  // rows' columns).
+  if (spec.vDim() != spec.headDim && spec.kind != KernelKind::Fwd)
+    return "its " + std::string(toString(spec.kind)) +
+           " kernel has value rows as wide as the query and key rows, not "
            "head_dim " +
            std::to_string(spec.headDim) + " with value head_dim " +
            std::to_string(spec.vDim());
@@ -79,15 +82,16 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
       return "its dQ kernel needs block_m 128, 8 (consumer) warps, 2 to 4 "
              "stages and block_n 16, 32 or 64 (or 128 at head_dim 64)";
   } else {
-    if (!isSupportedHeadDim(spec.headDim))
-      return "it has head_dim " + headDimChoices() + ", not " +
+    if (!isSupportedHeadShape(spec.headDim, spec.vDim()))
+      return "it has head_dim " + headShapeChoices() + ", not " +
              std::to_string(spec.headDim);
     if (t.blockM != 128 || t.warps != 8 || t.stages != 2 || t.blockN % 16 ||
         128 % t.blockN)
       return "it needs block_m 128, 8 (consumer) warps, 2 stages and block_n "
              "16, 32, 64 or 128";
   }
-  if (warpSpecializedSharedBytes(t, spec.headDim, spec.kind) > 227 * 1024)
+  if (warpSpecializedSharedBytes(t, spec.headDim, spec.kind, spec.vDim()) >
+      227 * 1024)
     return "its tiles exceed 227 KB of shared memory at block_n " +
            std::to_string(t.blockN);
   return {};
@@ -118,7 +122,8 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
 
 std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   std::optional<Arch> a = Arch::parse(spec.arch);
-  if (!a || !a->hasWgmma() || spec.vDim() != spec.headDim ||
+  if (!a || !a->hasWgmma() ||
+      (spec.vDim() != spec.headDim && spec.kind != KernelKind::Fwd) ||
       (spec.schedule != Schedule::WarpSpecialized &&
        spec.schedule != Schedule::Auto))
     return std::nullopt;
@@ -189,8 +194,11 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   // (docs/performance.md). Prefix trees whose segments walk an ancestor
   // chain too (the tree variant).
   // Head_dim 96 as 128 (swizzledTileDim): its scores contract 96 columns,
-  // P V fills 128, of which the last 32 stay zero.
-  if (spec.kind == KernelKind::Fwd && isSupportedHeadDim(spec.headDim))
+  // P V fills 128, of which the last 32 stay zero. MLA's 192/128: Q and K
+  // rows of three atoms, V of two; 128 keys a tile (208 KB of shared
+  // memory).
+  if (spec.kind == KernelKind::Fwd &&
+      isSupportedHeadShape(spec.headDim, spec.vDim()))
     return Tiling{128, spec.headDim == 256 ? 64 : 128, 8, 2};
   return std::nullopt;
 }
@@ -208,7 +216,7 @@ int64_t warpSpecializedSharedBytesOf(const KernelSpec &resolved) {
   case KernelKind::Fwd:
   case KernelKind::BwdDQ:
     return warpSpecializedSharedBytes(resolved.tiling, resolved.headDim,
-                                      resolved.kind);
+                                      resolved.kind, resolved.vDim());
   case KernelKind::Bwd:
   case KernelKind::BwdKV:
     break;
@@ -285,8 +293,8 @@ LaunchGeometry warpSpecializedLaunch(const KernelSpec &resolved) {
 } // namespace
 
 int64_t warpSpecializedSharedBytes(const Tiling &tiling, int headDim,
-                                   KernelKind kind) {
-  return RingLayout::of(tiling, headDim, kind).total;
+                                   KernelKind kind, int valueHeadDim) {
+  return RingLayout::of(tiling, headDim, kind, valueHeadDim).total;
 }
 
 const ScheduleRecord kWarpSpecializedRecord = {
