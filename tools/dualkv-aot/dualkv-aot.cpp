@@ -784,7 +784,7 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
   bool chosen = s.schedule == dualkv::Schedule::Auto ||
                 s.schedule == dualkv::resolveSpec(automatic).schedule;
   return fmt::format(
-      "dualkv_{}{}{}{}{}{}{}_d{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
+      "dualkv_{}{}{}{}{}{}{}_{}_h{}x{}_{}{}_m{}n{}w{}s{}{}",
       dualkv::toString(s.kind), s.tree ? "_tree" : "", s.dlse ? "_dlse" : "",
       s.sinks ? "_sinks" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
@@ -792,9 +792,9 @@ std::string kernelFileName(const dualkv::KernelSpec &s, bool withArch = true) {
       s.scoreMod.empty()
           ? std::string()
           : "_scoremod" + dualkv::sha256Hex(s.scoreMod).substr(0, 8),
-      s.headDim, s.numQHeads, s.numKVHeads, dualkv::toString(s.dtype),
-      withArch ? "_" + s.arch : std::string(), s.tiling.blockM, s.tiling.blockN,
-      s.tiling.warps, s.tiling.stages,
+      dualkv::headShapeName(s.headDim, s.vDim()), s.numQHeads, s.numKVHeads,
+      dualkv::toString(s.dtype), withArch ? "_" + s.arch : std::string(),
+      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
       chosen ? std::string() : "_" + std::string(dualkv::toString(s.schedule)));
 }
 

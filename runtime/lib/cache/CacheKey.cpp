@@ -22,6 +22,7 @@ CacheKey CacheKey::fromSpec(const KernelSpec &spec,
   key.N = spec.N;
   key.R = spec.R;
   key.headDim = spec.headDim;
+  key.valueHeadDim = spec.vDim() == spec.headDim ? 0 : spec.vDim();
   key.numQHeads = spec.numQHeads;
   key.numKVHeads = spec.numKVHeads;
   key.dtype = spec.dtype;
@@ -45,6 +46,7 @@ KernelSpec CacheKey::spec() const {
   spec.N = N;
   spec.R = R;
   spec.headDim = headDim;
+  spec.valueHeadDim = valueHeadDim;
   spec.numQHeads = numQHeads;
   spec.numKVHeads = numKVHeads;
   spec.dtype = dtype;
@@ -94,6 +96,8 @@ json CacheKey::toJson() const {
     key["score_mod"] = scoreMod;
   if (R != 0)
     key["R"] = R;
+  if (valueHeadDim != 0)
+    key["v_head_dim"] = valueHeadDim;
   return key;
 }
 
@@ -101,10 +105,13 @@ std::string CacheKey::hash() const { return sha256Hex(toJson().dump()); }
 
 std::string CacheKey::describe() const {
   return fmt::format(
-      "{} kernel (P={} N={}{} head_dim={} Hq={} Hkv={} {} {} "
+      "{} kernel (P={} N={}{} head_dim={}{} Hq={} Hkv={} {} {} "
       "tiling {}x{} warps={} stages={} schedule {}{}{}{}{}{}{})",
       toString(kind), P, N, R ? fmt::format(" R={}", R) : std::string(),
-      headDim, numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
+      headDim,
+      valueHeadDim ? fmt::format(" v_head_dim={}", valueHeadDim)
+                   : std::string(),
+      numQHeads, numKVHeads, toString(dtype), arch, tiling.blockM,
       tiling.blockN, tiling.warps, tiling.stages, toString(schedule),
       tree ? ", tree" : "",
       softcap > 0 ? fmt::format(", softcap {}", softcap) : std::string(),

@@ -26,6 +26,9 @@ struct CacheKey {
   int64_t N = 0; ///< shape class, 0 = any
   int64_t R = 0; ///< shape class, 0 = any; in the JSON only when non-zero
   int headDim = 0;
+  /// KernelSpec::vDim() when it differs from headDim, else 0; in the JSON
+  /// only when non-zero, like `R`.
+  int valueHeadDim = 0;
   int numQHeads = 0;
   int numKVHeads = 0;
   DType dtype = DType::BF16;
