@@ -205,7 +205,7 @@ def test_deepseek_v3_matches_replicated_sequences(deterministic, monkeypatch):
     with torch.no_grad():
         causal = packed_model(input_ids=t["input_ids"][None],
                               position_ids=t["position_ids"][None],
-                              dualkv_plan=dualkv.Plan([(0, [T])])
+                              dualkv_plan=dualkv.Plan([(T, [])])
                               ).logits[0].float()
     err, noise = logits_errors(causal, packed, GROUPS, ref_logits,
                                floor_logits)

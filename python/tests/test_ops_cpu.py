@@ -336,17 +336,19 @@ class WindowTest(unittest.TestCase):
 
     def test_argument_structs_end_with_the_window(self):
         # dualkv_c.h appends `int64_t window` after sinks (forward) and after
-        # dsinks (backward), then the score modifier's three fields; the
-        # library's struct_sizes check the sizes (LibraryTest), this the
-        # order.
+        # dsinks (backward), then the score modifier's three fields and the
+        # `int64_t v_head_dim`; the library's struct_sizes check the sizes
+        # (LibraryTest), this the order.
         for struct, before in ((_lib.ForwardArgs, "sinks"),
                                (_lib.BackwardArgs, "dsinks")):
             names = [name for name, _ in struct._fields_]
-            self.assertEqual(names[-5:], [before, "window", "score_mod",
+            self.assertEqual(names[-6:], [before, "window", "score_mod",
                                           "score_mod_inputs",
-                                          "num_score_mod_inputs"],
+                                          "num_score_mod_inputs",
+                                          "v_head_dim"],
                              struct.__name__)
-            self.assertIs(struct._fields_[-4][1], ctypes.c_int64)
+            self.assertIs(struct._fields_[-5][1], ctypes.c_int64)
+            self.assertIs(struct._fields_[-1][1], ctypes.c_int64)
             self.assertEqual(getattr(struct, "window").offset % 8, 0)
         args = _lib.ForwardArgs(window=5)
         self.assertEqual(args.window, 5)

@@ -71,8 +71,8 @@ archs with one tiling (launch geometry) for all of them also gets
 differ by arch: the forward's on sm_90a is the warp-specialized schedule's).
 
 Head shapes (--head-dim, --v-head-dim): 64, 96, 128 or 256 with value rows as
-wide, or MLA's query/key 192 with value 128 (DeepSeek-V3), which every arch
-computes with the mma_sync schedule.
+wide, or MLA's query/key 192 with value 128 (DeepSeek-V3): a warp-specialized
+forward on sm_90a, every other kernel of it with the mma_sync schedule.
 )";
 
 cl::OptionCategory kernelOptions("What to compile");
@@ -162,8 +162,9 @@ cl::opt<int, false, dualkv::tools::ValueHeadDimParser>
     valueHeadDim("v-head-dim", cl::value_desc("DV"),
                  cl::desc("value head size (V, O, dO, dV; default: the\n"
                           "--head-dim's); apart from it only 128 with\n"
-                          "--head-dim 192 (MLA: DeepSeek-V3), which every\n"
-                          "arch runs with the mma_sync schedule"),
+                          "--head-dim 192 (MLA: DeepSeek-V3); sm_90a's\n"
+                          "forward of it is warp-specialized, the rest\n"
+                          "mma_sync"),
                  cl::init(0), cl::cat(kernelOptions));
 cl::opt<dualkv::tools::Heads, false, dualkv::tools::HeadsParser<Count>>
     heads("heads",

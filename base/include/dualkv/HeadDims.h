@@ -80,8 +80,7 @@ inline std::string headShapeChoices() {
 /// value rows are narrower.
 inline std::string headShapeName(int64_t headDim, int64_t valueHeadDim) {
   return "d" + std::to_string(headDim) +
-         (valueHeadDim == headDim ? ""
-                                  : "v" + std::to_string(valueHeadDim));
+         (valueHeadDim == headDim ? "" : "v" + std::to_string(valueHeadDim));
 }
 
 } // namespace dualkv

@@ -238,8 +238,8 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
     for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
       for (CopyPart part : parts)
         if (copiesTiles && rows * part.chunks % threads != 0)
-          return "tiling copies " + str(rows) + " rows of " +
-                 str(width / 8) + " 16-byte chunks with " + str(threads) +
+          return "tiling copies " + str(rows) + " rows of " + str(width / 8) +
+                 " 16-byte chunks with " + str(threads) +
                  " threads: the chunks must split evenly" +
                  (parts.size() > 1 ? ", " + str(part.chunks) +
                                          " chunks of each row at a time"
@@ -247,7 +247,7 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
   }
   // Registers per thread for the fp32 accumulators alone: O (forward; the
   // value head_dim's columns), dQ, or dK and dV (KV-major backward).
-  const int64_t accCols = kvMajor                          ? d + dv
+  const int64_t accCols = kvMajor                        ? d + dv
                           : spec.kind == KernelKind::Fwd ? dv
                                                          : d;
   int64_t accRegs = t.blockM * accCols / threads;
@@ -313,9 +313,8 @@ std::string checkSpec(const KernelSpec &specIn) {
   std::optional<Arch> arch = Arch::parse(spec.arch, &error);
   if (!arch)
     return error;
-  if (std::string why =
-          checkProblem(spec.headDim, spec.vDim(), spec.numQHeads,
-                       spec.numKVHeads);
+  if (std::string why = checkProblem(spec.headDim, spec.vDim(), spec.numQHeads,
+                                     spec.numKVHeads);
       !why.empty())
     return why;
   const Tiling &t = spec.tiling;

@@ -50,17 +50,15 @@ CompileTable &compileTable() {
 /// and '_' are kept: the name is one folder, whatever the arch string holds.
 std::string dumpFolderName(const KernelSpec &s) {
   std::string name = fmt::format(
-      "dualkv_{}{}{}{}{}{}{}_{}_h{}x{}_{}_{}_m{}n{}w{}s{}_{}",
-      toString(s.kind), s.tree ? "_tree" : "", s.dlse ? "_dlse" : "",
-      s.sinks ? "_sinks" : "",
+      "dualkv_{}{}{}{}{}{}{}_{}_h{}x{}_{}_{}_m{}n{}w{}s{}_{}", toString(s.kind),
+      s.tree ? "_tree" : "", s.dlse ? "_dlse" : "", s.sinks ? "_sinks" : "",
       s.softcap > 0 ? fmt::format("_softcap{}", s.softcap) : std::string(),
       s.window ? "_window" : "",
       s.scoreMod.empty() ? std::string()
                          : "_scoremod" + sha256Hex(s.scoreMod).substr(0, 8),
       headShapeName(s.headDim, s.vDim()), s.numQHeads, s.numKVHeads,
-      toString(s.dtype), s.arch,
-      s.tiling.blockM, s.tiling.blockN, s.tiling.warps, s.tiling.stages,
-      toString(s.schedule));
+      toString(s.dtype), s.arch, s.tiling.blockM, s.tiling.blockN,
+      s.tiling.warps, s.tiling.stages, toString(s.schedule));
   for (char &c : name)
     if (!std::isalnum(static_cast<unsigned char>(c)))
       c = '_';

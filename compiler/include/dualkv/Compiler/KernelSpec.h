@@ -147,9 +147,9 @@ DUALKV_API int threadsPerBlock(const KernelSpec &spec);
 /// bwd_dq, dQ kernel) at `tiling`: Q (and dO), a ring of `stages` K and V
 /// tiles (unpadded, 128-byte swizzle), an 8-byte mbarrier for Q and four a
 /// stage, and 1 KB to align the tiles.
-DUALKV_API int64_t warpSpecializedSharedBytes(
-    const Tiling &tiling, int headDim, KernelKind kind = KernelKind::Fwd,
-    int valueHeadDim = 0);
+DUALKV_API int64_t warpSpecializedSharedBytes(const Tiling &tiling, int headDim,
+                                              KernelKind kind = KernelKind::Fwd,
+                                              int valueHeadDim = 0);
 /// The ring depth of the warp-specialized dQ kernel's default tiling.
 inline constexpr int kDqWarpSpecializedStages = 3;
 /// The stages of a warp-specialized bwd/bwd_kv tiling whose producer loads

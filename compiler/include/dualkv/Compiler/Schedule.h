@@ -52,7 +52,7 @@ inline constexpr int64_t swizzledTileDim(int64_t headDim) {
 /// [Q][dO (bwd_dq)][K][V], rows of `rowStride` elements (2 bytes each); dO
 /// and V rows of `vRowStride` (the value head_dim's).
 struct QueryMajorLayout {
-  int64_t rowStride = 0; ///< elements a row: head_dim (+ kTileRowPad)
+  int64_t rowStride = 0;  ///< elements a row: head_dim (+ kTileRowPad)
   int64_t vRowStride = 0; ///< the value head_dim (+ kTileRowPad)
   int64_t q = 0, dO = 0, k = 0, v = 0;
   int64_t total = 0; ///< bytes, alignment slack included

@@ -72,9 +72,8 @@ LogicalResult ElementwiseEmitter::emitPre() {
   forEachRow(mul(block, idx(blockM)), tokens, [&](Value row) {
     Value ov = loadVec(o, add(add(mul(row, oT), mul(head, oH)), laneCol(w)),
                        elemType, w);
-    Value dv =
-        loadVec(dout, add(add(mul(row, doT), mul(head, doH)), laneCol(w)),
-                elemType, w);
+    Value dv = loadVec(
+        dout, add(add(mul(row, doT), mul(head, doH)), laneCol(w)), elemType, w);
     Value prod =
         arith::MulFOp::create(b, loc, arith::ExtFOp::create(b, loc, f32Vec, ov),
                               arith::ExtFOp::create(b, loc, f32Vec, dv));
@@ -159,8 +158,7 @@ LogicalResult ElementwiseEmitter::emitPost() {
               add(add(mul(token, dkT), mul(kvHead, dkH)), laneCol()));
       // dV rows: the value head_dim ([rows][Hkv][DV] in its accumulator).
       const int64_t w = valueHeadDim;
-      Value vSrc =
-          w == headDim ? src : add(mul(accKey, idx(w)), laneCol(w));
+      Value vSrc = w == headDim ? src : add(mul(accKey, idx(w)), laneCol(w));
       convert(dvAcc, vSrc, dv,
               add(add(mul(token, dvT), mul(kvHead, dvH)), laneCol(w)), w);
     });

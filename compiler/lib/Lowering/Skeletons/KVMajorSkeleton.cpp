@@ -38,8 +38,7 @@ KVMajorEmitter::KVMajorEmitter(KernelOp kernel, OpBuilder &b)
 
 int64_t KVMajorEmitter::contractTiles(QKTOp op) const {
   auto kv = op.getKv().getDefiningOp<LoadKVBlockOp>();
-  return kv && kv.getOperand() == KVOperand::value ? valueHeadDim / 16
-                                                   : kTiles;
+  return kv && kv.getOperand() == KVOperand::value ? valueHeadDim / 16 : kTiles;
 }
 
 bool KVMajorEmitter::seedsValueGrad(Value acc) {
@@ -99,11 +98,12 @@ Value KVMajorEmitter::itemField(int64_t f, bool fresh) {
 LogicalResult KVMajorEmitter::emitLoadKVBlock(LoadKVBlockOp op) {
   bool isKey = op.getOperand() == KVOperand::key;
   Value buf = isKey ? kBuf : vBuf;
-  Value group = (isKey ? smemTiles : vTiles).copyTile(
-      ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockM, idx(0), kRow0,
-      kvEnd, isKey ? kStrideT : vStrideT,
-      mul(kvHead, isKey ? kStrideH : vStrideH),
-      /*predicated=*/true, Value(), /*swizzled=*/swizzledTiles);
+  Value group =
+      (isKey ? smemTiles : vTiles)
+          .copyTile(ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockM,
+                    idx(0), kRow0, kvEnd, isKey ? kStrideT : vStrideT,
+                    mul(kvHead, isKey ? kStrideH : vStrideH),
+                    /*predicated=*/true, Value(), /*swizzled=*/swizzledTiles);
   // Loaded once per CTA: wait right away.
   copies.waitAll(group);
   map.map(op.getResult(), buf);
@@ -276,8 +276,8 @@ SmallVector<Value, 3> KVMajorEmitter::issueTileCopies(Value tile, Value parity,
                                       mul(head, qStrideH),
                                       /*predicated=*/true, valid,
                                       /*swizzled=*/swizzledTiles));
-  groups.push_back(vTiles.copyTile(ids.tid, threads(), views[1], doPtr,
-                                   blockN, qBegin, first, qLen, doStrideT,
+  groups.push_back(vTiles.copyTile(ids.tid, threads(), views[1], doPtr, blockN,
+                                   qBegin, first, qLen, doStrideT,
                                    mul(head, doStrideH),
                                    /*predicated=*/true, valid,
                                    /*swizzled=*/swizzledTiles));
@@ -538,8 +538,7 @@ LogicalResult KVMajorEmitter::emitStoreKVGrads(StoreKVGradsOp op) {
             if (sameCols)
               storePair(dvPtr, add(vBase, col), dv[i], dv[i + 1]);
           }
-          for (int64_t dt = 0; !sameCols && dt < storedGradDTiles(true);
-               ++dt) {
+          for (int64_t dt = 0; !sameCols && dt < storedGradDTiles(true); ++dt) {
             int64_t i = (mt * gradDTiles(true) + dt) * 4 + h * 2;
             storePair(dvPtr, add(vBase, gradCol(dt, true)), dv[i], dv[i + 1]);
           }

@@ -150,9 +150,9 @@ public:
   LogicalResult emit(gpu::GPUModuleOp gpuModule);
 
   /// [K: BM][V: BM][Q: 2 x BN][dO: 2 x BN] rows of rowStride elements (V and
-  /// dO: vRowStride; query tiles double buffered), dSᵀ (BM x dsRowStride) when the kernel computes
-  /// dQ (grid2d: P and dS, BN x (BM+8) each), then LSE and Delta of the two
-  /// query tiles in flight (fp32, statSlots() each).
+  /// dO: vRowStride; query tiles double buffered), dSᵀ (BM x dsRowStride) when
+  /// the kernel computes dQ (grid2d: P and dS, BN x (BM+8) each), then LSE and
+  /// Delta of the two query tiles in flight (fp32, statSlots() each).
   virtual int64_t sharedBytes() const {
     return statsOffset() + 4 * statSlots() * 4;
   }
@@ -256,9 +256,7 @@ protected:
                   : col;
   }
   /// The columns of dK (or, `value`, dV).
-  int64_t gradWidth(bool value) const {
-    return value ? valueHeadDim : headDim;
-  }
+  int64_t gradWidth(bool value) const { return value ? valueHeadDim : headDim; }
   /// Whether accumulate `op` adds to dV (its Y is dO), not dK (Y is Q).
   static bool accumulatesValueGrad(AccumulateOp op) {
     auto y = op.getY().getDefiningOp<LoadQBlockOp>();
@@ -288,8 +286,7 @@ protected:
   /// The n8 tiles of dK (or dV) a thread stores: gradDTiles() but for the
   /// wgmma tiles of head_dim 96, whose last 4 of 16 are padding.
   int64_t storedGradDTiles(bool value = false) const {
-    return splitWarpgroups || grid2d ? gradDTiles(value)
-                                     : gradWidth(value) / 8;
+    return splitWarpgroups || grid2d ? gradDTiles(value) : gradWidth(value) / 8;
   }
   /// With waitOncePerTile: once per query tile, before its first use, waits
   /// for all of the tile's copies (Q, dO, LSE, Delta; the next tile's stay

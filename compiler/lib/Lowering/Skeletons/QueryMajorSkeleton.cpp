@@ -41,8 +41,7 @@ QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
 
 int64_t QueryMajorEmitter::contractTiles(QKOp op) {
   auto kv = op.getK().getDefiningOp<LoadKVOp>();
-  return kv && kv.getOperand() == KVOperand::value ? valueHeadDim / 16
-                                                   : kTiles;
+  return kv && kv.getOperand() == KVOperand::value ? valueHeadDim / 16 : kTiles;
 }
 
 LogicalResult QueryMajorEmitter::emitLoadQ(LoadQOp op) {
@@ -188,12 +187,14 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
     return success();
   }
   Value first = mul(map.lookup(op.getTile()), idx(blockN));
-  Value group = (isKey ? smemTiles : vTiles).copyTile(
-      ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
-      shared ? sharedStart : segStart, first, shared ? sharedLen : segLen,
-      isKey ? kStrideT : vStrideT, mul(kvHead, isKey ? kStrideH : vStrideH),
-      /*predicated=*/!insideRegion(loop.getPart()), Value(),
-      /*swizzled=*/swizzledTiles);
+  Value group =
+      (isKey ? smemTiles : vTiles)
+          .copyTile(ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
+                    shared ? sharedStart : segStart, first,
+                    shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
+                    mul(kvHead, isKey ? kStrideH : vStrideH),
+                    /*predicated=*/!insideRegion(loop.getPart()), Value(),
+                    /*swizzled=*/swizzledTiles);
   copies.add(op.getResult(), group);
   map.map(op.getResult(), buf);
   return success();
@@ -249,10 +250,10 @@ Value QueryMajorEmitter::packAFragments(ArrayRef<Value> p) {
 }
 
 LogicalResult QueryMajorEmitter::emitLoadDout(LoadDoutOp op) {
-  Value group = vTiles.copyTile(ids.tid, threads(), doBuf, doPtr, blockM,
-                                segStart, qRow0, segLen, doStrideT,
-                                mul(head, doStrideH), /*predicated=*/true,
-                                Value(), /*swizzled=*/swizzledTiles);
+  Value group =
+      vTiles.copyTile(ids.tid, threads(), doBuf, doPtr, blockM, segStart, qRow0,
+                      segLen, doStrideT, mul(head, doStrideH),
+                      /*predicated=*/true, Value(), /*swizzled=*/swizzledTiles);
   copies.waitAll(group);
   map.map(op.getResult(), doBuf);
   return success();

@@ -263,8 +263,7 @@ public:
         stages(kernel.getTiling()->getStages()),
         groupSize(kernel.getProblem()->getNumQHeads() /
                   kernel.getProblem()->getNumKvHeads()),
-        nTiles(blockN / 8),
-        isDq(kernel.getKind() == KernelKind::bwd_dq),
+        nTiles(blockN / 8), isDq(kernel.getKind() == KernelKind::bwd_dq),
         dTiles((isDq ? tileDim : vTileDim) / 8),
         outDim(isDq ? headDim : valueHeadDim), isTree(kernel.walksChain()),
         ring(::dualkv::RingLayout::of(
