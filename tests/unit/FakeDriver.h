@@ -127,6 +127,26 @@ template <typename F> std::optional<Error> errorOf(F &&body) {
   return std::nullopt;
 }
 
+/// A change to valid arguments, and a part of the message that refuses it.
+template <typename Args>
+using Refusal = std::pair<std::function<void(Args &)>, std::string>;
+
+/// For each of `cases`: `call` on `valid` changed by the case throws an
+/// InvalidArgument Error whose message contains the case's text.
+template <typename Args, typename Call>
+void checkRefusals(const std::vector<Refusal<Args>> &cases, const Args &valid,
+                   Call call) {
+  for (const auto &[mutate, expected] : cases) {
+    CAPTURE(expected);
+    Args args = valid;
+    mutate(args);
+    std::optional<Error> e = errorOf([&] { call(args); });
+    REQUIRE(e);
+    CHECK(e->code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e->what(), Catch::Matchers::Contains(expected));
+  }
+}
+
 /// The parts (code, message, cause) of `error`, which must be a failure;
 /// consumes it.
 inline ErrorParts partsOf(llvm::Error error) {

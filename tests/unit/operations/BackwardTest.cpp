@@ -212,8 +212,7 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
   Plan plan({{40, {24, 0, 32}}, {8, {8}}}); // 112 tokens
   resetCacheStats();
 
-  using Mutator = std::function<void(BackwardArgs &)>;
-  std::vector<std::pair<Mutator, std::string>> cases = {
+  std::vector<Refusal<BackwardArgs>> cases = {
       {[](BackwardArgs &a) { a.plan = nullptr; }, "plan is null"},
       {[](BackwardArgs &a) {
          a.num_q_heads = 6;
@@ -308,15 +307,8 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
        fmt::format("workspace_bytes (1000) is less than the {} bytes",
                    align256(8 * 112 * 4) + align256(112 * 8 * 128 * 4))},
   };
-  for (const auto &[mutate, expected] : cases) {
-    CAPTURE(expected);
-    BackwardArgs args = validBackwardArgs(plan);
-    mutate(args);
-    std::optional<Error> e = errorOf([&] { backward(args); });
-    REQUIRE(e);
-    CHECK(e->code() == ErrorCode::InvalidArgument);
-    CHECK_THAT(e->what(), Contains(expected));
-  }
+  checkRefusals(cases, validBackwardArgs(plan),
+                [](const BackwardArgs &args) { backward(args); });
   CHECK(fake.launches == 0);
   CHECK(fake.events.empty());
   CHECK(fake.cubinLoads + fake.ptxLoads == 0);
@@ -1143,8 +1135,7 @@ TEST_CASE("backward: head_dim 192 with v_head_dim 128 checks each tensor "
   std::vector<PlanGroup> groups = {{1100, {}}, {8, {8}}};
   Plan plan(groups);
 
-  using Mutator = std::function<void(BackwardArgs &)>;
-  std::vector<std::pair<Mutator, std::string>> cases = {
+  std::vector<Refusal<BackwardArgs>> cases = {
       {[](BackwardArgs &a) { a.dv.stride_h = 120; },
        "dv.stride_h (120) must be >= v_head_dim (128)"},
       {[](BackwardArgs &a) { a.dout.stride_t = 64; },
@@ -1157,15 +1148,8 @@ TEST_CASE("backward: head_dim 192 with v_head_dim 128 checks each tensor "
        "dk.stride_h (128) must be >= head_dim (192)"},
       {[](BackwardArgs &a) { a.dv.stride_t = 128; }, "dv rows overlap"},
   };
-  for (const auto &[mutate, expected] : cases) {
-    CAPTURE(expected);
-    BackwardArgs args = mlaBackwardArgs(plan);
-    mutate(args);
-    std::optional<Error> e = errorOf([&] { backward(args); });
-    REQUIRE(e);
-    CHECK(e->code() == ErrorCode::InvalidArgument);
-    CHECK_THAT(e->what(), Contains(expected));
-  }
+  checkRefusals(cases, mlaBackwardArgs(plan),
+                [](const BackwardArgs &args) { backward(args); });
   CHECK(fake.events.empty());
 
   BackwardArgs a = mlaBackwardArgs(plan);

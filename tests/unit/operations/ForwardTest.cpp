@@ -124,8 +124,7 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
   Plan plan({{40, {24, 0, 32}}, {8, {8}}});
   resetCacheStats();
 
-  using Mutator = std::function<void(ForwardArgs &)>;
-  std::vector<std::pair<Mutator, std::string>> cases = {
+  std::vector<Refusal<ForwardArgs>> cases = {
       {[](ForwardArgs &a) { a.plan = nullptr; }, "plan is null"},
       {[](ForwardArgs &a) {
          a.num_q_heads = 6;
@@ -200,15 +199,8 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
       {[](ForwardArgs &a) { a.window = int64_t(1) << 31; },
        "window (2147483648) must be >= 0 and below 2^31"},
   };
-  for (const auto &[mutate, expected] : cases) {
-    CAPTURE(expected);
-    ForwardArgs args = validArgs(plan);
-    mutate(args);
-    std::optional<Error> e = errorOf([&] { forward(args); });
-    REQUIRE(e);
-    CHECK(e->code() == ErrorCode::InvalidArgument);
-    CHECK_THAT(e->what(), Contains(expected));
-  }
+  checkRefusals(cases, validArgs(plan),
+                [](const ForwardArgs &args) { forward(args); });
   CHECK(fake.launches == 0);
   CHECK(fake.cubinLoads + fake.ptxLoads == 0);
   CHECK(fake.allocs == 0);
@@ -410,22 +402,15 @@ TEST_CASE("forward: a 2^31-element span and a negative scale are refused by "
           "[runtime]") {
   ScopedFakeDriver scoped;
   Plan plan({{40, {24, 0, 32}}, {8, {8}}});
-  using Mutator = std::function<void(ForwardArgs &)>;
-  std::vector<std::pair<Mutator, std::string>> cases = {
+  std::vector<Refusal<ForwardArgs>> cases = {
       // 112 tokens x 2^25 elements apart > 2^31.
       {[](ForwardArgs &a) { a.q.stride_t = int64_t(1) << 25; },
        "kernels address at most 2^31"},
       // A negative scale: the kernels would return NaN.
       {[](ForwardArgs &a) { a.scale = -1.0f; }, "scale (-1) is negative"},
   };
-  for (auto &[mutate, message] : cases) {
-    ForwardArgs args = validArgs(plan);
-    mutate(args);
-    std::optional<Error> e = errorOf([&] { forward(args); });
-    REQUIRE(e);
-    CHECK(e->code() == ErrorCode::InvalidArgument);
-    CHECK_THAT(e->what(), Contains(message));
-  }
+  checkRefusals(cases, validArgs(plan),
+                [](const ForwardArgs &args) { forward(args); });
   CHECK(scoped.fake.launches == 0);
 }
 
@@ -655,8 +640,7 @@ TEST_CASE("forward: head_dim 192 with v_head_dim 128 checks v and o against "
 
   // v and o rows are 128 wide: strides of 128 pass, below it are named with
   // v_head_dim; q and k keep head_dim's 192.
-  using Mutator = std::function<void(ForwardArgs &)>;
-  std::vector<std::pair<Mutator, std::string>> cases = {
+  std::vector<Refusal<ForwardArgs>> cases = {
       {[](ForwardArgs &a) { a.v.stride_h = 120; },
        "v.stride_h (120) must be >= v_head_dim (128)"},
       {[](ForwardArgs &a) { a.o.stride_t = 64; },
@@ -668,15 +652,8 @@ TEST_CASE("forward: head_dim 192 with v_head_dim 128 checks v and o against "
       // o rows of 128 at a token stride below 8 heads of them overlap.
       {[](ForwardArgs &a) { a.o.stride_t = 7 * 128; }, "o rows overlap"},
   };
-  for (const auto &[mutate, expected] : cases) {
-    CAPTURE(expected);
-    ForwardArgs args = mlaArgs(plan);
-    mutate(args);
-    std::optional<Error> e = errorOf([&] { forward(args); });
-    REQUIRE(e);
-    CHECK(e->code() == ErrorCode::InvalidArgument);
-    CHECK_THAT(e->what(), Contains(expected));
-  }
+  checkRefusals(cases, mlaArgs(plan),
+                [](const ForwardArgs &args) { forward(args); });
   CHECK(fake.launches == 0);
 
   // The kernel of the (192, 128) spec, under a key of its own: the equal
