@@ -15,8 +15,9 @@ namespace dualkv {
 /// Every input that changes a kernel's code (docs/architecture.md §4). Bump
 /// kSchemaVersion whenever a field is added, removed or spelled differently:
 /// it names the disk cache's top folder, so old entries are never misread.
-/// (`tree` is written only when true and `R` only when non-zero, so neither
-/// changes any other key: a generic kernel's key is spelled as before.)
+/// (`tree` is written only when true, and `R` and `valueHeadDim` only when
+/// non-zero, so none changes any other key: a generic kernel's key is
+/// spelled as before.)
 struct CacheKey {
   /// 3: kinds, dtypes and schedules spelled by dualkv/Names.h.
   static constexpr int kSchemaVersion = 3;
