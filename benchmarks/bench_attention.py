@@ -92,7 +92,7 @@ FLEX_STATIC = "Flex (dynamic=False)"
 FLEX_DYNAMIC = "Flex (dynamic=True)"
 HEADLINE_PEER = FLEX_STATIC
 METHODS = ("DualKV", "DualKV det.", FLEX_STATIC, FLEX_DYNAMIC,
-           "FA2 replicated", "cuDNN replicated")
+           "FA2 replicated", "cuDNN replicated", "ME replicated")
 # --methods names besides the methods' own names and their prefixes
 # (case-insensitive); "FlexAttention" was the single Flex column's name.
 METHOD_ALIASES = {
@@ -101,9 +101,9 @@ METHOD_ALIASES = {
     "flexattention": (FLEX_STATIC, FLEX_DYNAMIC),
 }
 # Methods with no logit softcap (SDPA has none): skipped under --softcap.
-NO_SOFTCAP = ("FA2 replicated", "cuDNN replicated")
+NO_SOFTCAP = ("FA2 replicated", "cuDNN replicated", "ME replicated")
 # Nor a sliding window or attention sinks: skipped under --window, --sinks.
-NO_WINDOW = NO_SINKS = ("FA2 replicated", "cuDNN replicated")
+NO_WINDOW = NO_SINKS = NO_SOFTCAP
 # The forms of attention sinks in Flex (--flex-sinks), the first the default.
 FLEX_SINK_FORMS = ("lse", "column")
 
@@ -409,8 +409,9 @@ def standard_configs():
 def target_configs():
     """The target shapes besides the standard ones (the set
     "targets"): head_dim 64 and 96 (Hq 32, Hkv 8), head_dim 256 (Hq 16,
-    Hkv 8) and MLA's head_dim 192 with value head_dim 128 (DeepSeek-V3: Hq
-    32, Hkv 32, no GQA) at P=8192, N=16, R=1024; and 4 groups in one
+    Hkv 8), MLA's head_dim 192 with value head_dim 128 (DeepSeek-V3: Hq
+    32, Hkv 32, no GQA) and head_dim 512 (Gemma 4's global layers: Hq 16,
+    Hkv 8 and Hq 8, Hkv 4) at P=8192, N=16, R=1024; and 4 groups in one
     launch, each P=2048 with 8 responses of lengths drawn from 64..4096
     (seed GROUPS_SEED), Qwen3-8B heads."""
     configs = [
@@ -422,6 +423,11 @@ def target_configs():
                d=256, set_name="targets"),
         Config("P8192_N16_R1024_D192V128", [(8192, [1024] * 16)], hq=32,
                hkv=32, d=192, dv=128, set_name="targets"),
+        # Gemma 4's global layers: head_dim 512 at 16:8 and 8:4 heads.
+        Config("P8192_N16_R1024_D512", [(8192, [1024] * 16)], hq=16, hkv=8,
+               d=512, set_name="targets"),
+        Config("P8192_N16_R1024_D512_Hq8", [(8192, [1024] * 16)], hq=8,
+               hkv=4, d=512, set_name="targets"),
     ]
     rng = random.Random(GROUPS_SEED)
     configs.append(Config(
@@ -436,12 +442,15 @@ def causal_configs():
     "all"): prompt-only groups, which the replicated peers run as one causal
     sequence each, so cuDNN and FA2 run plain causal attention on exactly the
     pairs DualKV computes. L = 16384 at head_dim 64, 96, 128 and 256 (Hq 32, Hkv
-    8) and at MLA's head_dim 192 with value head_dim 128 (Hq 32, Hkv 32), and
+    8), at MLA's head_dim 192 with value head_dim 128 (Hq 32, Hkv 32) and at
+    head_dim 512 (Hq 16, Hkv 8), and
     two sequences of 8192 at head_dim 128."""
     configs = [Config(f"causal_L16384_D{d}", [(16384, [])], hq=32, hkv=8, d=d,
                       set_name="causal") for d in (64, 96, 128, 256)]
     configs.append(Config("causal_L16384_D192V128", [(16384, [])], hq=32,
                           hkv=32, d=192, dv=128, set_name="causal"))
+    configs.append(Config("causal_L16384_D512", [(16384, [])], hq=16, hkv=8,
+                          d=512, set_name="causal"))
     configs.append(Config("causal_2x8192_D128", [(8192, [])] * 2, hq=32,
                           hkv=8, d=128, set_name="causal"))
     return configs
@@ -1913,6 +1922,8 @@ def main(argv=None, defaults=None):
                                              SDPBackend.FLASH_ATTENTION),
         "cuDNN replicated": lambda: Replicated(torch, "cuDNN replicated",
                                                SDPBackend.CUDNN_ATTENTION),
+        "ME replicated": lambda: Replicated(torch, "ME replicated",
+                                            SDPBackend.EFFICIENT_ATTENTION),
     }
     order = select_methods(args.methods) if args.methods else list(METHODS)
     if not with_grad and "DualKV det." in order:

@@ -81,7 +81,7 @@ double median(std::vector<float> ms) {
 int usage(std::FILE *to = stderr) {
   fmt::print(to,
              "usage: dualkv-backward-bench [--configs P:N:R,...] "
-             "[--d 64|96|128|192|256] [--dv 128 (with --d 192)] "
+             "[--d 64|96|128|192|256|512] [--dv 128 (with --d 192)] "
              "[--heads HQ:HKV] [--fp16] [--reps N] [--warmup N] [--sets N] "
              "[--modes fwd,bwd,fwd+bwd,det] [--bwd-tilings M:N:W[:S],...] "
              "[--bwd-schedules auto,mma_sync,wgmma,warp_specialized] "

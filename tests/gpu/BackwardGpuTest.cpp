@@ -290,8 +290,9 @@ int testRandom(int count, uint64_t seed) {
 
 /// P and R at 0, 1, 17 and around the tile sizes (32, 64, 128, 1024); P >= 1
 /// (Plan rejects an empty prompt). Each case runs in both modes. head_dim 256
-/// (64-key blocks, the head dimension split across the warps) in both dtypes,
-/// and MLA's 192 with value rows of 128.
+/// (64-key blocks, the head dimension split across the warps) and 512 (32-key
+/// blocks; the forward and dQ kernel in two CTAs of 256 columns) in both
+/// dtypes, and MLA's 192 with value rows of 128.
 int testEdges(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t prompts[] = {1,   17,  63,   64,   65,  127,
@@ -309,7 +310,8 @@ int testEdges(uint64_t seed) {
   for (auto [d, dv, t] :
        {Shape{128, 0, DType::BF16}, Shape{64, 0, DType::FP16},
         Shape{256, 0, DType::BF16}, Shape{256, 0, DType::FP16},
-        Shape{192, 128, DType::BF16}, Shape{192, 128, DType::FP16}})
+        Shape{192, 128, DType::BF16}, Shape{192, 128, DType::FP16},
+        Shape{512, 0, DType::BF16}, Shape{512, 0, DType::FP16}})
     for (size_t i = 0; i < std::size(prompts); ++i) {
       Case c;
       c.d = d;

@@ -166,11 +166,11 @@ inline const char *dtypeName(DType t) { return toString(t); }
 struct CaseShape {
   int d = 64, dv = 0;
 };
-/// Every head shape the kernels take (dualkv/HeadDims.h): 64, 96, 128 and
-/// 256 with value rows as wide, and MLA's 192 with 128.
+/// Every head shape the kernels take (dualkv/HeadDims.h): 64, 96, 128, 256
+/// and 512 with value rows as wide, and MLA's 192 with 128.
 inline const std::vector<CaseShape> &allHeadShapes() {
-  static const std::vector<CaseShape> shapes = {
-      {64, 0}, {96, 0}, {128, 0}, {256, 0}, {192, 128}};
+  static const std::vector<CaseShape> shapes = {{64, 0},  {96, 0},  {128, 0},
+                                                {256, 0}, {512, 0}, {192, 128}};
   return shapes;
 }
 

@@ -340,7 +340,7 @@ int testRandom(int count, uint64_t seed) {
     std::vector<TreeRun> runs;
     for (int i = first; i < std::min(count, first + kBatch); ++i) {
       cases.push_back(
-          randomTreeCase(rng, {64, 96, 128, 256}, 600, kWorkBudget));
+          randomTreeCase(rng, {64, 96, 128, 256, 512}, 600, kWorkBudget));
       cases.back().fill(rng);
       runs.push_back(runTree(cases.back()));
     }
@@ -474,7 +474,7 @@ int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap,
   // chunk (so split tiles meet in the fp32 accumulators) and a second tree.
   std::mt19937_64 rng(20261215);
   int failures = 0;
-  for (int d : {64, 96, 128, 256})
+  for (int d : {64, 96, 128, 256, 512})
     for (DType t : {DType::BF16, DType::FP16}) {
       TreeCase c;
       c.tree = PlanTree{{70, 33, 1, 0, 64, 17, 1100, 5, 40, 9},
@@ -500,8 +500,9 @@ int dualkv::testing::treeSanitizeWorkload(double scoreFactor, double softcap,
       // sm_90, whose defaults above are the warp-specialized forward and
       // (at head_dim 64 and 128) dQ kernel: the chain walks no default picks
       // there, the warpgroup forward and dQ kernel at head_dim 128 and the
-      // mma_sync ones elsewhere, by name and by tiling.
-      if (deviceIsSm90()) {
+      // mma_sync ones elsewhere, by name and by tiling (head_dim 512's
+      // defaults are mma_sync's already).
+      if (deviceIsSm90() && d <= 256) {
         const Schedule fwd = d == 128 ? Schedule::Wgmma : Schedule::MmaSync;
         std::optional<Tiling> dq;
         if (d != 256)

@@ -14,8 +14,10 @@ namespace dualkv {
 /// Every kernel kind takes these head dimensions with query, key and value
 /// rows of equal width. 96 is not a multiple of the 128-byte swizzle's 64
 /// elements: sm_90a's warp-specialized tiles of it are 128 columns wide, the
-/// TMA zero-filling the last 32 (docs/architecture.md).
-inline constexpr int kHeadDims[] = {64, 96, 128, 256};
+/// TMA zero-filling the last 32 (docs/architecture.md). 512 (Gemma 4's
+/// global layers): the query-major kernels compute O and dQ in two CTAs of
+/// 256 columns each (outputColumnBlocks, dualkv/Compiler/KernelSpec.h).
+inline constexpr int kHeadDims[] = {64, 96, 128, 256, 512};
 
 /// A query/key head_dim and the value head_dim a kernel takes with it.
 struct HeadShape {
@@ -54,7 +56,7 @@ inline bool isQueryKeyHeadDim(int64_t headDim) {
   return isSupportedHeadDim(headDim);
 }
 
-/// "64, 96, 128 or 256", for messages.
+/// "64, 96, 128, 256 or 512", for messages.
 inline std::string headDimChoices() {
   std::string list;
   for (size_t i = 0; i < std::size(kHeadDims); ++i)
@@ -65,7 +67,7 @@ inline std::string headDimChoices() {
   return list;
 }
 
-/// "64, 96, 128 or 256 with an equal value head_dim, or 192 with value
+/// "64, 96, 128, 256 or 512 with an equal value head_dim, or 192 with value
 /// head_dim 128", for messages about a (head_dim, value head_dim) pair.
 inline std::string headShapeChoices() {
   std::string list = headDimChoices() + " with an equal value head_dim";

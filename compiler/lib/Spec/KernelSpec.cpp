@@ -217,10 +217,11 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
   auto str = [](int64_t x) { return std::to_string(x); };
   bool kvMajor = spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV;
   // Each warp owns whole m16 row blocks of block_m, except in the KV-major
-  // backward's two-dimensional warp layout at head_dim 192 and 256: block_m
-  // 64 in 8 warps, each 32 keys x a quarter of the columns of dK and dV
-  // (Schedules/MmaSync/MmaSyncKVMajor.cpp).
-  if (!(kvMajor && d >= 192 && t.blockM == 64 && t.warps == 8) &&
+  // backward's two-dimensional warp layout at head_dim 192, 256 and 512:
+  // block_m 64 (512: 32) in 8 warps, each 32 keys x a quarter (512: an
+  // eighth) of the columns of dK and dV (Schedules/MmaSync/MmaSyncKVMajor.cpp).
+  if (!(kvMajor && kvMajorGrid2d(t.blockM, t.blockN, t.warps, d) &&
+        t.blockM < 16 * t.warps) &&
       t.blockM % (16 * t.warps) != 0)
     return "block_m (" + str(t.blockM) +
            ") must be a multiple of 16 * warps (" + str(16 * t.warps) +
@@ -246,11 +247,14 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
                                    : "");
   }
   // Registers per thread for the fp32 accumulators alone: O (forward; the
-  // value head_dim's columns), dQ, or dK and dV (KV-major backward).
-  const int64_t accCols = kvMajor                        ? d + dv
-                          : spec.kind == KernelKind::Fwd ? dv
-                                                         : d;
-  int64_t accRegs = t.blockM * accCols / threads;
+  // value head_dim's columns), dQ, or dK and dV (KV-major backward); a
+  // query-major kernel's block of output columns (outputColumnBlocks).
+  const int64_t accCols = kvMajor ? d + dv
+                          : spec.kind == KernelKind::Fwd
+                              ? dv / outputColumnBlocks(spec)
+                              : d / outputColumnBlocks(spec);
+  // The elementwise kernels keep none: a warp converts a row at a time.
+  int64_t accRegs = copiesTiles ? t.blockM * accCols / threads : 0;
   if (accRegs > 128)
     return "tiling gives each thread " + str(accRegs) +
            " accumulator registers (accumulators * block_m * head_dim / "
@@ -276,7 +280,11 @@ std::string launchUnfit(const KernelSpec &spec, const Arch &arch) {
   switch (spec.kind) {
   case KernelKind::Fwd:
   case KernelKind::BwdDQ:
-    field = "num_q_heads = " + str(hq), heads = hq, dim = "z";
+    // Each query head's output column blocks (outputColumnBlocks) too.
+    heads = hq * outputColumnBlocks(spec), dim = "z";
+    field =
+        "num_q_heads = " + str(hq) +
+        (heads == hq ? "" : " (x " + str(heads / hq) + " blocks of columns)");
     break;
   case KernelKind::BwdPre:
     field = "num_q_heads = " + str(hq), heads = hq;

@@ -107,10 +107,14 @@ Grid kindGrid(const KernelSpec &resolved, const LaunchGeometry &geometry,
   auto u = [](int64_t x) { return static_cast<unsigned>(x); };
   switch (resolved.kind) {
   case KernelKind::Fwd:
-  case KernelKind::BwdDQ:
+  case KernelKind::BwdDQ: {
+    // z: query head h's output column block b (outputColumnBlocks) is CTA
+    // z = h * blocks + b.
+    const int64_t z = c.qHeads * outputColumnBlocks(resolved);
     if (geometry.forwardOrder)
-      return {u(c.workItems), 1, u(c.qHeads)};
-    return {u(ceilDiv(c.maxSegmentLen, bm)), u(c.numSegments), u(c.qHeads)};
+      return {u(c.workItems), 1, u(z)};
+    return {u(ceilDiv(c.maxSegmentLen, bm)), u(c.numSegments), u(z)};
+  }
   case KernelKind::Bwd:
   case KernelKind::BwdKV:
     return {u(c.workItems), u(c.kvHeads), 1};

@@ -128,6 +128,40 @@ DUALKV_API bool takesWindow(KernelKind kind);
 /// its own.
 DUALKV_API KernelSpec withVariantsOfKind(KernelSpec spec);
 
+/// The widest fp32 accumulator row a query-major kernel (fwd, bwd_dq)
+/// keeps in registers: 256 columns, 128 registers a thread at 16 rows a
+/// warp (head_dim 256's forward and dQ kernel).
+inline constexpr int kMaxAccumulatorCols = 256;
+/// The blocks of output columns a query-major kernel of `kind` splits its
+/// accumulator into, one CTA each: the forward's O (value head_dim) and the
+/// dQ kernel's dQ (head_dim) in blocks of kMaxAccumulatorCols where wider
+/// (head_dim 512: 2), every CTA of a query tile computing the scores over
+/// the whole head_dim (docs/architecture.md §5); 1 for every other kind and
+/// width. The grid's z holds heads x blocks (kindGrid).
+inline constexpr int outputColumnBlocks(KernelKind kind, int headDim,
+                                        int valueHeadDim) {
+  const int cols = kind == KernelKind::Fwd     ? valueHeadDim
+                   : kind == KernelKind::BwdDQ ? headDim
+                                               : 0;
+  return cols > kMaxAccumulatorCols ? cols / kMaxAccumulatorCols : 1;
+}
+inline int outputColumnBlocks(const KernelSpec &spec) {
+  return outputColumnBlocks(spec.kind, spec.headDim, spec.vDim());
+}
+
+/// Whether the mma.sync KV-major backward (bwd, bwd_kv) of `blockM` keys,
+/// `blockN`-query tiles and `warps` warps at `headDim` takes the
+/// two-dimensional warp layout (Schedules/MmaSync/MmaSyncKVMajor.cpp): 128
+/// keys with 64-query tiles in 8 warps; at head_dim 192 and 256, 64 keys in
+/// 8 warps; at 512, 32 keys in 8 warps (each 32 keys x 64 columns of dK and
+/// of dV).
+inline constexpr bool kvMajorGrid2d(int64_t blockM, int64_t blockN,
+                                    int64_t warps, int64_t headDim) {
+  return warps == 8 &&
+         ((blockM == 128 && blockN == 64) || (headDim >= 192 && blockM == 64) ||
+          (headDim == 512 && blockM == 32));
+}
+
 /// The tiling the compiler uses when the spec leaves it open (for the
 /// spec's schedule when one is asked for).
 DUALKV_API Tiling defaultTiling(const KernelSpec &spec);

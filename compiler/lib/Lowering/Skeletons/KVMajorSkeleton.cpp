@@ -607,11 +607,11 @@ LogicalResult KVMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   if (blockN % 16 != 0)
     return kernel.emitOpError()
            << "block_n (" << blockN << ") must be a multiple of 16";
-  if (grid2d && (blockN % 32 != 0 || blockM % 64 != 0))
+  if (grid2d && (blockN % 32 != 0 || blockM % 32 != 0))
     return kernel.emitOpError()
-           << "the two-dimensional warp layout needs block_m a multiple of 64 "
-              "and block_n a multiple of 32 (2 x 4 warps of whole m16 x n16 "
-              "blocks of scores), got "
+           << "the two-dimensional warp layout needs block_m and block_n "
+              "multiples of 32 (2 x 4 warps of whole m16 x n8 blocks of "
+              "scores), got "
            << blockM << " and " << blockN;
   fn.create(gpuModule, kernel.getSymName(), kernel.getKind(), threads(),
             abiSchedule(), /*tree=*/false, /*dlse=*/false, /*sinks=*/false,

@@ -19,7 +19,11 @@ QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
     : ScalarBuilder(b, kernel.getLoc()),
       elemType(kernel.getProblem()->getDtype()),
       headDim(kernel.getProblem()->getHeadDim()),
-      valueHeadDim(kernel.getProblem()->getValueHeadDim()),
+      columnBlocks(::dualkv::outputColumnBlocks(
+          static_cast<::dualkv::KernelKind>(kernel.getKind()), headDim,
+          kernel.getProblem()->getValueHeadDim())),
+      valueHeadDim(kernel.getProblem()->getValueHeadDim() /
+                   (kernel.getKind() == KernelKind::fwd ? columnBlocks : 1)),
       warps(kernel.getTiling()->getWarps()), fn(*this, elemType),
       frags(*this, elemType), smemTiles(*this, elemType, headDim),
       vTiles(*this, elemType, valueHeadDim), copies(*this), kernel(kernel) {
@@ -33,8 +37,10 @@ QueryMajorEmitter::QueryMajorEmitter(KernelOp kernel, OpBuilder &b)
   nTiles = blockN / 8;
   stages = t.getStages();
   isDq = kernel.getKind() == KernelKind::bwd_dq;
-  // The accumulator: O (value head_dim) or dQ (head_dim).
-  dTiles = (isDq ? headDim : valueHeadDim) / 8;
+  // The accumulator: O (value head_dim) or dQ (head_dim), the CTA's block
+  // of their columns.
+  outputCols = isDq ? headDim / columnBlocks : valueHeadDim;
+  dTiles = outputCols / 8;
   rowStride = headDim + kRowPad;
   vRowStride = valueHeadDim + kRowPad;
 }
@@ -192,7 +198,8 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
           .copyTile(ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
                     shared ? sharedStart : segStart, first,
                     shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
-                    mul(kvHead, isKey ? kStrideH : vStrideH),
+                    isKey ? mul(kvHead, kStrideH)
+                          : withColumnBlock(mul(kvHead, vStrideH)),
                     /*predicated=*/!insideRegion(loop.getPart()), Value(),
                     /*swizzled=*/swizzledTiles);
   copies.add(op.getResult(), group);
@@ -291,8 +298,8 @@ LogicalResult QueryMajorEmitter::emitStoreDq(StoreDqOp op) {
                             /*withElseRegion=*/false);
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(inRange.thenBlock());
-      Value rowBase =
-          add(mul(add(segStart, row), oStrideT), mul(head, oStrideH));
+      Value rowBase = withColumnBlock(
+          add(mul(add(segStart, row), oStrideT), mul(head, oStrideH)));
       for (int64_t dt = 0; dt < dTiles; ++dt) {
         Value narrow = arith::TruncFOp::create(
             b, loc, VectorType::get({2}, elemType),
@@ -347,7 +354,8 @@ LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(inRange.thenBlock());
       Value token = add(segStart, row);
-      Value rowBase = add(mul(token, oStrideT), mul(head, oStrideH));
+      Value rowBase =
+          withColumnBlock(add(mul(token, oStrideT), mul(head, oStrideH)));
       for (int64_t dt = 0; dt < dTiles; ++dt) {
         Value lo = arith::MulFOp::create(
             b, loc, acc[(mt * dTiles + dt) * 4 + h * 2], inv);
@@ -359,9 +367,13 @@ LogicalResult QueryMajorEmitter::emitStoreOutput(StoreOutputOp op) {
         vector::StoreOp::create(b, loc, narrow, oPtr,
                                 ValueRange{add(rowBase, col)});
       }
-      auto lead = scf::IfOp::create(
-          b, loc, cmp(arith::CmpIPredicate::eq, ids.t, idx(0)),
-          /*withElseRegion=*/false);
+      // One CTA of a query tile's column blocks stores its LSE (each
+      // computes the same).
+      Value leads = cmp(arith::CmpIPredicate::eq, ids.t, idx(0));
+      if (columnBlock)
+        leads = arith::AndIOp::create(
+            b, loc, leads, cmp(arith::CmpIPredicate::eq, columnBlock, idx(0)));
+      auto lead = scf::IfOp::create(b, loc, leads, /*withElseRegion=*/false);
       b.setInsertionPointToStart(lead.thenBlock());
       Value lse = tile::logSumExp(*this, m[r], sum);
       memref::StoreOp::create(b, loc, lse, lsePtr,
@@ -466,6 +478,12 @@ LogicalResult QueryMajorEmitter::emit(gpu::GPUModuleOp gpuModule) {
   Value tileId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value seg = gpu::BlockIdOp::create(b, loc, gpu::Dimension::y);
   head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
+  if (columnBlocks > 1) {
+    // z = head * blocks + the block of output columns this CTA computes.
+    Value z = head;
+    head = divu(z, columnBlocks);
+    columnBlock = remu(z, columnBlocks);
+  }
   segIndex = seg;
   kvHead = divu(head, groupSize);
   SegmentFields fields = segmentFields(*this, segPtr, seg);

@@ -56,10 +56,12 @@ public:
   }
 
 protected:
-  /// The element type, head_dim (Q and K rows), the value head_dim (V, O
-  /// and dO rows), and warps a CTA.
+  /// The element type, head_dim (Q and K rows), the blocks of output
+  /// columns (outputColumnBlocks: 2 at head_dim 512, each CTA one), the
+  /// value head_dim (V, O and dO rows; the forward's: its block of them),
+  /// and warps a CTA.
   Type elemType;
-  int64_t headDim, valueHeadDim, warps;
+  int64_t headDim, columnBlocks, valueHeadDim, warps;
   int64_t threads() const { return warps * 32; }
   KernelFunction fn;
   ThreadIds ids;
@@ -121,6 +123,8 @@ protected:
   KernelOp kernel;
   int64_t blockM, blockN, groupSize, mTiles, kTiles, nTiles, dTiles, rowStride,
       vRowStride, stages;
+  /// The accumulator's columns: the CTA's block of O's or dQ's.
+  int64_t outputCols;
   /// The k-steps of `op`'s product: Q Kᵀ contracts head_dim, dO Vᵀ the value
   /// head_dim.
   int64_t contractTiles(QKOp op);
@@ -145,6 +149,17 @@ protected:
       scale;
   // Per-CTA values.
   Value head, kvHead, segIndex;
+  /// The CTA's block of output columns (null: one block).
+  Value columnBlock;
+  /// The first of the CTA's block of output columns (null: one block).
+  Value outputColumn0() {
+    return columnBlock ? mul(columnBlock, idx(outputCols)) : Value();
+  }
+  /// `offset` (elements) moved to the CTA's block of output columns: the
+  /// forward's V and O rows, the dQ kernel's dQ rows.
+  Value withColumnBlock(Value offset) {
+    return columnBlock ? add(offset, outputColumn0()) : offset;
+  }
   Value segStart, segLen, sharedStart, sharedLen, qRow0;
   /// With a sliding window, inside a tree's chain walk: how many logical
   /// positions the current ancestor range starts before the segment (null:

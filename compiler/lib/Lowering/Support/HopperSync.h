@@ -66,18 +66,21 @@ inline void arrive(ScalarBuilder &o, Value bar) {
 /// TMA of `rows` x `cols` elements at token `row`, head `head` of the 3-D
 /// tensor map `tensorMap` (head_dim, heads, tokens; boxes of 64 columns)
 /// into the 128-byte-swizzled tile at shared address `dst`: cols / 64
-/// boxes, one swizzle atom each, completing on mbarrier `bar`.
+/// boxes, one swizzle atom each, completing on mbarrier `bar`; from column
+/// `col0` (if set) on.
 inline void tmaLoadTile(ScalarBuilder &o, Value tensorMap, Value dst,
                         int64_t rows, int64_t cols, Value row, Value head,
-                        Value bar) {
+                        Value bar, Value col0 = Value()) {
   auto cluster = LLVM::LLVMPointerType::get(o.b.getContext(), 7);
   for (int64_t a = 0; a < cols / 64; ++a) {
     Value to = LLVM::AddrSpaceCastOp::create(
         o.b, o.loc, cluster, sharedPtr(o, o.add(dst, o.idx(a * rows * 128))));
+    Value col =
+        col0 ? i32Of(o, o.add(col0, o.idx(a * 64))) : o.i32c(int32_t(a * 64));
     NVVM::CpAsyncBulkTensorGlobalToSharedClusterOp::create(
         o.b, o.loc, to, tensorMap,
-        ValueRange{o.i32c(int32_t(a * 64)), i32Of(o, head), i32Of(o, row)}, bar,
-        ValueRange{}, Value(), Value(), NVVM::TMALoadMode::TILE,
+        ValueRange{col, i32Of(o, head), i32Of(o, row)}, bar, ValueRange{},
+        Value(), Value(), NVVM::TMALoadMode::TILE,
         /*isCTAOnly=*/false, NVVM::CTAGroupKindAttr(), Value());
   }
 }

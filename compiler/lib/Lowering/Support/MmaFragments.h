@@ -173,13 +173,16 @@ public:
   /// 16 kSteps rows of `bBuf` (row-major, padded rows; k along the rows,
   /// n = dTiles * 8 along the columns), read with ldmatrix.trans: matrices
   /// (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
-  /// `lane` gives the ldmatrix addresses.
+  /// `lane` gives the ldmatrix addresses; `bCol0` (if set) the first of B's
+  /// columns in `bBuf`.
   void mmaTransposedB(MutableArrayRef<Value> acc, ArrayRef<Value> a, Value bBuf,
                       Value lane, int64_t mTiles, int64_t kSteps,
-                      int64_t dTiles) {
+                      int64_t dTiles, Value bCol0 = Value()) {
     Value quad = o.divu(lane, 8);
     Value rowInBlock = o.add(o.remu(lane, 8), o.mul(o.remu(quad, 2), o.idx(8)));
     Value colInBlock = o.mul(o.divu(quad, 2), o.idx(8));
+    if (bCol0)
+      colInBlock = o.add(bCol0, colInBlock);
     for (int64_t kk = 0; kk < kSteps; ++kk)
       for (int64_t dp = 0; dp < dTiles / 2; ++dp) {
         auto r = ldmatrix4(bBuf, o.add(o.idx(kk * 16), rowInBlock),

@@ -48,9 +48,8 @@ public:
       : KVMajorEmitter(kernel, b) {
     // 128 keys, 64-query tiles and 8 warps take the two-dimensional warp
     // layout (see the file comment), as do 64 keys in 8 warps at head_dim 192
-    // and 256.
-    grid2d = warps == 8 && ((blockM == 128 && blockN == 64) ||
-                            (headDim >= 192 && blockM == 64));
+    // and 256, and 32 at 512.
+    grid2d = ::dualkv::kvMajorGrid2d(blockM, blockN, warps, headDim);
     waitOncePerTile = grid2d;
   }
 
@@ -80,7 +79,8 @@ private:
   /// k-step kt: A the given fragments; B's n16 blocks np read by ldmatrix
   /// (not transposed) at rows bRow + 16 np, columns bCol + 16 kt of bBuf (n
   /// along the rows, k along the columns): matrices (n 0-7, k 0-7), (n 0-7,
-  /// k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+  /// k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15); an odd last n8 tile the
+  /// first two.
   void mmaRowsB(MutableArrayRef<Value> c,
                 ArrayRef<SmallVector<Value, 4>> aFrags, Value bBuf, Value bRow,
                 Value bCol, int64_t kt, int64_t nTotal);
@@ -133,12 +133,16 @@ void MmaSyncKVMajorEmitter::mmaRowsB(MutableArrayRef<Value> c,
                                      ArrayRef<SmallVector<Value, 4>> aFrags,
                                      Value bBuf, Value bRow, Value bCol,
                                      int64_t kt, int64_t nTotal) {
-  for (int64_t np = 0; np < nTotal / 2; ++np) {
-    auto r =
-        frags.ldmatrix4(bBuf, add(idx(np * 16), bRow), add(idx(kt * 16), bCol),
-                        /*transpose=*/false);
+  // Pairs of n8 tiles by ldmatrix.x4; an odd last tile (the two-dimensional
+  // layout's 8 keys a warp at 32 keys) by ldmatrix.x2 at the same addresses,
+  // whose first 16 lanes address its two matrices.
+  for (int64_t np = 0; np < (nTotal + 1) / 2; ++np) {
+    const int64_t halves = std::min<int64_t>(2, nTotal - 2 * np);
+    Value row = add(idx(np * 16), bRow), col = add(idx(kt * 16), bCol);
+    auto r = halves == 2 ? frags.ldmatrix4(bBuf, row, col, /*transpose=*/false)
+                         : frags.ldmatrix2(bBuf, row, col, /*transpose=*/false);
     for (int64_t mt = 0; mt < int64_t(aFrags.size()); ++mt)
-      for (int64_t half = 0; half < 2; ++half) {
+      for (int64_t half = 0; half < halves; ++half) {
         MutableArrayRef<Value> acc(&c[(mt * nTotal + 2 * np + half) * 4], 4);
         auto d = frags.mma(aFrags[mt], {r[2 * half], r[2 * half + 1]}, acc);
         std::copy(d.begin(), d.end(), acc.begin());

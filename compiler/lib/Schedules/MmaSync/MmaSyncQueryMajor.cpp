@@ -30,8 +30,11 @@ private:
   SmallVector<Value> computeScores(QKOp op) override;
   SmallVector<Value> accumulatePV(ArrayRef<Value> p, SmallVector<Value> acc,
                                   Value vTile) override {
-    // V (keys x d, row-major in shared memory) is the B operand.
-    frags.mmaTransposedB(acc, p, vTile, ids.lane, mTiles, nTiles / 2, dTiles);
+    // V (keys x d, row-major in shared memory) is the B operand; in the dQ
+    // kernel K, from the CTA's block of dQ's columns (the forward loads
+    // only its block of V's).
+    frags.mmaTransposedB(acc, p, vTile, ids.lane, mTiles, nTiles / 2, dTiles,
+                         isDq ? outputColumn0() : Value());
     return acc;
   }
 };

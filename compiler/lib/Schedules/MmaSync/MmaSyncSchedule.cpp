@@ -25,6 +25,10 @@ int64_t mmaSyncSharedBytes(const KernelSpec &resolved) {
   case KernelKind::BwdPost:
     return 0;
   case KernelKind::Fwd:
+    // V tiles of the CTA's block of output columns (outputColumnBlocks).
+    return QueryMajorLayout::of(t, resolved.headDim, resolved.kind, true,
+                                resolved.vDim() / outputColumnBlocks(resolved))
+        .total;
   case KernelKind::BwdDQ:
     return QueryMajorLayout::of(t, resolved.headDim, resolved.kind, true,
                                 resolved.vDim())
@@ -37,8 +41,7 @@ int64_t mmaSyncSharedBytes(const KernelSpec &resolved) {
   // keeps P and dS.
   KVMajorLayout::Options o;
   o.padded = true;
-  o.grid2d = t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
-                              (d >= 192 && t.blockM == 64));
+  o.grid2d = kvMajorGrid2d(t.blockM, t.blockN, t.warps, d);
   return KVMajorLayout::of(t, resolved.headDim, resolved.kind, o,
                            resolved.vDim())
       .total;
@@ -51,7 +54,8 @@ int64_t mmaSyncSharedBytes(const KernelSpec &resolved) {
 /// 32-query tiles in 4 warps: 75 KB at head_dim 128, no spills on sm_86 and
 /// the fewest of the fitting tilings on sm_120 (dualkv-tune --dry-run). None
 /// of these archs has run the kernels (README).
-Tiling fitSharedMemory(const KernelSpec &spec, Tiling tiling) {
+Tiling fitSharedMemory(const KernelSpec &spec, Tiling tiling,
+                       Tiling fallback = {64, 32, 4, 1}) {
   std::optional<Arch> arch = Arch::parse(spec.arch);
   if (!arch || arch->hasWgmma())
     return tiling;
@@ -59,7 +63,7 @@ Tiling fitSharedMemory(const KernelSpec &spec, Tiling tiling) {
   mma.tiling = tiling;
   if (mmaSyncSharedBytes(mma) <= maxSharedBytes(*arch))
     return tiling;
-  return {64, 32, 4, 1};
+  return fallback;
 }
 
 /// Every kind's default where no other schedule claims it (autoOrder()).
@@ -78,6 +82,13 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
   if (spec.headDim == 256 &&
       (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV))
     return Tiling{64, 32, 8, 1};
+  // head_dim 512, bwd and bwd_kv: dK and dV of 32 keys x 512 columns are
+  // 128 registers a thread in 8 warps of 32 keys x 64 columns (the
+  // two-dimensional layout); K, V and the double-buffered 32-query tiles of
+  // Q and dO take 200 KB, within sm_90's 227 KB.
+  if (spec.headDim == 512 &&
+      (spec.kind == KernelKind::Bwd || spec.kind == KernelKind::BwdKV))
+    return Tiling{32, 32, 8, 1};
   // MLA's 192/128, bwd and bwd_kv: dK and dV of 128 keys would be 160 fp32
   // registers a thread in 8 warps; 64 keys in the two-dimensional layout of
   // head_dim 256 (2 x 4 warps of 32 keys x 48 columns of dK and 32 of dV)
@@ -126,7 +137,12 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
     // The forward's loops with P, dP and dS live at once: 64 query rows. At
     // head_dim 256 too: each warp's 16 rows x 256 columns of dQ are 128
     // registers a thread, and ptxas fits the kernel in 255 without spills.
-    return Tiling{64, 32, 4, 1};
+    // Head_dim 512 likewise, a CTA 256 of dQ's columns (outputColumnBlocks):
+    // Q, dO, K and V rows of 512 take 195 KB; 32 rows in 2 warps where that
+    // does not fit (sm_80: 130 KB).
+    return spec.headDim == 512 ? fitSharedMemory(spec, Tiling{64, 32, 4, 1},
+                                                 Tiling{32, 32, 2, 1})
+                               : Tiling{64, 32, 4, 1};
   case KernelKind::Fwd:
     break;
   }
@@ -137,6 +153,19 @@ std::optional<Tiling> mmaSyncDefaultTiling(const KernelSpec &spec) {
   // accumulator do not fit.
   // head_dim 192 (MLA, value rows of 128) as 256: with 4 warps its Q
   // fragments and O spilled 4 bytes on sm_90a.
+  // head_dim 512 as 256 (each CTA 256 columns of O, outputColumnBlocks):
+  // Q rows of 512 take 130 KB at 128 rows, within sm_90's 227 KB; 64 rows in
+  // 4 warps where less fits (sm_80's 163 KB), 32 in 2 on the archs of 99 KB.
+  if (spec.headDim == 512) {
+    std::optional<Arch> arch = Arch::parse(spec.arch);
+    for (Tiling t : {Tiling{128, 32, 8, 2}, Tiling{64, 32, 4, 2}}) {
+      KernelSpec s = spec;
+      s.tiling = t;
+      if (!arch || mmaSyncSharedBytes(s) <= maxSharedBytes(*arch))
+        return t;
+    }
+    return Tiling{32, 32, 2, 2};
+  }
   return Tiling{128, 32, spec.headDim >= 192 ? 8 : 4, 2};
 }
 
@@ -148,7 +177,8 @@ bool mmaSyncMasksEveryTile(const KernelSpec &spec) {
   // Masking every tile keeps two: 148 KB of PTX, 664 instead of 1173 ms of
   // compile on a 2-core machine, and the same speed on the H200 (a few
   // selects a score beside those products; docs/performance.md).
-  return spec.kind == KernelKind::BwdDQ && spec.headDim == 256 &&
+  // Head_dim 512's (256 columns of dQ, scores over 512) likewise.
+  return spec.kind == KernelKind::BwdDQ && spec.headDim >= 256 &&
          archNumber(spec.arch) >= 90;
 }
 

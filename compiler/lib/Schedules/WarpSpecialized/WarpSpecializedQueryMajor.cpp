@@ -114,6 +114,9 @@ struct SegmentCoords {
   Value qRow0;
   /// The query head (block z) and the K/V head it reads.
   Value head, kvHead;
+  /// The first of the CTA's block of output (and V) columns; null: one
+  /// block (outputColumnBlocks).
+  Value column0;
   /// The segment's first token and length; its shared prompt's.
   Value segStart, segLen, sharedStart, sharedLen;
 };
@@ -255,7 +258,12 @@ public:
         elemType(kernel.getProblem()->getDtype()),
         headDim(kernel.getProblem()->getHeadDim()),
         tileDim(::dualkv::swizzledTileDim(headDim)),
-        valueHeadDim(kernel.getProblem()->getValueHeadDim()),
+        columnBlocks(kernel.getKind() == KernelKind::fwd
+                         ? ::dualkv::outputColumnBlocks(
+                               ::dualkv::KernelKind::Fwd, headDim,
+                               kernel.getProblem()->getValueHeadDim())
+                         : 1),
+        valueHeadDim(kernel.getProblem()->getValueHeadDim() / columnBlocks),
         vTileDim(::dualkv::swizzledTileDim(valueHeadDim)),
         warps(kernel.getTiling()->getWarps()),
         blockM(kernel.getTiling()->getBlockM()),
@@ -292,7 +300,10 @@ private:
   /// out), the value head_dim and its tiles' columns (V; the forward only
   /// takes one apart from head_dim), and the consumer warps a CTA.
   const Type elemType;
-  const int64_t headDim, tileDim, valueHeadDim, vTileDim, warps;
+  /// columnBlocks: the forward's blocks of output columns
+  /// (outputColumnBlocks: 2 at head_dim 512), one CTA each; valueHeadDim
+  /// the CTA's block of value columns.
+  const int64_t headDim, tileDim, columnBlocks, valueHeadDim, vTileDim, warps;
   const int64_t blockM, blockN, stages, groupSize, nTiles;
   const bool isDq;
   /// The accumulator's n8 tiles (O: vTileDim's, dQ: tileDim's) and the
@@ -594,6 +605,12 @@ SegmentCoords WarpSpecializedQueryMajor::locate(const KernelArgs &args) {
   coords.segRow = seg;
   coords.qRow0 = mul(workField(1), idx(blockM));
   coords.head = gpu::BlockIdOp::create(b, loc, gpu::Dimension::z);
+  if (columnBlocks > 1) {
+    // z = head * blocks + the block of output columns.
+    Value z = coords.head;
+    coords.head = divu(z, columnBlocks);
+    coords.column0 = mul(remu(z, columnBlocks), idx(outDim));
+  }
   coords.kvHead = divu(coords.head, groupSize);
   SegmentFields fields = segmentFields(*this, args.segs, seg);
   coords.segStart = fields.start, coords.segLen = fields.length,
@@ -909,7 +926,7 @@ void WarpSpecializedQueryMajor::emitProducer(const KernelArgs &args,
       NVVM::MemScopeKind::CTA, false, Value());
   tmaLoadTile(*this, args.vMap,
               add(tiles.base, add(idx(ring.vRing), vSlotBytes)), blockN,
-              vTileDim, row, coords.kvHead, vFull(tiles, slot));
+              vTileDim, row, coords.kvHead, vFull(tiles, slot), coords.column0);
   if (isTree)
     scf::YieldOp::create(b, loc, walkAfter(pipe, i, w)->values());
 }
@@ -1295,6 +1312,11 @@ void WarpSpecializedQueryMajor::storeOutput(
     Value lead = arith::AndIOp::create(
         b, loc, cmp(arith::CmpIPredicate::eq, ids.t, idx(0)),
         cmp(arith::CmpIPredicate::ult, row, coords.segLen));
+    // One CTA of a query tile's column blocks stores its LSE (each computes
+    // the same).
+    if (coords.column0)
+      lead = arith::AndIOp::create(
+          b, loc, lead, cmp(arith::CmpIPredicate::eq, coords.column0, idx(0)));
     auto lseIf = scf::IfOp::create(b, loc, lead, /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(lseIf.thenBlock());
@@ -1366,6 +1388,8 @@ void WarpSpecializedQueryMajor::storeRows(const SegmentCoords &coords,
       Value token = add(coords.segStart, row);
       Value offset =
           add(add(mul(token, strideT), mul(coords.head, strideH)), c);
+      if (coords.column0)
+        offset = add(offset, coords.column0);
       vector::StoreOp::create(b, loc, chunk, out, ValueRange{offset});
     }
   }

@@ -41,6 +41,11 @@ std::string warpSpecializedUnfit(const KernelSpec &spec) {
            "ancestor chains)";
   if (!arch || !arch->hasWgmma())
     return "it needs sm_90a, not " + spec.arch;
+  // Head_dim 512: the forward only, each CTA 256 columns of O
+  // (outputColumnBlocks); the backward runs in mma_sync.
+  if (spec.headDim > 256 && spec.kind != KernelKind::Fwd)
+    return "its " + std::string(toString(spec.kind)) +
+           " kernel stops at head_dim 256, not " + std::to_string(spec.headDim);
   // A value head_dim of its own: the forward only (its P V fills the value
   // rows' columns).
   if (spec.vDim() != spec.headDim && spec.kind != KernelKind::Fwd)
@@ -117,12 +122,15 @@ bool warpSpecializedAutoPicks(const KernelSpec &resolved) {
            resolved.headDim == 128 || resolved.headDim == 256;
   if (resolved.kind == KernelKind::BwdDQ)
     return t.stages > 2; // only the warp-specialized dQ kernel has them
-  return t.blockN == (resolved.headDim == 256 ? 64 : 128);
+  return t.blockN == (resolved.headDim == 512   ? 32
+                      : resolved.headDim == 256 ? 64
+                                                : 128);
 }
 
 std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   std::optional<Arch> a = Arch::parse(spec.arch);
   if (!a || !a->hasWgmma() ||
+      (spec.headDim > 256 && spec.kind != KernelKind::Fwd) ||
       (spec.vDim() != spec.headDim && spec.kind != KernelKind::Fwd) ||
       (spec.schedule != Schedule::WarpSpecialized &&
        spec.schedule != Schedule::Auto))
@@ -197,9 +205,16 @@ std::optional<Tiling> warpSpecializedDefaultTiling(const KernelSpec &spec) {
   // P V fills 128, of which the last 32 stay zero. MLA's 192/128: Q and K
   // rows of three atoms, V of two; 128 keys a tile (208 KB of shared
   // memory).
+  // Head_dim 512: each CTA 256 columns of O (outputColumnBlocks), as at
+  // 256, with Q and K rows of eight atoms: 32-key tiles, Q and the ring take
+  // 225 KB.
   if (spec.kind == KernelKind::Fwd &&
       isSupportedHeadShape(spec.headDim, spec.vDim()))
-    return Tiling{128, spec.headDim == 256 ? 64 : 128, 8, 2};
+    return Tiling{128,
+                  spec.headDim == 512   ? 32
+                  : spec.headDim == 256 ? 64
+                                        : 128,
+                  8, 2};
   return std::nullopt;
 }
 
@@ -294,6 +309,12 @@ LaunchGeometry warpSpecializedLaunch(const KernelSpec &resolved) {
 
 int64_t warpSpecializedSharedBytes(const Tiling &tiling, int headDim,
                                    KernelKind kind, int valueHeadDim) {
+  // The forward's V tiles hold the CTA's block of value columns
+  // (outputColumnBlocks).
+  if (kind == KernelKind::Fwd) {
+    const int dv = valueHeadDim ? valueHeadDim : headDim;
+    valueHeadDim = dv / outputColumnBlocks(kind, headDim, dv);
+  }
   return RingLayout::of(tiling, headDim, kind, valueHeadDim).total;
 }
 
