@@ -572,8 +572,8 @@ def forward(q, k, v, plan, scale=None, out=None, lse=None, tiling=None,
             device (copied there once, as float32).
 
     Returns:
-        (o, lse), o [T, Hq, Dv]. D must be 64, 96, 128 or 256 with Dv = D,
-        or 192 with Dv = 128.
+        (o, lse), o [T, Hq, Dv]. D must be 64, 96, 128, 256 or 512 with
+        Dv = D, or 192 with Dv = 128.
 
     Raises:
         ValueError naming the argument at fault (checked here first, then by
@@ -663,8 +663,9 @@ def backward(q, k, v, o, dout, lse, plan, scale=None, deterministic=False,
 
     Returns:
         (dq, dk, dv), or (dq, dk, dv, dsinks) when ``sinks`` is given; dv
-        like v. D must be 64, 96, 128 or 256 with Dv = D, or 192 with
-        Dv = 128.
+        like v. D must be 64, 96, 128, 256 or 512 with Dv = D, or 192 with
+        Dv = 128 (at 512 on an arch of 227 KB of shared memory a CTA: sm_90,
+        sm_90a, sm_100, sm_103, sm_110).
 
     The library's workspace is allocated here with torch (caching allocator,
     CUDA-graph pools). Raises ValueError naming the argument at fault,

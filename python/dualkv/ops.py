@@ -448,8 +448,9 @@ def attention(q, k, v, plan, scale=None, deterministic=False,
     Returns:
         o [T, Hq, Dv] (contiguous), or (o, lse) with return_lse.
 
-    Backward through ``o`` gives dq, dk, dv (like q, k, v; D 64, 96, 128 or
-    256 with Dv = D, or D 192 with Dv 128) and, with
+    Backward through ``o`` gives dq, dk, dv (like q, k, v; D 64, 96, 128,
+    256 or 512 with Dv = D, or D 192 with Dv 128; D 512 on sm_90 to sm_110
+    only, the archs with the 204 KB of shared memory a CTA it needs) and, with
     ``sinks``, the sinks' gradient. Runs on the
     current CUDA stream; works under torch.compile(fullgraph=True) and in
     CUDA graphs (see the module docstring for the plan and for capture).

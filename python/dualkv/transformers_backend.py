@@ -32,10 +32,11 @@ ancestors') for the rotary
 embedding to be right. The plan alone defines who attends to whom:
 transformers builds no mask for an attention implementation it does not know,
 and any ``attention_mask`` that still arrives (older versions build a plain
-causal one) is ignored. Head dims 64, 96, 128 and 256, and MLA's query/key
-head dim 192 with value head dim 128 (DeepSeek-V3: the value states arrive
-unpadded, [B, H, T, 128], and the output is [1, T, H, 128]), forward and
-backward.
+causal one) is ignored. Head dims 64, 96, 128, 256 and 512 (Gemma 4's global
+layers; their backward on sm_90 to sm_110 only, which have the 204 KB of
+shared memory a CTA it needs), and MLA's query/key head dim 192 with value
+head dim 128 (DeepSeek-V3: the value states arrive unpadded, [B, H, T, 128],
+and the output is [1, T, H, 128]), forward and backward.
 
 Attention variants, as transformers hands them to an attention interface:
 

@@ -125,10 +125,14 @@ GROUPS = [(67, [40, 0, 17, 129]), (128, [1, 64]), (5, [3])]
 
 # ------------------------------------------------------------------ accuracy
 
-@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 256, 512])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (4, 1)])
 def test_gradients_match_reference(D, dtype, heads):
+    if D == 512 and torch.cuda.get_device_capability()[0] not in (9, 10, 11):
+        # Its dK/dV kernels need 204 KB of shared memory a CTA: sm_90 to
+        # sm_110 have 227 KB, sm_80/sm_87 163 KB, sm_86/89/120/121 99 KB.
+        pytest.skip("the backward at head_dim 512 needs sm_90 to sm_110")
     Hq, Hkv = heads
     plan = dualkv.Plan(GROUPS)
     q, k, v, dout = make_inputs(GROUPS, Hq, Hkv, D, dtype, seed=D + Hq)

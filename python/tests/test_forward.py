@@ -53,7 +53,7 @@ GROUPS = [(67, [40, 0, 17, 129]), (128, [1, 64]), (5, [3])]
 
 
 @needs_gpu
-@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 256, 512])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (4, 1)])
 def test_matches_reference(D, dtype, heads):

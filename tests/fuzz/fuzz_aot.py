@@ -48,7 +48,7 @@ FLAGS = {
     "--kind": ["fwd", "bwd", "bwd_pre", "bwd_post", "bwd_kv", "bwd_dq"],
     "--P": ["0", "1", "64", "8192"],
     "--N": ["0", "1", "16"],
-    "--head-dim": ["64", "128", "192", "256"],
+    "--head-dim": ["64", "128", "192", "256", "512"],
     "--v-head-dim": ["0", "64", "128", "192"],
     "--heads": ["32:8", "8:8", "4:1", "8:2", "1:1"],
     "--dtype": ["bf16", "fp16", "f16"],
@@ -187,12 +187,12 @@ def make_input(rng, work, n):
 
 # The oracle: head_dim, value head_dim and heads values whose verdict is known
 # without the tool. A head shape is supported when the value head_dim is the
-# head_dim and that is 64, 96, 128 or 256, or when they are MLA's 192 and 128;
+# head_dim and that is 64, 96, 128, 256 or 512, or when they are MLA's 192 and 128;
 # --v-head-dim 0 (and leaving it out) means the --head-dim's. Heads HQ:HKV are
 # launchable when both are integers >= 1, HQ a multiple of HKV and HQ <= 65535
 # (a grid dimension); for a backward kind also HQ + HKV <= 65535.
-ORACLE_HEAD_DIMS = [64, 96, 128, 192, 256, 0, -64, 80, 512, 4096, 2**32 + 64,
-                    2**63 - 1]
+ORACLE_HEAD_DIMS = [64, 96, 128, 192, 256, 512, 0, -64, 80, 1024, 4096,
+                    2**32 + 64, 2**63 - 1]
 # None: not given.
 ORACLE_V_HEAD_DIMS = [None, None, 128, 64, 192, 0, 80, -128]
 ORACLE_HEADS = [(4, 4), (8, 2), (65535, 1), (65530, 5), (0, 0), (4, 0), (0, 4), (6, 4),
@@ -201,19 +201,19 @@ ORACLE_HEADS = [(4, 4), (8, 2), (65535, 1), (65530, 5), (0, 0), (4, 0), (0, 4), 
 
 def head_dim_ok(d):
     """Whether --head-dim d parses: a query/key width of some shape."""
-    return d in (64, 96, 128, 192, 256)
+    return d in (64, 96, 128, 192, 256, 512)
 
 
 def v_head_dim_ok(v):
     """Whether --v-head-dim v parses (0: the --head-dim's)."""
-    return v in (0, 64, 96, 128, 256)
+    return v in (0, 64, 96, 128, 256, 512)
 
 
 def shape_ok(d, v):
     """Whether (head_dim d, value head_dim v) is a head shape; v None or 0:
     d."""
     v = v or d
-    return (d == v and d in (64, 96, 128, 256)) or (d, v) == (192, 128)
+    return (d == v and d in (64, 96, 128, 256, 512)) or (d, v) == (192, 128)
 
 
 def heads_ok(hq, hkv, backward):
@@ -277,7 +277,7 @@ def oracle_input(rng, work, n):
         v_text, v_typed = spell_integer(rng, v)
         v_field = ', "v_head_dim": %s' % v_text
         # A spec's value head_dim is a width: 0 is refused there.
-        v_good = v_typed and v in (64, 96, 128, 256)
+        v_good = v_typed and v in (64, 96, 128, 256, 512)
     text = '[{"kind": "%s", "head_dim": %s%s, "heads": %s}]' % (
         kind, dim_text, v_field, heads_text)
     spec = os.path.join(work, "oracle-%05d.json" % n)

@@ -104,9 +104,10 @@ public:
 };
 
 /// An int option whose value is a query/key head dimension of some head
-/// shape (isQueryKeyHeadDim); anything else (junk, 512, a number beyond
-/// int64) is one bad value: "--head-dim must be 64, 96, 128 or 256, or 192
-/// with --v-head-dim 128, got '512'" (dualkv/HeadDims.h has the lists).
+/// shape (isQueryKeyHeadDim); anything else (junk, 1024, a number beyond
+/// int64) is one bad value: "--head-dim must be 64, 96, 128, 256 or 512, or
+/// 192 with --v-head-dim 128, got '1024'" (dualkv/HeadDims.h has the
+/// lists).
 class HeadDimParser : public llvm::cl::parser<int> {
 public:
   using llvm::cl::parser<int>::parser;
@@ -116,8 +117,8 @@ public:
 
 /// An int option whose value is a value head dimension: 0 (the --head-dim's)
 /// or one of kHeadDims; anything else is one bad value: "--v-head-dim must
-/// be 64, 96, 128 or 256 (0: --head-dim's), got '80'". Whether it goes with
-/// the --head-dim is headShapeProblem's to say.
+/// be 64, 96, 128, 256 or 512 (0: --head-dim's), got '80'". Whether it goes
+/// with the --head-dim is headShapeProblem's to say.
 class ValueHeadDimParser : public llvm::cl::parser<int> {
 public:
   using llvm::cl::parser<int>::parser;

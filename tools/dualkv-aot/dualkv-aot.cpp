@@ -70,9 +70,13 @@ archs with one tiling (launch geometry) for all of them also gets
 <name>.fatbin holding every arch's cubin and the PTX (default tilings can
 differ by arch: the forward's on sm_90a is the warp-specialized schedule's).
 
-Head shapes (--head-dim, --v-head-dim): 64, 96, 128 or 256 with value rows as
-wide, or MLA's query/key 192 with value 128 (DeepSeek-V3): a warp-specialized
-forward on sm_90a, every other kernel of it with the mma_sync schedule.
+Head shapes (--head-dim, --v-head-dim): 64, 96, 128, 256 or 512 with value
+rows as wide, or MLA's query/key 192 with value 128 (DeepSeek-V3): a
+warp-specialized forward on sm_90a, every other kernel of it with the mma_sync
+schedule. At head_dim 512 the forward and bwd_dq compute O and dQ in two CTAs
+of 256 columns each, and the KV-major backward (bwd, bwd_kv) needs 204 KB of
+shared memory a CTA: sm_90, sm_90a, sm_100, sm_103 and sm_110 (227 KB), not
+sm_80 or sm_87 (163 KB) nor the 99 KB archs.
 )";
 
 cl::OptionCategory kernelOptions("What to compile");
@@ -153,10 +157,12 @@ cl::opt<int, false, Count>
     responseClass("N", cl::value_desc("N"),
                   cl::desc("response-count class; 0 = any (default 0)"),
                   cl::cat(kernelOptions));
+/// --head-dim's help: dualkv/HeadDims.h's head dims.
+const std::string kHeadDimHelp =
+    "query/key head size: " + dualkv::headDimChoices() +
+    "\n(default 128), or 192 with --v-head-dim 128";
 cl::opt<int, false, dualkv::tools::HeadDimParser>
-    headDim("head-dim", cl::value_desc("D"),
-            cl::desc("query/key head size: 64, 96, 128 or 256\n"
-                     "(default 128), or 192 with --v-head-dim 128"),
+    headDim("head-dim", cl::value_desc("D"), cl::desc(kHeadDimHelp),
             cl::init(128), cl::cat(kernelOptions));
 cl::opt<int, false, dualkv::tools::ValueHeadDimParser>
     valueHeadDim("v-head-dim", cl::value_desc("DV"),

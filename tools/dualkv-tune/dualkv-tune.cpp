@@ -147,10 +147,12 @@ cl::opt<
                           clEnumValN(KernelKind::BwdDQ, "bwd_dq",
                                      "the split-dQ backward's dQ kernel")),
                cl::cat(kernelOptions));
+/// --head-dim's help: dualkv/HeadDims.h's head dims.
+const std::string kHeadDimHelp =
+    "query/key head size: " + dualkv::headDimChoices() +
+    "\n(default 128), or 192 with --v-head-dim 128";
 cl::opt<int, false, dualkv::tools::HeadDimParser>
-    headDim("head-dim", cl::value_desc("D"),
-            cl::desc("query/key head size: 64, 96, 128 or 256\n"
-                     "(default 128), or 192 with --v-head-dim 128"),
+    headDim("head-dim", cl::value_desc("D"), cl::desc(kHeadDimHelp),
             cl::init(128), cl::cat(kernelOptions));
 cl::opt<int, false, dualkv::tools::ValueHeadDimParser>
     valueHeadDim("v-head-dim", cl::value_desc("DV"),

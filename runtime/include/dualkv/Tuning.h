@@ -77,11 +77,11 @@ struct TunedEntry {
 /// existed; absent reads as head_dim; readers before it refuse an entry of
 /// head_dim 192, and with it the file). An entry whose P, N, R are not a
 /// shape class (isShapeClass) is malformed, as is one whose integers are
-/// not JSON integers within their ranges (head_dim 64, 96, 128 or 256, or
-/// 192 with v_head_dim 128; heads within the grid; tiling fields within the
-/// compiler's ranges). Version 1 has always stored the kind; readers before the
-/// backward reject an entry of a backward kind, and with it the whole file, as
-/// they do any malformed entry. Anything wrong with a file (unreadable, not
+/// not JSON integers within their ranges (head_dim 64, 96, 128, 256 or 512,
+/// or 192 with v_head_dim 128; heads within the grid; tiling fields within
+/// the compiler's ranges). Version 1 has always stored the kind; readers before
+/// the backward reject an entry of a backward kind, and with it the whole file,
+/// as they do any malformed entry. Anything wrong with a file (unreadable, not
 /// JSON, another schema or version, truncated, fields of the wrong type or
 /// range) makes load() report it and return an empty database: a tuning file is
 /// never trusted in part. A well-formed entry the compiler's spec check

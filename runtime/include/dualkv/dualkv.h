@@ -36,8 +36,10 @@ struct ForwardArgs {
   int64_t num_tokens = 0;   ///< T; must equal plan->numTokens()
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  /// Query and key rows' width: 64, 96, 128 or 256 (v_head_dim equal), or
-  /// 192 with v_head_dim 128 (MLA, DeepSeek-V3).
+  /// Query and key rows' width: 64, 96, 128, 256 or 512 (v_head_dim equal),
+  /// or 192 with v_head_dim 128 (MLA, DeepSeek-V3). The backward at 512
+  /// needs 204 KB of shared memory a CTA: sm_90, sm_90a, sm_100, sm_103 and
+  /// sm_110 only.
   int head_dim = 0;
   DType dtype = DType::BF16;
   float scale = 0; ///< 0 means 1/sqrt(head_dim); finite, not negative (negate

@@ -35,13 +35,13 @@ func.func @problem_gqa_not_multiple() attributes {x = #dualkv.problem<P = 0, N =
 
 // -----
 
-// expected-error @+1 {{head_dim must be 64, 96, 128 or 256, got 80}}
+// expected-error @+1 {{head_dim must be 64, 96, 128, 256 or 512, got 80}}
 func.func @problem_head_dim_80() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 80, dtype = bf16, scale = 1.0, causal = true>} { return }
 
 // -----
 
-// expected-error @+1 {{head_dim must be 64, 96, 128 or 256, got 512}}
-func.func @problem_head_dim_512() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 512, dtype = bf16, scale = 1.0, causal = true>} { return }
+// expected-error @+1 {{head_dim must be 64, 96, 128, 256 or 512, got 1024}}
+func.func @problem_head_dim_1024() attributes {x = #dualkv.problem<P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 1024, dtype = bf16, scale = 1.0, causal = true>} { return }
 
 // -----
 
@@ -326,9 +326,10 @@ dualkv.kernel @bad_arch kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, 
 
 // -----
 
-// 128 rows * 256 dims over 128 threads = 256 fp32 accumulator registers a thread.
+// 128 rows * 256 dims over 128 threads = 256 fp32 accumulator registers a thread (the
+// forward's O; the elementwise kinds keep no accumulator: a warp converts a row at a time).
 // expected-error @+1 {{'dualkv.kernel' op tiling gives each thread 256 accumulator registers (accumulators * block_m * head_dim / threads); at most 128 fit beside the scores}}
-dualkv.kernel @too_many_acc_registers kind <bwd_post> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
+dualkv.kernel @too_many_acc_registers kind <fwd> problem <P = 0, N = 0, num_q_heads = 8, num_kv_heads = 8, head_dim = 256, dtype = bf16, scale = 1.0, causal = true> tiling <block_m = 128, block_n = 64, warps = 4, stages = 1> arch "sm_80" schedule <mma_sync> {
 }
 
 // -----

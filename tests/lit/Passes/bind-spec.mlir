@@ -1,13 +1,16 @@
 // dualkv-bind-spec: fixes problem, tiling, arch and schedule of every unbound kernel; tiling
 // fields left at 0 take the defaults of dualkv::defaultTiling (the runtime's too),
 // which depend on the kernel's kind and arch. Forward on sm_90a (the default arch,
-// the warp-specialized schedule): 128:128:8:2, block_n 64 at head_dim 256; on sm_80:
-// block_m 128, block_n 32 and stages 2, warps 8 for head_dim 256, else 4. The
-// backward kinds: at the end of this file. scale = 1/sqrt(head_dim). Change these checks with defaultTiling.
+// the warp-specialized schedule): 128:128:8:2, block_n 64 at head_dim 256, 32 at 512; on
+// sm_80: block_m 128, block_n 32 and stages 2, warps 8 for head_dim 256, else 4; at
+// head_dim 512 (each CTA 256 of O's columns) 64:32:4:2 on sm_80, 128:32:8:2 on sm_90, and
+// 32:32:2:2 on the 99 KB archs. The backward kinds: at the end of this file. scale =
+// 1/sqrt(head_dim). Change these checks with defaultTiling.
 
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=D128
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=D64
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=D256
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=512 | FileCheck %s --check-prefix=D512
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="P=512 N=8 num-q-heads=16 num-kv-heads=16 head-dim=64 dtype=f16 arch=sm_80 block-m=128 block-n=32 warps=8 stages=1" | FileCheck %s --check-prefix=EXPLICIT
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="dtype=fp16 block-n=64" | FileCheck %s --check-prefix=PARTIAL
 // RUN: dualkv-opt %s -split-input-file --dualkv-bind-spec="num-q-heads=8 num-kv-heads=1 arch=sm_90a" | FileCheck %s
@@ -30,12 +33,22 @@
 // D256-SAME: tiling <block_m = 128, block_n = 64, warps = 8, stages = 2>
 // D256-SAME: arch "sm_90a" schedule <warp_specialized> {
 
+// D512-LABEL: dualkv.kernel @attention_fwd kind <fwd>
+// D512-SAME: head_dim = 512, dtype = bf16, scale = 0.04419417382415921{{[0-9]*}} : f64
+// D512-SAME: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
+// D512-SAME: arch "sm_90a" schedule <warp_specialized> {
+
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=64 arch=sm_80" | FileCheck %s --check-prefix=D64-SM80
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=D256-SM80
 // D64-SM80: tiling <block_m = 128, block_n = 32, warps = 4, stages = 2>
 // D64-SM80-SAME: arch "sm_80" schedule <mma_sync> {
 // D256-SM80: tiling <block_m = 128, block_n = 32, warps = 8, stages = 2>
 // D256-SM80-SAME: arch "sm_80" schedule <mma_sync> {
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=512 arch=sm_80" | FileCheck %s --check-prefix=D512-MMA -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 2" -DARCH=sm_80
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=512 arch=sm_90" | FileCheck %s --check-prefix=D512-MMA -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 2" -DARCH=sm_90
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=512 arch=sm_86" | FileCheck %s --check-prefix=D512-MMA -DTILING="block_m = 32, block_n = 32, warps = 2, stages = 2" -DARCH=sm_86
+// D512-MMA: tiling <[[TILING]]>
+// D512-MMA-SAME: arch "[[ARCH]]" schedule <mma_sync> {
 
 // EXPLICIT-LABEL: dualkv.kernel @attention_fwd kind <fwd>
 // EXPLICIT-SAME: problem <P = 512, N = 8, num_q_heads = 16, num_kv_heads = 16, head_dim = 64, dtype = f16, scale = 1.250000e-01 : f64, causal = true>
@@ -88,7 +101,7 @@ func.func @no_kernel() {
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=arch=sm_75 2>&1 | FileCheck %s --check-prefix=ERR-ARCH75
 // ERR-ARCH75: error: dualkv-bind-spec: arch 'sm_75' is not supported; supported: sm_80,
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=head-dim=80 2>&1 | FileCheck %s --check-prefix=ERR-HEAD-DIM
-// ERR-HEAD-DIM: error: head_dim must be 64, 96, 128 or 256, got 80
+// ERR-HEAD-DIM: error: head_dim must be 64, 96, 128, 256 or 512, got 80
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=12 num-kv-heads=8" 2>&1 | FileCheck %s --check-prefix=ERR-HEADS
 // ERR-HEADS: error: num_q_heads (12) must be a multiple of num_kv_heads (8)
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec=num-kv-heads=0 2>&1 | FileCheck %s --check-prefix=ERR-KV-HEADS
@@ -144,6 +157,10 @@ func.func @no_kernel() {
 //   keys shared by two consumer warpgroups, each half of dK's and dV's columns,
 //   64-query tiles loaded by TMA (2 stages); and bwd_dq its 128 query rows with a
 //   ring of three 32-key tiles.
+// - head_dim 512, mma_sync on every arch: bwd and bwd_kv 32 keys in 8 warps (the
+//   two-dimensional layout, each warp 32 keys x 64 columns of dK and of dV: 2 * 32 *
+//   512 / 256 = 128 registers), 32-query tiles; bwd_dq 64:32:4:1 (each CTA 256 of dQ's
+//   columns), 32:32:2:1 where that does not fit (sm_80).
 // Change these checks with defaultTiling.
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=128 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=64 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=64 -DTILING="block_m = 128, block_n = 64, warps = 8, stages = 1" -DSCHED=warp_specialized
@@ -156,6 +173,8 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 64, warps = 8, stages = 2" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec=head-dim=512 | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd -DD=512 -DTILING="block_m = 32, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="head-dim=512 arch=sm_90 dtype=f16" | FileCheck %s --check-prefix=BWD-KV -DKIND=bwd_kv -DD=512 -DTILING="block_m = 32, block_n = 32, warps = 8, stages = 1" -DSCHED=mma_sync
 // BWD-KV: dualkv.kernel @attention_[[KIND]] kind <[[KIND]]>
 // BWD-KV-SAME: head_dim = [[D]],
 // BWD-KV-SAME: tiling <[[TILING]]>
@@ -173,6 +192,8 @@ func.func @no_kernel() {
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=256 | FileCheck %s --check-prefix=BWD-DQ -DD=256 -DTILING="block_m = 128, block_n = 32, warps = 8, stages = 3" -DSCHED=warp_specialized
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=256 schedule=mma_sync" | FileCheck %s --check-prefix=BWD-DQ -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
 // RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=256 arch=sm_80" | FileCheck %s --check-prefix=BWD-DQ -DD=256 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec=head-dim=512 | FileCheck %s --check-prefix=BWD-DQ -DD=512 -DTILING="block_m = 64, block_n = 32, warps = 4, stages = 1" -DSCHED=mma_sync
+// RUN: dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=512 arch=sm_80" | FileCheck %s --check-prefix=BWD-DQ -DD=512 -DTILING="block_m = 32, block_n = 32, warps = 2, stages = 1" -DSCHED=mma_sync
 // BWD-DQ: dualkv.kernel @attention_bwd_dq kind <bwd_dq>
 // BWD-DQ-SAME: head_dim = [[D]],
 // BWD-DQ-SAME: tiling <[[TILING]]>
@@ -216,6 +237,13 @@ func.func @no_kernel() {
 // the bytes and the limit.
 // RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="arch=sm_86 head-dim=256" 2>&1 | FileCheck %s --check-prefix=ERR-SMEM-D256
 // ERR-SMEM-D256: error: 'dualkv.kernel' op a bwd kernel of tiling 64:32:8:1 at head_dim 256 needs 148480 bytes of shared memory, more than sm_86's 101376 (99 KB) a CTA
+// The KV-major backward at head_dim 512 (32:32:8:1: K and V of 32 keys, Q and dO of two
+// 32-query tiles in rows of 520 elements, P and dS) fits only the archs of 227 KB; its dQ
+// kernel (32:32:2:1 there) not the 99 KB ones either.
+// RUN: not dualkv-opt %templates/attention_bwd.mlir --dualkv-bind-spec="arch=sm_80 head-dim=512" 2>&1 | FileCheck %s --check-prefix=ERR-SMEM-D512
+// ERR-SMEM-D512: error: 'dualkv.kernel' op a bwd kernel of tiling 32:32:8:1 at head_dim 512 needs 208896 bytes of shared memory, more than sm_80's 166912 (163 KB) a CTA
+// RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="arch=sm_120 head-dim=512" 2>&1 | FileCheck %s --check-prefix=ERR-SMEM-DQ-D512
+// ERR-SMEM-DQ-D512: error: 'dualkv.kernel' op a bwd_dq kernel of tiling 32:32:2:1 at head_dim 512 needs 133120 bytes of shared memory, more than sm_120's 101376 (99 KB) a CTA
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_80 block-m=256 block-n=256 warps=16" 2>&1 | FileCheck %s --check-prefix=ERR-SMEM
 // ERR-SMEM: error: 'dualkv.kernel' op a fwd kernel of tiling 256:256:16:2 at head_dim 128 needs 208896 bytes of shared memory, more than sm_80's 166912 (163 KB) a CTA
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="arch=sm_90 block-m=256 block-n=256 warps=16" | FileCheck %s --check-prefix=SMEM-SM90
@@ -224,6 +252,11 @@ func.func @no_kernel() {
 // ERR-GRID: error: 'dualkv.kernel' op num_q_heads = 65536 exceeds 65535, the limit of gridDim.z, along which a fwd kernel launches its heads
 // RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=65535 num-kv-heads=1" | FileCheck %s --check-prefix=GRID
 // GRID: num_q_heads = 65535, num_kv_heads = 1,
+// At head_dim 512 the forward's z holds each query head's two blocks of 256 columns of O.
+// RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=512 num-q-heads=32768 num-kv-heads=1" 2>&1 | FileCheck %s --check-prefix=ERR-GRID-D512
+// ERR-GRID-D512: error: 'dualkv.kernel' op num_q_heads = 32768 (x 2 blocks of columns) exceeds 65535, the limit of gridDim.z, along which a fwd kernel launches its heads
+// RUN: dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=512 num-q-heads=32767 num-kv-heads=1" | FileCheck %s --check-prefix=GRID-D512
+// GRID-D512: num_q_heads = 32767, num_kv_heads = 1, head_dim = 512,
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="num-q-heads=4294967296 num-kv-heads=1" 2>&1 | FileCheck %s --check-prefix=ERR-HEADS-RANGE
 // ERR-HEADS-RANGE: error: dualkv-bind-spec: num-q-heads = 4294967296 is out of range
 
@@ -265,6 +298,9 @@ func.func @no_kernel() {
 // ERR-WS-DQ: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_dq kernel: its tiles exceed 227 KB of shared memory at block_n 64
 // RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=256 block-m=128" 2>&1 | FileCheck %s --check-prefix=ERR-WS-KV
 // ERR-WS-KV: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_kv kernel: its backward at head_dim 256 needs block_m 64, block_n 64 and 8 (consumer) warps
+// At head_dim 512 its forward only.
+// RUN: not dualkv-opt %templates/attention_bwd_kv.mlir --dualkv-bind-spec="schedule=warp_specialized head-dim=512" 2>&1 | FileCheck %s --check-prefix=ERR-WS-512
+// ERR-WS-512: error: 'dualkv.kernel' op the warp_specialized schedule cannot compute this bwd_kv kernel: its bwd_kv kernel stops at head_dim 256, not 512
 // RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="schedule=wgmma stages=3" 2>&1 | FileCheck %s --check-prefix=ERR-STAGES3
 // ERR-STAGES3: error: 'dualkv.kernel' op stages 3 and 4 are the warp-specialized dQ kernel's only; this bwd_dq kernel takes 1 or 2
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="schedule=fast" 2>&1 | FileCheck %s --check-prefix=ERR-SCHED

@@ -48,8 +48,8 @@
 // Refused: 192 alone, and pairs other than 192/128; the schedules that cannot
 // take it, by name.
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=192" 2>&1 | FileCheck %s --check-prefix=ALONE
-// ALONE: error: head_dim 192 needs its own value head_dim: head_dim must be 64, 96, 128 or 256 with an equal value head_dim, or 192 with value head_dim 128
+// ALONE: error: head_dim 192 needs its own value head_dim: head_dim must be 64, 96, 128, 256 or 512 with an equal value head_dim, or 192 with value head_dim 128
 // RUN: not dualkv-opt %templates/attention_fwd.mlir --dualkv-bind-spec="head-dim=128 v-head-dim=64" 2>&1 | FileCheck %s --check-prefix=PAIR
-// PAIR: error: head_dim must be 64, 96, 128 or 256 with an equal value head_dim, or 192 with value head_dim 128, got head_dim 128 with value head_dim 64
+// PAIR: error: head_dim must be 64, 96, 128, 256 or 512 with an equal value head_dim, or 192 with value head_dim 128, got head_dim 128 with value head_dim 64
 // RUN: not dualkv-opt %templates/attention_bwd_dq.mlir --dualkv-bind-spec="head-dim=192 v-head-dim=128 schedule=warp_specialized" 2>&1 | FileCheck %s --check-prefix=WS
 // WS: the warp_specialized schedule cannot compute this bwd_dq kernel: its bwd_dq kernel has value rows as wide as the query and key rows, not head_dim 192 with value head_dim 128

@@ -83,10 +83,24 @@ TEST_CASE("compiler: default tilings are the measured spill-free ones",
           "[compiler]") {
   KernelSpec spec;
   for (const char *arch : {"sm_80", "sm_90", "sm_90a"})
-    for (int d : {64, 128, 256}) {
+    for (int d : {64, 128, 256, 512}) {
       spec.arch = arch;
       spec.headDim = d;
       Tiling t = defaultTiling(spec);
+      if (d == 512) {
+        // Each CTA 256 of O's columns: on sm_90a warp-specialized with
+        // 32-key tiles (Q and the ring take 225 KB); elsewhere mma_sync, 128
+        // rows in 8 warps where Q rows of 512 fit (sm_90's 227 KB), 64 in 4
+        // on sm_80 (163 KB).
+        const bool sm90a = spec.arch == "sm_90a";
+        CHECK(resolveSpec(spec).schedule ==
+              (sm90a ? Schedule::WarpSpecialized : Schedule::MmaSync));
+        CHECK(threadsPerBlock(resolveSpec(spec)) ==
+              (sm90a ? 384 : t.warps * 32));
+        CHECK(t == (spec.arch == "sm_80" ? Tiling{64, 32, 4, 2}
+                                         : Tiling{128, 32, 8, 2}));
+        continue;
+      }
       if (spec.arch == "sm_90a") {
         // The warp-specialized schedule: two consumer warpgroups of 64 rows
         // (and a producer warpgroup), 128-key tiles, 64 at head_dim 256.
@@ -120,7 +134,7 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
   // 32-query tiles on every arch; dQ 64 rows x 32 keys; elementwise 64 rows;
   // one stage each. The archs of 99 KB of shared memory a CTA (sm_86, sm_89,
   // sm_120) take 64:32:4 where those do not fit them (at head_dim 128; sm_120
-  // at 64 too).
+  // at 64 too). Head_dim 512 (below): 32 keys in 8 warps on every arch.
   KernelSpec spec;
   const Tiling small = {64, 32, 4, 1};
   for (int d : {64, 128, 256}) {
@@ -166,14 +180,44 @@ TEST_CASE("compiler: backward default tilings depend on the kind and, for "
     spec.kind = KernelKind::BwdPost;
     CHECK(defaultTiling(spec) == Tiling{64, 16, 4, 1});
   }
+  // Head_dim 512, mma_sync everywhere: bwd and bwd_kv hold 32 keys in 8 warps
+  // (the two-dimensional layout: 32 keys x 64 columns of dK and dV a warp)
+  // and stream 32-query tiles on every arch (204 KB: the archs of 227 KB
+  // only, checked below); dQ 64 rows x 32 keys in 4 warps, 32 rows in 2
+  // where those (195 KB) do not fit; the elementwise kernels as at every
+  // head_dim.
+  spec.headDim = 512;
+  for (const char *arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a",
+                           "sm_100", "sm_120", "", "compute_90"}) {
+    CAPTURE(arch);
+    spec.arch = arch;
+    for (KernelKind kind : {KernelKind::Bwd, KernelKind::BwdKV}) {
+      spec.kind = kind;
+      CHECK(defaultTiling(spec) == Tiling{32, 32, 8, 1});
+      CHECK(resolveSpec(spec).schedule == Schedule::MmaSync);
+    }
+    const std::string a = arch;
+    const bool smaller =
+        a == "sm_80" || a == "sm_86" || a == "sm_89" || a == "sm_120";
+    spec.kind = KernelKind::BwdDQ;
+    CHECK(defaultTiling(spec) ==
+          (smaller ? Tiling{32, 32, 2, 1} : Tiling{64, 32, 4, 1}));
+    CHECK(resolveSpec(spec).schedule == Schedule::MmaSync);
+    for (KernelKind kind : {KernelKind::BwdPre, KernelKind::BwdPost}) {
+      spec.kind = kind;
+      CHECK(defaultTiling(spec) == Tiling{64, 16, 4, 1});
+    }
+  }
 }
 
-TEST_CASE("compiler: only the head_dim-256 mma_sync dQ kernel from sm_90 on "
-          "masks every tile",
+TEST_CASE("compiler: only the head_dim-256 and 512 mma_sync dQ kernels from "
+          "sm_90 on mask every tile",
           "[compiler][backward]") {
   // compiler/lib/Spec/KernelSpec.cpp maskEveryTile: one masked loop a region
   // (two tile bodies instead of four) where a tile body is 192 mma.sync a warp;
-  // not the warp-specialized dQ kernel, sm_90a's default.
+  // not the warp-specialized dQ kernel, sm_90a's default at head_dim 256. At
+  // head_dim 512 (256 columns of dQ a CTA, scores over 512) the dQ kernel is
+  // mma_sync's on sm_90a too.
   auto resolved = [](KernelKind kind, int d, const char *arch) {
     KernelSpec spec;
     spec.kind = kind;
@@ -186,11 +230,15 @@ TEST_CASE("compiler: only the head_dim-256 mma_sync dQ kernel from sm_90 on "
   CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_90a")));
   CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_80")));
   CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 256, "sm_89")));
+  for (const char *arch : {"sm_90", "sm_90a", "sm_100", "sm_120"})
+    CHECK(maskEveryTile(resolved(KernelKind::BwdDQ, 512, arch)));
+  CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, 512, "sm_80")));
   for (int d : {64, 128})
     CHECK_FALSE(maskEveryTile(resolved(KernelKind::BwdDQ, d, "sm_90a")));
   for (KernelKind kind : {KernelKind::Fwd, KernelKind::Bwd, KernelKind::BwdKV,
                           KernelKind::BwdPre, KernelKind::BwdPost})
-    CHECK_FALSE(maskEveryTile(resolved(kind, 256, "sm_90a")));
+    for (int d : {256, 512})
+      CHECK_FALSE(maskEveryTile(resolved(kind, d, "sm_90a")));
   // The tree variant takes the same kernel body.
   KernelSpec tree;
   tree.kind = KernelKind::BwdDQ;
@@ -202,7 +250,7 @@ TEST_CASE("compiler: only the head_dim-256 mma_sync dQ kernel from sm_90 on "
 
 TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
           "[compiler]") {
-  for (int d : {64, 96, 128, 256})
+  for (int d : {64, 96, 128, 256, 512})
     for (DType t : {DType::BF16, DType::FP16}) {
       KernelSpec spec;
       spec.headDim = d;
@@ -217,8 +265,12 @@ TEST_CASE("compiler: every shipped forward spec compiles to the sm_80 schedule",
       CHECK(r.info.name == "attention_fwd_mma_sync");
       CHECK(r.info.threads == tiling.warps * 32);
       CHECK(r.info.blockM == tiling.blockM);
+      // Q and K rows of head_dim, V rows of the CTA's block of O's columns
+      // (at head_dim 512 each CTA computes 256 of them), padded by 8.
+      const int vCols = d == 512 ? 256 : d;
       CHECK(r.info.sharedBytes ==
-            (tiling.blockM + 2 * tiling.blockN) * (d + 8) * 2);
+            (tiling.blockM + tiling.blockN) * (d + 8) * 2 +
+                tiling.blockN * (vCols + 8) * 2);
       std::string mma =
           t == DType::BF16
               ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -247,13 +299,14 @@ int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
   case KernelKind::BwdKV: {
     // K, V (block_m rows); Q and dO double buffered (2 x 2 x block_n rows);
     // dSᵀ, block_m rows of block_n + 8 (bwd only: dQ), or in the
-    // two-dimensional warp layout (8 warps: 128 keys and 64-query tiles, or
-    // 64 keys at head_dim 256) P and dS, 2 x block_n rows of block_m + 8;
-    // LSE and Delta of the two query tiles in flight (4 arrays of block_n
-    // fp32, or of one a thread when there are more threads: each thread
-    // copies into a slot of its own).
+    // two-dimensional warp layout (8 warps: 128 keys and 64-query tiles, 64
+    // keys at head_dim 256, or 32 at head_dim 512) P and dS, 2 x block_n
+    // rows of block_m + 8; LSE and Delta of the two query tiles in flight (4
+    // arrays of block_n fp32, or of one a thread when there are more threads:
+    // each thread copies into a slot of its own).
     bool grid2d = t.warps == 8 && ((t.blockM == 128 && t.blockN == 64) ||
-                                   (d == 256 && t.blockM == 64));
+                                   (d >= 256 && t.blockM == 64) ||
+                                   (d == 512 && t.blockM == 32));
     int scores = grid2d                    ? 2 * t.blockN * (t.blockM + 8) * 2
                  : kind == KernelKind::Bwd ? t.blockM * (t.blockN + 8) * 2
                                            : 0;
@@ -261,7 +314,8 @@ int expectedBackwardSharedBytes(KernelKind kind, int d, const Tiling &t) {
            4 * std::max(t.blockN, 32 * t.warps) * 4;
   }
   case KernelKind::BwdDQ:
-    // Q, dO (block_m rows), K, V (block_n rows).
+    // Q, dO (block_m rows), K, V (block_n rows), whole rows at head_dim 512
+    // too (each CTA computes 256 of dQ's columns).
     return (2 * t.blockM + 2 * t.blockN) * row;
   default: // bwd_pre, bwd_post: registers only
     return 0;
@@ -296,7 +350,7 @@ TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
       {KernelKind::BwdKV, "attention_bwd_kv_mma_sync"},
       {KernelKind::BwdDQ, "attention_bwd_dq_mma_sync"}};
   for (auto [kind, entry] : kinds)
-    for (int d : {64, 96, 128, 256})
+    for (int d : {64, 96, 128, 256, 512})
       for (DType t : {DType::BF16, DType::FP16}) {
         KernelSpec spec;
         spec.kind = kind;
@@ -305,6 +359,20 @@ TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
         spec.arch = "sm_80";
         CompileOptions options;
         options.emitCubin = false;
+        // The KV-major backward at head_dim 512 (32:32:8:1) needs 204 KB of
+        // shared memory a CTA: sm_80 refuses it, sm_90 (mma_sync too) takes
+        // it.
+        if (d == 512 &&
+            (kind == KernelKind::Bwd || kind == KernelKind::BwdKV)) {
+          CompileResult refused = compile(spec, options);
+          CHECK_FALSE(refused.ok);
+          CHECK(refused.error ==
+                std::string("a ") + toString(kind) +
+                    " kernel of tiling 32:32:8:1 at head_dim 512 needs 208896 "
+                    "bytes of shared memory, more than sm_80's 166912 (163 "
+                    "KB) a CTA");
+          spec.arch = "sm_90";
+        }
         CompileResult r = compile(spec, options);
         INFO(toString(kind)
              << " head_dim " << d << " " << toString(t) << ": " << r.error);
@@ -323,7 +391,7 @@ TEST_CASE("compiler: every backward kind compiles to PTX with its ABI",
         CHECK(count(r.ptx, param + std::to_string(n) + "\n") == 0);
         CHECK(count(r.ptx, param + std::to_string(n) + ",") == 0);
         CHECK(count(r.ptx, param + std::to_string(n) + "]") == 0);
-        CHECK(count(r.ptx, ".target sm_80") == 1);
+        CHECK(count(r.ptx, ".target " + spec.arch) == 1);
         CHECK(r.cubin.empty());
         bool mma = kind == KernelKind::Bwd || kind == KernelKind::BwdKV ||
                    kind == KernelKind::BwdDQ;
@@ -389,7 +457,7 @@ TEST_CASE("compiler: a bad spec fails with the field and value", "[compiler]") {
   spec.headDim = 80;
   CompileResult r = compile(spec, {false, "", ""});
   CHECK_FALSE(r.ok);
-  CHECK(r.error.find("head_dim must be 64, 96, 128 or 256, got 80") !=
+  CHECK(r.error.find("head_dim must be 64, 96, 128, 256 or 512, got 80") !=
         std::string::npos);
 
   spec.headDim = 128;
@@ -706,6 +774,17 @@ TEST_CASE("compiler: resolveSpec chooses the schedule by today's rules",
       {specOf(K::BwdDQ, "sm_90a", 256, {64, 32, 4, 1}), M},
       {specOf(K::BwdDQ, "sm_90", 128), M},
       {specOf(K::BwdDQ, "sm_80", 128), M},
+      // Head_dim 512: the forward warp-specialized on sm_90a at 128:32:8:2
+      // (mma_sync at other tilings); the backward mma_sync there too (the
+      // warp-specialized backward stops at head_dim 256, the warpgroup one
+      // has 128 only).
+      {specOf(K::Fwd, "sm_90a", 512), S},
+      {specOf(K::Fwd, "sm_90a", 512, {128, 16, 8, 2}), M},
+      {specOf(K::Fwd, "sm_90a", 512, {128, 16, 8, 2}, S), S},
+      {specOf(K::Fwd, "sm_90", 512), M},
+      {specOf(K::Bwd, "sm_90a", 512), M},
+      {specOf(K::BwdKV, "sm_90a", 512), M},
+      {specOf(K::BwdDQ, "sm_90a", 512), M},
       // Never wgmma: the elementwise kernels.
       {specOf(K::BwdPre, "sm_90a", 128), M},
       {specOf(K::BwdPost, "sm_90a", 128), M},
@@ -741,6 +820,9 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::Fwd, "sm_90a", 64, {}, W),
        "the wgmma schedule cannot compute this fwd kernel: it has head_dim "
        "128 only, not 64"},
+      {specOf(K::BwdDQ, "sm_90a", 512, {}, W),
+       "the wgmma schedule cannot compute this bwd_dq kernel: it has head_dim "
+       "128 only, not 512"},
       {specOf(K::Fwd, "sm_90a", 128, {128, 32, 4, 2}, W),
        "the wgmma schedule cannot compute this fwd kernel: its forward needs "
        "block_m = 16 x warps, warps a multiple of 4 and block_n a multiple "
@@ -765,6 +847,15 @@ TEST_CASE("compiler: an explicit schedule the spec cannot use is an error",
       {specOf(K::Fwd, "sm_90a", 256, {128, 128, 8, 2}, S),
        "the warp_specialized schedule cannot compute this fwd kernel: its "
        "tiles exceed 227 KB of shared memory at block_n 128"},
+      {specOf(K::Fwd, "sm_90a", 512, {128, 64, 8, 2}, S),
+       "the warp_specialized schedule cannot compute this fwd kernel: its "
+       "tiles exceed 227 KB of shared memory at block_n 64"},
+      {specOf(K::BwdKV, "sm_90a", 512, {64, 64, 8, 2}, S),
+       "the warp_specialized schedule cannot compute this bwd_kv kernel: its "
+       "bwd_kv kernel stops at head_dim 256, not 512"},
+      {specOf(K::BwdDQ, "sm_90a", 512, {}, S),
+       "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
+       "bwd_dq kernel stops at head_dim 256, not 512"},
       {specOf(K::BwdDQ, "sm_90a", 256, {128, 32, 8, 4}, S),
        "the warp_specialized schedule cannot compute this bwd_dq kernel: its "
        "tiles exceed 227 KB of shared memory at block_n 32"},
@@ -820,14 +911,20 @@ TEST_CASE("compiler: checkSpec holds every kernel to CUDA's launch limits",
     CHECK(maxSharedBytes(*Arch::parse(arch)) == bytes);
   }
   // Every default kernel fits its arch but the KV-major backward at head_dim
-  // 256 on the 99 KB archs, which no tiling fits.
+  // 256 on the 99 KB archs, which no tiling fits, and the backward at
+  // head_dim 512 below 227 KB: its KV-major kernels (32:32:8:1, 204 KB) on
+  // the archs of 163 KB and 99 KB, its dQ kernel (32:32:2:1, 130 KB) on the
+  // 99 KB ones.
   for (const auto &[arch, bytes] : limits)
     for (K kind : {K::Fwd, K::BwdPre, K::Bwd, K::BwdPost, K::BwdKV, K::BwdDQ})
-      for (int d : {64, 96, 128, 256}) {
+      for (int d : {64, 96, 128, 256, 512}) {
         KernelSpec r = resolveSpec(specOf(kind, arch, d));
         CAPTURE(arch, toString(kind), d);
         bool kvMajor = kind == K::Bwd || kind == K::BwdKV;
-        if (bytes == 101376 && kvMajor && d == 256) {
+        bool unfit = (kvMajor && d == 256 && bytes == 101376) ||
+                     (kvMajor && d == 512 && bytes < 232448) ||
+                     (kind == K::BwdDQ && d == 512 && bytes == 101376);
+        if (unfit) {
           CHECK(checkSpec(r).find("bytes of shared memory, more than") !=
                 std::string::npos);
           continue;
@@ -881,7 +978,7 @@ TEST_CASE("compiler: checkSpec holds every kernel to CUDA's launch limits",
   CHECK(heads(K::Fwd, 12, 8) ==
         "num_q_heads (12) must be a multiple of num_kv_heads (8)");
   KernelSpec d80 = specOf(K::Fwd, "sm_80", 80);
-  CHECK(checkSpec(d80) == "head_dim must be 64, 96, 128 or 256, got 80");
+  CHECK(checkSpec(d80) == "head_dim must be 64, 96, 128, 256 or 512, got 80");
   CHECK(checkSpec(specOf(K::Fwd, "sm_90a", 128, {128, 8, 8, 2})) ==
         "block_n must be a power of two in [16, 256], got 8");
   CHECK(checkSpec(specOf(K::Fwd, "sm_80", 128, {1 << 30, 32, 4, 2})) ==

@@ -27,7 +27,7 @@ constexpr KernelKind kKinds[] = {KernelKind::Fwd,   KernelKind::BwdPre,
 constexpr const char *kArchs[] = {"sm_80",  "sm_86",  "sm_87",  "sm_89",
                                   "sm_90",  "sm_90a", "sm_100", "sm_103",
                                   "sm_110", "sm_120", "sm_121", "sm_70"};
-constexpr int kHeadDims[] = {64, 96, 128, 256};
+constexpr int kHeadDims[] = {64, 96, 128, 256, 512};
 constexpr Schedule kSchedules[] = {Schedule::Auto, Schedule::MmaSync,
                                    Schedule::Wgmma, Schedule::WarpSpecialized};
 /// Open, pinned and partly pinned tilings, each schedule's own among them.
@@ -43,6 +43,12 @@ bool queryMajor(KernelKind k) {
 }
 bool kvMajor(KernelKind k) {
   return k == KernelKind::Bwd || k == KernelKind::BwdKV;
+}
+/// The blocks of output columns a query-major kernel computes in CTAs of
+/// their own (KernelSpec.h's outputColumnBlocks): 256 columns of O or dQ a
+/// CTA at head_dim 512.
+int64_t columnBlocks(int64_t headDim) {
+  return headDim > 256 ? headDim / 256 : 1;
 }
 int archNumber(const std::string &a) {
   for (const char *known : kArchs)
@@ -73,18 +79,23 @@ int64_t refSharedBytes(const KernelSpec &r) {
     return 0;
   if (queryMajor(r.kind)) {
     const int64_t qRows = (r.kind == KernelKind::BwdDQ ? 2 : 1) * bm;
+    // The forward's V tiles hold only the CTA's block of O's columns in the
+    // schedules that split them (mma_sync, warp_specialized).
+    const int64_t vd = r.kind == KernelKind::Fwd ? d / columnBlocks(d) : d;
+    auto atoms = [](int64_t cols) { return cols == 96 ? 128 : cols; };
     if (ws) // Q (dO), K and V rings of rows of whole 64-element atoms
             // (96: 128), 1 + 4 stages mbarriers, 1 KB align
-      return (qRows + 2 * st * bn) * (d == 96 ? 128 : d) * 2 +
+      return (qRows + st * bn) * atoms(d) * 2 + st * bn * atoms(vd) * 2 +
              8 * (1 + 4 * st) + 1024;
     if (mma) // rows padded by 8 elements
-      return (qRows + 2 * bn) * (d + 8) * 2;
+      return (qRows + bn) * (d + 8) * 2 + bn * (vd + 8) * 2;
     return (qRows + 2 * bn) * d * 2 + 1024;
   }
   const int64_t row = mma ? d + 8 : d == 96 ? 128 : d;
   int64_t bytes = (2 * bm + 4 * bn) * row * 2; // K, V, 2 x Q, 2 x dO
-  const bool grid2d =
-      mma && w == 8 && ((bm == 128 && bn == 64) || (d == 256 && bm == 64));
+  const bool grid2d = mma && w == 8 &&
+                      ((bm == 128 && bn == 64) || (d >= 256 && bm == 64) ||
+                       (d == 512 && bm == 32));
   // The warp-specialized backward at head_dim 256: its two consumer
   // warpgroups share Pᵀ (two buffers) and dSᵀ, and stage no dQ.
   const bool shared = ws && d == 256;
@@ -123,9 +134,10 @@ bool refFits(const KernelSpec &r) {
     return kvMajor(r.kind) && t.blockM == 128 && t.blockN == 64 && t.warps == 8;
   case Schedule::WarpSpecialized:
     // Head_dim 96 in tiles of 128 columns, but not the fused bwd (its dQ
-    // staging).
+    // staging); beyond head_dim 256 the forward only.
     if (!sm90a || (r.tree && kvMajor(r.kind)) ||
-        (r.kind == KernelKind::Bwd && d == 96))
+        (r.kind == KernelKind::Bwd && d == 96) ||
+        (d > 256 && r.kind != KernelKind::Fwd))
       return false;
     if (kvMajor(r.kind))
       // bwd_kv at head_dim 64 takes 128-query tiles too.
@@ -179,6 +191,27 @@ Tiling refDefaultTiling(const KernelSpec &s) {
     return sm90a &&
            (s.schedule == Schedule::WarpSpecialized || (auto_ && agrees(ws)));
   };
+  // Head_dim 512 (each query-major CTA 256 of O's or dQ's columns): bwd and
+  // bwd_kv 32 keys in 8 warps on every arch (the archs below 227 KB refuse
+  // them); bwd_dq 64:32:4:1, 32:32:2:1 where that does not fit; the
+  // forward warp-specialized on sm_90a (128:32:8:2), else 128:32:8:2,
+  // 64:32:4:2 or 32:32:2:2, the first that fits.
+  auto fits = [&](Tiling t) {
+    KernelSpec m = s;
+    m.tiling = t;
+    m.schedule = Schedule::MmaSync;
+    return !n || refSharedBytes(m) <= maxSmem(n);
+  };
+  if (d == 512 && kvMajor(s.kind))
+    return {32, 32, 8, 1};
+  if (d == 512 && s.kind == KernelKind::BwdDQ)
+    return fits({64, 32, 4, 1}) ? Tiling{64, 32, 4, 1} : Tiling{32, 32, 2, 1};
+  if (d == 512 && s.kind == KernelKind::Fwd)
+    return sm90a && (s.schedule == Schedule::WarpSpecialized || auto_)
+               ? Tiling{128, 32, 8, 2}
+           : fits({128, 32, 8, 2}) ? Tiling{128, 32, 8, 2}
+           : fits({64, 32, 4, 2})  ? Tiling{64, 32, 4, 2}
+                                   : Tiling{32, 32, 2, 2};
   if (d == 256 && s.kind == KernelKind::BwdKV && wsDefault({64, 64, 8, 2}))
     return {64, 64, 8, 2};
   if (d == 256 && s.kind == KernelKind::Bwd && sm90a &&
@@ -243,7 +276,9 @@ KernelSpec refResolve(KernelSpec s) {
   bool wsPreferred = kvMajor(s.kind) ? true
                      : s.kind == KernelKind::BwdDQ
                          ? t.stages > 2
-                         : t.blockN == (s.headDim == 256 ? 64 : 128);
+                         : t.blockN == (s.headDim == 512   ? 32
+                                        : s.headDim == 256 ? 64
+                                                           : 128);
   if (refFits(ws) && wsPreferred)
     s.schedule = Schedule::WarpSpecialized;
   else if (s.kind == KernelKind::BwdDQ &&
@@ -343,7 +378,7 @@ TEST_CASE("schedules: the spec functions read the records as the rules say",
                   want.tiling.warps * 32 +
                       (want.schedule == Schedule::WarpSpecialized ? 128 : 0));
               REQUIRE(maskEveryTile(got) ==
-                      (kind == KernelKind::BwdDQ && d == 256 &&
+                      (kind == KernelKind::BwdDQ && d >= 256 &&
                        want.schedule == Schedule::MmaSync &&
                        archNumber(arch) >= 90));
               REQUIRE(paramNames(abi::kernelParams(kind, got.schedule, tree)) ==
@@ -469,4 +504,20 @@ TEST_CASE("schedules: grids per kind, over segments or the work order",
   // query and KV heads.
   CHECK(eq(grid(KernelKind::BwdPre, Schedule::MmaSync, 64), 16, 32, 1));
   CHECK(eq(grid(KernelKind::BwdPost, Schedule::MmaSync, 64), 18, 40, 1));
+  // Head_dim 512: z holds each query head's two blocks of 256 output columns
+  // in the forward and the dQ kernel (outputColumnBlocks), not in the others.
+  KernelSpec wide;
+  wide.headDim = 512, wide.schedule = Schedule::MmaSync;
+  wide.tiling = {128, 32, 8, 2};
+  c.blockM = 128;
+  for (KernelKind kind : {KernelKind::Fwd, KernelKind::BwdDQ}) {
+    wide.kind = kind;
+    CHECK(eq(recordOf(Schedule::MmaSync).grid(wide, c), 3, 5, 64));
+  }
+  wide.kind = KernelKind::Bwd;
+  CHECK(eq(recordOf(Schedule::MmaSync).grid(wide, c), 17, 8, 1));
+  // The warp-specialized forward (sm_90a's default there): the forward
+  // order's 17 items, per head and block of columns.
+  wide.kind = KernelKind::Fwd, wide.schedule = Schedule::WarpSpecialized;
+  CHECK(eq(recordOf(Schedule::WarpSpecialized).grid(wide, c), 17, 1, 64));
 }

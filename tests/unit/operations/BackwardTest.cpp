@@ -64,7 +64,7 @@ TEST_CASE("backward: the default algorithm is split-dQ on sm_90a and atomic "
   BackwardArgs a = validBackwardArgs(groups);
   a.algorithm = BackwardAlgorithm::Auto;
   using A = BackwardAlgorithm;
-  for (int d : {64, 128, 256})
+  for (int d : {64, 128, 256, 512})
     for (const char *arch : {"sm_80", "sm_86", "sm_90", "sm_90a"}) {
       CAPTURE(d, arch);
       a.head_dim = d;
@@ -165,6 +165,10 @@ TEST_CASE("backward workspace: sizes by hand and through the C API",
   c.head_dim = 256;
   CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
   CHECK(bytes == delta + 2 * dqacc + 4 * accOne);
+  // head_dim 512: four times as wide as 128.
+  c.head_dim = 512;
+  CHECK(dualkv_backward_workspace_size(&c, &bytes) == DUALKV_OK);
+  CHECK(bytes == delta + 4 * dqacc + 8 * accOne);
   // head_dim 192 with v_head_dim 128: dQ's and dK's accumulators 192 wide,
   // dV's 128 (docs/backward-abi.md).
   c.head_dim = 192;
@@ -229,7 +233,7 @@ TEST_CASE("backward: bad arguments are named and nothing launches",
        "head_dim 80 is not supported"},
       {[](BackwardArgs &a) { a.head_dim = 192; },
        "head_dim 192 with v_head_dim 0 (0: head_dim) is not supported (64, "
-       "96, 128 or 256 with an equal value head_dim, or 192 with value "
+       "96, 128, 256 or 512 with an equal value head_dim, or 192 with value "
        "head_dim 128)"},
       {[](BackwardArgs &a) { a.v_head_dim = 96; },
        "head_dim 128 with v_head_dim 96 is not supported"},

@@ -139,12 +139,12 @@ TEST_CASE("forward: bad arguments are named and nothing launches",
        },
        "num_q_heads (70000) exceeds the grid limit"},
       {[](ForwardArgs &a) { a.head_dim = 80; },
-       "head_dim 80 is not supported (64, 96, 128 or 256 with an equal value "
-       "head_dim, or 192 with value head_dim 128)"},
+       "head_dim 80 is not supported (64, 96, 128, 256 or 512 with an equal "
+       "value head_dim, or 192 with value head_dim 128)"},
       // MLA's query/key head_dim needs its value head_dim.
       {[](ForwardArgs &a) { a.head_dim = 192; },
        "head_dim 192 with v_head_dim 0 (0: head_dim) is not supported (64, "
-       "96, 128 or 256 with an equal value head_dim, or 192 with value "
+       "96, 128, 256 or 512 with an equal value head_dim, or 192 with value "
        "head_dim 128)"},
       {[](ForwardArgs &a) {
          a.head_dim = 192;

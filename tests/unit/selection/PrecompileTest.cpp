@@ -133,13 +133,14 @@ TEST_CASE("precompile: bad arguments are named", "[runtime][precompile]") {
     CHECK(e->code() == ErrorCode::InvalidArgument);
     CHECK_THAT(e->what(), Contains(expected));
   };
-  code("head_dim (80) must be 64, 96, 128 or 256 with an equal value "
+  code("head_dim (80) must be 64, 96, 128, 256 or 512 with an equal value "
        "head_dim, or 192 with value head_dim 128");
   // MLA's query/key head_dim needs its value head_dim, and the value
   // head_dim goes only with it.
   args.head_dim = 192;
-  code("head_dim (192) with v_head_dim (0: head_dim) must be 64, 96, 128 or "
-       "256 with an equal value head_dim, or 192 with value head_dim 128");
+  code("head_dim (192) with v_head_dim (0: head_dim) must be 64, 96, 128, "
+       "256 or 512 with an equal value head_dim, or 192 with value head_dim "
+       "128");
   args.head_dim = 128;
   args.v_head_dim = 64;
   code("head_dim (128) with v_head_dim (64) must be");

@@ -233,11 +233,11 @@ TEST_CASE("tuning: a value head_dim apart from head_dim is part of the key "
   for (const auto &[shape, expect] :
        std::vector<std::pair<std::string, std::string>>{
            {R"("head_dim": 192)", "entries[0].head_dim (192) must be 64, 96, "
-                                  "128 or 256"},
+                                  "128, 256 or 512"},
            {R"("head_dim": 128, "v_head_dim": 64)",
             "entries[0].head_dim (128) with entries[0].v_head_dim (64) must "
-            "be 64, 96, 128 or 256 with an equal value head_dim, or 192 with "
-            "value head_dim 128"},
+            "be 64, 96, 128, 256 or 512 with an equal value head_dim, or 192 "
+            "with value head_dim 128"},
            {R"("head_dim": 192, "v_head_dim": 0)",
             "entries[0].v_head_dim is not a valid integer"},
            {R"("head_dim": 192, "v_head_dim": "128")",
@@ -408,7 +408,7 @@ TEST_CASE("tuning: an entry the compiler's spec check refuses is left out "
                "(4)"},
            Bad{entry("fwd", "sm_80", good,
                      R"("num_q_heads": 4, "num_kv_heads": 4)", "80"),
-               "entries[0].head_dim (80) must be 64, 96, 128 or 256"},
+               "entries[0].head_dim (80) must be 64, 96, 128, 256 or 512"},
        }) {
     INFO(bad.entry);
     writeText(path, file(entry("fwd", "sm_86", good) + ", " + bad.entry));

@@ -23,7 +23,7 @@ def schedule(kind, d, bm, bn, warps, arch, stages=1):
     128 and 256 with more than two stages (a ring of key tiles of 16, 32 or 64
     rows, or 128 at head_dim 64, which only that schedule has); the warpgroup
     one for bwd_dq at 128:64:8, head_dim 128 and fewer stages; mma_sync for
-    everything else."""
+    everything else (every kernel at head_dim 512)."""
     if arch == "sm_90a" and kind == "bwd_dq" and d in (64, 96, 128, 256) \
             and stages > 2 and (bm, warps) == (128, 8) \
             and (bn in (16, 32, 64) or (bn == 128 and d == 64)):
@@ -98,12 +98,15 @@ def shared_bytes(kind, d, bm, bn, warps, arch, stages=1, sched=None):
     row = (d + 8) * 2  # 2-byte elements, rows padded by 8 elements
     # K, V (block_m rows), Q and dO double buffered (2 x 2 x block_n rows), dS^T
     # (block_m x (block_n + 8), bwd only) or, in the two-dimensional warp layout
-    # (8 warps: 128 keys and 64-query tiles, or 64 keys at head_dim 256), P and
-    # dS (2 x block_n x (block_m + 8)), then LSE and Delta of the two query
-    # tiles in flight (4 arrays of fp32, stat_slots each).
+    # (8 warps: 128 keys and 64-query tiles, 64 keys at head_dim 256, or 32 at
+    # head_dim 512), P and dS (2 x block_n x (block_m + 8)), then LSE and Delta
+    # of the two query tiles in flight (4 arrays of fp32, stat_slots each).
+    # The dQ kernel at head_dim 512 computes 256 of dQ's columns a CTA but
+    # loads whole rows of Q, dO, K and V.
     if kind in ("bwd", "bwd_kv"):
         ds = bm * (bn + 8) * 2 if kind == "bwd" else 0
-        if warps == 8 and ((bm, bn) == (128, 64) or (d == 256 and bm == 64)):
+        if warps == 8 and ((bm, bn) == (128, 64) or (d == 256 and bm == 64)
+                           or (d == 512 and bm == 32)):
             ds = 2 * bn * (bm + 8) * 2
         return 2 * bm * row + 4 * bn * row + ds + 4 * stat_slots(bn, warps) * 4
     if kind == "bwd_dq":  # Q, dO (block_m rows), K, V (block_n rows)
