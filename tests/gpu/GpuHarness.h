@@ -321,6 +321,38 @@ inline bool deviceIsSm90() {
   return major == 9;
 }
 
+/// Whether this device runs the backward at head_dim `d` (value head_dim
+/// `dv`, 0: d): its default dK/dV kernel fits the device's shared memory
+/// (head_dim 512's needs 204 KB: sm_90 and later, not sm_80's 163 KB).
+inline bool deviceRunsBackward(int d, int dv = 0) {
+  int device = 0, major = 0, minor = 0;
+  check(cudaGetDevice(&device), "device");
+  check(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+      "compute capability");
+  check(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+      "compute capability");
+  KernelSpec spec;
+  spec.kind = KernelKind::BwdKV;
+  spec.headDim = d;
+  spec.valueHeadDim = dv;
+  spec.arch = Arch::forComputeCapability(major, minor).str();
+  return checkSpec(spec).empty();
+}
+/// allHeadShapes() that this device runs the backward at.
+inline std::vector<CaseShape> backwardHeadShapes() {
+  std::vector<CaseShape> shapes;
+  for (CaseShape s : allHeadShapes())
+    if (deviceRunsBackward(s.d, s.dv))
+      shapes.push_back(s);
+    else
+      fmt::print("(no backward at head_dim {} on this GPU: its kernels need "
+                 "more shared memory than it has)\n",
+                 s.d);
+  return shapes;
+}
+
 inline bool tilingFromEnv(const char *name, bool withStages, Tiling &out) {
   const char *env = std::getenv(name);
   if (!env)

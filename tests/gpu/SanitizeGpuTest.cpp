@@ -87,6 +87,12 @@ int dualkv::testing::sanitizeTest(int onlyHeadDim, double scoreFactor,
       const int d = shape.d;
       if (onlyHeadDim && d != onlyHeadDim) // -1: the trees only
         continue;
+      if (!deviceRunsBackward(d, shape.dv)) {
+        fmt::print("(head_dim {} skipped: its backward needs more shared "
+                   "memory than this GPU has)\n",
+                   d);
+        continue;
+      }
       Case c = sanitizeCase(shape, t, rng);
       c.softcap = softcap;
       c.window = window;

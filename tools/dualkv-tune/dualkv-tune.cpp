@@ -88,6 +88,8 @@ database under its kind:
           than 2 only in the warp-specialized schedule); timed: the whole
           split-dQ backward call, the candidate as BackwardArgs::dq_tiling,
           bwd_kv at its own tiling
+At head_dim 512 every kind also tries block_m 32 (bwd and bwd_kv hold 32 keys
+there).
 Candidates that the verifier rejects, that ptxas fails or that spill are dropped
 (listed with the reason); the rest are checked against the fp64 reference on a
 small problem with every edge (the GPU tests' tolerances), then timed (CUDA
@@ -575,7 +577,13 @@ std::vector<Candidate> enumerate(const KernelSpec &base) {
       (base.headDim == 64 &&
        (base.kind == KernelKind::BwdKV || base.kind == KernelKind::BwdDQ)))
     blockNs.push_back(128);
-  for (int m : {64, 128})
+  // Head_dim 512 also 32 rows: bwd and bwd_kv hold 32 keys (64 need 256
+  // accumulator registers a thread), and the query-major kernels take 32
+  // rows where less shared memory is.
+  std::vector<int> blockMs = {64, 128};
+  if (base.headDim == 512)
+    blockMs.insert(blockMs.begin(), 32);
+  for (int m : blockMs)
     for (int n : blockNs)
       for (int w : {4, 8})
         for (int s : stages) {

@@ -236,6 +236,14 @@ std::string warpLayoutUnfit(const KernelSpec &spec) {
       spec.kind != KernelKind::BwdPre && spec.kind != KernelKind::BwdPost;
   for (int64_t width : {d, dv}) {
     const std::vector<CopyPart> parts = copyParts(width / 8);
+    // Every thread copies one column of rows: at least a thread a chunk
+    // (head_dim 512's 64 chunks a row need 2 warps).
+    if (copiesTiles && parts.front().chunks > threads)
+      return "tiling copies rows of " + str(width / 8) +
+             " 16-byte chunks with " + str(threads) +
+             " threads: the tile copies give each thread one chunk of a row, "
+             "so they need at least " +
+             str(parts.front().chunks) + " threads";
     for (int64_t rows : {int64_t(t.blockM), int64_t(t.blockN)})
       for (CopyPart part : parts)
         if (copiesTiles && rows * part.chunks % threads != 0)
