@@ -193,15 +193,17 @@ def check(opt, path, flags, timeout):
 KINDS = ["fwd", "bwd_dq", "bwd", "bwd_kv", "bwd_pre", "bwd_post"]
 SCHEDULES = ["auto", "mma_sync", "wgmma", "warp_specialized"]
 ARCHS = ["sm_80", "sm_86", "sm_90", "sm_90a", "sm_120"]
-HEAD_DIMS = [64, 96, 128, 256]
+HEAD_DIMS = [64, 96, 128, 256, 512]
 # block_m:block_n:warps:stages. Defaults (None), the tilings the schedules are
 # measured at, the issue's crash (128:32:4:2 under wgmma), and ones no schedule or
 # arch takes: too many accumulator registers, copies that do not split, shared
-# memory beyond sm_80's 163 KB or the 99 KB archs', a ring of 3-4 stages, 8 key rows.
+# memory beyond sm_80's 163 KB or the 99 KB archs', a ring of 3-4 stages, 8 key rows;
+# head_dim 512's KV-major tiling (32 keys in 8 warps).
 TILINGS = [None, (128, 32, 4, 2), (128, 64, 8, 1), (128, 64, 8, 2), (128, 64, 8, 3),
            (128, 128, 8, 2), (64, 32, 4, 1), (64, 64, 4, 1), (64, 32, 8, 1),
            (128, 32, 8, 1), (256, 256, 16, 2), (64, 16, 4, 1), (32, 32, 2, 1),
-           (16, 16, 1, 1), (256, 32, 16, 2), (128, 16, 8, 4), (128, 8, 8, 2)]
+           (16, 16, 1, 1), (256, 32, 16, 2), (128, 16, 8, 4), (128, 8, 8, 2),
+           (32, 32, 8, 1)]
 WARPGROUP = ("wgmma", "warp_specialized")
 TILING_TEXT = re.compile(rb"tiling <[^>]*>")
 ARCH_TEXT = re.compile(rb'arch "[^"]*"')
