@@ -139,6 +139,64 @@ def logits_errors(logits, packed, groups, ref, floor):
     return err, noise
 
 
+def packed_inputs(groups, vocab=97):
+    """The packed groups, their tensors on the GPU and the random weight
+    [T, vocab] of the loss sum(logits * weight)."""
+    packed = dualkv.pack(groups)
+    t = packed.to_torch("cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    weight = torch.randn(t["input_ids"].numel(), vocab, generator=g,
+                         device="cuda")
+    return packed, t, weight
+
+
+def bf16_copies(ref_model, build):
+    """bf16 copies of ``ref_model``'s weights in ``build("eager")`` (the
+    noise floor) and ``build("dualkv")`` (the packed model), on the GPU."""
+    state = ref_model.state_dict()
+    copies = []
+    for attn in ("eager", "dualkv"):
+        model = build(attn).cuda().to(torch.bfloat16)
+        model.load_state_dict(state)
+        copies.append(model)
+    return tuple(copies)
+
+
+def assert_matches_replicated(packed_model, ref_model, floor_model, packed, t,
+                              groups, weight, logits, grads):
+    """The packed run's logits and gradients (packed_run) against fp32 eager
+    (ref_model) on the replicated sequences, within twice bf16 eager's
+    (floor_model) distance from it (plus 1e-3 of each gradient's scale);
+    and the same packed row under one plain causal plan (responses seeing
+    their siblings) failing the logits check, so the plan reaches the
+    kernels."""
+    ref_logits, ref_grads = replicated_run(ref_model, packed, groups, weight)
+    floor_logits, floor_grads = replicated_run(floor_model, packed, groups,
+                                               weight)
+    err, noise = logits_errors(logits, packed, groups, ref_logits,
+                               floor_logits)
+    assert err <= 2 * noise, f"logits: max|err| {err:.3g} > 2 x {noise:.3g}"
+    assert set(grads) == set(ref_grads) == set(floor_grads)
+    bad = []
+    for name, ref in ref_grads.items():
+        e = (grads[name] - ref).abs().max().item()
+        f = (floor_grads[name] - ref).abs().max().item()
+        bound = 2 * f + 1e-3 * ref.abs().max().item()
+        if not e <= bound:
+            bad.append(f"{name}: max|err| {e:.3g} > {bound:.3g} "
+                       f"(bf16 floor {f:.3g})")
+    assert not bad, "; ".join(bad)
+    T = t["input_ids"].numel()
+    with torch.no_grad():
+        causal = packed_model(input_ids=t["input_ids"][None],
+                              position_ids=t["position_ids"][None],
+                              dualkv_plan=dualkv.Plan([(T, [])])
+                              ).logits[0].float()
+    err, noise = logits_errors(causal, packed, groups, ref_logits,
+                               floor_logits)
+    assert err > 2 * noise, (err, noise)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_deepseek_v3_matches_replicated_sequences(deterministic, monkeypatch):
     transformers = pytest.importorskip("transformers")
@@ -165,48 +223,13 @@ def test_deepseek_v3_matches_replicated_sequences(deterministic, monkeypatch):
     assert (attn.qk_head_dim, attn.v_head_dim) == (D, DV)
     assert all(type(layer.mlp).__name__ == "DeepseekV3MLP"
                for layer in ref_model.model.layers)
-    state = ref_model.state_dict()
-    floor_model = cls(tiny_deepseek_v3(transformers, "eager"))
-    floor_model = floor_model.cuda().to(torch.bfloat16)
-    floor_model.load_state_dict(state)
-    packed_model = cls(tiny_deepseek_v3(transformers, "dualkv"))
-    packed_model = packed_model.cuda().to(torch.bfloat16)
-    packed_model.load_state_dict(state)
+    floor_model, packed_model = bf16_copies(
+        ref_model, lambda attn: cls(tiny_deepseek_v3(transformers, attn)))
 
-    packed = dualkv.pack(GROUPS)
-    t = packed.to_torch("cuda")
-    T = t["input_ids"].numel()
-    g = torch.Generator(device="cuda").manual_seed(1)
-    weight = torch.randn(T, 97, generator=g, device="cuda")
+    packed, t, weight = packed_inputs(GROUPS)
 
     logits, grads = packed_run(packed_model, t, packed.plan(), weight,
                                deterministic)
     assert seen and all(s == (D, D, DV, DV) for s in seen), seen
-    ref_logits, ref_grads = replicated_run(ref_model, packed, GROUPS, weight)
-    floor_logits, floor_grads = replicated_run(floor_model, packed, GROUPS,
-                                               weight)
-
-    err, noise = logits_errors(logits, packed, GROUPS, ref_logits,
-                               floor_logits)
-    assert err <= 2 * noise, f"logits: max|err| {err:.3g} > 2 x {noise:.3g}"
-    assert set(grads) == set(ref_grads) == set(floor_grads)
-    bad = []
-    for name, ref in ref_grads.items():
-        e = (grads[name] - ref).abs().max().item()
-        f = (floor_grads[name] - ref).abs().max().item()
-        bound = 2 * f + 1e-3 * ref.abs().max().item()
-        if not e <= bound:
-            bad.append(f"{name}: max|err| {e:.3g} > {bound:.3g} "
-                       f"(bf16 floor {f:.3g})")
-    assert not bad, "; ".join(bad)
-
-    # The plan reaches the kernels: one plain causal sequence over the same
-    # packed row (responses see their siblings) fails the logits check.
-    with torch.no_grad():
-        causal = packed_model(input_ids=t["input_ids"][None],
-                              position_ids=t["position_ids"][None],
-                              dualkv_plan=dualkv.Plan([(T, [])])
-                              ).logits[0].float()
-    err, noise = logits_errors(causal, packed, GROUPS, ref_logits,
-                               floor_logits)
-    assert err > 2 * noise, (err, noise)
+    assert_matches_replicated(packed_model, ref_model, floor_model, packed,
+                              t, GROUPS, weight, logits, grads)

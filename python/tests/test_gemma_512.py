@@ -8,7 +8,8 @@ forward and backward, against the same weights run by "eager" on the
 replicated sequences [prompt | response_n]: fp32 eager is the reference and
 bf16 eager's distance from it the noise floor (test_deepseek_v3.py's method);
 the logits and every parameter's gradient must lie within twice that floor
-(plus 1e-3 of the gradient's scale). The sliding layers' window (8) is
+(plus 1e-3 of the gradient's scale; assert_matches_replicated). The sliding
+layers' window (8) is
 shorter than the sequences, so both the windowed and the full kernels run at
 512; the same packed row under one plain causal plan must fail the logits
 check.
@@ -27,7 +28,7 @@ import dualkv  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_deepseek_v3 import (  # noqa: E402
-    logits_errors, packed_run, replicated_run)
+    assert_matches_replicated, bf16_copies, packed_inputs, packed_run)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(
@@ -78,50 +79,15 @@ def test_gemma_head_dim_512_matches_replicated_sequences(monkeypatch):
     torch.manual_seed(0)
     ref_model = cls(tiny_gemma(transformers, "eager")).cuda().float()
     assert ref_model.model.layers[0].self_attn.head_dim == D
-    state = ref_model.state_dict()
-    floor_model = cls(tiny_gemma(transformers, "eager"))
-    floor_model = floor_model.cuda().to(torch.bfloat16)
-    floor_model.load_state_dict(state)
-    packed_model = cls(tiny_gemma(transformers, "dualkv"))
-    packed_model = packed_model.cuda().to(torch.bfloat16)
-    packed_model.load_state_dict(state)
+    floor_model, packed_model = bf16_copies(
+        ref_model, lambda attn: cls(tiny_gemma(transformers, attn)))
 
-    packed = dualkv.pack(GROUPS)
-    t = packed.to_torch("cuda")
-    T = t["input_ids"].numel()
-    g = torch.Generator(device="cuda").manual_seed(1)
-    weight = torch.randn(T, 97, generator=g, device="cuda")
+    packed, t, weight = packed_inputs(GROUPS)
 
     logits, grads = packed_run(packed_model, t, packed.plan(), weight,
                                deterministic=False)
     assert seen and all(s[:4] == (D, D, D, D) for s in seen), seen
     # One sliding and one full layer.
     assert {s[4] for s in seen} == {WINDOW, 0}, seen
-    ref_logits, ref_grads = replicated_run(ref_model, packed, GROUPS, weight)
-    floor_logits, floor_grads = replicated_run(floor_model, packed, GROUPS,
-                                               weight)
-
-    err, noise = logits_errors(logits, packed, GROUPS, ref_logits,
-                               floor_logits)
-    assert err <= 2 * noise, f"logits: max|err| {err:.3g} > 2 x {noise:.3g}"
-    assert set(grads) == set(ref_grads) == set(floor_grads)
-    bad = []
-    for name, ref in ref_grads.items():
-        e = (grads[name] - ref).abs().max().item()
-        f = (floor_grads[name] - ref).abs().max().item()
-        bound = 2 * f + 1e-3 * ref.abs().max().item()
-        if not e <= bound:
-            bad.append(f"{name}: max|err| {e:.3g} > {bound:.3g} "
-                       f"(bf16 floor {f:.3g})")
-    assert not bad, "; ".join(bad)
-
-    # The plan reaches the kernels: one plain causal sequence over the same
-    # packed row (responses see their siblings) fails the logits check.
-    with torch.no_grad():
-        causal = packed_model(input_ids=t["input_ids"][None],
-                              position_ids=t["position_ids"][None],
-                              dualkv_plan=dualkv.Plan([(T, [])])
-                              ).logits[0].float()
-    err, noise = logits_errors(causal, packed, GROUPS, ref_logits,
-                               floor_logits)
-    assert err > 2 * noise, (err, noise)
+    assert_matches_replicated(packed_model, ref_model, floor_model, packed,
+                              t, GROUPS, weight, logits, grads)
