@@ -193,13 +193,17 @@ LogicalResult QueryMajorEmitter::emitLoadKV(LoadKVOp op) {
     return success();
   }
   Value first = mul(map.lookup(op.getTile()), idx(blockN));
+  // The forward reads its block of V's columns; the dQ kernel whole V rows
+  // (dP contracts all of them).
+  Value headOffset = isKey  ? mul(kvHead, kStrideH)
+                     : isDq ? mul(kvHead, vStrideH)
+                            : withColumnBlock(mul(kvHead, vStrideH));
   Value group =
       (isKey ? smemTiles : vTiles)
           .copyTile(ids.tid, threads(), buf, isKey ? kPtr : vPtr, blockN,
                     shared ? sharedStart : segStart, first,
                     shared ? sharedLen : segLen, isKey ? kStrideT : vStrideT,
-                    isKey ? mul(kvHead, kStrideH)
-                          : withColumnBlock(mul(kvHead, vStrideH)),
+                    headOffset,
                     /*predicated=*/!insideRegion(loop.getPart()), Value(),
                     /*swizzled=*/swizzledTiles);
   copies.add(op.getResult(), group);
